@@ -1,0 +1,86 @@
+"""The common step record every reader and the synthetic world produce.
+
+All geometry is in screen fractions [0, 1] with (x, y) order; boxes are (x1, y1, x2, y2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from ipl_jax.actions import Action
+
+ImageRef = Union[str, Path, bytes, Callable[[], Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class UIElement:
+    """One annotated UI element: box in screen fractions, its text, and its kind (e.g. TEXT, ICON_HOME, button)."""
+
+    box: tuple[float, float, float, float]
+    text: str = ""
+    kind: str = ""
+    clickable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CoaT:
+    """Chain-of-Action-Thought annotations (AITZ field names, without the ``coat_`` prefix)."""
+
+    screen_desc: str = ""
+    action_think: str = ""
+    action_desc: str = ""
+    action_result: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One decision step of an episode.
+
+    ``image`` is a path, PNG/JPEG bytes, or a zero-argument callable returning a PIL image; images are loaded
+    lazily (``load_image``) so that a dataset never holds all its screenshots in memory.
+    ``history`` holds the action-turn texts (s3) of the episode's previous steps.
+    """
+
+    episode_id: str
+    step_id: int
+    instruction: str
+    image: ImageRef
+    screen_size: tuple[int, int]  # (width, height) in pixels
+    action: Action
+    history: tuple[str, ...] = ()
+    elements: tuple[UIElement, ...] = ()
+    coat: Optional[CoaT] = None
+    step_instruction: Optional[str] = None  # AndroidControl's low-level instruction
+    meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def load_image(self):
+        from PIL import Image
+
+        ref = self.image
+        if callable(ref):
+            img = ref()
+        elif isinstance(ref, (bytes, bytearray)):
+            img = Image.open(io.BytesIO(ref))
+        else:
+            img = Image.open(ref)
+        img.load()
+        return img.convert("RGB")
+
+
+@dataclasses.dataclass(frozen=True)
+class Episode:
+    episode_id: str
+    instruction: str
+    steps: tuple[Step, ...]
+    meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+
+class DataError(ValueError):
+    """A malformed data record. The message names the file, the record and the field."""
+
+    def __init__(self, file, record, field, problem):
+        self.file, self.record, self.field, self.problem = str(file), record, field, problem
+        super().__init__(f"{file}: record {record}: field {field!r}: {problem}")
