@@ -1,0 +1,246 @@
+"""Config files and command-line overrides, in the ml_collections style.
+
+A config file is a Python file with a ``get_config(arg=None)`` function returning an
+``ml_collections.ConfigDict``. It is named on the command line as
+
+    --config configs/synthetic.py            a path (relative to the working directory or the repository root)
+    --config configs/qwen2vl.py:7b           ... with an argument passed to get_config
+    --config synthetic[:arg]                 a bare name, resolved to <repo>/configs/<name>.py
+
+and any field can then be overridden with ``--config.a.b=value`` (or ``--config.a.b value``). The value string is
+parsed with the type the field already has (int, float, bool, str, tuple/list, None-valued fields take a Python
+literal or fall back to the plain string). Unknown fields and values that do not parse raise ``ConfigError``
+naming the field. The returned config is locked: later code cannot add a misspelt field by accident.
+
+    config = load_config("configs/synthetic.py:tiny", ["--config.optimizer.learning_rate=1e-4"])
+
+For argparse-based subcommands, ``parse_args_with_config(parser, argv, default_config)`` adds ``--config``,
+sends every ``--config.*`` argument to the overrides and returns ``(args, config)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import ml_collections
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+_OVERRIDE_PREFIX = "--config."
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the file / field."""
+
+
+# ------------------------------------------------------------------------------------------------ config files
+
+
+def resolve_config_path(path_or_name: str) -> tuple[Path, str | None]:
+    """Split ``path[:arg]`` and find the file: as given, under the repository root, or as configs/<name>.py."""
+    spec, arg = path_or_name, None
+    # A ':' after the file part separates the get_config argument (Windows drive letters are not a concern here).
+    if ":" in spec:
+        spec, arg = spec.split(":", 1)
+    candidates = [Path(spec)]
+    if not Path(spec).is_absolute():
+        candidates.append(REPO_ROOT / spec)
+        if not spec.endswith(".py"):
+            candidates.append(CONFIG_DIR / f"{spec}.py")
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate, arg
+    tried = ", ".join(str(c) for c in candidates)
+    raise ConfigError(f"config {path_or_name!r}: no such file (tried {tried})")
+
+
+def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_collections.ConfigDict:
+    """Import a config file and call its ``get_config(arg)`` (``get_config()`` when no argument is given)."""
+    path = Path(path)
+    module_name = f"_ipl_jax_config_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"config file {path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    get_config = getattr(module, "get_config", None)
+    if get_config is None:
+        raise ConfigError(f"config file {path}: has no get_config() function")
+    n_params = len(inspect.signature(get_config).parameters)
+    if arg is None:
+        config = get_config() if n_params == 0 else get_config(None)
+    else:
+        if n_params == 0:
+            raise ConfigError(f"config file {path}: get_config() takes no argument but {arg!r} was given")
+        config = get_config(arg)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config file {path}: get_config returned {type(config).__name__}, expected a ConfigDict")
+    return config
+
+
+def load_config(
+    path_or_name: str | ml_collections.ConfigDict, overrides: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
+    """Load ``path[:arg]`` (or copy a ConfigDict), apply ``--config.a.b=value`` overrides, lock and return it."""
+    if isinstance(path_or_name, ml_collections.ConfigDict):
+        config = ml_collections.ConfigDict(path_or_name.to_dict(preserve_field_references=True))
+        source = "<config>"
+    else:
+        path, arg = resolve_config_path(path_or_name)
+        config = load_config_file(path, arg)
+        source = str(path)
+    for field, value in parse_override_args(overrides):
+        apply_override(config, field, value, source=source)
+    config.lock()
+    return config
+
+
+# ------------------------------------------------------------------------------------------------- overrides
+
+
+def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``['--config.a.b=1', '--config.c', 'x', 'd.e=2']`` -> ``[('a.b', '1'), ('c', 'x'), ('d.e', '2')]``."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    args = list(args)
+    while i < len(args):
+        item = args[i]
+        body = item
+        for prefix in (_OVERRIDE_PREFIX, "config."):
+            if body.startswith(prefix):
+                body = body[len(prefix):]
+                break
+        if "=" in body:
+            field, value = body.split("=", 1)
+            i += 1
+        elif item.startswith(_OVERRIDE_PREFIX) and i + 1 < len(args):
+            field, value = body, args[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"override {item!r}: expected --config.FIELD=VALUE")
+        if not field or any(not part for part in field.split(".")):
+            raise ConfigError(f"override {item!r}: bad field name {field!r}")
+        out.append((field, value))
+    return out
+
+
+def apply_override(config: ml_collections.ConfigDict, field: str, value: str, source: str = "<config>") -> None:
+    """Set ``config.<field>`` (dotted) from a string, parsed with the field's existing type."""
+    *parents, leaf = field.split(".")
+    node = config
+    walked: list[str] = []
+    for part in parents:
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(_unknown_field(source, field, walked, node))
+        node = node[part]
+        walked.append(part)
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        raise ConfigError(_unknown_field(source, field, walked, node))
+    current_type = node.get_type(leaf)
+    if issubclass(current_type, ml_collections.ConfigDict):
+        raise ConfigError(f"{source}: field {field!r} is a section, not a value; set its fields one by one")
+    parsed = parse_value(value, current_type, node[leaf], field=field, source=source)
+    try:
+        node[leaf] = parsed
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: field {field!r}: cannot set {value!r}: {e}") from e
+
+
+def parse_value(text: str, field_type: type, current: Any = None, *, field: str = "?", source: str = "<config>"):
+    """Parse an override string as ``field_type`` (the type of the field's current value)."""
+    where = f"{source}: field {field!r} ({field_type.__name__})"
+    if field_type is bool:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: {text!r} is not a boolean (true/false)")
+    if field_type is int:
+        try:
+            return int(text.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not an integer") from None
+    if field_type is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {text!r} is not a number") from None
+    if field_type is str:
+        return text
+    if field_type in (tuple, list):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            # A bare comma-separated list of words: a,b,c
+            value = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not isinstance(value, (tuple, list)):
+            value = (value,)
+        if current:
+            element_type = type(current[0])
+            try:
+                value = [parse_value(str(v), element_type, field=field, source=source)
+                         if not isinstance(v, element_type) else v for v in value]
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {text!r}: elements must be {element_type.__name__}: {e}") from None
+        return field_type(value)
+    if field_type is type(None):
+        if text.strip() in ("None", "none", "null"):
+            return None
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    raise ConfigError(f"{where}: overriding fields of this type from the command line is not supported")
+
+
+def _unknown_field(source: str, field: str, walked: list[str], node: Any) -> str:
+    at = ".".join(walked) or "<top level>"
+    if isinstance(node, ml_collections.ConfigDict):
+        known = ", ".join(sorted(node.keys()))
+        return f"{source}: unknown config field {field!r} (fields at {at}: {known})"
+    return f"{source}: unknown config field {field!r} ({at} is a value, not a section)"
+
+
+# ---------------------------------------------------------------------------------------------- argparse glue
+
+
+def parse_args_with_config(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    default_config: str | ml_collections.ConfigDict | None = None,
+) -> tuple[argparse.Namespace, ml_collections.ConfigDict]:
+    """Parse ``argv`` with ``parser`` plus ``--config PATH[:ARG]`` and any number of ``--config.a.b=v``.
+
+    Arguments other than the config overrides that the parser does not know are an error (``parser.error``).
+    """
+    parser.add_argument("--config", default=None, help="config file PATH[:ARG] or a name under configs/")
+    config_args: list[str] = []
+    rest: list[str] = []
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        if item.startswith(_OVERRIDE_PREFIX):
+            config_args.append(item)
+            if "=" not in item and i + 1 < len(argv):
+                config_args.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(item)
+        i += 1
+    args = parser.parse_args(rest)
+    source = args.config if args.config is not None else default_config
+    if source is None:
+        parser.error("--config is required")
+    try:
+        config = load_config(source, config_args)
+    except ConfigError as e:
+        parser.error(str(e))
+    return args, config
