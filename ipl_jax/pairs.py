@@ -1,0 +1,611 @@
+"""Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (method.md §6).
+
+Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, b4)`` (see ``ipl_jax.tree``):
+
+* ``node_values``: a tuple of four arrays, level t = 1..4: f32[B, b1, ..., bt] — the value of every node, as
+  computed by the value backup (method.md §5; level 4 holds the leaf values themselves);
+* ``leaf_types``: int32[B, b1, b2, b3, b4] — each leaf's parsed action type as an index into
+  ``ipl_jax.actions.ACTION_TYPES`` (``-1`` for output that did not parse; see :func:`action_type_id`);
+* ``golden_types``: int32[B] — the golden action's type, same encoding;
+* ``step_valid``: bool[B] — False for padding rows.
+
+Everything here is pure ``jnp`` with shapes fixed by ``B``, the branching, the per-tree caps and the capacity:
+``extract_pairs`` can be jitted (``config`` and ``capacity`` static) and never recompiles for new data.
+
+Conventions ([choice] where the paper is silent; each is a :class:`PairConfig` field):
+
+* A value "= 1" means ``v >= 1 - one_tolerance`` (1e-6).
+* A β pair needs ``v(s⁺) - v(s⁻) > 1/K + gap_tolerance`` with ``K`` the branching of that turn. Values are
+  float32 means of sums, so a gap that is exactly ``1/K`` on paper can land a few ulps (~1e-7) above ``1/K``;
+  the 1e-6 margin keeps such ties out while any real gap above ``1/K`` (rewards are multiples of ≥1e-3 apart
+  in practice) stays in.
+* β pairs come only from β trees, γ pairs only from γ trees, nothing from α trees or padding rows.
+* β positives are ranked: first those whose subtree holds a value-1 leaf, then, within that tier, round-robin
+  over the positive's action type (the type of its best leaf, first in leaf order among ties), then by larger
+  gap, then by index. The first ``max_beta_pairs_per_tree_turn`` pairs of each (tree, turn) are kept.
+* γ pairs: the golden action text is the positive continuation of the turn-3 prefix ``(s1, s2)`` of a branch,
+  the branch's sampled action ``s3`` the negative; for click / long-press goldens, the golden grounding is
+  also the positive continuation of the prefix ``(s1, s2, s3)`` and the sampled ``s4`` the negative. The
+  golden value is 1, so the recorded gap is ``1 - v(s⁻)``. A sampled ``s3`` of the golden's own click type is
+  not an action-turn negative unless the caller says its text differs from the golden text
+  (``action_text_matches_golden``; without it the two may be the same string and the pair would be void): its
+  error lies in the grounding, and it gets the grounding-turn pair instead. A same-type non-click ``s3`` in a
+  γ tree has wrong arguments (else its value would be 1) and is a negative. Negatives are ranked round-robin
+  over the level-2 prefix (one per thought first), then by lower value, then by index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ipl_jax import tree as tree_lib
+from ipl_jax.actions import ACTION_TYPES, Action
+
+ALPHA, BETA, GAMMA = 0, 1, 2
+NO_TREE = -1  # class of a padding row
+CLASS_NAMES = ("alpha", "beta", "gamma")
+INVALID_TYPE = -1
+CLICK_LIKE_TYPES = (ACTION_TYPES.index("click"), ACTION_TYPES.index("long_press"))
+_NUM_TYPE_GROUPS = len(ACTION_TYPES) + 1  # types -1..len-1 shifted by one
+
+
+@dataclasses.dataclass(frozen=True)
+class PairConfig:
+    """Pair-extraction settings. All defaults are [choice]s (the paper gives no values)."""
+
+    max_beta_pairs_per_tree_turn: int = 9
+    max_gamma_pairs_per_tree_turn: int = 9
+    one_tolerance: float = 1e-6  # v >= 1 - one_tolerance counts as "= 1"
+    gap_tolerance: float = 1e-6  # a β pair needs gap > 1/K + gap_tolerance
+    gamma_action_pairs: bool = True  # γ pairs at the action turn s3
+    gamma_grounding_pairs: bool = True  # γ pairs at the grounding turn s4 (click-like goldens)
+
+    def __post_init__(self):
+        if self.max_beta_pairs_per_tree_turn < 0 or self.max_gamma_pairs_per_tree_turn < 0:
+            raise ValueError("PairConfig: pair caps must be >= 0")
+        if not 0 <= self.one_tolerance < 0.5 or not 0 <= self.gap_tolerance < 0.1:
+            raise ValueError("PairConfig: tolerances out of range")
+
+
+def action_type_id(action: Union[Action, str, None]) -> int:
+    """The integer type code used by ``leaf_types`` / ``golden_types``: index into ACTION_TYPES, -1 if invalid."""
+    if action is None:
+        return INVALID_TYPE
+    if isinstance(action, Action):
+        if not action.parsed:
+            return INVALID_TYPE
+        action = action.type
+    return ACTION_TYPES.index(action) if action in ACTION_TYPES else INVALID_TYPE
+
+
+# ------------------------------------------------------------------------------------------------- classes
+
+
+def is_one(values: jax.Array, one_tolerance: float = 1e-6) -> jax.Array:
+    """values == 1 up to tolerance: ``values >= 1 - one_tolerance``. Same shape, bool."""
+    return values >= 1.0 - one_tolerance
+
+
+def classify_trees(
+    leaf_values: jax.Array, step_valid: Optional[jax.Array] = None, one_tolerance: float = 1e-6
+) -> jax.Array:
+    """Class of each tree: ALPHA (every leaf = 1), BETA (some = 1, some ≠ 1), GAMMA (none = 1), NO_TREE (padding).
+
+    leaf_values: f32[B, b1, ..., bD]; step_valid: bool[B] or None (all valid). Returns int32[B].
+    """
+    ones = is_one(leaf_values, one_tolerance).reshape(leaf_values.shape[0], -1)
+    n_one = jnp.sum(ones, axis=1)
+    n = ones.shape[1]
+    cls = jnp.where(n_one == n, ALPHA, jnp.where(n_one > 0, BETA, GAMMA)).astype(jnp.int32)
+    if step_valid is not None:
+        cls = jnp.where(step_valid, cls, NO_TREE)
+    return cls
+
+
+def tree_class_counts(classes: jax.Array) -> jax.Array:
+    """Number of α, β, γ trees (padding rows excluded). classes: int32[B] -> int32[3]. Sum over batches freely."""
+    return jnp.stack([jnp.sum(classes == c) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32)
+
+
+def tree_class_shares(counts) -> dict:
+    """Shares of a round from (summed) class counts int[3].
+
+    Returns floats: ``alpha``, ``beta``, ``gamma``; ``potential_correct`` = α + β; ``valid_sampling`` = β + γ;
+    ``correct_sample`` = share of steps with at least one leaf = 1 (equal to α + β by definition, reported
+    under the paper's name for it); ``trees`` = the number of trees. All shares are 0 when there are no trees.
+    """
+    a, b, g = (float(x) for x in np.asarray(counts))
+    n = a + b + g
+    share = (lambda x: x / n) if n > 0 else (lambda x: 0.0)
+    return {
+        "alpha": share(a),
+        "beta": share(b),
+        "gamma": share(g),
+        "potential_correct": share(a + b),
+        "valid_sampling": share(b + g),
+        "correct_sample": share(a + b),
+        "trees": int(n),
+    }
+
+
+# ------------------------------------------------------------------------------------------------- pairs
+
+
+@struct.dataclass
+class PairBatch:
+    """Preference pairs of one tree batch, padded to capacity ``P``; pair ``i`` is real iff ``valid[i]``.
+
+    Every pair shares the prefix ``s_1..s_{t-1}`` of tree row ``batch_row`` and compares two continuations of
+    turn ``t``:
+
+    * ``batch_row``: int32[P] — row of the tree in the tree batch (index into ``CoaTTree`` arrays);
+    * ``step_index``: int32[P] — the round-level step index (``CoaTTree.step_index[batch_row]``);
+    * ``turn``: int32[P] — t in 1..4;
+    * ``prefix_node``: int32[P] — flat node index at level t-1 (0 = the root for t = 1);
+    * ``positive_node``: int32[P] — flat node index at level t of the positive, or -1 when golden;
+    * ``positive_golden``: bool[P] — the positive is the golden action (t = 3) / grounding (t = 4) text;
+    * ``negative_node``: int32[P] — flat node index at level t of the negative;
+    * ``positive_value``, ``negative_value``, ``value_gap``: f32[P] — node values (golden = 1) and their gap;
+    * ``tree_class``: int32[P] — BETA or GAMMA;
+    * ``valid``: bool[P];
+    * ``count``: int32[] — number of valid pairs (they come first, ordered by batch row, then turn);
+    * ``count_by_turn``: int32[4]; ``count_by_class``: int32[3] (α, β, γ — α is always 0);
+    * ``dropped``: int32[] — selected pairs that did not fit in ``P`` (the last ones in that order).
+    """
+
+    batch_row: jax.Array
+    step_index: jax.Array
+    turn: jax.Array
+    prefix_node: jax.Array
+    positive_node: jax.Array
+    positive_golden: jax.Array
+    negative_node: jax.Array
+    positive_value: jax.Array
+    negative_value: jax.Array
+    value_gap: jax.Array
+    tree_class: jax.Array
+    valid: jax.Array
+    count: jax.Array
+    count_by_turn: jax.Array
+    count_by_class: jax.Array
+    dropped: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return int(self.valid.shape[0])
+
+
+def _rank_and_take(mask, tier, group, gap, num_groups: int, cap: int):
+    """Rank candidates per row and return the first ``cap``.
+
+    mask bool[B, N], tier int32[B, N] (higher first), group int32[B, N] in [0, num_groups), gap f32[B, N].
+    Order: valid first; higher tier; round-robin over ``(tier, group)`` (the r-th candidate of every group comes
+    before the (r+1)-th of any); larger gap; lower index. Returns (index int32[B, cap], taken bool[B, cap]).
+    """
+    B, N = mask.shape
+    idx = jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N))
+    invalid = (~mask).astype(jnp.int32)
+    gap = jnp.where(mask, gap, 0.0)
+    first = jnp.lexsort((idx, -gap, -tier, invalid), axis=-1)
+    key = tier * num_groups + group
+    key_sorted = jnp.take_along_axis(key, first, axis=1)
+    mask_sorted = jnp.take_along_axis(mask, first, axis=1)
+    # rank within (tier, group): how many valid earlier candidates of the same key precede this one
+    same = (key_sorted[:, :, None] == key_sorted[:, None, :]) & mask_sorted[:, None, :]
+    earlier = jnp.tril(jnp.ones((N, N), bool), k=-1)
+    rank_sorted = jnp.sum(same & earlier[None], axis=2).astype(jnp.int32)
+    rank = jnp.zeros((B, N), jnp.int32).at[jnp.arange(B)[:, None], first].set(rank_sorted)
+    final = jnp.lexsort((idx, -gap, rank, -tier, invalid), axis=-1)
+    take = min(cap, N)
+    chosen = final[:, :take]
+    taken = jnp.take_along_axis(mask, chosen, axis=1)
+    if take < cap:
+        pad = cap - take
+        chosen = jnp.concatenate([chosen, jnp.zeros((B, pad), jnp.int32)], axis=1)
+        taken = jnp.concatenate([taken, jnp.zeros((B, pad), bool)], axis=1)
+    return chosen.astype(jnp.int32), taken
+
+
+def _check_inputs(node_values, leaf_types, golden_types, step_valid):
+    if len(node_values) != tree_lib.NUM_TURNS:
+        raise ValueError(f"node_values: expected {tree_lib.NUM_TURNS} levels, got {len(node_values)}")
+    leaf_values = node_values[-1]
+    B = leaf_values.shape[0]
+    branching = tree_lib.check_branching(leaf_values.shape[1:])
+    for t, v in enumerate(node_values, start=1):
+        if tuple(v.shape) != (B,) + branching[:t]:
+            raise ValueError(f"node_values[level {t}]: shape {tuple(v.shape)}, expected {(B,) + branching[:t]}")
+    if tuple(leaf_types.shape) != tuple(leaf_values.shape):
+        raise ValueError(f"leaf_types: shape {tuple(leaf_types.shape)}, expected {tuple(leaf_values.shape)}")
+    if tuple(golden_types.shape) != (B,):
+        raise ValueError(f"golden_types: shape {tuple(golden_types.shape)}, expected ({B},)")
+    if tuple(step_valid.shape) != (B,):
+        raise ValueError(f"step_valid: shape {tuple(step_valid.shape)}, expected ({B},)")
+    return B, branching
+
+
+def _best_leaf_type(leaf_values, leaf_types, branching, level):
+    """Type of the best leaf below each level node (first in leaf order among ties): int32[B, n_level]."""
+    vals = tree_lib.leaves_below(leaf_values, branching, level)
+    types = tree_lib.leaves_below(leaf_types, branching, level)
+    best = jnp.argmax(vals, axis=-1)
+    return jnp.take_along_axis(types, best[..., None], axis=-1)[..., 0]
+
+
+def _beta_candidates(node_values, leaf_types, classes, branching, turn, config):
+    """All ordered sibling pairs at ``turn``, ranked; returns per-slot fields of shape [B, cap]."""
+    B = classes.shape[0]
+    K = branching[turn - 1]
+    n_par = tree_lib.num_nodes(branching, turn - 1)
+    leaf_values = node_values[-1]
+    v = node_values[turn - 1].reshape(B, n_par, K).astype(jnp.float32)
+    gap = v[:, :, :, None] - v[:, :, None, :]  # [B, parent, k (pos), k' (neg)]
+    threshold = 1.0 / K + config.gap_tolerance
+    mask = (gap > threshold) & (classes == BETA)[:, None, None, None]
+    below = tree_lib.leaves_below(leaf_values, branching, turn)
+    leads_to_one = jnp.any(is_one(below, config.one_tolerance), axis=-1).reshape(B, n_par, K)
+    pos_type = _best_leaf_type(leaf_values, leaf_types, branching, turn).reshape(B, n_par, K)
+    shape4 = (B, n_par, K, K)
+    tier = jnp.broadcast_to(leads_to_one[:, :, :, None], shape4).astype(jnp.int32)
+    group = jnp.broadcast_to(pos_type[:, :, :, None] + 1, shape4).astype(jnp.int32)
+    parent = jnp.broadcast_to(jnp.arange(n_par, dtype=jnp.int32)[None, :, None, None], shape4)
+    k_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, None, :, None], shape4)
+    k_neg = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, None, None, :], shape4)
+    flat = lambda x: x.reshape(B, -1)
+    chosen, taken = _rank_and_take(
+        flat(mask), flat(tier), flat(group), flat(gap), _NUM_TYPE_GROUPS, config.max_beta_pairs_per_tree_turn
+    )
+    pick = lambda x: jnp.take_along_axis(flat(x), chosen, axis=1)
+    prefix = pick(parent)
+    pos = prefix * K + pick(k_pos)
+    neg = prefix * K + pick(k_neg)
+    v_flat = v.reshape(B, -1)
+    pos_v = jnp.take_along_axis(v_flat, pos, axis=1)
+    neg_v = jnp.take_along_axis(v_flat, neg, axis=1)
+    golden = jnp.zeros_like(taken)
+    return dict(prefix=prefix, pos=pos, neg=neg, golden=golden, pos_v=pos_v, neg_v=neg_v, valid=taken)
+
+
+def _gamma_candidates(node_values, classes, branching, turn, mask_extra, config):
+    """γ pairs at ``turn`` (3 or 4): golden positive vs every eligible sampled node of that level, ranked."""
+    B = classes.shape[0]
+    n = tree_lib.num_nodes(branching, turn)
+    v = node_values[turn - 1].reshape(B, n).astype(jnp.float32)
+    node = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
+    prefix = tree_lib.parent_index(node, branching, turn)
+    thought = tree_lib.ancestor_index(node, branching, turn, 2)  # spread over the level-2 prefix
+    mask = (classes == GAMMA)[:, None] & mask_extra & ~is_one(v, config.one_tolerance)
+    gap = 1.0 - v
+    tier = jnp.zeros((B, n), jnp.int32)
+    cap = config.max_gamma_pairs_per_tree_turn
+    chosen, taken = _rank_and_take(mask, tier, thought, gap, tree_lib.num_nodes(branching, 2), cap)
+    neg = chosen
+    neg_v = jnp.take_along_axis(v, neg, axis=1)
+    return dict(
+        prefix=jnp.take_along_axis(prefix, chosen, axis=1),
+        pos=jnp.full((B, cap), -1, jnp.int32),
+        neg=neg,
+        golden=taken,
+        pos_v=jnp.ones((B, cap), jnp.float32),
+        neg_v=neg_v,
+        valid=taken,
+    )
+
+
+def extract_pairs(
+    node_values: Sequence[jax.Array],
+    leaf_types: jax.Array,
+    golden_types: jax.Array,
+    step_valid: jax.Array,
+    *,
+    step_index: Optional[jax.Array] = None,
+    action_text_matches_golden: Optional[jax.Array] = None,
+    config: PairConfig = PairConfig(),
+    capacity: Optional[int] = None,
+) -> PairBatch:
+    """β and γ preference pairs of a batch of scored CoaT-trees, padded to a fixed capacity.
+
+    node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types: int32[B, b1, b2, b3, b4];
+    golden_types: int32[B]; step_valid: bool[B]; step_index: int32[B] (round-level index recorded per pair;
+    defaults to the batch row); action_text_matches_golden: optional bool[B, b1, b2, b3], True where the
+    sampled s3 text equals the golden s3 text (see the module docstring).
+
+    ``capacity`` (static) defaults to the most pairs the batch could yield, so nothing is dropped. Jit with
+    ``static_argnames=("config", "capacity")``. The order of valid pairs is by batch row, then turn (β before γ
+    at a turn), then rank.
+    """
+    B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
+    leaf_values = node_values[-1].astype(jnp.float32)
+    node_values = tuple(v.astype(jnp.float32) for v in node_values[:-1]) + (leaf_values,)
+    leaf_types = leaf_types.astype(jnp.int32)
+    golden_types = golden_types.astype(jnp.int32)
+    step_valid = step_valid.astype(bool)
+    classes = classify_trees(leaf_values, step_valid, config.one_tolerance)
+    if step_index is None:
+        step_index = jnp.arange(B, dtype=jnp.int32)
+
+    golden_click = jnp.isin(golden_types, jnp.asarray(CLICK_LIKE_TYPES))  # [B]
+    n3 = tree_lib.num_nodes(branching, 3)
+    s3_type = tree_lib.leaves_below(leaf_types, branching, 3)[..., 0]  # [B, n3]: leaves below an s3 share it
+    same_type = s3_type == golden_types[:, None]
+    if action_text_matches_golden is not None:
+        if tuple(action_text_matches_golden.shape) != (B,) + branching[:3]:
+            raise ValueError(
+                f"action_text_matches_golden: shape {tuple(action_text_matches_golden.shape)}, "
+                f"expected {(B,) + branching[:3]}"
+            )
+        text_same = action_text_matches_golden.reshape(B, n3).astype(bool)
+        action_neg = ~(same_type & golden_click[:, None] & text_same)
+        grounding_prefix_ok = same_type & golden_click[:, None] & text_same
+    else:
+        action_neg = ~(same_type & golden_click[:, None])
+        grounding_prefix_ok = same_type & golden_click[:, None]
+    b4 = branching[3]
+    grounding_neg = jnp.repeat(grounding_prefix_ok, b4, axis=1)  # [B, n4]
+
+    blocks = []  # (turn, class, fields) in output order per tree
+    for t in range(1, tree_lib.NUM_TURNS + 1):
+        if branching[t - 1] > 1 and config.max_beta_pairs_per_tree_turn > 0:
+            blocks.append((t, BETA, _beta_candidates(node_values, leaf_types, classes, branching, t, config)))
+        if config.max_gamma_pairs_per_tree_turn > 0:
+            if t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
+                blocks.append((t, GAMMA, _gamma_candidates(
+                    node_values, classes, branching, t, action_neg, config)))
+            if t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
+                blocks.append((t, GAMMA, _gamma_candidates(
+                    node_values, classes, branching, t, grounding_neg, config)))
+
+    def cat(name):
+        parts = []
+        for t, c, f in blocks:
+            width = f["valid"].shape[1]
+            if name == "turn":
+                parts.append(jnp.full((B, width), t, jnp.int32))
+            elif name == "tree_class":
+                parts.append(jnp.full((B, width), c, jnp.int32))
+            else:
+                parts.append(f[name])
+        return jnp.concatenate(parts, axis=1).reshape(-1)
+
+    slots_per_tree = sum(f["valid"].shape[1] for _, _, f in blocks)
+    if capacity is None:
+        capacity = max(1, B * slots_per_tree)
+    capacity = int(capacity)
+    if capacity < 1:
+        raise ValueError(f"extract_pairs: capacity must be >= 1, got {capacity}")
+
+    valid = cat("valid")
+    rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, slots_per_tree)).reshape(-1)
+    position = jnp.cumsum(valid.astype(jnp.int32)) - 1
+    total = jnp.sum(valid.astype(jnp.int32))
+    target = jnp.where(valid & (position < capacity), position, capacity)  # capacity = out of range -> dropped
+
+    def compact(values, fill):
+        out = jnp.full((capacity,), fill, values.dtype)
+        return out.at[target].set(values, mode="drop")
+
+    turn = compact(cat("turn"), 0)
+    tree_class = compact(cat("tree_class"), NO_TREE)
+    kept = compact(valid, False)
+    batch_row = compact(rows, 0)
+    pos_v = compact(cat("pos_v"), 0.0)
+    neg_v = compact(cat("neg_v"), 0.0)
+    count = jnp.minimum(total, capacity).astype(jnp.int32)
+    count_by_turn = jnp.stack([jnp.sum(kept & (turn == t)) for t in range(1, 5)]).astype(jnp.int32)
+    count_by_class = jnp.stack([jnp.sum(kept & (tree_class == c)) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32)
+    return PairBatch(
+        batch_row=batch_row,
+        step_index=jnp.where(kept, jnp.asarray(step_index, jnp.int32)[batch_row], 0),
+        turn=turn,
+        prefix_node=compact(cat("prefix"), 0),
+        positive_node=compact(cat("pos"), -1),
+        positive_golden=compact(cat("golden"), False),
+        negative_node=compact(cat("neg"), 0),
+        positive_value=pos_v,
+        negative_value=neg_v,
+        value_gap=pos_v - neg_v,
+        tree_class=tree_class,
+        valid=kept,
+        count=count,
+        count_by_turn=count_by_turn,
+        count_by_class=count_by_class,
+        dropped=(total - count).astype(jnp.int32),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- tokens
+
+
+@struct.dataclass
+class PairTokens:
+    """Token ids of each pair's two continuations and of its shared prefix turns; ``P`` pairs, ``Tc`` tokens.
+
+    * ``batch_row``, ``step_index``, ``turn``, ``valid``: int32/bool[P], copied from the PairBatch;
+    * ``prefix_path``: int32[P, 3] — flat node index of the prefix at levels 1..3 (-1 at levels >= turn);
+    * ``prefix_tokens``: 3 arrays int32[P, T_l] — the sampled text of prefix turn l (padding where l >= turn);
+    * ``prefix_lengths``: int32[P, 3] — their lengths (0 where l >= turn);
+    * ``positive_tokens`` / ``negative_tokens``: int32[P, Tc]; ``positive_lengths`` / ``negative_lengths``:
+      int32[P]; Tc = max of the four turn budgets and the golden widths;
+    * ``positive_logps`` / ``negative_logps``: f32[P, Tc] — the sampler's per-token log-probs (0 for golden
+      positives and on padding). These are under the *sampling* distribution (temperature etc.); use them as
+      reference log-probs only if sampling was untempered.
+    """
+
+    batch_row: jax.Array
+    step_index: jax.Array
+    turn: jax.Array
+    valid: jax.Array
+    prefix_path: jax.Array
+    prefix_tokens: tuple[jax.Array, jax.Array, jax.Array]
+    prefix_lengths: jax.Array
+    positive_tokens: jax.Array
+    positive_lengths: jax.Array
+    positive_logps: jax.Array
+    negative_tokens: jax.Array
+    negative_lengths: jax.Array
+    negative_logps: jax.Array
+
+
+def _pad_last(x, width, fill):
+    extra = width - x.shape[-1]
+    if extra == 0:
+        return x
+    return jnp.concatenate([x, jnp.full(x.shape[:-1] + (extra,), fill, x.dtype)], axis=-1)
+
+
+def gather_pair_tokens(
+    tree: tree_lib.CoaTTree,
+    pairs: PairBatch,
+    golden_action_ids: jax.Array,
+    golden_grounding_ids: jax.Array,
+    golden_action_lengths: jax.Array,
+    golden_grounding_lengths: jax.Array,
+    pad_id: int = 0,
+) -> PairTokens:
+    """Continuation and prefix token ids of every pair.
+
+    tree: the CoaTTree the pairs came from; golden_action_ids: int32[B, Tg3] (the golden s3 text of each tree
+    row), golden_action_lengths: int32[B]; golden_grounding_ids: int32[B, Tg4], golden_grounding_lengths:
+    int32[B] (any content for non-click goldens: only used by turn-4 golden positives). Invalid pairs get
+    padding and length 0.
+    """
+    B = tree.batch_size
+    for name, x, ndim in (
+        ("golden_action_ids", golden_action_ids, 2), ("golden_grounding_ids", golden_grounding_ids, 2),
+        ("golden_action_lengths", golden_action_lengths, 1),
+        ("golden_grounding_lengths", golden_grounding_lengths, 1),
+    ):
+        if x.ndim != ndim or x.shape[0] != B:
+            raise ValueError(f"gather_pair_tokens: {name} has shape {tuple(x.shape)}, expected [{B}, ...] ({ndim}-d)")
+    branching = tree.branching
+    width = max(tree.turn_lengths + (golden_action_ids.shape[1], golden_grounding_ids.shape[1]))
+    row, turn, valid = pairs.batch_row, pairs.turn, pairs.valid
+
+    pos_tok = jnp.full((pairs.capacity, width), pad_id, jnp.int32)
+    neg_tok = pos_tok
+    pos_lp = jnp.zeros((pairs.capacity, width), jnp.float32)
+    neg_lp = pos_lp
+    pos_len = jnp.zeros((pairs.capacity,), jnp.int32)
+    neg_len = pos_len
+    for level in range(1, tree_lib.NUM_TURNS + 1):
+        toks = _pad_last(tree.level_flat("tokens", level).astype(jnp.int32), width, pad_id)
+        lps = _pad_last(tree.level_flat("logps", level).astype(jnp.float32), width, 0.0)
+        lens = tree.level_flat("lengths", level).astype(jnp.int32)
+        n = lens.shape[1]
+        here = valid & (turn == level)
+        pos_here = here & ~pairs.positive_golden
+        p_node = jnp.clip(pairs.positive_node, 0, n - 1)
+        n_node = jnp.clip(pairs.negative_node, 0, n - 1)
+        pos_tok = jnp.where(pos_here[:, None], toks[row, p_node], pos_tok)
+        pos_lp = jnp.where(pos_here[:, None], lps[row, p_node], pos_lp)
+        pos_len = jnp.where(pos_here, lens[row, p_node], pos_len)
+        neg_tok = jnp.where(here[:, None], toks[row, n_node], neg_tok)
+        neg_lp = jnp.where(here[:, None], lps[row, n_node], neg_lp)
+        neg_len = jnp.where(here, lens[row, n_node], neg_len)
+    for level, ids, lens in (
+        (tree_lib.ACTION_TURN, golden_action_ids, golden_action_lengths),
+        (tree_lib.GROUNDING_TURN, golden_grounding_ids, golden_grounding_lengths),
+    ):
+        here = valid & pairs.positive_golden & (turn == level)
+        padded = _pad_last(ids.astype(jnp.int32), width, pad_id)
+        pos_tok = jnp.where(here[:, None], padded[row], pos_tok)
+        pos_len = jnp.where(here, lens.astype(jnp.int32)[row], pos_len)
+
+    # prefix path: ancestor at level l of the level-(t-1) prefix node, for l < t
+    depth = tree_lib.NUM_TURNS
+    divisor = np.ones((depth + 1, depth - 1), np.int32)  # [turn, level-1]
+    for t in range(1, depth + 1):
+        for lvl in range(1, depth):
+            if lvl < t:
+                divisor[t, lvl - 1] = int(np.prod(branching[lvl:t - 1]))
+    div = jnp.asarray(divisor)[turn]  # [P, 3]
+    levels = jnp.arange(1, depth, dtype=jnp.int32)
+    in_prefix = valid[:, None] & (levels[None, :] < turn[:, None])
+    path = jnp.where(in_prefix, pairs.prefix_node[:, None] // div, -1)
+    prefix_tokens, prefix_lengths = [], []
+    for lvl in range(1, depth):
+        toks = tree.level_flat("tokens", lvl).astype(jnp.int32)
+        lens = tree.level_flat("lengths", lvl).astype(jnp.int32)
+        node = jnp.clip(path[:, lvl - 1], 0, lens.shape[1] - 1)
+        use = in_prefix[:, lvl - 1]
+        prefix_tokens.append(jnp.where(use[:, None], toks[row, node], pad_id))
+        prefix_lengths.append(jnp.where(use, lens[row, node], 0))
+    return PairTokens(
+        batch_row=row,
+        step_index=pairs.step_index,
+        turn=turn,
+        valid=valid,
+        prefix_path=path.astype(jnp.int32),
+        prefix_tokens=tuple(prefix_tokens),
+        prefix_lengths=jnp.stack(prefix_lengths, axis=1),
+        positive_tokens=jnp.where(valid[:, None], pos_tok, pad_id),
+        positive_lengths=jnp.where(valid, pos_len, 0),
+        positive_logps=jnp.where(valid[:, None], pos_lp, 0.0),
+        negative_tokens=jnp.where(valid[:, None], neg_tok, pad_id),
+        negative_lengths=jnp.where(valid, neg_len, 0),
+        negative_logps=jnp.where(valid[:, None], neg_lp, 0.0),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- naive DPO
+
+
+@struct.dataclass
+class NaiveDPOPairs:
+    """One whole-CoaT pair per tree for the naive-DPO baseline (method.md §11).
+
+    * ``chosen_leaf`` / ``rejected_leaf``: int32[B] — flat leaf indices (``tree.leaf_paths`` gives each level);
+    * ``valid``: bool[B] — True for β trees only (a tree needs both a correct and a wrong leaf).
+    """
+
+    chosen_leaf: jax.Array
+    rejected_leaf: jax.Array
+    valid: jax.Array
+
+
+def naive_dpo_pairs(
+    leaf_values: jax.Array, step_valid: jax.Array, one_tolerance: float = 1e-6
+) -> NaiveDPOPairs:
+    """Chosen = the first value-1 leaf; rejected = the lowest-valued leaf (first among ties) [choice].
+
+    leaf_values: f32[B, b1, b2, b3, b4]; step_valid: bool[B].
+    """
+    B = leaf_values.shape[0]
+    flat = leaf_values.reshape(B, -1).astype(jnp.float32)
+    ones = is_one(flat, one_tolerance)
+    chosen = jnp.argmax(ones, axis=1).astype(jnp.int32)
+    rejected = jnp.argmin(jnp.where(ones, jnp.inf, flat), axis=1).astype(jnp.int32)
+    valid = classify_trees(leaf_values, step_valid, one_tolerance) == BETA
+    return NaiveDPOPairs(
+        chosen_leaf=jnp.where(valid, chosen, 0),
+        rejected_leaf=jnp.where(valid, rejected, 0),
+        valid=valid,
+    )
+
+
+def gather_naive_dpo_tokens(tree: tree_lib.CoaTTree, pairs: NaiveDPOPairs, pad_id: int = 0) -> dict:
+    """The four turn texts of each chosen / rejected leaf path.
+
+    Returns ``{"chosen_tokens": (int32[B, T_1], ..., int32[B, T_4]), "chosen_lengths": int32[B, 4],
+    "rejected_tokens": ..., "rejected_lengths": ..., "valid": bool[B]}`` (padding / 0 for invalid rows).
+    """
+    paths = jnp.asarray(tree_lib.leaf_paths(tree.branching))  # [L, 4]
+    rows = jnp.arange(tree.batch_size)
+    out = {"valid": pairs.valid}
+    for name, leaf in (("chosen", pairs.chosen_leaf), ("rejected", pairs.rejected_leaf)):
+        toks, lens = [], []
+        for level in range(1, tree_lib.NUM_TURNS + 1):
+            node = paths[leaf, level - 1]
+            t = tree.level_flat("tokens", level)[rows, node].astype(jnp.int32)
+            n = tree.level_flat("lengths", level)[rows, node].astype(jnp.int32)
+            toks.append(jnp.where(pairs.valid[:, None], t, pad_id))
+            lens.append(jnp.where(pairs.valid, n, 0))
+        out[f"{name}_tokens"] = tuple(toks)
+        out[f"{name}_lengths"] = jnp.stack(lens, axis=1)
+    return out
