@@ -1,0 +1,338 @@
+"""Reader for AITZ (Android-in-the-Zoo), the CoaT dataset, in its published layout.
+
+Layout: ``<root>/<split>/<subset>/<SUBSET>-<episode_id>/<SUBSET>-<episode_id>.json`` (a JSON list of step
+records, one episode) next to one PNG per step. Several fields hold JSON *inside a string*
+(``ui_positions``, ``ui_text``, ``ui_types``, ``result_touch_yx``, ``result_lift_yx``); UI boxes are
+``[top, left, height, width]`` in pixels of the step's own PNG; gesture points are ``[y, x]`` fractions.
+
+A DUAL_POINT gesture is a tap when the touch and lift points lie within 0.04 of each other (screen
+fractions, L2), otherwise a scroll whose direction is the direction the finger moved. A tap's target is the
+smallest UI box containing the touch point (``None`` when no box contains it).
+
+Images stay on disk: ``Step.image`` is the PNG's path, and only its header is read (for the size).
+
+The geometry helpers here (``image_size``, ``smallest_box_containing``) are shared with the AMEX and
+AndroidControl readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from ipl_jax.actions import Action, format_action
+from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
+
+SPLITS = ("train", "test")
+SUBSETS = ("general", "install", "google_apps", "single", "web_shopping")
+
+# result_action_type codes (AITW's action_type enum).
+TYPE = 3
+DUAL_POINT = 4
+PRESS_BACK = 5
+PRESS_HOME = 6
+PRESS_ENTER = 7
+TASK_COMPLETE = 10
+TASK_IMPOSSIBLE = 11
+_PRESS_BUTTONS = {PRESS_BACK: "back", PRESS_HOME: "home", PRESS_ENTER: "enter"}
+
+TAP_DISTANCE = 0.04  # ‖touch − lift‖₂ at or below this (screen fractions) is a tap
+VERTICAL_RATIO = 0.9  # a scroll is vertical when |Δy| ≥ 0.9·|Δx|
+
+_REQUIRED_FIELDS = ("episode_id", "step_id", "instruction", "image_path", "result_action_type")
+_COAT_FIELDS = ("screen_desc", "action_think", "action_desc", "action_result")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+# shared with the other readers
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header only (PIL opens lazily, nothing is decoded)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.size
+
+
+def box_area(box: Sequence[float]) -> float:
+    return max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+
+
+def box_contains(box: Sequence[float], point: Sequence[float]) -> bool:
+    x, y = point
+    return box[0] <= x <= box[2] and box[1] <= y <= box[3]
+
+
+def smallest_box_containing(
+    elements: Iterable[UIElement], point: Sequence[float]
+) -> Optional[UIElement]:
+    """The element with the smallest box that contains ``point`` (x, y); the first one on ties; else None."""
+    best, best_area = None, math.inf
+    for el in elements:
+        if box_contains(el.box, point):
+            area = box_area(el.box)
+            if area < best_area:
+                best, best_area = el, area
+    return best
+
+
+def clamp01(v: float) -> float:
+    return min(1.0, max(0.0, float(v)))
+
+
+def pixel_box_to_fractions(
+    x1: float, y1: float, x2: float, y2: float, width: float, height: float
+) -> tuple[float, float, float, float]:
+    """A pixel box (x1, y1, x2, y2) as screen fractions, clamped to [0, 1] and ordered."""
+    fx1, fx2 = sorted((clamp01(x1 / width), clamp01(x2 / width)))
+    fy1, fy2 = sorted((clamp01(y1 / height), clamp01(y2 / height)))
+    return (fx1, fy1, fx2, fy2)
+
+
+def with_history(steps: Sequence[Step]) -> tuple[Step, ...]:
+    """The steps with ``history`` filled in from the previous steps' action texts."""
+    out, history = [], []
+    for s in steps:
+        out.append(dataclasses.replace(s, history=tuple(history)))
+        history.append(format_action(s.action))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------- one record
+
+
+def _json_string_field(rec: dict, field: str, where) -> Any:
+    """Decode a field that holds JSON inside a string (AITZ's convention); a list or dict is accepted as is."""
+    if field not in rec:
+        raise DataError(*where, field, "missing")
+    raw = rec[field]
+    if isinstance(raw, (list, dict)):
+        return raw
+    if not isinstance(raw, str):
+        raise DataError(*where, field, f"expected a JSON string, got {type(raw).__name__}")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise DataError(*where, field, f"not valid JSON: {e.msg}") from None
+
+
+def _yx_point(rec: dict, field: str, where) -> tuple[float, float]:
+    """A ``[y, x]`` fraction pair as (x, y)."""
+    v = _json_string_field(rec, field, where)
+    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(c, (int, float)) for c in v)):
+        raise DataError(*where, field, f"expected [y, x], got {v!r}")
+    y, x = float(v[0]), float(v[1])
+    return (x, y)
+
+
+def _elements(rec: dict, width: int, height: int, where) -> tuple[UIElement, ...]:
+    positions = _json_string_field(rec, "ui_positions", where)
+    texts = _json_string_field(rec, "ui_text", where) if "ui_text" in rec else [""] * len(positions)
+    kinds = _json_string_field(rec, "ui_types", where) if "ui_types" in rec else [""] * len(positions)
+    for name, v in (("ui_positions", positions), ("ui_text", texts), ("ui_types", kinds)):
+        if not isinstance(v, list):
+            raise DataError(*where, name, f"expected a list, got {type(v).__name__}")
+        if len(v) != len(positions):
+            raise DataError(*where, name, f"{len(v)} entries but ui_positions has {len(positions)}")
+    out = []
+    for i, (pos, text, kind) in enumerate(zip(positions, texts, kinds)):
+        if not (isinstance(pos, list) and len(pos) == 4 and all(isinstance(c, (int, float)) for c in pos)):
+            raise DataError(*where, "ui_positions", f"entry {i}: expected [top, left, height, width], got {pos!r}")
+        top, left, h, w = (float(c) for c in pos)
+        box = pixel_box_to_fractions(left, top, left + w, top + h, width, height)
+        out.append(UIElement(box=box, text=str(text), kind=str(kind)))
+    return tuple(out)
+
+
+def _action(rec: dict, elements: Sequence[UIElement], where) -> Action:
+    code = rec["result_action_type"]
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise DataError(*where, "result_action_type", f"expected an int, got {code!r}")
+    if code == DUAL_POINT:
+        touch = _yx_point(rec, "result_touch_yx", where)
+        lift = _yx_point(rec, "result_lift_yx", where)
+        for name, p in (("result_touch_yx", touch), ("result_lift_yx", lift)):
+            if not all(0.0 <= c <= 1.0 for c in p):
+                raise DataError(*where, name, f"gesture point {p} (x, y) outside [0, 1]")
+        dx, dy = lift[0] - touch[0], lift[1] - touch[1]
+        if math.hypot(dx, dy) <= TAP_DISTANCE:
+            target = smallest_box_containing(elements, touch)
+            return Action(
+                type="click",
+                point=touch,
+                box=None if target is None else target.box,
+                target=None if target is None else target.text,
+            )
+        if abs(dy) >= VERTICAL_RATIO * abs(dx):
+            direction = "up" if lift[1] < touch[1] else "down"
+        else:
+            direction = "left" if lift[0] < touch[0] else "right"
+        return Action(type="scroll", direction=direction)
+    if code == TYPE:
+        text = rec.get("result_action_text", "")
+        if not isinstance(text, str):
+            raise DataError(*where, "result_action_text", f"expected a string, got {type(text).__name__}")
+        return Action(type="type", text=text)
+    if code in _PRESS_BUTTONS:
+        return Action(type="press", button=_PRESS_BUTTONS[code])
+    if code == TASK_COMPLETE:
+        return Action(type="stop")
+    if code == TASK_IMPOSSIBLE:
+        return Action(type="stop", status="impossible")
+    raise DataError(*where, "result_action_type", f"unknown action code {code}")
+
+
+def _coat(rec: dict, where) -> Optional[CoaT]:
+    present = {f: rec.get("coat_" + f) for f in _COAT_FIELDS if ("coat_" + f) in rec}
+    if not present:
+        return None
+    for f, v in present.items():
+        if not isinstance(v, str):
+            raise DataError(*where, "coat_" + f, f"expected a string, got {type(v).__name__}")
+    return CoaT(**{f: present.get(f, "") for f in _COAT_FIELDS})
+
+
+def _resolve_image(split_dir: Path, episode_dir: Path, image_path: str) -> Optional[Path]:
+    """The PNG named by ``image_path``: relative to the split directory, else by file name in the episode folder."""
+    for candidate in (split_dir / image_path, episode_dir / Path(image_path).name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -> Step:
+    """One AITZ step record as a ``Step`` (history left empty). Raises ``DataError`` naming the bad field."""
+    where = (file, index)
+    if not isinstance(rec, dict):
+        raise DataError(*where, "<record>", f"expected a JSON object, got {type(rec).__name__}")
+    for f in _REQUIRED_FIELDS:
+        if f not in rec:
+            raise DataError(*where, f, "missing")
+    if not isinstance(rec["step_id"], int) or isinstance(rec["step_id"], bool):
+        raise DataError(*where, "step_id", f"expected an int, got {rec['step_id']!r}")
+    if not isinstance(rec["image_path"], str):
+        raise DataError(*where, "image_path", f"expected a string, got {rec['image_path']!r}")
+    image = _resolve_image(split_dir, file.parent, rec["image_path"])
+    if image is None:
+        raise DataError(*where, "image_path", f"image {rec['image_path']!r} not found")
+    try:
+        width, height = image_size(image)
+    except Exception as e:  # PIL raises several kinds for a broken file
+        raise DataError(*where, "image_path", f"unreadable image {image}: {e}") from None
+    elements = _elements(rec, width, height, where)
+    action = _action(rec, elements, where)
+    return Step(
+        episode_id=str(rec["episode_id"]),
+        step_id=rec["step_id"],
+        instruction=str(rec["instruction"]),
+        image=str(image),
+        screen_size=(width, height),
+        action=action,
+        elements=elements,
+        coat=_coat(rec, where),
+        meta={
+            "dataset": "aitz",
+            "subset": subset,
+            "episode_id": str(rec["episode_id"]),
+            "step_id": rec["step_id"],
+            "image_path": rec["image_path"],
+            "file": str(file),
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------- episodes
+
+
+def _episode_files(split_dir: Path) -> list[tuple[str, Path]]:
+    out = []
+    for subset_dir in sorted(p for p in split_dir.iterdir() if p.is_dir()):
+        for ep_dir in sorted(p for p in subset_dir.iterdir() if p.is_dir()):
+            f = ep_dir / (ep_dir.name + ".json")
+            if f.is_file():
+                out.append((subset_dir.name, f))
+    return out
+
+
+def _load_episode(
+    subset: str, file: Path, split_dir: Path, skip_bad: bool, skipped: list[DataError]
+) -> Optional[Episode]:
+    try:
+        records = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        err = DataError(file, "<file>", "<json>", f"not valid JSON: {e}")
+        if not skip_bad:
+            raise err from None
+        skipped.append(err)
+        return None
+    if not isinstance(records, list):
+        err = DataError(file, "<file>", "<json>", f"expected a list of step records, got {type(records).__name__}")
+        if not skip_bad:
+            raise err
+        skipped.append(err)
+        return None
+    steps, bad_step_ids = [], []
+    for i, rec in enumerate(records):
+        try:
+            steps.append(parse_step(rec, file, i, split_dir, subset))
+        except DataError as err:
+            if not skip_bad:
+                raise
+            skipped.append(err)
+            sid = rec.get("step_id") if isinstance(rec, dict) else None
+            bad_step_ids.append(sid if isinstance(sid, int) and not isinstance(sid, bool) else i)
+    unique, seen = [], set()
+    for s in steps:
+        if s.step_id in seen:
+            err = DataError(file, s.step_id, "step_id", "duplicate step_id in episode")
+            if not skip_bad:
+                raise err
+            skipped.append(err)
+            continue
+        seen.add(s.step_id)
+        unique.append(s)
+    if not unique:
+        return None
+    steps = with_history(sorted(unique, key=lambda s: s.step_id))
+    if bad_step_ids:
+        # A skipped step's action is missing from the later steps' history: flag them.
+        first_bad = min(bad_step_ids)
+        steps = tuple(
+            dataclasses.replace(s, meta={**s.meta, "history_gap": True}) if s.step_id > first_bad else s
+            for s in steps
+        )
+    return Episode(
+        episode_id=steps[0].episode_id,
+        instruction=steps[0].instruction,
+        steps=steps,
+        meta={"dataset": "aitz", "subset": subset, "file": str(file)},
+    )
+
+
+def load_aitz_with_report(
+    root: str | Path, split: str, skip_bad: bool = False
+) -> tuple[list[Episode], list[DataError]]:
+    """Load one AITZ split; also return the malformed records that were skipped (empty unless ``skip_bad``).
+
+    A malformed step record raises ``DataError`` (file, record index, field); with ``skip_bad=True`` it is
+    skipped and listed instead, the episode's other steps are kept, and the steps after it carry
+    ``meta["history_gap"] = True`` (their history lacks the skipped action).
+    """
+    split_dir = Path(root) / split
+    if not split_dir.is_dir():
+        raise FileNotFoundError(f"AITZ split directory not found: {split_dir}")
+    episodes, skipped = [], []
+    for subset, file in _episode_files(split_dir):
+        ep = _load_episode(subset, file, split_dir, skip_bad, skipped)
+        if ep is not None:
+            episodes.append(ep)
+    return episodes, skipped
+
+
+def load_aitz(root: str | Path, split: str, skip_bad: bool = False) -> list[Episode]:
+    """Load one AITZ split (``train`` or ``test``) as episodes of steps; see ``load_aitz_with_report``."""
+    return load_aitz_with_report(root, split, skip_bad)[0]
