@@ -347,7 +347,8 @@ def _transitions(step: Step) -> dict[str, str]:
         return {}
     file, record = _step_label(step)
     if not isinstance(raw, dict):
-        raise DataError(file, record, "meta.transitions", f"expected a dict element text -> effect, got {type(raw).__name__}")
+        raise DataError(file, record, "meta.transitions",
+                        f"expected a dict element text -> effect, got {type(raw).__name__}")
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -412,6 +413,13 @@ class _Maker:
         self.names = referents(self.elements)
         self.transitions = _transitions(step)
 
+    def effect_of(self, element: UIElement) -> Optional[str]:
+        """What tapping ``element`` does per the world's transitions, looked up by its text, then by its kind."""
+        for key in (_clean(element.text).lower(), (element.kind or "").strip().lower()):
+            if key and key in self.transitions:
+                return self.transitions[key]
+        return None
+
     def qa(self, kind: str, template_args: dict, answer: str, **meta) -> QA:
         templates = QUESTION_TEMPLATES[kind]
         t = self.rng.randrange(len(templates))
@@ -458,8 +466,8 @@ class _Maker:
         out = []
         for name, el in self.names.items():
             answer, source = _known_function(el), "elements"
-            if answer is None and name.lower() in self.transitions:
-                answer, source = self.transitions[name.lower()], "transitions"
+            if answer is None and self.effect_of(el) is not None:
+                answer, source = self.effect_of(el), "transitions"
             if answer is not None:
                 out.append(self.qa("widget_function", {"ref": element_ref(el)}, answer,
                                    **self._el_meta(name, el, source)))
@@ -546,7 +554,7 @@ class _Maker:
         out = []
         if self.transitions:
             for name, el in self.names.items():
-                effect = self.transitions.get(name.lower())
+                effect = self.effect_of(el)
                 if effect:
                     out.append(self.qa("what_happens", {"ref": element_ref(el)}, effect,
                                        **self._el_meta(name, el, "transitions")))
