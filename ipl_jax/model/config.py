@@ -1,0 +1,271 @@
+"""Qwen2-VL configuration as frozen (hashable) dataclasses, so a config can be a static ``jax.jit`` argument.
+
+``Qwen2VLConfig.from_hf_dict`` reads both layouts found in the wild:
+
+* the flat Hub layout (text fields at the top level, ``rope_scaling={"type": "mrope", "mrope_section": ...}``,
+  ``rope_theta`` at the top level), and
+* the nested transformers-5 layout (``text_config`` with ``rope_parameters`` holding ``mrope_section`` and
+  ``rope_theta``; the vision config's ``rope_parameters.rope_theta``).
+
+``to_hf_dict`` writes the nested transformers-5 layout (what ``save_pretrained`` of 5.24 writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """The vision tower (ViT + 2x2 patch merger)."""
+
+    depth: int = 32
+    embed_dim: int = 1280
+    hidden_size: int = 3584  # merger output width = the language model's width
+    mlp_ratio: int = 4
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    hidden_act: str = "quick_gelu"
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch: C * T * P * P (1176 for the real models)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def merge_factor(self) -> int:
+        """Patches per merged (language-model) token: spatial_merge_size squared."""
+        return self.spatial_merge_size * self.spatial_merge_size
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+    """The Qwen2 decoder with multimodal (3-section) rotary positions."""
+
+    vocab_size: int = 152064
+    hidden_size: int = 8192
+    intermediate_size: int = 29568
+    num_hidden_layers: int = 80
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 8
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 1000000.0
+    mrope_section: tuple[int, int, int] = (16, 24, 24)
+    max_position_embeddings: int = 32768
+    hidden_act: str = "silu"
+    bos_token_id: Optional[int] = 151643
+    eos_token_id: tuple[int, ...] = (151645,)
+    pad_token_id: Optional[int] = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2VLConfig:
+    """The whole model. ``param_dtype`` is the storage dtype of the weights, ``dtype`` the compute dtype."""
+
+    vision: VisionConfig = VisionConfig()
+    text: TextConfig = TextConfig()
+    image_token_id: int = 151655
+    video_token_id: int = 151656
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+    tie_word_embeddings: bool = False
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"Qwen2VLConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        t, v = self.text, self.vision
+        if t.hidden_size % t.num_attention_heads:
+            raise ValueError(f"text hidden_size {t.hidden_size} is not divisible by heads {t.num_attention_heads}")
+        if t.num_attention_heads % t.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {t.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {t.num_key_value_heads}"
+            )
+        if sum(t.mrope_section) * 2 != t.head_dim:
+            raise ValueError(f"mrope_section {t.mrope_section} must sum to head_dim/2 = {t.head_dim // 2}")
+        if v.embed_dim % v.num_heads or v.head_dim % 4:
+            raise ValueError(f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim divisible by 4")
+        if v.hidden_size != t.hidden_size:
+            raise ValueError(f"vision hidden_size {v.hidden_size} must equal the text hidden_size {t.hidden_size}")
+
+    def replace(self, **kw) -> "Qwen2VLConfig":
+        return dataclasses.replace(self, **kw)
+
+    # ------------------------------------------------------------------ HF config.json I/O
+
+    @staticmethod
+    def from_hf_dict(d: dict[str, Any], **overrides) -> "Qwen2VLConfig":
+        """Builds a config from a Hugging Face ``config.json`` dict (flat Hub or nested v5 layout)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config must be a dict, got {type(d).__name__}")
+        txt = d.get("text_config") or d
+        vis = d.get("vision_config")
+        if vis is None:
+            raise ValueError("config has no 'vision_config'; not a Qwen2-VL config")
+
+        rope = txt.get("rope_parameters") or txt.get("rope_scaling") or d.get("rope_scaling") or {}
+        mrope = tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24)))
+        rope_theta = rope.get("rope_theta", txt.get("rope_theta", d.get("rope_theta", 1000000.0)))
+        eos = txt.get("eos_token_id", d.get("eos_token_id", 151645))
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+        hidden = int(txt.get("hidden_size", 8192))
+        heads = int(txt.get("num_attention_heads", 64))
+        text = TextConfig(
+            vocab_size=int(txt.get("vocab_size", 152064)),
+            hidden_size=hidden,
+            intermediate_size=int(txt.get("intermediate_size", 29568)),
+            num_hidden_layers=int(txt.get("num_hidden_layers", 80)),
+            num_attention_heads=heads,
+            num_key_value_heads=int(txt.get("num_key_value_heads") or heads),
+            rms_norm_eps=float(txt.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(rope_theta),
+            mrope_section=mrope,  # type: ignore[arg-type]
+            max_position_embeddings=int(txt.get("max_position_embeddings", 32768)),
+            hidden_act=str(txt.get("hidden_act", "silu")),
+            bos_token_id=txt.get("bos_token_id", d.get("bos_token_id")),
+            eos_token_id=eos,
+            pad_token_id=txt.get("pad_token_id", d.get("pad_token_id")),
+        )
+        if text.hidden_act != "silu":
+            raise ValueError(f"unsupported text hidden_act {text.hidden_act!r} (only silu)")
+        if txt.get("use_sliding_window"):
+            raise ValueError("use_sliding_window=true is not supported (HF honours it only with flash attention)")
+
+        vrope = vis.get("rope_parameters") or {}
+        patch = vis.get("patch_size", 14)
+        tpatch = vis.get("temporal_patch_size", 2)
+        if isinstance(patch, (list, tuple)) or isinstance(tpatch, (list, tuple)):
+            raise ValueError(f"non-scalar patch sizes are not supported: {patch!r}, {tpatch!r}")
+        vision = VisionConfig(
+            depth=int(vis.get("depth", 32)),
+            embed_dim=int(vis.get("embed_dim", 1280)),
+            hidden_size=int(vis.get("hidden_size", hidden)),
+            mlp_ratio=int(vis.get("mlp_ratio", 4)),
+            num_heads=int(vis.get("num_heads", 16)),
+            in_channels=int(vis.get("in_channels", 3)),  # HF ignores the old 'in_chans' key too
+            patch_size=int(patch),
+            spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
+            temporal_patch_size=int(tpatch),
+            hidden_act=str(vis.get("hidden_act", "quick_gelu")),
+            rope_theta=float(vrope.get("rope_theta", 10000.0)),
+        )
+        if vision.hidden_act != "quick_gelu":
+            raise ValueError(f"unsupported vision hidden_act {vision.hidden_act!r} (only quick_gelu: Qwen2-VL)")
+
+        tie = d.get("tie_word_embeddings")
+        if not tie:
+            tie = bool(txt.get("tie_word_embeddings", False)) or bool(tie)
+        kw = dict(
+            vision=vision,
+            text=text,
+            image_token_id=int(d.get("image_token_id", 151655)),
+            video_token_id=int(d.get("video_token_id", 151656)),
+            vision_start_token_id=int(d.get("vision_start_token_id", 151652)),
+            vision_end_token_id=int(d.get("vision_end_token_id", 151653)),
+            tie_word_embeddings=bool(tie),
+        )
+        kw.update(overrides)
+        return Qwen2VLConfig(**kw)
+
+    @staticmethod
+    def from_dir(path: str | os.PathLike, **overrides) -> "Qwen2VLConfig":
+        """Reads ``<path>/config.json`` (or ``path`` itself when it is a file)."""
+        p = os.fspath(path)
+        file = os.path.join(p, "config.json") if os.path.isdir(p) else p
+        try:
+            with open(file) as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{file}: no config.json") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file}: not valid JSON: {e}") from None
+        try:
+            return Qwen2VLConfig.from_hf_dict(d, **overrides)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{file}: {e}") from None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The nested transformers-5 layout, loadable by ``Qwen2VLForConditionalGeneration.from_pretrained``."""
+        t, v = self.text, self.vision
+        torch_dtype = self.param_dtype
+        eos = list(t.eos_token_id)
+        text = {
+            "model_type": "qwen2_vl_text",
+            "vocab_size": t.vocab_size,
+            "hidden_size": t.hidden_size,
+            "intermediate_size": t.intermediate_size,
+            "num_hidden_layers": t.num_hidden_layers,
+            "num_attention_heads": t.num_attention_heads,
+            "num_key_value_heads": t.num_key_value_heads,
+            "hidden_act": t.hidden_act,
+            "max_position_embeddings": t.max_position_embeddings,
+            "rms_norm_eps": t.rms_norm_eps,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "attention_dropout": 0.0,
+            "rope_parameters": {
+                "rope_type": "default",
+                "mrope_section": list(t.mrope_section),
+                "rope_theta": t.rope_theta,
+            },
+            "bos_token_id": t.bos_token_id,
+            "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+            "pad_token_id": t.pad_token_id,
+            "dtype": torch_dtype,
+        }
+        vision = {
+            "model_type": "qwen2_vl_vision",
+            "depth": v.depth,
+            "embed_dim": v.embed_dim,
+            "hidden_size": v.hidden_size,
+            "hidden_act": v.hidden_act,
+            "mlp_ratio": v.mlp_ratio,
+            "num_heads": v.num_heads,
+            "in_channels": v.in_channels,
+            "patch_size": v.patch_size,
+            "spatial_merge_size": v.spatial_merge_size,
+            "temporal_patch_size": v.temporal_patch_size,
+            "rope_parameters": {"rope_theta": v.rope_theta, "rope_type": "axial"},
+            "dtype": torch_dtype,
+        }
+        return {
+            "architectures": ["Qwen2VLForConditionalGeneration"],
+            "model_type": "qwen2_vl",
+            "text_config": text,
+            "vision_config": vision,
+            "image_token_id": self.image_token_id,
+            "video_token_id": self.video_token_id,
+            "vision_start_token_id": self.vision_start_token_id,
+            "vision_end_token_id": self.vision_end_token_id,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "dtype": torch_dtype,
+        }

@@ -1,0 +1,201 @@
+"""KV cache, prefill, extension (teacher-forced segments or single decode steps) and greedy generation.
+
+The cache is *compact*: row b holds its valid tokens in slots ``0 .. length[b]-1``, in order, whatever the
+padding of the inputs that produced them (pads are never written). Keys are stored already rotated, so the
+slot of a token and its M-RoPE position are independent; ``next_pos[b]`` is the position the next text token
+of row b gets (all three M-RoPE rows equal for text).
+
+``extend`` appends T tokens per row: new valid tokens attend to every valid cache slot of their row and,
+among the new tokens, causally (or by an explicit bool[B, T, T] mask). Rows may append different numbers of
+valid tokens; pads (``valid_mask`` False) are neither written nor counted. When more tokens arrive than the
+cache has room for, the excess is dropped and ``length`` saturates at the cache size: size caches generously.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import ModelInputs
+from ipl_jax.model.text import decoder_stack, embed_tokens, logits_from_hidden
+from ipl_jax.model.vision import encode_images_unjitted
+
+
+@struct.dataclass
+class KVCache:
+    """k, v: dtype[L, B, S, Hkv, D]; length: int32[B] (valid slots = write index); next_pos: int32[B]."""
+
+    k: jnp.ndarray
+    v: jnp.ndarray
+    length: jnp.ndarray
+    next_pos: jnp.ndarray
+
+    @property
+    def size(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+
+def init_cache(cfg: Qwen2VLConfig, batch: int, size: int) -> KVCache:
+    """An empty cache of ``size`` slots per row, in the compute dtype."""
+    t = cfg.text
+    shape = (t.num_hidden_layers, batch, size, t.num_key_value_heads, t.head_dim)
+    z = jnp.zeros(shape, jnp.dtype(cfg.dtype))
+    return KVCache(k=z, v=z, length=jnp.zeros((batch,), jnp.int32), next_pos=jnp.zeros((batch,), jnp.int32))
+
+
+def repeat_cache(cache: KVCache, k: int) -> KVCache:
+    """Each row repeated k times contiguously: rows [a, b] -> [a, a, .., b, b, ..] (B -> B*k)."""
+    return KVCache(k=jnp.repeat(cache.k, k, axis=1), v=jnp.repeat(cache.v, k, axis=1),
+                   length=jnp.repeat(cache.length, k), next_pos=jnp.repeat(cache.next_pos, k))
+
+
+def select_rows(cache: KVCache, idx: jnp.ndarray) -> KVCache:
+    """Rows ``idx`` (int32[B']) of the cache, in that order (duplicates allowed)."""
+    return KVCache(k=jnp.take(cache.k, idx, axis=1), v=jnp.take(cache.v, idx, axis=1),
+                   length=jnp.take(cache.length, idx), next_pos=jnp.take(cache.next_pos, idx))
+
+
+def _last_valid_index(valid: jnp.ndarray) -> jnp.ndarray:
+    """int32[B]: index of the last True in each row of bool[B, T] (0 when none)."""
+    t = valid.shape[1]
+    idx = jnp.where(valid, jnp.arange(t)[None, :], -1)
+    return jnp.maximum(jnp.max(idx, axis=1), 0)
+
+
+def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, all_logits: bool):
+    feats = None if inputs.vision is None else encode_images_unjitted(params, cfg, inputs.vision)
+    ids = jnp.asarray(inputs.input_ids)
+    valid = jnp.asarray(inputs.attention_mask).astype(bool)
+    b, t = ids.shape
+    x = embed_tokens(params, cfg, ids, feats)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = causal[None] & valid[:, None, :]
+    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
+    slots = jnp.where(valid, rank, cache_size)
+    empty = init_cache(cfg, b, cache_size)
+    hidden, (k, v) = decoder_stack(params, cfg, x, jnp.asarray(inputs.positions), mask,
+                                   cache_kv=(empty.k, empty.v), attend_cache=False, slots=slots)
+    n = jnp.sum(valid.astype(jnp.int32), axis=1)
+    cache = KVCache(k=k, v=v, length=jnp.minimum(n, cache_size),
+                    next_pos=n + jnp.asarray(inputs.rope_deltas).astype(jnp.int32))
+    if all_logits:
+        return logits_from_hidden(params, cfg, hidden), cache
+    last = jnp.take_along_axis(hidden, _last_valid_index(valid)[:, None, None], axis=1)[:, 0]
+    return logits_from_hidden(params, cfg, last), cache
+
+
+@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("cache_size", "all_logits"))
+def prefill(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, all_logits: bool = False):
+    """Encodes the images and the prompt, and fills a fresh cache of ``cache_size`` slots per row.
+
+    inputs: ModelInputs with input_ids int32[B, T] (any padding). Returns (logits, cache): logits f32[B, V] at
+    each row's last valid token, or f32[B, T, V] with ``all_logits``.
+    """
+    return _prefill(params, cfg, inputs, cache_size, all_logits)
+
+
+def _extend(params, cfg: Qwen2VLConfig, cache: KVCache, input_ids, valid_mask, positions=None,
+            attention_mask=None, image_features=None):
+    ids = jnp.asarray(input_ids)
+    valid = jnp.asarray(valid_mask).astype(bool)
+    b, t = ids.shape
+    s = cache.size
+    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
+    n_new = jnp.sum(valid.astype(jnp.int32), axis=1)
+    if positions is None:
+        pos = jnp.where(valid, cache.next_pos[:, None] + rank, 0)
+        positions = jnp.broadcast_to(pos[None], (3, b, t))
+        next_pos = cache.next_pos + n_new
+    else:
+        positions = jnp.asarray(positions)
+        top = jnp.max(jnp.where(valid[None], positions, -1), axis=(0, 2)) + 1
+        next_pos = jnp.maximum(cache.next_pos, top)
+    slots = jnp.where(valid, cache.length[:, None] + rank, s)
+    if attention_mask is None:
+        new_mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+    else:
+        new_mask = jnp.asarray(attention_mask).astype(bool) & valid[:, None, :]
+    old_mask = jnp.arange(s)[None, :] < cache.length[:, None]  # [B, S]
+    mask = jnp.concatenate([jnp.broadcast_to(old_mask[:, None, :], (b, t, s)), new_mask], axis=2)
+    x = embed_tokens(params, cfg, ids, image_features)
+    hidden, (k, v) = decoder_stack(params, cfg, x, positions, mask, cache_kv=(cache.k, cache.v),
+                                   attend_cache=True, slots=slots)
+    new_cache = KVCache(k=k, v=v, length=jnp.minimum(cache.length + n_new, s), next_pos=next_pos)
+    return logits_from_hidden(params, cfg, hidden), new_cache
+
+
+@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
+def extend(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: jnp.ndarray, valid_mask: jnp.ndarray,
+           positions: Optional[jnp.ndarray] = None, attention_mask: Optional[jnp.ndarray] = None,
+           image_features: Optional[jnp.ndarray] = None):
+    """Appends T tokens per row to the cache (donated) and returns (logits f32[B, T, V], new cache).
+
+    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads may sit anywhere; they are not written).
+    positions: int32[3, B, T] or None (default: text positions continuing from ``cache.next_pos``; with
+      explicit positions ``next_pos`` becomes max(next_pos, largest valid position + 1)).
+    attention_mask: bool[B, T, T] among the new tokens or None (causal). Cache slots are always visible.
+      Note that every valid new token is written, so after a packed extension later tokens see all of them.
+    image_features: f32[N, hidden] for image-pad tokens inside ``input_ids`` (then pass their positions too).
+    """
+    return _extend(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
+
+
+@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
+def decode_step(params: dict, cfg: Qwen2VLConfig, cache: KVCache, tokens: jnp.ndarray, valid: jnp.ndarray):
+    """One token per row: tokens int32[B], valid bool[B] -> (logits f32[B, V], new cache)."""
+    logits, cache = _extend(params, cfg, cache, tokens[:, None], valid[:, None])
+    return logits[:, 0], cache
+
+
+def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int, eos_ids: tuple,
+            pad_id: int):
+    t = inputs.input_ids.shape[1]
+    logits, cache = _prefill(params, cfg, inputs, t + max_new_tokens, False)
+    b = logits.shape[0]
+    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    done = jnp.isin(tok, eos)
+    out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(tok)
+    count = jnp.ones((b,), jnp.int32)
+
+    def cond(state):
+        i, _, _, done, _, _ = state
+        return (i < max_new_tokens) & ~jnp.all(done)
+
+    def body(state):
+        i, tok, cache, done, out, count = state
+        logits, cache = _extend(params, cfg, cache, tok[:, None], ~done[:, None])
+        nxt = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        nxt = jnp.where(done, pad_id, nxt)
+        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))
+        count = count + (~done).astype(jnp.int32)
+        done = done | jnp.isin(nxt, eos)
+        return i + 1, nxt, cache, done, out, count
+
+    state = (jnp.int32(1), tok, cache, done, out, count)
+    _, _, _, _, out, count = jax.lax.while_loop(cond, body, state)
+    return out, count
+
+
+@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("max_new_tokens", "eos_ids", "pad_id"))
+def greedy_generate(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int,
+                    eos_ids: tuple = (), pad_id: Optional[int] = None):
+    """Greedy decoding: prefill, then one cached step per token inside a ``lax.while_loop``.
+
+    Returns (tokens int32[B, max_new_tokens], num_tokens int32[B]). A row stops after its first token in
+    ``eos_ids`` (which is kept); later entries are ``pad_id`` (default: the first eos id, else 0), as
+    transformers' ``generate`` pads finished rows. The loop ends early once every row is done.
+    """
+    eos_ids = tuple(int(e) for e in eos_ids)
+    if pad_id is None:
+        pad_id = eos_ids[0] if eos_ids else 0
+    return _greedy(params, cfg, inputs, max_new_tokens, eos_ids, pad_id)

@@ -1,0 +1,148 @@
+"""The parameter tree: its layout, its Hugging Face names, and random initialisation.
+
+Layout (stacked leaves carry a leading layer axis L / Lv; linear kernels are (in, out))::
+
+    visual/patch_embed/kernel                    [C*T*ps*ps, E]       visual.patch_embed.proj.weight (conv5d)
+    visual/blocks/{norm1,norm2}/{scale,bias}     [Lv, E]              visual.blocks.{i}.norm1.weight / .bias
+    visual/blocks/attn/qkv/{kernel,bias}         [Lv, E, 3E], [Lv, 3E]
+    visual/blocks/attn/proj/{kernel,bias}        [Lv, E, E], [Lv, E]
+    visual/blocks/mlp/fc1/{kernel,bias}          [Lv, E, mlp], [Lv, mlp]
+    visual/blocks/mlp/fc2/{kernel,bias}          [Lv, mlp, E], [Lv, E]
+    visual/merger/ln_q/{scale,bias}              [E]
+    visual/merger/mlp_0/{kernel,bias}            [4E, 4E], [4E]       visual.merger.mlp.0.*
+    visual/merger/mlp_2/{kernel,bias}            [4E, H], [H]         visual.merger.mlp.2.*
+    model/embed_tokens/embedding                 [V, H]
+    model/layers/{input,post_attention}_layernorm/scale   [L, H]
+    model/layers/self_attn/{q,k,v}_proj/{kernel,bias}     [L, H, heads*D], [L, heads*D]
+    model/layers/self_attn/o_proj/kernel                  [L, Hq*D, H]
+    model/layers/mlp/{gate,up}_proj/kernel                [L, H, I]
+    model/layers/mlp/down_proj/kernel                     [L, I, H]
+    model/norm/scale                             [H]
+    lm_head/kernel                               [H, V]               absent when embeddings are tied
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+
+from ipl_jax.model.config import Qwen2VLConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamEntry:
+    """One leaf: path in the tree, full shape, init kind, HF tensor name (with ``{i}`` when stacked), and how
+    the HF tensor maps to ours: 'copy', 'linear' (transpose (out, in) -> (in, out)) or 'conv' (flatten
+    (E, C, T, ps, ps) to (E, C*T*ps*ps), then transpose)."""
+
+    path: tuple[str, ...]
+    shape: tuple[int, ...]
+    init: str  # normal | zeros | ones
+    hf_name: str
+    transform: str = "copy"
+
+    @property
+    def stacked(self) -> bool:
+        return "{i}" in self.hf_name
+
+    @property
+    def key(self) -> str:
+        return "/".join(self.path)
+
+
+def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
+    """Every leaf of the parameter tree for ``cfg``."""
+    v, t = cfg.vision, cfg.text
+    e, lv, m = v.embed_dim, v.depth, v.mlp_dim
+    h, lt, i_dim = t.hidden_size, t.num_hidden_layers, t.intermediate_size
+    dq, dkv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    me = v.merge_factor * e
+    out: list[ParamEntry] = [ParamEntry(("visual", "patch_embed", "kernel"), (v.patch_dim, e), "normal",
+                                        "visual.patch_embed.proj.weight", "conv")]
+    vb = "visual.blocks.{i}."
+    for n in ("norm1", "norm2"):
+        out += [ParamEntry(("visual", "blocks", n, "scale"), (lv, e), "ones", vb + n + ".weight"),
+                ParamEntry(("visual", "blocks", n, "bias"), (lv, e), "zeros", vb + n + ".bias")]
+    for sub, name, din, dout in (("attn", "qkv", e, 3 * e), ("attn", "proj", e, e),
+                                 ("mlp", "fc1", e, m), ("mlp", "fc2", m, e)):
+        out += [ParamEntry(("visual", "blocks", sub, name, "kernel"), (lv, din, dout), "normal",
+                           f"{vb}{sub}.{name}.weight", "linear"),
+                ParamEntry(("visual", "blocks", sub, name, "bias"), (lv, dout), "zeros", f"{vb}{sub}.{name}.bias")]
+    out += [ParamEntry(("visual", "merger", "ln_q", "scale"), (e,), "ones", "visual.merger.ln_q.weight"),
+            ParamEntry(("visual", "merger", "ln_q", "bias"), (e,), "zeros", "visual.merger.ln_q.bias")]
+    for idx, din, dout in ((0, me, me), (2, me, v.hidden_size)):
+        out += [ParamEntry(("visual", "merger", f"mlp_{idx}", "kernel"), (din, dout), "normal",
+                           f"visual.merger.mlp.{idx}.weight", "linear"),
+                ParamEntry(("visual", "merger", f"mlp_{idx}", "bias"), (dout,), "zeros",
+                           f"visual.merger.mlp.{idx}.bias")]
+
+    out.append(ParamEntry(("model", "embed_tokens", "embedding"), (t.vocab_size, h), "normal",
+                          "model.embed_tokens.weight"))
+    tl = "model.layers.{i}."
+    for n in ("input_layernorm", "post_attention_layernorm"):
+        out.append(ParamEntry(("model", "layers", n, "scale"), (lt, h), "ones", tl + n + ".weight"))
+    for name, dout in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
+        out += [ParamEntry(("model", "layers", "self_attn", name, "kernel"), (lt, h, dout), "normal",
+                           f"{tl}self_attn.{name}.weight", "linear"),
+                ParamEntry(("model", "layers", "self_attn", name, "bias"), (lt, dout), "zeros",
+                           f"{tl}self_attn.{name}.bias")]
+    out.append(ParamEntry(("model", "layers", "self_attn", "o_proj", "kernel"), (lt, dq, h), "normal",
+                          f"{tl}self_attn.o_proj.weight", "linear"))
+    for name, din, dout in (("gate_proj", h, i_dim), ("up_proj", h, i_dim), ("down_proj", i_dim, h)):
+        out.append(ParamEntry(("model", "layers", "mlp", name, "kernel"), (lt, din, dout), "normal",
+                              f"{tl}mlp.{name}.weight", "linear"))
+    out.append(ParamEntry(("model", "norm", "scale"), (h,), "ones", "model.norm.weight"))
+    if not cfg.tie_word_embeddings:
+        out.append(ParamEntry(("lm_head", "kernel"), (h, t.vocab_size), "normal", "lm_head.weight", "linear"))
+    return out
+
+
+def set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def get_path(tree: dict, path: tuple[str, ...]):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def iter_paths(tree, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+    """(path, leaf) for every leaf of a nested dict."""
+    if isinstance(tree, dict):
+        for k in sorted(tree):
+            yield from iter_paths(tree[k], prefix + (k,))
+    else:
+        yield prefix, tree
+
+
+def init_params(cfg: Qwen2VLConfig, rng: jax.Array, std: float = 0.02) -> dict:
+    """Random parameters: normal(0, std) for kernels and embeddings, ones for norm scales, zeros for biases.
+    Leaves are ``cfg.param_dtype``."""
+    dtype = jnp.dtype(cfg.param_dtype)
+    layout = param_layout(cfg)
+    keys = jax.random.split(rng, len(layout))
+    params: dict = {}
+    for key, ent in zip(keys, layout):
+        if ent.init == "normal":
+            val = (std * jax.random.normal(key, ent.shape, jnp.float32)).astype(dtype)
+        elif ent.init == "ones":
+            val = jnp.ones(ent.shape, dtype)
+        else:
+            val = jnp.zeros(ent.shape, dtype)
+        set_path(params, ent.path, val)
+    return params
+
+
+def param_shapes(cfg: Qwen2VLConfig) -> dict:
+    """The parameter tree as ``jax.ShapeDtypeStruct`` leaves (no memory allocated)."""
+    dtype = jnp.dtype(cfg.param_dtype)
+    out: dict = {}
+    for ent in param_layout(cfg):
+        set_path(out, ent.path, jax.ShapeDtypeStruct(ent.shape, dtype))
+    return out

@@ -1,0 +1,65 @@
+"""Rotary position embeddings: the text decoder's 3-section M-RoPE and the vision tower's axial 2D RoPE.
+
+Inverse frequencies and angles are computed in float32 (bf16 frequencies corrupt large positions). Text cos/sin
+are then cast to the activation dtype before rotation (as transformers does); the vision path rotates in f32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+
+from ipl_jax.model.config import TextConfig, VisionConfig
+
+
+def rotate_half(x: jnp.ndarray) -> jnp.ndarray:
+    """[x1, x2] -> [-x2, x1] on the last axis (halves, not interleaved pairs)."""
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rotary(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
+    """x * cos + rotate_half(x) * sin; cos/sin broadcast against x (add the head axis before calling)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def _inv_freq(theta: float, dim: int) -> np.ndarray:
+    """1 / theta^(arange(0, dim, 2) / dim) in float32, dim/2 entries."""
+    return (1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))).astype(np.float32)
+
+
+def mrope_section_rows(mrope_section: tuple[int, ...]) -> np.ndarray:
+    """For each of the head_dim/2 frequencies, which position row (0=T, 1=H, 2=W) it reads.
+
+    transformers splits the half-dimension by ``mrope_section`` and takes chunk i from row ``i % 3``.
+    """
+    return np.concatenate([np.full(s, i % 3, dtype=np.int32) for i, s in enumerate(mrope_section)])
+
+
+def text_cos_sin(positions: jnp.ndarray, cfg: TextConfig, dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """M-RoPE tables.
+
+    positions: int32[3, B, T] (rows T, H, W). Returns cos, sin: dtype[B, T, head_dim].
+    Frequency j of the half-dimension uses row ``mrope_section_rows[j]``; the table is ``cat(f, f)``.
+    """
+    d = cfg.head_dim
+    inv = jnp.asarray(_inv_freq(cfg.rope_theta, d))  # f32[d/2]
+    rows = mrope_section_rows(cfg.mrope_section)  # [d/2] static
+    pos = positions.astype(jnp.float32)[rows]  # [d/2, B, T]
+    freqs = jnp.moveaxis(pos, 0, -1) * inv  # [B, T, d/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def vision_cos_sin(pos_hw: jnp.ndarray, cfg: VisionConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Axial 2D tables for the ViT.
+
+    pos_hw: int32[P, 2] (row, column of each patch). Returns cos, sin: f32[P, head_dim] laid out as
+    ``[f_h, f_w, f_h, f_w]`` with ``head_dim/4`` frequencies each.
+    """
+    hd = cfg.head_dim
+    inv = jnp.asarray(_inv_freq(cfg.rope_theta, hd // 2))  # f32[hd/4]
+    freqs = pos_hw.astype(jnp.float32)[..., None] * inv  # [P, 2, hd/4]
+    fhw = jnp.concatenate([freqs[:, 0], freqs[:, 1]], axis=-1)  # [P, hd/2]
+    emb = jnp.concatenate([fhw, fhw], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)

@@ -1,0 +1,395 @@
+"""Random tiny Qwen2-VL checkpoints, written with transformers, plus a tiny byte-level BPE tokenizer.
+
+``make_tiny_checkpoint(out_dir, ...)`` writes a directory that loads like a real Qwen2-VL checkpoint:
+
+* ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): ``Qwen2VLForConditionalGeneration``
+  built from a ``Qwen2VLConfig`` in the transformers-5 nested form (``text_config`` / ``vision_config``), random
+  weights from ``torch.manual_seed(seed)``;
+* ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja``: a byte-level BPE trained with the
+  ``tokenizers`` library on a corpus (default: GUI-ish sentences and our CoaT prompts), with Qwen2-VL's
+  pre-tokenizer and its special tokens kept whole, placed right after the BPE vocabulary in Qwen's order, and
+  their ids written into the model config (``image_token_id`` etc.);
+* ``preprocessor_config.json`` with small ``min_pixels`` / ``max_pixels``.
+
+Weight choices for a *test* checkpoint (the spec is silent on them):
+
+* ``random_biases`` (default on): transformers initialises biases to 0 and norm weights to 1, which would hide
+  bias / norm bugs in a port; we draw biases from N(0, initializer_range) and norm weights (and LayerNorm biases)
+  as 1 + N(0, 0.1) / N(0, 0.1).
+* ``scale``: every weight and bias of every Linear / Embedding / Conv layer is multiplied by ``scale`` (norms are
+  left alone), so activations and logits are far from zero.
+
+torch and transformers are needed for this tool only; they are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence, Union
+
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.tokenizer import (BOX_END, BOX_START, ENDOFTEXT, IM_END, IM_START, IMAGE_PAD,
+                                    QWEN2VL_CHAT_TEMPLATE, SPECIAL_TOKENS, VIDEO_PAD, VISION_END, VISION_START)
+
+# Qwen2's pre-tokenizer split (digits one by one, letters with one leading non-letter, newlines apart).
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
+                           r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+DEFAULT_VOCAB_SIZE = 1024
+DEFAULT_MIN_PIXELS = 56 * 56  # 3136: at least 2x2 merged tokens
+DEFAULT_MAX_PIXELS = 28 * 28 * 64  # at most 64 merged image tokens
+
+# The smallest useful shapes: head_dim 16 (mrope 2+3+3 = 8 = head_dim/2), GQA 4:2, vision width 32.
+TINY_TEXT_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.02,
+    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
+}
+TINY_VISION_CONFIG = {
+    "depth": 2,
+    "embed_dim": 32,
+    "num_heads": 4,
+    "mlp_ratio": 2,
+    "hidden_act": "quick_gelu",
+    "in_channels": 3,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "initializer_range": 0.02,
+}
+ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id",
+             "vision_end_token_id")
+
+
+class MissingDependency(ImportError):
+    pass
+
+
+def _require_torch_transformers():
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise MissingDependency(
+            "make-tiny needs torch and transformers (install the test extra: "
+            "pip install -c constraints.txt -e '.[test]')") from e
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return torch, transformers
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+_APPS = ["Settings", "Chrome", "Gmail", "Maps", "YouTube", "Play Store", "Calendar", "Camera", "Photos", "Clock",
+         "Contacts", "Messages", "Phone", "Files", "Notes", "Weather", "Music", "Amazon", "Spotify", "Calculator"]
+_WIDGETS = ["button", "icon", "search bar", "text field", "menu", "tab", "toggle", "checkbox", "link", "list item",
+            "dialog", "banner", "slider", "keyboard", "back arrow", "send button", "home icon", "more options"]
+_LABELS = ["Search", "OK", "Cancel", "Save", "Next", "Done", "Sign in", "Add to cart", "Settings", "Share",
+           "Delete", "Open", "Wi-Fi", "Bluetooth", "Display", "Battery", "Sound", "Profile", "Inbox", "Compose",
+           "Send", "New note", "Alarm", "Timer", "Contacts", "Directions", "Play", "Pause", "Cart", "Checkout"]
+_TOPICS = ["weather in Paris", "cheap flights", "pizza near me", "news today", "running shoes", "jazz music",
+           "hotel in Rome", "bus to airport", "recipe for pancakes", "football scores"]
+_VERBS = ["open", "find", "search for", "turn on", "turn off", "add", "delete", "share", "play", "set"]
+
+
+def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0) -> list[str]:
+    """GUI-ish sentences, the CoaT prompts and action / grounding texts, deterministic for a seed."""
+    from ipl_jax.actions import Action, format_action, format_grounding
+    from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+
+    rnd = random.Random(seed)
+    lines = list(DEFAULT_PROMPTS.texts()) + ["You are a helpful assistant."] + list(extra)
+    lines += ["system\nuser\nassistant\n"] * 20  # the chat roles, so each becomes one token
+    for _ in range(n_lines):
+        app, widget, label, topic = (rnd.choice(_APPS), rnd.choice(_WIDGETS), rnd.choice(_LABELS),
+                                     rnd.choice(_TOPICS))
+        box = sorted(rnd.random() for _ in range(2)) + sorted(rnd.random() for _ in range(2))
+        actions = [Action("click", target=f"{label} {widget}"), Action("type", text=topic),
+                   Action("scroll", direction=rnd.choice(["up", "down", "left", "right"])),
+                   Action("press", button=rnd.choice(["back", "home", "enter"])), Action("stop"),
+                   Action("long_press", target=label), Action("open_app", text=app), Action("wait")]
+        kind = rnd.randrange(6)
+        if kind == 0:
+            lines.append(f"The screen shows the {app} app with a {label} {widget}, a {rnd.choice(_WIDGETS)} "
+                         f"and the text \"{rnd.choice(_LABELS)}\".")
+        elif kind == 1:
+            lines.append(f"{rnd.choice(_VERBS).capitalize()} {topic} in {app}.")
+        elif kind == 2:
+            lines.append(f"I have opened {app}. The screen shows {label}. I need to {rnd.choice(_VERBS)} "
+                         f"{topic}, so the next action is {format_action(rnd.choice(actions))}.")
+        elif kind == 3:
+            lines.append(format_action(rnd.choice(actions)))
+        elif kind == 4:
+            lines.append(format_grounding((box[0], box[2], box[1], box[3])))
+        else:
+            lines.append(DEFAULT_PROMPTS.think_text(f"{rnd.choice(_VERBS)} {topic}",
+                                                    [format_action(rnd.choice(actions)) for _ in range(3)]))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(corpus: Sequence[str], vocab_size: int):
+    """A ``tokenizers.Tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, then the Qwen special tokens
+    appended in Qwen's order (ids ``n_bpe + 0 .. n_bpe + 13``). ``vocab_size`` bounds the total size."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    n_bpe = vocab_size - len(SPECIAL_TOKENS)
+    if n_bpe < 256:
+        raise ValueError(f"vocab_size {vocab_size} too small: need 256 bytes + {len(SPECIAL_TOKENS)} specials")
+    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                        byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=n_bpe, min_frequency=2, show_progress=False, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # the special tokens must never be learnt as text pieces: take them out of the corpus
+    cleaned = []
+    for line in corpus:
+        for s in SPECIAL_TOKENS:
+            line = line.replace(s, " ")
+        cleaned.append(line)
+    tok.train_from_iterator(cleaned, trainer)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
+    return tok
+
+
+def write_tokenizer(tok, out_dir: Path) -> dict[str, int]:
+    """Save ``tok`` as a transformers tokenizer directory (Qwen2Tokenizer + our chat template); returns the
+    special-token ids as loaded back through ``AutoTokenizer``."""
+    _, transformers = _require_torch_transformers()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 32768,
+        "split_special_tokens": False,
+        "errors": "replace",
+    }, indent=2))
+    hf = transformers.AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)
+    hf.chat_template = QWEN2VL_CHAT_TEMPLATE
+    hf.save_pretrained(str(out_dir))
+    # save_pretrained records how this call loaded the files; those keys do not belong in a checkpoint
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("is_local", "local_files_only"):
+        cfg.pop(key, None)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    vocab = hf.get_vocab()
+    return {s: vocab[s] for s in SPECIAL_TOKENS}
+
+
+# ---------------------------------------------------------------------------------------------- model config
+
+
+def _default_mrope_section(head_dim: int) -> list[int]:
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
+def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int]) -> dict:
+    """The nested Qwen2VLConfig kwargs for our tiny defaults updated by ``model_overrides``.
+
+    ``model_overrides`` may hold ``text_config`` / ``vision_config`` dicts (merged into the defaults), the root
+    keys ``tie_word_embeddings`` and the vision token ids, and flat text fields at the top level (the Hub's flat
+    layout). The vision ``hidden_size`` always equals the text ``hidden_size``; token ids must match the tokenizer.
+    """
+    over = copy.deepcopy(model_overrides or {})
+    text = copy.deepcopy(TINY_TEXT_CONFIG)
+    vision = copy.deepcopy(TINY_VISION_CONFIG)
+    root: dict[str, Any] = {"tie_word_embeddings": False}
+    text_over = dict(over.pop("text_config", None) or {})
+    vision.update(over.pop("vision_config", None) or {})
+    for k in ROOT_KEYS:
+        if k in over:
+            root[k] = over.pop(k)
+    text_over.update(over)  # anything else is a text field, as in the flat layout
+    if "rope_scaling" in text_over:  # the older name
+        text_over.setdefault("rope_parameters", text_over.pop("rope_scaling"))
+    explicit_section = "mrope_section" in (text_over.get("rope_parameters") or {})
+    rope = dict(text["rope_parameters"])
+    rope.update(text_over.pop("rope_parameters", None) or {})
+    if "rope_theta" in text_over:
+        rope["rope_theta"] = text_over.pop("rope_theta")
+    if rope.get("type") == "mrope" or rope.get("rope_type") == "mrope":
+        rope.pop("type", None)
+        rope["rope_type"] = "default"
+    text.update(text_over)
+    if text["hidden_size"] % text["num_attention_heads"]:
+        raise ValueError(f"hidden_size {text['hidden_size']} not divisible by num_attention_heads "
+                         f"{text['num_attention_heads']}")
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    if not explicit_section:
+        rope["mrope_section"] = _default_mrope_section(head_dim)
+    if sum(rope["mrope_section"]) != head_dim // 2:
+        raise ValueError(f"mrope_section {rope['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
+    text["rope_parameters"] = rope
+    text["vocab_size"] = int(text.get("vocab_size") or vocab_size)
+    n_tok = max(special_ids.values()) + 1
+    if text["vocab_size"] < n_tok:
+        raise ValueError(f"model vocab_size {text['vocab_size']} is smaller than the tokenizer ({n_tok} tokens)")
+    text["bos_token_id"] = special_ids[ENDOFTEXT]
+    text["eos_token_id"] = special_ids[IM_END]
+    text["pad_token_id"] = None
+    vision["hidden_size"] = text["hidden_size"]
+    if vision["embed_dim"] % vision["num_heads"]:
+        raise ValueError(f"vision embed_dim {vision['embed_dim']} not divisible by num_heads {vision['num_heads']}")
+    want = {"image_token_id": special_ids[IMAGE_PAD], "video_token_id": special_ids[VIDEO_PAD],
+            "vision_start_token_id": special_ids[VISION_START], "vision_end_token_id": special_ids[VISION_END]}
+    for k, v in want.items():
+        if k in root and int(root[k]) != v:
+            raise ValueError(f"model override {k}={root[k]} does not match the tokenizer's id {v}")
+        root[k] = v
+    return {"text_config": text, "vision_config": vision, **root}
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def _randomise_and_scale(model, seed: int, scale: float | None, random_biases: bool, init_std: float) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    norm_types = (torch.nn.LayerNorm,)
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            is_norm = isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
+            for p_name, p in module.named_parameters(recurse=False):
+                if is_norm:
+                    if random_biases:
+                        base = 1.0 if p_name == "weight" else 0.0
+                        p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+                    continue
+                if p_name == "bias" and random_biases:
+                    p.copy_(init_std * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+                if scale is not None:
+                    p.mul_(float(scale))
+
+
+def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None = None,
+                         vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None, seed: int = 0,
+                         scale: float | None = None, min_pixels: int = DEFAULT_MIN_PIXELS,
+                         max_pixels: int = DEFAULT_MAX_PIXELS, random_biases: bool = True) -> Path:
+    """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
+
+    ``vocab_size`` is the model's embedding size; the tokenizer (BPE + 14 specials) is trained to at most that.
+    ``corpus``: tokenizer training texts (default ``default_corpus()``). ``model_overrides``: see
+    ``build_config_dict``. Same arguments => same files.
+    """
+    torch, transformers = _require_torch_transformers()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = default_corpus() if corpus is None else list(corpus)
+    if not texts:
+        raise ValueError("make_tiny_checkpoint: empty tokenizer corpus")
+    special_ids = write_tokenizer(train_tokenizer(texts, vocab_size), out)
+    cfg_kwargs = build_config_dict(model_overrides, vocab_size, special_ids)
+    config = transformers.Qwen2VLConfig(**cfg_kwargs)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    _randomise_and_scale(model, seed, scale, random_biases, cfg_kwargs["text_config"]["initializer_range"])
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=special_ids[ENDOFTEXT], eos_token_id=[special_ids[IM_END], special_ids[ENDOFTEXT]],
+        pad_token_id=special_ids[ENDOFTEXT])
+    model.save_pretrained(str(out), safe_serialization=True)
+    ImageProcessorConfig(min_pixels=min_pixels, max_pixels=max_pixels,
+                         patch_size=cfg_kwargs["vision_config"]["patch_size"],
+                         merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
+                         temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"]).save(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def _read_json_arg(value: str) -> dict:
+    p = Path(value)
+    text = p.read_text() if not value.lstrip().startswith("{") and p.is_file() else value
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"make-tiny: --config is neither a JSON object nor a JSON file: {e}")
+    if not isinstance(d, dict):
+        raise SystemExit("make-tiny: --config must be a JSON object")
+    return d
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ipl-jax make-tiny", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--config", help="model overrides: a JSON object or a JSON file (nested or flat layout)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=None, help="multiply every Linear/Embedding weight by this")
+    ap.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    ap.add_argument("--corpus", help="text file, one tokenizer training text per line (default: built-in)")
+    ap.add_argument("--min-pixels", type=int, default=DEFAULT_MIN_PIXELS)
+    ap.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS)
+    ap.add_argument("--zero-biases", action="store_true", help="keep transformers' zero biases / unit norms")
+    for flag, key in (("--hidden-size", "hidden_size"), ("--intermediate-size", "intermediate_size"),
+                      ("--layers", "num_hidden_layers"), ("--heads", "num_attention_heads"),
+                      ("--kv-heads", "num_key_value_heads")):
+        ap.add_argument(flag, type=int, dest=key, default=None, help=f"text {key}")
+    ap.add_argument("--vision-depth", type=int, default=None)
+    ap.add_argument("--vision-dim", type=int, default=None, help="vision embed_dim")
+    ap.add_argument("--vision-heads", type=int, default=None)
+    ap.add_argument("--tie-embeddings", action="store_true")
+    args = ap.parse_args(argv)
+
+    overrides = _read_json_arg(args.config) if args.config else {}
+    text_over = dict(overrides.pop("text_config", None) or {})
+    vision_over = dict(overrides.pop("vision_config", None) or {})
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads"):
+        if getattr(args, key) is not None:
+            text_over[key] = getattr(args, key)
+    for flag, key in (("vision_depth", "depth"), ("vision_dim", "embed_dim"), ("vision_heads", "num_heads")):
+        if getattr(args, flag) is not None:
+            vision_over[key] = getattr(args, flag)
+    if args.tie_embeddings:
+        overrides["tie_word_embeddings"] = True
+    overrides.update({"text_config": text_over, "vision_config": vision_over})
+    corpus = None
+    if args.corpus:
+        corpus = [ln for ln in Path(args.corpus).read_text().splitlines() if ln.strip()]
+    try:
+        out = make_tiny_checkpoint(args.out, overrides, vocab_size=args.vocab_size, corpus=corpus, seed=args.seed,
+                                   scale=args.scale, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+                                   random_biases=not args.zero_biases)
+    except (MissingDependency, ValueError) as e:
+        print(f"make-tiny: {e}", file=sys.stderr)
+        return 2
+    cfg = json.loads((out / "config.json").read_text())
+    t = cfg.get("text_config", cfg)
+    print(f"wrote {out}: vocab {t['vocab_size']}, hidden {t['hidden_size']}, layers {t['num_hidden_layers']}, "
+          f"image_token_id {cfg['image_token_id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

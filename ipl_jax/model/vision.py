@@ -1,0 +1,86 @@
+"""The Qwen2-VL vision tower on fixed-shape, padded patch arrays.
+
+All images of a batch are packed along one patch axis, padded to a bucket. ``segment_ids`` says which image
+(temporal slice) a patch belongs to; attention is block-diagonal over segments (transformers' cu_seqlens), and
+pad patches (segment -1) only see each other, so they never touch real patches. The merger concatenates each
+run of ``merge_factor`` (=4) consecutive patches, so the merged output keeps the packing: image features first,
+in image order, then the pad rows.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.layers import attention, dense, layer_norm, quick_gelu
+from ipl_jax.model.rope import apply_rotary, vision_cos_sin
+
+_LN_EPS = 1e-6
+
+
+@struct.dataclass
+class VisionInputs:
+    """Padded patches of every image of a batch.
+
+    patches: f32[P, C*T*ps*ps] (the processor's ``pixel_values`` rows, zero rows for padding)
+    pos_hw: int32[P, 2] (row, column of each patch in its image grid, block-major over merge blocks)
+    segment_ids: int32[P] (index of the image's temporal slice, -1 for padding)
+    P is a multiple of ``merge_factor``; merged outputs number P // merge_factor.
+    """
+
+    patches: jnp.ndarray
+    pos_hw: jnp.ndarray
+    segment_ids: jnp.ndarray
+
+
+def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, mask):
+    """One pre-norm ViT block. x: [P, E]; cos/sin: f32[P, hd]; mask: bool[P, P]."""
+    v = cfg.vision
+    dtype = x.dtype
+    p_len = x.shape[0]
+    h = layer_norm(bp["norm1"], x, _LN_EPS)
+    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
+    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
+    cq, sq = cos[:, None, :], sin[:, None, :]
+    q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)
+    k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
+    o = attention(q[None], k[None], val[None], mask[None])[0].reshape(p_len, v.embed_dim)
+    x = x + dense(bp["attn"]["proj"], o, dtype)
+    h = layer_norm(bp["norm2"], x, _LN_EPS)
+    h = dense(bp["mlp"]["fc2"], quick_gelu(dense(bp["mlp"]["fc1"], h, dtype)), dtype)
+    return x + h
+
+
+def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
+    """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
+    tokens (pad patches) hold finite garbage and must not be scattered into the text."""
+    v = cfg.vision
+    dtype = jnp.dtype(cfg.dtype)
+    vp = params["visual"]
+    x = dense(vp["patch_embed"], vision.patches, dtype)  # [P, E]
+    cos, sin = vision_cos_sin(vision.pos_hw, v)
+    seg = vision.segment_ids
+    mask = seg[:, None] == seg[None, :]
+
+    def body(x, bp):
+        return _vision_block(cfg, x, bp, cos, sin, mask), None
+
+    x, _ = jax.lax.scan(body, x, vp["blocks"])
+    mp = vp["merger"]
+    h = layer_norm(mp["ln_q"], x, _LN_EPS).reshape(-1, v.merge_factor * v.embed_dim)
+    h = dense(mp["mlp_0"], h, dtype)
+    h = jax.nn.gelu(h, approximate=False)
+    h = dense(mp["mlp_2"], h, dtype)
+    return h.astype(jnp.float32)
+
+
+def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:
+    """bool[P // merge_factor]: which rows of ``encode_images``' output are real image tokens."""
+    m = cfg.vision.merge_factor
+    return (vision.segment_ids >= 0).reshape(-1, m)[:, 0]
+
+
+encode_images = jax.jit(encode_images_unjitted, static_argnums=(1,))
+encode_images.__doc__ = encode_images_unjitted.__doc__

@@ -1,0 +1,258 @@
+"""Hugging Face safetensors in and out.
+
+``load_params`` reads ``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``,
+accepts both tensor namings (on-disk ``model.layers.*`` / ``visual.*`` and in-memory
+``model.language_model.*`` / ``model.visual.*``), ties ``lm_head`` to the embeddings when it is absent, and
+builds every leaf with ``jax.make_array_from_callback``: each device's shard is read straight from the file
+(a slice of one tensor, or of each layer's tensor for stacked leaves), so the whole model is never assembled
+on one device or in host memory.
+
+``save_params`` writes ``config.json`` + safetensors with on-disk HF names and (out, in) linear layout, which
+``transformers.Qwen2VLForConditionalGeneration.from_pretrained`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import ParamEntry, get_path, init_params, param_layout, set_path  # noqa: F401
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def canonical_name(name: str) -> str:
+    """Maps in-memory transformers>=4.52 names to on-disk names: model.language_model.* -> model.*,
+    model.visual.* -> visual.*."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    if name.startswith("model.visual."):
+        return name[len("model."):]
+    return name
+
+
+class _TensorSource:
+    """Open safetensors files of one checkpoint directory; tensors addressed by canonical name."""
+
+    def __init__(self, model_dir: str):
+        from safetensors import safe_open
+
+        self.model_dir = model_dir
+        index = os.path.join(model_dir, INDEX_FILE)
+        single = os.path.join(model_dir, SINGLE_FILE)
+        if os.path.exists(index):
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ValueError(f"{index}: not a safetensors index ({e})") from None
+            files = sorted(set(weight_map.values()))
+        elif os.path.exists(single):
+            files = [SINGLE_FILE]
+        else:
+            raise FileNotFoundError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE}")
+        self._handles = {}
+        self.where: dict[str, tuple[str, str]] = {}  # canonical name -> (file, stored name)
+        for fn in files:
+            path = os.path.join(model_dir, fn)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"{path}: listed in {INDEX_FILE} but missing")
+            h = safe_open(path, framework="numpy")
+            self._handles[fn] = h
+            for stored in h.keys():
+                self.where[canonical_name(stored)] = (fn, stored)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        fn, stored = self._lookup(name)
+        return tuple(self._handles[fn].get_slice(stored).get_shape())
+
+    def read(self, name: str, index: tuple = ()) -> np.ndarray:
+        """The stored tensor (or a basic-slice ``index`` of it) as numpy."""
+        fn, stored = self._lookup(name)
+        sl = self._handles[fn].get_slice(stored)
+        return np.asarray(sl[index] if index else sl[:])
+
+    def _lookup(self, name: str) -> tuple[str, str]:
+        try:
+            return self.where[name]
+        except KeyError:
+            raise KeyError(f"{self.model_dir}: tensor {name!r} not found in the checkpoint") from None
+
+
+def _expected_hf_shape(ent: ParamEntry, cfg: Qwen2VLConfig) -> tuple[int, ...]:
+    shape = ent.shape[1:] if ent.stacked else ent.shape
+    if ent.transform == "linear":
+        return (shape[1], shape[0])
+    if ent.transform == "conv":
+        v = cfg.vision
+        return (shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    return shape
+
+
+def _read_unstacked(src: _TensorSource, ent: ParamEntry, name: str, index: tuple) -> np.ndarray:
+    """Reads our-layout slice ``index`` (one slice per our dim) of one per-layer (or unstacked) tensor."""
+    if ent.transform == "copy":
+        return src.read(name, index)
+    if ent.transform == "linear":
+        a, b = index if index else (slice(None), slice(None))
+        return src.read(name, (b, a)).T
+    # conv: ours [CTPP, E] = W.reshape(E, -1).T ; slice E on the file, the flattened axis after reshaping.
+    a, b = index if index else (slice(None), slice(None))
+    w = src.read(name, (b,))
+    return w.reshape(w.shape[0], -1).T[a]
+
+
+def _leaf_reader(src: _TensorSource, ent: ParamEntry, name_fmt: str, dtype) -> Callable[[tuple], np.ndarray]:
+    def read(index: tuple) -> np.ndarray:
+        index = tuple(index) if index is not None else ()
+        full = len(ent.shape)
+        index = index + (slice(None),) * (full - len(index))
+        if ent.stacked:
+            layers = range(ent.shape[0])[index[0]]
+            parts = [_read_unstacked(src, ent, name_fmt.format(i=i), index[1:]) for i in layers]
+            arr = np.stack(parts, axis=0) if parts else np.zeros((0,) + ent.shape[1:])
+        else:
+            arr = _read_unstacked(src, ent, name_fmt, index)
+        return np.ascontiguousarray(arr.astype(dtype))
+
+    return read
+
+
+def load_params(model_dir: str, cfg: Optional[Qwen2VLConfig] = None, shardings: Any = None,
+                dtype: Any = None) -> tuple[dict, Qwen2VLConfig]:
+    """Loads a Hugging Face Qwen2-VL checkpoint.
+
+    model_dir: directory with config.json and safetensors. cfg: overrides the config read from the directory.
+    shardings: None (default device), one ``jax.sharding.Sharding`` for every leaf, or a pytree of shardings
+      matching the parameter tree (e.g. ``sharding.param_shardings(param_shapes(cfg), mesh)``).
+    dtype: leaf dtype (default ``cfg.param_dtype``; when given, the returned config's param_dtype follows it).
+    Returns (params, cfg).
+    """
+    model_dir = os.fspath(model_dir)
+    if cfg is None:
+        cfg = Qwen2VLConfig.from_dir(model_dir)
+    if dtype is not None:
+        cfg = cfg.replace(param_dtype=jnp.dtype(dtype).name)
+    np_dtype = jnp.dtype(cfg.param_dtype)
+    src = _TensorSource(model_dir)
+    if not cfg.tie_word_embeddings and not src.has("lm_head.weight"):
+        cfg = cfg.replace(tie_word_embeddings=True)
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    params: dict = {}
+    for ent in param_layout(cfg):
+        names = [ent.hf_name.format(i=i) for i in range(ent.shape[0])] if ent.stacked else [ent.hf_name]
+        want = _expected_hf_shape(ent, cfg)
+        for n in names:
+            got = src.shape(n)
+            if got != want:
+                raise ValueError(f"{model_dir}: tensor {n!r} has shape {got}, config implies {want}")
+        if shardings is None:
+            sh = default
+        elif isinstance(shardings, jax.sharding.Sharding):
+            sh = shardings
+        else:
+            sh = get_path(shardings, ent.path)
+        arr = jax.make_array_from_callback(ent.shape, sh, _leaf_reader(src, ent, ent.hf_name, np_dtype))
+        set_path(params, ent.path, arr)
+    return params, cfg
+
+
+def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
+    """Yields (hf_name, numpy array in HF layout), one per-layer tensor at a time."""
+    for ent in param_layout(cfg):
+        leaf = get_path(params, ent.path)
+        if tuple(leaf.shape) != ent.shape:
+            raise ValueError(f"param {ent.key} has shape {tuple(leaf.shape)}, config implies {ent.shape}")
+        full = np.asarray(jax.device_get(leaf))
+        items = ([(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked
+                 else [(ent.hf_name, full)])
+        for name, a in items:
+            if ent.transform == "linear":
+                a = a.T
+            elif ent.transform == "conv":
+                v = cfg.vision
+                a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+            yield name, np.ascontiguousarray(a)
+
+
+def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes: int = 4 << 30) -> None:
+    """Writes ``config.json`` and ``model.safetensors`` (or shards + ``model.safetensors.index.json`` when the
+    model is larger than ``max_shard_bytes``) with on-disk HF names. Leaves are saved in their own dtype."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    dtype_names = {jnp.dtype(get_path(params, e.path).dtype).name for e in param_layout(cfg)}
+    save_cfg = cfg.replace(param_dtype=dtype_names.pop()) if len(dtype_names) == 1 else cfg
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(save_cfg.to_hf_dict(), f, indent=2)
+
+    written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names), in order
+    current: dict[str, np.ndarray] = {}
+    size = 0
+
+    def flush():
+        tmp = os.path.join(out_dir, f".shard-{len(written):05d}.tmp")
+        save_file(current, tmp, metadata={"format": "pt"})
+        written.append((tmp, list(current)))
+
+    for name, a in _hf_tensors(params, cfg):
+        if current and size + a.nbytes > max_shard_bytes:
+            flush()
+            current, size = {}, 0
+        current[name] = a
+        size += a.nbytes
+    flush()
+
+    n = len(written)
+    weight_map, total = {}, 0
+    for j, (tmp, names) in enumerate(written):
+        final = SINGLE_FILE if n == 1 else f"model-{j + 1:05d}-of-{n:05d}.safetensors"
+        total += os.path.getsize(tmp)
+        os.replace(tmp, os.path.join(out_dir, final))
+        weight_map.update({name: final for name in names})
+    index_path = os.path.join(out_dir, INDEX_FILE)
+    if n > 1:
+        with open(index_path, "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    else:
+        if os.path.exists(index_path):
+            os.remove(index_path)
+
+
+def export_main(argv: list[str]) -> int:
+    """``ipl-jax export``: an Orbax checkpoint of a params tree (or a HF directory) -> a HF directory."""
+    ap = argparse.ArgumentParser(prog="ipl-jax export", description=__doc__.splitlines()[0])
+    ap.add_argument("--base-model", required=True, help="HF directory whose config.json describes the model")
+    ap.add_argument("--params", default=None,
+                    help="Orbax checkpoint directory holding the params tree (default: the base model's weights)")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+    args = ap.parse_args(argv)
+    cfg = Qwen2VLConfig.from_dir(args.base_model)
+    if args.params is None:
+        params, cfg = load_params(args.base_model, dtype=args.dtype)
+    else:
+        import orbax.checkpoint as ocp
+
+        from ipl_jax.model.params import param_shapes
+
+        target = param_shapes(cfg)
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(os.path.abspath(args.params), target)
+        if args.dtype:
+            params = jax.tree.map(lambda a: a.astype(args.dtype), params)
+    save_params(params, cfg, args.out)
+    print(json.dumps({"out": args.out}), file=sys.stdout)
+    return 0

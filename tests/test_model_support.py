@@ -1,0 +1,100 @@
+"""Helpers shared by the tests/test_model_*.py files: tiny random transformers Qwen2-VL checkpoints and inputs.
+
+(No tests here; pytest collects nothing from this module.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Special ids remapped into a small vocabulary.
+VISION_START, VISION_END, IMAGE, VIDEO = 3, 4, 5, 6
+EOS = 2
+FIRST_TEXT_ID = 10
+
+
+def tiny_hf_config(*, tie: bool = False, heads: int = 4, kv_heads: int = 2, vocab: int = 1000, hidden: int = 64,
+                   layers: int = 2, vision_embed: int = 32, vision_depth: int = 2, vision_heads: int = 2):
+    """A transformers ``Qwen2VLConfig`` (nested v5 form) for a tiny random model."""
+    from transformers import Qwen2VLConfig
+
+    head_dim = hidden // heads
+    half = head_dim // 2
+    t_sec = half // 4
+    h_sec = (half - t_sec) // 2
+    mrope = [t_sec, h_sec, half - t_sec - h_sec]
+    return Qwen2VLConfig(
+        text_config=dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
+                         rope_parameters={"rope_type": "default", "mrope_section": mrope, "rope_theta": 10000.0}),
+        vision_config=dict(depth=vision_depth, embed_dim=vision_embed, hidden_size=hidden, num_heads=vision_heads,
+                           mlp_ratio=2),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END, tie_word_embeddings=tie,
+    )
+
+
+def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
+    """A random ``Qwen2VLForConditionalGeneration`` (eager attention, float32) with weights scaled up so
+    logits are far from zero (std >= 0.5)."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))  # non-trivial norm weights
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.mul_(scale)
+    model.config._attn_implementation = "eager"
+    model.model.visual.config._attn_implementation = "eager"
+    model.model.language_model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def random_image(rng: np.random.Generator, grid_hw: tuple[int, int], patch_dim: int):
+    """pixel_values f32[h*w, patch_dim] and its grid row [1, h, w]."""
+    h, w = grid_hw
+    return rng.standard_normal((h * w, patch_dim)).astype(np.float32), [1, h, w]
+
+
+def sample_tokens(rng: np.random.Generator, n_text_before: int, grids: list, n_text_after: int, vocab: int,
+                  merge: int = 2) -> list[int]:
+    """[text..., (<vs> <img>*n <ve> text...)*, text...] with random text ids."""
+    def text(n):
+        return list(rng.integers(FIRST_TEXT_ID, vocab, size=n))
+    ids = text(n_text_before)
+    for g in grids:
+        n = g[0] * (g[1] // merge) * (g[2] // merge)
+        ids += [VISION_START] + [IMAGE] * n + [VISION_END] + text(3)
+    return ids + text(n_text_after)
+
+
+def left_pad(rows: list[list[int]], pad: int = 0):
+    """int64[B, T] and mask int64[B, T], left-padded (what transformers' generate expects)."""
+    t = max(len(r) for r in rows)
+    ids = np.full((len(rows), t), pad, np.int64)
+    mask = np.zeros((len(rows), t), np.int64)
+    for i, r in enumerate(rows):
+        ids[i, t - len(r):] = r
+        mask[i, t - len(r):] = 1
+    return ids, mask
+
+
+def hf_forward(model, ids, mask, pixel_values=None, grids=None):
+    """transformers logits as numpy f32[B, T, V]."""
+    import torch
+
+    kw = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
+    if pixel_values is not None:
+        kw["pixel_values"] = torch.as_tensor(pixel_values)
+        kw["image_grid_thw"] = torch.as_tensor(np.asarray(grids, np.int64))
+        kw["mm_token_type_ids"] = torch.as_tensor((np.asarray(ids) == IMAGE).astype(np.int64))
+    with torch.no_grad():
+        return model(**kw).logits.float().numpy()
