@@ -77,6 +77,15 @@ class MissingDependency(ImportError):
     pass
 
 
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingDependency("writing a tokenizer needs transformers (pip install transformers)") from e
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
 def _require_torch_transformers():
     try:
         import torch
@@ -175,7 +184,7 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int):
 def write_tokenizer(tok, out_dir: Path) -> dict[str, int]:
     """Save ``tok`` as a transformers tokenizer directory (Qwen2Tokenizer + our chat template); returns the
     special-token ids as loaded back through ``AutoTokenizer``."""
-    _, transformers = _require_torch_transformers()
+    transformers = _require_transformers()
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({

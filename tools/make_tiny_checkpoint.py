@@ -1,0 +1,11 @@
+"""Write a random tiny Qwen2-VL checkpoint + tokenizer (same as `ipl-jax make-tiny`)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ipl_jax.model.tiny import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
