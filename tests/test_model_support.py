@@ -98,3 +98,22 @@ def hf_forward(model, ids, mask, pixel_values=None, grids=None):
         kw["mm_token_type_ids"] = torch.as_tensor((np.asarray(ids) == IMAGE).astype(np.int64))
     with torch.no_grad():
         return model(**kw).logits.float().numpy()
+
+
+def save_tiny(out_dir, seed: int = 0, **config_kw):
+    """Builds a tiny random model, saves it with ``save_pretrained`` to ``out_dir``; returns (dir, model)."""
+    model = tiny_hf_model(tiny_hf_config(**config_kw), seed=seed)
+    model.save_pretrained(str(out_dir))
+    return str(out_dir), model
+
+
+def two_image_batch(rng: np.random.Generator, patch_dim: int, vocab: int):
+    """The standard parity batch: row 0 has two images of different sizes (grid 4x6 -> merged 2x3, and the
+    non-square 6x4 -> merged 3x2, odd along one side), row 1 is shorter with one 2x4 image; left-padded.
+    Returns ids, mask, pixel_values, grids."""
+    grids = [[1, 4, 6], [1, 6, 4], [1, 2, 4]]
+    pv = np.concatenate([random_image(rng, tuple(g[1:]), patch_dim)[0] for g in grids])
+    r0 = sample_tokens(rng, 5, grids[:2], 4, vocab)
+    r1 = sample_tokens(rng, 2, grids[2:], 3, vocab)
+    ids, mask = left_pad([r0, r1])
+    return ids, mask, pv, grids

@@ -1,0 +1,110 @@
+"""``ipl-jax check-parity --model DIR``: our logits vs transformers' on random text and images.
+
+Builds a left-padded batch of two samples (the first with two images of different sizes, one non-square with
+an odd merged dimension), runs transformers (eager attention, float32, CPU) and our model (float32, highest
+matmul precision), and prints ``{"max_abs_logit_diff", "tolerance", "ok", ...}`` as JSON. Exit status: 0 when
+within tolerance, 1 above it, 2 when torch/transformers are missing or the checkpoint cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from ipl_jax.model.config import Qwen2VLConfig
+
+# Image grids (t, h, w) in patches: merged 2x3 and 3x2 (odd along one side).
+DEFAULT_GRIDS = ((1, 4, 6), (1, 6, 4))
+
+
+def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRIDS, text_len: int = 12):
+    """Left-padded ids int64[2, T], mask int64[2, T], pixel_values f32[N, patch_dim], grids int64[n, 3].
+
+    Row 0: text, image grids[0], text, image grids[1], text. Row 1: text, image grids[1], shorter text.
+    Text ids avoid every special id and stay below the first Qwen special token.
+    """
+    v = cfg.vision
+    special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}
+    hi = min(cfg.text.vocab_size, 151643)
+
+    def text(n):
+        out = []
+        while len(out) < n:
+            x = int(rng.integers(0, hi))
+            if x not in special:
+                out.append(x)
+        return out
+
+    def image(g):
+        n = g[0] * (g[1] // v.spatial_merge_size) * (g[2] // v.spatial_merge_size)
+        return [cfg.vision_start_token_id] + [cfg.image_token_id] * n + [cfg.vision_end_token_id]
+
+    rows = [text(text_len) + image(grids[0]) + text(3) + image(grids[1]) + text(4),
+            text(text_len // 2) + image(grids[1]) + text(2)]
+    used = [grids[0], grids[1], grids[1]]
+    pixel_values = np.concatenate(
+        [rng.standard_normal((g[0] * g[1] * g[2], v.patch_dim)).astype(np.float32) for g in used])
+    t = max(len(r) for r in rows)
+    ids = np.zeros((2, t), np.int64)
+    mask = np.zeros((2, t), np.int64)
+    for i, r in enumerate(rows):
+        ids[i, t - len(r):] = r
+        mask[i, t - len(r):] = 1
+    return ids, mask, pixel_values, np.asarray(used, np.int64)
+
+
+def compare(model_dir: str, seed: int = 0) -> dict:
+    """Runs both models on one random batch; returns the comparison as a dict."""
+    import jax
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from ipl_jax.model.inputs import prepare_inputs
+    from ipl_jax.model.text import forward_inputs
+    from ipl_jax.model.weights import load_params
+
+    params, cfg = load_params(model_dir, dtype="float32")
+    cfg = cfg.replace(dtype="float32")
+    ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed))
+
+    ref_model = Qwen2VLForConditionalGeneration.from_pretrained(
+        model_dir, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = ref_model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                        pixel_values=torch.as_tensor(pv), image_grid_thw=torch.as_tensor(grids),
+                        mm_token_type_ids=torch.as_tensor((ids == cfg.image_token_id).astype(np.int64))
+                        ).logits.float().numpy()
+
+    t = ids.shape[1]
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(t,), patch_buckets=(len(pv),))
+    with jax.default_matmul_precision("highest"):
+        ours = np.asarray(forward_inputs(params, cfg, inputs))[:, :t]
+    valid = mask.astype(bool)
+    diff = float(np.max(np.abs(ours - ref)[valid]))
+    return {"max_abs_logit_diff": diff, "logit_std": float(ref[valid].std()), "num_tokens": int(valid.sum())}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ipl-jax check-parity", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="Hugging Face Qwen2-VL checkpoint directory")
+    ap.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| allowed")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"check-parity needs torch and transformers (the reference implementation): {e}", file=sys.stderr)
+        return 2
+    try:
+        result = compare(args.model, args.seed)
+    except (FileNotFoundError, ValueError, KeyError, OSError) as e:
+        print(f"check-parity: cannot read {args.model}: {e}", file=sys.stderr)
+        return 2
+    ok = result["max_abs_logit_diff"] <= args.tolerance
+    print(json.dumps({"max_abs_logit_diff": result["max_abs_logit_diff"], "tolerance": args.tolerance, "ok": ok,
+                      "logit_std": result["logit_std"], "num_tokens": result["num_tokens"]}))
+    return 0 if ok else 1

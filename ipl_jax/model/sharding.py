@@ -1,0 +1,184 @@
+"""Meshes, partition rules and sharded jitted entry points.
+
+One mesh with axes ``('data', 'fsdp', 'tensor')``. Parameters are sharded by regex rules over '/'-joined
+paths (first match wins): column-parallel q/k/v/gate/up/qkv/fc1 (output dim on 'tensor', input dim on
+'fsdp'), row-parallel o/down/proj/fc2 (input dim on 'tensor', output dim on 'fsdp'), the embedding split over
+vocabulary ('tensor') and width ('fsdp'); norms and biases of row-parallel layers are replicated. Stacked
+layer leaves keep their leading layer axis unsharded. A mesh axis that does not divide its dimension is
+dropped for that leaf (so tiny test models and odd vocabularies still shard). Activations: the batch is split
+over ('data', 'fsdp') when it divides, and GSPMD propagates the rest.
+
+jax 0.10: ``jax.make_mesh`` defaults to Explicit axes; meshes here are built with ``AxisType.Auto``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import iter_paths, set_path
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# (regex over the '/'-joined path, spec per dimension *after* any leading layer axis)
+DEFAULT_RULES: tuple[tuple[str, tuple], ...] = (
+    (r"model/embed_tokens/embedding$", ("tensor", "fsdp")),
+    (r"lm_head/kernel$", ("fsdp", "tensor")),
+    (r"self_attn/(q|k|v)_proj/kernel$", ("fsdp", "tensor")),
+    (r"self_attn/(q|k|v)_proj/bias$", ("tensor",)),
+    (r"self_attn/o_proj/kernel$", ("tensor", "fsdp")),
+    (r"mlp/(gate|up)_proj/kernel$", ("fsdp", "tensor")),
+    (r"mlp/down_proj/kernel$", ("tensor", "fsdp")),
+    (r"attn/qkv/kernel$", ("fsdp", "tensor")),
+    (r"attn/qkv/bias$", ("tensor",)),
+    (r"attn/proj/kernel$", ("tensor", "fsdp")),
+    (r"mlp/fc1/kernel$", ("fsdp", "tensor")),
+    (r"mlp/fc1/bias$", ("tensor",)),
+    (r"mlp/fc2/kernel$", ("tensor", "fsdp")),
+    (r"merger/mlp_0/kernel$", ("fsdp", "tensor")),
+    (r"merger/mlp_0/bias$", ("tensor",)),
+    (r"merger/mlp_2/kernel$", ("tensor", "fsdp")),
+    (r"patch_embed/kernel$", (None, "fsdp")),
+    (r".*", ()),  # everything else (norms, row-parallel biases) replicated
+)
+
+_STACKED = re.compile(r"^(visual/blocks|model/layers)/")
+
+
+def make_mesh(shape: Sequence[int] = (1, -1, 1), axes: Sequence[str] = AXES, devices=None) -> Mesh:
+    """A mesh with Auto axis types. ``shape`` may hold one -1 (all remaining devices)."""
+    devs = list(jax.devices() if devices is None else devices)
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh shape {shape} has more than one -1")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = len(devs) // known
+    if math.prod(shape) != len(devs):
+        raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, have {len(devs)}")
+    arr = np.asarray(devs, dtype=object).reshape(shape)
+    return Mesh(arr, tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def _fit(spec: Sequence, shape: Sequence[int], mesh: Mesh) -> P:
+    """Drops axes that the mesh lacks or whose size does not divide the dimension."""
+    out = []
+    for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = () if ax is None else ((ax,) if isinstance(ax, str) else tuple(ax))
+        names = tuple(n for n in names if n in mesh.shape)
+        size = math.prod(mesh.shape[n] for n in names) if names else 1
+        if not names or dim % size:
+            out.append(None)
+        else:
+            out.append(names[0] if len(names) == 1 else names)
+    return P(*out)
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh, rules=DEFAULT_RULES) -> P:
+    """The PartitionSpec of one leaf: the first rule matching ``path``, shifted past the layer axis of
+    stacked leaves, then fitted to the shape."""
+    for pattern, spec in rules:
+        if re.search(pattern, path):
+            spec = tuple(spec)
+            if _STACKED.match(path):
+                spec = (None,) + spec
+            return _fit(spec, shape, mesh)
+    return P()
+
+
+def param_shardings(params_or_shapes: dict, mesh: Mesh, rules=DEFAULT_RULES) -> dict:
+    """A pytree of NamedSharding matching the parameter tree (arrays or ShapeDtypeStructs)."""
+    out: dict = {}
+    for path, leaf in iter_paths(params_or_shapes):
+        set_path(out, path, NamedSharding(mesh, spec_for("/".join(path), leaf.shape, mesh, rules)))
+    return out
+
+
+def shard_params(params: dict, shardings: dict) -> dict:
+    """Places an existing parameter tree into the given shardings."""
+    return jax.tree.map(lambda a, s: jax.device_put(a, s), params, shardings)
+
+
+def batch_spec(mesh: Mesh, shape: Sequence[int], batch_axis: int = 0) -> P:
+    """Batch dimension over ('data', 'fsdp') when it divides, else replicated."""
+    spec = [None] * len(shape)
+    spec[batch_axis] = BATCH_AXES
+    return _fit(spec, shape, mesh)
+
+
+def inputs_shardings(inputs, mesh: Mesh):
+    """Shardings for a ModelInputs pytree: text arrays split over the batch, vision arrays replicated."""
+    from ipl_jax.model.inputs import ModelInputs
+
+    def one(a, batch_axis):
+        return NamedSharding(mesh, batch_spec(mesh, a.shape, batch_axis))
+
+    rep = NamedSharding(mesh, P())
+    vision = None if inputs.vision is None else jax.tree.map(lambda _: rep, inputs.vision)
+    return ModelInputs(input_ids=one(inputs.input_ids, 0), attention_mask=one(inputs.attention_mask, 0),
+                       positions=one(inputs.positions, 1), rope_deltas=one(inputs.rope_deltas, 0), vision=vision)
+
+
+def sharded_forward(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example):
+    """``fn(params, inputs) -> logits f32[B, T, V]`` jitted with explicit in/out shardings."""
+    from ipl_jax.model.text import forward_inputs
+
+    in_sh = inputs_shardings(inputs_example, mesh)
+    b, t = inputs_example.input_ids.shape
+    out_sh = NamedSharding(mesh, batch_spec(mesh, (b, t, cfg.text.vocab_size)))
+    return jax.jit(lambda params, inputs: forward_inputs(params, cfg, inputs),
+                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
+
+
+def cache_shardings(cfg: Qwen2VLConfig, mesh: Mesh, batch: int, size: int):
+    """KVCache shardings: batch over ('data', 'fsdp'), KV heads over 'tensor' when they divide."""
+    from ipl_jax.model.decode import KVCache
+
+    t = cfg.text
+    kv_shape = (t.num_hidden_layers, batch, size, t.num_key_value_heads, t.head_dim)
+    kv = NamedSharding(mesh, _fit((None, BATCH_AXES, None, "tensor", None), kv_shape, mesh))
+    vec = NamedSharding(mesh, batch_spec(mesh, (batch,)))
+    return KVCache(k=kv, v=kv, length=vec, next_pos=vec)
+
+
+def sharded_greedy_generate(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example,
+                            max_new_tokens: int, eos_ids: tuple = (), pad_id: Optional[int] = None):
+    """``fn(params, inputs) -> (tokens int32[B, N], num_tokens int32[B])`` with explicit shardings."""
+    from ipl_jax.model.decode import greedy_generate
+
+    in_sh = inputs_shardings(inputs_example, mesh)
+    b = inputs_example.input_ids.shape[0]
+    out_sh = (NamedSharding(mesh, batch_spec(mesh, (b, max_new_tokens))), NamedSharding(mesh, batch_spec(mesh, (b,))))
+    return jax.jit(lambda params, inputs: greedy_generate(params, cfg, inputs, max_new_tokens=max_new_tokens,
+                                                          eos_ids=tuple(eos_ids), pad_id=pad_id),
+                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
+
+
+def sharded_prefill(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example, cache_size: int):
+    """``fn(params, inputs) -> (last_logits f32[B, V], cache)`` with explicit shardings."""
+    from ipl_jax.model.decode import prefill
+
+    in_sh = inputs_shardings(inputs_example, mesh)
+    b = inputs_example.input_ids.shape[0]
+    out_sh = (NamedSharding(mesh, batch_spec(mesh, (b, cfg.text.vocab_size))),
+              cache_shardings(cfg, mesh, b, cache_size))
+    return jax.jit(lambda params, inputs: prefill(params, cfg, inputs, cache_size=cache_size),
+                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
+
+
+def sharded_extend(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, batch: int, cache_size: int, t: int):
+    """``fn(params, cache, input_ids[B, t], valid[B, t]) -> (logits f32[B, t, V], cache)``, cache donated."""
+    from ipl_jax.model.decode import extend
+
+    c_sh = cache_shardings(cfg, mesh, batch, cache_size)
+    tok_sh = NamedSharding(mesh, batch_spec(mesh, (batch, t)))
+    out_sh = (NamedSharding(mesh, batch_spec(mesh, (batch, t, cfg.text.vocab_size))), c_sh)
+    return jax.jit(lambda params, cache, ids, valid: extend(params, cfg, cache, ids, valid),
+                   in_shardings=(p_shardings, c_sh, tok_sh, tok_sh), out_shardings=out_sh, donate_argnums=(1,))
