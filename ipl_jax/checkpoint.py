@@ -1,0 +1,135 @@
+"""Training checkpoints with orbax-checkpoint's CheckpointManager.
+
+One checkpoint = one step directory holding three items:
+
+* ``state`` — the whole TrainState pytree (step, trainable params, frozen params, optimizer state, raw RNG key),
+  saved with ``StandardSave`` and restored with ``StandardRestore`` against a template, so every leaf comes back
+  bit-exact, with the template's dtype and sharding;
+* ``data`` — the data iterator's state as JSON (a dict from the grain pipeline; ``bytes`` such as grain's
+  ``DataLoader`` iterator state are stored as their UTF-8 text and given back as bytes);
+* ``meta`` — run metadata as JSON (config, step, versions; whatever the caller passes).
+
+Saves happen every ``save_every`` steps and when forced (the end of a run), the last ``keep`` are kept. Orbax
+writes each step into a temporary directory and renames it when complete, so a run killed mid-save leaves the
+previous checkpoint intact; unfinished temporaries are removed when the next manager opens the directory.
+Saving is asynchronous by default: ``wait()`` blocks until the last save is on disk.
+
+    ckpt = Checkpointer(run_dir / "checkpoints", save_every=100, keep=3)
+    if ckpt.latest_step() is not None:
+        state, data_state, meta = ckpt.restore(state)        # `state`: a freshly built (or abstract) template
+    ...
+    ckpt.save(step, state, data_state=it.get_state(), metadata={...}, force=last)
+    ckpt.close()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+_BYTES_TAG = "__utf8_bytes__"
+
+
+class Checkpointer:
+    """Save / restore TrainStates (+ data-iterator state + run metadata) in ``directory``."""
+
+    def __init__(self, directory: str | os.PathLike, *, save_every: int = 100, keep: int | None = 3,
+                 async_save: bool = True):
+        if save_every < 1:
+            raise ValueError(f"save_every must be >= 1, got {save_every}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=int(save_every),
+            max_to_keep=keep,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "meta"))
+
+    # ---------------------------------------------------------------------------------------------- queries
+
+    def latest_step(self) -> int | None:
+        """The newest finished checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    # ------------------------------------------------------------------------------------------------- save
+
+    def save(self, step: int, state, *, data_state: Any = None, metadata: Mapping[str, Any] | None = None,
+             force: bool = False) -> bool:
+        """Save if ``step`` is on the schedule (or ``force``); returns whether a save started.
+
+        A step that already has a checkpoint is not saved again (e.g. the final save of a resumed run).
+        """
+        step = int(step)
+        if step in self._manager.all_steps():
+            return False
+        meta = {"step": step, **(dict(metadata) if metadata else {})}
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(_encode_data_state(data_state)),
+            meta=ocp.args.JsonSave(meta),
+        )
+        return bool(self._manager.save(step, args=args, force=force))
+
+    def wait(self) -> None:
+        """Block until pending asynchronous saves are complete on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    # ---------------------------------------------------------------------------------------------- restore
+
+    def restore(self, template, step: int | None = None) -> tuple[Any, Any, dict]:
+        """(state, data_state, metadata) of ``step`` (default: the latest).
+
+        ``template``: a TrainState with the right structure — concrete arrays or ``jax.ShapeDtypeStruct``s (with
+        ``sharding`` set to place leaves on a mesh). Raises FileNotFoundError if there is no checkpoint.
+        """
+        if step is None:
+            step = self.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        abstract = jax.tree.map(_abstract_leaf, template)
+        restored = self._manager.restore(
+            int(step),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract),
+                data=ocp.args.JsonRestore(),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        return restored["state"], _decode_data_state(restored["data"]), dict(restored["meta"])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _abstract_leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    return ocp.utils.to_shape_dtype_struct(x)
+
+
+def _encode_data_state(data_state: Any) -> dict:
+    if isinstance(data_state, (bytes, bytearray)):
+        return {"value": {_BYTES_TAG: bytes(data_state).decode("utf-8")}}
+    return {"value": data_state}
+
+
+def _decode_data_state(stored: Any) -> Any:
+    value = stored.get("value") if isinstance(stored, dict) else stored
+    if isinstance(value, dict) and set(value) == {_BYTES_TAG}:
+        return value[_BYTES_TAG].encode("utf-8")
+    return value

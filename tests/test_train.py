@@ -1,0 +1,330 @@
+"""TrainState, optimizer, the generic jitted step, the SFT loss and the NaN guard (on a toy LM)."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ipl_jax import train
+from ipl_jax.checkpoint import Checkpointer
+from ipl_jax.lora import flatten_with_paths
+
+V, D, H, L = 32, 16, 24, 2
+
+
+def toy_params(seed=0):
+    """A toy LM in the Qwen2-VL parameter layout: stacked layers, norms, biases, a 'visual' branch."""
+    k = jax.random.split(jax.random.PRNGKey(seed), 6)
+    n = lambda key, shape, s=0.3: s * jax.random.normal(key, shape, jnp.float32)
+    return {
+        "visual": {"proj": {"kernel": n(k[0], (4, D)), "bias": jnp.full((D,), 0.1)}},
+        "model": {
+            "embed_tokens": {"embedding": n(k[1], (V, D), 1.0)},
+            "layers": {
+                "input_layernorm": {"weight": jnp.ones((L, D))},
+                "mlp": {"up_proj": {"kernel": n(k[2], (L, D, H))}, "down_proj": {"kernel": n(k[3], (L, H, D))}},
+            },
+            "norm": {"weight": jnp.ones((D,))},
+        },
+        "lm_head": {"kernel": n(k[4], (D, V))},
+    }
+
+
+def rms(x, w):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+
+
+def toy_logits(params, batch, rng, dropout=0.0):
+    """input_ids int32[B, T], pixels f32[B, 4] -> logits f32[B, T, V]. Causal through a running mean."""
+    h = params["model"]["embed_tokens"]["embedding"][batch["input_ids"]]
+    vis = batch["pixels"] @ params["visual"]["proj"]["kernel"] + params["visual"]["proj"]["bias"]
+    h = h.at[:, 0].add(vis.astype(h.dtype))
+
+    def layer(h, p):
+        x = rms(h, p["input_layernorm"]["weight"])
+        x = jax.nn.gelu(x @ p["mlp"]["up_proj"]["kernel"]) @ p["mlp"]["down_proj"]["kernel"]
+        t = jnp.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
+        return h + x + jnp.cumsum(x, axis=1) / t, None
+
+    h, _ = jax.lax.scan(layer, h, params["model"]["layers"])
+    if dropout:
+        keep = jax.random.bernoulli(rng, 1.0 - dropout, h.shape)
+        h = jnp.where(keep, h / (1.0 - dropout), 0.0)
+    return (rms(h, params["model"]["norm"]["weight"]) @ params["lm_head"]["kernel"]).astype(jnp.float32)
+
+
+def toy_batch(seed, b=2, t=8, n_masked=None):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, V, (b, t)).astype(np.int32)
+    mask = np.zeros((b, t), np.int32)
+    for i in range(b):
+        start = rng.integers(1, t - 1) if n_masked is None else t - n_masked[i]
+        mask[i, start:] = 1
+    return {"input_ids": ids, "loss_mask": mask, "pixels": rng.normal(size=(b, 4)).astype(np.float32)}
+
+
+def opt_config(**kw):
+    c = train.default_train_config().optimizer
+    c.learning_rate = 1e-2
+    c.warmup_steps = 2
+    c.total_steps = 10
+    for key, value in kw.items():
+        c[key] = value
+    return c
+
+
+def sft_step_for(config, **kw):
+    return train.make_sft_step(toy_logits, train.make_optimizer(config), train.make_schedule(config), **kw)
+
+
+# ------------------------------------------------------------------------------------------------ SFT loss
+
+
+def test_next_token_nll_is_shifted_known_answer():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(1, 4, 5)).astype(np.float32)
+    ids = np.array([[3, 1, 4, 2]], np.int32)
+    mask = np.array([[1, 0, 1, 1]], np.int32)  # token 0 can never be predicted; tokens 2 and 3 are targets
+    nll, tokens = train.next_token_nll(jnp.asarray(logits), ids, mask)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -(logp[0, 1, 4] + logp[0, 2, 2])
+    assert float(tokens) == 2.0
+    np.testing.assert_allclose(float(nll), expected, rtol=1e-6)
+    loss, metrics = train.sft_loss(jnp.asarray(logits), ids, mask)
+    np.testing.assert_allclose(float(loss), expected / 2, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------- optimizer
+
+
+def test_schedules_known_values():
+    cos = train.make_schedule(opt_config(learning_rate=1.0, warmup_steps=4, total_steps=14, end_lr_ratio=0.1))
+    np.testing.assert_allclose([float(cos(s)) for s in (0, 2, 4, 9, 14)],
+                               [0.0, 0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1], atol=1e-6)
+    const = train.make_schedule(opt_config(learning_rate=2.0, schedule="constant", warmup_steps=2))
+    np.testing.assert_allclose([float(const(s)) for s in (0, 1, 2, 50)], [0.0, 1.0, 2.0, 2.0], atol=1e-6)
+    with pytest.raises(ValueError, match="schedule"):
+        train.make_schedule(opt_config(schedule="linear"))
+
+
+def test_weight_decay_skips_norms_and_biases():
+    params = toy_params()
+    mask = flatten_with_paths(train.decay_mask(params))
+    assert not mask["model/layers/input_layernorm/weight"] and not mask["model/norm/weight"]
+    assert not mask["visual/proj/bias"]
+    assert mask["model/layers/mlp/up_proj/kernel"] and mask["lm_head/kernel"]
+    # With zero gradients AdamW only decays: kernels shrink by lr·wd, norms and biases stay put.
+    opt = train.make_optimizer(opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0,
+                                          weight_decay=0.5, grad_clip_norm=0.0))
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = opt.update(zeros, opt.init(params), params)
+    new = flatten_with_paths(optax.apply_updates(params, updates))
+    old = flatten_with_paths(params)
+    np.testing.assert_allclose(new["lm_head/kernel"], old["lm_head/kernel"] * (1 - 0.05), rtol=1e-6)
+    np.testing.assert_array_equal(new["model/norm/weight"], old["model/norm/weight"])
+    np.testing.assert_array_equal(new["visual/proj/bias"], old["visual/proj/bias"])
+
+
+# ------------------------------------------------------------------------------------------------- step
+
+
+def test_step_matches_manual_update_and_compiles_once():
+    config = opt_config(weight_decay=0.01, grad_clip_norm=0.5)
+    opt = train.make_optimizer(config)
+    params = toy_params()
+    batch = toy_batch(1)
+
+    def manual_loss(p):
+        return train.sft_loss(toy_logits(p, batch, None), batch["input_ids"], batch["loss_mask"])[0]
+
+    loss, grads = jax.value_and_grad(manual_loss)(params)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    expected = optax.apply_updates(params, updates)
+
+    step = sft_step_for(config)
+    state = train.create_train_state(params, opt, jax.random.PRNGKey(0))
+    old_leaf = state.params["lm_head"]["kernel"]
+    state, metrics = step(state, batch)
+    assert old_leaf.is_deleted()  # the state was donated
+    np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-5)
+    assert float(metrics["tokens"]) == float(batch["loss_mask"][:, 1:].sum())
+    assert float(metrics["lr"]) == 0.0  # first warm-up step
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    for seed in (2, 3):
+        state, metrics = step(state, toy_batch(seed))
+    assert int(state.step) == 3
+    np.testing.assert_allclose(float(metrics["lr"]), float(train.make_schedule(config)(2)), rtol=1e-6)
+    assert step._cache_size() == 1
+
+
+def test_grad_accumulation_equals_full_batch_token_mean():
+    """Two micro-batches with different token counts == one batch of both (exact token weighting)."""
+    config = opt_config()
+    a, b = toy_batch(5, b=2, n_masked=[2, 3]), toy_batch(6, b=2, n_masked=[6, 7])
+    full = {k: np.concatenate([a[k], b[k]]) for k in a}
+    s1 = train.create_train_state(toy_params(), train.make_optimizer(config), jax.random.PRNGKey(0))
+    s2 = train.create_train_state(toy_params(), train.make_optimizer(config), jax.random.PRNGKey(0))
+    s1, m1 = sft_step_for(config)(s1, full)
+    s2, m2 = sft_step_for(config, grad_accum_steps=2)(s2, train.stack_microbatches([a, b]))
+    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
+    assert float(m1["tokens"]) == float(m2["tokens"]) == 18.0
+    for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_frozen_vision_never_changes_and_has_no_optimizer_state():
+    config = opt_config(weight_decay=0.1)
+    opt = train.make_optimizer(config)
+    params = toy_params()
+    before = jax.tree.map(np.array, params)  # the state (frozen part included) is donated to the step
+    state = train.create_train_state(params, opt, jax.random.PRNGKey(0), freeze_regex=train.VISION_REGEX)
+    assert "visual" not in state.params and "visual" in state.frozen
+    assert not any("visual" in p for p in flatten_with_paths(state.opt_state))
+    step = sft_step_for(config)
+    for seed in range(3):
+        state, _ = step(state, toy_batch(seed))
+    np.testing.assert_array_equal(state.frozen["visual"]["proj"]["kernel"], before["visual"]["proj"]["kernel"])
+    np.testing.assert_array_equal(state.frozen["visual"]["proj"]["bias"], before["visual"]["proj"]["bias"])
+    assert not np.allclose(state.params["lm_head"]["kernel"], before["lm_head"]["kernel"])
+    full = train.model_params(state.params, state.frozen)
+    assert set(flatten_with_paths(full)) == set(flatten_with_paths(before))
+
+
+def test_bf16_compute_keeps_fp32_master_weights():
+    seen = []
+
+    def logits_fn(p, batch, rng):
+        seen.append(p["lm_head"]["kernel"].dtype)
+        return toy_logits(p, batch, rng)
+
+    config = opt_config()
+    opt = train.make_optimizer(config)
+    batch = toy_batch(0)
+    step16 = train.make_sft_step(logits_fn, opt, compute_dtype=jnp.bfloat16)
+    step32 = train.make_sft_step(toy_logits, opt)
+    s16 = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
+    s32 = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
+    s16, m16 = step16(s16, batch)
+    s32, m32 = step32(s32, batch)
+    assert seen == [jnp.bfloat16]
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.params))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.opt_state) if hasattr(x, "dtype")
+               and jnp.issubdtype(x.dtype, jnp.floating))
+    # bf16 has ~3 significant digits: the loss agrees to bf16 precision, not to fp32 precision.
+    np.testing.assert_allclose(float(m16["loss"]), float(m32["loss"]), rtol=3e-2)
+    assert float(m16["loss"]) != float(m32["loss"])
+
+
+def test_nan_loss_stops_before_checkpoint_is_overwritten(tmp_path):
+    def logits_fn(p, batch, rng):
+        out = toy_logits(p, batch, rng)
+        return jnp.where(batch["poison"][0] > 0, jnp.nan, out)
+
+    config = opt_config()
+    opt = train.make_optimizer(config)
+    step = train.make_sft_step(logits_fn, opt)
+    state = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
+
+    def batches():
+        for i in range(5):
+            yield {**toy_batch(i), "poison": np.full((2,), int(i == 2), np.int32)}
+
+    ckpt = Checkpointer(tmp_path / "ck", save_every=1, keep=5)
+    with pytest.raises(train.NonFiniteLossError, match="step 3: loss is nan"):
+        train.train_loop(state, step, batches(), 5, checkpointer=ckpt)
+    assert ckpt.all_steps() == [1, 2]
+    ckpt.close()
+
+
+def test_step_uses_and_advances_the_rng():
+    """Dropout draws from the state's key; the same key gives the same step, the key advances every step."""
+    config = opt_config()
+    opt = train.make_optimizer(config)
+    step = train.make_sft_step(lambda p, b, r: toy_logits(p, b, r, dropout=0.5), opt)
+    batch = toy_batch(0)
+    losses = []
+    for seed in (0, 0, 1):
+        state = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(seed))
+        key0 = np.asarray(state.rng).copy()
+        state, m = step(state, batch)
+        assert not np.array_equal(np.asarray(state.rng), key0)
+        losses.append(float(m["loss"]))
+    assert losses[0] == losses[1] and losses[0] != losses[2]
+
+
+# ----------------------------------------------------------------------------------------- 8-device mesh
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    sys.path.insert(0, sys.argv[1])
+    import test_train as t
+    from ipl_jax import train
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    assert jax.device_count() == 8
+    config = t.opt_config(weight_decay=0.01)
+    opt, sched = train.make_optimizer(config), train.make_schedule(config)
+    batches = [t.toy_batch(s, b=8, t=8) for s in range(3)]
+
+    def run(mesh):
+        state = train.create_train_state(t.toy_params(), opt, jax.random.PRNGKey(0))
+        if mesh is None:
+            step = train.make_sft_step(t.toy_logits, opt, sched)
+        else:
+            def rule(path, x):
+                name = "/".join(str(getattr(k, "key", k)) for k in path)
+                if name.endswith("up_proj/kernel"):
+                    return NamedSharding(mesh, P(None, "fsdp", "tensor"))
+                if name.endswith("down_proj/kernel"):
+                    return NamedSharding(mesh, P(None, "tensor", "fsdp"))
+                if name.endswith("embedding") or name == "lm_head/kernel":
+                    return NamedSharding(mesh, P("fsdp", None) if name.endswith("embedding") else P(None, "tensor"))
+                return NamedSharding(mesh, P())
+            p_sh = jax.tree_util.tree_map_with_path(rule, state.params)
+            sh = train.train_state_shardings(state, opt, mesh, p_sh, {})
+            state = jax.device_put(state, sh)
+            b_sh = {k: NamedSharding(mesh, P("data")) for k in batches[0]}
+            step = train.make_sft_step(t.toy_logits, opt, sched, mesh=mesh, state_shardings=sh,
+                                       batch_shardings=b_sh)
+        losses = []
+        for b in batches:
+            state, m = step(state, b)
+            losses.append(float(m["loss"]))
+        leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+        return losses, str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    single, _, p1 = run(None)
+    sharded, spec, p8 = run(mesh)
+    print(json.dumps({"single": single, "sharded": sharded, "spec": spec,
+                      "param_diff": float(np.max(np.abs(p1 - p8)))}))
+    """
+)
+
+
+def test_sft_step_on_8_device_mesh_matches_single_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, here], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(here), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "fsdp" in out["spec"] and "tensor" in out["spec"]
+    assert all(math.isfinite(x) for x in out["single"])
+    np.testing.assert_allclose(out["sharded"], out["single"], atol=1e-5, rtol=0)
+    assert out["param_diff"] <= 1e-5
