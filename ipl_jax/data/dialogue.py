@@ -1,19 +1,41 @@
-"""CoaT steps as four-turn chats (method.md §2), tokenised two ways.
+"""CoaT steps as four-turn chats (method.md §2), tokenised as training examples and as sampler segments.
 
 A ``Step`` becomes::
 
-    system    (the template's default)
+    system    (the template's default unless ``CoaTPrompts.system`` is set)
     user      <image> + DESCRIBE                      -> assistant s1: the screen description
     user      THINK(instruction, action history)      -> assistant s2: the thought
     user      ACT (lists the action forms)            -> assistant s3: format_action(step.action)
     user      GROUND                                  -> assistant s4: format_grounding(target box)  (click/long_press)
 
-The prompt wording lives in ``CoaTPrompts`` (short on purpose: a tiny model is trained on CPU).
+The prompt wording lives in ``CoaTPrompts`` (short on purpose: a tiny model is trained on CPU). All text comes
+from the tokenizer's own chat template; this module only cuts the rendered text at the assistant turns:
+
+    [prefix][s1 <|im_end|>][prompt 2][s2 <|im_end|>][prompt 3][s3 <|im_end|>][prompt 4][s4 <|im_end|>]
+
+* ``coat_example`` -> ``TrainingExample``: the ids of the whole chat (up to the last ``<|im_end|>``), tokenised
+  as one text, with ``<|image_pad|>`` expanded; ``loss_mask`` is 1 exactly on the assistant pieces (each turn's
+  text and its closing ``<|im_end|>``), ``turn_index`` gives their turn (1..4, 0 elsewhere).
+* ``coat_segments`` -> ``DialogueSegments``: the prefix and the prompts 2..4, each tokenised on its own and
+  independent of the assistant texts, for the tree sampler: prefix + s1 + <|im_end|> + prompt2 + s2 + ... is
+  exactly the training example (checked by the tests).
+* ``pad_to_bucket`` / ``collate`` give fixed-shape numpy arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ipl_jax.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
+from ipl_jax.data.records import DataError, Step
+from ipl_jax.data.tokenizer import IM_END, QwenTokenizer, image_token_repeats
+
+TURNS = (1, 2, 3, 4)
+TURN_NAMES = {1: "description", 2: "thought", 3: "action", 4: "grounding"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,3 +72,337 @@ class CoaTPrompts:
 
 
 DEFAULT_PROMPTS = CoaTPrompts()
+
+# How many UI element texts a description built from a step's elements may list (steps without CoaT text).
+FALLBACK_MAX_ELEMENTS = 30
+FALLBACK_DESCRIPTION = "A phone screen."
+
+
+# ---------------------------------------------------------------------------------------------- step -> chat
+
+
+def _step_name(step: Step) -> str:
+    return f"{step.episode_id}/{step.step_id}"
+
+
+def _step_error(step: Step, field: str, problem: str) -> DataError:
+    return DataError(step.meta.get("source", "<step>"), _step_name(step), field, problem)
+
+
+def coat_turn_texts(step: Step) -> dict[int, str]:
+    """The golden assistant texts {1: s1, 2: s2, 3: s3, 4: s4}; key 4 only for click / long_press.
+
+    Steps without CoaT text fall back (a choice; the paper's data always has them): s1 lists the UI element
+    texts (or says "A phone screen."), s2 is the step instruction (AndroidControl), the action description,
+    or "The next action is <s3>.".
+    """
+    coat = step.coat
+    action_text = format_action(step.action)
+    desc = (coat.screen_desc.strip() if coat else "")
+    if not desc:
+        texts = [e.text.strip() for e in step.elements if e.text and e.text.strip()]
+        desc = ("Screen with: " + ", ".join(texts[:FALLBACK_MAX_ELEMENTS]) + ".") if texts else FALLBACK_DESCRIPTION
+    thought = (coat.action_think.strip() if coat else "")
+    if not thought:
+        thought = ((step.step_instruction or "").strip() or (coat.action_desc.strip() if coat else "")
+                   or f"The next action is {action_text}.")
+    out = {1: desc, 2: thought, 3: action_text}
+    if needs_grounding(step.action):
+        box = step.action.box
+        if box is None and step.action.point is not None:
+            x, y = step.action.point
+            box = (x, y, x, y)  # a point-only click grounds to a degenerate box whose centre is the point
+        if box is None:
+            raise _step_error(step, "action.box", f"{step.action.type} action has neither a box nor a point")
+        out[4] = format_grounding(box)
+    return out
+
+
+def coat_user_prompts(step: Step, prompts: CoaTPrompts = DEFAULT_PROMPTS) -> dict[int, str]:
+    """The user-turn texts {1..4} of a step (the image is added to the first included turn)."""
+    return {1: prompts.describe, 2: prompts.think_text(step.instruction, step.history), 3: prompts.act,
+            4: prompts.ground}
+
+
+def _check_turns(turns: Sequence[int]) -> tuple[int, ...]:
+    turns = tuple(int(t) for t in turns)
+    if not turns or any(t not in TURNS for t in turns) or list(turns) != sorted(set(turns)):
+        raise ValueError(f"turns must be an increasing subset of {TURNS}, got {turns}")
+    return turns
+
+
+def coat_messages(step: Step, prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS,
+                  assistant_texts: Optional[Mapping[int, str]] = None) -> tuple[list[dict], tuple[int, ...]]:
+    """Chat messages of a step and the turn number of each assistant message.
+
+    ``turns``: which CoaT turns to keep (dropped turns lose their prompt and reply; turn 4 is dropped anyway for
+    actions without grounding). ``assistant_texts``: replies by turn (default: the golden ``coat_turn_texts``).
+    """
+    turns = _check_turns(turns)
+    texts = coat_turn_texts(step) if assistant_texts is None else dict(assistant_texts)
+    users = coat_user_prompts(step, prompts)
+    turns = tuple(t for t in turns if t in texts)
+    messages: list[dict] = []
+    if prompts.system is not None:
+        messages.append({"role": "system", "content": prompts.system})
+    for i, t in enumerate(turns):
+        content = ([{"type": "image"}] if i == 0 else []) + [{"type": "text", "text": users[t]}]
+        messages.append({"role": "user", "content": content})
+        messages.append({"role": "assistant", "content": texts[t]})
+    return messages, turns
+
+
+# ---------------------------------------------------------------------------------------------- chat text
+
+
+def split_rendered_chat(tok: QwenTokenizer, messages: list[dict]) -> list[str]:
+    """Cut the rendered chat at its assistant replies: [context0, reply1, context1, reply2, ...].
+
+    Each reply piece is the message text plus the ``<|im_end|>`` that closes it (what the model generates);
+    each context piece is everything up to the next reply's first character (for the first: system, user turn and
+    the assistant header). Text after the last reply's ``<|im_end|>`` is dropped. Raises if the template does not
+    render each assistant message verbatim, directly followed by ``<|im_end|>``.
+    """
+    full = tok.render(messages)
+    pieces, pos = [], 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        if not isinstance(m["content"], str):
+            raise ValueError("assistant message content must be a string")
+        head = tok.render(messages[:i], add_generation_prompt=True)
+        start, end = len(head), len(head) + len(m["content"])
+        if not full.startswith(head) or full[start:end] != m["content"] or not full.startswith(IM_END, end):
+            raise ValueError(f"{tok.source}: the chat template does not render assistant message {i} as "
+                             f"'<header>TEXT<|im_end|>'; cannot locate the assistant turns")
+        pieces.append(full[pos:start])
+        pos = end + len(IM_END)
+        pieces.append(full[start:pos])
+    if not pieces:
+        raise ValueError("the chat has no assistant message")
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------------- examples
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingExample:
+    """One tokenised chat.
+
+    input_ids: int32[T] (image tokens expanded); loss_mask: int32[T] (1 on assistant text + its <|im_end|>);
+    turn_index: int32[T] (CoaT turn 1..4 of assistant tokens, 0 elsewhere); pixel_values: float32[N, patch_dim];
+    image_grid_thw: int64[n, 3]; name: where it came from (for error messages).
+    """
+
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    turn_index: np.ndarray
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+    name: str = ""
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _pixels_for(step: Step, image_config: ImageProcessorConfig, image=None, pixels=None):
+    if pixels is not None:
+        pv, grid = pixels
+        return np.asarray(pv, np.float32), np.asarray(grid, np.int64).reshape(-1, 3)
+    if image is None:
+        try:
+            image = step.load_image()
+        except (OSError, ValueError) as e:
+            raise _step_error(step, "image", f"cannot load the screenshot: {e}") from e
+    return preprocess_images([image], config=image_config)
+
+
+def chat_example(tok: QwenTokenizer, messages: list[dict], reply_turns: Sequence[int], pixel_values: np.ndarray,
+                 image_grid_thw: np.ndarray, merge_size: int = 2, loss_turns: Optional[Sequence[int]] = None,
+                 name: str = "") -> TrainingExample:
+    """Tokenise a chat whose k-th assistant message is CoaT turn ``reply_turns[k]``.
+
+    The ids come from tokenising the whole rendered text at once; the per-piece tokenisation is only used to place
+    the masks, and must agree with it (else a ValueError: the tokenizer merges across a turn boundary).
+    ``loss_turns``: turns that get loss (default: all replies).
+    """
+    pieces = split_rendered_chat(tok, messages)
+    if len(reply_turns) != len(pieces) // 2:
+        raise ValueError(f"{len(pieces) // 2} assistant messages but {len(reply_turns)} turn numbers")
+    loss_turns = set(reply_turns if loss_turns is None else loss_turns)
+    ids = tok.encode("".join(pieces))
+    piece_ids = [tok.encode(p) for p in pieces]
+    if sum(piece_ids, []) != ids:
+        raise ValueError(f"{name or 'chat'}: tokenising the turns separately differs from the whole text; "
+                         f"the tokenizer merges tokens across a turn boundary")
+    loss, turn = [], []
+    for k, p in enumerate(piece_ids):
+        t = reply_turns[k // 2] if k % 2 else 0
+        loss += [int(t in loss_turns and k % 2 == 1)] * len(p)
+        turn += [t] * len(p)
+    rep = image_token_repeats(ids, image_grid_thw, merge_size, image_pad_id=tok.ids.image_pad)
+    return TrainingExample(
+        input_ids=np.repeat(np.asarray(ids, np.int32), rep), loss_mask=np.repeat(np.asarray(loss, np.int32), rep),
+        turn_index=np.repeat(np.asarray(turn, np.int32), rep), pixel_values=np.asarray(pixel_values, np.float32),
+        image_grid_thw=np.asarray(image_grid_thw, np.int64).reshape(-1, 3), name=name)
+
+
+def coat_example(step: Step, tok: QwenTokenizer, image_config: ImageProcessorConfig,
+                 prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS,
+                 loss_turns: Optional[Sequence[int]] = None, image=None, pixels=None) -> TrainingExample:
+    """The SFT example of a step: its CoaT dialogue with the golden replies.
+
+    ``turns``: CoaT turns kept in the dialogue (others are left out entirely); ``loss_turns``: turns whose replies
+    get loss (the others stay in the context). ``image`` (PIL) or ``pixels`` ((pixel_values, grid)) skip loading
+    the screenshot again.
+    """
+    messages, kept = coat_messages(step, prompts, turns)
+    pv, grid = _pixels_for(step, image_config, image, pixels)
+    return chat_example(tok, messages, kept, pv, grid, image_config.merge_size, loss_turns, name=_step_name(step))
+
+
+def qa_example(tok: QwenTokenizer, image_config: ImageProcessorConfig, image, question: str, answer: str,
+               system: Optional[str] = None, name: str = "", pixels=None) -> TrainingExample:
+    """A single-turn image Q&A example (instruction evolution): user [image + question] -> assistant answer.
+    The answer is turn 1."""
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
+        {"role": "assistant", "content": answer}]
+    if pixels is not None:
+        pv, grid = np.asarray(pixels[0], np.float32), np.asarray(pixels[1], np.int64).reshape(-1, 3)
+    else:
+        pv, grid = preprocess_images([image], config=image_config)
+    return chat_example(tok, messages, (1,), pv, grid, image_config.merge_size, name=name)
+
+
+# ---------------------------------------------------------------------------------------------- sampler view
+
+
+@dataclasses.dataclass(frozen=True)
+class DialogueSegments:
+    """The fixed pieces of a step's CoaT dialogue, for decoding turn by turn.
+
+    prefix_ids: int32[P]: everything before the first turn's reply (system, user turn with the expanded image,
+    the assistant header). turn_prompt_ids[t]: int32[Q_t] for each later turn t: the tokens between turn t-1's
+    closing ``<|im_end|>`` (the model's stop token) and turn t's first reply token. target_ids[t]: the golden
+    reply of turn t plus ``<|im_end|>`` (present when the step has it). turns: the turns, in order.
+    """
+
+    prefix_ids: np.ndarray
+    turn_prompt_ids: dict[int, np.ndarray]
+    target_ids: dict[int, np.ndarray]
+    turns: tuple[int, ...]
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+    name: str = ""
+
+
+def coat_segments(step: Step, tok: QwenTokenizer, image_config: ImageProcessorConfig,
+                  prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS, image=None,
+                  pixels=None) -> DialogueSegments:
+    """Prefix and per-turn prompt ids of a step (all four turns by default, whatever its action type: the
+    sampler decides whether a sampled action needs grounding). Prompts do not depend on the replies."""
+    turns = _check_turns(turns)
+    placeholder = {t: "x" for t in TURNS}  # the prompts between replies do not depend on the replies
+    messages, kept = coat_messages(step, prompts, turns, assistant_texts=placeholder)
+    pieces = split_rendered_chat(tok, messages)
+    pv, grid = _pixels_for(step, image_config, image, pixels)
+    prefix = tok.expand_image_tokens(tok.encode(pieces[0]), grid, image_config.merge_size)
+    prompt_ids = {t: np.asarray(tok.encode(pieces[2 * k]), np.int32) for k, t in enumerate(kept) if k > 0}
+    for t, p in prompt_ids.items():
+        if np.any(p == tok.ids.image_pad):
+            raise ValueError(f"turn {t} prompt holds an image token; only the first turn may carry the image")
+    golden = coat_turn_texts(step)
+    targets = {t: np.asarray(tok.encode(golden[t] + IM_END), np.int32) for t in kept if t in golden}
+    return DialogueSegments(prefix_ids=prefix, turn_prompt_ids=prompt_ids, target_ids=targets, turns=kept,
+                            pixel_values=pv, image_grid_thw=grid, name=_step_name(step))
+
+
+# ---------------------------------------------------------------------------------------------- fixed shapes
+
+
+def smallest_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int:
+    """The smallest bucket >= n (ValueError naming ``what`` when none fits)."""
+    fitting = [int(b) for b in buckets if int(b) >= n]
+    if not fitting:
+        raise ValueError(f"{what} {n} exceeds the largest bucket {max(buckets) if buckets else None}")
+    return min(fitting)
+
+
+def pad_to_bucket(arrays: Mapping[str, np.ndarray], buckets: Sequence[int],
+                  pad_values: Optional[Mapping[str, Any]] = None, axis: int = 0,
+                  what: str = "length") -> tuple[dict[str, np.ndarray], int]:
+    """Pad every array along ``axis`` (all of one length n there) to the smallest bucket >= n.
+
+    Returns (padded arrays, bucket). ``pad_values[name]`` defaults to 0.
+    """
+    pad_values = dict(pad_values or {})
+    lengths = {k: np.shape(v)[axis] for k, v in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"pad_to_bucket: arrays differ in length along axis {axis}: {lengths}")
+    n = next(iter(lengths.values())) if lengths else 0
+    bucket = smallest_bucket(n, buckets, what)
+    out = {}
+    for k, v in arrays.items():
+        v = np.asarray(v)
+        widths = [(0, 0)] * v.ndim
+        widths[axis] = (0, bucket - n)
+        out[k] = np.pad(v, widths, constant_values=pad_values.get(k, 0))
+    return out, bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingBatch:
+    """Fixed-shape arrays for B examples (right-padded).
+
+    input_ids: int32[B, T]; attention_mask: bool[B, T]; loss_mask: int32[B, T]; turn_index: int32[B, T];
+    pixel_values: float32[P, patch_dim] (all images packed in example order, zero-padded to a patch bucket);
+    patch_mask: bool[P]; image_grid_thw: int64[B*I, 3] (I images per row slot, zero rows for absent images);
+    image_mask: bool[B*I]. T and P are buckets; padded example rows are fully masked.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    loss_mask: np.ndarray
+    turn_index: np.ndarray
+    pixel_values: np.ndarray
+    patch_mask: np.ndarray
+    image_grid_thw: np.ndarray
+    image_mask: np.ndarray
+
+    def packed_images(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pixel_values float32[N, D], image_grid_thw int64[n, 3]) without padding (HF processor layout)."""
+        return self.pixel_values[self.patch_mask], self.image_grid_thw[self.image_mask]
+
+
+def collate(examples: Sequence[TrainingExample], token_buckets: Sequence[int], patch_buckets: Sequence[int],
+            pad_id: int, batch_size: Optional[int] = None, images_per_example: int = 1) -> TrainingBatch:
+    """Stack examples into fixed shapes: T = smallest token bucket >= the longest example, P = smallest patch
+    bucket >= the total patch count, B = ``batch_size`` (default: len(examples))."""
+    b = len(examples) if batch_size is None else int(batch_size)
+    if not examples or len(examples) > b:
+        raise ValueError(f"collate: {len(examples)} examples for batch size {b}")
+    longest = max(len(e) for e in examples)
+    t = smallest_bucket(longest, token_buckets, "token length of example "
+                        + next(e.name for e in examples if len(e) == longest))
+    ids = np.full((b, t), pad_id, np.int32)
+    att = np.zeros((b, t), bool)
+    loss = np.zeros((b, t), np.int32)
+    turn = np.zeros((b, t), np.int32)
+    grids = np.zeros((b * images_per_example, 3), np.int64)
+    img_mask = np.zeros((b * images_per_example,), bool)
+    for i, e in enumerate(examples):
+        n = len(e)
+        ids[i, :n], att[i, :n], loss[i, :n], turn[i, :n] = e.input_ids, True, e.loss_mask, e.turn_index
+        g = e.image_grid_thw.reshape(-1, 3)
+        if len(g) > images_per_example:
+            raise ValueError(f"example {e.name}: {len(g)} images, more than images_per_example={images_per_example}")
+        grids[i * images_per_example:i * images_per_example + len(g)] = g
+        img_mask[i * images_per_example:i * images_per_example + len(g)] = True
+    pv = np.concatenate([e.pixel_values for e in examples], axis=0)
+    padded, _ = pad_to_bucket({"pixel_values": pv, "patch_mask": np.ones(len(pv), bool)}, patch_buckets,
+                              what="patch count")
+    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=turn,
+                         pixel_values=padded["pixel_values"].astype(np.float32), patch_mask=padded["patch_mask"],
+                         image_grid_thw=grids, image_mask=img_mask)
