@@ -1,0 +1,454 @@
+"""Step-level action matching (Step.Acc) and the per-benchmark metric tables (method.md §8, formats.md).
+
+Matching compares one predicted ``Action`` with one golden step and never raises on the prediction: an action
+whose ``parsed`` flag is False, a click without a point, or a field of the wrong kind is simply a miss.
+
+Rule sets (``RULES``; each is a :class:`MatchRules`, whose fields the on-device reward kernel in
+``ipl_jax.rewards`` reads too, so training and evaluation judge "exact" the same way):
+
+* ``aitz`` — the modern AITZ rules. Click / long-press: exact if the predicted point lies in some golden-screen
+  UI box, enlarged ×1.2 about its centre and clamped to the screen, that also contains the golden point;
+  otherwise exact if the L2 distance in screen fractions is ≤ 0.14. Scroll: same finger direction. Type:
+  lower-case + strip both texts, exact if either contains the other. Press: same button. Stop: type match.
+* ``aitw`` — Google's older AITW matcher: boxes ×2.4, a scroll matches when its main axis (vertical /
+  horizontal) equals the golden one, typed text is ignored.
+* ``amex`` — the ``aitz`` rules with boxes taken only from clickable elements (AMEX ``clickable_elements``).
+* ``androidcontrol`` — the OS-Atlas protocol: click within 140 on the 0..1000 scale (= 0.14 in screen
+  fractions, L2); type / open_app exact if the lower-cased stripped texts are equal or their token F1 > 0.5.
+* ``androidcontrol_uir1`` — the UI-R1 protocol: click within 0.14 × screen width, measured in pixels.
+
+Choices where the sources are silent [choice]:
+
+* Types are our normalised types (``actions.ACTION_TYPES``): ``press back`` vs ``press home`` is a type match
+  and an exact miss; ``stop`` matches ``stop`` whatever its ``status`` (complete / impossible).
+* "Contains" is Python substring containment after ``lower().strip()``, except that an empty predicted text
+  matches only an empty golden text (otherwise typing nothing would always count as exact).
+* Token F1: tokens are ``text.lower().split()``, counted as multisets; two empty texts have F1 = 1, one empty 0.
+* ``open_app`` uses the rule set's text rule; ``wait`` needs only the type. A golden point action without a
+  point falls back to the centre of its box.
+
+Tables (:func:`step_acc_table`, :func:`score_episodes`): per golden type (upper case: CLICK, TYPE, SCROLL,
+PRESS, STOP always, LONG_PRESS / OPEN_APP / WAIT when present) and ``total``: ``count``, ``type_acc``,
+``exact_acc`` as fractions (None when ``count`` is 0); ``parse_rate``, ``episode_success`` (every step exact),
+``goal_progress`` (exact steps before the first miss ÷ episode length, averaged over episodes). AndroidControl
+adds ``grounding`` (golden-click exact matches ÷ golden-click type matches) and per-subsplit tables
+(``step.meta["subsplits"]``); AMEX adds per-app tables (``step.meta["app"]``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Iterable, Mapping, Optional, Sequence
+
+from ipl_jax.actions import ACTION_TYPES, CORE_TYPES, DIRECTIONS, Action, box_center, invalid_action
+from ipl_jax.data.records import Episode, Step, UIElement
+
+POINT_TYPES = ("click", "long_press")
+TEXT_TYPES = ("type", "open_app")
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchRules:
+    """One rule set for exact matching (see the module docstring). Frozen, hence hashable (a jit static arg).
+
+    box_scale:        enlargement of a golden UI box about its centre; None disables the box rule.
+    click_threshold:  distance bound for a point action.
+    distance:         "screen" — L2 in screen fractions; "width_px" — L2 in pixels divided by the screen width.
+    elements:         "all" — every golden UI element; "clickable" — only those with ``clickable``.
+    scroll:           "direction" — same finger direction; "axis" — same main axis.
+    text:             "contains" — either contains the other; "equal_or_f1" — equal or token F1 > f1_threshold;
+                      "ignore" — a type match is enough.
+    """
+
+    name: str
+    box_scale: Optional[float] = 1.2
+    click_threshold: float = 0.14
+    distance: str = "screen"
+    elements: str = "all"
+    scroll: str = "direction"
+    text: str = "contains"
+    f1_threshold: float = 0.5
+
+    def __post_init__(self):
+        if self.distance not in ("screen", "width_px"):
+            raise ValueError(f"MatchRules.distance must be 'screen' or 'width_px', got {self.distance!r}")
+        if self.elements not in ("all", "clickable"):
+            raise ValueError(f"MatchRules.elements must be 'all' or 'clickable', got {self.elements!r}")
+        if self.scroll not in ("direction", "axis"):
+            raise ValueError(f"MatchRules.scroll must be 'direction' or 'axis', got {self.scroll!r}")
+        if self.text not in ("contains", "equal_or_f1", "ignore"):
+            raise ValueError(f"MatchRules.text must be 'contains', 'equal_or_f1' or 'ignore', got {self.text!r}")
+
+
+RULES: dict[str, MatchRules] = {
+    "aitz": MatchRules("aitz"),
+    "aitw": MatchRules("aitw", box_scale=2.4, scroll="axis", text="ignore"),
+    "amex": MatchRules("amex", elements="clickable"),
+    "androidcontrol": MatchRules("androidcontrol", box_scale=None, text="equal_or_f1"),
+    "androidcontrol_uir1": MatchRules("androidcontrol_uir1", box_scale=None, distance="width_px", text="equal_or_f1"),
+}
+# The rule set each dataset format is scored with unless the caller names another.
+DEFAULT_RULES = {"aitz": "aitz", "amex": "amex", "androidcontrol": "androidcontrol"}
+FORMATS = tuple(DEFAULT_RULES)
+
+
+def get_rules(rules: "str | MatchRules") -> MatchRules:
+    if isinstance(rules, MatchRules):
+        return rules
+    if rules not in RULES:
+        raise ValueError(f"unknown rule set {rules!r}; known: {', '.join(RULES)}")
+    return RULES[rules]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The judgement of one predicted action against one golden step.
+
+    ``details`` holds the rule that decided (``rule``) and what it measured, e.g. ``distance``, ``in_box``,
+    ``gold_in_box`` for point actions, ``f1`` for text actions.
+    """
+
+    type_match: bool
+    exact_match: bool
+    details: dict = dataclasses.field(default_factory=dict, compare=False)
+
+
+# ------------------------------------------------------------------------------------------------ text
+
+
+def normalise_text(text: Optional[str]) -> str:
+    """The form texts are compared in: lower-case, stripped."""
+    return (text or "").lower().strip()
+
+
+def text_tokens(text: Optional[str]) -> list[str]:
+    """The tokens of token-level F1: lower-cased whitespace-separated words."""
+    return (text or "").lower().split()
+
+
+def token_f1(pred: Optional[str], gold: Optional[str]) -> float:
+    """Token-level F1 of two texts over multisets of ``text_tokens``. Both empty -> 1.0, one empty -> 0.0."""
+    p, g = text_tokens(pred), text_tokens(gold)
+    if not p or not g:
+        return float(not p and not g)
+    common = sum((collections.Counter(p) & collections.Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def text_contains_match(pred: Optional[str], gold: Optional[str]) -> bool:
+    """AITZ's type rule: after lower/strip, either text contains the other (an empty prediction needs an empty gold)."""
+    p, g = normalise_text(pred), normalise_text(gold)
+    if not p:
+        return not g
+    return p in g or g in p
+
+
+# ----------------------------------------------------------------------------------------------- geometry
+
+
+def enlarge_box(box: Sequence[float], scale: float) -> tuple[float, float, float, float]:
+    """``box`` (x1, y1, x2, y2) scaled by ``scale`` about its centre, clamped to the unit screen."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    cx, cy = (x1 + x2) / 2.0, (y1 + y2) / 2.0
+    hw, hh = (x2 - x1) * scale / 2.0, (y2 - y1) * scale / 2.0
+    return (max(0.0, cx - hw), max(0.0, cy - hh), min(1.0, cx + hw), min(1.0, cy + hh))
+
+
+def in_box(point: Sequence[float], box: Sequence[float]) -> bool:
+    """Whether (x, y) lies in (x1, y1, x2, y2), edges included."""
+    x, y = point
+    return box[0] <= x <= box[2] and box[1] <= y <= box[3]
+
+
+def _valid_point(p) -> Optional[tuple[float, float]]:
+    try:
+        x, y = float(p[0]), float(p[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return None
+    return (x, y)
+
+
+def match_boxes(elements: Iterable[UIElement], rules: MatchRules) -> list[tuple[float, float, float, float]]:
+    """The golden boxes the click rule uses: the elements' boxes (clickable ones only if the rules say so)."""
+    return [tuple(e.box) for e in elements if rules.elements == "all" or e.clickable]
+
+
+def _match_point(pred: Action, gold: Action, elements, screen_size, rules: MatchRules) -> tuple[bool, dict]:
+    p = _valid_point(pred.point) if pred.point is not None else None
+    g = gold.point if gold.point is not None else (box_center(gold.box) if gold.box is not None else None)
+    if g is None:
+        raise ValueError("golden point action has neither a point nor a box")
+    if p is None:
+        return False, {"rule": "no_point"}
+    dx, dy = p[0] - g[0], p[1] - g[1]
+    distance = math.hypot(dx, dy)
+    details = {"distance": distance, "in_box": False, "gold_in_box": False}
+    if rules.box_scale is not None:
+        for box in match_boxes(elements, rules):
+            big = enlarge_box(box, rules.box_scale)
+            if in_box(g, big):
+                details["gold_in_box"] = True
+                if in_box(p, big):
+                    details["in_box"] = True
+                    details["rule"] = "box"
+                    return True, details
+    if rules.distance == "width_px":
+        if screen_size is None:
+            raise ValueError("the 'width_px' distance needs the screen size")
+        w, h = screen_size
+        measured = math.hypot(dx * w, dy * h) / w
+    else:
+        measured = distance
+    details["measured"] = measured
+    ok = measured <= rules.click_threshold
+    details["rule"] = "distance" if ok else "miss"
+    return ok, details
+
+
+def _match_text(pred: Action, gold: Action, rules: MatchRules) -> tuple[bool, dict]:
+    if rules.text == "ignore":
+        return True, {"rule": "type_only"}
+    if not isinstance(pred.text, str):
+        return False, {"rule": "no_text"}
+    if rules.text == "contains":
+        ok = text_contains_match(pred.text, gold.text)
+        return ok, {"rule": "contains" if ok else "miss"}
+    f1 = token_f1(pred.text, gold.text)
+    ok = normalise_text(pred.text) == normalise_text(gold.text) or f1 > rules.f1_threshold
+    return ok, {"rule": "equal_or_f1" if ok else "miss", "f1": f1}
+
+
+def _axis(direction: Optional[str]) -> Optional[str]:
+    if direction in ("up", "down"):
+        return "vertical"
+    if direction in ("left", "right"):
+        return "horizontal"
+    return None
+
+
+def match_action(
+    pred: Action,
+    gold: Action,
+    elements: Sequence[UIElement] = (),
+    screen_size: Optional[tuple[int, int]] = None,
+    rules: "str | MatchRules" = "aitz",
+) -> Verdict:
+    """Judge ``pred`` against the golden action ``gold`` on a screen with golden ``elements``.
+
+    Never raises on ``pred``; raises ValueError only for an unusable golden action or rule set.
+    ``screen_size`` (width, height) in pixels is needed only by the ``width_px`` distance.
+    """
+    rules = get_rules(rules)
+    if not isinstance(pred, Action) or not pred.parsed or pred.type not in ACTION_TYPES:
+        return Verdict(False, False, {"rule": "unparsed"})
+    if pred.type != gold.type:
+        return Verdict(False, False, {"rule": "type_mismatch", "pred_type": pred.type})
+    t = gold.type
+    if t in POINT_TYPES:
+        ok, details = _match_point(pred, gold, elements, screen_size, rules)
+    elif t in TEXT_TYPES:
+        ok, details = _match_text(pred, gold, rules)
+    elif t == "scroll":
+        if rules.scroll == "axis":
+            ok = _axis(pred.direction) is not None and _axis(pred.direction) == _axis(gold.direction)
+        else:
+            ok = pred.direction in DIRECTIONS and pred.direction == gold.direction
+        details = {"rule": rules.scroll if ok else "miss"}
+    elif t == "press":
+        ok = pred.button is not None and pred.button == gold.button
+        details = {"rule": "button" if ok else "miss"}
+    else:  # stop, wait
+        ok, details = True, {"rule": "type_only"}
+    return Verdict(True, bool(ok), details)
+
+
+def match_step(pred: Optional[Action], step: Step, rules: "str | MatchRules" = "aitz") -> Verdict:
+    """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step."""
+    if pred is None:
+        pred = invalid_action()
+    try:
+        return match_action(pred, step.action, step.elements, step.screen_size, rules)
+    except ValueError as e:
+        raise ValueError(f"episode {step.episode_id!r} step {step.step_id}: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One scored step: its golden type, whether the prediction parsed, the verdict, and grouping keys."""
+
+    episode_id: str
+    step_id: int
+    gold_type: str
+    parsed: bool
+    verdict: Verdict
+    subsplits: tuple[str, ...] = ()
+    app: Optional[str] = None
+
+
+def _frac(num: int, den: int) -> Optional[float]:
+    return num / den if den else None
+
+
+def type_row(results: Sequence[StepResult]) -> dict:
+    """``{"count", "type_acc", "exact_acc"}`` of a group of step results (fractions; None when empty)."""
+    n = len(results)
+    return {
+        "count": n,
+        "type_acc": _frac(sum(r.verdict.type_match for r in results), n),
+        "exact_acc": _frac(sum(r.verdict.exact_match for r in results), n),
+    }
+
+
+def grounding_acc(results: Sequence[StepResult]) -> Optional[float]:
+    """AndroidControl grounding: golden-click exact matches ÷ golden-click type matches (None if none)."""
+    clicks = [r for r in results if r.gold_type == "click" and r.verdict.type_match]
+    return _frac(sum(r.verdict.exact_match for r in clicks), len(clicks))
+
+
+def split_row(results: Sequence[StepResult], with_grounding: bool = False) -> dict:
+    """A per-subsplit / per-app row: ``count``, ``type_acc``, ``step_acc`` (+ ``grounding``)."""
+    row = type_row(results)
+    out = {"count": row["count"], "type_acc": row["type_acc"], "step_acc": row["exact_acc"]}
+    if with_grounding:
+        out["grounding"] = grounding_acc(results)
+    return out
+
+
+def step_acc_table(results: Sequence[StepResult], fmt: str = "aitz") -> dict:
+    """Aggregate scored steps into the metric table of ``fmt`` (see the module docstring).
+
+    Episodes are the groups of ``results`` sharing an ``episode_id``, ordered by ``step_id``; the episode length
+    is the number of its results.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    results = list(results)
+    by_type: dict[str, list[StepResult]] = {t.upper(): [] for t in CORE_TYPES}
+    for r in results:
+        by_type.setdefault(r.gold_type.upper(), []).append(r)
+    table: dict = {"total": type_row(results)}
+    for name, rows in by_type.items():
+        table[name] = type_row(rows)
+
+    episodes: dict[str, list[StepResult]] = {}
+    for r in results:
+        episodes.setdefault(r.episode_id, []).append(r)
+    success, progress = [], []
+    for rows in episodes.values():
+        rows = sorted(rows, key=lambda r: r.step_id)
+        exact = [r.verdict.exact_match for r in rows]
+        first_miss = exact.index(False) if False in exact else len(exact)
+        success.append(first_miss == len(exact))
+        progress.append(first_miss / len(exact))
+    table["parse_rate"] = _frac(sum(r.parsed for r in results), len(results))
+    table["episode_success"] = _frac(sum(success), len(success))
+    table["goal_progress"] = sum(progress) / len(progress) if progress else None
+    table["steps"] = len(results)
+    table["episodes"] = len(episodes)
+    table["step_acc"] = table["total"]["exact_acc"]
+
+    if fmt == "androidcontrol":
+        table["grounding"] = grounding_acc(results)
+        groups: dict[str, list[StepResult]] = {}
+        for r in results:
+            for s in r.subsplits:
+                groups.setdefault(s, []).append(r)
+        table["subsplits"] = {s: split_row(rows, with_grounding=True) for s, rows in sorted(groups.items())}
+    elif fmt == "amex":
+        groups = {}
+        for r in results:
+            if r.app is not None:
+                groups.setdefault(r.app, []).append(r)
+        table["apps"] = {a: split_row(rows) for a, rows in sorted(groups.items())}
+    return table
+
+
+def _meta(step: Step, episode: Episode, key: str):
+    v = step.meta.get(key)
+    return episode.meta.get(key) if v is None else v
+
+
+def score_steps(
+    episodes: Sequence[Episode],
+    predictions: Mapping[tuple[str, int], Action],
+    rules: "str | MatchRules" = "aitz",
+) -> list[StepResult]:
+    """Judge every step of ``episodes`` against ``predictions[(episode_id, step_id)]`` (a missing key is a miss)."""
+    rules = get_rules(rules)
+    out = []
+    for ep in episodes:
+        for step in ep.steps:
+            pred = predictions.get((str(step.episode_id), int(step.step_id)))
+            subsplits = _meta(step, ep, "subsplits") or ()
+            if isinstance(subsplits, str):
+                subsplits = (subsplits,)
+            out.append(
+                StepResult(
+                    episode_id=str(step.episode_id),
+                    step_id=int(step.step_id),
+                    gold_type=step.action.type,
+                    parsed=bool(isinstance(pred, Action) and pred.parsed),
+                    verdict=match_step(pred, step, rules),
+                    subsplits=tuple(str(s) for s in subsplits),
+                    app=_meta(step, ep, "app"),
+                )
+            )
+    return out
+
+
+def score_episodes(
+    episodes: Sequence[Episode],
+    predictions: Mapping[tuple[str, int], Action],
+    fmt: str = "aitz",
+    rules: "str | MatchRules | None" = None,
+) -> dict:
+    """The metric table of ``fmt`` for predicted actions keyed by ``(episode_id, step_id)``.
+
+    ``rules`` defaults to the format's own rule set (``DEFAULT_RULES``). The result also names the rule set
+    (``"rules"``) and the format (``"format"``).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    rule_set = get_rules(DEFAULT_RULES[fmt] if rules is None else rules)
+    table = step_acc_table(score_steps(episodes, predictions, rule_set), fmt)
+    table["format"] = fmt
+    table["rules"] = rule_set.name
+    return table
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100.0 * v:6.2f}"
+
+
+def format_table(table: dict) -> str:
+    """A plain-text rendering of a ``score_episodes`` table (percentages)."""
+    lines = [f"format {table.get('format', '?')}, rules {table.get('rules', '?')}: "
+             f"{table['steps']} steps in {table['episodes']} episodes", ""]
+    lines.append(f"{'':<12}{'count':>8}{'type %':>10}{'exact %':>10}")
+    type_names = [k for k, v in table.items() if isinstance(v, dict) and "exact_acc" in v and k != "total"]
+    for name in type_names + ["total"]:
+        row = table[name]
+        lines.append(f"{name:<12}{row['count']:>8}{_pct(row['type_acc']):>10}{_pct(row['exact_acc']):>10}")
+    lines.append("")
+    for key in ("parse_rate", "episode_success", "goal_progress", "grounding"):
+        if key in table:
+            lines.append(f"{key:<16}{_pct(table[key]):>8} %")
+    for group in ("subsplits", "apps"):
+        if table.get(group):
+            lines.append("")
+            cols = ["count", "type_acc", "step_acc"] + (["grounding"] if group == "subsplits" else [])
+            lines.append(f"{group[:-1]:<20}" + "".join(f"{c:>11}" for c in cols))
+            for name, row in table[group].items():
+                cells = [f"{row['count']:>11}"] + [f"{_pct(row[c]):>11}" for c in cols[1:]]
+                lines.append(f"{name:<20}" + "".join(cells))
+    return "\n".join(lines)
