@@ -101,7 +101,10 @@ def test_same_seed_same_weights_and_random_biases(ckpt, tmp_path):
 
 def test_scale_and_cli_flags(ckpt, tmp_path):
     out = tmp_path / "scaled"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["zebracrossing app opened", "tap the zebracrossing icon"] * 30))
     rc = tiny.main(["--out", str(out), "--seed", "0", "--scale", "4", "--hidden-size", "32", "--heads", "2",
+                    "--corpus", str(corpus),
                     "--kv-heads", "1", "--layers", "1", "--vision-depth", "1", "--tie-embeddings",
                     "--vocab-size", "700", "--min-pixels", "1000", "--max-pixels", "20000",
                     "--config", json.dumps({"vision_config": {"embed_dim": 16, "num_heads": 2}})])
@@ -113,6 +116,10 @@ def test_scale_and_cli_flags(ckpt, tmp_path):
     assert t["rope_parameters"]["mrope_section"] == [2, 3, 3]  # derived: sums to head_dim/2 = 8
     assert (v["depth"], v["embed_dim"], v["num_heads"], v["hidden_size"]) == (1, 16, 2, 32)
     assert cfg["tie_word_embeddings"] is True and t["vocab_size"] == 700
+    # the tokenizer learnt the given corpus, and the chat scaffolding is always in it
+    tok = load_tokenizer(out)
+    assert len(tok.encode(" zebracrossing")) == 1
+    assert [len(tok.encode(r)) for r in ("system", "user", "assistant")] == [1, 1, 1]
     pc = ImageProcessorConfig.load(out)
     assert (pc.min_pixels, pc.max_pixels) == (1000, 20000)
     w = load_file(str(out / "model.safetensors"))
@@ -123,7 +130,7 @@ def test_scale_and_cli_flags(ckpt, tmp_path):
     assert 0.015 < base["model.layers.0.mlp.up_proj.weight"].std() < 0.025
     # the scaled model's logits are far from zero
     model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(str(out)).eval()
-    logits = _forward(model, load_tokenizer(out), pc, _image())
+    logits = _forward(model, tok, pc, _image())
     assert logits.std() > 1.0
 
 

@@ -113,14 +113,21 @@ _TOPICS = ["weather in Paris", "cheap flights", "pizza near me", "news today", "
 _VERBS = ["open", "find", "search for", "turn on", "turn off", "add", "delete", "share", "play", "set"]
 
 
+def scaffold_texts() -> list[str]:
+    """The texts of every chat whatever the data: the CoaT prompts, the default system message, the roles
+    (repeated so that the roles become single tokens)."""
+    from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+
+    return DEFAULT_PROMPTS.texts() * 5 + ["You are a helpful assistant."] * 5 + ["system\nuser\nassistant\n"] * 20
+
+
 def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0) -> list[str]:
     """GUI-ish sentences, the CoaT prompts and action / grounding texts, deterministic for a seed."""
     from ipl_jax.actions import Action, format_action, format_grounding
     from ipl_jax.data.dialogue import DEFAULT_PROMPTS
 
     rnd = random.Random(seed)
-    lines = list(DEFAULT_PROMPTS.texts()) + ["You are a helpful assistant."] + list(extra)
-    lines += ["system\nuser\nassistant\n"] * 20  # the chat roles, so each becomes one token
+    lines = scaffold_texts() + list(extra)
     for _ in range(n_lines):
         app, widget, label, topic = (rnd.choice(_APPS), rnd.choice(_WIDGETS), rnd.choice(_LABELS),
                                      rnd.choice(_TOPICS))
@@ -308,15 +315,16 @@ def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None
     """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
 
     ``vocab_size`` is the model's embedding size; the tokenizer (BPE + 14 specials) is trained to at most that.
-    ``corpus``: tokenizer training texts (default ``default_corpus()``). ``model_overrides``: see
+    ``corpus``: tokenizer training texts (default ``default_corpus()``); the chat scaffolding
+    (``scaffold_texts()``: prompts, system message, roles) is always added. ``model_overrides``: see
     ``build_config_dict``. Same arguments => same files.
     """
     torch, transformers = _require_torch_transformers()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    texts = default_corpus() if corpus is None else list(corpus)
-    if not texts:
+    if corpus is not None and not list(corpus):
         raise ValueError("make_tiny_checkpoint: empty tokenizer corpus")
+    texts = default_corpus() if corpus is None else scaffold_texts() + list(corpus)
     special_ids = write_tokenizer(train_tokenizer(texts, vocab_size), out)
     cfg_kwargs = build_config_dict(model_overrides, vocab_size, special_ids)
     config = transformers.Qwen2VLConfig(**cfg_kwargs)
