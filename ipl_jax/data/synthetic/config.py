@@ -1,0 +1,177 @@
+"""The synthetic world's difficulty knobs, its themes and layout variants, and ``k=v`` overrides.
+
+Themes and layout variants are split into *seen* ones (train / dev / test) and *held-out* ones that only the
+``test_app_unseen`` split uses, like AndroidControl's unseen-app split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Sequence
+
+# Colour palettes. Keys: bg, surface, header, header_text, text, subtle, accent, on_accent, divider, toggle_off.
+THEMES = {
+    "light": dict(bg=(250, 250, 250), surface=(236, 238, 242), header=(255, 255, 255), header_text=(20, 20, 20),
+                  text=(25, 25, 25), subtle=(110, 110, 118), accent=(26, 115, 232), on_accent=(255, 255, 255),
+                  divider=(220, 220, 225), toggle_off=(170, 170, 176)),
+    "mint": dict(bg=(240, 250, 246), surface=(214, 238, 228), header=(30, 140, 110), header_text=(255, 255, 255),
+                 text=(20, 40, 34), subtle=(90, 120, 110), accent=(0, 150, 110), on_accent=(255, 255, 255),
+                 divider=(200, 226, 216), toggle_off=(160, 180, 174)),
+    "sand": dict(bg=(252, 247, 236), surface=(240, 228, 204), header=(200, 120, 40), header_text=(255, 255, 255),
+                 text=(50, 35, 20), subtle=(130, 110, 90), accent=(200, 100, 20), on_accent=(255, 255, 255),
+                 divider=(230, 216, 190), toggle_off=(190, 176, 160)),
+    "dark": dict(bg=(22, 24, 28), surface=(44, 47, 54), header=(32, 34, 40), header_text=(240, 240, 240),
+                 text=(235, 235, 235), subtle=(160, 160, 170), accent=(120, 170, 255), on_accent=(10, 20, 40),
+                 divider=(60, 63, 70), toggle_off=(90, 92, 100)),
+    # held out
+    "night_blue": dict(bg=(14, 22, 48), surface=(30, 44, 84), header=(20, 30, 66), header_text=(230, 236, 255),
+                       text=(226, 232, 255), subtle=(150, 160, 200), accent=(255, 196, 60), on_accent=(30, 20, 0),
+                       divider=(44, 58, 100), toggle_off=(80, 90, 130)),
+    "rose": dict(bg=(255, 244, 246), surface=(248, 220, 228), header=(190, 40, 90), header_text=(255, 255, 255),
+                 text=(60, 20, 30), subtle=(140, 100, 110), accent=(210, 40, 100), on_accent=(255, 255, 255),
+                 divider=(240, 210, 218), toggle_off=(200, 170, 180)),
+}
+SEEN_THEMES = ("light", "mint", "sand", "dark")
+HELD_OUT_THEMES = ("night_blue", "rose")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A layout variant: where things sit, independent of colours."""
+
+    home_columns: int = 4
+    home_rows: int = 5
+    toggle_left: bool = False  # the switch sits left of its label
+    results_grid: bool = False  # search results as two-column cards instead of a list
+    title_centered: bool = False
+    row_scale: float = 1.0
+    compose_on_top: bool = False  # the message composer sits right under the header
+
+
+VARIANTS = {
+    "standard": Variant(),
+    "compact": Variant(title_centered=True, row_scale=0.88),
+    # held out
+    "tiles": Variant(home_columns=3, home_rows=6, toggle_left=True, results_grid=True, title_centered=True,
+                     compose_on_top=True),
+}
+SEEN_VARIANTS = ("standard", "compact")
+HELD_OUT_VARIANTS = ("tiles",)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldConfig:
+    """Knobs of the synthetic world. Ranges ``(lo, hi)`` are inclusive and drawn per episode.
+
+    width, height: screenshot size in pixels (224 x 448 = 8 x 16 Qwen2-VL tokens of 28 x 28 pixels = 128 tokens).
+    font_size: the body text size in pixels (PIL's default font at that size).
+    n_extra_apps: distractor apps on the home screen besides Settings / Shop / Store / Messages.
+    settings_rows: rows of the main settings list (the screen shows about nine: longer lists need scrolling).
+    n_contacts, n_results: lengths of the contact list and of a search's result list.
+    n_distractors: extra elements per page (chips, banners, recommended cards, chat bubbles).
+    shuffle_layout: shuffle home icons, settings rows, contacts and results per episode (off: canonical order).
+    layout_jitter: per-episode header / row / margin / navigation-bar sizes, so no element has a fixed place.
+    themes, variants: the palettes and layout variants episodes draw from (see THEMES / VARIANTS).
+    randomize_icon_colors: draw app icon colours at random instead of each app's own colour (harder: labels only).
+    p_start_home, p_start_other_app: where an episode starts; the rest start inside the task's app on a page
+        the task must leave (needs ``press back``).
+    task_weights: relative frequency of each task family, as ``family:weight`` strings.
+    """
+
+    width: int = 224
+    height: int = 448
+    font_size: int = 11
+    n_extra_apps: tuple[int, int] = (8, 20)
+    settings_rows: tuple[int, int] = (9, 16)
+    n_contacts: tuple[int, int] = (6, 14)
+    n_results: tuple[int, int] = (4, 9)
+    n_distractors: tuple[int, int] = (0, 3)
+    shuffle_layout: bool = True
+    layout_jitter: bool = True
+    themes: tuple[str, ...] = SEEN_THEMES
+    variants: tuple[str, ...] = SEEN_VARIANTS
+    randomize_icon_colors: bool = False
+    p_start_home: float = 0.6
+    p_start_other_app: float = 0.25
+    task_weights: tuple[str, ...] = (
+        "open_app:0.10", "toggle:0.20", "sub_toggle:0.13", "search_open:0.12", "add_to_cart:0.12",
+        "install:0.13", "send_message:0.20",
+    )
+
+    def __post_init__(self):
+        if self.width < 112 or self.height < 224:
+            raise ValueError(f"WorldConfig: screen {self.width}x{self.height} is too small (min 112x224)")
+        for name in ("n_extra_apps", "settings_rows", "n_contacts", "n_results", "n_distractors"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"WorldConfig.{name}: need 0 <= lo <= hi, got {(lo, hi)}")
+        for t in self.themes:
+            if t not in THEMES:
+                raise ValueError(f"WorldConfig.themes: unknown theme {t!r} (known: {sorted(THEMES)})")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"WorldConfig.variants: unknown variant {v!r} (known: {sorted(VARIANTS)})")
+        if not self.themes or not self.variants:
+            raise ValueError("WorldConfig: themes and variants must not be empty")
+        if self.settings_rows[0] < 1 or self.n_contacts[0] < 1 or self.n_results[0] < 1:
+            raise ValueError("WorldConfig: settings_rows, n_contacts and n_results need at least one row")
+        if not (0 <= self.p_start_home <= 1 and 0 <= self.p_start_other_app <= 1 - self.p_start_home):
+            raise ValueError("WorldConfig: p_start_home + p_start_other_app must lie in [0, 1]")
+        self.family_weights()  # validates
+
+    def family_weights(self) -> dict[str, float]:
+        out = {}
+        for item in self.task_weights:
+            name, sep, w = item.partition(":")
+            try:
+                out[name] = float(w)
+            except ValueError:
+                raise ValueError(f"WorldConfig.task_weights: {item!r} is not 'family:weight'") from None
+            if not sep or out[name] < 0:
+                raise ValueError(f"WorldConfig.task_weights: {item!r} is not 'family:weight' with weight >= 0")
+        if sum(out.values()) <= 0:
+            raise ValueError("WorldConfig.task_weights: all weights are zero")
+        return out
+
+
+def _convert(name: str, hint, text: str):
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"--config {name}: {text!r} is not a boolean")
+    if hint is int:
+        return int(text)
+    if hint is float:
+        return float(text)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
+        if args and args[-1] is Ellipsis:
+            return tuple(_convert(name, args[0], p) for p in parts)
+        if len(parts) != len(args):
+            raise ValueError(f"--config {name}: expected {len(args)} comma-separated values, got {text!r}")
+        return tuple(_convert(name, a, p) for a, p in zip(args, parts))
+    if hint is str:
+        return text
+    raise ValueError(f"--config {name}: cannot parse values of type {hint}")
+
+
+def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfig:
+    """``config`` with ``k=v`` overrides applied, e.g. ``["width=252", "n_contacts=4,20", "themes=rose"]``."""
+    hints = typing.get_type_hints(WorldConfig)
+    changes = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in hints:
+            raise ValueError(f"--config {item!r}: expected k=v with k one of {sorted(hints)}")
+        try:
+            changes[key] = _convert(key, hints[key], value)
+        except ValueError as e:
+            raise ValueError(f"--config {item!r}: {e}") from None
+    return dataclasses.replace(config, **changes)
