@@ -391,7 +391,10 @@ def _id_sets(path: Path, keys) -> dict[str, set[str]]:
     for k, v in data.items():
         if not isinstance(v, list):
             raise DataError(path, "<file>", k, "expected a list of episode ids")
-        out[k] = {str(int(e)) for e in v}
+        try:  # ids are int64 in the records; the JSON may hold them as numbers or digit strings
+            out[k] = {str(int(e)) for e in v}
+        except (TypeError, ValueError):
+            raise DataError(path, "<file>", k, "episode ids must be integers") from None
     missing = [k for k in keys if k not in out]
     if missing:
         raise DataError(path, "<file>", missing[0], "missing")
