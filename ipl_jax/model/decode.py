@@ -14,7 +14,7 @@ cache has room for, the excess is dropped and ``length`` saturates at the cache 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -156,12 +156,14 @@ def decode_step(params: dict, cfg: Qwen2VLConfig, cache: KVCache, tokens: jnp.nd
     return logits[:, 0], cache
 
 
-def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int, eos_ids: tuple,
-            pad_id: int):
+MAX_EOS_IDS = 8
+
+
+def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, eos: jnp.ndarray, pad_id: jnp.ndarray,
+            max_new_tokens: int):
     t = inputs.input_ids.shape[1]
     logits, cache = _prefill(params, cfg, inputs, t + max_new_tokens, False)
     b = logits.shape[0]
-    eos = jnp.asarray(eos_ids if eos_ids else (-1,), jnp.int32)
     tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     done = jnp.isin(tok, eos)
     out = jnp.full((b, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(tok)
@@ -186,16 +188,22 @@ def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int
     return out, count
 
 
-@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("max_new_tokens", "eos_ids", "pad_id"))
+greedy_generate_jit = jax.jit(_greedy, static_argnums=(1,), static_argnames=("max_new_tokens",))
+
+
 def greedy_generate(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int,
-                    eos_ids: tuple = (), pad_id: Optional[int] = None):
-    """Greedy decoding: prefill, then one cached step per token inside a ``lax.while_loop``.
+                    eos_ids: Sequence[int] = (), pad_id: Optional[int] = None):
+    """Greedy decoding: prefill, then one cached step per token inside a ``lax.while_loop`` (jitted; the end
+    ids and pad id are traced values, so changing them does not recompile; ``max_new_tokens`` is static).
 
     Returns (tokens int32[B, max_new_tokens], num_tokens int32[B]). A row stops after its first token in
-    ``eos_ids`` (which is kept); later entries are ``pad_id`` (default: the first eos id, else 0), as
-    transformers' ``generate`` pads finished rows. The loop ends early once every row is done.
+    ``eos_ids`` (at most 8 ids; the end token is kept); later entries are ``pad_id`` (default: the first end
+    id, else 0), as transformers' ``generate`` pads finished rows. The loop ends early once every row is done.
     """
-    eos_ids = tuple(int(e) for e in eos_ids)
+    eos_ids = [int(e) for e in eos_ids]
+    if len(eos_ids) > MAX_EOS_IDS:
+        raise ValueError(f"at most {MAX_EOS_IDS} end ids, got {len(eos_ids)}")
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else 0
-    return _greedy(params, cfg, inputs, max_new_tokens, eos_ids, pad_id)
+    eos = jnp.asarray(eos_ids + [-1] * (MAX_EOS_IDS - len(eos_ids)), jnp.int32)
+    return greedy_generate_jit(params, cfg, inputs, eos, jnp.int32(pad_id), max_new_tokens=max_new_tokens)

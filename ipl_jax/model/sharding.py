@@ -157,7 +157,7 @@ def sharded_greedy_generate(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, i
     b = inputs_example.input_ids.shape[0]
     out_sh = (NamedSharding(mesh, batch_spec(mesh, (b, max_new_tokens))), NamedSharding(mesh, batch_spec(mesh, (b,))))
     return jax.jit(lambda params, inputs: greedy_generate(params, cfg, inputs, max_new_tokens=max_new_tokens,
-                                                          eos_ids=tuple(eos_ids), pad_id=pad_id),
+                                                          eos_ids=eos_ids, pad_id=pad_id),
                    in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
 
 
