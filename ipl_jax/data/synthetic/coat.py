@@ -67,8 +67,8 @@ def _element_phrase(screen, w) -> str | None:
 def describe_screen(screen, rng) -> str:
     """s1: what the screen shows and roughly where, at most MAX_DESC_WORDS words."""
     W, H = screen.size
-    switches = [((w.box[1] + w.box[3]) / 2, "on" if w.on else "off")
-                for w in screen.element_widgets if w.kind == "ICON_TOGGLE"]
+    switches = {w.key[len("switch:"):]: "on" if w.on else "off"
+                for w in screen.element_widgets if w.key.startswith("switch:")}
     regions = _pick(rng, (("top", "middle", "bottom"), ("upper part", "centre", "lower part")))
     groups: dict[str, list[str]] = {}
     for w in screen.element_widgets:
@@ -78,7 +78,7 @@ def describe_screen(screen, rng) -> str:
         if not phrase:
             continue
         if w.style == "label":
-            state = next((v for cy, v in switches if w.box[1] <= cy <= w.box[3]), None)
+            state = switches.get(w.text)
             if state is not None:
                 phrase = f"{phrase} {state}"
         cy = (w.box[1] + w.box[3]) / 2 / H

@@ -82,9 +82,9 @@ class WorldConfig:
     width: int = 224
     height: int = 448
     font_size: int = 11
-    n_extra_apps: tuple[int, int] = (8, 20)
-    settings_rows: tuple[int, int] = (9, 16)
-    n_contacts: tuple[int, int] = (6, 14)
+    n_extra_apps: tuple[int, int] = (8, 22)
+    settings_rows: tuple[int, int] = (9, 18)
+    n_contacts: tuple[int, int] = (6, 18)
     n_results: tuple[int, int] = (4, 9)
     n_distractors: tuple[int, int] = (0, 3)
     shuffle_layout: bool = True

@@ -211,6 +211,9 @@ def prepare_world(world, task: Task, rng) -> None:
     if task.setting2:
         settings.values[task.setting2] = not task.on2
     target = task.target_app
+    home = world.apps["Home"]
+    if home.n_pages > 1 and rng.random() < 0.5:  # the launcher shows the page it was left on
+        home.index = int(rng.integers(home.n_pages))
     start = task.start
     if start == "in_app" and task.family == "open_app":
         start = "other_app"

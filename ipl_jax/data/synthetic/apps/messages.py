@@ -35,12 +35,14 @@ class MessagesApp(App):
         self.colours = {c: AVATAR_RGB[i % len(AVATAR_RGB)] for i, c in enumerate(self.contacts)}
         self.sent: list[tuple[str, str]] = []
         self.list = ListView(len(self.contacts), geo.top, geo.bottom, int(geo.row_h * 1.2))
+        if rng.random() < 0.5:  # the list is where an earlier visit left it
+            self.list.offset = int(rng.integers(self.list.max_offset + 1))
         self.open()
 
     def open(self):
+        """A launch shows the contact list, scrolled where it was left."""
         self.page, self.contact = "contacts", None
         self.field, self.focused = "", False
-        self.list.offset = 0
 
     def chat(self, name: str):
         self.page, self.contact = "chat", name

@@ -37,11 +37,14 @@ class SettingsApp(App):
             self.rows = [r for r in pool if r in picked]
         all_toggles = content.MAIN_TOGGLES + content.SUB_TOGGLES
         self.values = {t: bool(v) for t, v in zip(all_toggles, rng.random(len(all_toggles)) < 0.5)}
-        self.list = ListView(len(self.rows), geo.top, geo.bottom, geo.row_h)
+        # main-list rows carry a subtitle, so they are taller than a submenu's rows
+        self.list = ListView(len(self.rows), geo.top, geo.bottom, int(geo.row_h * 1.4))
+        if rng.random() < 0.5:  # the list is where an earlier visit left it
+            self.list.offset = int(rng.integers(self.list.max_offset + 1))
 
     def open(self):
+        """A launch shows the main list, scrolled where it was left."""
         self.page = self.root_page
-        self.list.offset = 0
 
     def back(self) -> bool:
         if self.page != "main":
@@ -63,9 +66,18 @@ class SettingsApp(App):
     def _switch_effect(self, name: str) -> str:
         return f"turns {name} {'off' if self.values[name] else 'on'}"
 
-    def _row(self, name: str, y: int) -> list[Widget]:
+    def _subtitle(self, name: str) -> str:
+        kind = row_kind(name)
+        if kind == "toggle":
+            return "On" if self.values[name] else "Off"
+        if kind == "submenu":
+            return ", ".join(content.SUBMENUS[name][:2])
+        return content.INFO_ROWS[name][0]
+
+    def _row(self, name: str, y: int, row_h: int, subtitle: bool) -> list[Widget]:
+        """One row: label (+ subtitle), and a switch or a chevron."""
         g = self.geo
-        cy = y + g.row_h // 2
+        cy = y + row_h // 2
         kind = row_kind(name)
         out = []
         sw_h = g.font_size + 4
@@ -85,9 +97,14 @@ class SettingsApp(App):
         else:
             effect, tap = f"opens the {name} page", (lambda n=name: self._go(n))
         label_w = g.width - label_x - g.margin - (sw_w + 8 if kind == "toggle" and not g.variant.toggle_left else 16)
-        out.insert(0, Widget(g.text_box(label_x, cy, name, max_width=label_w), "label", name, clickable=True,
+        label_cy = cy - (g.text_h // 2 if subtitle else 0)
+        out.insert(0, Widget(g.text_box(label_x, label_cy, name, max_width=label_w), "label", name, clickable=True,
                              on_tap=tap, effect=effect, key=f"row:{name}"))
-        out.append(Widget((g.margin, y + g.row_h - 1, g.width - g.margin, y + g.row_h), "divider", kind=""))
+        if subtitle:
+            sub = self._subtitle(name)
+            out.insert(1, Widget(g.text_box(label_x, label_cy + g.text_h, sub, g.small, max_width=label_w), "subtle",
+                                 sub, size=g.small))
+        out.append(Widget((g.margin, y + row_h - 1, g.width - g.margin, y + row_h), "divider", kind=""))
         return out
 
     def _go(self, page: str) -> None:
@@ -98,12 +115,12 @@ class SettingsApp(App):
         if self.page == "main":
             out = header(g, "Settings", self.host, back=False)
             for i, y in self.list.rows():
-                out += self._row(self.rows[i], y)
+                out += self._row(self.rows[i], y, self.list.row_h, subtitle=True)
             return out
         out = header(g, self.page, self.host, back=True)
         if self.page in content.SUBMENUS:
             for k, name in enumerate(content.SUBMENUS[self.page]):
-                out += self._row(name, g.top + k * g.row_h)
+                out += self._row(name, g.top + k * g.row_h, g.row_h, subtitle=False)
         else:
             for k, line in enumerate(content.INFO_ROWS[self.page]):
                 out.append(Widget(g.text_box(g.margin, g.top + k * g.row_h + g.row_h // 2, line), "text", line))

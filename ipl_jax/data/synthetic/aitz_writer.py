@@ -1,0 +1,110 @@
+"""Writing episodes in AITZ's published layout (see docs/formats.md, AITZ section).
+
+``<root>/<split>/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json`` holds the episode's step records (a JSON list)
+and ``<SUBSET>-<id>_<step>.png`` each step's screenshot. String-encoded JSON fields, pixel
+``[top, left, height, width]`` boxes and ``[y, x]`` gesture points follow the published files. A click is a
+DUAL_POINT whose touch and lift are both the click point; a scroll is a DUAL_POINT whose finger moves
+``SWIPE`` of the screen in the scroll direction.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from ipl_jax.data.records import Episode, Step
+
+TYPE, DUAL_POINT, PRESS_BACK, PRESS_HOME, PRESS_ENTER, TASK_COMPLETE, TASK_IMPOSSIBLE = 3, 4, 5, 6, 7, 10, 11
+NO_POINT = [-1.0, -1.0]
+SWIPE = 0.4  # finger travel of a scroll, as a fraction of the screen
+# (touch [y, x], lift [y, x]) per finger direction
+SCROLL_GESTURES = {
+    "up": ([0.5 + SWIPE / 2, 0.5], [0.5 - SWIPE / 2, 0.5]),
+    "down": ([0.5 - SWIPE / 2, 0.5], [0.5 + SWIPE / 2, 0.5]),
+    "left": ([0.5, 0.5 + SWIPE / 2], [0.5, 0.5 - SWIPE / 2]),
+    "right": ([0.5, 0.5 - SWIPE / 2], [0.5, 0.5 + SWIPE / 2]),
+}
+PRESS_CODES = {"back": PRESS_BACK, "home": PRESS_HOME, "enter": PRESS_ENTER}
+
+
+def _action_fields(step: Step) -> dict:
+    a = step.action
+    where = f"episode {step.episode_id} step {step.step_id}"
+    touch = lift = NO_POINT
+    text = ""
+    if a.type == "click":
+        if a.point is None:
+            raise ValueError(f"{where}: a click without a point cannot be written as AITZ")
+        touch = lift = [float(a.point[1]), float(a.point[0])]
+        code = DUAL_POINT
+    elif a.type == "scroll":
+        if a.direction not in SCROLL_GESTURES:
+            raise ValueError(f"{where}: scroll direction {a.direction!r} is not up/down/left/right")
+        touch, lift = SCROLL_GESTURES[a.direction]
+        code = DUAL_POINT
+    elif a.type == "type":
+        code, text = TYPE, a.text or ""
+    elif a.type == "press":
+        if a.button not in PRESS_CODES:
+            raise ValueError(f"{where}: press button {a.button!r} is not back/home/enter")
+        code = PRESS_CODES[a.button]
+    elif a.type == "stop":
+        code = TASK_IMPOSSIBLE if a.status == "impossible" else TASK_COMPLETE
+    else:
+        raise ValueError(f"{where}: action type {a.type!r} has no AITZ code")
+    return {"result_action_type": code, "result_touch_yx": json.dumps(touch), "result_lift_yx": json.dumps(lift),
+            "result_action_text": text}
+
+
+def step_record(step: Step, episode_length: int, image_path: str, size: tuple[int, int]) -> dict:
+    """One AITZ step record; ``size`` = (width, height) of the PNG the boxes refer to."""
+    W, H = size
+    positions, texts, kinds = [], [], []
+    for el in step.elements:
+        x1, y1, x2, y2 = el.box
+        top, left = round(y1 * H), round(x1 * W)
+        positions.append([top, left, round(y2 * H) - top, round(x2 * W) - left])
+        texts.append(el.text)
+        kinds.append(el.kind)
+    coat = step.coat
+    rec = {
+        "episode_id": step.episode_id,
+        "episode_length": episode_length,
+        "step_id": step.step_id,
+        "instruction": step.instruction,
+        "image_path": image_path,
+        "ui_positions": json.dumps(positions),
+        "ui_text": json.dumps(texts, ensure_ascii=False),
+        "ui_types": json.dumps(kinds),
+        **_action_fields(step),
+        "coat_screen_desc": coat.screen_desc if coat else "",
+        "coat_action_think": coat.action_think if coat else "",
+        "coat_action_desc": coat.action_desc if coat else "",
+        "coat_action_result": coat.action_result if coat else "",
+    }
+    return rec
+
+
+def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 6) -> Path:
+    """Write episodes under ``root/split`` in the AITZ layout; returns the split directory.
+
+    The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits."""
+    split_dir = Path(root) / split
+    for ep in episodes:
+        if not ep.steps:
+            continue
+        if not str(ep.episode_id).isdigit():
+            raise ValueError(f"episode {ep.episode_id!r}: AITZ episode ids are digits")
+        subset = ep.steps[0].meta.get("subset", "general")
+        name = f"{subset.upper()}-{ep.episode_id}"
+        ep_dir = split_dir / subset / name
+        ep_dir.mkdir(parents=True, exist_ok=True)
+        records = []
+        for step in ep.steps:
+            png = f"{name}_{step.step_id}.png"
+            img = step.load_image()
+            img.save(ep_dir / png, format="PNG", compress_level=compress_level)
+            records.append(step_record(step, len(ep.steps), f"{subset}/{name}/{png}", img.size))
+        (ep_dir / f"{name}.json").write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
+    return split_dir
