@@ -37,6 +37,7 @@ Conventions ([choice] where the paper is silent; each is a :class:`PairConfig` f
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence, Union
 
 import jax
@@ -52,7 +53,6 @@ NO_TREE = -1  # class of a padding row
 CLASS_NAMES = ("alpha", "beta", "gamma")
 INVALID_TYPE = -1
 CLICK_LIKE_TYPES = (ACTION_TYPES.index("click"), ACTION_TYPES.index("long_press"))
-_NUM_TYPE_GROUPS = len(ACTION_TYPES) + 1  # types -1..len-1 shifted by one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,35 +181,32 @@ class PairBatch:
         return int(self.valid.shape[0])
 
 
-def _rank_and_take(mask, tier, group, gap, num_groups: int, cap: int):
+def _rank_and_take(mask, tier, group, gap, cap: int):
     """Rank candidates per row and return the first ``cap``.
 
-    mask bool[B, N], tier int32[B, N] (higher first), group int32[B, N] in [0, num_groups), gap f32[B, N].
+    mask bool[R, N], tier int32[R, N] in {0, 1} (1 first), group int32[R, N] (any ints), gap f32[R, N].
     Order: valid first; higher tier; round-robin over ``(tier, group)`` (the r-th candidate of every group comes
-    before the (r+1)-th of any); larger gap; lower index. Returns (index int32[B, cap], taken bool[B, cap]).
+    before the (r+1)-th of any); larger gap; lower index. Returns (index int32[R, cap], taken bool[R, cap]).
     """
-    B, N = mask.shape
-    idx = jnp.broadcast_to(jnp.arange(N, dtype=jnp.int32), (B, N))
-    invalid = (~mask).astype(jnp.int32)
+    R, N = mask.shape
     gap = jnp.where(mask, gap, 0.0)
-    first = jnp.lexsort((idx, -gap, -tier, invalid), axis=-1)
-    key = tier * num_groups + group
-    key_sorted = jnp.take_along_axis(key, first, axis=1)
-    mask_sorted = jnp.take_along_axis(mask, first, axis=1)
-    # rank within (tier, group): how many valid earlier candidates of the same key precede this one
-    same = (key_sorted[:, :, None] == key_sorted[:, None, :]) & mask_sorted[:, None, :]
-    earlier = jnp.tril(jnp.ones((N, N), bool), k=-1)
-    rank_sorted = jnp.sum(same & earlier[None], axis=2).astype(jnp.int32)
-    rank = jnp.zeros((B, N), jnp.int32).at[jnp.arange(B)[:, None], first].set(rank_sorted)
-    final = jnp.lexsort((idx, -gap, rank, -tier, invalid), axis=-1)
+    # rank within (tier, group): valid candidates of the same key that come first by (larger gap, lower index)
+    idx = jnp.arange(N)
+    before = (gap[:, None, :] > gap[:, :, None]) | (
+        (gap[:, None, :] == gap[:, :, None]) & (idx[None, :] < idx[:, None])[None]
+    )
+    same = (group[:, None, :] == group[:, :, None]) & (tier[:, None, :] == tier[:, :, None]) & mask[:, None, :]
+    rank = jnp.sum(same & before, axis=2).astype(jnp.int32)  # [R, N]
+    # one integer key (valid first, higher tier, lower rank); the stable sort keeps index order among equals
+    order_key = jnp.where(mask, (1 - tier) * (N + 1) + rank, 2 * (N + 1))
+    final = jnp.lexsort((-gap, order_key), axis=-1)
     take = min(cap, N)
-    chosen = final[:, :take]
+    chosen = final[:, :take].astype(jnp.int32)
     taken = jnp.take_along_axis(mask, chosen, axis=1)
     if take < cap:
-        pad = cap - take
-        chosen = jnp.concatenate([chosen, jnp.zeros((B, pad), jnp.int32)], axis=1)
-        taken = jnp.concatenate([taken, jnp.zeros((B, pad), bool)], axis=1)
-    return chosen.astype(jnp.int32), taken
+        chosen = jnp.pad(chosen, ((0, 0), (0, cap - take)))
+        taken = jnp.pad(taken, ((0, 0), (0, cap - take)))
+    return chosen, taken
 
 
 def _check_inputs(node_values, leaf_types, golden_types, step_valid):
@@ -230,74 +227,72 @@ def _check_inputs(node_values, leaf_types, golden_types, step_valid):
     return B, branching
 
 
-def _best_leaf_type(leaf_values, leaf_types, branching, level):
-    """Type of the best leaf below each level node (first in leaf order among ties): int32[B, n_level]."""
-    vals = tree_lib.leaves_below(leaf_values, branching, level)
-    types = tree_lib.leaves_below(leaf_types, branching, level)
-    best = jnp.argmax(vals, axis=-1)
-    return jnp.take_along_axis(types, best[..., None], axis=-1)[..., 0]
-
-
-def _beta_candidates(node_values, leaf_types, classes, branching, turn, config):
-    """All ordered sibling pairs at ``turn``, ranked; returns per-slot fields of shape [B, cap]."""
+def _beta_block(node_values, leaf_types, classes, branching, turn, config):
+    """Candidates of β pairs at ``turn``: every ordered sibling pair (k ↑, k' ↓). Fields f32/int32/bool[B, N]."""
     B = classes.shape[0]
     K = branching[turn - 1]
     n_par = tree_lib.num_nodes(branching, turn - 1)
     leaf_values = node_values[-1]
-    v = node_values[turn - 1].reshape(B, n_par, K).astype(jnp.float32)
+    v = node_values[turn - 1].reshape(B, n_par, K)
     gap = v[:, :, :, None] - v[:, :, None, :]  # [B, parent, k (pos), k' (neg)]
-    threshold = 1.0 / K + config.gap_tolerance
-    mask = (gap > threshold) & (classes == BETA)[:, None, None, None]
-    below = tree_lib.leaves_below(leaf_values, branching, turn)
-    leads_to_one = jnp.any(is_one(below, config.one_tolerance), axis=-1).reshape(B, n_par, K)
-    pos_type = _best_leaf_type(leaf_values, leaf_types, branching, turn).reshape(B, n_par, K)
-    shape4 = (B, n_par, K, K)
-    tier = jnp.broadcast_to(leads_to_one[:, :, :, None], shape4).astype(jnp.int32)
-    group = jnp.broadcast_to(pos_type[:, :, :, None] + 1, shape4).astype(jnp.int32)
-    parent = jnp.broadcast_to(jnp.arange(n_par, dtype=jnp.int32)[None, :, None, None], shape4)
-    k_pos = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, None, :, None], shape4)
-    k_neg = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[None, None, None, :], shape4)
-    flat = lambda x: x.reshape(B, -1)
-    chosen, taken = _rank_and_take(
-        flat(mask), flat(tier), flat(group), flat(gap), _NUM_TYPE_GROUPS, config.max_beta_pairs_per_tree_turn
+    mask = (gap > 1.0 / K + config.gap_tolerance) & (classes == BETA)[:, None, None, None]
+    below_v = tree_lib.leaves_below(leaf_values, branching, turn)  # [B, n_t, leaves per node]
+    below_t = tree_lib.leaves_below(leaf_types, branching, turn)
+    leads_to_one = jnp.any(is_one(below_v, config.one_tolerance), axis=-1).reshape(B, n_par, K)
+    best = jnp.argmax(below_v, axis=-1)[..., None]  # the positive's type: that of its best leaf (first on ties)
+    pos_type = jnp.take_along_axis(below_t, best, axis=-1)[..., 0].reshape(B, n_par, K)
+    shape = (B, n_par, K, K)
+    parent = jnp.arange(n_par, dtype=jnp.int32)[None, :, None, None]
+    pos = jnp.broadcast_to(parent * K + jnp.arange(K, dtype=jnp.int32)[None, None, :, None], shape)
+    neg = jnp.broadcast_to(parent * K + jnp.arange(K, dtype=jnp.int32)[None, None, None, :], shape)
+    flat = lambda x: jnp.broadcast_to(x, shape).reshape(B, -1)
+    return dict(
+        mask=flat(mask), tier=flat(leads_to_one[..., None].astype(jnp.int32)), group=flat(pos_type[..., None]),
+        gap=flat(gap), prefix=flat(parent), pos=flat(pos), neg=flat(neg), golden=flat(False),
+        pos_v=flat(v[:, :, :, None]), neg_v=flat(v[:, :, None, :]),
     )
-    pick = lambda x: jnp.take_along_axis(flat(x), chosen, axis=1)
-    prefix = pick(parent)
-    pos = prefix * K + pick(k_pos)
-    neg = prefix * K + pick(k_neg)
-    v_flat = v.reshape(B, -1)
-    pos_v = jnp.take_along_axis(v_flat, pos, axis=1)
-    neg_v = jnp.take_along_axis(v_flat, neg, axis=1)
-    golden = jnp.zeros_like(taken)
-    return dict(prefix=prefix, pos=pos, neg=neg, golden=golden, pos_v=pos_v, neg_v=neg_v, valid=taken)
 
 
-def _gamma_candidates(node_values, classes, branching, turn, mask_extra, config):
-    """γ pairs at ``turn`` (3 or 4): golden positive vs every eligible sampled node of that level, ranked."""
+def _gamma_block(node_values, classes, branching, turn, eligible, config):
+    """Candidates of γ pairs at ``turn`` (3 or 4): golden ↑ vs each eligible sampled node ↓. Fields [B, n_turn]."""
     B = classes.shape[0]
     n = tree_lib.num_nodes(branching, turn)
-    v = node_values[turn - 1].reshape(B, n).astype(jnp.float32)
+    v = node_values[turn - 1].reshape(B, n)
     node = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
-    prefix = tree_lib.parent_index(node, branching, turn)
-    thought = tree_lib.ancestor_index(node, branching, turn, 2)  # spread over the level-2 prefix
-    mask = (classes == GAMMA)[:, None] & mask_extra & ~is_one(v, config.one_tolerance)
-    gap = 1.0 - v
-    tier = jnp.zeros((B, n), jnp.int32)
-    cap = config.max_gamma_pairs_per_tree_turn
-    chosen, taken = _rank_and_take(mask, tier, thought, gap, tree_lib.num_nodes(branching, 2), cap)
-    neg = chosen
-    neg_v = jnp.take_along_axis(v, neg, axis=1)
+    mask = (classes == GAMMA)[:, None] & eligible & ~is_one(v, config.one_tolerance)
     return dict(
-        prefix=jnp.take_along_axis(prefix, chosen, axis=1),
-        pos=jnp.full((B, cap), -1, jnp.int32),
-        neg=neg,
-        golden=taken,
-        pos_v=jnp.ones((B, cap), jnp.float32),
-        neg_v=neg_v,
-        valid=taken,
+        mask=mask, tier=jnp.zeros((B, n), jnp.int32),
+        group=tree_lib.ancestor_index(node, branching, turn, 2),  # spread over the level-2 prefix (thought)
+        gap=1.0 - v, prefix=tree_lib.parent_index(node, branching, turn), pos=jnp.full((B, n), -1, jnp.int32),
+        neg=node, golden=jnp.ones((B, n), bool), pos_v=jnp.ones((B, n), jnp.float32), neg_v=v,
     )
 
 
+def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden):
+    """Which sampled s3 (bool[B, n3]) and s4 (bool[B, n4]) may be γ negatives (see the module docstring)."""
+    B = golden_types.shape[0]
+    n3 = tree_lib.num_nodes(branching, 3)
+    golden_click = jnp.isin(golden_types, jnp.asarray(CLICK_LIKE_TYPES))[:, None]  # [B, 1]
+    s3_type = tree_lib.leaves_below(leaf_types, branching, 3)[..., 0]  # [B, n3]: leaves below an s3 share it
+    same_click = (s3_type == golden_types[:, None]) & golden_click
+    if action_text_matches_golden is not None:
+        if tuple(action_text_matches_golden.shape) != (B,) + branching[:3]:
+            raise ValueError(
+                f"action_text_matches_golden: shape {tuple(action_text_matches_golden.shape)}, "
+                f"expected {(B,) + branching[:3]}"
+            )
+        same_click = same_click & action_text_matches_golden.reshape(B, n3).astype(bool)
+    return ~same_click, jnp.repeat(same_click, branching[3], axis=1)
+
+
+def _pad_candidates(fields, width):
+    extra = width - fields["mask"].shape[1]
+    if extra == 0:
+        return fields
+    return {k: jnp.pad(x, ((0, 0), (0, extra))) for k, x in fields.items()}  # padding: mask False
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capacity"))
 def extract_pairs(
     node_values: Sequence[jax.Array],
     leaf_types: jax.Array,
@@ -316,105 +311,84 @@ def extract_pairs(
     defaults to the batch row); action_text_matches_golden: optional bool[B, b1, b2, b3], True where the
     sampled s3 text equals the golden s3 text (see the module docstring).
 
-    ``capacity`` (static) defaults to the most pairs the batch could yield, so nothing is dropped. Jit with
-    ``static_argnames=("config", "capacity")``. The order of valid pairs is by batch row, then turn (β before γ
-    at a turn), then rank.
+    ``capacity`` (static) defaults to the most pairs the batch could yield, so nothing is dropped. The function
+    is jitted (``config`` and ``capacity`` static): one compilation per batch shape and setting. Valid pairs come
+    first, ordered by batch row, then turn (β before γ within a turn), then rank.
     """
     B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
-    leaf_values = node_values[-1].astype(jnp.float32)
-    node_values = tuple(v.astype(jnp.float32) for v in node_values[:-1]) + (leaf_values,)
-    leaf_types = leaf_types.astype(jnp.int32)
-    golden_types = golden_types.astype(jnp.int32)
-    step_valid = step_valid.astype(bool)
-    classes = classify_trees(leaf_values, step_valid, config.one_tolerance)
-    if step_index is None:
-        step_index = jnp.arange(B, dtype=jnp.int32)
+    node_values = tuple(jnp.asarray(v, jnp.float32) for v in node_values)
+    leaf_types = jnp.asarray(leaf_types, jnp.int32)
+    golden_types = jnp.asarray(golden_types, jnp.int32)
+    step_valid = jnp.asarray(step_valid, bool)
+    classes = classify_trees(node_values[-1], step_valid, config.one_tolerance)
+    step_index = jnp.arange(B, dtype=jnp.int32) if step_index is None else jnp.asarray(step_index, jnp.int32)
+    action_ok, grounding_ok = _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden)
 
-    golden_click = jnp.isin(golden_types, jnp.asarray(CLICK_LIKE_TYPES))  # [B]
-    n3 = tree_lib.num_nodes(branching, 3)
-    s3_type = tree_lib.leaves_below(leaf_types, branching, 3)[..., 0]  # [B, n3]: leaves below an s3 share it
-    same_type = s3_type == golden_types[:, None]
-    if action_text_matches_golden is not None:
-        if tuple(action_text_matches_golden.shape) != (B,) + branching[:3]:
-            raise ValueError(
-                f"action_text_matches_golden: shape {tuple(action_text_matches_golden.shape)}, "
-                f"expected {(B,) + branching[:3]}"
-            )
-        text_same = action_text_matches_golden.reshape(B, n3).astype(bool)
-        action_neg = ~(same_type & golden_click[:, None] & text_same)
-        grounding_prefix_ok = same_type & golden_click[:, None] & text_same
-    else:
-        action_neg = ~(same_type & golden_click[:, None])
-        grounding_prefix_ok = same_type & golden_click[:, None]
-    b4 = branching[3]
-    grounding_neg = jnp.repeat(grounding_prefix_ok, b4, axis=1)  # [B, n4]
-
-    blocks = []  # (turn, class, fields) in output order per tree
+    beta_cap, gamma_cap = config.max_beta_pairs_per_tree_turn, config.max_gamma_pairs_per_tree_turn
+    blocks = []  # (turn, tree class, cap, candidate fields) in output order
     for t in range(1, tree_lib.NUM_TURNS + 1):
-        if branching[t - 1] > 1 and config.max_beta_pairs_per_tree_turn > 0:
-            blocks.append((t, BETA, _beta_candidates(node_values, leaf_types, classes, branching, t, config)))
-        if config.max_gamma_pairs_per_tree_turn > 0:
-            if t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
-                blocks.append((t, GAMMA, _gamma_candidates(
-                    node_values, classes, branching, t, action_neg, config)))
-            if t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
-                blocks.append((t, GAMMA, _gamma_candidates(
-                    node_values, classes, branching, t, grounding_neg, config)))
-
-    def cat(name):
-        parts = []
-        for t, c, f in blocks:
-            width = f["valid"].shape[1]
-            if name == "turn":
-                parts.append(jnp.full((B, width), t, jnp.int32))
-            elif name == "tree_class":
-                parts.append(jnp.full((B, width), c, jnp.int32))
-            else:
-                parts.append(f[name])
-        return jnp.concatenate(parts, axis=1).reshape(-1)
-
-    slots_per_tree = sum(f["valid"].shape[1] for _, _, f in blocks)
+        if branching[t - 1] > 1 and beta_cap > 0:
+            blocks.append((t, BETA, beta_cap, _beta_block(node_values, leaf_types, classes, branching, t, config)))
+        if gamma_cap > 0 and t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
+            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, branching, t, action_ok, config)))
+        if gamma_cap > 0 and t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
+            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, branching, t, grounding_ok, config)))
+    if not blocks:
+        raise ValueError("extract_pairs: the config and branching allow no pairs at all")
     if capacity is None:
-        capacity = max(1, B * slots_per_tree)
+        capacity = B * sum(min(cap, f["mask"].shape[1]) for _, _, cap, f in blocks)
     capacity = int(capacity)
     if capacity < 1:
         raise ValueError(f"extract_pairs: capacity must be >= 1, got {capacity}")
 
-    valid = cat("valid")
-    rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, slots_per_tree)).reshape(-1)
+    # rank every (tree, block) in one batched call: candidates padded to a common width
+    width = max(f["mask"].shape[1] for *_, f in blocks)
+    nb = len(blocks)
+    padded = [_pad_candidates(f, width) for *_, f in blocks]
+    stacked = {k: jnp.stack([f[k] for f in padded], axis=1).reshape(B * nb, width) for k in padded[0]}
+    slot_cap = max(min(cap, width) for _, _, cap, _ in blocks)
+    chosen, taken = _rank_and_take(stacked["mask"], stacked["tier"], stacked["group"], stacked["gap"], slot_cap)
+    block_cap = jnp.asarray([cap for _, _, cap, _ in blocks], jnp.int32)
+    taken = taken.reshape(B, nb, slot_cap) & (jnp.arange(slot_cap)[None, None, :] < block_cap[None, :, None])
+    pick = {k: jnp.take_along_axis(x, chosen, axis=1).reshape(-1) for k, x in stacked.items() if k != "mask"}
+    per_block = lambda values: jnp.broadcast_to(
+        jnp.asarray(values, jnp.int32)[None, :, None], (B, nb, slot_cap)).reshape(-1)
+    turn_all = per_block([t for t, *_ in blocks])
+    class_all = per_block([c for _, c, *_ in blocks])
+    rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None, None], (B, nb, slot_cap)).reshape(-1)
+    valid = taken.reshape(-1)
+
+    # compaction: valid slots, in (row, block, rank) order, to the front of a capacity-P buffer
     position = jnp.cumsum(valid.astype(jnp.int32)) - 1
     total = jnp.sum(valid.astype(jnp.int32))
-    target = jnp.where(valid & (position < capacity), position, capacity)  # capacity = out of range -> dropped
+    target = jnp.where(valid & (position < capacity), position, capacity)  # index `capacity` is dropped
 
     def compact(values, fill):
-        out = jnp.full((capacity,), fill, values.dtype)
-        return out.at[target].set(values, mode="drop")
+        return jnp.full((capacity,), fill, values.dtype).at[target].set(values, mode="drop")
 
-    turn = compact(cat("turn"), 0)
-    tree_class = compact(cat("tree_class"), NO_TREE)
+    turn = compact(turn_all, 0)
+    tree_class = compact(class_all, NO_TREE)
     kept = compact(valid, False)
     batch_row = compact(rows, 0)
-    pos_v = compact(cat("pos_v"), 0.0)
-    neg_v = compact(cat("neg_v"), 0.0)
+    pos_v = compact(pick["pos_v"], 0.0)
+    neg_v = compact(pick["neg_v"], 0.0)
     count = jnp.minimum(total, capacity).astype(jnp.int32)
-    count_by_turn = jnp.stack([jnp.sum(kept & (turn == t)) for t in range(1, 5)]).astype(jnp.int32)
-    count_by_class = jnp.stack([jnp.sum(kept & (tree_class == c)) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32)
     return PairBatch(
         batch_row=batch_row,
-        step_index=jnp.where(kept, jnp.asarray(step_index, jnp.int32)[batch_row], 0),
+        step_index=jnp.where(kept, step_index[batch_row], 0),
         turn=turn,
-        prefix_node=compact(cat("prefix"), 0),
-        positive_node=compact(cat("pos"), -1),
-        positive_golden=compact(cat("golden"), False),
-        negative_node=compact(cat("neg"), 0),
+        prefix_node=compact(pick["prefix"], 0),
+        positive_node=compact(pick["pos"], -1),
+        positive_golden=compact(pick["golden"], False),
+        negative_node=compact(pick["neg"], 0),
         positive_value=pos_v,
         negative_value=neg_v,
         value_gap=pos_v - neg_v,
         tree_class=tree_class,
         valid=kept,
         count=count,
-        count_by_turn=count_by_turn,
-        count_by_class=count_by_class,
+        count_by_turn=jnp.stack([jnp.sum(kept & (turn == t)) for t in range(1, 5)]).astype(jnp.int32),
+        count_by_class=jnp.stack([jnp.sum(kept & (tree_class == c)) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32),
         dropped=(total - count).astype(jnp.int32),
     )
 
@@ -459,6 +433,7 @@ def _pad_last(x, width, fill):
     return jnp.concatenate([x, jnp.full(x.shape[:-1] + (extra,), fill, x.dtype)], axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("pad_id",))
 def gather_pair_tokens(
     tree: tree_lib.CoaTTree,
     pairs: PairBatch,
@@ -569,6 +544,7 @@ class NaiveDPOPairs:
     valid: jax.Array
 
 
+@functools.partial(jax.jit, static_argnames=("one_tolerance",))
 def naive_dpo_pairs(
     leaf_values: jax.Array, step_valid: jax.Array, one_tolerance: float = 1e-6
 ) -> NaiveDPOPairs:
@@ -589,6 +565,7 @@ def naive_dpo_pairs(
     )
 
 
+@functools.partial(jax.jit, static_argnames=("pad_id",))
 def gather_naive_dpo_tokens(tree: tree_lib.CoaTTree, pairs: NaiveDPOPairs, pad_id: int = 0) -> dict:
     """The four turn texts of each chosen / rejected leaf path.
 
