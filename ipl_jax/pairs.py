@@ -10,15 +10,15 @@ Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, 
 * ``step_valid``: bool[B] — False for padding rows.
 
 Everything here is pure ``jnp`` with shapes fixed by ``B``, the branching, the per-tree caps and the capacity:
-``extract_pairs`` can be jitted (``config`` and ``capacity`` static) and never recompiles for new data.
+``extract_pairs`` is jitted (``config`` and ``capacity`` static) and never recompiles for new data.
 
 Conventions ([choice] where the paper is silent; each is a :class:`PairConfig` field):
 
 * A value "= 1" means ``v >= 1 - one_tolerance`` (1e-6).
-* A β pair needs ``v(s⁺) - v(s⁻) > 1/K + gap_tolerance`` with ``K`` the branching of that turn. Values are
-  float32 means of sums, so a gap that is exactly ``1/K`` on paper can land a few ulps (~1e-7) above ``1/K``;
-  the 1e-6 margin keeps such ties out while any real gap above ``1/K`` (rewards are multiples of ≥1e-3 apart
-  in practice) stays in.
+* A β pair needs ``v(s⁺) - v(s⁻) > 1/K + gap_tolerance`` (1e-6) with ``K`` the branching of that turn. Node
+  values are float32 means and products, so a gap that is exactly ``1/K`` on paper can land a few ulps (~1e-7)
+  above ``1/K`` (e.g. f32(0.54) - f32(0.54 - 1/3)); the margin keeps such ties out. The price: a true gap
+  within 1e-6 above ``1/K`` is not a pair either.
 * β pairs come only from β trees, γ pairs only from γ trees, nothing from α trees or padding rows.
 * β positives are ranked: first those whose subtree holds a value-1 leaf, then, within that tier, round-robin
   over the positive's action type (the type of its best leaf, first in leaf order among ties), then by larger
@@ -29,7 +29,8 @@ Conventions ([choice] where the paper is silent; each is a :class:`PairConfig` f
   golden value is 1, so the recorded gap is ``1 - v(s⁻)``. A sampled ``s3`` of the golden's own click type is
   not an action-turn negative unless the caller says its text differs from the golden text
   (``action_text_matches_golden``; without it the two may be the same string and the pair would be void): its
-  error lies in the grounding, and it gets the grounding-turn pair instead. A same-type non-click ``s3`` in a
+  error lies in the grounding, and it gets the grounding-turn pair instead (with the text information, only
+  an ``s3`` whose text equals the golden's gets the grounding pair). A same-type non-click ``s3`` in a
   γ tree has wrong arguments (else its value would be 1) and is a negative. Negatives are ranked round-robin
   over the level-2 prefix (one per thought first), then by lower value, then by index.
 """
@@ -409,6 +410,9 @@ class PairTokens:
     * ``positive_logps`` / ``negative_logps``: f32[P, Tc] — the sampler's per-token log-probs (0 for golden
       positives and on padding). These are under the *sampling* distribution (temperature etc.); use them as
       reference log-probs only if sampling was untempered.
+    * ``same_text``: bool[P] — the two continuations are the same token string (possible for β action-turn
+      pairs whose s3 texts agree and whose values differ through their groundings): such a pair carries no
+      preference signal, only the SFT term; a trainer may drop it.
     """
 
     batch_row: jax.Array
@@ -424,6 +428,7 @@ class PairTokens:
     negative_tokens: jax.Array
     negative_lengths: jax.Array
     negative_logps: jax.Array
+    same_text: jax.Array
 
 
 def _pad_last(x, width, fill):
@@ -525,6 +530,8 @@ def gather_pair_tokens(
         negative_tokens=jnp.where(valid[:, None], neg_tok, pad_id),
         negative_lengths=jnp.where(valid, neg_len, 0),
         negative_logps=jnp.where(valid[:, None], neg_lp, 0.0),
+        same_text=valid & (pos_len == neg_len) & jnp.all(
+            (pos_tok == neg_tok) | (jnp.arange(width)[None, :] >= pos_len[:, None]), axis=1),
     )
 
 

@@ -432,6 +432,12 @@ def test_gather_pair_tokens_returns_the_right_nodes():
     assert seen_turns == {1, 2, 3, 4} and seen_golden == {3, 4}
     invalid = ~np.asarray(pt.valid)
     assert invalid.any() and not np.asarray(pt.positive_lengths)[invalid].any()
+    assert not pt.same_text.any()
+    # a pair whose positive is the negative node itself has the same text on both sides
+    i = next(i for i in range(pb.capacity) if pb.valid[i] and not pb.positive_golden[i])
+    pb2 = pb.replace(positive_node=np.where(np.arange(pb.capacity) == i, pb.negative_node, pb.positive_node))
+    same = np.asarray(P.gather_pair_tokens(tr, pb2, g_act, g_box, g_act_len, g_box_len).same_text)
+    np.testing.assert_array_equal(np.nonzero(same)[0], [i])
 
 
 # ------------------------------------------------------------------------------------------------- naive DPO
