@@ -1,0 +1,76 @@
+"""Sharded forward on an 8-device CPU mesh (fsdp=4 x tensor=2) equal single-device results.
+
+The mesh needs XLA_FLAGS set before jax starts, so the check runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from test_model_support import save_tiny, two_image_batch
+
+PATCH_DIM = 3 * 2 * 14 * 14
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import jax
+    from jax.sharding import PartitionSpec as P
+    from ipl_jax.model.inputs import prepare_inputs
+    from ipl_jax.model.params import param_shapes
+    from ipl_jax.model.sharding import make_mesh, param_shardings, sharded_forward, spec_for
+    from ipl_jax.model.text import forward_inputs
+    from ipl_jax.model.weights import load_params
+
+    model_dir, batch_file = sys.argv[1], sys.argv[2]
+    data = np.load(batch_file)
+    assert len(jax.devices()) == 8
+    jax.config.update("jax_default_matmul_precision", "highest")
+    params, cfg = load_params(model_dir)
+    inputs = prepare_inputs(cfg, data["ids"], data["mask"], data["pv"], data["grids"], text_buckets=(64,),
+                            patch_buckets=(192,))
+    single = np.asarray(forward_inputs(params, cfg, inputs))
+
+    mesh = make_mesh((1, 4, 2))
+    shardings = param_shardings(param_shapes(cfg), mesh)
+    sharded_params, _ = load_params(model_dir, shardings=shardings)
+    q = sharded_params["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    emb = sharded_params["model"]["embed_tokens"]["embedding"]
+    logits = sharded_forward(cfg, mesh, shardings, inputs)(sharded_params, inputs)
+    print(json.dumps({
+        "max_diff": float(np.max(np.abs(np.asarray(logits) - single))),
+        "q_spec": str(q.sharding.spec), "q_shard": list(q.addressable_shards[0].data.shape),
+        "emb_shard": list(emb.addressable_shards[0].data.shape),
+        "logits_spec": str(logits.sharding.spec),
+        "odd_dim_spec": str(spec_for("model/layers/mlp/up_proj/kernel", (2, 6, 10), mesh)),
+    }))
+""")
+
+
+def test_sharded_forward_equals_single_device(tmp_path):
+    model_dir, _ = save_tiny(tmp_path / "ckpt", seed=11, heads=4, kv_heads=2)
+    ids, mask, pv, grids = two_image_batch(np.random.default_rng(3), PATCH_DIM, 1000)
+    # A batch of 4 (two copies) so the batch splits over the 4-way fsdp axis.
+    ids, mask = np.concatenate([ids, ids[::-1]]), np.concatenate([mask, mask[::-1]])
+    pv = np.concatenate([pv, pv[48:56], pv[:48]])  # images in batch order: row 2 = old row 1, row 3 = old row 0
+    grids = grids + [grids[2], grids[0], grids[1]]
+    np.savez(tmp_path / "batch.npz", ids=ids, mask=mask, pv=pv, grids=np.asarray(grids))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "batch.npz")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["max_diff"] <= 1e-5, out
+    # q_proj kernel [L=2, H=64, 64]: input dim over fsdp (4), output dim over tensor (2).
+    assert out["q_spec"] == "P(None, 'fsdp', 'tensor')" and out["q_shard"] == [2, 16, 32]
+    assert out["emb_shard"] == [500, 16]  # vocabulary over tensor, width over fsdp
+    assert "fsdp" in out["logits_spec"]
+    assert out["odd_dim_spec"] == "P(None, None, 'tensor')"  # 6 is not divisible by fsdp=4
