@@ -464,3 +464,19 @@ def test_naive_dpo_pairs_and_tokens():
             np.testing.assert_array_equal(out[f"{name}_tokens"][lvl - 1][0], 10000 * lvl + 10 * n + np.arange(Tt))
             assert int(out[f"{name}_lengths"][0, lvl - 1]) == n % Tt + 1
     assert not np.asarray(out["chosen_lengths"])[1:].any()
+
+
+def test_accepts_node_values_from_rewards_backup():
+    backup_values = pytest.importorskip("ipl_jax.rewards").backup_values
+
+    rng = np.random.default_rng(11)
+    leaf = rng.choice(np.float32([0.0, 0.35, 0.7, 1.0]), size=(ROWS,) + B3)
+    types = rng.integers(-1, 5, size=(ROWS,) + B3)
+    golden = rng.integers(0, 5, size=ROWS)
+    theirs = tuple(np.asarray(v) for v in backup_values(jnp.asarray(leaf), B3, discount=0.95))
+    ours = backup(leaf, 0.95)
+    for a, b in zip(theirs, ours):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    got, want = extract(theirs, types, golden), extract(ours, types, golden)
+    assert int(got.count) > 0
+    assert pair_list(got) == pair_list(want)
