@@ -86,7 +86,7 @@ def step_record(step: Step, episode_length: int, image_path: str, size: tuple[in
     return rec
 
 
-def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 6) -> Path:
+def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 1) -> Path:
     """Write episodes under ``root/split`` in the AITZ layout; returns the split directory.
 
     The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits."""

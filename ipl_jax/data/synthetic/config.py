@@ -74,6 +74,7 @@ class WorldConfig:
     layout_jitter: per-episode header / row / margin / navigation-bar sizes, so no element has a fixed place.
     themes, variants: the palettes and layout variants episodes draw from (see THEMES / VARIANTS).
     randomize_icon_colors: draw app icon colours at random instead of each app's own colour (harder: labels only).
+    home_grid: (columns, rows) of the home-screen icon grid; 0 keeps the layout variant's own.
     p_start_home, p_start_other_app: where an episode starts; the rest start inside the task's app on a page
         the task must leave (needs ``press back``).
     task_weights: relative frequency of each task family, as ``family:weight`` strings.
@@ -92,6 +93,7 @@ class WorldConfig:
     themes: tuple[str, ...] = SEEN_THEMES
     variants: tuple[str, ...] = SEEN_VARIANTS
     randomize_icon_colors: bool = False
+    home_grid: tuple[int, int] = (0, 0)
     p_start_home: float = 0.6
     p_start_other_app: float = 0.25
     task_weights: tuple[str, ...] = (
@@ -114,6 +116,8 @@ class WorldConfig:
                 raise ValueError(f"WorldConfig.variants: unknown variant {v!r} (known: {sorted(VARIANTS)})")
         if not self.themes or not self.variants:
             raise ValueError("WorldConfig: themes and variants must not be empty")
+        if min(self.home_grid) < 0 or (0 in self.home_grid and self.home_grid != (0, 0)):
+            raise ValueError(f"WorldConfig.home_grid: need (0, 0) or two positive numbers, got {self.home_grid}")
         if self.settings_rows[0] < 1 or self.n_contacts[0] < 1 or self.n_results[0] < 1:
             raise ValueError("WorldConfig: settings_rows, n_contacts and n_results need at least one row")
         if not (0 <= self.p_start_home <= 1 and 0 <= self.p_start_other_app <= 1 - self.p_start_home):

@@ -16,7 +16,7 @@ class HomeApp(App):
         self.clock, self.date = clock, date
         self.index = 0
         v = geo.variant
-        self.cols, self.rows = v.home_columns, v.home_rows
+        self.cols, self.rows = config.home_grid if config.home_grid[0] else (v.home_columns, v.home_rows)
 
     @property
     def per_page(self) -> int:
