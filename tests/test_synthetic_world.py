@@ -184,8 +184,11 @@ def test_random_actions_never_crash():
             a = Action(type="stop") if rng.random() < 0.2 else Action(type="wait")
         s, done = world.step(a)
         visited.add((s.app, s.page if s.app != "Settings" or s.page == "main" else "sub"))
-        for el in s.elements:
+        for k, el in enumerate(s.elements):
             assert all(0.0 <= v <= 1.0 for v in el.box) and el.box[0] < el.box[2] and el.box[1] < el.box[3]
+            for other in s.elements[k + 1:]:  # elements never overlap: a point names at most one element
+                assert min(el.box[2], other.box[2]) <= max(el.box[0], other.box[0]) or \
+                    min(el.box[3], other.box[3]) <= max(el.box[1], other.box[1]), (s.app, s.page, el, other)
         if i % 5 == 0:
             img = s.image
             assert img.size == (224, 448)
@@ -215,7 +218,7 @@ def test_config_overrides_and_errors():
                                           "p_start_home=0.5"])
     assert cfg.n_contacts == (3, 4) and cfg.shuffle_layout is False and cfg.themes == ("rose", "light")
     for bad, word in (["nope=1"], "nope"), (["n_contacts=3"], "n_contacts"), (["themes=plaid"], "plaid"), \
-            (["shuffle_layout=maybe"], "shuffle_layout"):
+            (["shuffle_layout=maybe"], "shuffle_layout"), (["task_weights=fly:1"], "fly"):
         with pytest.raises(ValueError, match=word):
             apply_overrides(WorldConfig(), bad)
 
@@ -245,3 +248,25 @@ def test_expert_recovers_from_every_start_state():
                     break
             assert done and is_done(world, task), (start, family)
             assert math.isfinite(world.n_steps)
+
+
+def test_store_install_and_shared_text_transitions():
+    world = World(4)
+    task = Task(family="install", instruction="x", template=0, app="Lingo")
+    world.reset(task)
+    world.step(Action(type="open_app", text="Store"))
+    store = world.apps["Store"]
+    world.step(_tap(world.screen, "field"))
+    world.step(Action(type="type", text="Lingo"))
+    s, _ = world.step(Action(type="press", button="enter"))
+    assert "Lingo" in store.results and s.page == "results"
+    while not store.list.is_visible(store.results.index("Lingo")):
+        s, _ = world.step(Action(type="scroll", direction="up"))
+    s = world.screen
+    # the search box and the result both read "Lingo": the transition names both effects
+    assert s.transitions()["Lingo"] == "puts the cursor in the search box or opens the page of Lingo"
+    s, _ = world.step(_tap(s, "result:Lingo"))
+    assert s.page == "details" and s.find("primary").text == "Install"
+    s, _ = world.step(_tap(s, "primary"))
+    assert store.installed == {"Lingo"} and is_done(world, task)
+    assert s.find("primary").text == "Open"

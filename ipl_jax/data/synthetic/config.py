@@ -59,6 +59,10 @@ VARIANTS = {
 SEEN_VARIANTS = ("standard", "compact")
 HELD_OUT_VARIANTS = ("tiles",)
 
+# Task families (tasks.py defines them); ``toggle_pair`` is held out for test_task_unseen.
+FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "add_to_cart", "install",
+            "send_message")
+
 
 @dataclasses.dataclass(frozen=True)
 class WorldConfig:
@@ -134,6 +138,8 @@ class WorldConfig:
                 raise ValueError(f"WorldConfig.task_weights: {item!r} is not 'family:weight'") from None
             if not sep or out[name] < 0:
                 raise ValueError(f"WorldConfig.task_weights: {item!r} is not 'family:weight' with weight >= 0")
+            if name not in FAMILIES:
+                raise ValueError(f"WorldConfig.task_weights: unknown family {name!r} (known: {FAMILIES})")
         if sum(out.values()) <= 0:
             raise ValueError("WorldConfig.task_weights: all weights are zero")
         return out

@@ -13,9 +13,7 @@ from typing import Optional
 
 from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps.catalog import normalize_query
-
-FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "add_to_cart", "install",
-            "send_message")
+from ipl_jax.data.synthetic.config import FAMILIES
 HELD_OUT_FAMILIES = ("toggle_pair",)
 N_HELD_OUT_TEMPLATES = 2
 SUBSET = {"open_app": "single", "toggle": "google_apps", "sub_toggle": "google_apps", "toggle_pair": "google_apps",

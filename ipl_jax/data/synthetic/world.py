@@ -76,12 +76,12 @@ class Screen:
         return None
 
     def transitions(self) -> dict[str, str]:
-        """For each clickable element with text: what tapping it does."""
-        out = {}
+        """For each clickable element text: what tapping it does ("A or B" when two elements share a text)."""
+        effects: dict[str, list[str]] = {}
         for w in self.element_widgets:
-            if w.clickable and w.text and w.effect:
-                out.setdefault(w.text, w.effect)
-        return out
+            if w.clickable and w.text and w.effect and w.effect not in effects.get(w.text, ()):
+                effects.setdefault(w.text, []).append(w.effect)
+        return {text: " or ".join(e) for text, e in effects.items()}
 
 
 class World:
