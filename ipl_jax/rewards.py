@@ -1,0 +1,414 @@
+"""Leaf rewards of CoaT-trees and the value backup, vectorised in ``jnp`` (method.md §4, §5).
+
+A leaf is a complete predicted action (s3 plus, for click, s4). Its value against the golden action a*::
+
+    v = 1                               if the leaf matches a* exactly under the evaluation rule
+      = v_type + score_match            if the types are equal
+      = 0                               otherwise (including output that did not parse)
+
+    score_match = v_format + (1 - v_type - v_format) · (1 - d)    CLICK whose grounding parsed (d clipped to [0, 1])
+                = v_format + (1 - v_type - v_format) · F1         TYPE whose text parsed
+                = 0                                               any other type, or an unparsable argument
+
+"Exact" is decided on device by the same rules as evaluation (``ipl_jax.metrics``; the AITZ modern rule set by
+default, any ``metrics.RULES`` entry via ``RewardConfig.rules``), so a value of 1 here means a hit in the
+Step.Acc tables. ``d`` is the L2 distance between the predicted and golden points in screen fractions.
+
+Host side, :func:`encode_actions` and :func:`encode_golden` turn ``Action`` s and golden ``Step`` s into padded
+arrays; :func:`leaf_rewards` (jitted, ``config`` static) scores any leading batch shape. The golden batch shape
+must be a prefix of the predicted one: golden ``[B]`` against leaves ``[B, b1, b2, b3, b4]`` broadcasts.
+
+Text encodings [choice]:
+
+* The "contains" / "equal" rules compare ``metrics.normalise_text`` (lower-case, stripped) as Unicode code
+  points, padded to ``max_chars`` (default 128); longer texts are compared on their first ``max_chars``
+  characters.
+* Token F1 uses ``metrics.text_tokens`` (lower-cased whitespace words), each word mapped to a 31-bit id by
+  CRC-32 of its UTF-8 bytes (stateless, so predictions and goldens can be encoded apart; two distinct words
+  share an id with probability ~2^-31), padded to ``max_words`` (default 32); longer texts keep their first
+  ``max_words`` words.
+
+Golden boxes [choice]: the box rule only needs the boxes that (enlarged) contain the golden point, so
+:func:`encode_golden` keeps the golden-screen elements whose box enlarged ×``keep_box_scale`` (default 2.4, the
+largest scale of any rule set) contains the golden point, in element order, at most ``max_elements`` (default
+16); the result is exact for every rule set whose scale is at most ``keep_box_scale`` as long as no more than
+``max_elements`` such boxes exist.
+
+Scope [choice]: the distance / F1 terms of ``score_match`` apply to golden ``click`` and ``type`` only
+(method.md §4); ``long_press`` and ``open_app`` leaves that match the type but not exactly get ``v_type``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import zlib
+from typing import Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ipl_jax.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
+from ipl_jax.data.records import Step
+from ipl_jax.metrics import MatchRules, enlarge_box, get_rules, in_box, normalise_text, text_tokens
+
+CLICK_ID = ACTION_TYPES.index("click")
+LONG_PRESS_ID = ACTION_TYPES.index("long_press")
+TYPE_ID = ACTION_TYPES.index("type")
+OPEN_APP_ID = ACTION_TYPES.index("open_app")
+SCROLL_ID = ACTION_TYPES.index("scroll")
+PRESS_ID = ACTION_TYPES.index("press")
+INVALID_ID = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """Leaf reward settings (frozen: a jit static argument).
+
+    v_type:   reward share for the right action type (default 0.1 [choice], method.md §4).
+    v_format: reward share for a parsable argument — a click point, a typed text (default 0.1 [choice]).
+    rules:    the exact-match rule set, a ``metrics.RULES`` name or a ``MatchRules`` (default "aitz").
+    """
+
+    v_type: float = 0.1
+    v_format: float = 0.1
+    rules: Union[str, MatchRules] = "aitz"
+
+    def __post_init__(self):
+        if not (0.0 <= self.v_type and 0.0 <= self.v_format and self.v_type + self.v_format <= 1.0):
+            raise ValueError(f"need v_type, v_format >= 0 and v_type + v_format <= 1, got {self.v_type}, {self.v_format}")
+        get_rules(self.rules)  # fail early on an unknown name
+
+
+@struct.dataclass
+class PredictedActions:
+    """Padded predicted actions; ``...`` is any leading batch shape.
+
+    type_id:    int32[...]      index into ``ACTION_TYPES``; -1 when the output did not parse
+    has_point:  bool[...]       a finite click / long-press point was parsed
+    point:      f32[..., 2]     (x, y) in screen fractions (0 when absent)
+    has_text:   bool[...]       a text argument was parsed (type / open_app)
+    chars:      int32[..., C]   code points of the normalised text, 0-padded
+    num_chars:  int32[...]
+    words:      int32[..., L]   word ids of the text's tokens, 0-padded
+    num_words:  int32[...]
+    direction:  int32[...]      index into ``DIRECTIONS``, -1 when absent
+    button:     int32[...]      index into ``BUTTONS``, -1 when absent
+    """
+
+    type_id: jax.Array
+    has_point: jax.Array
+    point: jax.Array
+    has_text: jax.Array
+    chars: jax.Array
+    num_chars: jax.Array
+    words: jax.Array
+    num_words: jax.Array
+    direction: jax.Array
+    button: jax.Array
+
+
+@struct.dataclass
+class GoldenActions:
+    """Padded golden actions; ``...`` is any leading batch shape (a prefix of the leaves' one).
+
+    type_id, point, chars, num_chars, words, num_words, direction, button: as in ``PredictedActions``
+    boxes:      f32[..., E, 4]  golden-screen element boxes (x1, y1, x2, y2) in screen fractions
+    box_mask:   bool[..., E]    valid boxes
+    box_clickable: bool[..., E] the element is clickable (rule sets with ``elements="clickable"`` use only these)
+    aspect:     f32[...]        screen height / width (for the ``width_px`` distance)
+    """
+
+    type_id: jax.Array
+    point: jax.Array
+    chars: jax.Array
+    num_chars: jax.Array
+    words: jax.Array
+    num_words: jax.Array
+    direction: jax.Array
+    button: jax.Array
+    boxes: jax.Array
+    box_mask: jax.Array
+    box_clickable: jax.Array
+    aspect: jax.Array
+
+
+@struct.dataclass
+class LeafRewards:
+    """value: f32[...] in [0, 1]; exact: bool[...] (value == 1 exactly when set); type_match: bool[...]."""
+
+    value: jax.Array
+    exact: jax.Array
+    type_match: jax.Array
+
+
+# ---------------------------------------------------------------------------------------------- host side
+
+
+def word_id(word: str) -> int:
+    """The 31-bit id of one token for token F1 (CRC-32 of its UTF-8 bytes)."""
+    return zlib.crc32(word.encode("utf-8")) & 0x7FFFFFFF
+
+
+def _encode_text(text, max_chars: int, max_words: int):
+    chars = np.zeros(max_chars, np.int32)
+    words = np.zeros(max_words, np.int32)
+    if not isinstance(text, str):
+        return False, chars, 0, words, 0
+    norm = [ord(c) for c in normalise_text(text)][:max_chars]
+    chars[: len(norm)] = norm
+    toks = [word_id(w) for w in text_tokens(text)][:max_words]
+    words[: len(toks)] = toks
+    return True, chars, len(norm), words, len(toks)
+
+
+def _type_id(action) -> int:
+    if not isinstance(action, Action) or not action.parsed or action.type not in ACTION_TYPES:
+        return INVALID_ID
+    return ACTION_TYPES.index(action.type)
+
+
+def _finite_point(p) -> Optional[tuple[float, float]]:
+    try:
+        x, y = float(p[0]), float(p[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    return (x, y) if math.isfinite(x) and math.isfinite(y) else None
+
+
+def _index(value, choices) -> int:
+    return choices.index(value) if value in choices else -1
+
+
+def encode_actions(actions: Sequence[Optional[Action]], max_chars: int = 128, max_words: int = 32) -> PredictedActions:
+    """Predicted actions (None or unparsed: invalid) as ``PredictedActions`` with leading shape ``[N]``.
+
+    Never raises on an action's content. Reshape the result with :func:`reshape_leading` (e.g. to
+    ``[B, b1, b2, b3, b4]``).
+    """
+    n = len(actions)
+    out = {
+        "type_id": np.full(n, INVALID_ID, np.int32), "has_point": np.zeros(n, bool),
+        "point": np.zeros((n, 2), np.float32), "has_text": np.zeros(n, bool),
+        "chars": np.zeros((n, max_chars), np.int32), "num_chars": np.zeros(n, np.int32),
+        "words": np.zeros((n, max_words), np.int32), "num_words": np.zeros(n, np.int32),
+        "direction": np.full(n, -1, np.int32), "button": np.full(n, -1, np.int32),
+    }
+    for i, a in enumerate(actions):
+        t = _type_id(a)
+        out["type_id"][i] = t
+        if t == INVALID_ID:
+            continue
+        p = _finite_point(a.point) if a.point is not None else None
+        if p is not None:
+            out["has_point"][i] = True
+            out["point"][i] = p
+        has, chars, nc, words, nw = _encode_text(a.text, max_chars, max_words)
+        out["has_text"][i], out["chars"][i], out["num_chars"][i] = has, chars, nc
+        out["words"][i], out["num_words"][i] = words, nw
+        out["direction"][i] = _index(a.direction, DIRECTIONS)
+        out["button"][i] = _index(a.button, BUTTONS)
+    return PredictedActions(**{k: jnp.asarray(v) for k, v in out.items()})
+
+
+def encode_golden(
+    steps: Sequence[Step],
+    max_elements: int = 16,
+    max_chars: int = 128,
+    max_words: int = 32,
+    keep_box_scale: float = 2.4,
+) -> GoldenActions:
+    """Golden steps as ``GoldenActions`` with leading shape ``[N]`` (see the module docstring for boxes).
+
+    Raises ValueError naming the episode and step when a golden action is unusable (unknown type, a point
+    action without point or box).
+    """
+    n = len(steps)
+    out = {
+        "type_id": np.zeros(n, np.int32), "point": np.zeros((n, 2), np.float32),
+        "chars": np.zeros((n, max_chars), np.int32), "num_chars": np.zeros(n, np.int32),
+        "words": np.zeros((n, max_words), np.int32), "num_words": np.zeros(n, np.int32),
+        "direction": np.full(n, -1, np.int32), "button": np.full(n, -1, np.int32),
+        "boxes": np.zeros((n, max_elements, 4), np.float32), "box_mask": np.zeros((n, max_elements), bool),
+        "box_clickable": np.zeros((n, max_elements), bool), "aspect": np.ones(n, np.float32),
+    }
+    for i, step in enumerate(steps):
+        a = step.action
+        where = f"episode {step.episode_id!r} step {step.step_id}"
+        if not a.parsed or a.type not in ACTION_TYPES:
+            raise ValueError(f"{where}: golden action has unknown type {a.type!r}")
+        out["type_id"][i] = ACTION_TYPES.index(a.type)
+        w, h = step.screen_size
+        out["aspect"][i] = float(h) / float(w) if w else 1.0
+        if a.type in ("click", "long_press"):
+            g = a.point if a.point is not None else (box_center(a.box) if a.box is not None else None)
+            if g is None:
+                raise ValueError(f"{where}: golden {a.type} has neither a point nor a box")
+            out["point"][i] = g
+            kept = [e for e in step.elements if in_box(g, enlarge_box(e.box, keep_box_scale))][:max_elements]
+            for j, e in enumerate(kept):
+                out["boxes"][i, j] = e.box
+                out["box_mask"][i, j] = True
+                out["box_clickable"][i, j] = bool(e.clickable)
+        _, chars, nc, words, nw = _encode_text(a.text, max_chars, max_words)
+        out["chars"][i], out["num_chars"][i], out["words"][i], out["num_words"][i] = chars, nc, words, nw
+        out["direction"][i] = _index(a.direction, DIRECTIONS)
+        out["button"][i] = _index(a.button, BUTTONS)
+    return GoldenActions(**{k: jnp.asarray(v) for k, v in out.items()})
+
+
+def reshape_leading(tree, shape: Sequence[int]):
+    """Reshape the leading axis ``[N]`` of every array of ``tree`` to ``shape`` (prod(shape) == N)."""
+    shape = tuple(int(s) for s in shape)
+    return jax.tree.map(lambda x: x.reshape(shape + x.shape[1:]), tree)
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+def _contains(needle, needle_len, hay, hay_len):
+    """Whether the first needle_len codes of needle occur in the first hay_len codes of hay.
+
+    needle: int32[..., C]; hay: int32[..., C'] (broadcastable leading shapes); lengths int32[...]. -> bool[...]
+    """
+    c, ch = needle.shape[-1], hay.shape[-1]
+    offsets = jnp.arange(ch)
+    pos = jnp.arange(c)
+    windows = hay[..., jnp.clip(offsets[:, None] + pos[None, :], 0, ch - 1)]  # [..., C', C]
+    same = (windows == needle[..., None, :]) | (pos >= needle_len[..., None, None])
+    fits = offsets + needle_len[..., None] <= hay_len[..., None]  # [..., C']
+    return jnp.any(jnp.all(same, axis=-1) & fits, axis=-1)
+
+
+def _text_equal(a, a_len, b, b_len):
+    n = max(a.shape[-1], b.shape[-1])
+    pos = jnp.arange(n)
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n - a.shape[-1])])
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, n - b.shape[-1])])
+    same = (a == b) | (pos >= a_len[..., None])
+    return (a_len == b_len) & jnp.all(same, axis=-1)
+
+
+def token_f1(p_ids, p_len, g_ids, g_len):
+    """Token-level F1 over multisets of ids: int32[..., L] + lengths int32[...] -> f32[...].
+
+    Both empty -> 1, one empty -> 0 (as ``metrics.token_f1``).
+    """
+    p_valid = jnp.arange(p_ids.shape[-1]) < p_len[..., None]
+    g_valid = jnp.arange(g_ids.shape[-1]) < g_len[..., None]
+    # for each predicted token i: its count among the predicted tokens and among the golden tokens
+    count_p = jnp.sum((p_ids[..., :, None] == p_ids[..., None, :]) & p_valid[..., None, :], axis=-1)
+    count_g = jnp.sum((p_ids[..., :, None] == g_ids[..., None, :]) & g_valid[..., None, :], axis=-1)
+    share = jnp.minimum(count_p, count_g) / jnp.maximum(count_p, 1)
+    common = jnp.sum(jnp.where(p_valid, share, 0.0), axis=-1)
+    precision = common / jnp.maximum(p_len, 1)
+    recall = common / jnp.maximum(g_len, 1)
+    f1 = jnp.where(common > 0, 2 * precision * recall / jnp.maximum(precision + recall, 1e-12), 0.0)
+    either_empty = (p_len == 0) | (g_len == 0)
+    return jnp.where(either_empty, ((p_len == 0) & (g_len == 0)).astype(f1.dtype), f1).astype(jnp.float32)
+
+
+def _expand_golden(gold: GoldenActions, batch_ndim: int) -> GoldenActions:
+    lead = gold.type_id.ndim
+    extra = batch_ndim - lead
+    if extra < 0:
+        raise ValueError(f"golden batch rank {lead} exceeds the leaves' batch rank {batch_ndim}")
+    return jax.tree.map(lambda x: x.reshape(x.shape[:lead] + (1,) * extra + x.shape[lead:]), gold)
+
+
+def _point_exact(pred: PredictedActions, gold: GoldenActions, rules: MatchRules):
+    p, g = pred.point, gold.point
+    hit = jnp.zeros(pred.has_point.shape, bool)
+    if rules.box_scale is not None:
+        b = gold.boxes
+        cx, cy = (b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2
+        hw, hh = (b[..., 2] - b[..., 0]) * rules.box_scale / 2, (b[..., 3] - b[..., 1]) * rules.box_scale / 2
+        x1, y1 = jnp.maximum(0.0, cx - hw), jnp.maximum(0.0, cy - hh)
+        x2, y2 = jnp.minimum(1.0, cx + hw), jnp.minimum(1.0, cy + hh)
+
+        def inside(pt):
+            x, y = pt[..., None, 0], pt[..., None, 1]
+            return (x1 <= x) & (x <= x2) & (y1 <= y) & (y <= y2)
+
+        usable = gold.box_mask & (gold.box_clickable if rules.elements == "clickable" else True)
+        hit = jnp.any(usable & inside(g) & inside(p), axis=-1)
+    dx, dy = p[..., 0] - g[..., 0], p[..., 1] - g[..., 1]
+    if rules.distance == "width_px":
+        measured = jnp.sqrt(dx * dx + (dy * gold.aspect) ** 2)
+    else:
+        measured = jnp.sqrt(dx * dx + dy * dy)
+    return pred.has_point & (hit | (measured <= rules.click_threshold))
+
+
+def _text_exact(pred: PredictedActions, gold: GoldenActions, rules: MatchRules):
+    if rules.text == "ignore":
+        return jnp.ones(pred.has_text.shape, bool)
+    if rules.text == "contains":
+        either = _contains(pred.chars, pred.num_chars, gold.chars, gold.num_chars) | _contains(
+            gold.chars, gold.num_chars, pred.chars, pred.num_chars
+        )
+        ok = jnp.where(pred.num_chars == 0, gold.num_chars == 0, either)
+    else:
+        f1 = token_f1(pred.words, pred.num_words, gold.words, gold.num_words)
+        ok = _text_equal(pred.chars, pred.num_chars, gold.chars, gold.num_chars) | (f1 > rules.f1_threshold)
+    return pred.has_text & ok
+
+
+def exact_match(pred: PredictedActions, gold: GoldenActions, rules: MatchRules) -> tuple[jax.Array, jax.Array]:
+    """(exact, type_match), both bool[...], under ``rules`` — the jnp twin of ``metrics.match_action``."""
+    gold = _expand_golden(gold, pred.type_id.ndim)
+    type_match = (pred.type_id >= 0) & (pred.type_id == gold.type_id)
+    if rules.scroll == "axis":
+        scroll_ok = (pred.direction >= 0) & (pred.direction // 2 == gold.direction // 2)
+    else:
+        scroll_ok = (pred.direction >= 0) & (pred.direction == gold.direction)
+    press_ok = (pred.button >= 0) & (pred.button == gold.button)
+    t = gold.type_id
+    is_point = (t == CLICK_ID) | (t == LONG_PRESS_ID)
+    is_text = (t == TYPE_ID) | (t == OPEN_APP_ID)
+    rule_ok = jnp.where(
+        is_point, _point_exact(pred, gold, rules),
+        jnp.where(is_text, _text_exact(pred, gold, rules),
+                  jnp.where(t == SCROLL_ID, scroll_ok, jnp.where(t == PRESS_ID, press_ok, True))),
+    )
+    return type_match & rule_ok, type_match
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConfig = RewardConfig()) -> LeafRewards:
+    """Leaf values (method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``."""
+    rules = get_rules(config.rules)
+    exact, type_match = exact_match(pred, gold, rules)
+    gold = _expand_golden(gold, pred.type_id.ndim)
+    dense = 1.0 - config.v_type - config.v_format
+    d = jnp.sqrt(jnp.sum((pred.point - gold.point) ** 2, axis=-1))
+    click_score = jnp.where(pred.has_point, config.v_format + dense * (1.0 - jnp.clip(d, 0.0, 1.0)), 0.0)
+    f1 = token_f1(pred.words, pred.num_words, gold.words, gold.num_words)
+    type_score = jnp.where(pred.has_text, config.v_format + dense * f1, 0.0)
+    score_match = jnp.where(gold.type_id == CLICK_ID, click_score, jnp.where(gold.type_id == TYPE_ID, type_score, 0.0))
+    value = jnp.where(exact, 1.0, jnp.where(type_match, config.v_type + score_match, 0.0)).astype(jnp.float32)
+    return LeafRewards(value=value, exact=exact, type_match=type_match)
+
+
+# ------------------------------------------------------------------------------------------------ backup
+
+
+def backup_values(leaf_values: jax.Array, branching: Sequence[int], discount: float = 0.95) -> tuple[jax.Array, ...]:
+    """Node values of every tree level from its leaf values (method.md §5): v(parent) = c · mean(children).
+
+    leaf_values: f32[B, b1, ..., bn] or f32[B, b1·…·bn]; branching: (b1, ..., bn).
+    Returns n arrays, level t: f32[B, b1, ..., bt]; the last is the leaves themselves. Every internal level,
+    including one whose branching is 1, is discounted once more than the level below it.
+    """
+    branching = tuple(int(b) for b in branching)
+    if not branching or any(b < 1 for b in branching):
+        raise ValueError(f"branching must be positive ints, got {branching}")
+    leaves = jnp.asarray(leaf_values)
+    leaves = leaves.reshape((leaves.shape[0],) + branching)
+    levels = [leaves]
+    for _ in branching[:-1]:
+        levels.append(discount * jnp.mean(levels[-1], axis=-1))
+    return tuple(reversed(levels))
