@@ -56,11 +56,16 @@ LOADERS = {
 }
 
 
-def load_dataset(root: str | Path, fmt: str, split: str) -> list[Episode]:
-    """The episodes of one split of a dataset in format ``fmt`` (imports the reader on demand)."""
+def load_dataset(root: str | Path, fmt: str, split: Optional[str]) -> list[Episode]:
+    """The episodes of one split of a dataset in format ``fmt`` (imports the reader on demand).
+
+    AMEX has no published splits: ``split`` None (or "all") reads every episode file.
+    """
     if fmt not in LOADERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}")
     module, name = LOADERS[fmt]
+    if fmt == "amex" and split == "all":
+        split = None
     return getattr(importlib.import_module(module), name)(root, split)
 
 
@@ -182,7 +187,8 @@ def _score_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="dataset root directory")
     p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
     p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/evaluate.py)")
-    p.add_argument("--split", default="test", help="dataset split (default: test)")
+    p.add_argument("--split", default="test",
+                   help="dataset split (default: test; for AMEX 'all' reads every episode file)")
     p.add_argument("--rules", choices=tuple(RULES), default=None,
                    help="matching rule set (default: the format's own: " +
                         ", ".join(f"{k}->{v}" for k, v in DEFAULT_RULES.items()) + ")")
@@ -196,7 +202,7 @@ def score_main(argv: list[str]) -> int:
     try:
         predictions = load_predictions(args.predictions)
         episodes = load_dataset(args.data, args.fmt, args.split)
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, FileNotFoundError, ValueError) as e:  # bad input: a clear message, no traceback
         print(f"ipl-jax score: {e}", file=sys.stderr)
         return 1
     if not episodes:

@@ -192,3 +192,10 @@ def test_score_through_the_cli_dispatcher(tmp_path, aitz_root):
     assert cli.main(["score", "--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
                      "--split", "test", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["total"]["exact_acc"] == 1.0
+
+
+def test_score_missing_split_is_a_clear_error(tmp_path, aitz_root, capsys):
+    preds = _write(tmp_path / "preds.jsonl", GOLDEN_STRUCTURED)
+    rc = evaluate.score_main(["--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
+                              "--split", "train"])
+    assert rc == 1 and "train" in capsys.readouterr().err
