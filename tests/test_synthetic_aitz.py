@@ -107,3 +107,19 @@ def test_round_trip_through_the_aitz_reader(written):
 def test_cli_rejects_bad_config(tmp_path, capsys):
     assert synth_main(["--out", str(tmp_path), "--split", "dev", "--episodes", "1", "--config", "colour=red"]) == 2
     assert "colour" in capsys.readouterr().err
+
+
+def test_with_meta_adds_only_synth_meta(tmp_path):
+    eps = generate_split("dev", 2, seed=1)
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+
+    write_aitz_split(eps, tmp_path, "dev", with_meta=True)
+    for ep in eps:
+        sub = ep.steps[0].meta["subset"]
+        name = f"{sub.upper()}-{ep.episode_id}"
+        records = json.loads((tmp_path / "dev" / sub / name / f"{name}.json").read_text(encoding="utf-8"))
+        for rec, step in zip(records, ep.steps):
+            assert set(rec) == set(FIELDS) | {"synth_meta"} and isinstance(rec["synth_meta"], str)
+            assert json.loads(rec["synth_meta"]) == step.meta
+    aitz = pytest.importorskip("ipl_jax.data.aitz")
+    assert len(aitz.load_aitz(tmp_path, "dev")) == 2

@@ -9,6 +9,7 @@ from ipl_jax.actions import CORE_TYPES, Action, format_action, format_grounding,
 from ipl_jax.data.synthetic import SPLITS, Task, WorldConfig, generate_episode, generate_split, replay
 from ipl_jax.data.synthetic.coat import MAX_DESC_WORDS, MAX_THINK_WORDS
 from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS
+from ipl_jax.data.synthetic.expert import INTENTS
 from ipl_jax.data.synthetic.render import png_bytes
 
 
@@ -187,7 +188,7 @@ def test_annotations_short_varied_and_consistent(episodes):
             hist.append(s.coat.action_desc)
             m = s.meta
             assert m["subset"] in ("general", "install", "google_apps", "single", "web_shopping")
-            assert m["app"] and m["page"]
+            assert m["app"] and m["page"] and m["intent"] in INTENTS
             if s.action.type == "click":
                 assert s.action.target in m["transitions"] and m["transitions"][s.action.target]
             assert s.instruction == e.instruction and s.screen_size == (224, 448)

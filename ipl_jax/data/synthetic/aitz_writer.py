@@ -5,6 +5,9 @@ and ``<SUBSET>-<id>_<step>.png`` each step's screenshot. String-encoded JSON fie
 ``[top, left, height, width]`` boxes and ``[y, x]`` gesture points follow the published files. A click is a
 DUAL_POINT whose touch and lift are both the click point; a scroll is a DUAL_POINT whose finger moves
 ``SWIPE`` of the screen in the scroll direction.
+
+AITZ records cannot hold ``Step.meta`` (app, page, transitions, ...). With ``with_meta=True`` each record gets
+one extra field, ``synth_meta``: the step's meta as a JSON string (readers of the published format ignore it).
 """
 
 from __future__ import annotations
@@ -86,10 +89,12 @@ def step_record(step: Step, episode_length: int, image_path: str, size: tuple[in
     return rec
 
 
-def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 1) -> Path:
+def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 1,
+                     with_meta: bool = False) -> Path:
     """Write episodes under ``root/split`` in the AITZ layout; returns the split directory.
 
-    The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits."""
+    The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits.
+    ``with_meta`` adds the ``synth_meta`` field (see the module docstring)."""
     split_dir = Path(root) / split
     for ep in episodes:
         if not ep.steps:
@@ -105,6 +110,9 @@ def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_lev
             png = f"{name}_{step.step_id}.png"
             img = step.load_image()
             img.save(ep_dir / png, format="PNG", compress_level=compress_level)
-            records.append(step_record(step, len(ep.steps), f"{subset}/{name}/{png}", img.size))
+            rec = step_record(step, len(ep.steps), f"{subset}/{name}/{png}", img.size)
+            if with_meta:
+                rec["synth_meta"] = json.dumps(step.meta, ensure_ascii=False, sort_keys=True)
+            records.append(rec)
         (ep_dir / f"{name}.json").write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
     return split_dir

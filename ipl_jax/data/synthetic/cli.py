@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="K=V",
                    help="WorldConfig overrides, e.g. width=252 height=504 n_contacts=4,20")
+    p.add_argument("--with-meta", action="store_true",
+                   help="add a synth_meta field (app, page, subset, transitions, intent) to every step record")
     p.add_argument("--png-level", type=int, default=1, help="PNG compression level 0..9 (1: fast, ~20%% larger than 6)")
     return p
 
@@ -50,7 +52,8 @@ def main(argv: list[str]) -> int:
     for split, n in plan.items():
         t0 = time.perf_counter()
         episodes = generate_split(split, n, seed=args.seed, config=config)
-        split_dir = write_aitz_split(episodes, args.out, split, compress_level=args.png_level)
+        split_dir = write_aitz_split(episodes, args.out, split, compress_level=args.png_level,
+                                     with_meta=args.with_meta)
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
         n_steps = sum(types.values())
         info = {"split": split, "episodes": len(episodes), "steps": n_steps, "seed": args.seed,

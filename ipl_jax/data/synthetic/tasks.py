@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Optional
 
 from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps.catalog import normalize_query
@@ -257,6 +256,3 @@ def is_done(world, task: Task) -> bool:
         return (task.contact, task.message) in world.apps["Messages"].sent
     raise ValueError(f"unknown task family {f!r}")
 
-
-def first_result(world, task: Task) -> Optional[str]:
-    return world.apps["Shop"].first_result(task.query)

@@ -59,15 +59,6 @@ def text_width(text: str, size: int) -> int:
     return int(round(font(size).getlength(text)))
 
 
-def fit_text(text: str, size: int, max_width: int) -> str:
-    """``text`` cut (with '..') to fit ``max_width`` pixels."""
-    if text_width(text, size) <= max_width:
-        return text
-    while text and text_width(text + "..", size) > max_width:
-        text = text[:-1]
-    return text + ".."
-
-
 @dataclasses.dataclass(frozen=True)
 class Geometry:
     """Pixel metrics of one episode's screens."""
