@@ -125,6 +125,8 @@ def test_messages_send():
     world.step(Action(type="type", text="hi"))
     world.step(_tap(world.screen, "send"))
     assert m.sent == [("Anna", "hi")] and m.field == "" and is_done(world, task)
+    world.step(Action(type="type", text="x\ny\t"))  # a one-line box: control characters become spaces
+    assert m.field == "x y "
 
 
 def test_home_pages_swipe_left_right():
@@ -173,7 +175,8 @@ def test_random_actions_never_crash():
         elif k == "scroll":
             a = Action(type="scroll", direction=["up", "down", "left", "right"][int(rng.integers(4))])
         elif k == "type":
-            a = Action(type="type", text=["red shoes", "hi", "Notely", "x" * 80, ""][int(rng.integers(5))])
+            a = Action(type="type", text=["red shoes", "hi", "Notely", "x" * 80, "", "a\nb\t\x00", "h\u00e9 \u2713 \U0001f600"][
+                int(rng.integers(7))])
         elif k == "press":
             a = Action(type="press", button=["back", "home", "enter"][int(rng.integers(3))])
         elif k == "open_app":

@@ -62,6 +62,11 @@ class App:
         return {"page": self.page}
 
 
+def clean_typed(text: str) -> str:
+    """Typed text as a one-line field shows it: control characters (newlines, tabs, ...) become spaces."""
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
 def header(geo: Geometry, title: str, host: Host, back: bool) -> list[Widget]:
     """The page header: background, optional back arrow (presses back), title."""
     y1, y2 = geo.status_h, geo.status_h + geo.header_h

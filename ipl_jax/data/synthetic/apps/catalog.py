@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 
 from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, ListView, header
+from ipl_jax.data.synthetic.apps.base import App, ListView, clean_typed, header
 from ipl_jax.data.synthetic.widgets import Widget
 
 PRODUCT_RGB = {"Red": (210, 50, 50), "Blue": (50, 90, 210), "Black": (40, 40, 40), "White": (200, 200, 205),
@@ -129,7 +129,7 @@ class CatalogApp(App):
     def type_text(self, text: str) -> bool:
         if not self.focused or self.page == "details":
             return False
-        self.field = (self.field + text)[:60]
+        self.field = (self.field + clean_typed(text))[:60]
         return True
 
     def enter(self) -> bool:

@@ -4,7 +4,7 @@ message box and a Send button."""
 from __future__ import annotations
 
 from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, ListView, header
+from ipl_jax.data.synthetic.apps.base import App, ListView, clean_typed, header
 from ipl_jax.data.synthetic.widgets import Widget
 
 AVATAR_RGB = ((220, 90, 60), (60, 140, 220), (90, 170, 80), (170, 90, 190), (230, 160, 40), (40, 160, 160))
@@ -62,7 +62,7 @@ class MessagesApp(App):
     def type_text(self, text: str) -> bool:
         if self.page != "chat" or not self.focused:
             return False
-        self.field = (self.field + text)[:60]
+        self.field = (self.field + clean_typed(text))[:60]
         return True
 
     def back(self) -> bool:
