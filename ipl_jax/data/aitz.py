@@ -235,6 +235,7 @@ def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -
         elements=elements,
         coat=_coat(rec, where),
         meta={
+            **_synth_meta(rec, where),
             "dataset": "aitz",
             "subset": subset,
             "episode_id": str(rec["episode_id"]),
@@ -243,6 +244,21 @@ def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -
             "file": str(file),
         },
     )
+
+
+def _synth_meta(rec: dict, where) -> dict:
+    """The optional ``synth_meta`` field written by ``ipl-jax synth --with-meta`` (a JSON object in a string:
+    app, page, transitions, ...). Readers of the published format never see it; ours keeps it in Step.meta."""
+    raw = rec.get("synth_meta")
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except json.JSONDecodeError as e:
+        raise DataError(*where, "synth_meta", f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise DataError(*where, "synth_meta", "expected a string holding a JSON object")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- episodes
