@@ -49,6 +49,20 @@ def test_logits_match_transformers(checkpoints, name):
     assert np.max(np.abs(ours - ref)[valid]) <= 1e-4
 
 
+def test_query_chunked_attention_matches_transformers(checkpoints):
+    """Attention processed 24 queries at a time (text 64 and patches 96: one ragged, one even split)."""
+    model_dir, hf_model = checkpoints["gqa2_untied"]
+    ids, mask, pv, grids = two_image_batch(np.random.default_rng(1), PATCH_DIM, 1000)
+    ref = hf_forward(hf_model, ids, mask, pv, grids)
+    params, cfg = load_params(model_dir)
+    cfg = cfg.replace(attention_query_chunk=24)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(64,), patch_buckets=(96,))
+    with jax.default_matmul_precision("highest"):
+        ours = np.asarray(forward_inputs(params, cfg, inputs))[:, : ids.shape[1]]
+    valid = mask.astype(bool)
+    assert np.max(np.abs(ours - ref)[valid]) <= 1e-4
+
+
 def test_same_bucket_does_not_recompile(checkpoints):
     model_dir, _ = checkpoints["gqa2_untied"]
     params, cfg = load_params(model_dir)

@@ -97,11 +97,16 @@ class Qwen2VLConfig:
     tie_word_embeddings: bool = False
     param_dtype: str = "float32"
     dtype: str = "float32"
+    # Runtime knob (not part of the HF config): attention processes this many queries at a time when a
+    # sequence (text tokens, or all packed patches in the vision tower) is longer; 0 = never chunk.
+    attention_query_chunk: int = 2048
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"Qwen2VLConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        if self.attention_query_chunk < 0:
+            raise ValueError(f"attention_query_chunk must be >= 0, got {self.attention_query_chunk}")
         t, v = self.text, self.vision
         if t.hidden_size % t.num_attention_heads:
             raise ValueError(f"text hidden_size {t.hidden_size} is not divisible by heads {t.num_attention_heads}")
@@ -113,7 +118,8 @@ class Qwen2VLConfig:
         if sum(t.mrope_section) * 2 != t.head_dim:
             raise ValueError(f"mrope_section {t.mrope_section} must sum to head_dim/2 = {t.head_dim // 2}")
         if v.embed_dim % v.num_heads or v.head_dim % 4:
-            raise ValueError(f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim divisible by 4")
+            raise ValueError(f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim "
+                             "divisible by 4")
         if v.hidden_size != t.hidden_size:
             raise ValueError(f"vision hidden_size {v.hidden_size} must equal the text hidden_size {t.hidden_size}")
 

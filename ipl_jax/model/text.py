@@ -95,7 +95,8 @@ def decoder_stack(params: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, positions: j
                 vals = jnp.concatenate([past_v, v.astype(cv.dtype)], axis=1).astype(dtype)
             ck = ck.at[i, batch_idx, slots].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[i, batch_idx, slots].set(v.astype(cv.dtype), mode="drop")
-        o = attention(q, keys, vals, mask).reshape(b, t, t_cfg.num_attention_heads * t_cfg.head_dim)
+        o = attention(q, keys, vals, mask, cfg.attention_query_chunk)
+        o = o.reshape(b, t, t_cfg.num_attention_heads * t_cfg.head_dim)
         x = x + dense(at["o_proj"], o, dtype)
         h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
         mp = lp["mlp"]

@@ -2,7 +2,9 @@
 
 All images of a batch are packed along one patch axis, padded to a bucket. ``segment_ids`` says which image
 (temporal slice) a patch belongs to; attention is block-diagonal over segments (transformers' cu_seqlens), and
-pad patches (segment -1) only see each other, so they never touch real patches. The merger concatenates each
+pad patches (segment -1) only see each other, so they never touch real patches. The [P, P] mask is built
+one query chunk at a time (``cfg.attention_query_chunk``), so memory grows as P * chunk, not P^2; compute is
+still quadratic in the packed patch count, so prefer several calls over one huge bucket. The merger concatenates each
 run of ``merge_factor`` (=4) consecutive patches, so the merged output keeps the packing: image features first,
 in image order, then the pad rows.
 """
@@ -14,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import attention, dense, layer_norm, quick_gelu
+from ipl_jax.model.layers import dense, layer_norm, quick_gelu, segment_attention
 from ipl_jax.model.rope import apply_rotary, vision_cos_sin
 
 _LN_EPS = 1e-6
@@ -35,8 +37,8 @@ class VisionInputs:
     segment_ids: jnp.ndarray
 
 
-def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, mask):
-    """One pre-norm ViT block. x: [P, E]; cos/sin: f32[P, hd]; mask: bool[P, P]."""
+def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
+    """One pre-norm ViT block. x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] segment ids."""
     v = cfg.vision
     dtype = x.dtype
     p_len = x.shape[0]
@@ -46,7 +48,8 @@ def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, mask):
     cq, sq = cos[:, None, :], sin[:, None, :]
     q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)
     k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = attention(q[None], k[None], val[None], mask[None])[0].reshape(p_len, v.embed_dim)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    o = o[0].reshape(p_len, v.embed_dim)
     x = x + dense(bp["attn"]["proj"], o, dtype)
     h = layer_norm(bp["norm2"], x, _LN_EPS)
     h = dense(bp["mlp"]["fc2"], quick_gelu(dense(bp["mlp"]["fc1"], h, dtype)), dtype)
@@ -62,10 +65,9 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     x = dense(vp["patch_embed"], vision.patches, dtype)  # [P, E]
     cos, sin = vision_cos_sin(vision.pos_hw, v)
     seg = vision.segment_ids
-    mask = seg[:, None] == seg[None, :]
 
     def body(x, bp):
-        return _vision_block(cfg, x, bp, cos, sin, mask), None
+        return _vision_block(cfg, x, bp, cos, sin, seg), None
 
     x, _ = jax.lax.scan(body, x, vp["blocks"])
     mp = vp["merger"]
