@@ -149,3 +149,21 @@ def test_loader_errors_name_file_and_tensor(untied, tmp_path):
     os.remove(tmp_path / "model.safetensors")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_params(str(tmp_path))
+
+
+def test_export_command_from_orbax_params(untied, tmp_path):
+    """``ipl-jax export``: an Orbax params tree + the base model's config -> a HF directory."""
+    import orbax.checkpoint as ocp
+
+    from ipl_jax.cli import main as cli_main
+
+    model_dir, _ = untied
+    params, cfg = load_params(model_dir)
+    changed = jax.tree.map(lambda x: x * 0.5, params)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(str(tmp_path / "orbax"), changed)
+    out = tmp_path / "exported"
+    assert cli_main(["export", "--base-model", model_dir, "--params", str(tmp_path / "orbax"), "--out", str(out)]) == 0
+    again, cfg2 = load_params(str(out))
+    assert cfg2 == cfg
+    _assert_trees_equal(again, changed)
