@@ -1,0 +1,434 @@
+"""Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (method.md §7).
+
+A T-DPO pair at turn t compares two continuations of one prefix x = (image, prompts, s_1..s_{t-1}, prompt of
+turn t). Pairs are grouped by prefix (a ``PrefixGroup``: the 3 siblings of a β node, or the sampled actions and
+the golden action of a γ node) and each group becomes one row::
+
+    tokens    [ x_0 .. x_{L-2} | x_{L-1} c1_0 .. c1_{n1-2} | x_{L-1} c2_0 .. c2_{n2-2} | ... | pad ]
+    segment   [ 0  ..  0       | 1 ...                    1 | 2 ...                    2 | ... | -1  ]
+    targets   [ -  ..  -       | c1_0 ..              c1_{n1-1} | c2_0 ..         c2_{n2-1} | ... ]
+
+Position ``j`` of continuation segment ``i`` predicts token ``j`` of continuation ``i``; the last prefix token
+``x_{L-1}`` (the assistant header's newline) is repeated at the head of every segment so that each position
+predicts exactly one token. That copy sees what the original sees (the prefix before it, and itself) and has
+the same position, so its hidden state is the original's. A continuation's last token (its closing
+``<|im_end|>``) is predicted but never fed in. The cost of sharing is one token per continuation.
+
+Attention (built on device from the compact ``segment_ids``, never shipped as bool[B, T, T]): query ``q`` may
+attend key ``k`` iff ``k <= q`` and key ``k`` is in the prefix (segment 0) or in the query's own segment;
+padding (segment -1) attends nothing and is attended by nothing. Siblings never see each other.
+
+M-RoPE positions: the prefix gets transformers' ``get_rope_index`` positions (image tokens on a 3-D grid);
+token ``j`` of every continuation segment gets position ``p + j`` on all three rows, where ``p`` is the last
+prefix token's (text) position. So a continuation is positioned exactly as if it followed the prefix alone.
+
+The **unpacked** layout (``unpack_groups``) is the same builder with one continuation per group: the prefix is
+repeated for every continuation. It exists for the equality test and the benchmark.
+
+Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots per row, ``P`` pair slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import (DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, get_rope_index, pick_bucket,
+                                  prepare_vision)
+from ipl_jax.model.text import forward_hidden, token_log_probs
+from ipl_jax.model.vision import VisionInputs, encode_images_unjitted
+
+PAD_SEGMENT = -1
+PREFIX_SEGMENT = 0
+
+
+# ------------------------------------------------------------------------------------------------- host side
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixGroup:
+    """One shared prefix and the continuations scored after it (numpy, unpadded).
+
+    prefix_ids: int32[L] (image pads expanded; the last token must be text);
+    continuations: tuple of int32[n_i] (each a complete turn, closing ``<|im_end|>`` included when it has one);
+    scored: tuple of bool[n_i] or None (all True): which continuation tokens count in its summed log-prob (the
+      naive-DPO baseline keeps the user prompts between turns in the continuation but does not score them);
+    pixel_values: f32[N, patch_dim] or None; image_grid_thw: int[n, 3] or None; name: for error messages.
+    """
+
+    prefix_ids: np.ndarray
+    continuations: tuple
+    pixel_values: Optional[np.ndarray] = None
+    image_grid_thw: Optional[np.ndarray] = None
+    scored: Optional[tuple] = None
+    name: str = ""
+
+    def scored_mask(self, i: int) -> np.ndarray:
+        n = len(self.continuations[i])
+        return np.ones(n, bool) if self.scored is None else np.asarray(self.scored[i], bool).reshape(n)
+
+    @property
+    def row_length(self) -> int:
+        """Tokens this group takes in a packed row: L - 1 + Σ n_i."""
+        return len(self.prefix_ids) - 1 + sum(len(c) for c in self.continuations)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairRef:
+    """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` is
+    the CoaT turn they belong to (0 for whole-trajectory pairs), kept for metrics."""
+
+    group: int
+    pos: int
+    neg: int
+    turn: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PackingConfig:
+    """Fixed shapes of packed batches.
+
+    rows (B), max_continuations (M: continuation slots per row; a β node needs K, a γ node K + 1), max_pairs
+    (P: pair slots per batch). ``text_buckets`` / ``patch_buckets``: a batch takes the smallest bucket that
+    fits its longest row / its patches; give one bucket each to make every batch of every round one shape.
+    """
+
+    rows: int = 8
+    max_continuations: int = 4
+    max_pairs: int = 16
+    text_buckets: tuple = DEFAULT_TEXT_BUCKETS
+    patch_buckets: tuple = DEFAULT_PATCH_BUCKETS
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.rows < 1 or self.max_continuations < 1 or self.max_pairs < 1:
+            raise ValueError(f"PackingConfig: rows, max_continuations and max_pairs must be >= 1, got {self}")
+        object.__setattr__(self, "text_buckets", tuple(sorted(int(b) for b in self.text_buckets)))
+        object.__setattr__(self, "patch_buckets", tuple(sorted(int(b) for b in self.patch_buckets)))
+
+
+@struct.dataclass
+class PackedBatch:
+    """A fixed-shape batch of prefix-packed rows and the pairs that compare their continuations.
+
+    input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE); segment_ids: int32[B, T] (-1 pad, 0 prefix,
+    i + 1 continuation slot i); target_ids: int32[B, T] (the token predicted at each position, 0 where none);
+    score_slot: int32[B, T] (the continuation slot whose scored token is predicted at each position, -1 where
+    none); vision: VisionInputs (patches of every row's images, in row order) or None.
+    Pairs: pair_pos / pair_neg int32[P] (flat slot index row * M + slot of the chosen / rejected continuation);
+    pair_valid bool[P]; pair_turn int32[P]; ref_pos / ref_neg f32[P] (reference log-probs, 0 until attached).
+    """
+
+    input_ids: jax.Array
+    positions: jax.Array
+    segment_ids: jax.Array
+    target_ids: jax.Array
+    score_slot: jax.Array
+    vision: Optional[VisionInputs]
+    pair_pos: jax.Array
+    pair_neg: jax.Array
+    pair_valid: jax.Array
+    pair_turn: jax.Array
+    ref_pos: jax.Array
+    ref_neg: jax.Array
+    max_continuations: int = struct.field(pytree_node=False, default=1)
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def num_pairs(self) -> int:
+        return int(np.sum(np.asarray(self.pair_valid)))
+
+    def with_reference(self, ref_pos, ref_neg) -> "PackedBatch":
+        return self.replace(ref_pos=jnp.asarray(ref_pos, jnp.float32), ref_neg=jnp.asarray(ref_neg, jnp.float32))
+
+
+def _group_name(group: PrefixGroup, index: int) -> str:
+    return group.name or f"group {index}"
+
+
+def check_group(cfg: Qwen2VLConfig, group: PrefixGroup, index: int = 0) -> None:
+    """Raise ValueError naming the group when it cannot be packed."""
+    name = _group_name(group, index)
+    prefix = np.asarray(group.prefix_ids)
+    if prefix.ndim != 1 or prefix.size < 1:
+        raise ValueError(f"{name}: prefix_ids must be a non-empty 1-D array, got shape {prefix.shape}")
+    if prefix[-1] == cfg.image_token_id:
+        raise ValueError(f"{name}: the prefix ends with an image token; a continuation must follow text")
+    if not group.continuations:
+        raise ValueError(f"{name}: no continuations")
+    if group.scored is not None and len(group.scored) != len(group.continuations):
+        raise ValueError(f"{name}: {len(group.scored)} score masks for {len(group.continuations)} continuations")
+    for i, c in enumerate(group.continuations):
+        c = np.asarray(c)
+        if c.ndim != 1 or c.size < 1:
+            raise ValueError(f"{name}: continuation {i} must be a non-empty 1-D array, got shape {c.shape}")
+        if np.any(c == cfg.image_token_id):
+            raise ValueError(f"{name}: continuation {i} holds an image token")
+        if group.scored is not None and np.asarray(group.scored[i]).shape != c.shape:
+            raise ValueError(f"{name}: score mask {i} has shape {np.asarray(group.scored[i]).shape}, "
+                             f"expected {c.shape}")
+    if (group.pixel_values is None) != (group.image_grid_thw is None):
+        raise ValueError(f"{name}: give both pixel_values and image_grid_thw, or neither")
+
+
+def _row(cfg: Qwen2VLConfig, group: PrefixGroup, index: int):
+    """The unpadded arrays of one packed row: ids, positions [3, n], segments, targets, score slots."""
+    prefix = np.asarray(group.prefix_ids, np.int64)
+    grid = None if group.image_grid_thw is None else np.asarray(group.image_grid_thw).reshape(-1, 3)
+    try:
+        pos, _ = get_rope_index(prefix[None], np.ones((1, prefix.size), bool), grid, cfg)
+    except ValueError as e:
+        raise ValueError(f"{_group_name(group, index)}: {e}") from e
+    pos = pos[:, 0]  # [3, L]
+    last_tok, last_pos = prefix[-1], int(pos[0, -1])
+    ids, positions, segs, targets, slots = [prefix[:-1]], [pos[:, :-1]], [np.zeros(prefix.size - 1)], \
+        [np.zeros(prefix.size - 1)], [np.full(prefix.size - 1, -1)]
+    for i, c in enumerate(group.continuations):
+        c = np.asarray(c, np.int64)
+        n = c.size
+        ids.append(np.concatenate([[last_tok], c[:-1]]))
+        positions.append(np.broadcast_to(last_pos + np.arange(n), (3, n)))
+        segs.append(np.full(n, i + 1))
+        targets.append(c)
+        slots.append(np.where(group.scored_mask(i), i, -1))
+    cat = lambda xs: np.concatenate(xs).astype(np.int32)
+    return cat(ids), np.concatenate(positions, axis=1).astype(np.int32), cat(segs), cat(targets), cat(slots)
+
+
+def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef],
+                packing: PackingConfig) -> PackedBatch:
+    """One PackedBatch (numpy arrays) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
+
+    Pair ``group`` indices refer to positions in ``groups``. T is the smallest text bucket that fits the longest
+    row, the patch axis the smallest patch bucket that fits all images.
+    """
+    B, M, P = packing.rows, packing.max_continuations, packing.max_pairs
+    if packing.pad_id == cfg.image_token_id:
+        raise ValueError("PackingConfig.pad_id must not be the image token id")
+    if not groups:
+        raise ValueError("pack_groups: no groups")
+    if len(groups) > B:
+        raise ValueError(f"pack_groups: {len(groups)} groups do not fit {B} rows")
+    if len(pairs) > P:
+        raise ValueError(f"pack_groups: {len(pairs)} pairs do not fit {P} pair slots")
+    for g, group in enumerate(groups):
+        check_group(cfg, group, g)
+        if len(group.continuations) > M:
+            raise ValueError(f"{_group_name(group, g)}: {len(group.continuations)} continuations exceed "
+                             f"max_continuations={M}")
+    rows = [_row(cfg, group, g) for g, group in enumerate(groups)]
+    lengths = [len(r[0]) for r in rows]
+    g_long = int(np.argmax(lengths))
+    T = pick_bucket(lengths[g_long], packing.text_buckets,
+                    f"packed row length of {_group_name(groups[g_long], g_long)}")
+    input_ids = np.full((B, T), packing.pad_id, np.int32)
+    positions = np.zeros((3, B, T), np.int32)
+    segment_ids = np.full((B, T), PAD_SEGMENT, np.int32)
+    target_ids = np.zeros((B, T), np.int32)
+    score_slot = np.full((B, T), -1, np.int32)
+    for b, (ids, pos, seg, tgt, slot) in enumerate(rows):
+        n = ids.size
+        input_ids[b, :n], positions[:, b, :n], segment_ids[b, :n], target_ids[b, :n], score_slot[b, :n] = \
+            ids, pos, seg, tgt, slot
+
+    with_images = [g for g in groups if g.pixel_values is not None]
+    vision = None
+    if with_images:
+        pv = np.concatenate([np.asarray(g.pixel_values, np.float32) for g in with_images], axis=0)
+        grids = np.concatenate([np.asarray(g.image_grid_thw, np.int64).reshape(-1, 3) for g in with_images])
+        vision = prepare_vision(cfg, pv, grids, packing.patch_buckets)
+
+    pair_pos = np.zeros((P,), np.int32)
+    pair_neg = np.zeros((P,), np.int32)
+    pair_valid = np.zeros((P,), bool)
+    pair_turn = np.zeros((P,), np.int32)
+    for k, pr in enumerate(pairs):
+        if not 0 <= pr.group < len(groups):
+            raise ValueError(f"pair {k}: group {pr.group} out of range (have {len(groups)})")
+        n_cont = len(groups[pr.group].continuations)
+        if not (0 <= pr.pos < n_cont and 0 <= pr.neg < n_cont) or pr.pos == pr.neg:
+            raise ValueError(f"pair {k} of {_group_name(groups[pr.group], pr.group)}: continuations "
+                             f"({pr.pos}, {pr.neg}) must be two different indices below {n_cont}")
+        pair_pos[k], pair_neg[k] = pr.group * M + pr.pos, pr.group * M + pr.neg
+        pair_valid[k], pair_turn[k] = True, pr.turn
+    return PackedBatch(input_ids=input_ids, positions=positions, segment_ids=segment_ids, target_ids=target_ids,
+                       score_slot=score_slot, vision=vision, pair_pos=pair_pos, pair_neg=pair_neg,
+                       pair_valid=pair_valid, pair_turn=pair_turn, ref_pos=np.zeros((P,), np.float32),
+                       ref_neg=np.zeros((P,), np.float32), max_continuations=M)
+
+
+def pack_round(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef],
+               packing: PackingConfig) -> list[PackedBatch]:
+    """All groups of a round, in order, into as few batches as the row and pair capacities allow.
+
+    Groups are taken in order; a batch is closed when the next group would overflow its rows or pair slots.
+    Groups without pairs are dropped. A group with more pairs than ``max_pairs`` raises ValueError.
+    """
+    by_group: dict[int, list[PairRef]] = {}
+    for pr in pairs:
+        if not 0 <= pr.group < len(groups):
+            raise ValueError(f"pair {pr}: group {pr.group} out of range (have {len(groups)})")
+        by_group.setdefault(pr.group, []).append(pr)
+    batches: list[PackedBatch] = []
+    cur_groups: list[PrefixGroup] = []
+    cur_pairs: list[PairRef] = []
+
+    def flush():
+        if cur_groups:
+            batches.append(pack_groups(cfg, cur_groups, cur_pairs, packing))
+            cur_groups.clear()
+            cur_pairs.clear()
+
+    for g, group in enumerate(groups):
+        mine = by_group.get(g, [])
+        if not mine:
+            continue
+        if len(mine) > packing.max_pairs:
+            raise ValueError(f"{_group_name(group, g)}: {len(mine)} pairs exceed max_pairs={packing.max_pairs}")
+        if len(cur_groups) == packing.rows or len(cur_pairs) + len(mine) > packing.max_pairs:
+            flush()
+        local = len(cur_groups)
+        cur_groups.append(group)
+        cur_pairs.extend(dataclasses.replace(pr, group=local) for pr in mine)
+    flush()
+    return batches
+
+
+def unpack_groups(groups: Sequence[PrefixGroup], pairs: Sequence[PairRef]) -> tuple[list[PrefixGroup],
+                                                                                 list[PairRef]]:
+    """The unpacked layout: one group (row) per (prefix, continuation), the prefix repeated for each.
+
+    A pair then compares slot 0 of two rows; ``pack_groups`` / ``pack_round`` handle it like any other batch
+    (use ``max_continuations=1``). Pairs keep their order; pair ``group`` indices refer to the new list."""
+    out_groups: list[PrefixGroup] = []
+    index: dict[tuple[int, int], int] = {}
+    for g, group in enumerate(groups):
+        for i, c in enumerate(group.continuations):
+            index[(g, i)] = len(out_groups)
+            scored = None if group.scored is None else (group.scored[i],)
+            out_groups.append(dataclasses.replace(group, continuations=(c,), scored=scored,
+                                                  name=f"{_group_name(group, g)}/cont {i}"))
+    return out_groups, [PairUnpacked(index[(p.group, p.pos)], index[(p.group, p.neg)], p.turn) for p in pairs]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairUnpacked:
+    """A pair whose continuations live in two different single-continuation groups (the unpacked layout)."""
+
+    pos_group: int
+    neg_group: int
+    turn: int = 0
+
+
+def pack_unpacked(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairUnpacked],
+                  packing: PackingConfig) -> list[PackedBatch]:
+    """Batches of the unpacked layout: each pair's two rows go in the same batch; rows shared by several pairs
+    of one batch are laid out once. ``packing.max_continuations`` may be 1."""
+    batches: list[PackedBatch] = []
+    rows: list[int] = []
+    cur: list[PairUnpacked] = []
+
+    def flush():
+        if not cur:
+            return
+        local = {g: r for r, g in enumerate(rows)}
+        gs = [groups[g] for g in rows]
+        batch = pack_groups(cfg, gs, [], packing)
+        M = packing.max_continuations
+        pos = np.zeros_like(batch.pair_pos)
+        neg = np.zeros_like(batch.pair_neg)
+        valid = np.zeros_like(batch.pair_valid)
+        turn = np.zeros_like(batch.pair_turn)
+        for k, p in enumerate(cur):
+            pos[k], neg[k], valid[k], turn[k] = local[p.pos_group] * M, local[p.neg_group] * M, True, p.turn
+        batches.append(batch.replace(pair_pos=pos, pair_neg=neg, pair_valid=valid, pair_turn=turn))
+        rows.clear()
+        cur.clear()
+
+    for p in pairs:
+        new = [g for g in dict.fromkeys((p.pos_group, p.neg_group)) if g not in rows]
+        if len(rows) + len(new) > packing.rows or len(cur) + 1 > packing.max_pairs:
+            flush()
+            new = list(dict.fromkeys((p.pos_group, p.neg_group)))
+        if len(new) > packing.rows:
+            raise ValueError(f"pack_unpacked: a pair needs {len(new)} rows but a batch has {packing.rows}")
+        rows.extend(new)
+        cur.append(p)
+    flush()
+    return batches
+
+
+def stack_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
+    """Same-shaped batches -> one batch whose leaves carry a leading [A, ...] axis (gradient accumulation)."""
+    shapes = {jax.tree.structure(b) for b in batches}
+    if len(shapes) != 1:
+        raise ValueError("stack_batches: batches differ in structure")
+    return jax.tree.map(lambda *xs: np.stack(xs), *batches)
+
+
+# ------------------------------------------------------------------------------------------------ device side
+
+
+def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """bool[B, T, T] from int32[B, T] segment ids: causal; a key is visible if it is in the prefix (segment 0)
+    or in the query's own segment; padding (-1) sees nothing and is seen by nothing."""
+    t = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]
+    q = segment_ids[:, :, None]
+    k = segment_ids[:, None, :]
+    visible = (k == PREFIX_SEGMENT) | (k == q)
+    return causal & visible & (q >= 0) & (k >= 0)
+
+
+def _chunk_for(t: int, chunk: int) -> int:
+    c = min(int(chunk), t)
+    return c if t % c == 0 else t
+
+
+def packed_token_logps(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False,
+                       chunk: int = 128) -> jax.Array:
+    """log p(target_ids) f32[B, T] of every position of a packed batch (0-information where nothing is
+    predicted; mask with ``score_slot``). Traceable; call inside a jitted function."""
+    feats = None if batch.vision is None else encode_images_unjitted(params, cfg, batch.vision)
+    mask = packed_attention_mask(batch.segment_ids)
+    hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, mask, feats, remat=remat)
+    return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk))
+
+
+def slot_one_hot(batch: PackedBatch) -> jax.Array:
+    """f32[B, T, M]: 1 where the position's scored target belongs to continuation slot m."""
+    m = jnp.arange(batch.max_continuations, dtype=jnp.int32)
+    return (jnp.asarray(batch.score_slot)[..., None] == m).astype(jnp.float32)
+
+
+def continuation_logps(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False,
+                       chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+    """Summed log-probs f32[B, M] of every continuation slot (over its scored tokens only, closing
+    ``<|im_end|>`` included) and their token counts f32[B, M] (0 for empty slots)."""
+    logp = packed_token_logps(params, cfg, batch, remat=remat, chunk=chunk)
+    onehot = slot_one_hot(batch)
+    return jnp.einsum("bt,btm->bm", logp, onehot), jnp.sum(onehot, axis=1)
+
+
+score_continuations = jax.jit(continuation_logps, static_argnums=(1,), static_argnames=("remat", "chunk"))
+score_continuations.__doc__ = continuation_logps.__doc__
+
+
+def pair_logps(cont_logps: jax.Array, cont_tokens: jax.Array, batch: PackedBatch):
+    """(chosen f32[P], rejected f32[P], chosen token count f32[P]) gathered from per-slot sums [B, M]."""
+    flat_lp = cont_logps.reshape(-1)
+    flat_n = cont_tokens.reshape(-1)
+    return flat_lp[batch.pair_pos], flat_lp[batch.pair_neg], flat_n[batch.pair_pos]

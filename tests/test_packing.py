@@ -1,0 +1,175 @@
+"""Prefix-packed rows: layout, attention mask, M-RoPE positions, and log-probs equal to a plain per-sequence
+forward (and to the unpacked layout)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ipl_jax import model as M
+from ipl_jax import packing as PK
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+
+IMG, VS, VE = 60, 62, 63
+
+
+def tiny_cfg():
+    return Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
+        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
+                        eos_token_id=(2,), pad_token_id=0),
+        image_token_id=IMG, video_token_id=61, vision_start_token_id=VS, vision_end_token_id=VE)
+
+
+def tiny_params(cfg, seed=0):
+    return M.init_params(cfg, jax.random.PRNGKey(seed), std=0.3)
+
+
+def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
+    """Groups with an image prefix (grid 1x4x4 or 1x4x6 -> 4 or 6 image tokens) and random continuations of
+    1..4 tokens; groups in ``scored_groups`` score a random subset of their continuation tokens."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(n_groups):
+        h, w = 4, int(rng.choice([4, 6]))
+        n_img = h * w // 4
+        prefix = [*rng.integers(3, 59, 2), VS, *[IMG] * n_img, VE, *rng.integers(3, 59, int(rng.integers(2, 7)))]
+        cs = tuple(np.asarray(rng.integers(3, 59, int(rng.integers(1, 5))), np.int32)
+                   for _ in range(conts[g % len(conts)]))
+        scored = None
+        if g in scored_groups:
+            scored = tuple(rng.random(len(c)) < 0.6 for c in cs)
+        pv = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
+        groups.append(PK.PrefixGroup(prefix_ids=np.asarray(prefix, np.int32), continuations=cs, pixel_values=pv,
+                                     image_grid_thw=np.array([[1, h, w]]), scored=scored, name=f"g{g}"))
+    return groups
+
+
+def direct_logps(params, cfg, group, i):
+    """Sum of log p(continuation tokens) from a plain causal forward of prefix + continuation (no packing),
+    right-padded to 32 tokens (key-padding mask) so that every call shares one compilation."""
+    seq = np.concatenate([group.prefix_ids, group.continuations[i]]).astype(np.int32)
+    inputs = M.prepare_inputs(cfg, seq[None], None, group.pixel_values, group.image_grid_thw, text_buckets=(32,),
+                              patch_buckets=(32,))
+    feats = M.encode_images(params, cfg, inputs.vision)
+    logits = M.forward(params, cfg, inputs.input_ids, inputs.positions, inputs.attention_mask, feats)
+    logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+    L = len(group.prefix_ids)
+    c = group.continuations[i]
+    picked = np.asarray(logp[L - 1:L - 1 + len(c)])[np.arange(len(c)), c]
+    return float(np.sum(picked * group.scored_mask(i)))
+
+
+def test_attention_mask_known_answer():
+    seg = jnp.asarray([[0, 0, 1, 1, 2, 2, 2, -1]])
+    got = np.asarray(PK.packed_attention_mask(seg))[0].astype(int)
+    want = np.array([
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0],
+    ])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_row_layout_and_positions_match_the_unshared_sequence():
+    """Each continuation segment is [last prefix token, c[:-1]] predicting c, and its M-RoPE positions are
+    those the same tokens get in the plain sequence prefix + continuation."""
+    cfg = tiny_cfg()
+    groups = make_groups(cfg, seed=1, n_groups=2)
+    batch = PK.pack_groups(cfg, groups, [PK.PairRef(0, 0, 1, 2)], PK.PackingConfig(rows=3, max_continuations=4,
+                                                                                    max_pairs=2, text_buckets=(64,),
+                                                                                    patch_buckets=(64,)))
+    assert batch.input_ids.shape == (3, 64) and batch.positions.shape == (3, 3, 64)
+    assert np.all(batch.segment_ids[2] == -1)  # the padding row
+    for b, g in enumerate(groups):
+        L = len(g.prefix_ids)
+        seg = batch.segment_ids[b]
+        np.testing.assert_array_equal(batch.input_ids[b, :L - 1], g.prefix_ids[:-1])
+        for i, c in enumerate(g.continuations):
+            where = np.flatnonzero(seg == i + 1)
+            assert where.size == len(c) and np.all(np.diff(where) == 1)
+            np.testing.assert_array_equal(batch.input_ids[b, where], np.concatenate([[g.prefix_ids[-1]], c[:-1]]))
+            np.testing.assert_array_equal(batch.target_ids[b, where], c)
+            np.testing.assert_array_equal(batch.score_slot[b, where], i)
+            full = np.concatenate([g.prefix_ids, c])[None]
+            pos, _ = M.get_rope_index(full, np.ones_like(full, bool), g.image_grid_thw, cfg)
+            np.testing.assert_array_equal(batch.positions[:, b, where], pos[:, 0, L - 1:L - 1 + len(c)])
+        np.testing.assert_array_equal(batch.score_slot[b, :L - 1], -1)
+    assert batch.pair_pos[0] == 0 * 4 + 0 and batch.pair_neg[0] == 1 and batch.pair_valid.tolist() == [True, False]
+    assert batch.vision.patches.shape == (64, cfg.vision.patch_dim)
+
+
+def test_packed_and_unpacked_logps_equal_direct_forward():
+    """Group 1 scores only some of its continuation tokens (as the naive-DPO layout does)."""
+    cfg = tiny_cfg()
+    params = tiny_params(cfg)
+    groups = make_groups(cfg, seed=2, scored_groups=(1,))
+    pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)] + [PK.PairRef(2, 3, 1, 3)]
+    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(96,))
+    with jax.default_matmul_precision("highest"):
+        (batch,) = PK.pack_round(cfg, groups, pairs, packing)
+        lp, ntok = PK.score_continuations(params, cfg, batch, chunk=16)
+        want = np.zeros((4, 4))
+        for g, group in enumerate(groups):
+            for i in range(len(group.continuations)):
+                want[g, i] = direct_logps(params, cfg, group, i)
+                assert float(ntok[g, i]) == group.scored_mask(i).sum()
+        assert np.abs(want).max() > 1.0  # far from trivial
+        np.testing.assert_allclose(np.asarray(lp), want, atol=1e-5, rtol=0)
+        pos, neg, pos_n = PK.pair_logps(lp, ntok, batch)
+        np.testing.assert_allclose(np.asarray(pos)[:4], [want[0, 0], want[1, 0], want[2, 0], want[2, 3]], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(neg)[:4], [want[0, 1], want[1, 1], want[2, 1], want[2, 1]], atol=1e-5)
+
+        # unpacked: one row per (prefix, continuation); the same pair log-probs
+        ugroups, upairs = PK.unpack_groups(groups, pairs)
+        assert len(ugroups) == sum(len(g.continuations) for g in groups)
+        ubatches = PK.pack_unpacked(cfg, ugroups, upairs, PK.PackingConfig(
+            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32, 64), patch_buckets=(96,)))
+        got_pos, got_neg = [], []
+        for ub in ubatches:
+            ulp, un = PK.score_continuations(params, cfg, ub, chunk=16)
+            p, n, _ = PK.pair_logps(ulp, un, ub)
+            k = int(ub.pair_valid.sum())
+            got_pos += list(np.asarray(p)[:k])
+            got_neg += list(np.asarray(n)[:k])
+        np.testing.assert_allclose(got_pos, np.asarray(pos)[:4], atol=1e-5)
+        np.testing.assert_allclose(got_neg, np.asarray(neg)[:4], atol=1e-5)
+
+
+def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
+    cfg = tiny_cfg()
+    groups = make_groups(cfg, seed=3, n_groups=5, conts=(2,))
+    pairs = [PK.PairRef(0, 0, 1), PK.PairRef(0, 1, 0), PK.PairRef(2, 0, 1), PK.PairRef(3, 0, 1),
+             PK.PairRef(4, 1, 0)]
+    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(96,))
+    batches = PK.pack_round(cfg, groups, pairs, packing)
+    # group 1 has no pair; groups (0, 2) fill rows; then (3, 4)
+    assert [b.num_pairs for b in batches] == [3, 2]
+    np.testing.assert_array_equal(batches[0].input_ids[1, :5], groups[2].prefix_ids[:5])
+    np.testing.assert_array_equal(batches[1].pair_pos[:2], [0, 2 + 1])
+
+
+def test_bad_groups_raise_naming_the_group():
+    cfg = tiny_cfg()
+    (g,) = make_groups(cfg, seed=4, n_groups=1)
+    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=2, text_buckets=(64,), patch_buckets=(96,))
+    with pytest.raises(ValueError, match="g0: 3 continuations exceed"):
+        PK.pack_groups(cfg, [g], [], packing)
+    bad = PK.PrefixGroup(prefix_ids=np.array([3, VS, IMG], np.int32), continuations=(np.array([5]),), name="img-end")
+    with pytest.raises(ValueError, match="img-end: the prefix ends with an image token"):
+        PK.pack_groups(cfg, [bad], [], packing)
+    empty = PK.PrefixGroup(prefix_ids=np.array([3, 4], np.int32), continuations=(np.array([], np.int32),), name="e")
+    with pytest.raises(ValueError, match="e: continuation 0 must be a non-empty"):
+        PK.pack_groups(cfg, [empty], [], packing)
+    long = PK.PrefixGroup(prefix_ids=np.arange(3, 50, dtype=np.int32), continuations=(np.arange(3, 40),), name="L")
+    with pytest.raises(ValueError, match="packed row length of L"):
+        PK.pack_groups(cfg, [long], [], packing)
+    with pytest.raises(ValueError, match="pair 0 of g0"):
+        PK.pack_groups(cfg, [g], [PK.PairRef(0, 1, 1)], PK.PackingConfig(rows=1, max_continuations=3, max_pairs=1,
+                                                                         text_buckets=(64,), patch_buckets=(96,)))
