@@ -1,4 +1,4 @@
-"""Sharded forward on an 8-device CPU mesh (fsdp=4 x tensor=2) equal single-device results.
+"""Sharded forward and greedy decoding on an 8-device CPU mesh (fsdp=4 x tensor=2) equal single-device results.
 
 The mesh needs XLA_FLAGS set before jax starts, so the check runs in a subprocess.
 """
@@ -22,9 +22,11 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import jax
     from jax.sharding import PartitionSpec as P
+    from ipl_jax.model.decode import greedy_generate
     from ipl_jax.model.inputs import prepare_inputs
     from ipl_jax.model.params import param_shapes
-    from ipl_jax.model.sharding import make_mesh, param_shardings, sharded_forward, spec_for
+    from ipl_jax.model.sharding import (make_mesh, param_shardings, sharded_forward, sharded_greedy_generate,
+                                        spec_for)
     from ipl_jax.model.text import forward_inputs
     from ipl_jax.model.weights import load_params
 
@@ -36,6 +38,7 @@ SCRIPT = textwrap.dedent("""
     inputs = prepare_inputs(cfg, data["ids"], data["mask"], data["pv"], data["grids"], text_buckets=(64,),
                             patch_buckets=(192,))
     single = np.asarray(forward_inputs(params, cfg, inputs))
+    single_tokens = np.asarray(greedy_generate(params, cfg, inputs, max_new_tokens=6)[0])
 
     mesh = make_mesh((1, 4, 2))
     shardings = param_shardings(param_shapes(cfg), mesh)
@@ -43,8 +46,11 @@ SCRIPT = textwrap.dedent("""
     q = sharded_params["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
     emb = sharded_params["model"]["embed_tokens"]["embedding"]
     logits = sharded_forward(cfg, mesh, shardings, inputs)(sharded_params, inputs)
+    tokens = sharded_greedy_generate(cfg, mesh, shardings, inputs, 6)(sharded_params, inputs)[0]
     print(json.dumps({
         "max_diff": float(np.max(np.abs(np.asarray(logits) - single))),
+        "tokens_equal": bool(np.array_equal(np.asarray(tokens), single_tokens)),
+        "tokens_spec": str(tokens.sharding.spec),
         "q_spec": str(q.sharding.spec), "q_shard": list(q.addressable_shards[0].data.shape),
         "emb_shard": list(emb.addressable_shards[0].data.shape),
         "logits_spec": str(logits.sharding.spec),
@@ -69,6 +75,7 @@ def test_sharded_forward_equals_single_device(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["max_diff"] <= 1e-5, out
+    assert out["tokens_equal"] and "fsdp" in out["tokens_spec"], out
     # q_proj kernel [L=2, H=64, 64]: input dim over fsdp (4), output dim over tensor (2).
     assert out["q_spec"] == "P(None, 'fsdp', 'tensor')" and out["q_shard"] == [2, 16, 32]
     assert out["emb_shard"] == [500, 16]  # vocabulary over tensor, width over fsdp
