@@ -1,0 +1,118 @@
+"""The sampler's settings: one frozen (hashable) dataclass, a static argument of the jitted tree sampler.
+
+Every value the method leaves open is a field here ([choice] marks our defaults):
+
+* ``branching`` (b1, b2, b3, b4): children per node at each CoaT turn; method.md §3's default (3, 3, 3, 1).
+* ``max_turn_tokens`` (T1..T4): the token budget of each turn, the end-of-turn token included. A turn that has
+  not produced an end-of-turn token after ``T_t`` tokens is cut there (``finished`` False); the next turn's
+  prompt follows the cut text directly (no end-of-turn token is inserted), so later turns are conditioned on
+  exactly the tokens stored in the tree.
+* ``temperature`` per turn: 0 means greedy (argmax). [choice] (1, 1, 1, 0): the grounding s4 is greedy, as
+  method.md §3 says ("one (greedy) s4 per s3"). Temperatures are traced, not compiled in.
+* ``top_k`` (0 = off) and ``top_p`` (1 = off), applied after the temperature, in transformers' order
+  (temperature, then top-k, then top-p).
+* buckets for the prefix (screenshot + first prompt), the three turn prompts and the image patches: shapes are
+  the smallest bucket that fits, so batches whose lengths fall in the same buckets share one compilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, pick_bucket
+from ipl_jax.tree import DEFAULT_BRANCHING, NUM_TURNS, check_branching
+
+DEFAULT_TURN_TOKENS = (256, 128, 32, 32)
+DEFAULT_TEMPERATURE = (1.0, 1.0, 1.0, 0.0)
+DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _per_turn(value, name: str, cast) -> tuple:
+    """A scalar or a 4-sequence -> a 4-tuple."""
+    if isinstance(value, (int, float)):
+        return (cast(value),) * NUM_TURNS
+    out = tuple(cast(v) for v in value)
+    if len(out) != NUM_TURNS:
+        raise ValueError(f"SamplerConfig.{name} must be a scalar or {NUM_TURNS} values, got {tuple(value)}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """How CoaT-trees are sampled. Hashable: a static argument of the jitted samplers.
+
+    eos_ids: ids that end a turn (``<|im_end|>`` first; take them from ``QwenTokenizer.ids.eos``); the first is
+    also what a greedy-equivalence check expects. pad_id: fills unused token slots (never written to a cache).
+    early_exit: stop a turn's decode loop once every row has finished (a ``lax.while_loop``); off, every turn
+    runs its full budget (same results, fixed run time).
+    """
+
+    branching: tuple[int, int, int, int] = DEFAULT_BRANCHING
+    max_turn_tokens: tuple[int, int, int, int] = DEFAULT_TURN_TOKENS
+    temperature: tuple[float, float, float, float] = DEFAULT_TEMPERATURE
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    prefix_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS
+    prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
+    patch_buckets: tuple[int, ...] = DEFAULT_PATCH_BUCKETS
+    early_exit: bool = True
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass normalisation)
+        set_("branching", check_branching(self.branching))
+        set_("max_turn_tokens", _per_turn(self.max_turn_tokens, "max_turn_tokens", int))
+        set_("temperature", _per_turn(self.temperature, "temperature", float))
+        set_("eos_ids", tuple(int(e) for e in self.eos_ids))
+        for name in ("prefix_buckets", "prompt_buckets", "patch_buckets"):
+            b = tuple(sorted(int(x) for x in getattr(self, name)))
+            if not b or b[0] < 1:
+                raise ValueError(f"SamplerConfig.{name} must hold positive ints, got {getattr(self, name)}")
+            set_(name, b)
+        if any(t < 1 for t in self.max_turn_tokens):
+            raise ValueError(f"SamplerConfig.max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if any(t < 0 for t in self.temperature):
+            raise ValueError(f"SamplerConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplerConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplerConfig.top_p must be in (0, 1], got {self.top_p}")
+        if not self.eos_ids:
+            raise ValueError("SamplerConfig.eos_ids is empty: give the end-of-turn id(s) (<|im_end|> first)")
+
+    def replace(self, **kw) -> "SamplerConfig":
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def greedy(self) -> bool:
+        return all(t == 0 for t in self.temperature)
+
+    def compile_key(self) -> "SamplerConfig":
+        """This config with the temperatures blanked: the jitted samplers take the temperatures as a traced
+        f32[4] argument, so configurations that differ only in temperature (greedy evaluation vs sampling, a
+        temperature sweep) share one compilation."""
+        return dataclasses.replace(self, temperature=(1.0,) * NUM_TURNS)
+
+    def cache_size(self, prefix_len: int, prompt_lens: Sequence[int], upto_turn: Optional[int] = None) -> int:
+        """KV slots a row needs through turn ``upto_turn`` (default 4): prefix + Σ (prompt + turn budget).
+
+        prompt_lens: the (bucketed) lengths of the turn-2, -3, -4 prompts.
+        """
+        upto = NUM_TURNS if upto_turn is None else int(upto_turn)
+        size = int(prefix_len) + self.max_turn_tokens[0]
+        for t in range(2, upto + 1):
+            size += int(prompt_lens[t - 2]) + self.max_turn_tokens[t - 1]
+        return size
+
+    def prefix_bucket(self, n: int) -> int:
+        return pick_bucket(n, self.prefix_buckets, "prefix length")
+
+    def prompt_bucket(self, n: int) -> int:
+        return pick_bucket(n, self.prompt_buckets, "turn prompt length")
+
+
+def greedy_config(config: SamplerConfig) -> SamplerConfig:
+    """The evaluation form of ``config``: one branch per turn, temperature 0 everywhere."""
+    return config.replace(branching=(1, 1, 1, 1), temperature=(0.0,) * NUM_TURNS, top_k=0, top_p=1.0)

@@ -1,0 +1,142 @@
+"""The decode-loop pieces shared by the prefix-sharing and the no-sharing tree samplers.
+
+Loop form: **feed, then sample.** A turn starts with the cache holding the node's context *except its last
+token* (the last token of the prompt), which is the loop's first feed. Each iteration feeds one token per
+row (``decode_step``), samples the next token from the resulting logits, and feeds that token in the next
+iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next turn's prompt
+extension writes it to the cache together with the prompt (all but the prompt's last token, which becomes the
+next loop's first feed). So every token enters the cache exactly once, there is one decoder instantiation per
+turn loop and one per prompt extension, and no logits are ever computed for a prompt position.
+
+Both samplers draw the tokens of a turn with ``sample_turn`` from the same per-node keys, so given equal
+logits they produce equal trees; they differ only in how a node's context reaches the KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from ipl_jax.model import KVCache, decode_step, extend, prefill
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import ModelInputs
+from ipl_jax.sampling.keys import position_keys
+from ipl_jax.sampling.token_sampling import sample_tokens
+
+
+def grow_cache(cache: KVCache, size: int) -> KVCache:
+    """The same cache with ``size`` slots per row (new slots empty). size >= cache.size."""
+    extra = int(size) - cache.size
+    if extra < 0:
+        raise ValueError(f"grow_cache: cannot shrink a cache of {cache.size} slots to {size}")
+    if extra == 0:
+        return cache
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), length=cache.length, next_pos=cache.next_pos)
+
+
+def fan_out(cache: KVCache, feed: jax.Array, k: int, size: int):
+    """Each row's cache (grown to ``size`` slots) and pending feed token repeated k times, contiguously:
+    rows [a, b] -> [a.., b..] (R -> R*k). The copies are the children's shared prefix: nothing is recomputed."""
+    cache = grow_cache(cache, size)
+    if k == 1:
+        return cache, feed
+    cache = KVCache(k=jnp.repeat(cache.k, k, axis=1), v=jnp.repeat(cache.v, k, axis=1),
+                    length=jnp.repeat(cache.length, k), next_pos=jnp.repeat(cache.next_pos, k))
+    return cache, jnp.repeat(feed, k, axis=0)
+
+
+def _last_valid(mask: jax.Array) -> jax.Array:
+    """int32[R]: index of the last True of each row of bool[R, T] (0 when none)."""
+    t = mask.shape[1]
+    return jnp.maximum(jnp.max(jnp.where(mask, jnp.arange(t)[None, :], -1), axis=1), 0).astype(jnp.int32)
+
+
+def prefill_context(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int):
+    """Prefills every valid token of ``inputs`` except each row's last one, which is returned as the first feed.
+
+    M-RoPE positions come from the full sequence, so the cache's ``next_pos`` is exactly the position of the
+    held-back token. Returns (cache, feed int32[R]). The last token must be text (it is, for a chat prompt).
+    """
+    mask = jnp.asarray(inputs.attention_mask).astype(bool)
+    last = _last_valid(mask)
+    ids = jnp.asarray(inputs.input_ids)
+    feed = jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]
+    head = mask & (jnp.arange(mask.shape[1])[None, :] != last[:, None])
+    _, cache = prefill(params, cfg, inputs.replace(attention_mask=head), cache_size=cache_size)
+    return cache, feed
+
+
+def extend_prompt(params: dict, cfg: Qwen2VLConfig, cache: KVCache, pending: jax.Array, pending_valid: jax.Array,
+                  prompt_ids: jax.Array, prompt_lengths: jax.Array):
+    """Writes each row's pending token (the previous turn's last token, when not yet in the cache) and its
+    prompt except the prompt's last token; returns (cache, feed int32[R] = the prompt's last token).
+
+    pending: int32[R]; pending_valid: bool[R]; prompt_ids: int32[R, Q] right-padded; prompt_lengths: int32[R]
+    (>= 1). The extension's logits are unused (XLA drops them inside a jit).
+    """
+    q = prompt_ids.shape[1]
+    ids = jnp.concatenate([pending[:, None], prompt_ids], axis=1)
+    valid = jnp.concatenate([pending_valid[:, None], jnp.arange(q)[None, :] < (prompt_lengths[:, None] - 1)], axis=1)
+    _, cache = extend(params, cfg, cache, ids, valid)
+    feed = jnp.take_along_axis(prompt_ids, jnp.maximum(prompt_lengths - 1, 0)[:, None], axis=1)[:, 0]
+    return cache, feed
+
+
+def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Array, keys: jax.Array, budget: int,
+                temperature, top_k: int, top_p: float, eos_ids: tuple, pad_id: int, early_exit: bool = True):
+    """Samples one turn for every row: at most ``budget`` tokens; a row stops after its first eos token (kept).
+
+    cache: each row's context but its last token; feed: int32[R] that last token; keys: uint32[R, 2] node
+    keys (token i is drawn with ``fold_in(key, i)``); temperature: f32 scalar, may be traced (0 = greedy).
+    The cache needs room for ``budget`` more tokens.
+    Returns (tokens int32[R, budget] padded with pad_id, lengths int32[R], logps f32[R, budget] (0 on padding;
+    the model's untempered log-softmax), finished bool[R] (ended with an eos id), cache, pending bool[R]): the
+    cache then holds context + turn except, for rows with ``pending``, the turn's last token.
+    """
+    r = feed.shape[0]
+    eos = jnp.asarray(eos_ids, jnp.int32)
+    state0 = (jnp.int32(0), feed, jnp.ones((r,), bool), cache, jnp.zeros((r,), bool), jnp.zeros((r,), jnp.int32),
+              jnp.full((r, budget), pad_id, jnp.int32), jnp.zeros((r, budget), jnp.float32))
+
+    def cond(state):
+        i, _, _, _, done, _, _, _ = state
+        go = i < budget
+        return (go & ~jnp.all(done)) if early_exit else go
+
+    def body(state):
+        i, feed, feed_valid, cache, done, n, tokens, logps = state
+        logits, cache = decode_step(params, cfg, cache, feed, feed_valid)
+        tok, lp = sample_tokens(logits, position_keys(keys, i), temperature, top_k, top_p)
+        active = ~done
+        tok = jnp.where(active, tok, pad_id)
+        lp = jnp.where(active, lp, 0.0)
+        tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, i))
+        logps = jax.lax.dynamic_update_slice(logps, lp[:, None], (0, i))
+        n = n + active.astype(jnp.int32)
+        done = done | (active & jnp.isin(tok, eos))
+        return i + 1, tok, active, cache, done, n, tokens, logps
+
+    _, _, pending, cache, done, n, tokens, logps = jax.lax.while_loop(cond, body, state0)
+    return tokens, n, logps, done, cache, pending
+
+
+def last_tokens(tokens: jax.Array, lengths: jax.Array, pad_id: int) -> jax.Array:
+    """int32[R]: each row's last valid token (pad_id for empty rows)."""
+    tok = jnp.take_along_axis(tokens, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]
+    return jnp.where(lengths > 0, tok, pad_id)
+
+
+def constrain_rows(x, mesh: Optional[jax.sharding.Mesh], cfg: Optional[Qwen2VLConfig] = None):
+    """Under a mesh, pin the row (batch) axis of a cache / row array to ('data', 'fsdp'); identity otherwise."""
+    if mesh is None:
+        return x
+    from jax.sharding import NamedSharding
+
+    from ipl_jax.model.sharding import batch_spec, cache_shardings
+
+    if isinstance(x, KVCache):
+        return jax.lax.with_sharding_constraint(x, cache_shardings(cfg, mesh, x.batch, x.size))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, batch_spec(mesh, x.shape)))

@@ -1,0 +1,69 @@
+"""Random keys that depend on *what* is sampled, never on how the work is batched.
+
+* A **step key** per training step: ``fold_in(base_key, step_uid)``, where ``step_uid`` is a stable 31-bit hash
+  of (episode id, step id). The same step gets the same tree in any batch, at any batch position.
+* A **node key** per tree node: the step key folded with the node's level and then, one by one, with its child
+  choices ``(k1, ..., kt)`` (its path in the tree). Siblings differ, and a node's key does not depend on the
+  branching of the levels below it.
+* A **position key** per sampled token: the node key folded with the token's index in the turn.
+
+Keys are raw ``uint32[..., 2]`` threefry key data (``jax.random.PRNGKey`` form), so they travel through numpy.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.tree import num_nodes, unflatten_node_index
+
+
+def step_uid(episode_id: str, step_id: int) -> int:
+    """A stable 31-bit id of a step (CRC-32 of ``episode_id``, NUL, ``step_id``), independent of Python's hash
+    seed and of the step's position in any list."""
+    return zlib.crc32(f"{episode_id}\x00{int(step_id)}".encode("utf-8")) & 0x7FFFFFFF
+
+
+def base_key(seed: Union[int, jax.Array]) -> jax.Array:
+    """uint32[2] raw key data from an int seed (or a raw key passed through)."""
+    if isinstance(seed, (int, np.integer)):
+        return jax.random.PRNGKey(int(seed))
+    key = jnp.asarray(seed)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    if key.shape != (2,) or key.dtype != jnp.uint32:
+        raise ValueError(f"base_key: expected an int seed or uint32[2] key data, got {key.dtype}{list(key.shape)}")
+    return key
+
+
+def step_keys(seed: Union[int, jax.Array], uids: Sequence[int]) -> np.ndarray:
+    """uint32[B, 2]: the step key of each uid (see ``step_uid``)."""
+    key = base_key(seed)
+    uids = jnp.asarray(np.asarray(uids, dtype=np.int64).reshape(-1).astype(np.uint32))
+    return np.asarray(jax.vmap(lambda u: jax.random.fold_in(key, u))(uids))
+
+
+def node_keys(keys: jax.Array, branching: Sequence[int], level: int) -> jax.Array:
+    """uint32[B, n_level, 2]: the key of every node of ``level`` (1..4), in flat node order.
+
+    keys: uint32[B, 2] step keys. Node (k1, .., kt) of level t gets fold_in(..fold_in(fold_in(step, t), k1).., kt).
+    """
+    n = num_nodes(branching, level)
+
+    def one(step_key, flat):
+        k = jax.random.fold_in(step_key, level)
+        for choice in unflatten_node_index(flat, branching, level):
+            k = jax.random.fold_in(k, choice)
+        return k
+
+    per_step = jax.vmap(one, in_axes=(None, 0))
+    return jax.vmap(per_step, in_axes=(0, None))(keys, jnp.arange(n, dtype=jnp.int32))
+
+
+def position_keys(keys: jax.Array, position: Union[int, jax.Array]) -> jax.Array:
+    """uint32[R, 2]: each node key folded with the token index ``position``."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, position))(keys)

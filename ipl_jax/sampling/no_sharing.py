@@ -1,0 +1,118 @@
+"""The no-sharing baseline: every tree node decoded from scratch.
+
+For each level t and each node of that level, the node's whole context — screenshot, first prompt and the
+sampled turns and prompts of its ancestors — is prefilled again (the image re-encoded too), then the node's
+turn is sampled with ``sample_turn`` and the **same per-node keys** as the prefix-sharing sampler. With equal
+logits the two samplers therefore produce the same tree; the difference is the work: here a prefix is
+encoded once per node below it instead of once.
+
+It exists for the benchmark (``tools/bench_tree.py``) and the sharing/no-sharing equivalence test. Each level
+is one jitted call (rows = B·n_t); the contexts of a level are packed on the host, so each level compiles once
+per context-length bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.model import VisionInputs, encode_images, extend, init_cache
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import get_rope_index, pick_bucket, prepare_vision
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.decoding import sample_turn
+from ipl_jax.sampling.keys import node_keys, step_keys
+from ipl_jax.sampling.prompts import StepPrompts
+from ipl_jax.tree import NUM_TURNS, CoaTTree, flatten_node_index, num_nodes, unflatten_node_index
+
+
+@functools.partial(jax.jit, static_argnums=(1, 7, 8))
+def _scratch_level(params, cfg: Qwen2VLConfig, ids, mask, positions, vision_rows: VisionInputs, gather,
+                   config: SamplerConfig, level: int, keys, temperature):
+    """Prefill each row's context (all but its last token, with its own image encoding) into a fresh cache,
+    then sample the level's turn. ids/mask: [R, L]; positions: int32[3, R, L]; vision_rows: VisionInputs with a
+    leading row axis; gather: int32[n_img] rows of the flattened per-row features, in image-token order."""
+    r, length = ids.shape
+    budget = config.max_turn_tokens[level - 1]
+    feats = jax.lax.map(lambda v: encode_images(params, cfg, v), vision_rows)  # [R, Nb, hidden]
+    feats = feats.reshape(-1, feats.shape[-1])[gather]
+    last = jnp.max(jnp.where(mask, jnp.arange(length)[None, :], -1), axis=1)
+    feed = jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]
+    head = mask & (jnp.arange(length)[None, :] != last[:, None])
+    cache = init_cache(cfg, r, length + budget)
+    _, cache = extend(params, cfg, cache, ids, head, positions=positions, image_features=feats)
+    tok, n, lp, fin, _, _ = sample_turn(params, cfg, cache, feed, keys, budget, temperature,
+                                        config.top_k, config.top_p, config.eos_ids, config.pad_id,
+                                        config.early_exit)
+    return tok, n, lp, fin
+
+
+def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig):
+    """Host packing of one level's contexts: padded ids/mask, M-RoPE positions, per-row vision inputs."""
+    r = len(contexts)
+    length = pick_bucket(max(len(c) for c in contexts), config.prefix_buckets, "no-sharing context length")
+    ids = np.full((r, length), config.pad_id, np.int32)
+    mask = np.zeros((r, length), bool)
+    for i, c in enumerate(contexts):
+        ids[i, :len(c)] = c
+        mask[i, :len(c)] = True
+    grids = np.concatenate([s.image_grid_thw.reshape(-1, 3) for s in images])
+    positions, _ = get_rope_index(ids, mask, grids, cfg)
+    m = cfg.vision.merge_factor
+    n_patches = max(s.pixel_values.shape[0] for s in images)
+    bucket = int(math.ceil(n_patches / m) * m)
+    rows = [prepare_vision(cfg, s.pixel_values, s.image_grid_thw, (bucket,)) for s in images]
+    vision = jax.tree.map(lambda *a: np.stack(a), *rows)
+    per_row = bucket // m
+    gather = np.concatenate([i * per_row + np.arange(s.pixel_values.shape[0] // m) for i, s in enumerate(images)])
+    return ids, mask, positions, vision, gather.astype(np.int32)
+
+
+def sample_tree_no_sharing(params: dict, cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: SamplerConfig,
+                           seed, step_index: Optional[Sequence[int]] = None,
+                           batch_size: Optional[int] = None) -> CoaTTree:
+    """The tree ``sample_tree(params, cfg, pack_tree_prompts(cfg, items, config, seed, step_index, batch_size),
+    config)`` would sample, computed without any prefix sharing (see the module docstring)."""
+    items = list(items)
+    if not items:
+        raise ValueError("sample_tree_no_sharing: no steps")
+    n = len(items)
+    b = n if batch_size is None else int(batch_size)
+    rows = items + [items[-1]] * (b - n)
+    index = list(range(n)) if step_index is None else [int(i) for i in step_index]
+    index = index + [index[-1]] * (b - n)
+    keys = jnp.asarray(step_keys(seed, [s.uid for s in rows]))
+    br = config.branching
+    tokens, lengths, logps, finished = [], [], [], []
+    for t in range(1, NUM_TURNS + 1):
+        n_t = num_nodes(br, t)
+        contexts, images = [], []
+        for i, s in enumerate(rows):
+            for node in range(n_t):
+                path = unflatten_node_index(node, br, t)
+                ctx = [np.asarray(s.prefix_ids)]
+                for u in range(1, t):  # ancestors' turns and the prompts after them
+                    anc = flatten_node_index(path[:u], br)
+                    tok_u = tokens[u - 1].reshape(b, -1, tokens[u - 1].shape[-1])[i, anc]
+                    len_u = lengths[u - 1].reshape(b, -1)[i, anc]
+                    ctx += [tok_u[:len_u], np.asarray(s.turn_prompt_ids[u - 1])]
+                contexts.append(np.concatenate(ctx).astype(np.int32))
+                images.append(s)
+        ids, mask, positions, vision, gather = _pack_level(cfg, contexts, images, config)
+        level_keys = node_keys(keys, br, t).reshape(-1, 2)
+        tok, ln, lp, fin = _scratch_level(params, cfg, ids, mask, positions, vision, gather, config.compile_key(), t,
+                                          level_keys, jnp.float32(config.temperature[t - 1]))
+        shape = (b,) + br[:t]
+        tokens.append(np.asarray(tok).reshape(shape + (-1,)))
+        lengths.append(np.asarray(ln).reshape(shape))
+        logps.append(np.asarray(lp).reshape(shape + (-1,)))
+        finished.append(np.asarray(fin).reshape(shape))
+    return CoaTTree(tokens=tuple(jnp.asarray(x) for x in tokens), lengths=tuple(jnp.asarray(x) for x in lengths),
+                    logps=tuple(jnp.asarray(x) for x in logps), finished=tuple(jnp.asarray(x) for x in finished),
+                    step_index=jnp.asarray(index, jnp.int32), step_valid=jnp.asarray(np.arange(b) < n))
+

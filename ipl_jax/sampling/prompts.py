@@ -1,0 +1,165 @@
+"""Host-side inputs of the tree sampler: each step's prompt segments, packed into fixed-shape device arrays.
+
+A CoaT step is one chat (method.md §2). The sampler needs it cut at the points where the model speaks:
+
+* ``prefix_ids``: everything before the first token of s1 — system turn, the user turn holding the screenshot
+  (``<|image_pad|>`` expanded to one token per merged patch) and the description prompt, then
+  ``<|im_start|>assistant\\n``;
+* ``turn_prompt_ids[t]`` for t = 2, 3, 4: the tokens between the end of turn t-1 (the model's own
+  ``<|im_end|>``, which the sampler keeps as the last token of that turn) and the first token of turn t, i.e.
+  ``\\n<|im_start|>user\\n<prompt t><|im_end|>\\n<|im_start|>assistant\\n`` in Qwen2-VL's chat format;
+* the screenshot's ``pixel_values`` / ``image_grid_thw``.
+
+``step_prompts`` builds these from a ``Step`` with the checkpoint's own chat template (``QwenTokenizer.render``)
+and the CoaT wording of ``ipl_jax.data.dialogue.CoaTPrompts``; ``pack_tree_prompts`` pads a batch of them to
+buckets (``TreePrompts``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+from flax import struct
+
+from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
+from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
+from ipl_jax.data.records import Step
+from ipl_jax.model import ModelInputs, prepare_inputs
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.keys import step_keys, step_uid
+
+_MARK = "\ue000"  # a private-use character standing in for a model reply while cutting the rendered chat
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPrompts:
+    """One step's prompt segments (numpy, unpadded).
+
+    prefix_ids: int32[P] (image pads expanded); turn_prompt_ids: three int32[Q_t] arrays for turns 2, 3, 4;
+    pixel_values: f32[N, patch_dim]; image_grid_thw: int64[n, 3]; uid: the step's stable key id (``step_uid``).
+    """
+
+    prefix_ids: np.ndarray
+    turn_prompt_ids: tuple[np.ndarray, np.ndarray, np.ndarray]
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+    uid: int = 0
+
+
+def _user_texts(step: Step, prompts: CoaTPrompts) -> tuple[str, str, str, str]:
+    return (prompts.describe, prompts.think_text(step.instruction, step.history), prompts.act, prompts.ground)
+
+
+def chat_segments(tokenizer, user_texts: Sequence[str], system: Optional[str] = None) -> tuple[str, list[str]]:
+    """The chat cut before each assistant turn: (prefix text, [turn-2, turn-3, turn-4 prompt texts]).
+
+    The first user turn carries the image. Rendered with the tokenizer's chat template; each assistant reply
+    is a placeholder, and a turn prompt is the text after ``<placeholder><|im_end|>`` up to the end of the next
+    generation prompt.
+    """
+    im_end = "<|im_end|>"
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_texts[0]}]})
+    prefix = tokenizer.render(messages, add_generation_prompt=True)
+    turns = []
+    for text in user_texts[1:]:
+        messages = messages + [{"role": "assistant", "content": _MARK}, {"role": "user", "content": text}]
+        full = tokenizer.render(messages, add_generation_prompt=True)
+        cut = full.rfind(_MARK + im_end)
+        if cut < 0:
+            raise ValueError(f"{tokenizer.source}: the chat template does not end an assistant turn with {im_end}")
+        turns.append(full[cut + len(_MARK + im_end):])
+    return prefix, turns
+
+
+def step_prompts(step: Step, tokenizer, image_config: ImageProcessorConfig, cfg: Qwen2VLConfig,
+                 prompts: CoaTPrompts = DEFAULT_PROMPTS) -> StepPrompts:
+    """A ``Step`` -> its ``StepPrompts`` (loads and preprocesses the screenshot)."""
+    where = f"step {step.episode_id}/{step.step_id}"
+    try:
+        image = step.load_image()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{where}: cannot load its screenshot {step.image!r}: {e}") from e
+    pixel_values, grid = preprocess_images([image], config=image_config)
+    prefix_text, turn_texts = chat_segments(tokenizer, _user_texts(step, prompts), prompts.system)
+    ids = tokenizer.encode(prefix_text)
+    prefix = tokenizer.expand_image_tokens(ids, grid, cfg.vision.spatial_merge_size)
+    turns = tuple(np.asarray(tokenizer.encode(t), np.int32) for t in turn_texts)
+    for t, ids_t in enumerate(turns, start=2):
+        if ids_t.size == 0:
+            raise ValueError(f"{where}: the turn-{t} prompt is empty")
+    return StepPrompts(prefix_ids=np.asarray(prefix, np.int32), turn_prompt_ids=turns,  # type: ignore[arg-type]
+                       pixel_values=pixel_values, image_grid_thw=np.asarray(grid, np.int64),
+                       uid=step_uid(step.episode_id, step.step_id))
+
+
+@struct.dataclass
+class TreePrompts:
+    """A padded batch of B steps, ready for the jitted sampler.
+
+    prefix: ModelInputs (input_ids int32[B, P], positions int32[3, B, P], vision patches padded to a bucket);
+    turn_prompt_ids: three int32[B, Q_t] (turns 2, 3, 4, right-padded); turn_prompt_lengths: int32[B, 3];
+    step_keys: uint32[B, 2]; step_index: int32[B] (row in the caller's step list); step_valid: bool[B]
+    (False for the padding rows of a last, short batch; they repeat a real step).
+    """
+
+    prefix: ModelInputs
+    turn_prompt_ids: tuple
+    turn_prompt_lengths: np.ndarray
+    step_keys: np.ndarray
+    step_index: np.ndarray
+    step_valid: np.ndarray
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.step_index.shape[0])
+
+
+def pack_tree_prompts(cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: SamplerConfig, seed,
+                      step_index: Optional[Sequence[int]] = None, batch_size: Optional[int] = None) -> TreePrompts:
+    """Pads ``items`` to ``batch_size`` rows (repeating the last step, marked invalid) and to the buckets of
+    ``config``; step keys come from ``seed`` (int or uint32[2] key data) and each step's uid."""
+    items = list(items)
+    if not items:
+        raise ValueError("pack_tree_prompts: no steps")
+    n = len(items)
+    b = n if batch_size is None else int(batch_size)
+    if b < n:
+        raise ValueError(f"pack_tree_prompts: {n} steps do not fit a batch of {b}")
+    index = list(range(n)) if step_index is None else [int(i) for i in step_index]
+    if len(index) != n:
+        raise ValueError(f"pack_tree_prompts: {len(index)} step indices for {n} steps")
+    rows = items + [items[-1]] * (b - n)
+    index = index + [index[-1]] * (b - n)
+    if config.pad_id == cfg.image_token_id:
+        raise ValueError("SamplerConfig.pad_id must not be the image token id")
+
+    prefix_len = config.prefix_bucket(max(len(r.prefix_ids) for r in rows))
+    ids = np.full((b, prefix_len), config.pad_id, np.int32)
+    mask = np.zeros((b, prefix_len), bool)
+    for i, r in enumerate(rows):
+        ids[i, :len(r.prefix_ids)] = r.prefix_ids
+        mask[i, :len(r.prefix_ids)] = True
+    pixel_values = np.concatenate([r.pixel_values for r in rows], axis=0)
+    grids = np.concatenate([r.image_grid_thw.reshape(-1, 3) for r in rows], axis=0)
+    prefix = prepare_inputs(cfg, ids, mask, pixel_values, grids, text_buckets=(prefix_len,),
+                            patch_buckets=config.patch_buckets, pad_id=config.pad_id)
+
+    prompt_ids, lengths = [], np.zeros((b, 3), np.int32)
+    for t in range(3):
+        q = config.prompt_bucket(max(len(r.turn_prompt_ids[t]) for r in rows))
+        arr = np.full((b, q), config.pad_id, np.int32)
+        for i, r in enumerate(rows):
+            p = np.asarray(r.turn_prompt_ids[t], np.int32)
+            if p.size == 0:
+                raise ValueError(f"pack_tree_prompts: step row {i} has an empty turn-{t + 2} prompt")
+            arr[i, :p.size] = p
+            lengths[i, t] = p.size
+        prompt_ids.append(arr)
+    return TreePrompts(prefix=prefix, turn_prompt_ids=tuple(prompt_ids), turn_prompt_lengths=lengths,
+                       step_keys=step_keys(seed, [r.uid for r in rows]),
+                       step_index=np.asarray(index, np.int32),
+                       step_valid=np.arange(b) < n)

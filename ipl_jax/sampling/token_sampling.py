@@ -1,0 +1,63 @@
+"""Drawing one token per row from next-token logits: temperature, top-k, top-p, greedy.
+
+The recorded log-probability of a drawn token is always the **untempered, unfiltered** log-softmax of the
+model's logits at that token, ``log π(token | prefix)``: the policy's own probability, which is what T-DPO's
+reference / policy terms and every importance ratio need. (The probability the token was actually drawn with,
+after temperature / top-k / top-p, is not stored.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """The logits the draw uses: ``logits / temperature``, then keep the ``top_k`` largest (0 = all), then the
+    smallest set of largest-probability tokens whose mass reaches ``top_p`` (1 = all); the rest become -inf.
+
+    logits: f32[R, V] -> f32[R, V]; temperature: a float or f32 scalar (may be traced), > 0 here (0 is the greedy
+    path); top_k, top_p: static. Ties at the top-k / top-p threshold are all kept (the set can then be a few
+    tokens larger than k).
+    """
+    x = logits.astype(jnp.float32) / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6)
+    v = x.shape[-1]
+    k = v if top_k <= 0 else min(int(top_k), v)
+    if k == v and top_p >= 1.0:
+        return x
+    if k < v:
+        top_vals = jax.lax.top_k(x, k)[0]  # f32[R, k], descending
+    else:
+        top_vals = -jnp.sort(-x, axis=-1)  # descending
+    threshold = top_vals[:, k - 1]
+    if top_p < 1.0:
+        probs = jax.nn.softmax(top_vals, axis=-1)  # renormalised over the top-k survivors, as transformers does
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep = mass_before < jnp.float32(top_p)  # the first token is always kept
+        last = jnp.sum(keep.astype(jnp.int32), axis=-1) - 1
+        threshold = jnp.take_along_axis(top_vals, last[:, None], axis=-1)[:, 0]
+    return jnp.where(x >= threshold[:, None], x, NEG_INF)
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0):
+    """One token per row.
+
+    logits: f32[R, V]; keys: uint32[R, 2] (one key per row); temperature: float or f32 scalar, may be traced
+    (0 = argmax; the keys are then unused), so a greedy and a sampled configuration share one compilation;
+    top_k / top_p: static. Returns (tokens int32[R], logps f32[R]) with logps the untempered log-softmax.
+    """
+    logits = logits.astype(jnp.float32)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    def draw(_):
+        filtered = filter_logits(logits, temperature, top_k, top_p)
+        return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+
+    def greedy(_):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    tokens = jax.lax.cond(temperature > 0, draw, greedy, None)
+    logps = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    return tokens, logps

@@ -1,0 +1,117 @@
+"""The fixed-shape, prefix-sharing CoaT-tree sampler (method.md §3).
+
+For a batch of B steps and branching (b1, b2, b3, b4), one jitted call does::
+
+    prefill(screenshot + first prompt)                      B rows            (images encoded once per step)
+    fan out x b1 -> sample s1                              B·b1 rows
+    extend(turn-2 prompt) -> fan out x b2 -> sample s2     B·b1 rows -> B·b1·b2 rows
+    extend(turn-3 prompt) -> fan out x b3 -> sample s3     ...
+    extend(turn-4 prompt) -> fan out x b4 -> sample s4     B·b1·b2·b3·b4 rows = the leaves
+
+"Fan out" copies a node's KV cache to its children: a shared prefix is encoded once, at the level where it is
+last shared, and never re-encoded. Each turn prompt is teacher-forced once per parent node, before the copy.
+Rows are ordered (step, k1, ..., kt) row-major, which is the flat node order of ``ipl_jax.tree``; the level-t
+arrays are reshaped to [B, b1, ..., bt, T_t] at the end. The decode loops feed a token, then sample the next
+(``ipl_jax.sampling.decoding``), so a row's context enters the cache exactly once.
+
+The cache grows level by level: level t's rows have ``prefix + Σ_{u<=t}(prompt_u + T_u)`` slots (the copy at a
+fan-out writes the larger cache), so early levels do not attend over slots only later levels fill.
+
+Sampling: each token is drawn from its node's key folded with its position (``ipl_jax.sampling.keys``); the
+stored log-prob is the model's untempered log-softmax (``token_sampling``). A turn stops at its first eos id
+or at its budget; the decode loop is a ``lax.while_loop`` that exits early once every row has stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, grow_cache, last_tokens,
+                                      prefill_context, sample_turn)
+from ipl_jax.sampling.keys import node_keys
+from ipl_jax.sampling.prompts import TreePrompts
+from ipl_jax.tree import NUM_TURNS, CoaTTree, num_nodes
+
+_TRACES = {"sample_tree": 0}
+
+
+def trace_count() -> int:
+    """How many times the prefix-sharing sampler has been traced (= compiled) in this process."""
+    return _TRACES["sample_tree"]
+
+
+def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, temperature: jax.Array,
+                 config: SamplerConfig, mesh: Optional[jax.sharding.Mesh]) -> CoaTTree:
+    _TRACES["sample_tree"] += 1
+    br = config.branching
+    b = prompts.step_index.shape[0]
+    prefix_len = prompts.prefix.input_ids.shape[1]
+    prompt_lens = [p.shape[1] for p in prompts.turn_prompt_ids]
+    sizes = [config.cache_size(prefix_len, prompt_lens, upto_turn=t) for t in range(1, NUM_TURNS + 1)]
+
+    cache, feed = prefill_context(params, cfg, prompts.prefix, sizes[0])
+    tokens, lengths, logps, finished = [], [], [], []
+    pending = pending_valid = None
+    for t in range(1, NUM_TURNS + 1):
+        parents = num_nodes(br, t - 1)
+        if t > 1:  # teacher-force the turn-t prompt once per parent node, then copy to the children
+            ids = jnp.repeat(jnp.asarray(prompts.turn_prompt_ids[t - 2]), parents, axis=0)
+            lens = jnp.repeat(jnp.asarray(prompts.turn_prompt_lengths)[:, t - 2], parents, axis=0)
+            cache = constrain_rows(grow_cache(cache, sizes[t - 1]), mesh, cfg)
+            cache, feed = extend_prompt(params, cfg, cache, pending, pending_valid, ids, lens)
+        cache, feed = fan_out(cache, feed, br[t - 1], sizes[t - 1])
+        cache = constrain_rows(cache, mesh, cfg)
+        keys = node_keys(jnp.asarray(prompts.step_keys), br, t).reshape(-1, 2)
+        tok, n, lp, fin, cache, pending_valid = sample_turn(
+            params, cfg, cache, feed, keys, config.max_turn_tokens[t - 1], temperature[t - 1],
+            config.top_k, config.top_p, config.eos_ids, config.pad_id, config.early_exit)
+        pending = last_tokens(tok, n, config.pad_id)
+        shape = (b,) + br[:t]
+        tokens.append(tok.reshape(shape + (-1,)))
+        lengths.append(n.reshape(shape))
+        logps.append(lp.reshape(shape + (-1,)))
+        finished.append(fin.reshape(shape))
+    return CoaTTree(tokens=tuple(tokens), lengths=tuple(lengths), logps=tuple(logps), finished=tuple(finished),
+                    step_index=jnp.asarray(prompts.step_index, jnp.int32),
+                    step_valid=jnp.asarray(prompts.step_valid, bool))
+
+
+_sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
+
+
+def place_prompts(prompts: TreePrompts, mesh: Optional[jax.sharding.Mesh]) -> TreePrompts:
+    """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, the
+    packed image patches replicated. Without a mesh the arrays are returned unchanged."""
+    if mesh is None:
+        return prompts
+    from jax.sharding import NamedSharding
+
+    from ipl_jax.model.sharding import batch_spec, inputs_shardings
+
+    def rows(a, axis=0):
+        return jax.device_put(a, NamedSharding(mesh, batch_spec(mesh, np.shape(a), axis)))
+
+    prefix = jax.tree.map(jax.device_put, prompts.prefix, inputs_shardings(prompts.prefix, mesh))
+    return TreePrompts(prefix=prefix, turn_prompt_ids=tuple(rows(p) for p in prompts.turn_prompt_ids),
+                       turn_prompt_lengths=rows(prompts.turn_prompt_lengths), step_keys=rows(prompts.step_keys),
+                       step_index=rows(prompts.step_index), step_valid=rows(prompts.step_valid))
+
+
+def sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, config: SamplerConfig,
+                mesh: Optional[jax.sharding.Mesh] = None) -> CoaTTree:
+    """Samples B CoaT-trees with prefix sharing; returns a ``CoaTTree`` (level t arrays [B, b1..bt, T_t]).
+
+    params: the model's parameter tree (already placed, e.g. by ``load_params(..., shardings=...)`` under a
+    mesh); prompts: ``pack_tree_prompts(...)``; config: ``SamplerConfig`` (one compilation per config up to its
+    temperatures, and per bucket shapes); mesh: optional — the batch (and every level's rows) is split over
+    ('data', 'fsdp').
+    """
+    temperature = jnp.asarray(config.temperature, jnp.float32)
+    return _sample_tree_jit(params, cfg, place_prompts(prompts, mesh), temperature, config.compile_key(), mesh)

@@ -1,0 +1,51 @@
+"""Helpers for the tests/test_sampler*.py files: a tiny random Qwen2-VL and random step prompts.
+
+(No tests here; pytest collects nothing from this module.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB = 96
+EOS, VISION_START, VISION_END, IMAGE, VIDEO = 2, 3, 4, 5, 6
+FIRST_TEXT_ID = 10
+
+
+def tiny_config():
+    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+
+    return Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
+        text=TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, mrope_section=(2, 3, 3),
+                        rope_theta=10000.0, eos_token_id=(EOS,)),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END)
+
+
+def tiny_params(cfg, seed: int = 0, std: float = 0.3, eos_boost: float = 3.0):
+    """Random weights with std ``std`` (far from uniform logits) and the end-of-turn logit scaled by
+    ``eos_boost`` so that turns end at varied lengths."""
+    import jax
+
+    from ipl_jax import model as M
+
+    params = M.init_params(cfg, jax.random.PRNGKey(seed), std=std)
+    k = params["lm_head"]["kernel"]
+    params["lm_head"]["kernel"] = k.at[:, EOS].multiply(eos_boost)
+    return params
+
+
+def random_step(rng: np.random.Generator, cfg, uid: int, n_text: int, prompt_lens=(7, 3, 4), grid=(1, 4, 4)):
+    """StepPrompts with a random image (grid t x h x w patches) and random text tokens."""
+    from ipl_jax.sampling.prompts import StepPrompts
+
+    t, h, w = grid
+    pv = rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32)
+    n_img = t * h * w // cfg.vision.merge_factor
+    text = lambda n: list(rng.integers(FIRST_TEXT_ID, VOCAB, n))  # noqa: E731
+    prefix = np.asarray(text(3) + [VISION_START] + [IMAGE] * n_img + [VISION_END] + text(n_text), np.int32)
+    turns = tuple(np.asarray(text(k), np.int32) for k in prompt_lens)
+    return StepPrompts(prefix_ids=prefix, turn_prompt_ids=turns, pixel_values=pv,
+                       image_grid_thw=np.asarray([grid], np.int64), uid=uid)
