@@ -39,8 +39,9 @@ from flax import struct
 
 from ipl_jax.lora import LoraConfig, LoraParams, apply_lora, flatten_with_paths, init_lora, path_str
 
-# Path components containing 'norm' or 'bias' (layer norms, RMS norms, biases) get no weight decay.
-NO_DECAY_REGEX = r"(^|/)[^/]*(norm|bias)[^/]*(/|$)"
+# Path components containing 'norm' or 'bias', named 'scale' or starting with 'ln_' (layer norms, RMS norms,
+# biases) get no weight decay.
+NO_DECAY_REGEX = r"(^|/)([^/]*(norm|bias)[^/]*|scale|ln_[^/]*)(/|$)"
 VISION_REGEX = r"^visual/"
 
 
@@ -118,7 +119,7 @@ def make_schedule(config) -> optax.Schedule:
 
 
 def decay_mask(params, no_decay_regex: str = NO_DECAY_REGEX):
-    """bool tree: True where weight decay applies (every leaf whose path has no 'norm'/'bias' component)."""
+    """bool tree: True where weight decay applies (kernels, embeddings; not norms, norm scales or biases)."""
     regex = re.compile(no_decay_regex)
     return jax.tree_util.tree_map_with_path(lambda p, _: not regex.search(path_str(p)), params)
 
@@ -223,7 +224,7 @@ def create_train_state(
     params = jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, params)
     if lora is not None:
         rng, lora_rng = jax.random.split(rng)
-        trainable, frozen = init_lora(params, lora, lora_rng), params
+        trainable, frozen = jax.jit(init_lora, static_argnums=1)(params, lora, lora_rng), params
     else:
         trainable, frozen = split_params(params, freeze_regex)
     if frozen_dtype is not None and frozen:
@@ -232,7 +233,7 @@ def create_train_state(
         step=jnp.zeros((), jnp.int32),
         params=trainable,
         frozen=frozen,
-        opt_state=optimizer.init(trainable),
+        opt_state=jax.jit(optimizer.init)(trainable),  # jitted: one compile instead of one per leaf shape
         rng=rng,
     )
 
@@ -439,6 +440,98 @@ def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
     mesh, state_shardings, batch_shardings).
     """
     return make_train_step(make_sft_loss(logits_fn), optimizer, schedule=schedule, weight_key="tokens", **kwargs)
+
+
+# ------------------------------------------------------------------------------------ SFT on the Qwen2-VL model
+
+
+def sft_model_batch(cfg, batch) -> dict:
+    """Host-side: a collated ``data.dialogue.TrainingBatch`` -> the arrays the Qwen2-VL SFT loss reads.
+
+    Returns numpy arrays {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T],
+    positions int32[3, B, T] (M-RoPE, computed here), vision: model.VisionInputs with P = the batch's patch
+    bucket} (no 'vision' key for a batch without images). Fully padded rows get position 0 and no loss.
+    """
+    from ipl_jax.model.inputs import get_rope_index, prepare_vision
+
+    ids = np.asarray(batch.input_ids, np.int32)
+    mask = np.asarray(batch.attention_mask, bool)
+    pixels, grids = batch.packed_images()
+    rows = np.flatnonzero(mask.any(axis=1))
+    positions = np.zeros((3, *ids.shape), np.int32)
+    if rows.size:
+        pos, _ = get_rope_index(ids[rows], mask[rows], grids if len(grids) else None, cfg)
+        positions[:, rows] = pos
+    out = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "loss_mask": np.asarray(batch.loss_mask, np.int32),
+        "positions": positions,
+    }
+    if len(grids):
+        out["vision"] = prepare_vision(cfg, pixels, grids, patch_buckets=(batch.pixel_values.shape[0],))
+    return out
+
+
+def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False):
+    """NamedShardings for ``sft_model_batch`` arrays: text split over the batch axes, vision replicated.
+
+    ``grad_accum``: leaves carry a leading micro-batch axis [A, ...] (kept unsharded).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from ipl_jax.model.sharding import batch_spec
+
+    lead = 1 if grad_accum else 0
+
+    def text(x, axis):
+        spec = tuple(batch_spec(mesh, x.shape[lead:], axis))
+        return NamedSharding(mesh, PartitionSpec(*((None,) * lead + spec)))
+
+    out = {}
+    for key, value in batch.items():
+        if key == "vision":
+            out[key] = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), value)
+        else:
+            out[key] = text(value, 1 if key == "positions" else 0)
+    return out
+
+
+def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
+    """loss_fn(params, batch, rng) for ``sft_model_batch`` arrays: mean next-token NLL over assistant tokens.
+
+    Log-probs come from the final hidden states ``chunk`` positions at a time (``model.token_log_probs``), so the
+    full [B, T, V] logits are never materialised. ``remat`` rematerialises decoder layers in the backward pass.
+    """
+    from ipl_jax.model.text import forward_hidden, token_log_probs
+    from ipl_jax.model.vision import encode_images
+
+    def loss_fn(params, batch, rng):
+        del rng  # Qwen2-VL has no dropout
+        feats = encode_images(params, cfg, batch["vision"]) if "vision" in batch else None
+        ids = batch["input_ids"]
+        hidden = forward_hidden(params, cfg, ids, batch["positions"], batch["attention_mask"], feats, remat=remat)
+        # Position t predicts token t+1; the last position has no target (its mask entry is 0).
+        targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
+        target_mask = jnp.concatenate([batch["loss_mask"][:, 1:], jnp.zeros_like(batch["loss_mask"][:, :1])], 1)
+        t = ids.shape[1]
+        logp = token_log_probs(params, cfg, hidden, targets, chunk=chunk if t % min(chunk, t) == 0 else t)
+        mask = target_mask.astype(jnp.float32)
+        tokens = jnp.sum(mask)
+        nll = -jnp.sum(logp * mask)
+        return nll / jnp.maximum(tokens, 1.0), {"tokens": tokens}
+
+    return loss_fn
+
+
+def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool = False, chunk: int = 128, **kwargs):
+    """``sft_step(state, batch) -> (state, metrics)`` for the Qwen2-VL model on ``sft_model_batch`` arrays.
+
+    metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step``. For bf16 compute pass
+    ``compute_dtype=jnp.bfloat16`` together with a ``cfg`` whose ``dtype`` is 'bfloat16'.
+    """
+    return make_train_step(qwen2vl_sft_loss(cfg, remat=remat, chunk=chunk), optimizer, schedule=schedule,
+                           weight_key="tokens", **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ the loop

@@ -262,60 +262,126 @@ def test_step_uses_and_advances_the_rng():
     assert losses[0] == losses[1] and losses[0] != losses[2]
 
 
-# ----------------------------------------------------------------------------------------- 8-device mesh
+# ---------------------------------------------------------------------------------------- the real model
+
+
+def tiny_cfg():
+    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+
+    return Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
+        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
+                        eos_token_id=(2,), pad_token_id=0),
+        image_token_id=60, video_token_id=61, vision_start_token_id=62, vision_end_token_id=63)
+
+
+def tiny_params(cfg, seed=0):
+    """Random weights drawn with numpy (instant; jax.random would compile one kernel per leaf shape)."""
+    from ipl_jax.model import param_shapes
+
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            return jnp.asarray(1.0 + 0.1 * rng.standard_normal(shape.shape), jnp.float32)
+        return jnp.asarray(0.5 * rng.standard_normal(shape.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(cfg))
+
+
+def tiny_training_batch(cfg, seed, b=4, t=32, patch_bucket=96, empty_rows=0):
+    """A collated-style TrainingBatch: each used row = text, <vs>, image pads (grid 1×4×4 or 1×4×6), <ve>, text,
+    with the loss on a random tail (the 'assistant' reply)."""
+    from ipl_jax.data.dialogue import TrainingBatch
+
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((b, t), np.int32)
+    att = np.zeros((b, t), bool)
+    loss = np.zeros((b, t), np.int32)
+    grids, pixels = [], []
+    for r in range(b - empty_rows):
+        h, w = 4, int(rng.choice([4, 6]))
+        n_img = h * w // 4
+        row = [*rng.integers(3, 59, 3), 62, *[60] * n_img, 63, *rng.integers(3, 59, int(rng.integers(4, 12)))]
+        ids[r, :len(row)], att[r, :len(row)] = row, True
+        loss[r, len(row) - int(rng.integers(2, 6)):len(row)] = 1
+        grids.append([1, h, w])
+        pixels.append(rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32))
+    pv = np.concatenate(pixels)
+    padded = np.zeros((patch_bucket, pv.shape[1]), np.float32)
+    padded[:len(pv)] = pv
+    patch_mask = np.arange(patch_bucket) < len(pv)
+    grid_arr = np.zeros((b, 3), np.int64)
+    grid_arr[:len(grids)] = grids
+    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=loss.copy(),
+                         pixel_values=padded, patch_mask=patch_mask, image_grid_thw=grid_arr,
+                         image_mask=np.arange(b) < len(grids))
+
+
+def test_qwen2vl_sft_loss_matches_full_logits_loss():
+    """The chunked hidden-state log-prob path == cross-entropy on the model's full logits, shift included."""
+    from ipl_jax import model as M
+
+    cfg = tiny_cfg()
+    params = tiny_params(cfg)
+    batch = train.sft_model_batch(cfg, tiny_training_batch(cfg, 0, empty_rows=1))
+    assert batch["positions"].shape == (3, 4, 32) and batch["vision"].patches.shape == (96, cfg.vision.patch_dim)
+    with jax.default_matmul_precision("highest"):
+        feats = M.encode_images(params, cfg, batch["vision"])
+        logits = M.forward(params, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"], feats)
+        expected, m_ref = train.sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        loss, metrics = train.qwen2vl_sft_loss(cfg, chunk=8)(params, batch, None)
+    assert float(metrics["tokens"]) == float(m_ref["tokens"]) == float(batch["loss_mask"][:, 1:].sum())
+    assert float(expected) > 1.0  # far from a trivial value
+    np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
+
 
 MESH_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     import test_train as t
     from ipl_jax import train
+    from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")
     assert jax.device_count() == 8
-    config = t.opt_config(weight_decay=0.01)
+    cfg = t.tiny_cfg()
+    config = t.opt_config(weight_decay=0.01, learning_rate=3e-3)
     opt, sched = train.make_optimizer(config), train.make_schedule(config)
-    batches = [t.toy_batch(s, b=8, t=8) for s in range(3)]
+    batches = [train.sft_model_batch(cfg, t.tiny_training_batch(cfg, s)) for s in range(3)]
 
     def run(mesh):
-        state = train.create_train_state(t.toy_params(), opt, jax.random.PRNGKey(0))
+        state = train.create_train_state(t.tiny_params(cfg), opt, jax.random.PRNGKey(0))
         if mesh is None:
-            step = train.make_sft_step(t.toy_logits, opt, sched)
+            step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
         else:
-            def rule(path, x):
-                name = "/".join(str(getattr(k, "key", k)) for k in path)
-                if name.endswith("up_proj/kernel"):
-                    return NamedSharding(mesh, P(None, "fsdp", "tensor"))
-                if name.endswith("down_proj/kernel"):
-                    return NamedSharding(mesh, P(None, "tensor", "fsdp"))
-                if name.endswith("embedding") or name == "lm_head/kernel":
-                    return NamedSharding(mesh, P("fsdp", None) if name.endswith("embedding") else P(None, "tensor"))
-                return NamedSharding(mesh, P())
-            p_sh = jax.tree_util.tree_map_with_path(rule, state.params)
+            p_sh = S.param_shardings(state.params, mesh)
             sh = train.train_state_shardings(state, opt, mesh, p_sh, {})
             state = jax.device_put(state, sh)
-            b_sh = {k: NamedSharding(mesh, P("data")) for k in batches[0]}
-            step = train.make_sft_step(t.toy_logits, opt, sched, mesh=mesh, state_shardings=sh,
-                                       batch_shardings=b_sh)
+            step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8, mesh=mesh, state_shardings=sh,
+                                               batch_shardings=train.sft_batch_shardings(batches[0], mesh))
         losses = []
         for b in batches:
             state, m = step(state, b)
             losses.append(float(m["loss"]))
         leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
-        return losses, str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
+        mu = state.opt_state[1][0].mu["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+        specs = [str(getattr(x.sharding, "spec", "")) for x in (leaf, mu)]
+        return losses, specs, np.asarray(leaf)
 
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
     single, _, p1 = run(None)
-    sharded, spec, p8 = run(mesh)
-    print(json.dumps({"single": single, "sharded": sharded, "spec": spec,
+    sharded, specs, p8 = run(S.make_mesh((2, 2, 2)))
+    print(json.dumps({"single": single, "sharded": sharded, "specs": specs,
                       "param_diff": float(np.max(np.abs(p1 - p8)))}))
     """
 )
 
 
-def test_sft_step_on_8_device_mesh_matches_single_device():
+def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, here], capture_output=True, text=True, env=env,
@@ -324,7 +390,9 @@ def test_sft_step_on_8_device_mesh_matches_single_device():
     import json
 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "fsdp" in out["spec"] and "tensor" in out["spec"]
-    assert all(math.isfinite(x) for x in out["single"])
+    # The weights and their Adam moments really are split over fsdp × tensor.
+    assert all("fsdp" in spec and "tensor" in spec for spec in out["specs"]), out["specs"]
+    assert all(math.isfinite(x) and x > 0.5 for x in out["single"])
+    assert out["single"][0] != out["single"][2]
     np.testing.assert_allclose(out["sharded"], out["single"], atol=1e-5, rtol=0)
     assert out["param_diff"] <= 1e-5

@@ -1,0 +1,120 @@
+"""LoRA adapters on the stacked Qwen2-VL parameter tree: init, merge math, training, export."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_train as tt  # noqa: E402  (tiny model helpers)
+
+from ipl_jax import lora, train  # noqa: E402
+from ipl_jax.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
+
+TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
+    f"model/layers/mlp/{n}_proj/kernel" for n in ("gate", "up", "down")]
+
+
+def test_init_targets_stacked_kernels_and_is_a_no_op():
+    cfg = tt.tiny_cfg()
+    params = tt.tiny_params(cfg)
+    adapters = jax.jit(init_lora, static_argnums=1)(params, LoraConfig(rank=4, alpha=8.0), jax.random.PRNGKey(0))
+    flat = flatten_with_paths(adapters.adapters)
+    assert sorted(p.rsplit("/", 1)[0] for p in flat if p.endswith("/a")) == sorted(TEXT_KERNELS)
+    base = flatten_with_paths(params)
+    for path in TEXT_KERNELS:
+        n_layers, d_in, d_out = base[path].shape
+        assert flat[path + "/a"].shape == (n_layers, d_in, 4) and flat[path + "/b"].shape == (n_layers, 4, d_out)
+        assert not np.any(np.asarray(flat[path + "/b"]))
+        assert np.all(np.abs(np.asarray(flat[path + "/a"])) <= 1 / np.sqrt(d_in))
+    assert adapters.scale == 2.0 and adapters.rank == 4
+    merged = merge_lora(params, adapters)
+    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    vision = init_lora(params, LoraConfig(rank=2, targets=lora.VISION_TARGETS), jax.random.PRNGKey(0))
+    assert len(jax.tree.leaves(vision.adapters)) == 2 * 4  # qkv, proj, fc1, fc2
+
+
+def test_merge_equals_side_branch_per_layer():
+    """x @ W' == x @ W + scale·(x @ A) @ B for every stacked layer (the un-merged adapted layer)."""
+    cfg = tt.tiny_cfg()
+    params = tt.tiny_params(cfg)
+    shapes = jax.eval_shape(lambda p: init_lora(p, LoraConfig(rank=3, alpha=6.0), jax.random.PRNGKey(1)), params)
+    rng = np.random.default_rng(0)
+    ad = LoraParams(adapters=jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
+                                          shapes.adapters), scale=shapes.scale)
+    merged = flatten_with_paths(merge_lora(params, ad))
+    base, flat = flatten_with_paths(params), flatten_with_paths(ad.adapters)
+    path = "model/layers/mlp/down_proj/kernel"
+    x = rng.standard_normal((5, base[path].shape[1]))
+    for layer in range(base[path].shape[0]):
+        a, b = np.asarray(flat[path + "/a"][layer], np.float64), np.asarray(flat[path + "/b"][layer], np.float64)
+        expected = x @ np.asarray(base[path][layer], np.float64) + 2.0 * (x @ a) @ b
+        np.testing.assert_allclose(x @ np.asarray(merged[path][layer], np.float64), expected, rtol=1e-5, atol=1e-5)
+    untouched = "model/layers/self_attn/q_proj/bias"
+    np.testing.assert_array_equal(merged[untouched], base[untouched])
+
+
+def test_bad_targets_are_named():
+    params = tt.tiny_params(tt.tiny_cfg())
+    with pytest.raises(ValueError, match="matches no parameter"):
+        init_lora(params, LoraConfig(targets=(r"nope_proj/kernel$",)), jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"model/norm/scale"):
+        init_lora(params, LoraConfig(targets=(r"^model/norm/scale$",)), jax.random.PRNGKey(0))
+
+
+def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
+    """SFT with LoRA: the base weights are bit-identical after training, the adapters moved, the loss went down;
+    merged weights written as a Hugging Face checkpoint and loaded back give the adapted model's logits."""
+    from ipl_jax import model as M
+
+    cfg = tt.tiny_cfg()
+    params = tt.tiny_params(cfg)
+    base_before = jax.tree.map(np.array, params)
+    config = tt.opt_config(learning_rate=3e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
+    opt = train.make_optimizer(config)
+    state = train.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
+    a_before = jax.tree.map(np.array, state.params.adapters)
+    # Adam moments exist for the adapters only: 2 × adapter size (+ scalar step counters).
+    n_adapter = sum(x.size for x in jax.tree.leaves(state.params))
+    n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim)
+    assert n_opt == 2 * n_adapter < sum(x.size for x in jax.tree.leaves(params))
+    batch = train.sft_model_batch(cfg, tt.tiny_training_batch(cfg, 0))
+    step = train.make_qwen2vl_sft_step(cfg, opt, chunk=8)
+    losses = []
+    for _ in range(3):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[2] < losses[0]
+    for (path, new), old in zip(flatten_with_paths(state.frozen).items(), jax.tree.leaves(base_before)):
+        np.testing.assert_array_equal(np.asarray(new), old, err_msg=path)
+    moved = [not np.array_equal(np.asarray(n), o)
+             for n, o in zip(jax.tree.leaves(state.params.adapters), jax.tree.leaves(a_before))]
+    assert all(moved)
+
+    with jax.default_matmul_precision("highest"):
+        adapted = train.model_params(state.params, state.frozen)  # what the loss saw (merged on the fly)
+        feats = M.encode_images(adapted, cfg, batch["vision"])
+        logits = M.forward(adapted, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"], feats)
+        M.save_params(jax.device_get(merge_lora(state.frozen, state.params)), cfg, str(tmp_path / "hf"))
+        loaded, cfg2 = M.load_params(str(tmp_path / "hf"))
+        feats2 = M.encode_images(loaded, cfg2, batch["vision"])
+        logits2 = M.forward(loaded, cfg2, batch["input_ids"], batch["positions"], batch["attention_mask"], feats2)
+        base_logits = M.forward(state.frozen, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"],
+                                M.encode_images(state.frozen, cfg, batch["vision"]))
+    np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits), atol=1e-5, rtol=0)
+    assert np.max(np.abs(np.asarray(base_logits) - np.asarray(logits))) > 1e-2  # the adapters matter
+
+
+def test_lora_shardings_follow_base_kernels():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    params = {"model": {"layers": {"mlp": {"up_proj": {"kernel": jnp.zeros((2, 8, 6))}}}}}
+    base_sh = {"model": {"layers": {"mlp": {"up_proj": {"kernel": NamedSharding(mesh, P(None, "fsdp", "tensor"))}}}}}
+    ad = init_lora(params, LoraConfig(rank=2, targets=("up_proj/kernel$",)), jax.random.PRNGKey(0))
+    sh = lora.lora_shardings(ad, base_sh).adapters["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+    assert sh["a"].spec == P(None, "fsdp", None) and sh["b"].spec == P(None, None, "tensor")
