@@ -28,7 +28,8 @@ Usage::
 Sharding: ``M.sharding.make_mesh``, ``param_shardings(params_or_shapes, mesh)`` (regex rules over '/'-joined
 paths), then ``load_params(dir, shardings=...)`` places each leaf straight into its sharding.
 Configs are frozen dataclasses (static jit arguments); ``cfg.dtype`` is the compute dtype, ``cfg.param_dtype``
-the storage dtype. All public compute functions are already jitted with ``cfg`` static.
+the storage dtype, ``cfg.attention_query_chunk`` bounds attention memory. All public compute functions are
+jitted with ``cfg`` static (``greedy_generate`` wraps a jitted loop; its end ids are traced, not static).
 """
 
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig

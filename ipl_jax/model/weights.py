@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.params import ParamEntry, get_path, init_params, param_layout, set_path  # noqa: F401
+from ipl_jax.model.params import ParamEntry, get_path, param_layout, set_path
+from ipl_jax.model.params import init_params, param_shapes  # noqa: F401  (re-exported: weights I/O + init in one place)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -245,8 +246,6 @@ def export_main(argv: list[str]) -> int:
         params, cfg = load_params(args.base_model, dtype=args.dtype)
     else:
         import orbax.checkpoint as ocp
-
-        from ipl_jax.model.params import param_shapes
 
         target = param_shapes(cfg)
         with ocp.StandardCheckpointer() as ckptr:
