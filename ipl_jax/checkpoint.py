@@ -41,8 +41,8 @@ class Checkpointer:
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         self.directory = os.path.abspath(os.fspath(directory))
+        self.save_every = int(save_every)
         options = ocp.CheckpointManagerOptions(
-            save_interval_steps=int(save_every),
             max_to_keep=keep,
             create=True,
             cleanup_tmp_directories=True,
@@ -63,20 +63,24 @@ class Checkpointer:
 
     def save(self, step: int, state, *, data_state: Any = None, metadata: Mapping[str, Any] | None = None,
              force: bool = False) -> bool:
-        """Save if ``step`` is on the schedule (or ``force``); returns whether a save started.
+        """Save if ``step`` is a multiple of ``save_every`` (or ``force``); returns whether a save started.
 
         A step that already has a checkpoint is not saved again (e.g. the final save of a resumed run).
         """
         step = int(step)
-        if step in self._manager.all_steps():
+        if (step % self.save_every and not force) or step in self._manager.all_steps():
             return False
         meta = {"step": step, **(dict(metadata) if metadata else {})}
+        scale = _lora_scale(state)
+        if scale is not None:
+            meta["lora_scale"] = scale  # static in the pytree, so not in the arrays: needed to merge without a template
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(_encode_data_state(data_state)),
             meta=ocp.args.JsonSave(meta),
         )
-        return bool(self._manager.save(step, args=args, force=force))
+        # The schedule is decided above (orbax's own policy would also save the very first step it sees).
+        return bool(self._manager.save(step, args=args, force=True))
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are complete on disk."""
@@ -109,11 +113,42 @@ class Checkpointer:
         )
         return restored["state"], _decode_data_state(restored["data"]), dict(restored["meta"])
 
+    def load_model_params(self, step: int | None = None) -> tuple[dict, dict]:
+        """(full model params, metadata) of a checkpoint without a template, e.g. for export to Hugging Face.
+
+        Restores the saved TrainState as plain nested dicts (optimizer state included, so this needs host memory
+        for the whole state), then rejoins trainable and frozen params or merges the LoRA adapters with the
+        scale recorded in the metadata.
+        """
+        from ipl_jax.lora import LoraParams, merge_lora
+        from ipl_jax.train import merge_trees
+
+        if step is None:
+            step = self.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        restored = self._manager.restore(
+            int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        state, meta = restored["state"], dict(restored["meta"])
+        trainable, frozen = state["params"], state.get("frozen") or {}
+        if "lora_scale" in meta:
+            params = merge_lora(frozen, LoraParams(adapters=trainable["adapters"], scale=float(meta["lora_scale"])))
+        else:
+            params = merge_trees(trainable, frozen) if frozen else trainable
+        return params, meta
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _lora_scale(state) -> float | None:
+    from ipl_jax.lora import LoraParams
+
+    params = getattr(state, "params", None)
+    return float(params.scale) if isinstance(params, LoraParams) else None
 
 
 def _abstract_leaf(x):

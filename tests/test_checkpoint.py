@@ -1,0 +1,192 @@
+"""Orbax checkpoints: exact round trip, schedule + retention, export of model params, and a run killed with
+SIGKILL mid-way that resumes to the same final params as an uninterrupted run (bit-equal on CPU).
+
+Run as a script, this file is the training job the kill test starts in a subprocess:
+    python tests/test_checkpoint.py RUN_DIR NUM_STEPS SAVE_EVERY STEP_DELAY_S XLA_CACHE_DIR
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
+import test_train as tt  # noqa: E402  (toy LM and tiny Qwen2-VL helpers)
+
+from ipl_jax import train  # noqa: E402
+from ipl_jax.checkpoint import Checkpointer  # noqa: E402
+from ipl_jax.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
+
+
+def toy_state(steps=2, **kw):
+    """A toy-LM TrainState after ``steps`` updates (non-trivial Adam moments, step and key)."""
+    config = tt.opt_config()
+    opt = train.make_optimizer(config)
+    state = train.create_train_state(tt.toy_params(), opt, jax.random.PRNGKey(7), **kw)
+    step = train.make_sft_step(tt.toy_logits, opt, train.make_schedule(config))
+    for i in range(steps):
+        state, _ = step(state, tt.toy_batch(i))
+    return state, opt
+
+
+def assert_trees_equal(a, b):
+    fa, fb = flatten_with_paths(a), flatten_with_paths(b)
+    assert fa.keys() == fb.keys()
+    for path in fa:
+        x, y = np.asarray(fa[path]), np.asarray(fb[path])
+        assert x.dtype == y.dtype and x.shape == y.shape, path
+        np.testing.assert_array_equal(x, y, err_msg=path)
+
+
+def test_round_trip_is_exact(tmp_path):
+    state, opt = toy_state(steps=2, freeze_regex=train.VISION_REGEX)
+    saved = jax.tree.map(np.array, state)
+    template = train.create_train_state(tt.toy_params(seed=1), opt, jax.random.PRNGKey(0),
+                                        freeze_regex=train.VISION_REGEX)
+    with Checkpointer(tmp_path / "ck", save_every=1) as ck:
+        assert ck.save(2, state, data_state={"next_index": 5, "epoch": [1, 2]}, metadata={"config": {"lr": 0.1}})
+        ck.wait()
+        restored, data_state, meta = ck.restore(template)
+    assert_trees_equal(restored, saved)
+    assert int(restored.step) == 2 and restored.rng.dtype == np.uint32
+    assert data_state == {"next_index": 5, "epoch": [1, 2]}
+    assert meta == {"step": 2, "config": {"lr": 0.1}}
+    # An abstract template works too, and bytes (grain DataLoader state) come back as bytes.
+    with Checkpointer(tmp_path / "ck2", save_every=1, async_save=False) as ck:
+        ck.save(3, state, data_state=b'{"pos": 3}')
+        abstract = jax.eval_shape(lambda: template)
+        restored, data_state, _ = ck.restore(abstract)
+    assert_trees_equal(restored, saved)
+    assert data_state == b'{"pos": 3}'
+
+
+def test_save_schedule_and_retention(tmp_path):
+    state, _ = toy_state(steps=0)
+    with Checkpointer(tmp_path / "ck", save_every=3, keep=2) as ck:
+        started = [s for s in range(1, 11) if ck.save(s, state, force=s == 10)]
+        ck.wait()
+        assert started == [3, 6, 9, 10]
+        assert ck.all_steps() == [9, 10] and ck.latest_step() == 10
+        assert not ck.save(10, state, force=True)  # an existing step is never overwritten
+    with Checkpointer(tmp_path / "empty") as ck:
+        assert ck.latest_step() is None
+        try:
+            ck.restore(state)
+        except FileNotFoundError as e:
+            assert "no checkpoint" in str(e)
+        else:
+            raise AssertionError("restore without a checkpoint must fail")
+
+
+def test_load_model_params_merges_lora_and_frozen(tmp_path):
+    lora_state, _ = toy_state(steps=2, lora=LoraConfig(rank=2, alpha=4.0, targets=("up_proj/kernel$",)))
+    expected = jax.device_get(merge_lora(lora_state.frozen, lora_state.params))
+    with Checkpointer(tmp_path / "lora", save_every=1) as ck:
+        ck.save(2, lora_state)
+        ck.wait()
+        params, meta = ck.load_model_params()
+    assert meta["lora_scale"] == 2.0
+    assert_trees_equal(params, expected)
+
+    frozen_state, _ = toy_state(steps=1, freeze_regex=train.VISION_REGEX)
+    expected = jax.device_get(train.model_params(frozen_state.params, frozen_state.frozen))
+    with Checkpointer(tmp_path / "frozen", save_every=1) as ck:
+        ck.save(1, frozen_state)
+        ck.wait()
+        params, _ = ck.load_model_params()
+    assert_trees_equal(params, expected)
+
+
+# ------------------------------------------------------------------------------- SIGKILL and resume
+
+
+def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: float, cache_dir: str) -> None:
+    """The job of the kill test: SFT of the tiny Qwen2-VL (vision tower frozen) on a grain pipeline, resuming
+    from the latest checkpoint when there is one; writes final.npz at the end."""
+    import grain
+
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    cfg = tt.tiny_cfg()
+    config = tt.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
+    opt, sched = train.make_optimizer(config), train.make_schedule(config)
+    state = train.create_train_state(tt.tiny_params(cfg), opt, jax.random.PRNGKey(0),
+                                     freeze_regex=train.VISION_REGEX)
+    data = (grain.MapDataset.range(10_000).shuffle(seed=3)
+            .map(lambda i: train.sft_model_batch(cfg, tt.tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
+            .to_iter_dataset())
+    batches = iter(data)
+    ckpt = Checkpointer(Path(run_dir) / "ckpt", save_every=save_every, keep=2)
+    if ckpt.latest_step() is not None:
+        state, data_state, meta = ckpt.restore(state)
+        batches.set_state(data_state)
+        print(json.dumps({"resumed_from": int(state.step), "meta_step": meta["step"]}), flush=True)
+    step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
+
+    def on_metrics(n, metrics):
+        print(json.dumps({"step": n, "loss": metrics["loss"]}), flush=True)
+        time.sleep(step_delay)
+
+    state, _ = train.train_loop(state, step, batches, num_steps, checkpointer=ckpt, data_state_fn=batches.get_state,
+                                metadata={"job": "kill-test"}, on_metrics=on_metrics)
+    ckpt.close()
+    flat = flatten_with_paths(jax.device_get({"params": state.params, "opt_state": state.opt_state,
+                                              "rng": state.rng, "step": state.step}))
+    np.savez(Path(run_dir) / "final.npz", **{k.replace("/", "|"): v for k, v in flat.items()})
+
+
+def _job(run_dir, num_steps, save_every, delay, cache_dir):
+    return [sys.executable, os.path.abspath(__file__), str(run_dir), str(num_steps), str(save_every), str(delay),
+            str(cache_dir)]
+
+
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    repo = Path(__file__).resolve().parent.parent
+    cache = tmp_path / "xla_cache"
+    n_steps, every = 7, 2
+
+    full = subprocess.run(_job(tmp_path / "full", n_steps, every, 0, cache), capture_output=True, text=True,
+                          env=env, cwd=repo, timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    killed_dir = tmp_path / "killed"
+    proc = subprocess.Popen(_job(killed_dir, n_steps, every, 0.7, cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
+    try:
+        deadline = time.time() + 240
+        while not (killed_dir / "ckpt" / "4").is_dir():  # orbax renames the finished step directory into place
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.time() < deadline, "no checkpoint appeared"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed_dir / "final.npz").exists()
+
+    resumed = subprocess.run(_job(killed_dir, n_steps, every, 0, cache), capture_output=True, text=True, env=env,
+                             cwd=repo, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    info = json.loads(resumed.stdout.splitlines()[0])
+    assert 4 <= info["resumed_from"] < n_steps and info["meta_step"] == info["resumed_from"]
+
+    a, b = np.load(tmp_path / "full" / "final.npz"), np.load(killed_dir / "final.npz")
+    assert sorted(a.files) == sorted(b.files) and int(a["step"]) == n_steps
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # bit-equal
+    full_losses = [json.loads(line)["loss"] for line in full.stdout.splitlines() if '"loss"' in line]
+    resumed_losses = [json.loads(line)["loss"] for line in resumed.stdout.splitlines() if '"loss"' in line]
+    assert resumed_losses == full_losses[info["resumed_from"]:]
+
+
+if __name__ == "__main__":
+    run_training_job(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
