@@ -44,6 +44,9 @@ class SamplerConfig:
 
     eos_ids: ids that end a turn (``<|im_end|>`` first; take them from ``QwenTokenizer.ids.eos``); the first is
     also what a greedy-equivalence check expects. pad_id: fills unused token slots (never written to a cache).
+    suppress_ids: ids never drawn, greedy included (give ``<|image_pad|>`` / ``<|video_pad|>``: a sampled image
+    placeholder would be taken for an image slot when the dialogue is re-encoded); the stored log-probs stay
+    those of the unmodified model.
     early_exit: stop a turn's decode loop once every row has finished (a ``lax.while_loop``); off, every turn
     runs its full budget (same results, fixed run time).
     """
@@ -55,6 +58,7 @@ class SamplerConfig:
     top_p: float = 1.0
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    suppress_ids: tuple[int, ...] = ()
     prefix_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS
     prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
     patch_buckets: tuple[int, ...] = DEFAULT_PATCH_BUCKETS
@@ -66,6 +70,9 @@ class SamplerConfig:
         set_("max_turn_tokens", _per_turn(self.max_turn_tokens, "max_turn_tokens", int))
         set_("temperature", _per_turn(self.temperature, "temperature", float))
         set_("eos_ids", tuple(int(e) for e in self.eos_ids))
+        set_("suppress_ids", tuple(sorted({int(e) for e in self.suppress_ids})))
+        if set(self.eos_ids) & set(self.suppress_ids):
+            raise ValueError(f"SamplerConfig: eos ids {self.eos_ids} are also in suppress_ids {self.suppress_ids}")
         for name in ("prefix_buckets", "prompt_buckets", "patch_buckets"):
             b = tuple(sorted(int(x) for x in getattr(self, name)))
             if not b or b[0] < 1:

@@ -86,7 +86,8 @@ def extend_prompt(params: dict, cfg: Qwen2VLConfig, cache: KVCache, pending: jax
 
 
 def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Array, keys: jax.Array, budget: int,
-                temperature, top_k: int, top_p: float, eos_ids: tuple, pad_id: int, early_exit: bool = True):
+                temperature, top_k: int, top_p: float, eos_ids: tuple, pad_id: int, early_exit: bool = True,
+                suppress_ids: tuple = ()):
     """Samples one turn for every row: at most ``budget`` tokens; a row stops after its first eos token (kept).
 
     cache: each row's context but its last token; feed: int32[R] that last token; keys: uint32[R, 2] node
@@ -109,7 +110,7 @@ def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Arra
     def body(state):
         i, feed, feed_valid, cache, done, n, tokens, logps = state
         logits, cache = decode_step(params, cfg, cache, feed, feed_valid)
-        tok, lp = sample_tokens(logits, position_keys(keys, i), temperature, top_k, top_p)
+        tok, lp = sample_tokens(logits, position_keys(keys, i), temperature, top_k, top_p, suppress_ids)
         active = ~done
         tok = jnp.where(active, tok, pad_id)
         lp = jnp.where(active, lp, 0.0)

@@ -7,8 +7,8 @@ logits the two samplers therefore produce the same tree; the difference is the w
 encoded once per node below it instead of once.
 
 It exists for the benchmark (``tools/bench_tree.py``) and the sharing/no-sharing equivalence test. Each level
-is one jitted call (rows = B·n_t); the contexts of a level are packed on the host, so each level compiles once
-per context-length bucket.
+is one jitted call (rows = B·n_t); its contexts are packed on the host to a length fixed by the config and the
+prefix / prompt buckets (prefix + earlier turn budgets + prompts), so each level compiles once per bucket set.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from ipl_jax.model import VisionInputs, encode_images, extend, init_cache
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.inputs import get_rope_index, pick_bucket, prepare_vision
+from ipl_jax.model.inputs import get_rope_index, prepare_vision
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.decoding import sample_turn
 from ipl_jax.sampling.keys import node_keys, step_keys
@@ -48,14 +48,17 @@ def _scratch_level(params, cfg: Qwen2VLConfig, ids, mask, positions, vision_rows
     _, cache = extend(params, cfg, cache, ids, head, positions=positions, image_features=feats)
     tok, n, lp, fin, _, _ = sample_turn(params, cfg, cache, feed, keys, budget, temperature,
                                         config.top_k, config.top_p, config.eos_ids, config.pad_id,
-                                        config.early_exit)
+                                        config.early_exit, config.suppress_ids)
     return tok, n, lp, fin
 
 
-def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig):
-    """Host packing of one level's contexts: padded ids/mask, M-RoPE positions, per-row vision inputs."""
+def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig,
+                length: int):
+    """Host packing of one level's contexts (padded to ``length``): ids/mask, M-RoPE positions, per-row vision
+    inputs and the gather order of the per-row image features."""
     r = len(contexts)
-    length = pick_bucket(max(len(c) for c in contexts), config.prefix_buckets, "no-sharing context length")
+    if max(len(c) for c in contexts) > length:
+        raise ValueError(f"no-sharing context of {max(len(c) for c in contexts)} tokens exceeds its bound {length}")
     ids = np.full((r, length), config.pad_id, np.int32)
     mask = np.zeros((r, length), bool)
     for i, c in enumerate(contexts):
@@ -88,6 +91,9 @@ def sample_tree_no_sharing(params: dict, cfg: Qwen2VLConfig, items: Sequence[Ste
     index = index + [index[-1]] * (b - n)
     keys = jnp.asarray(step_keys(seed, [s.uid for s in rows]))
     br = config.branching
+    # the level-t context bound: prefix bucket + earlier turns' budgets + prompt buckets, as the sharing sampler
+    prefix_len = config.prefix_bucket(max(len(s.prefix_ids) for s in rows))
+    prompt_lens = [config.prompt_bucket(max(len(s.turn_prompt_ids[t]) for s in rows)) for t in range(3)]
     tokens, lengths, logps, finished = [], [], [], []
     for t in range(1, NUM_TURNS + 1):
         n_t = num_nodes(br, t)
@@ -103,7 +109,8 @@ def sample_tree_no_sharing(params: dict, cfg: Qwen2VLConfig, items: Sequence[Ste
                     ctx += [tok_u[:len_u], np.asarray(s.turn_prompt_ids[u - 1])]
                 contexts.append(np.concatenate(ctx).astype(np.int32))
                 images.append(s)
-        ids, mask, positions, vision, gather = _pack_level(cfg, contexts, images, config)
+        bound = prefix_len + sum(config.max_turn_tokens[u - 1] + prompt_lens[u - 1] for u in range(1, t))
+        ids, mask, positions, vision, gather = _pack_level(cfg, contexts, images, config, bound)
         level_keys = node_keys(keys, br, t).reshape(-1, 2)
         tok, ln, lp, fin = _scratch_level(params, cfg, ids, mask, positions, vision, gather, config.compile_key(), t,
                                           level_keys, jnp.float32(config.temperature[t - 1]))

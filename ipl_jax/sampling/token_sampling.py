@@ -41,22 +41,27 @@ def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float =
     return jnp.where(x >= threshold[:, None], x, NEG_INF)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0):
+def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0,
+                  suppress_ids: tuple = ()):
     """One token per row.
 
     logits: f32[R, V]; keys: uint32[R, 2] (one key per row); temperature: float or f32 scalar, may be traced
     (0 = argmax; the keys are then unused), so a greedy and a sampled configuration share one compilation;
-    top_k / top_p: static. Returns (tokens int32[R], logps f32[R]) with logps the untempered log-softmax.
+    top_k / top_p: static; suppress_ids: static ids that are never drawn (greedy included). Returns (tokens
+    int32[R], logps f32[R]) with logps the untempered log-softmax of the unmodified logits.
     """
     logits = logits.astype(jnp.float32)
     temperature = jnp.asarray(temperature, jnp.float32)
+    allowed = logits
+    if suppress_ids:
+        allowed = logits.at[:, jnp.asarray(suppress_ids, jnp.int32)].set(NEG_INF)
 
     def draw(_):
-        filtered = filter_logits(logits, temperature, top_k, top_p)
+        filtered = filter_logits(allowed, temperature, top_k, top_p)
         return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
 
     def greedy(_):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return jnp.argmax(allowed, axis=-1).astype(jnp.int32)
 
     tokens = jax.lax.cond(temperature > 0, draw, greedy, None)
     logps = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]

@@ -71,7 +71,7 @@ def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, tempera
         keys = node_keys(jnp.asarray(prompts.step_keys), br, t).reshape(-1, 2)
         tok, n, lp, fin, cache, pending_valid = sample_turn(
             params, cfg, cache, feed, keys, config.max_turn_tokens[t - 1], temperature[t - 1],
-            config.top_k, config.top_p, config.eos_ids, config.pad_id, config.early_exit)
+            config.top_k, config.top_p, config.eos_ids, config.pad_id, config.early_exit, config.suppress_ids)
         pending = last_tokens(tok, n, config.pad_id)
         shape = (b,) + br[:t]
         tokens.append(tok.reshape(shape + (-1,)))
