@@ -15,7 +15,10 @@ The pieces, each a pure function over pytrees:
   once per batch shape with the state donated, optionally under a mesh with explicit in/out shardings.
   ``loss_fn(params, batch, rng) -> (loss, metrics)`` returns a mean loss; ``metrics[weight_key]`` (e.g. the
   number of loss tokens) weights the micro-batches when accumulating.
-* ``sft_loss`` / ``make_sft_loss`` — masked next-token cross-entropy on assistant-turn tokens.
+* ``sft_loss`` / ``make_sft_loss`` — masked next-token cross-entropy on assistant-turn tokens (any logits_fn).
+* Qwen2-VL SFT: ``sft_model_batch(cfg, TrainingBatch)`` (host: collated dialogue batch -> ids, masks, M-RoPE
+  positions, padded vision inputs), ``make_qwen2vl_sft_step(cfg, optimizer, schedule, ...)`` (the loss reads
+  log-probs from hidden states in chunks, never the full logits), ``sft_batch_shardings`` for a mesh.
 * ``train_loop`` — runs steps, stops with ``NonFiniteLossError`` on a NaN/inf loss or gradient norm before any
   checkpoint is written, and saves through ``checkpoint.Checkpointer``.
 

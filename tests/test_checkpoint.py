@@ -159,7 +159,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     assert full.returncode == 0, full.stderr[-3000:]
 
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen(_job(killed_dir, n_steps, every, 0.7, cache), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_job(killed_dir, n_steps, every, 0.5, cache), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
     try:
         deadline = time.time() + 240

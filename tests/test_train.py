@@ -21,19 +21,19 @@ V, D, H, L = 32, 16, 24, 2
 
 def toy_params(seed=0):
     """A toy LM in the Qwen2-VL parameter layout: stacked layers, norms, biases, a 'visual' branch."""
-    k = jax.random.split(jax.random.PRNGKey(seed), 6)
-    n = lambda key, shape, s=0.3: s * jax.random.normal(key, shape, jnp.float32)
+    rng = np.random.default_rng(seed)
+    n = lambda shape, s=0.3: jnp.asarray(s * rng.standard_normal(shape), jnp.float32)
     return {
-        "visual": {"proj": {"kernel": n(k[0], (4, D)), "bias": jnp.full((D,), 0.1)}},
+        "visual": {"proj": {"kernel": n((4, D)), "bias": jnp.full((D,), 0.1)}},  # weakly typed on purpose
         "model": {
-            "embed_tokens": {"embedding": n(k[1], (V, D), 1.0)},
+            "embed_tokens": {"embedding": n((V, D), 1.0)},
             "layers": {
                 "input_layernorm": {"weight": jnp.ones((L, D))},
-                "mlp": {"up_proj": {"kernel": n(k[2], (L, D, H))}, "down_proj": {"kernel": n(k[3], (L, H, D))}},
+                "mlp": {"up_proj": {"kernel": n((L, D, H))}, "down_proj": {"kernel": n((L, H, D))}},
             },
             "norm": {"weight": jnp.ones((D,))},
         },
-        "lm_head": {"kernel": n(k[4], (D, V))},
+        "lm_head": {"kernel": n((D, V))},
     }
 
 
@@ -123,13 +123,36 @@ def test_weight_decay_skips_norms_and_biases():
     # With zero gradients AdamW only decays: kernels shrink by lr·wd, norms and biases stay put.
     opt = train.make_optimizer(opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0,
                                           weight_decay=0.5, grad_clip_norm=0.0))
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = opt.update(zeros, opt.init(params), params)
-    new = flatten_with_paths(optax.apply_updates(params, updates))
+
+    @jax.jit
+    def one_update(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        updates, _ = opt.update(zeros, opt.init(params), params)
+        return optax.apply_updates(params, updates)
+
+    new = flatten_with_paths(one_update(params))
     old = flatten_with_paths(params)
     np.testing.assert_allclose(new["lm_head/kernel"], old["lm_head/kernel"] * (1 - 0.05), rtol=1e-6)
     np.testing.assert_array_equal(new["model/norm/weight"], old["model/norm/weight"])
     np.testing.assert_array_equal(new["visual/proj/bias"], old["visual/proj/bias"])
+
+
+def test_state_from_config_sections():
+    from ipl_jax.config import load_config
+    from ipl_jax.lora import LoraParams
+
+    params = toy_params()
+    lora_cfg = load_config(train.default_train_config(), [
+        "--config.lora.enabled=true", "--config.lora.rank=2", "--config.lora.alpha=8",
+        "--config.lora.targets=up_proj/kernel$,down_proj/kernel$"])
+    state, _, schedule = train.state_from_config(params, lora_cfg, jax.random.PRNGKey(0))
+    assert isinstance(state.params, LoraParams) and state.params.rank == 2 and state.params.scale == 4.0
+    assert set(flatten_with_paths(state.frozen)) == set(flatten_with_paths(params))
+    frozen_cfg = load_config(train.default_train_config(), ["--config.freeze_vision=true",
+                                                             "--config.frozen_dtype=bfloat16"])
+    state, _, _ = train.state_from_config(params, frozen_cfg, jax.random.PRNGKey(0))
+    assert "visual" in state.frozen and "visual" not in state.params
+    assert state.frozen["visual"]["proj"]["kernel"].dtype == jnp.bfloat16
 
 
 # ------------------------------------------------------------------------------------------------- step
@@ -144,9 +167,13 @@ def test_step_matches_manual_update_and_compiles_once():
     def manual_loss(p):
         return train.sft_loss(toy_logits(p, batch, None), batch["input_ids"], batch["loss_mask"])[0]
 
-    loss, grads = jax.value_and_grad(manual_loss)(params)
-    updates, _ = opt.update(grads, opt.init(params), params)
-    expected = optax.apply_updates(params, updates)
+    @jax.jit
+    def manual_step(params):
+        loss, grads = jax.value_and_grad(manual_loss)(params)
+        updates, _ = opt.update(grads, opt.init(params), params)
+        return loss, optax.tree.norm(grads), optax.apply_updates(params, updates)
+
+    loss, grad_norm, expected = manual_step(params)
 
     step = sft_step_for(config)
     state = train.create_train_state(params, opt, jax.random.PRNGKey(0))
@@ -154,7 +181,7 @@ def test_step_matches_manual_update_and_compiles_once():
     state, metrics = step(state, batch)
     assert old_leaf.is_deleted()  # the state was donated
     np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-6)
-    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(grad_norm), rtol=1e-5)
     assert float(metrics["tokens"]) == float(batch["loss_mask"][:, 1:].sum())
     assert float(metrics["lr"]) == 0.0  # first warm-up step
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
