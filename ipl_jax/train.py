@@ -105,11 +105,32 @@ def lora_config_from(config: ml_collections.ConfigDict) -> LoraConfig | None:
 # --------------------------------------------------------------------------------------------- optimizer
 
 
+# Other names a config section may use for the same setting (e.g. configs/synthetic.py's ``sft`` section).
+_OPTIMIZER_ALIASES = {"total_steps": ("steps",), "grad_clip_norm": ("grad_clip",)}
+
+
+def optimizer_settings(section) -> ml_collections.ConfigDict:
+    """The optimizer fields of ``section`` (any mapping / ConfigDict), missing ones filled from the defaults.
+
+    Accepts ``steps`` for total_steps and ``grad_clip`` for grad_clip_norm, so a job section such as
+    ``config.sft`` can be passed as it is. Unrelated fields of the section are ignored.
+    """
+    out = default_train_config().optimizer
+    for name in list(out.keys()):
+        for key in (name, *_OPTIMIZER_ALIASES.get(name, ())):
+            if key in section:
+                value = section[key]
+                out[name] = type(out[name])(value) if not isinstance(out[name], str) else str(value)
+                break
+    return out
+
+
 def make_schedule(config) -> optax.Schedule:
     """Learning rate per optimizer update: linear warm-up from 0, then cosine decay or constant.
 
     ``config``: the ``optimizer`` section (learning_rate, schedule, warmup_steps, total_steps, end_lr_ratio).
     """
+    config = optimizer_settings(config)
     lr, warmup = float(config.learning_rate), int(config.warmup_steps)
     if config.schedule == "cosine":
         total = max(int(config.total_steps), warmup + 1)
@@ -130,12 +151,14 @@ def decay_mask(params, no_decay_regex: str = NO_DECAY_REGEX):
 def make_optimizer(config) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW on the schedule, weight decay masked by ``no_decay_regex``.
 
-    ``config``: the ``optimizer`` section. Gradient accumulation happens in the step (see module docstring).
+    ``config``: the ``optimizer`` section (see ``optimizer_settings``). Gradient accumulation happens in the step
+    (see module docstring).
     """
+    config = optimizer_settings(config)
     parts = []
     if float(config.grad_clip_norm) > 0:
         parts.append(optax.clip_by_global_norm(float(config.grad_clip_norm)))
-    regex = config.get("no_decay_regex", NO_DECAY_REGEX)
+    regex = config.no_decay_regex
     parts.append(
         optax.adamw(
             make_schedule(config),

@@ -112,6 +112,15 @@ def test_schedules_known_values():
     np.testing.assert_allclose([float(const(s)) for s in (0, 1, 2, 50)], [0.0, 1.0, 2.0, 2.0], atol=1e-6)
     with pytest.raises(ValueError, match="schedule"):
         train.make_schedule(opt_config(schedule="linear"))
+    # A job section with its own names (steps, grad_clip) and unrelated fields is read as is.
+    import ml_collections
+
+    section = ml_collections.ConfigDict({"steps": 14, "learning_rate": 1.0, "warmup_steps": 4, "grad_clip": 0.5,
+                                         "micro_batch_size": 4, "schedule": "cosine"})
+    settings = train.optimizer_settings(section)
+    assert settings.total_steps == 14 and settings.grad_clip_norm == 0.5 and settings.b2 == 0.999
+    sched = train.make_schedule(section)
+    np.testing.assert_allclose([float(sched(s)) for s in (2, 4, 14)], [0.5, 1.0, 0.0], atol=1e-6)
 
 
 def test_weight_decay_skips_norms_and_biases():
