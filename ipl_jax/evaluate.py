@@ -1,4 +1,4 @@
-"""Evaluation: ``ipl-jax score`` (a predictions file against a dataset) and, later, model-driven ``ipl-jax eval``.
+"""Evaluation: ``ipl-jax score`` (a predictions file against a dataset) and ``ipl-jax eval`` (greedy CoaT decoding).
 
 Predictions file (JSONL, one object per line)::
 
@@ -26,12 +26,15 @@ line number.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
 
 from ipl_jax.actions import (
     ACTION_TYPES,
@@ -43,10 +46,15 @@ from ipl_jax.actions import (
     invalid_action,
     parse_action,
 )
-from ipl_jax.data.records import DataError, Episode
+from ipl_jax.data.records import DataError, Episode, Step
 from ipl_jax.metrics import DEFAULT_RULES, FORMATS, RULES, format_table, score_episodes
 
-__all__ = ["score_main", "score_episodes", "load_predictions", "prediction_to_action", "load_dataset"]
+if TYPE_CHECKING:
+    from ipl_jax.data.image_processing import ImageProcessorConfig
+    from ipl_jax.sampling import SamplerConfig
+
+__all__ = ["score_main", "score_episodes", "load_predictions", "prediction_to_action", "load_dataset",
+           "EvalConfig", "evaluate_policy", "eval_main"]
 
 # format -> (module, loader); each loader is ``load(root, split) -> list[Episode]``.
 LOADERS = {
@@ -227,3 +235,130 @@ def score_main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------------- eval
 # Model-driven evaluation (``eval_main(argv)``: greedy CoaT decoding over a dataset split, then
 # ``score_episodes`` on the decoded actions) belongs below this line.
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Greedy CoaT evaluation settings.
+
+    sampler: the tree sampler's settings; ``evaluate_policy`` makes them greedy (branching (1, 1, 1, 1),
+    temperature 0: ``sampling.greedy_config``), keeping budgets, buckets and ids. image_config: how screenshots
+    are preprocessed (the checkpoint's ``preprocessor_config.json``). batch_size: steps per jitted call (the last
+    batch is padded). fmt / rules: the metric table and its rule set (None: the format's own).
+    """
+
+    sampler: "SamplerConfig"
+    image_config: "ImageProcessorConfig"
+    batch_size: int = 8
+    fmt: str = "aitz"
+    rules: Optional[str] = None
+    seed: int = 0
+
+
+def _as_episodes(steps_or_episodes: Sequence[Any]) -> list[Episode]:
+    """Episodes as given, or steps grouped into episodes by ``episode_id`` (first-appearance order)."""
+    items = list(steps_or_episodes)
+    if all(isinstance(x, Episode) for x in items):
+        return items
+    groups: dict[str, list] = {}
+    for s in items:
+        if not isinstance(s, Step):
+            raise TypeError(f"evaluate_policy: expected Steps or Episodes, got {type(s).__name__}")
+        groups.setdefault(str(s.episode_id), []).append(s)
+    return [Episode(episode_id=k, instruction=v[0].instruction, steps=tuple(v)) for k, v in groups.items()]
+
+
+def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: EvalConfig,
+                    mesh=None) -> tuple[list[dict], dict]:
+    """Greedy CoaT decoding of every step, parsed with ``parse_action`` and scored with ``score_episodes``.
+
+    steps: Steps (grouped into episodes by id, for episode success / goal progress) or Episodes.
+    Returns (predictions, metrics): one record per step, in order — ``episode_id``, ``step_id``,
+    ``prediction`` ({"action": s3, "grounding": s4}: readable by ``ipl-jax score``), ``turns`` (the four raw
+    turn texts), ``finished`` (per turn: ended with ``<|im_end|>``), ``action`` (parsed), ``golden``,
+    ``type_match``, ``exact_match`` — and the metric table of ``config.fmt``.
+    """
+    from ipl_jax.metrics import match_step
+    from ipl_jax.sampling import greedy_config, iter_sampled_batches
+    from ipl_jax.sampling.tree_records import turn_texts
+
+    episodes = _as_episodes(steps)
+    flat = [s for ep in episodes for s in ep.steps]
+    rule_set = DEFAULT_RULES[config.fmt] if config.rules is None else config.rules
+    sconfig = greedy_config(config.sampler)
+    records: list[dict] = []
+    predictions: dict[tuple[str, int], Action] = {}
+    if not flat:
+        return records, score_episodes(episodes, predictions, config.fmt, rule_set)
+    batch_size = min(int(config.batch_size), len(flat))
+    for batch in iter_sampled_batches(params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed,
+                                      batch_size, mesh):
+        texts = turn_texts(batch.tree, tokenizer)
+        finished = [np.asarray(f).reshape(len(batch.steps), -1) for f in batch.tree.finished]
+        for row in range(batch.num_valid):
+            step = batch.steps[row]
+            turns = [str(texts[t].reshape(len(batch.steps), -1)[row, 0]) for t in range(4)]
+            action = parse_action(turns[2], turns[3])
+            key = (str(step.episode_id), int(step.step_id))
+            predictions[key] = action
+            verdict = match_step(action, step, rule_set)
+            records.append({
+                "episode_id": key[0], "step_id": key[1],
+                "prediction": {"action": turns[2], "grounding": turns[3]},
+                "turns": turns, "finished": [bool(finished[t][row, 0]) for t in range(4)],
+                "action": action.to_json(), "golden": step.action.to_json(),
+                "type_match": bool(verdict.type_match), "exact_match": bool(verdict.exact_match),
+            })
+    return records, score_episodes(episodes, predictions, config.fmt, rule_set)
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ipl-jax eval", description="Greedy CoaT decoding of a dataset split with a "
+                                "checkpoint, scored with the benchmark's Step.Acc table.")
+    p.add_argument("--checkpoint", required=True, help="Hugging Face Qwen2-VL directory (model + tokenizer)")
+    p.add_argument("--data", required=True, help="dataset root directory")
+    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
+    p.add_argument("--split", default="test")
+    p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
+    p.add_argument("--json", default=None, help="write the metric table as JSON here")
+    p.add_argument("--predictions", default=None, help="write one JSON line per step here (raw turns, action, "
+                   "golden, verdicts; re-scorable with ipl-jax score)")
+    p.add_argument("--steps", type=int, default=None, help="evaluate only the first N steps")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-turn-tokens", type=int, nargs=4, default=(256, 128, 32, 32),
+                   metavar=("T1", "T2", "T3", "T4"))
+    p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
+    return p
+
+
+def eval_main(argv: list[str]) -> int:
+    """``ipl-jax eval``: print the Step.Acc table of greedy CoaT decoding; 0 on success, 1 on bad input."""
+    args = _eval_parser().parse_args(argv)
+    from ipl_jax.sampler import dataset_steps, load_policy
+    from ipl_jax.sampling import SamplerConfig
+
+    try:
+        params, cfg, tokenizer, image_config, mesh = load_policy(args.checkpoint, args.mesh)
+        episodes, steps = dataset_steps(args.data, args.fmt, args.split, args.steps)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        print(f"ipl-jax eval: {e}", file=sys.stderr)
+        return 1
+    if not steps:
+        print(f"ipl-jax eval: no steps in {args.data} (format {args.fmt}, split {args.split})", file=sys.stderr)
+        return 1
+    if args.steps is not None:  # score only the episodes' steps that were decoded
+        kept = {(str(s.episode_id), int(s.step_id)) for s in steps}
+        episodes = [dataclasses.replace(ep, steps=tuple(s for s in ep.steps
+                                                       if (str(s.episode_id), int(s.step_id)) in kept))
+                    for ep in episodes]
+        episodes = [ep for ep in episodes if ep.steps]
+    config = EvalConfig(sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
+                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules)
+    records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
+    print(format_table(table))
+    for path, text in ((args.json, json.dumps(table, indent=2) + "\n"),
+                       (args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+    return 0

@@ -92,6 +92,16 @@ class SamplerConfig:
     def replace(self, **kw) -> "SamplerConfig":
         return dataclasses.replace(self, **kw)
 
+    @staticmethod
+    def for_tokenizer(tokenizer, **kw) -> "SamplerConfig":
+        """A config with the tokenizer's ids filled in: eos (``<|im_end|>`` first), pad, and the image / video
+        placeholders suppressed. ``tokenizer``: ``ipl_jax.data.tokenizer.QwenTokenizer``; ``kw``: other fields."""
+        ids = tokenizer.ids
+        kw.setdefault("eos_ids", tuple(ids.eos))
+        kw.setdefault("pad_id", int(ids.pad))
+        kw.setdefault("suppress_ids", (int(ids.image_pad), int(ids.video_pad)))
+        return SamplerConfig(**kw)
+
     @property
     def greedy(self) -> bool:
         return all(t == 0 for t in self.temperature)

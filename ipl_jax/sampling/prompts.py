@@ -1,18 +1,17 @@
 """Host-side inputs of the tree sampler: each step's prompt segments, packed into fixed-shape device arrays.
 
-A CoaT step is one chat (method.md §2). The sampler needs it cut at the points where the model speaks:
+A CoaT step is one chat (method.md §2). The sampler needs it cut where the model speaks — the segments of
+``ipl_jax.data.dialogue.coat_segments``, tokenised exactly as the training examples are:
 
 * ``prefix_ids``: everything before the first token of s1 — system turn, the user turn holding the screenshot
   (``<|image_pad|>`` expanded to one token per merged patch) and the description prompt, then
-  ``<|im_start|>assistant\\n``;
-* ``turn_prompt_ids[t]`` for t = 2, 3, 4: the tokens between the end of turn t-1 (the model's own
-  ``<|im_end|>``, which the sampler keeps as the last token of that turn) and the first token of turn t, i.e.
-  ``\\n<|im_start|>user\\n<prompt t><|im_end|>\\n<|im_start|>assistant\\n`` in Qwen2-VL's chat format;
+  ``<|im_start|>assistant\n``;
+* ``turn_prompt_ids`` for t = 2, 3, 4: the tokens between the end of turn t-1 (the model's own
+  ``<|im_end|>``, which the sampler keeps as the last token of that turn) and the first token of turn t;
 * the screenshot's ``pixel_values`` / ``image_grid_thw``.
 
-``step_prompts`` builds these from a ``Step`` with the checkpoint's own chat template (``QwenTokenizer.render``)
-and the CoaT wording of ``ipl_jax.data.dialogue.CoaTPrompts``; ``pack_tree_prompts`` pads a batch of them to
-buckets (``TreePrompts``).
+``step_prompts`` builds a ``StepPrompts`` from a ``Step``; ``pack_tree_prompts`` pads a batch of them to the
+config's buckets (``TreePrompts``).
 """
 
 from __future__ import annotations
@@ -23,15 +22,13 @@ from typing import Optional, Sequence
 import numpy as np
 from flax import struct
 
-from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
-from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
+from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts, coat_segments
+from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
 from ipl_jax.model import ModelInputs, prepare_inputs
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.keys import step_keys, step_uid
-
-_MARK = "\ue000"  # a private-use character standing in for a model reply while cutting the rendered chat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,50 +46,20 @@ class StepPrompts:
     uid: int = 0
 
 
-def _user_texts(step: Step, prompts: CoaTPrompts) -> tuple[str, str, str, str]:
-    return (prompts.describe, prompts.think_text(step.instruction, step.history), prompts.act, prompts.ground)
-
-
-def chat_segments(tokenizer, user_texts: Sequence[str], system: Optional[str] = None) -> tuple[str, list[str]]:
-    """The chat cut before each assistant turn: (prefix text, [turn-2, turn-3, turn-4 prompt texts]).
-
-    The first user turn carries the image. Rendered with the tokenizer's chat template; each assistant reply
-    is a placeholder, and a turn prompt is the text after ``<placeholder><|im_end|>`` up to the end of the next
-    generation prompt.
-    """
-    im_end = "<|im_end|>"
-    messages = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_texts[0]}]})
-    prefix = tokenizer.render(messages, add_generation_prompt=True)
-    turns = []
-    for text in user_texts[1:]:
-        messages = messages + [{"role": "assistant", "content": _MARK}, {"role": "user", "content": text}]
-        full = tokenizer.render(messages, add_generation_prompt=True)
-        cut = full.rfind(_MARK + im_end)
-        if cut < 0:
-            raise ValueError(f"{tokenizer.source}: the chat template does not end an assistant turn with {im_end}")
-        turns.append(full[cut + len(_MARK + im_end):])
-    return prefix, turns
-
-
 def step_prompts(step: Step, tokenizer, image_config: ImageProcessorConfig, cfg: Qwen2VLConfig,
-                 prompts: CoaTPrompts = DEFAULT_PROMPTS) -> StepPrompts:
-    """A ``Step`` -> its ``StepPrompts`` (loads and preprocesses the screenshot)."""
-    where = f"step {step.episode_id}/{step.step_id}"
-    try:
-        image = step.load_image()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{where}: cannot load its screenshot {step.image!r}: {e}") from e
-    pixel_values, grid = preprocess_images([image], config=image_config)
-    prefix_text, turn_texts = chat_segments(tokenizer, _user_texts(step, prompts), prompts.system)
-    ids = tokenizer.encode(prefix_text)
-    prefix = tokenizer.expand_image_tokens(ids, grid, cfg.vision.spatial_merge_size)
-    turns = tuple(np.asarray(tokenizer.encode(t), np.int32) for t in turn_texts)
-    for t, ids_t in enumerate(turns, start=2):
-        if ids_t.size == 0:
-            raise ValueError(f"{where}: the turn-{t} prompt is empty")
-    return StepPrompts(prefix_ids=np.asarray(prefix, np.int32), turn_prompt_ids=turns,  # type: ignore[arg-type]
-                       pixel_values=pixel_values, image_grid_thw=np.asarray(grid, np.int64),
+                 prompts: CoaTPrompts = DEFAULT_PROMPTS, image=None, pixels=None) -> StepPrompts:
+    """A ``Step`` -> its ``StepPrompts`` (loads and preprocesses the screenshot unless ``image`` (PIL) or
+    ``pixels`` ((pixel_values, grid)) is given). ``cfg`` is checked against the image processor's merge size."""
+    if cfg.vision.spatial_merge_size != image_config.merge_size:
+        raise ValueError(f"image processor merge size {image_config.merge_size} != model spatial_merge_size "
+                         f"{cfg.vision.spatial_merge_size}")
+    seg = coat_segments(step, tokenizer, image_config, prompts, image=image, pixels=pixels)
+    turns = tuple(np.asarray(seg.turn_prompt_ids[t], np.int32) for t in (2, 3, 4))
+    for t, ids in zip((2, 3, 4), turns):
+        if ids.size == 0:
+            raise ValueError(f"step {seg.name}: the turn-{t} prompt is empty")
+    return StepPrompts(prefix_ids=np.asarray(seg.prefix_ids, np.int32), turn_prompt_ids=turns,  # type: ignore
+                       pixel_values=seg.pixel_values, image_grid_thw=np.asarray(seg.image_grid_thw, np.int64),
                        uid=step_uid(step.episode_id, step.step_id))
 
 

@@ -1,0 +1,49 @@
+"""Sampling trees for a list of steps in fixed-shape batches (the last batch padded), for the commands."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Optional, Sequence
+
+import jax
+
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.records import Step
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts, step_prompts
+from ipl_jax.sampling.tree_sampler import sample_tree
+
+
+@dataclasses.dataclass
+class SampledBatch:
+    """One batch: ``tree`` (host numpy CoaTTree, B rows), the B ``steps`` of its rows and their ``prompts``
+    (padding rows repeat the last real step; ``tree.step_valid`` marks them), and ``start``, the index of the
+    first row in the caller's step list."""
+
+    tree: object
+    steps: list
+    prompts: list
+    start: int
+
+    @property
+    def num_valid(self) -> int:
+        return int(sum(bool(v) for v in self.tree.step_valid))
+
+
+def iter_sampled_batches(params: dict, cfg: Qwen2VLConfig, tokenizer, image_config: ImageProcessorConfig,
+                         steps: Sequence[Step], config: SamplerConfig, seed, batch_size: int,
+                         mesh: Optional[jax.sharding.Mesh] = None) -> Iterator[SampledBatch]:
+    """Sample one tree per step, ``batch_size`` steps per call of the jitted sampler."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    steps = list(steps)
+    for start in range(0, len(steps), batch_size):
+        chunk = steps[start:start + batch_size]
+        items: list[StepPrompts] = [step_prompts(s, tokenizer, image_config, cfg) for s in chunk]
+        packed = pack_tree_prompts(cfg, items, config, seed, step_index=range(start, start + len(chunk)),
+                                   batch_size=batch_size)
+        tree = jax.device_get(sample_tree(params, cfg, packed, config, mesh))
+        pad = batch_size - len(chunk)
+        yield SampledBatch(tree=tree, steps=chunk + [chunk[-1]] * pad, prompts=items + [items[-1]] * pad,
+                           start=start)
