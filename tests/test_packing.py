@@ -130,7 +130,7 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
         ugroups, upairs = PK.unpack_groups(groups, pairs)
         assert len(ugroups) == sum(len(g.continuations) for g in groups)
         ubatches = PK.pack_unpacked(cfg, ugroups, upairs, PK.PackingConfig(
-            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32, 64), patch_buckets=(96,)))
+            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(96,)))
         got_pos, got_neg = [], []
         for ub in ubatches:
             ulp, un = PK.score_continuations(params, cfg, ub, chunk=16)

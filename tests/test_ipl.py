@@ -1,0 +1,360 @@
+"""T-DPO on packed batches: loss and gradient against a direct per-pair implementation, reference log-probs,
+train_round determinism / compilation / 8-device mesh, pairs from CoaT-trees, and the round loop."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ipl_jax import ipl, losses
+from ipl_jax import model as M
+from ipl_jax import packing as PK
+from ipl_jax import pairs as pairs_lib
+from ipl_jax.actions import ACTION_TYPES
+from ipl_jax.tree import CoaTTree
+from test_packing import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(32,), patch_buckets=(96,))
+
+
+def round_batches(cfg, seed):
+    """Two batches of the same shapes: 8 groups with 2..4 continuations, 12 pairs (4 rows and 6 pairs each)."""
+    groups = make_groups(cfg, seed=seed, n_groups=8, conts=(3, 2, 4, 2), scored_groups=(5,))
+    pairs = []
+    for g, group in enumerate(groups):
+        pairs.append(PK.PairRef(g, 0, 1, 1 + g % 4))
+        if len(group.continuations) > 2 and g % 2 == 0:
+            pairs.append(PK.PairRef(g, 2, 0, 3))
+    batches = PK.pack_round(cfg, groups, pairs, ROUND_PACKING)
+    assert len(batches) == 2 and all(b.input_ids.shape == (4, 32) for b in batches)
+    return groups, pairs, batches
+
+
+def seq_logp(params, cfg, group, i):
+    """Direct: summed log p of continuation i's scored tokens from a plain forward of [prefix + continuation]."""
+    seq = np.concatenate([group.prefix_ids, group.continuations[i]]).astype(np.int32)
+    inputs = M.prepare_inputs(cfg, seq[None], None, group.pixel_values, group.image_grid_thw, text_buckets=(32,),
+                              patch_buckets=(32,))
+    feats = M.encode_images(params, cfg, inputs.vision)
+    logits = M.forward(params, cfg, inputs.input_ids, inputs.positions, inputs.attention_mask, feats)
+    logp = jax.nn.log_softmax(logits[0], axis=-1)
+    L, c = len(group.prefix_ids), group.continuations[i]
+    picked = logp[jnp.arange(L - 1, L - 1 + len(c)), jnp.asarray(c)]
+    return jnp.sum(picked * jnp.asarray(group.scored_mask(i), jnp.float32))
+
+
+def direct_loss(params, cfg, groups, pairs, ref, beta, sft_weight):
+    """−log σ(β[(πθ⁺ − πref⁺) − (πθ⁻ − πref⁻)]) + λ·(−πθ⁺ / n⁺), averaged over pairs, written out here."""
+    total = 0.0
+    for k, p in enumerate(pairs):
+        g = groups[p.group]
+        lp_pos, lp_neg = seq_logp(params, cfg, g, p.pos), seq_logp(params, cfg, g, p.neg)
+        h = (lp_pos - ref[k][0]) - (lp_neg - ref[k][1])
+        total = total - jax.nn.log_sigmoid(beta * h) + sft_weight * (-lp_pos / g.scored_mask(p.pos).sum())
+    return total / len(pairs)
+
+
+@pytest.mark.parametrize("sft_weight", [0.0, 1.0])
+def test_tdpo_loss_and_gradient_match_direct_per_pair_forward(sft_weight):
+    cfg = tiny_cfg()
+    params, ref_params = tiny_params(cfg, 0), tiny_params(cfg, 1)
+    groups = make_groups(cfg, seed=5, n_groups=3, conts=(3, 2, 4), scored_groups=(1,))
+    pairs = [PK.PairRef(0, 0, 1, 1), PK.PairRef(0, 2, 1, 2), PK.PairRef(1, 1, 0, 3), PK.PairRef(2, 3, 0, 4)]
+    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(32,), patch_buckets=(96,))
+    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.5, sft_weight=sft_weight), logp_chunk=16)
+    with jax.default_matmul_precision("highest"):
+        data = ipl.attach_reference(ref_params, PK.pack_round(cfg, groups, pairs, packing), config)
+        (batch,) = data.batches
+        ref = [(float(seq_logp(ref_params, cfg, groups[p.group], p.pos)),
+                float(seq_logp(ref_params, cfg, groups[p.group], p.neg))) for p in pairs]
+        np.testing.assert_allclose(np.asarray(batch.ref_pos)[:4], [r[0] for r in ref], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(batch.ref_neg)[:4], [r[1] for r in ref], atol=1e-5, rtol=0)
+        assert np.all(np.asarray(batch.ref_pos)[4:] == 0)
+
+        loss_fn = ipl.make_tdpo_loss(config)
+        (loss, metrics), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None), has_aux=True)(params)
+        want, want_grads = jax.value_and_grad(direct_loss)(params, cfg, groups, pairs, ref, 0.5, sft_weight)
+    assert float(metrics["pairs"]) == 4.0
+    assert abs(float(want)) > 0.1
+    np.testing.assert_allclose(float(loss), float(want), atol=1e-5, rtol=0)
+    flat, flat_want = jax.tree.leaves(grads), jax.tree.leaves(want_grads)
+    assert max(float(jnp.max(jnp.abs(g))) for g in flat_want) > 1e-2  # gradients far from zero
+    for g, w in zip(flat, flat_want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0)
+
+
+def test_loss_kinds_and_positive_sft_objective():
+    """ipo / hinge and 'IPL without negatives' applied to given pair log-probs (no model needed)."""
+    pos, neg = np.array([-3.0, -5.0, -2.0]), np.array([-4.0, -4.5, -9.0])
+    ref_pos, ref_neg, n_pos = np.array([-3.5, -4.0, -1.0]), np.array([-3.0, -5.0, -1.0]), np.array([2.0, 4.0, 3.0])
+    valid = np.array([True, True, False])
+    batch = types.SimpleNamespace(pair_valid=valid, ref_pos=ref_pos, ref_neg=ref_neg)
+    h = (pos - ref_pos) - (neg - ref_neg)
+    cfg = tiny_cfg()
+    for kind, per in (("ipo", (h - 1 / 0.4) ** 2), ("hinge", np.maximum(0.0, 1 - 0.2 * h)),
+                      ("sigmoid", -np.log(1 / (1 + np.exp(-0.2 * h))))):
+        config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.2, sft_weight=0.5, kind=kind))
+        loss, m = ipl.pair_loss(pos, neg, n_pos, batch, config)
+        want = per[valid].mean() + 0.5 * (-pos / n_pos)[valid].mean()
+        assert float(loss) == pytest.approx(want, rel=1e-6)
+        assert float(m["reward_accuracy"]) == pytest.approx(0.5)
+    config = ipl.TDPOConfig(model=cfg, objective="positive_sft")
+    loss, m = ipl.pair_loss(pos, neg, n_pos, batch, config)
+    assert float(loss) == pytest.approx((-pos / n_pos)[valid].mean(), rel=1e-6) and float(m["pairs"]) == 2
+    with pytest.raises(ValueError, match="objective"):
+        ipl.TDPOConfig(model=cfg, objective="nope")
+
+
+def _leaves_equal(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing():
+    cfg = tiny_cfg()
+    config = ipl.TDPOConfig(model=cfg, learning_rate=3e-3, logp_chunk=16)
+    ref = tiny_params(cfg, 0)
+    _, _, round_a = round_batches(cfg, seed=10)
+    _, _, round_b = round_batches(cfg, seed=11)
+
+    def run(batches, key):
+        state = ipl.init_state(tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
+        return ipl.train_round(state, ref, ipl.RoundData(batches), jax.random.PRNGKey(key), config)
+
+    s1, m1 = run(round_a, 3)
+    s2, m2 = run(round_a, 3)
+    assert _leaves_equal(s1, s2) and m1["per_step"] == m2["per_step"]
+    assert sorted(m1["order"]) == [0, 1] and m1["steps"] == 2 and m1["pairs"] == 12.0
+    assert int(s1.step) == 2 and not _leaves_equal(s1.params, ref)
+
+    # a second round (new data, same shapes; reference = the first round's result) compiles nothing
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(kw.get("fun_name")) if event.endswith(  # noqa: E731
+        "backend_compile_duration") else None
+    traces_before = ipl.trace_counts()
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        s3, m3 = ipl.train_round(s1, s1.params, ipl.RoundData(round_b), jax.random.PRNGKey(4), config)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [] and ipl.trace_counts() == traces_before
+    assert int(s3.step) == 4 and np.isfinite(m3["loss"])
+
+    # training raised the chosen-vs-rejected margin over the reference on the data it saw
+    data = ipl.attach_reference(ref, round_a, config)
+    loss_fn = jax.jit(ipl.make_tdpo_loss(config))
+    before = [loss_fn(ref, b, None)[1] for b in data.batches]
+    after = [loss_fn(s2.params, b, None)[1] for b in data.batches]
+    assert all(float(m["reward_margin"]) == 0.0 for m in before)  # policy = reference
+    assert all(float(m["reward_margin"]) > 0.0 for m in after)
+
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    import test_ipl as t
+    from ipl_jax import ipl
+    from ipl_jax.model import sharding as S
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    assert jax.device_count() == 8
+    cfg = t.tiny_cfg()
+    # the paper's IPL learning rates are 1e-6..1e-7. (Adam turns float-rounding differences of near-zero
+    # gradients into full-size steps, so a much larger rate would compare rounding noise, not the sharding.)
+    config = ipl.TDPOConfig(model=cfg, learning_rate=1e-5, logp_chunk=16)
+    _, _, batches = t.round_batches(cfg, seed=12)
+
+    def run(mesh):
+        state = ipl.init_state(t.tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
+        state, m = ipl.train_round(state, t.tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5),
+                                   config, mesh=mesh)
+        leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+        return [s["loss"] for s in m["per_step"]], str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
+
+    single, _, p1 = run(None)
+    sharded, spec, p8 = run(S.make_mesh((2, 2, 2)))
+    p0 = np.asarray(t.tiny_params(cfg, 0)["model"]["layers"]["mlp"]["up_proj"]["kernel"])
+    print(json.dumps({"single": single, "sharded": sharded, "spec": spec,
+                      "param_diff": float(np.max(np.abs(p1 - p8))), "moved": float(np.max(np.abs(p1 - p0)))}))
+    """
+)
+
+
+def test_train_round_on_8_device_mesh_matches_single_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, HERE], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(HERE), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "fsdp" in out["spec"] and "tensor" in out["spec"], out["spec"]
+    assert len(out["single"]) == 2 and out["single"][0] != out["single"][1]
+    np.testing.assert_allclose(out["sharded"], out["single"], atol=1e-5, rtol=0)
+    assert out["param_diff"] <= 1e-6 and out["moved"] > 1e-5  # two Adam steps of 1e-5 moved the weights
+
+
+# ---------------------------------------------------------------------------------------- pairs from trees
+
+BRANCHING = (2, 2, 2, 1)
+EOT = 2  # stands in for <|im_end|>
+CLICK, TYPE, SCROLL = (ACTION_TYPES.index(x) for x in ("click", "type", "scroll"))
+
+
+def fake_steps(cfg, rng, n):
+    steps = []
+    for _ in range(n):
+        prefix = np.asarray([3, VS, *[IMG] * 4, VE, *rng.integers(3, 59, 3), 4], np.int32)
+        steps.append(types.SimpleNamespace(
+            prefix_ids=prefix, turn_prompt_ids=tuple(np.asarray([5, 6 + t, 4], np.int32) for t in range(3)),
+            pixel_values=rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32),
+            image_grid_thw=np.array([[1, 4, 4]])))
+    return steps
+
+
+def fake_tree(rng, b, turn_len=3):
+    """Random turn texts of 1..turn_len tokens, each closed by EOT."""
+    tree = CoaTTree.zeros(b, BRANCHING, (turn_len,) * 4)
+    toks, lens = [], []
+    for level in range(4):
+        shape = tuple(np.asarray(tree.lengths[level]).shape)
+        n = rng.integers(1, turn_len + 1, shape)
+        t = rng.integers(7, 59, shape + (turn_len,))
+        t = np.where(np.arange(turn_len) == (n - 1)[..., None], EOT, t)
+        t = np.where(np.arange(turn_len) < n[..., None], t, 0)
+        toks.append(jnp.asarray(t, jnp.int32))
+        lens.append(jnp.asarray(n, jnp.int32))
+    return tree.replace(tokens=tuple(toks), lengths=tuple(lens), finished=tuple(jnp.ones_like(x, bool) for x in lens),
+                        step_index=jnp.arange(b, dtype=jnp.int32), step_valid=jnp.ones((b,), bool))
+
+
+def backup(leaf_values, c=0.95):
+    vals = [np.asarray(leaf_values, np.float32)]
+    for _ in range(3):
+        vals.insert(0, c * vals[0].mean(axis=-1))
+    return tuple(vals)
+
+
+def fake_sampled(cfg, rng, b=2):
+    steps = fake_steps(cfg, rng, b)
+    golden = np.array([[40, 41, EOT, 0]] * b, np.int32)
+    return ipl.SampledTrees(tree=fake_tree(rng, b), steps=steps, golden_action_ids=golden,
+                            golden_action_lengths=np.full(b, 3, np.int32),
+                            golden_grounding_ids=np.array([[50, 51, 52, EOT]] * b, np.int32),
+                            golden_grounding_lengths=np.full(b, 4, np.int32))
+
+
+# tree 0: β (β pairs at turn 3 under the first two thoughts, at turn 2 under the second description);
+# tree 1: γ (no correct leaf), golden click
+LEAVES = np.array([[1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0],
+                   [0.3, 0.0, 0.1, 0.0, 0.0, 0.6, 0.2, 0.0]], np.float32).reshape(2, 2, 2, 2, 1)
+LEAF_TYPES = np.array([[CLICK, SCROLL, TYPE, SCROLL, SCROLL, SCROLL, TYPE, SCROLL],
+                       [CLICK, CLICK, TYPE, SCROLL, SCROLL, CLICK, TYPE, SCROLL]], np.int32).reshape(2, 2, 2, 2, 1)
+
+
+def fake_scores(sampled):
+    return ipl.TreeScores(node_values=backup(LEAVES), leaf_types=LEAF_TYPES,
+                          golden_types=np.array([CLICK, CLICK], np.int32))
+
+
+def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuations():
+    cfg = tiny_cfg()
+    sampled = fake_sampled(cfg, np.random.default_rng(0))
+    config = ipl.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg))
+    grouped, counts = ipl.round_pairs(sampled, fake_scores(sampled), config)
+    assert counts.tolist() == [0, 1, 1]
+    tree = jax.tree.map(np.asarray, sampled.tree)
+    def text(level, row, *path):  # the level's text of the node with child choices ``path``
+        return tree.tokens[level - 1][(row, *path)][:tree.lengths[level - 1][(row, *path)]]
+
+    def text_flat(level, row, node):  # ... of the level's flat node ``node``
+        return tree.tokens[level - 1].reshape(2, -1, 3)[row, node][:tree.lengths[level - 1].reshape(2, -1)[row, node]]
+
+    # every pair: its group's prefix is the step prefix + s1 + prompt 2 + ... + prompt t for the pair's node
+    assert grouped.pairs and len(grouped.pairs) == int(grouped.pairs_by_turn.sum())
+    seen_turns = set()
+    for p in grouped.pairs:
+        g = grouped.groups[p.group]
+        row = int(g.name.split("(row ")[1].split(")")[0])
+        nodes = eval(g.name.split("prefix nodes ")[1])  # flat index of the prefix's node at levels 1..t-1
+        step = sampled.steps[row]
+        want = [step.prefix_ids]
+        for level in range(1, p.turn):
+            want += [text_flat(level, row, nodes[level - 1]), step.turn_prompt_ids[level - 1]]
+        np.testing.assert_array_equal(g.prefix_ids, np.concatenate(want))
+        seen_turns.add((row, p.turn))
+        parent = nodes[-1] if nodes else 0
+        sibling_texts = [tuple(text_flat(p.turn, row, parent * BRANCHING[p.turn - 1] + k))
+                         for k in range(BRANCHING[p.turn - 1])]
+        pos, neg = tuple(g.continuations[p.pos]), tuple(g.continuations[p.neg])
+        assert neg in sibling_texts
+        if row == 1:  # γ: the golden text is the positive
+            assert pos == ((40, 41, EOT) if p.turn == 3 else (50, 51, 52, EOT))
+        else:
+            assert pos in sibling_texts
+        assert len({tuple(c) for c in g.continuations}) == len(g.continuations)  # shared once
+    assert seen_turns == {(0, 2), (0, 3), (1, 3), (1, 4)}
+    assert grouped.pairs_by_turn.tolist()[:3] == [0, 0, 1]
+    keys = [g.name for g in grouped.groups]
+    assert len(keys) == len(set(keys))  # one group per (row, turn, prefix node)
+
+    naive = ipl.round_pairs(sampled, fake_scores(sampled), ipl.RoundConfig(tdpo=config.tdpo, pair_mode="naive"))[0]
+    assert len(naive.pairs) == 1 and naive.pairs_by_turn.tolist() == [1, 0, 0, 0, 0]
+    (g,) = naive.groups
+    np.testing.assert_array_equal(g.prefix_ids, sampled.steps[0].prefix_ids)
+    chosen = g.continuations[naive.pairs[0].pos]  # leaf 0 (path 0,0,0,0), a click: four turns
+    step = sampled.steps[0]
+    parts = [text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1],
+             text(3, 0, 0, 0, 0), step.turn_prompt_ids[2], text(4, 0, 0, 0, 0, 0)]
+    np.testing.assert_array_equal(chosen, np.concatenate(parts))
+    scored = g.scored_mask(naive.pairs[0].pos)
+    want_scored = np.concatenate([np.full(len(x), k % 2 == 0) for k, x in enumerate(parts)])
+    np.testing.assert_array_equal(scored, want_scored)
+    rejected = g.continuations[naive.pairs[0].neg]  # first lowest leaf: 1 (path 0,0,1), a scroll: no grounding
+    np.testing.assert_array_equal(rejected, np.concatenate([
+        text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1], text(3, 0, 0, 0, 1)]))
+
+
+def test_run_rounds_with_injected_stages(tmp_path):
+    from ipl_jax.checkpoint import Checkpointer
+
+    cfg = tiny_cfg()
+    tdpo = ipl.TDPOConfig(model=cfg, learning_rate=1e-3, logp_chunk=16)
+    config = ipl.RoundConfig(tdpo=tdpo, packing=PK.PackingConfig(rows=4, max_continuations=3, max_pairs=16,
+                                                                 text_buckets=(64,), patch_buckets=(64,)),
+                             num_rounds=4, patience=1)
+    seen = {"sample": [], "evaluate": []}
+    accuracy = {0: 0.3, 1: 0.5, 2: 0.4, 3: 0.9}
+
+    def sample(params, n, rng):
+        seen["sample"].append((n, np.asarray(params["lm_head"]["kernel"]).copy()))
+        return [fake_sampled(cfg, np.random.default_rng(n))]
+
+    def evaluate(params, n):
+        seen["evaluate"].append((n, np.asarray(params["lm_head"]["kernel"]).copy()))
+        return {"step_accuracy": accuracy[n]}
+
+    state = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
+    stages = ipl.RoundStages(sample=sample, score=fake_scores, evaluate=evaluate)
+    with Checkpointer(tmp_path / "ckpt", save_every=1, async_save=False) as ckpt:
+        state, history = ipl.run_rounds(state, config, stages, jax.random.PRNGKey(1), checkpointer=ckpt)
+        steps = ckpt.all_steps()
+    # stopped after round 2 (no improvement on round 1's 0.5), checkpointed each round
+    assert [h["round"] for h in history] == [0, 1, 2] and sorted(steps) == [1, 2]
+    assert [h["best_round"] for h in history[1:]] == [1, 1]
+    # the reference / sampler of round 2 is round 1's result
+    assert np.array_equal(seen["sample"][1][1], seen["evaluate"][1][1])
+    assert not np.array_equal(seen["sample"][0][1], seen["sample"][1][1])
+    r1 = history[1]
+    assert r1["classes"]["beta"] == 0.5 and r1["classes"]["gamma"] == 0.5 and r1["classes"]["trees"] == 2
+    assert r1["pairs"] == sum(r1["pairs_by_turn"]) == r1["train"]["pairs"] > 0
+    assert np.isfinite(r1["train"]["loss"]) and r1["train"]["steps"] == r1["batches"] >= 1
+    assert set(r1["seconds"]) >= {"sample_score_pairs", "pack_reference", "train", "evaluate", "total"}
+    assert int(state.step) == r1["train"]["steps"] + history[2]["train"]["steps"]
