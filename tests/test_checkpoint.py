@@ -31,7 +31,7 @@ def toy_state(steps=2, **kw):
     opt = train.make_optimizer(config)
     state = train.create_train_state(tt.toy_params(), opt, jax.random.PRNGKey(7), **kw)
     step = train.make_sft_step(tt.toy_logits, opt, train.make_schedule(config))
-    for i in range(steps):
+    for i in range(steps):  # the step is compiled only when steps > 0
         state, _ = step(state, tt.toy_batch(i))
     return state, opt
 
@@ -86,7 +86,10 @@ def test_save_schedule_and_retention(tmp_path):
 
 
 def test_load_model_params_merges_lora_and_frozen(tmp_path):
-    lora_state, _ = toy_state(steps=2, lora=LoraConfig(rank=2, alpha=4.0, targets=("up_proj/kernel$",)))
+    lora_state, _ = toy_state(steps=0, lora=LoraConfig(rank=2, alpha=4.0, targets=("up_proj/kernel$",)))
+    rng = np.random.default_rng(0)  # non-zero B (as after training) without compiling a training step
+    lora_state = lora_state.replace(params=jax.tree.map(
+        lambda x: np.asarray(rng.standard_normal(x.shape), np.float32), lora_state.params))
     expected = jax.device_get(merge_lora(lora_state.frozen, lora_state.params))
     with Checkpointer(tmp_path / "lora", save_every=1) as ck:
         ck.save(2, lora_state)
@@ -95,7 +98,7 @@ def test_load_model_params_merges_lora_and_frozen(tmp_path):
     assert meta["lora_scale"] == 2.0
     assert_trees_equal(params, expected)
 
-    frozen_state, _ = toy_state(steps=1, freeze_regex=train.VISION_REGEX)
+    frozen_state, _ = toy_state(steps=0, freeze_regex=train.VISION_REGEX)
     expected = jax.device_get(train.model_params(frozen_state.params, frozen_state.frozen))
     with Checkpointer(tmp_path / "frozen", save_every=1) as ck:
         ck.save(1, frozen_state)
