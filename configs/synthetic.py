@@ -23,7 +23,11 @@ def get_config(arg=None):
     c.data.dev_episodes = 40
     c.data.test_episodes = 80
     c.data.test_splits = ("test", "test_app_unseen", "test_task_unseen")
+    c.data.dev_split = "dev"  # "" (real AITZ has no dev split): hold out the last `dev_holdout` train episodes
+    c.data.dev_holdout = 20
     c.data.world = ""  # WorldConfig overrides as "k=v,k=v"
+    c.data.png_level = 1  # PNG compression of the written screenshots (1: fast, files a bit larger)
+    c.data.loader_threads = 2  # Grain threads building SFT batches
 
     # ------------------------------------------------------------------ instruction evolution
     c.evolution = ml_collections.ConfigDict()
@@ -45,19 +49,23 @@ def get_config(arg=None):
     c.model.vision_embed_dim = 64
     c.model.vision_num_heads = 4
     c.model.tie_word_embeddings = True
-    c.model.min_pixels = 224 * 448
-    c.model.max_pixels = 224 * 448
+    # The world renders 224x448 screenshots; the model sees them at half size (112x224 = 128 patches of 14x14,
+    # 32 image tokens after the 2x2 merge), which keeps the vision tower cheap on a CPU.
+    c.model.min_pixels = 112 * 224
+    c.model.max_pixels = 112 * 224
 
     # ------------------------------------------------------------------ sequence buckets
     c.buckets = ml_collections.ConfigDict()
-    c.buckets.tokens = (256, 320, 384, 448)
-    c.buckets.patches = (512,)
-    c.buckets.max_turn_tokens = (48, 40, 12, 16)  # per CoaT turn: description, thought, action, grounding
+    c.buckets.tokens = (192, 256, 320, 384)
+    c.buckets.patches = (128,)  # per image; a batch of B images uses B x this
+    c.buckets.max_turn_tokens = (64, 36, 10, 22)  # per CoaT turn (end token included): description, thought,
+    # action, grounding -- about the longest golden turns of the synthetic data (a box is ~20 tokens: one per digit)
 
     # ------------------------------------------------------------------ warm-up SFT
     c.sft = ml_collections.ConfigDict()
     c.sft.steps = 900
     c.sft.batch_size = 16
+    c.sft.micro_batch_size = 4  # gradient accumulation over micro-batches (the ViT attends over a whole one)
     c.sft.learning_rate = 2e-3
     c.sft.warmup_steps = 50
     c.sft.schedule = "cosine"
@@ -66,6 +74,12 @@ def get_config(arg=None):
     c.sft.checkpoint_every = 200
     c.sft.seed_candidates = 2  # checkpoints (the last N saved) scored for seed selection
 
+    # ------------------------------------------------------------------ seed selection (method.md §9)
+    c.seed_selection = ml_collections.ConfigDict()
+    c.seed_selection.steps = 48  # training steps whose trees score each candidate
+    c.seed_selection.diversity_weight = 0.1  # score = Acc_S + w * Div_R / max_candidates(Div_R)
+    c.seed_selection.embedder = "auto"  # auto | minilm | tfidf (auto: MiniLM when installed, else TF-IDF)
+
     # ------------------------------------------------------------------ CoaT-tree sampling
     c.sampler = ml_collections.ConfigDict()
     c.sampler.branching = (3, 3, 3, 1)
@@ -73,6 +87,8 @@ def get_config(arg=None):
     c.sampler.top_k = 0
     c.sampler.top_p = 1.0
     c.sampler.batch_size = 8
+    c.sampler.prefix_buckets = (96, 128, 192, 256)  # screenshot + first prompt
+    c.sampler.prompt_buckets = (32, 64, 128, 192)  # the turn-2..4 prompts (turn 2 holds the history)
 
     # ------------------------------------------------------------------ rewards / values
     c.reward = ml_collections.ConfigDict()
@@ -89,7 +105,9 @@ def get_config(arg=None):
     c.ipl.beta = 0.1
     c.ipl.sft_weight = 1.0
     c.ipl.learning_rate = 2e-4
-    c.ipl.batch_size = 8
+    c.ipl.batch_size = 8  # packed rows (prefix nodes) per T-DPO step
+    c.ipl.max_pairs_per_batch = 16
+    c.ipl.text_buckets = (256, 320, 384, 448, 512)  # packed row lengths (prefix + continuations)
     c.ipl.max_pairs_per_tree = 12
     c.ipl.freeze_vision = True
     c.ipl.early_stop = True
@@ -98,6 +116,10 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 16
     c.eval.max_steps = 0  # 0 = every step of each split
+
+    # ------------------------------------------------------------------ final export
+    c.export = ml_collections.ConfigDict()
+    c.export.viewer_steps = 4  # training steps whose sampled trees go into the HTML viewer
 
     # ------------------------------------------------------------------ mesh (axis sizes; -1 = the rest)
     c.mesh = ml_collections.ConfigDict()

@@ -1,0 +1,151 @@
+"""Stages 1 and 2: the dataset (synthetic world written in the AITZ format, or a real benchmark read from disk)
+and instruction evolution on the training screens.
+
+Synthetic data is written under ``WORKDIR/data/<split>`` with ``write_aitz_split`` and always read back with
+``load_aitz``, so the rest of the job sees exactly what it would see on real AITZ data
+(``config.data.format == "aitz"`` with ``config.data.root`` pointing at it).
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from pathlib import Path
+from typing import Sequence
+
+import ml_collections
+
+from ipl_jax.data.records import Episode, Step
+from ipl_jax.pipeline.workdir import Workdir
+
+TRAIN, DEV = "train", "dev"
+
+
+# ------------------------------------------------------------------------------------------------ the splits
+
+
+def split_names(config: ml_collections.ConfigDict) -> list[str]:
+    """Every split the job reads: train, dev (when configured) and the test splits."""
+    names = [TRAIN] + ([config.data.dev_split] if config.data.dev_split else []) + list(config.data.test_splits)
+    seen, out = set(), []
+    for n in names:
+        if n not in seen:
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def world_overrides(text: str) -> list[str]:
+    """``"width=252,n_contacts=4,20,themes=rose"`` -> ``["width=252", "n_contacts=4,20", "themes=rose"]``:
+    a comma starts a new override only when the next piece holds a ``=``."""
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece or not out:
+            out.append(piece)
+        else:
+            out[-1] += "," + piece
+    return out
+
+
+def episodes_for(config: ml_collections.ConfigDict, split: str) -> int:
+    if split == TRAIN:
+        return int(config.data.train_episodes)
+    if split == config.data.dev_split:
+        return int(config.data.dev_episodes)
+    return int(config.data.test_episodes)
+
+
+def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
+    """Stage 1 (synthetic): generate every split with the synthetic world and write it in the AITZ layout."""
+    from ipl_jax.data.synthetic import generate_split
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
+
+    world = apply_overrides(WorldConfig(), world_overrides(config.data.world))
+    root = wd.dir("data")
+    summary: dict = {"root": str(root), "splits": {}}
+    for split in split_names(config):
+        episodes = generate_split(split, episodes_for(config, split), seed=int(config.seed), config=world)
+        write_aitz_split(episodes, root, split, compress_level=int(config.data.png_level))
+        types = collections.Counter(s.action.type for e in episodes for s in e.steps)
+        summary["splits"][split] = {"episodes": len(episodes), "steps": sum(types.values()),
+                                    "action_types": dict(sorted(types.items()))}
+        wd.echo(f"  {split}: {len(episodes)} episodes, {sum(types.values())} steps "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(types.items()))})")
+    return summary
+
+
+def data_root(config: ml_collections.ConfigDict, wd: Workdir) -> Path:
+    return wd.path("data") if config.data.format == "synthetic" else Path(config.data.root)
+
+
+def load_splits(config: ml_collections.ConfigDict, wd: Workdir) -> dict[str, list[Episode]]:
+    """Every split as episodes, read from disk with the format's reader (synthetic data is AITZ).
+
+    Without a dev split (real AITZ has none), the last ``config.data.dev_holdout`` training episodes are held
+    out as dev.
+    """
+    from ipl_jax.evaluate import load_dataset
+
+    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
+    root = data_root(config, wd)
+    if config.data.format != "synthetic" and not str(config.data.root):
+        raise ValueError(f"config.data.root must name the {fmt} dataset directory")
+    out = {split: load_dataset(root, fmt, split) for split in split_names(config)}
+    for split, eps in out.items():
+        if not eps:
+            raise ValueError(f"{root}: split {split!r} has no episodes")
+    if not config.data.dev_split:
+        n = max(1, int(config.data.dev_holdout))
+        if len(out[TRAIN]) <= n:
+            raise ValueError(f"{root}: {len(out[TRAIN])} training episodes cannot spare {n} for dev")
+        out[DEV] = out[TRAIN][-n:]
+        out[TRAIN] = out[TRAIN][:-n]
+    return out
+
+
+def dev_name(config: ml_collections.ConfigDict) -> str:
+    return config.data.dev_split or DEV
+
+
+def steps_of(episodes: Sequence[Episode]) -> list[Step]:
+    return [s for e in episodes for s in e.steps]
+
+
+def scoring_format(config: ml_collections.ConfigDict) -> str:
+    """The metric table's format: the dataset's own (synthetic data is scored as AITZ)."""
+    return "aitz" if config.data.format == "synthetic" else config.data.format
+
+
+# ------------------------------------------------------------------------------------------ instruction evolution
+
+
+def evolve(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step]) -> dict:
+    """Stage 2: Q&A about the training screens (three levels), filtered, capped at ``max_items``; written to
+    ``WORKDIR/evolution/qas.jsonl``. With evolution disabled an empty file is written."""
+    from ipl_jax.data.evolution import evolve_steps, filter_qas, write_qas_jsonl
+
+    path = wd.dir("evolution") / "qas.jsonl"
+    if not config.evolution.enabled:
+        write_qas_jsonl(path, [])
+        return {"enabled": False, "generated": 0, "kept": 0, "path": str(path)}
+    raw = evolve_steps(train_steps, seed=int(config.seed), levels=tuple(config.evolution.levels),
+                       per_step=int(config.evolution.per_step))
+    kept, counts = filter_qas(raw)
+    cap = int(config.evolution.max_items)
+    if cap and len(kept) > cap:
+        # a seeded sample, kept in step order
+        chosen = sorted(random.Random(int(config.seed)).sample(range(len(kept)), cap))
+        kept = [kept[i] for i in chosen]
+    write_qas_jsonl(path, kept)
+    by_level = collections.Counter(q.level for q in kept)
+    by_kind = collections.Counter(q.kind for q in kept)
+    dropped = {k: v for k, v in counts.items() if k != "kept" and v}
+    wd.echo(f"  {len(raw)} Q&A generated on {len(train_steps)} screens, {counts['kept']} pass the filter "
+            f"(dropped: {dropped or 'none'}), {len(kept)} used; by level "
+            + ", ".join(f"L{k} {v}" for k, v in sorted(by_level.items())))
+    return {"enabled": True, "generated": len(raw), "passed_filter": counts["kept"], "kept": len(kept),
+            "filter": counts, "by_level": {str(k): v for k, v in sorted(by_level.items())},
+            "by_kind": dict(sorted(by_kind.items())), "path": str(path)}

@@ -1,0 +1,146 @@
+"""Stage 3: the tokenizer and the starting model, and the policy directory format the job passes around.
+
+A *policy directory* is a Hugging Face Qwen2-VL checkpoint: ``config.json`` + ``model.safetensors``
+(``save_params``), the tokenizer files with the chat template, and ``preprocessor_config.json``. Every stage
+hands its model to the next one as such a directory (``WORKDIR/model/init``, ``WORKDIR/seed``,
+``WORKDIR/rounds/<r>/policy``, ``WORKDIR/export``), so any of them loads in transformers or in
+``ipl-jax eval`` as is.
+
+Without ``config.model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
+(``model.tiny.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import ml_collections
+
+from ipl_jax.data.records import Step
+from ipl_jax.pipeline.workdir import Workdir
+
+TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocessor_config.json")
+
+
+@dataclasses.dataclass
+class Policy:
+    """A loaded policy: params (pytree), model config, tokenizer (``QwenTokenizer``) and image config."""
+
+    params: dict
+    cfg: object
+    tokenizer: object
+    image_config: object
+    source: str = ""
+
+
+def image_config_from(config: ml_collections.ConfigDict):
+    from ipl_jax.data.image_processing import ImageProcessorConfig
+
+    return ImageProcessorConfig(min_pixels=int(config.model.min_pixels), max_pixels=int(config.model.max_pixels))
+
+
+def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
+    """Every text the model reads or writes on this data: CoaT turns, instructions, action and grounding
+    texts, the thought prompts with their histories, and the evolved Q&A; plus the chat scaffolding."""
+    from ipl_jax.actions import format_action, format_grounding
+    from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+    from ipl_jax.model.tiny import scaffold_texts
+
+    lines = scaffold_texts()
+    for s in steps:
+        lines.append(s.instruction)
+        lines.append(DEFAULT_PROMPTS.think_text(s.instruction, s.history))
+        lines.append(format_action(s.action))
+        if s.action.box is not None:
+            lines.append(format_grounding(s.action.box))
+        if s.coat is not None:
+            lines.extend([s.coat.screen_desc, s.coat.action_think, s.coat.action_result])
+        lines.extend(e.text for e in s.elements if e.text)
+    for qa in qas:
+        lines.extend([qa.question, qa.answer])
+    return [line for line in lines if line and line.strip()]
+
+
+def model_config_dict(config: ml_collections.ConfigDict, special_ids: dict) -> dict:
+    """The Hugging Face config of a fresh model of the configured size (transformers-5 nested layout)."""
+    from ipl_jax.model.tiny import build_config_dict
+
+    m = config.model
+    overrides = {
+        "text_config": {"hidden_size": int(m.hidden_size), "intermediate_size": int(m.intermediate_size),
+                        "num_hidden_layers": int(m.num_hidden_layers),
+                        "num_attention_heads": int(m.num_attention_heads),
+                        "num_key_value_heads": int(m.num_key_value_heads)},
+        "vision_config": {"depth": int(m.vision_depth), "embed_dim": int(m.vision_embed_dim),
+                          "num_heads": int(m.vision_num_heads)},
+        "tie_word_embeddings": bool(m.tie_word_embeddings),
+    }
+    return build_config_dict(overrides, int(m.vocab_size), special_ids)
+
+
+def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
+    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config."""
+    from ipl_jax.model import save_params
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_params(params, cfg, str(tmp))
+    for f in Path(tokenizer_dir).iterdir():
+        if f.is_file() and f.name not in TOKENIZER_FILES_EXCLUDE and ".safetensors" not in f.name:
+            shutil.copy2(f, tmp / f.name)
+    image_config.save(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def load_policy(directory: Path) -> Policy:
+    from ipl_jax.data.image_processing import ImageProcessorConfig
+    from ipl_jax.data.tokenizer import load_tokenizer
+    from ipl_jax.model import load_params
+
+    params, cfg = load_params(str(directory))
+    return Policy(params=params, cfg=cfg, tokenizer=load_tokenizer(directory),
+                  image_config=ImageProcessorConfig.load(directory), source=str(directory))
+
+
+def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step],
+                        qas: Sequence) -> dict:
+    """Stage 3: ``WORKDIR/model/init`` -- a copy of ``config.model.checkpoint``, or a new tokenizer trained on
+    the data plus a freshly initialised model."""
+    out = wd.path("model", "init")
+    if config.model.checkpoint:
+        src = Path(config.model.checkpoint)
+        if not (src / "config.json").is_file():
+            raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
+        policy = load_policy(src)
+        # the job's image settings apply (e.g. max_pixels) unless the checkpoint's are wanted
+        write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
+        return {"source": str(src), "parameters": _count(policy.params), "vocab": len(policy.tokenizer)}
+
+    from ipl_jax.model import Qwen2VLConfig, init_params
+    from ipl_jax.model.tiny import train_tokenizer, write_tokenizer
+
+    corpus = tokenizer_corpus(train_steps, qas)
+    tok_dir = wd.dir("model", "tokenizer")
+    special_ids = write_tokenizer(train_tokenizer(corpus, int(config.model.vocab_size)), tok_dir)
+    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(config, special_ids))
+    params = init_params(cfg, jax.random.PRNGKey(int(config.seed)))
+    write_policy_dir(out, params, cfg, tok_dir, image_config_from(config))
+    n = _count(params)
+    wd.echo(f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "
+            f"{n / 1e6:.2f} M parameters ({cfg.text.num_hidden_layers} layers x {cfg.text.hidden_size}, "
+            f"vision {cfg.vision.depth} x {cfg.vision.embed_dim})")
+    return {"source": "fresh", "parameters": n, "vocab": max(special_ids.values()) + 1,
+            "corpus_lines": len(corpus)}
+
+
+def _count(params) -> int:
+    return int(sum(x.size for x in jax.tree.leaves(params)))

@@ -1,0 +1,50 @@
+"""The job's reports: ``results.json``, the per-round tables (like the paper's), and the ablation table."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ipl_jax.plots import TYPE_ROWS
+
+
+def results_round(round_index: int, metrics: dict, trees: dict, pairs: int, seconds: float, **extra) -> dict:
+    """One entry of ``results.json["rounds"]``."""
+    return {"round": int(round_index), "metrics": metrics,
+            "trees": {k: float(trees.get(k, 0.0)) for k in ("alpha", "beta", "gamma")},
+            "pairs": int(pairs), "seconds": round(float(seconds), 2), **extra}
+
+
+def _pct(v: Optional[float]) -> str:
+    return "   -  " if v is None else f"{100.0 * v:6.2f}"
+
+
+def round_table(rounds: Sequence[dict], split: str) -> str:
+    """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts."""
+    head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}"
+                                    for r in rounds)
+    lines = [head, "-" * len(head)]
+    for row in TYPE_ROWS + ("total",):
+        cells = []
+        for r in rounds:
+            t = r["metrics"].get(split) or {}
+            cells.append(f"{_pct((t.get(row) or {}).get('exact_acc')):>10}")
+        lines.append(f"{row.lower() + ' match':<18}" + "".join(cells))
+    cells = [f"{_pct((r['metrics'].get(split) or {}).get('total', {}).get('type_acc')):>10}" for r in rounds]
+    lines.append(f"{'total type':<18}" + "".join(cells))
+    for key, name in (("alpha", "alpha trees"), ("beta", "beta trees"), ("gamma", "gamma trees")):
+        lines.append(f"{name:<18}" + "".join(f"{_pct(r['trees'].get(key)):>10}" for r in rounds))
+    lines.append(f"{'pairs':<18}" + "".join(f"{r['pairs']:>10}" for r in rounds))
+    lines.append(f"{'seconds':<18}" + "".join(f"{r['seconds']:>10.0f}" for r in rounds))
+    return "\n".join(lines)
+
+
+def ablation_table(rows: Sequence[dict], split: str) -> str:
+    """Rows = variants; columns = per-type step accuracy (%) and total, then pairs of the round(s)."""
+    cols = [c.lower() for c in TYPE_ROWS] + ["total"]
+    head = f"{'variant':<26}" + "".join(f"{c:>9}" for c in cols) + f"{'pairs':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        t = (r.get("metrics") or {}).get(split) or {}
+        cells = [f"{_pct((t.get(c.upper() if c != 'total' else 'total') or {}).get('exact_acc')):>9}" for c in cols]
+        lines.append(f"{r['variant']:<26}" + "".join(cells) + f"{r.get('pairs', 0):>9}")
+    return "\n".join(lines)

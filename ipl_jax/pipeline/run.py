@@ -1,0 +1,234 @@
+"""``ipl-jax run``: the main job, data -> instruction evolution -> model -> warm-up SFT -> seed selection ->
+evaluation -> IPL rounds -> export.
+
+    ipl-jax run --workdir runs/default                          # configs/synthetic.py
+    ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
+    ipl-jax run --config configs/qwen2vl_7b_aitz.py --config.data.root=/data/aitz --workdir runs/aitz
+
+Every stage writes under the workdir and leaves a marker (``workdir.Workdir``); running the same command again
+resumes after the last finished stage or round (SFT also resumes inside, from its Orbax checkpoints). The
+workdir remembers its config: a different config needs a different workdir.
+
+Outputs: ``results.json`` (``{"rounds": [{"round", "metrics": {split: score table}, "trees": {alpha, beta,
+gamma}, "pairs", "seconds"}, ...]}``, round 0 = the seed policy), ``step_accuracy.png``, ``trees.html``,
+``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` and ``stage_log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import ml_collections
+
+from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
+
+STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed", "rounds", "export")
+
+
+def _parser(prog: str = "ipl-jax run") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
+    p.add_argument("--stop-after", choices=STAGES, default=None, help="stop once this stage is finished")
+    return p
+
+
+def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None:
+    """Record the config in a new workdir; refuse a workdir that was made with a different one."""
+    current = json.loads(config.to_json_best_effort())
+    path = wd.path("config.json")
+    if path.is_file():
+        stored = read_json(path)
+        if stored != current:
+            diff = sorted(_diff_keys(stored, current))
+            raise SystemExit(f"ipl-jax run: {wd.root} was made with a different config (fields differ: "
+                             f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); use a new --workdir")
+    else:
+        write_json(path, current)
+
+
+def _diff_keys(a, b, prefix=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in set(a) | set(b):
+            yield from _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+    elif a != b:
+        yield prefix.rstrip(".")
+
+
+class Job:
+    """The job's state between stages: config, workdir, and the data read from disk."""
+
+    def __init__(self, config: ml_collections.ConfigDict, wd: Workdir):
+        self.config, self.wd = config, wd
+        self.splits: dict = {}
+        self.t_start = time.perf_counter()
+
+    # ----------------------------------------------------------------------------------------------- data
+
+    def data(self) -> None:
+        c, wd = self.config, self.wd
+        if c.data.format == "synthetic":
+            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd))
+        else:
+            wd.run_stage("data", lambda: {"root": str(c.data.root), "format": c.data.format})
+        self.splits = data_stage.load_splits(c, wd)
+        self.train_steps = data_stage.steps_of(self.splits["train"])
+        self.test_names = list(c.data.test_splits)
+        self.dev = self.splits[data_stage.dev_name(c)]
+
+    def evolution(self) -> None:
+        from ipl_jax.data.evolution import read_qas_jsonl
+
+        self.wd.run_stage("evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps))
+        self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
+
+    def model(self) -> None:
+        self.wd.run_stage("model", lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps,
+                                                                           self.qas))
+
+    def sft(self) -> None:
+        self.sft_summary = self.wd.run_stage("sft", lambda: sft_stage.run_sft(self.config, self.wd,
+                                                                              self.train_steps, self.qas))
+
+    # ----------------------------------------------------------------------------------------------- seed
+
+    def seed(self) -> None:
+        self.seed_summary = self.wd.run_stage("seed", self._select_seed)
+
+    def _select_seed(self) -> dict:
+        from ipl_jax.seed_selection import choose, format_scores, sample_steps, score_candidates
+
+        c, wd = self.config, self.wd
+        paths = sft_stage.candidate_policies(self.sft_summary)
+        steps = sample_steps(self.train_steps, int(c.seed_selection.steps), int(c.seed))
+        scores, kind = score_candidates([(p.name, model_stage.load_policy(p)) for p in paths], steps, c,
+                                        embedder=c.seed_selection.embedder, echo=wd.echo)
+        chosen = choose(scores, float(c.seed_selection.diversity_weight))
+        for line in format_scores(scores, chosen).splitlines():
+            wd.echo("  " + line)
+        target = wd.path("seed")
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(paths[chosen], target)
+        return {"candidates": [s.to_json() for s in scores], "chosen": paths[chosen].name, "embedder": kind,
+                "steps": len(steps), "policy": str(target),
+                "trees": {k: getattr(scores[chosen], k) for k in ("alpha", "beta", "gamma")}}
+
+    def eval_seed(self) -> None:
+        def run():
+            policy = model_stage.load_policy(self.wd.path("seed"))
+            t0 = time.perf_counter()
+            metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, self.config,
+                                             self.wd.dir("eval", "round_0"), echo=self.wd.echo)
+            dev = rounds.dev_accuracy(policy, self.dev, self.config)
+            return {"metrics": metrics, "dev": dev, "eval_seconds": time.perf_counter() - t0}
+
+        self.seed_eval = self.wd.run_stage("eval_seed", run)
+
+    # ----------------------------------------------------------------------------------------------- rounds
+
+    def rounds(self) -> None:
+        c, wd = self.config, self.wd
+        start = wd.path("seed")
+        best = float(self.seed_eval["dev"]["step_accuracy"])
+        self.round_summaries = []
+        for r in range(1, int(c.ipl.rounds) + 1):
+            def run(r=r, start=start):
+                t0 = time.perf_counter()
+                record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
+                train_seconds = time.perf_counter() - t0
+                policy = model_stage.load_policy(Path(record["policy"]))
+                metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, c,
+                                                 wd.dir("eval", f"round_{r}"), echo=wd.echo)
+                return {"record": record, "metrics": metrics, "round_seconds": train_seconds}
+
+            summary = wd.run_stage(f"round_{r}", run)
+            self.round_summaries.append(summary)
+            wd.log_metrics({"stage": "ipl", "round": r, "pairs": summary["record"]["pairs"],
+                            "classes": summary["record"]["classes"], "dev": summary["record"]["dev"]})
+            self.print_rounds()
+            start = Path(summary["record"]["policy"])
+            acc = float(summary["record"]["dev"]["step_accuracy"])
+            if bool(c.ipl.early_stop) and acc <= best:
+                wd.echo(f"  early stop: round {r} dev step accuracy {100 * acc:.2f}% does not beat the best "
+                        f"({100 * best:.2f}%)")
+                break
+            best = max(best, acc)
+
+    # ----------------------------------------------------------------------------------------------- report
+
+    def results(self) -> dict:
+        seed_trees = self.seed_summary["trees"]
+        out = [report.results_round(0, self.seed_eval["metrics"], seed_trees, 0, self.seed_eval["seconds"],
+                                    dev=self.seed_eval["dev"])]
+        for s in getattr(self, "round_summaries", []):
+            rec = s["record"]
+            out.append(report.results_round(rec["round"], s["metrics"], rec["classes"], rec["pairs"],
+                                            s["seconds"], dev=rec["dev"], pairs_by_turn=rec.get("pairs_by_turn"),
+                                            train=rec.get("train")))
+        return {"rounds": out}
+
+    def print_rounds(self) -> None:
+        res = self.results()["rounds"]
+        for split in self.test_names:
+            self.wd.echo("\n" + report.round_table(res, split) + "\n")
+
+    def export(self) -> None:
+        self.wd.run_stage("export", self._export)
+
+    def _export(self) -> dict:
+        from ipl_jax.plots import plot_step_accuracy
+
+        wd = self.wd
+        res = self.results()
+        rounds_ = res["rounds"]
+        best = max(rounds_, key=lambda r: (r["dev"]["step_accuracy"], r["round"]))
+        src = wd.path("seed") if best["round"] == 0 else wd.path("rounds", str(best["round"]), "policy")
+        target = wd.path("export")
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(src, target)
+        write_json(wd.path("results.json"), res)
+        plot = plot_step_accuracy(rounds_, self.test_names[0], wd.path("step_accuracy.png"))
+        viewer = self._viewer()
+        return {"export": str(target), "exported_round": best["round"], "plot": str(plot), "viewer": viewer,
+                "results": str(wd.path("results.json"))}
+
+    def _viewer(self):
+        """The tree viewer page of the last round (a few trees sampled in it) as ``WORKDIR/trees.html``."""
+        last = max([0] + [s["record"]["round"] for s in getattr(self, "round_summaries", [])])
+        page = self.wd.path("rounds", str(last), "trees.html")
+        if last == 0 or not page.is_file():
+            return None
+        return str(shutil.copyfile(page, self.wd.path("trees.html")))
+
+
+def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None,
+            echo=print) -> Workdir:
+    """Run (or resume) the job in ``workdir``; returns its Workdir."""
+    wd = Workdir(workdir, echo=echo)
+    check_workdir_config(wd, config)
+    job = Job(config, wd)
+    for stage in STAGES:
+        getattr(job, stage)()
+        if stage == stop_after:
+            break
+    if stop_after is None:
+        job.print_rounds()
+        total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")
+        wd.echo(f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "
+                f"this invocation {time.perf_counter() - job.t_start:.0f} s)")
+    return wd
+
+
+def main(argv: list[str]) -> int:
+    from ipl_jax.config import parse_args_with_config
+
+    args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
+    run_job(config, args.workdir, args.stop_after)
+    return 0

@@ -1,0 +1,190 @@
+"""Stage 4: warm-up SFT on the CoaT dialogues of the training steps plus the evolved Q&A.
+
+Examples are built lazily in the Grain pipeline (``data.pipeline``): a training item is either a step (its
+four-turn CoaT chat, ``dialogue.coat_example``) or a Q&A about a step's screen (``dialogue.qa_example``);
+batches are collated to fixed token / patch buckets (``dialogue.collate``) and turned into the model's arrays
+(``train.sft_model_batch``). Training is ``train.train_loop`` with ``train.make_qwen2vl_sft_step``; Orbax
+checkpoints (``checkpoint.Checkpointer``) carry the state and the iterator position, so a killed job resumes
+inside SFT. The last ``config.sft.seed_candidates`` checkpoints are exported as policy directories for seed
+selection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from ipl_jax.data.records import Step
+from ipl_jax.pipeline.model_stage import Policy, load_policy, write_policy_dir
+from ipl_jax.pipeline.progress import progress_bar
+from ipl_jax.pipeline.workdir import Workdir
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTItem:
+    """One training item: a step's CoaT chat (``qa`` None) or a Q&A about that step's screen."""
+
+    step: Step
+    qa: object = None
+
+
+def sft_items(train_steps: Sequence[Step], qas: Sequence) -> list[SFTItem]:
+    """CoaT items for every training step, then one item per Q&A (matched to its step by ids)."""
+    by_id = {(str(s.episode_id), int(s.step_id)): s for s in train_steps}
+    items = [SFTItem(s) for s in train_steps]
+    for qa in qas:
+        step = by_id.get((str(qa.episode_id), int(qa.step_id)))
+        if step is None:
+            raise ValueError(f"Q&A about episode {qa.episode_id} step {qa.step_id}: no such training step")
+        items.append(SFTItem(step, qa))
+    return items
+
+
+def patch_buckets(config: ml_collections.ConfigDict, batch_size: int) -> tuple[int, ...]:
+    """``config.buckets.patches`` are per image; a batch packs ``batch_size`` images."""
+    return tuple(int(p) * int(batch_size) for p in config.buckets.patches)
+
+
+def make_example_fn(tokenizer, image_config):
+    from ipl_jax.data.dialogue import coat_example, qa_example
+
+    def example(item: SFTItem):
+        if item.qa is None:
+            return coat_example(item.step, tokenizer, image_config)
+        return qa_example(tokenizer, image_config, item.step.load_image(), item.qa.question, item.qa.answer,
+                          name=f"qa {item.qa.episode_id}/{item.qa.step_id}/{item.qa.kind}")
+
+    return example
+
+
+def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(micro-batch size, number of micro-batches) of an SFT batch. The vision tower attends over all patches
+    of a (micro-)batch at once, so its cost grows with the square of the images per micro-batch: a batch is
+    split into micro-batches whose gradients are accumulated (``train.make_train_step``'s scan)."""
+    bs = int(config.sft.batch_size)
+    micro = int(config.sft.micro_batch_size) or bs
+    if micro < 1 or bs % micro:
+        raise ValueError(f"config.sft.micro_batch_size {micro} must divide sft.batch_size {bs}")
+    return micro, bs // micro
+
+
+def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
+    """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
+    micro-batches share the token bucket of the batch's longest example."""
+    from ipl_jax.data.dialogue import collate, smallest_bucket
+    from ipl_jax.train import sft_model_batch, stack_microbatches
+
+    token_buckets = tuple(int(t) for t in config.buckets.tokens)
+    micro, n_micro = micro_batches(config)
+    patches = patch_buckets(config, micro)
+
+    def batch_fn(examples):
+        examples = list(examples)
+        longest = max(len(e) for e in examples)
+        t = smallest_bucket(longest, token_buckets, "token length of example "
+                            + next(e.name for e in examples if len(e) == longest))
+        parts = [sft_model_batch(cfg, collate(examples[i * micro:(i + 1) * micro], (t,), patches,
+                                              tokenizer.ids.pad, batch_size=micro))
+                 for i in range(n_micro)]
+        return parts[0] if n_micro == 1 else stack_microbatches(parts)
+
+    return batch_fn
+
+
+def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    from ipl_jax.train import default_train_config
+
+    t = default_train_config()
+    t.seed = int(config.seed)
+    t.num_steps = int(config.sft.steps)
+    o = t.optimizer
+    o.learning_rate = float(config.sft.learning_rate)
+    o.schedule = str(config.sft.schedule)
+    o.warmup_steps = int(config.sft.warmup_steps)
+    o.total_steps = int(config.sft.steps)
+    o.weight_decay = float(config.sft.weight_decay)
+    o.grad_clip_norm = float(config.sft.grad_clip)
+    return t
+
+
+def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
+    """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``; the last
+    ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
+    from ipl_jax.checkpoint import Checkpointer
+    from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
+    from ipl_jax.train import make_qwen2vl_sft_step, model_params, state_from_config, train_loop
+
+    init = load_policy(wd.path("model", "init"))
+    items = sft_items(train_steps, qas)
+    bs, steps = int(config.sft.batch_size), int(config.sft.steps)
+    dataset = make_dataset(items, make_example_fn(init.tokenizer, init.image_config), batch_size=bs,
+                           seed=int(config.seed), num_epochs=None,
+                           batch_fn=make_batch_fn(init.cfg, init.tokenizer, config))
+    iterator = make_iterator(dataset, num_threads=int(config.data.loader_threads), prefetch_buffer_size=4)
+
+    train_cfg = sft_train_config(config)
+    state, optimizer, schedule = state_from_config(init.params, train_cfg, jax.random.PRNGKey(int(config.seed)))
+    keep = max(1, int(config.sft.seed_candidates))
+    ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=int(config.sft.checkpoint_every), keep=keep)
+    if ckpt.latest_step() is not None:
+        state, data_state, _ = ckpt.restore(state)
+        if data_state:
+            iterator = restore_iterator(iterator, data_state)
+        wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
+    step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=micro_batches(config)[1])
+
+    counter = {"tokens": 0.0}
+
+    def counted_step(st, batch):
+        counter["tokens"] += float(np.sum(batch["attention_mask"]))
+        return step_fn(st, batch)
+
+    bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")
+    t0 = time.perf_counter()
+    tokens0 = counter["tokens"]
+
+    def on_metrics(step: int, m: dict) -> None:
+        bar.update(1)
+        rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
+        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rate:,.0f}")
+        wd.log_metrics({"stage": "sft", "step": step, **m, "tokens_per_s": rate})
+
+    metadata = {"stage": "sft", "items": len(items), "batch_size": bs}
+    try:
+        state, history = train_loop(state, counted_step, iterator, steps, checkpointer=ckpt,
+                                    data_state_fn=lambda: iterator_state(iterator), metadata=metadata,
+                                    on_metrics=on_metrics)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+
+    # Export the candidates for seed selection.
+    cand_root = wd.dir("sft", "candidates")
+    candidates = []
+    for step in ckpt.all_steps()[-keep:]:
+        restored, _, _ = ckpt.restore(state, step=step)
+        params = model_params(restored.params, restored.frozen)
+        out = write_policy_dir(cand_root / f"step_{step:06d}", params, init.cfg, wd.path("model", "init"),
+                               init.image_config)
+        candidates.append(str(out))
+    ckpt.close()
+    losses = [h["loss"] for h in history]
+    return {"steps": steps, "items": len(items), "coat_items": len(train_steps), "qa_items": len(qas),
+            "final_loss": losses[-1] if losses else None,
+            "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
+            "train_seconds": round(seconds, 2), "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
+            "candidates": candidates}
+
+
+def candidate_policies(summary: dict) -> list[Path]:
+    return [Path(p) for p in summary["candidates"]]
+
+
+def load_candidate(path: Path) -> Policy:
+    return load_policy(path)

@@ -1,0 +1,156 @@
+"""Glue between the job and the CoaT-tree sampler: sampler settings from the job config, and the adapters the
+round loop needs (``ipl.SampledTrees`` / ``ipl.TreeScores`` from sampled, scored batches), plus greedy decoding
+of a step list for evaluation.
+
+The sampler (``ipl_jax.sampling``: batches, texts, leaf actions, leaf rewards, tree records), the reward kernels
+(``ipl_jax.rewards``) and the round loop (``ipl_jax.ipl``) live in their own modules; this file only wires them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from ipl_jax.actions import format_action, format_grounding, needs_grounding, parse_action
+from ipl_jax.data.records import Step
+from ipl_jax.data.tokenizer import IM_END
+from ipl_jax.tree import NUM_TURNS
+
+
+def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False,
+                   branching: Optional[Sequence[int]] = None):
+    """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
+    method.md §3), top-k / top-p, the tokenizer's end and pad ids, and buckets for fixed shapes."""
+    from ipl_jax.sampling.config import SamplerConfig, greedy_config
+
+    t = float(config.sampler.temperature)
+    sc = SamplerConfig(
+        branching=tuple(int(b) for b in (branching or config.sampler.branching)),
+        max_turn_tokens=tuple(int(x) for x in config.buckets.max_turn_tokens),
+        temperature=(t, t, t, 0.0),
+        top_k=int(config.sampler.top_k), top_p=float(config.sampler.top_p),
+        eos_ids=tuple(tokenizer.ids.eos), pad_id=int(tokenizer.ids.pad),
+        prefix_buckets=tuple(int(x) for x in config.sampler.prefix_buckets),
+        prompt_buckets=tuple(int(x) for x in config.sampler.prompt_buckets),
+        patch_buckets=tuple(int(p) * int(config.sampler.batch_size) for p in config.buckets.patches)
+        + tuple(int(p) * int(config.eval.batch_size) for p in config.buckets.patches),
+    )
+    return greedy_config(sc) if greedy else sc
+
+
+def reward_config(config: ml_collections.ConfigDict):
+    from ipl_jax.rewards import RewardConfig
+
+    return RewardConfig(v_type=float(config.reward.v_type), v_format=float(config.reward.v_format),
+                        rules=rules_name(config))
+
+
+def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int, mesh=None):
+    """``sampling.iter_sampled_batches`` for a ``Policy``: one tree per step, fixed-shape batches."""
+    from ipl_jax.sampling import iter_sampled_batches
+
+    return iter_sampled_batches(policy.params, policy.cfg, policy.tokenizer, policy.image_config, steps, sconfig,
+                                seed, batch_size, mesh)
+
+
+def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.ConfigDict):
+    """Leaf actions, rewards, backed-up values and classes of a sampled batch
+    (``sampling.tree_records.score_tree_batch``) -> (leaf actions [B, b1..b4], its ``TreeScores``)."""
+    from ipl_jax.sampling.tree_records import leaf_actions, score_tree_batch
+
+    actions = leaf_actions(texts)
+    scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward_config(config),
+                              float(config.reward.discount))
+    return actions, scores
+
+
+def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores):
+    """The round loop's ``ipl.TreeScores`` from a scored batch: node values, leaf / golden type ids and whether
+    each sampled s3 text equals the golden one (such nodes give no γ pair)."""
+    from ipl_jax.ipl import TreeScores
+    from ipl_jax.pairs import action_type_id
+
+    leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
+    golden_types = np.array([action_type_id(s.action) for s in batch.steps], np.int32)
+    golden_s3 = [format_action(s.action) for s in batch.steps]
+    s3 = texts[2]
+    matches = np.zeros(s3.shape, bool)
+    for idx in np.ndindex(*s3.shape):
+        matches[idx] = _same_text(s3[idx], golden_s3[idx[0]])
+    return TreeScores(node_values=tuple(np.asarray(v) for v in scores.node_values), leaf_types=leaf_types,
+                      golden_types=golden_types, action_text_matches_golden=matches)
+
+
+def rules_name(config: ml_collections.ConfigDict) -> str:
+    from ipl_jax.metrics import DEFAULT_RULES
+
+    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
+    return DEFAULT_RULES[fmt]
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(str(a).lower().split()) == " ".join(str(b).lower().split())
+
+
+def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The golden s3 and s4 of each step as token ids (+ ``<|im_end|>``), right-padded: (action ids [B, Ta],
+    action lengths [B], grounding ids [B, Tg], grounding lengths [B]). Non-click goldens get an empty
+    grounding (just ``<|im_end|>``), which no pair uses."""
+    acts, grounds = [], []
+    for s in steps:
+        acts.append(tokenizer.encode(format_action(s.action) + IM_END))
+        box = s.action.box
+        if needs_grounding(s.action) and box is None and s.action.point is not None:
+            x, y = s.action.point
+            box = (x, y, x, y)
+        grounds.append(tokenizer.encode((format_grounding(box) if needs_grounding(s.action) and box else "")
+                                        + IM_END))
+
+    def pad(seqs):
+        width = max(len(q) for q in seqs)
+        ids = np.full((len(seqs), width), tokenizer.ids.pad, np.int32)
+        for i, q in enumerate(seqs):
+            ids[i, :len(q)] = q
+        return ids, np.array([len(q) for q in seqs], np.int32)
+
+    a_ids, a_len = pad(acts)
+    g_ids, g_len = pad(grounds)
+    return a_ids, a_len, g_ids, g_len
+
+
+def sampled_trees(batch: TreeBatch, tokenizer):
+    """A tree batch as the round loop's ``ipl.SampledTrees``."""
+    from ipl_jax.ipl import SampledTrees
+
+    a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
+    return SampledTrees(tree=batch.tree, steps=batch.prompts, golden_action_ids=a_ids, golden_action_lengths=a_len,
+                        golden_grounding_ids=g_ids, golden_grounding_lengths=g_len)
+
+
+def greedy_predictions(policy, steps: Sequence[Step], config: ml_collections.ConfigDict,
+                       mesh=None) -> tuple[dict, list[dict]]:
+    """Greedy CoaT decoding of ``steps`` (branching 1,1,1,1 at temperature 0): (predictions keyed by
+    (episode_id, step_id) -> Action, per-step records with the four raw turns)."""
+    from ipl_jax.sampling.tree_records import turn_texts
+
+    sconfig = sampler_config(config, policy.tokenizer, greedy=True)
+    preds: dict = {}
+    records: list[dict] = []
+    bs = int(config.eval.batch_size)
+    for batch in iter_tree_batches(policy, steps, sconfig, int(config.seed), bs, mesh):
+        texts = turn_texts(batch.tree, policy.tokenizer)
+        valid = np.asarray(batch.tree.step_valid, bool)
+        for i, step in enumerate(batch.steps):
+            if not valid[i]:
+                continue
+            turns = [str(texts[t].reshape(texts[t].shape[0], -1)[i, 0]) for t in range(NUM_TURNS)]
+            action = parse_action(turns[2], turns[3])
+            preds[(str(step.episode_id), int(step.step_id))] = action
+            records.append({"episode_id": str(step.episode_id), "step_id": int(step.step_id),
+                            "turns": turns, "prediction": action.to_json(), "golden": step.action.to_json()})
+    return preds, records
+
+

@@ -1,0 +1,122 @@
+"""The job's working directory: where each stage writes, which stages are finished, and the logs.
+
+Layout (every stage writes only under its own directory and then drops a marker)::
+
+    WORKDIR/
+      config.json               the resolved job config (a resumed run must use the same one)
+      stages/<stage>.done       marker: the stage finished; holds its summary as JSON
+      stage_log.jsonl           one line per stage start / skip / finish, with seconds
+      metrics.jsonl             training and evaluation metrics (one JSON object per line)
+      data/ evolution/ model/ sft/ seed/ eval/ rounds/ export/     the stages' outputs
+
+A stage is re-run only when its marker is missing; a marker is written after the stage's outputs are complete,
+so a job killed mid-stage redoes just that stage (stages that keep their own checkpoints, like SFT, resume
+inside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+
+def _json_default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+class Workdir:
+    """Paths, stage markers and logs of one job directory."""
+
+    def __init__(self, root: str | os.PathLike, echo: Callable[[str], None] = print):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.echo = echo
+
+    # ------------------------------------------------------------------------------------------------ paths
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def dir(self, *parts: str) -> Path:
+        d = self.path(*parts)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    # ---------------------------------------------------------------------------------------------- markers
+
+    def marker(self, stage: str) -> Path:
+        return self.path("stages", f"{stage}.done")
+
+    def is_done(self, stage: str) -> bool:
+        return self.marker(stage).is_file()
+
+    def summary(self, stage: str) -> Optional[dict]:
+        """The summary a finished stage recorded in its marker (None when it has not finished)."""
+        return read_json(self.marker(stage)) if self.is_done(stage) else None
+
+    def mark_done(self, stage: str, summary: dict) -> None:
+        write_json(self.marker(stage), summary)
+
+    def run_stage(self, stage: str, fn: Callable[[], dict]) -> dict:
+        """Run ``fn`` unless ``stage`` is finished; returns the stage's summary either way.
+
+        The summary gets a ``seconds`` field (the stage's wall time when it ran). Starts, skips and finishes
+        go to ``stage_log.jsonl``.
+        """
+        done = self.summary(stage)
+        if done is not None:
+            self.log_stage(stage, "skipped", seconds=0.0)
+            self.echo(f"[{stage}] already done (marker {self.marker(stage).relative_to(self.root)}); skipping")
+            return done
+        self.log_stage(stage, "started")
+        self.echo(f"[{stage}] ...")
+        t0 = time.perf_counter()
+        summary = dict(fn() or {})
+        seconds = time.perf_counter() - t0
+        summary.setdefault("seconds", round(seconds, 2))
+        self.mark_done(stage, summary)
+        self.log_stage(stage, "finished", seconds=seconds)
+        self.echo(f"[{stage}] done in {seconds:.1f} s")
+        return summary
+
+    # ------------------------------------------------------------------------------------------------- logs
+
+    def log_stage(self, stage: str, event: str, **fields) -> None:
+        self.append_jsonl("stage_log.jsonl", {"time": round(time.time(), 3), "stage": stage, "event": event,
+                                              **fields})
+
+    def log_metrics(self, record: dict) -> None:
+        self.append_jsonl("metrics.jsonl", {"time": round(time.time(), 3), **record})
+
+    def append_jsonl(self, name: str, record: dict) -> None:
+        with open(self.path(name), "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=_json_default) + "\n")
+
+    def stage_log(self) -> list[dict]:
+        p = self.path("stage_log.jsonl")
+        if not p.is_file():
+            return []
+        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]

