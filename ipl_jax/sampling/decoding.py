@@ -2,11 +2,12 @@
 
 Loop form: **feed, then sample.** A turn starts with the cache holding the node's context *except its last
 token* (the last token of the prompt), which is the loop's first feed. Each iteration feeds one token per
-row (``decode_step``), samples the next token from the resulting logits, and feeds that token in the next
+row (``cached_decoder.append_tokens``), samples the next token from the resulting logits, and feeds that token in the next
 iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next turn's prompt
 extension writes it to the cache together with the prompt (all but the prompt's last token, which becomes the
 next loop's first feed). So every token enters the cache exactly once, there is one decoder instantiation per
-turn loop and one per prompt extension, and no logits are ever computed for a prompt position.
+turn loop and one per prompt extension, and no logits are ever computed for a prompt position. The cache is
+only ever written by one scatter per call, in place inside the loop (see ``cached_decoder``).
 
 Both samplers draw the tokens of a turn with ``sample_turn`` from the same per-node keys, so given equal
 logits they produce equal trees; they differ only in how a node's context reaches the KV cache.
@@ -19,9 +20,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.model import KVCache, decode_step, extend, prefill
+from ipl_jax.model import KVCache, prefill
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import ModelInputs
+from ipl_jax.sampling.cached_decoder import append_tokens
 from ipl_jax.sampling.keys import position_keys
 from ipl_jax.sampling.token_sampling import sample_tokens
 
@@ -75,12 +77,12 @@ def extend_prompt(params: dict, cfg: Qwen2VLConfig, cache: KVCache, pending: jax
     prompt except the prompt's last token; returns (cache, feed int32[R] = the prompt's last token).
 
     pending: int32[R]; pending_valid: bool[R]; prompt_ids: int32[R, Q] right-padded; prompt_lengths: int32[R]
-    (>= 1). The extension's logits are unused (XLA drops them inside a jit).
+    (>= 1). No logits are computed.
     """
     q = prompt_ids.shape[1]
     ids = jnp.concatenate([pending[:, None], prompt_ids], axis=1)
     valid = jnp.concatenate([pending_valid[:, None], jnp.arange(q)[None, :] < (prompt_lengths[:, None] - 1)], axis=1)
-    _, cache = extend(params, cfg, cache, ids, valid)
+    _, cache = append_tokens(params, cfg, cache, ids, valid, logits=False)
     feed = jnp.take_along_axis(prompt_ids, jnp.maximum(prompt_lengths - 1, 0)[:, None], axis=1)[:, 0]
     return cache, feed
 
@@ -109,8 +111,8 @@ def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Arra
 
     def body(state):
         i, feed, feed_valid, cache, done, n, tokens, logps = state
-        logits, cache = decode_step(params, cfg, cache, feed, feed_valid)
-        tok, lp = sample_tokens(logits, position_keys(keys, i), temperature, top_k, top_p, suppress_ids)
+        logits, cache = append_tokens(params, cfg, cache, feed[:, None], feed_valid[:, None])
+        tok, lp = sample_tokens(logits[:, 0], position_keys(keys, i), temperature, top_k, top_p, suppress_ids)
         active = ~done
         tok = jnp.where(active, tok, pad_id)
         lp = jnp.where(active, lp, 0.0)
