@@ -73,6 +73,8 @@ def get_config(arg=None):
     c.sft.grad_clip = 1.0
     c.sft.checkpoint_every = 200
     c.sft.seed_candidates = 2  # checkpoints (the last N saved) scored for seed selection
+    c.sft.freeze_vision = False  # the paper trains the ViT during warm-up SFT
+    c.sft.lora_rank = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank (alpha = 2 x rank)
 
     # ------------------------------------------------------------------ seed selection (method.md §9)
     c.seed_selection = ml_collections.ConfigDict()
@@ -99,12 +101,15 @@ def get_config(arg=None):
     # ------------------------------------------------------------------ IPL rounds (T-DPO)
     c.ipl = ml_collections.ConfigDict()
     c.ipl.rounds = 2
-    c.ipl.steps_per_round = 160  # training steps (screens) whose trees are sampled each round
+    c.ipl.steps_per_round = 160  # training steps (screens) whose trees are sampled each round (0: all)
+    c.ipl.round_fraction = 0.0  # > 0: sample this share of the training steps each round instead
     c.ipl.method = "tdpo"  # tdpo | naive_dpo | no_negatives
     c.ipl.loss_kind = "sigmoid"  # sigmoid | ipo | hinge
     c.ipl.beta = 0.1
     c.ipl.sft_weight = 1.0
-    c.ipl.learning_rate = 2e-4
+    c.ipl.learning_rate = 2e-4  # round 1
+    c.ipl.later_learning_rate = 0.0  # rounds 2.. (0: same as round 1; the paper: 1e-6 then a constant 1e-7)
+    c.ipl.lora_rank = 0  # 0: full weights; > 0: LoRA adapters (e.g. a 2B/7B model on one GPU)
     c.ipl.batch_size = 8  # packed rows (prefix nodes) per T-DPO step
     c.ipl.max_pairs_per_batch = 16
     c.ipl.text_buckets = (256, 320, 384, 448, 512)  # packed row lengths (prefix + continuations)
@@ -121,20 +126,34 @@ def get_config(arg=None):
     c.export = ml_collections.ConfigDict()
     c.export.viewer_steps = 4  # training steps whose sampled trees go into the HTML viewer
 
+    # ------------------------------------------------------------------ ablation (`ipl-jax ablate`)
+    c.ablation = ml_collections.ConfigDict()
+    c.ablation.variants = ("tdpo", "naive_dpo", "no_negatives", "no_evolution", "k2", "k3", "k4")
+    c.ablation.rounds = 1  # IPL rounds per variant (the paper's ablation is on round 1)
+
     # ------------------------------------------------------------------ mesh (axis sizes; -1 = the rest)
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
 
-    if arg == "quick":  # the smallest end-to-end run: tests and the notebook
-        c.data.train_episodes, c.data.dev_episodes, c.data.test_episodes = 40, 8, 12
-        c.data.test_splits = ("test",)
-        c.evolution.max_items = 100
+    if arg == "quick":  # the smallest end-to-end run (tests, the notebook): every stage, a few steps each
+        c.data.train_episodes, c.data.dev_episodes, c.data.test_episodes = 24, 4, 4
+        c.evolution.max_items = 48
         c.model.num_hidden_layers = 2
-        c.sft.steps, c.sft.batch_size, c.sft.checkpoint_every = 40, 8, 20
-        c.ipl.rounds, c.ipl.steps_per_round = 1, 16
-        c.sampler.branching = (2, 2, 2, 1)
+        c.model.vocab_size = 1024
+        # one shape per program: nothing compiles twice
+        c.buckets.tokens = (384,)
+        c.sampler.prefix_buckets = (128,)
+        c.sampler.prompt_buckets = (128,)
+        c.ipl.text_buckets = (640,)
+        c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.checkpoint_every = 8, 4, 4, 4
+        c.sft.warmup_steps = 2
+        c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
+        c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
+        c.ipl.rounds, c.ipl.steps_per_round, c.ipl.batch_size = 1, 4, 4
+        c.eval.batch_size = 4
+        c.export.viewer_steps = 2
     elif arg not in (None, "", "default"):
         raise ValueError(f"configs/synthetic.py: unknown variant {arg!r} (expected 'quick' or nothing)")
     return c

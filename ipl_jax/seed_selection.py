@@ -37,7 +37,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -266,7 +266,10 @@ def main(argv: list[str]) -> int:
         steps = sample_steps([s for e in episodes for s in e.steps], int(n_steps), int(config.seed))
         if not steps:
             raise ValueError(f"{args.data}: split {args.split!r} has no steps")
-        candidates = [(str(c), load_policy(Path(c))) for c in args.checkpoints]
+        from ipl_jax.pipeline.model_stage import job_mesh
+
+        mesh = job_mesh(config)
+        candidates = [(str(c), load_policy(Path(c), mesh)) for c in args.checkpoints]
         scores, kind = score_candidates(candidates, steps, config, embedder=embedder)
     except (OSError, ValueError, ImportError) as e:
         print(f"ipl-jax select-seed: {e}", file=sys.stderr)

@@ -28,13 +28,15 @@ TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocesso
 
 @dataclasses.dataclass
 class Policy:
-    """A loaded policy: params (pytree), model config, tokenizer (``QwenTokenizer``) and image config."""
+    """A loaded policy: params (pytree), model config, tokenizer (``QwenTokenizer``), image config, and the
+    mesh its params are placed on (None: one device)."""
 
     params: dict
     cfg: object
     tokenizer: object
     image_config: object
     source: str = ""
+    mesh: object = None
 
 
 def image_config_from(config: ml_collections.ConfigDict):
@@ -101,14 +103,31 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
     return out
 
 
-def load_policy(directory: Path) -> Policy:
+def job_mesh(config: ml_collections.ConfigDict):
+    """The ('data', 'fsdp', 'tensor') mesh of ``config.mesh`` over every device, or None on a single device
+    (one CPU or GPU: nothing to shard)."""
+    if jax.device_count() == 1:
+        return None
+    from ipl_jax.model.sharding import make_mesh
+
+    return make_mesh((int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)))
+
+
+def load_policy(directory: Path, mesh=None) -> Policy:
+    """A policy directory, its weights placed by the model's partition rules when a ``mesh`` is given."""
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.data.tokenizer import load_tokenizer
     from ipl_jax.model import load_params
 
-    params, cfg = load_params(str(directory))
+    shardings = None
+    if mesh is not None:
+        from ipl_jax.model import Qwen2VLConfig, param_shapes
+        from ipl_jax.model.sharding import param_shardings
+
+        shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
+    params, cfg = load_params(str(directory), shardings=shardings)
     return Policy(params=params, cfg=cfg, tokenizer=load_tokenizer(directory),
-                  image_config=ImageProcessorConfig.load(directory), source=str(directory))
+                  image_config=ImageProcessorConfig.load(directory), source=str(directory), mesh=mesh)
 
 
 def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step],

@@ -10,6 +10,7 @@ accuracy does not beat the best so far (the seed's included).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -17,10 +18,9 @@ from typing import Sequence
 
 import jax
 import ml_collections
-import numpy as np
 
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.pipeline.model_stage import Policy, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir, write_json
 
 METHODS = ("tdpo", "naive_dpo", "no_negatives")
@@ -42,46 +42,52 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
     return out
 
 
+def eval_config(policy: Policy, config: ml_collections.ConfigDict):
+    """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
+    from ipl_jax.evaluate import EvalConfig
+    from ipl_jax.pipeline.data_stage import scoring_format
+    from ipl_jax.pipeline.trees import sampler_config
+
+    return EvalConfig(sampler=sampler_config(config, policy.tokenizer), image_config=policy.image_config,
+                      batch_size=int(config.eval.batch_size), fmt=scoring_format(config), seed=int(config.seed))
+
+
 def evaluate_splits(policy: Policy, splits: dict[str, list[Episode]], names: Sequence[str],
                     config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
-    """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``;
-    predictions go to ``out_dir/<split>.predictions.jsonl``."""
-    from ipl_jax.metrics import score_episodes
-    from ipl_jax.pipeline.data_stage import scoring_format
-    from ipl_jax.pipeline.trees import greedy_predictions
+    """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
+    (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl``."""
+    from ipl_jax.evaluate import evaluate_policy
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    ec = eval_config(policy, config)
     tables = {}
     for name in names:
         t0 = time.perf_counter()
         episodes = limit_episodes(splits[name], int(config.eval.max_steps))
-        steps = [s for e in episodes for s in e.steps]
-        preds, records = greedy_predictions(policy, steps, config)
+        records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
         with open(out_dir / f"{name}.predictions.jsonl", "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        table = score_episodes(episodes, preds, scoring_format(config))
         tables[name] = table
-        echo(f"  {name}: step accuracy {100 * (table['step_acc'] or 0):.2f}% on {len(steps)} steps "
+        echo(f"  {name}: step accuracy {100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps "
              f"({time.perf_counter() - t0:.1f} s)")
     return tables
 
 
 def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_collections.ConfigDict) -> dict:
-    from ipl_jax.metrics import score_episodes
-    from ipl_jax.pipeline.data_stage import scoring_format
-    from ipl_jax.pipeline.trees import greedy_predictions
+    """Dev step / type accuracy of greedy decoding (the round loop's early-stopping signal)."""
+    from ipl_jax.evaluate import evaluate_policy
 
     episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
-    preds, _ = greedy_predictions(policy, [s for e in episodes for s in e.steps], config)
-    table = score_episodes(episodes, preds, scoring_format(config))
+    _, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config),
+                               policy.mesh)
     return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}
 
 
 # ------------------------------------------------------------------------------------------------ round config
 
 
-def tdpo_config(config: ml_collections.ConfigDict, cfg):
+def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
     from ipl_jax.ipl import TDPOConfig
     from ipl_jax.losses import DPOConfig
 
@@ -91,11 +97,16 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg):
     return TDPOConfig(model=cfg, dpo=DPOConfig(beta=float(config.ipl.beta), sft_weight=float(config.ipl.sft_weight),
                                                kind=str(config.ipl.loss_kind)),
                       objective="positive_sft" if method == "no_negatives" else "tdpo",
-                      learning_rate=float(config.ipl.learning_rate), schedule="constant",
+                      learning_rate=learning_rate(config, round_index), schedule="constant",
                       grad_clip_norm=float(config.sft.grad_clip))
 
 
-def round_config(config: ml_collections.ConfigDict, cfg, tokenizer):
+def learning_rate(config: ml_collections.ConfigDict, round_index: int) -> float:
+    later = float(config.ipl.later_learning_rate)
+    return float(config.ipl.learning_rate) if round_index <= 1 or later <= 0 else later
+
+
+def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
     from ipl_jax.ipl import RoundConfig
     from ipl_jax.packing import PackingConfig
     from ipl_jax.pairs import PairConfig
@@ -108,7 +119,7 @@ def round_config(config: ml_collections.ConfigDict, cfg, tokenizer):
                             pad_id=int(tokenizer.ids.pad))
     cap = int(config.ipl.max_pairs_per_tree)
     pairs = PairConfig(max_beta_pairs_per_tree_turn=cap, max_gamma_pairs_per_tree_turn=cap)
-    return RoundConfig(tdpo=tdpo_config(config, cfg), packing=packing, pairs=pairs,
+    return RoundConfig(tdpo=tdpo_config(config, cfg, round_index), packing=packing, pairs=pairs,
                        pair_mode="naive" if config.ipl.method == "naive_dpo" else "tdpo", num_rounds=1,
                        patience=1, evaluate_seed=False)
 
@@ -118,7 +129,10 @@ def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, 
     ``steps_per_round`` is 0 or exceeds the data)."""
     from ipl_jax.seed_selection import sample_steps
 
-    return sample_steps(train_steps, int(config.ipl.steps_per_round), int(config.seed) * 1000 + round_index)
+    n = int(config.ipl.steps_per_round)
+    if float(config.ipl.round_fraction) > 0:
+        n = max(1, round(float(config.ipl.round_fraction) * len(train_steps)))
+    return sample_steps(train_steps, n, int(config.seed) * 1000 + round_index)
 
 
 # ------------------------------------------------------------------------------------------------ one round
@@ -133,8 +147,8 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
     from ipl_jax.sampling.tree_records import tree_record, turn_texts
     from ipl_jax.train import VISION_REGEX, model_params
 
-    policy = load_policy(start)
-    rcfg = round_config(config, policy.cfg, policy.tokenizer)
+    policy = load_policy(start, job_mesh(config))
+    rcfg = round_config(config, policy.cfg, policy.tokenizer, round_index)
     sconfig = sampler_config(config, policy.tokenizer)
     steps = round_steps(train_steps, config, round_index)
     out_dir = wd.dir("rounds", str(round_index))
@@ -143,8 +157,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
     n_view = int(config.export.viewer_steps)
 
     def sample(params, _n, rng):
-        current = Policy(params=params, cfg=policy.cfg, tokenizer=policy.tokenizer,
-                         image_config=policy.image_config)
+        current = dataclasses.replace(policy, params=params)
         seed = int(jax.random.randint(rng, (), 0, 2 ** 31 - 1))
         for batch in iter_tree_batches(current, steps, sconfig, seed, int(config.sampler.batch_size)):
             sampled = sampled_trees(batch, policy.tokenizer)
@@ -161,13 +174,20 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
         return round_scores(batch, texts, actions, scores)
 
     def evaluate(params, _n):
-        current = Policy(params=params, cfg=policy.cfg, tokenizer=policy.tokenizer, image_config=policy.image_config)
+        current = dataclasses.replace(policy, params=params)
         return dev_accuracy(current, dev_episodes, config)
 
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
-    state = init_state(policy.params, rcfg.tdpo, rng,
-                       freeze_regex=VISION_REGEX if bool(config.ipl.freeze_vision) else None)
+    if int(config.ipl.lora_rank) > 0:
+        from ipl_jax.lora import LoraConfig
+
+        rank = int(config.ipl.lora_rank)
+        state = init_state(policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=rank, alpha=float(2 * rank)))
+    else:
+        state = init_state(policy.params, rcfg.tdpo, rng,
+                           freeze_regex=VISION_REGEX if bool(config.ipl.freeze_vision) else None)
     state, history = run_rounds(state, rcfg, RoundStages(sample=sample, score=score, evaluate=evaluate), rng,
+                                mesh=policy.mesh,
                                 log=lambda msg: wd.echo("  " + msg.replace("round 1", f"round {round_index}", 1)))
     record = dict(history[-1])
     record["round"] = round_index

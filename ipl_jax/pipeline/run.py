@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -106,7 +105,8 @@ class Job:
         c, wd = self.config, self.wd
         paths = sft_stage.candidate_policies(self.sft_summary)
         steps = sample_steps(self.train_steps, int(c.seed_selection.steps), int(c.seed))
-        scores, kind = score_candidates([(p.name, model_stage.load_policy(p)) for p in paths], steps, c,
+        mesh = model_stage.job_mesh(c)
+        scores, kind = score_candidates([(p.name, model_stage.load_policy(p, mesh)) for p in paths], steps, c,
                                         embedder=c.seed_selection.embedder, echo=wd.echo)
         chosen = choose(scores, float(c.seed_selection.diversity_weight))
         for line in format_scores(scores, chosen).splitlines():
@@ -121,7 +121,7 @@ class Job:
 
     def eval_seed(self) -> None:
         def run():
-            policy = model_stage.load_policy(self.wd.path("seed"))
+            policy = model_stage.load_policy(self.wd.path("seed"), model_stage.job_mesh(self.config))
             t0 = time.perf_counter()
             metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, self.config,
                                              self.wd.dir("eval", "round_0"), echo=self.wd.echo)
@@ -142,7 +142,7 @@ class Job:
                 t0 = time.perf_counter()
                 record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
                 train_seconds = time.perf_counter() - t0
-                policy = model_stage.load_policy(Path(record["policy"]))
+                policy = model_stage.load_policy(Path(record["policy"]), model_stage.job_mesh(c))
                 metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, c,
                                                  wd.dir("eval", f"round_{r}"), echo=wd.echo)
                 return {"record": record, "metrics": metrics, "round_seconds": train_seconds}

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from ipl_jax.data.records import Step
-from ipl_jax.pipeline.model_stage import Policy, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.progress import progress_bar
 from ipl_jax.pipeline.workdir import Workdir
 
@@ -110,6 +110,11 @@ def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.Config
     o.total_steps = int(config.sft.steps)
     o.weight_decay = float(config.sft.weight_decay)
     o.grad_clip_norm = float(config.sft.grad_clip)
+    t.freeze_vision = bool(config.sft.freeze_vision)
+    if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
+        t.lora.enabled = True
+        t.lora.rank = int(config.sft.lora_rank)
+        t.lora.alpha = float(2 * int(config.sft.lora_rank))
     return t
 
 
@@ -118,9 +123,13 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
     from ipl_jax.checkpoint import Checkpointer
     from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
-    from ipl_jax.train import make_qwen2vl_sft_step, model_params, state_from_config, train_loop
+    from ipl_jax.train import (make_qwen2vl_sft_step, model_params, sft_batch_shardings, state_from_config,
+                               train_loop)
 
-    init = load_policy(wd.path("model", "init"))
+    if int(config.sft.steps) == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
+        return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
+    mesh = job_mesh(config)
+    init = load_policy(wd.path("model", "init"), mesh)
     items = sft_items(train_steps, qas)
     bs, steps = int(config.sft.batch_size), int(config.sft.steps)
     dataset = make_dataset(items, make_example_fn(init.tokenizer, init.image_config), batch_size=bs,
@@ -137,7 +146,15 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         if data_state:
             iterator = restore_iterator(iterator, data_state)
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
-    step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=micro_batches(config)[1])
+    n_micro = micro_batches(config)[1]
+    if mesh is None:
+        step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro)
+    else:
+        state_sh = sft_state_shardings(state, optimizer, mesh)
+        state = jax.device_put(state, state_sh)
+        batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
+        step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro, mesh=mesh,
+                                        state_shardings=state_sh, batch_shardings=batch_sh)
 
     counter = {"tokens": 0.0}
 
@@ -180,6 +197,21 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
             "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
             "train_seconds": round(seconds, 2), "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
             "candidates": candidates}
+
+
+def sft_state_shardings(state, optimizer, mesh):
+    """NamedShardings of an SFT TrainState: params by the model's partition rules (LoRA adapters follow their
+    base kernels), optimizer moments like their params, the rest replicated."""
+    from ipl_jax.lora import LoraParams, lora_shardings
+    from ipl_jax.model.sharding import param_shardings
+    from ipl_jax.train import train_state_shardings
+
+    frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
+    if isinstance(state.params, LoraParams):
+        params_sh = lora_shardings(state.params, frozen_sh)
+    else:
+        params_sh = param_shardings(state.params, mesh)
+    return train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
 
 
 def candidate_policies(summary: dict) -> list[Path]:

@@ -1,6 +1,5 @@
 """Glue between the job and the CoaT-tree sampler: sampler settings from the job config, and the adapters the
-round loop needs (``ipl.SampledTrees`` / ``ipl.TreeScores`` from sampled, scored batches), plus greedy decoding
-of a step list for evaluation.
+round loop needs (``ipl.SampledTrees`` / ``ipl.TreeScores`` from sampled, scored batches).
 
 The sampler (``ipl_jax.sampling``: batches, texts, leaf actions, leaf rewards, tree records), the reward kernels
 (``ipl_jax.rewards``) and the round loop (``ipl_jax.ipl``) live in their own modules; this file only wires them.
@@ -10,14 +9,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
-from ipl_jax.actions import format_action, format_grounding, needs_grounding, parse_action
+from ipl_jax.actions import format_action, format_grounding, needs_grounding
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
-from ipl_jax.tree import NUM_TURNS
 
 
 def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False,
@@ -48,12 +45,12 @@ def reward_config(config: ml_collections.ConfigDict):
                         rules=rules_name(config))
 
 
-def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int, mesh=None):
-    """``sampling.iter_sampled_batches`` for a ``Policy``: one tree per step, fixed-shape batches."""
+def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int):
+    """``sampling.iter_sampled_batches`` for a ``Policy`` (on its mesh): one tree per step, fixed-shape batches."""
     from ipl_jax.sampling import iter_sampled_batches
 
     return iter_sampled_batches(policy.params, policy.cfg, policy.tokenizer, policy.image_config, steps, sconfig,
-                                seed, batch_size, mesh)
+                                seed, batch_size, getattr(policy, "mesh", None))
 
 
 def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.ConfigDict):
@@ -121,36 +118,10 @@ def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray
     return a_ids, a_len, g_ids, g_len
 
 
-def sampled_trees(batch: TreeBatch, tokenizer):
+def sampled_trees(batch, tokenizer):
     """A tree batch as the round loop's ``ipl.SampledTrees``."""
     from ipl_jax.ipl import SampledTrees
 
     a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
     return SampledTrees(tree=batch.tree, steps=batch.prompts, golden_action_ids=a_ids, golden_action_lengths=a_len,
                         golden_grounding_ids=g_ids, golden_grounding_lengths=g_len)
-
-
-def greedy_predictions(policy, steps: Sequence[Step], config: ml_collections.ConfigDict,
-                       mesh=None) -> tuple[dict, list[dict]]:
-    """Greedy CoaT decoding of ``steps`` (branching 1,1,1,1 at temperature 0): (predictions keyed by
-    (episode_id, step_id) -> Action, per-step records with the four raw turns)."""
-    from ipl_jax.sampling.tree_records import turn_texts
-
-    sconfig = sampler_config(config, policy.tokenizer, greedy=True)
-    preds: dict = {}
-    records: list[dict] = []
-    bs = int(config.eval.batch_size)
-    for batch in iter_tree_batches(policy, steps, sconfig, int(config.seed), bs, mesh):
-        texts = turn_texts(batch.tree, policy.tokenizer)
-        valid = np.asarray(batch.tree.step_valid, bool)
-        for i, step in enumerate(batch.steps):
-            if not valid[i]:
-                continue
-            turns = [str(texts[t].reshape(texts[t].shape[0], -1)[i, 0]) for t in range(NUM_TURNS)]
-            action = parse_action(turns[2], turns[3])
-            preds[(str(step.episode_id), int(step.step_id))] = action
-            records.append({"episode_id": str(step.episode_id), "step_id": int(step.step_id),
-                            "turns": turns, "prediction": action.to_json(), "golden": step.action.to_json()})
-    return preds, records
-
-

@@ -1,0 +1,20 @@
+"""Qwen2-VL-7B-Instruct on AITZ (the paper's main setting).
+
+    ipl-jax run --config qwen2vl_7b_aitz[:gpu|tpu] --config.data.root=/data/aitz \
+        --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/aitz7b
+
+AITZ: 1540x1540 max resolution; 63,158 SFT samples (CoaT steps + evolved Q&A), 4 IPL rounds.
+"""
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("_ipl_jax_paper_base", Path(__file__).with_name("paper_base.py"))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+
+def get_config(arg=None):
+    c = _base.paper_config("aitz", max_pixels=1540 * 1540, train_samples=63_158, arg=arg)
+    c.data.test_splits = ("test",)
+    return c

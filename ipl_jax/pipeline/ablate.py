@@ -1,0 +1,153 @@
+"""``ipl-jax ablate``: the ablation table (method.md §8, §11) -- IPL variants as config switches on one core.
+
+    ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,naive_dpo,k2]
+
+The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs once in ``WORKDIR/base``. Each
+variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>``:
+
+* ``tdpo``          T-DPO, the full method
+* ``naive_dpo``     whole-trajectory DPO (the four-turn CoaT as one response)
+* ``no_negatives``  IPL without negatives (SFT on the positive continuations only)
+* ``no_evolution``  warm-up SFT without the evolved Q&A -- its own SFT and seed (the only variant that cannot
+                    start from the shared seed), then T-DPO
+* ``k2`` ``k3`` ``k4``  T-DPO with K = 2 / 3 / 4 samples per thinking turn (branching (K, K, K, 1))
+
+Variants that start from the base seed share its directories (symlinks) and markers, so only their rounds run;
+a variant whose settings equal another's (e.g. ``k3`` when the base branching is (3, 3, 3, 1)) reuses that
+result. Everything resumes like ``ipl-jax run``. The table (rows = variants, plus the seed policy; columns =
+step accuracy per action type and total) is printed for every test split and written to
+``WORKDIR/ablation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import ml_collections
+
+from ipl_jax.pipeline import report
+from ipl_jax.pipeline.workdir import Workdir, write_json
+
+VARIANTS = {
+    "tdpo": {"ipl.method": "tdpo"},
+    "naive_dpo": {"ipl.method": "naive_dpo"},
+    "no_negatives": {"ipl.method": "no_negatives"},
+    "no_evolution": {"evolution.enabled": False},
+    "k2": {"sampler.branching": (2, 2, 2, 1)},
+    "k3": {"sampler.branching": (3, 3, 3, 1)},
+    "k4": {"sampler.branching": (4, 4, 4, 1)},
+}
+LABELS = {"seed": "seed policy (no IPL)", "tdpo": "T-DPO (full)", "naive_dpo": "naive DPO",
+          "no_negatives": "IPL w/o negatives", "no_evolution": "w/o instr. evolution", "k2": "K = 2", "k3": "K = 3",
+          "k4": "K = 4"}
+SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
+SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval")
+
+
+def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """The base config with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(VARIANTS)}")
+    c = ml_collections.ConfigDict(base.to_dict())
+    for field, value in VARIANTS[name].items():
+        section, key = field.split(".")
+        c[section][key] = value
+    c.ipl.rounds = int(base.ablation.rounds)
+    c.ipl.early_stop = False
+    c.lock()
+    return c
+
+
+def _ipl_key(config: ml_collections.ConfigDict) -> str:
+    """What decides a variant's result: the whole config (two variants with equal configs are one run)."""
+    return json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
+
+
+def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[str]) -> None:
+    """Point ``wd`` at the base job's outputs (symlinks) and copy its stage markers."""
+    for d in names:
+        src, dst = base.path(d), wd.path(d)
+        if src.exists() and not dst.exists():
+            os.symlink(src, dst, target_is_directory=True)
+    for stage in stages:
+        if base.is_done(stage) and not wd.is_done(stage):
+            wd.mark_done(stage, base.summary(stage))
+
+
+def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variants: Sequence[str],
+                 echo=print) -> dict:
+    from ipl_jax.pipeline.run import run_job
+
+    root = Path(workdir)
+    echo("== base job (shared seed) ==")
+    base = run_job(config, root / "base", stop_after="eval_seed", echo=echo)
+    base_eval = base.summary("eval_seed")
+    rows = [{"variant": "seed", "label": LABELS["seed"], "metrics": base_eval["metrics"], "pairs": 0,
+             "trees": base.summary("seed")["trees"], "seconds": 0.0}]
+    done: dict[str, dict] = {}
+    for name in variants:
+        vc = variant_config(config, name)
+        key = _ipl_key(vc)
+        if key in done:
+            echo(f"== {name}: same settings as {done[key]['variant']}; reusing its result ==")
+            rows.append({**done[key], "variant": name, "label": LABELS[name], "same_as": done[key]["variant"]})
+            continue
+        echo(f"== variant {name} ==")
+        wd = Workdir(root / "variants" / name, echo=echo)
+        if name == "no_evolution":
+            _share(base, wd, ("data",), ("data",))
+        else:
+            _share(base, wd, SHARED_DIRS, SHARED_STAGES)
+        run_job(vc, wd.root, stop_after="rounds", echo=echo)
+        last = max((int(p.name.split("_")[1].split(".")[0]) for p in wd.path("stages").glob("round_*.done")),
+                   default=0)
+        summaries = [wd.summary(f"round_{r}") for r in range(1, last + 1)]
+        final = summaries[-1]
+        row = {"variant": name, "label": LABELS[name], "metrics": final["metrics"], "rounds": last,
+               "pairs": sum(s["record"]["pairs"] for s in summaries),
+               "trees": summaries[0]["record"]["classes"],
+               "seconds": round(sum(s["seconds"] for s in summaries), 1)}
+        if name == "no_evolution":
+            row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
+        rows.append(row)
+        done[key] = row
+    result = {"splits": list(config.data.test_splits), "rounds": int(config.ablation.rounds), "rows": rows}
+    write_json(root / "ablation.json", result)
+    return result
+
+
+def format_ablation(result: dict) -> str:
+    blocks = []
+    for split in result["splits"]:
+        rows = [{**r, "variant": r.get("label", r["variant"])} for r in result["rows"]]
+        blocks.append(f"step accuracy (%) on {split}, after {result['rounds']} IPL round(s)\n"
+                      + report.ablation_table(rows, split))
+    return "\n\n".join(blocks)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ipl-jax ablate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from ipl_jax.config import parse_args_with_config
+
+    args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
+    names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants)
+             if v.strip()]
+    for n in names:
+        if n not in VARIANTS:
+            print(f"ipl-jax ablate: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
+            return 2
+    result = run_ablation(config, args.workdir, names)
+    print("\n" + format_ablation(result))
+    print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
+    return 0
