@@ -22,7 +22,9 @@ from ipl_jax.tree import CoaTTree
 from test_packing import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(32,), patch_buckets=(96,))
+# one shape for every packed batch of these tests, so that tests share compilations
+ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(96,))
+ROUND_TDPO = dict(learning_rate=3e-3, logp_chunk=16)
 
 
 def round_batches(cfg, seed):
@@ -34,32 +36,46 @@ def round_batches(cfg, seed):
         if len(group.continuations) > 2 and g % 2 == 0:
             pairs.append(PK.PairRef(g, 2, 0, 3))
     batches = PK.pack_round(cfg, groups, pairs, ROUND_PACKING)
-    assert len(batches) == 2 and all(b.input_ids.shape == (4, 32) for b in batches)
+    assert len(batches) == 2 and all(b.input_ids.shape == (4, 64) for b in batches)
     return groups, pairs, batches
 
 
-def seq_logp(params, cfg, group, i):
-    """Direct: summed log p of continuation i's scored tokens from a plain forward of [prefix + continuation]."""
-    seq = np.concatenate([group.prefix_ids, group.continuations[i]]).astype(np.int32)
-    inputs = M.prepare_inputs(cfg, seq[None], None, group.pixel_values, group.image_grid_thw, text_buckets=(32,),
-                              patch_buckets=(32,))
+def direct_inputs(cfg, groups, pairs):
+    """Plain rows [prefix + chosen] and [prefix + rejected] for every pair (2k, 2k+1), right-padded to 32, plus
+    where each row's continuation tokens are predicted: (inputs, rows int[R, C], cols, targets, weights)."""
+    seqs, pixels, grids, where = [], [], [], []
+    for p in pairs:
+        g = groups[p.group]
+        for i in (p.pos, p.neg):
+            seqs.append(np.concatenate([g.prefix_ids, g.continuations[i]]))
+            pixels.append(g.pixel_values)
+            grids.append(g.image_grid_thw)
+            where.append((len(g.prefix_ids), g.continuations[i], g.scored_mask(i)))
+    inputs = M.prepare_inputs(cfg, seqs, None, np.concatenate(pixels), np.concatenate(grids), text_buckets=(32,),
+                              patch_buckets=(256,))
+    width = max(len(c) for _, c, _ in where)
+    cols, targets, weights = (np.zeros((len(seqs), width), dt) for dt in (np.int32, np.int32, np.float32))
+    for r, (L, c, scored) in enumerate(where):
+        cols[r, :len(c)], targets[r, :len(c)], weights[r, :len(c)] = np.arange(L - 1, L - 1 + len(c)), c, scored
+    rows = np.broadcast_to(np.arange(len(seqs))[:, None], cols.shape)
+    return inputs, rows, cols, targets, weights
+
+
+@jax.jit
+def direct_row_logps(params, inputs, rows, cols, targets, weights):
+    """Summed log p of each row's scored continuation tokens from a plain causal forward (no sharing)."""
+    cfg = tiny_cfg()
     feats = M.encode_images(params, cfg, inputs.vision)
     logits = M.forward(params, cfg, inputs.input_ids, inputs.positions, inputs.attention_mask, feats)
-    logp = jax.nn.log_softmax(logits[0], axis=-1)
-    L, c = len(group.prefix_ids), group.continuations[i]
-    picked = logp[jnp.arange(L - 1, L - 1 + len(c)), jnp.asarray(c)]
-    return jnp.sum(picked * jnp.asarray(group.scored_mask(i), jnp.float32))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.sum(logp[rows, cols, targets] * weights, axis=1)
 
 
-def direct_loss(params, cfg, groups, pairs, ref, beta, sft_weight):
+def direct_loss(params, direct, n_pos, ref, beta, sft_weight):
     """−log σ(β[(πθ⁺ − πref⁺) − (πθ⁻ − πref⁻)]) + λ·(−πθ⁺ / n⁺), averaged over pairs, written out here."""
-    total = 0.0
-    for k, p in enumerate(pairs):
-        g = groups[p.group]
-        lp_pos, lp_neg = seq_logp(params, cfg, g, p.pos), seq_logp(params, cfg, g, p.neg)
-        h = (lp_pos - ref[k][0]) - (lp_neg - ref[k][1])
-        total = total - jax.nn.log_sigmoid(beta * h) + sft_weight * (-lp_pos / g.scored_mask(p.pos).sum())
-    return total / len(pairs)
+    lp = direct_row_logps(params, *direct)
+    h = (lp[0::2] - ref[:, 0]) - (lp[1::2] - ref[:, 1])
+    return jnp.mean(-jax.nn.log_sigmoid(beta * h) + sft_weight * (-lp[0::2] / n_pos))
 
 
 @pytest.mark.parametrize("sft_weight", [0.0, 1.0])
@@ -68,20 +84,21 @@ def test_tdpo_loss_and_gradient_match_direct_per_pair_forward(sft_weight):
     params, ref_params = tiny_params(cfg, 0), tiny_params(cfg, 1)
     groups = make_groups(cfg, seed=5, n_groups=3, conts=(3, 2, 4), scored_groups=(1,))
     pairs = [PK.PairRef(0, 0, 1, 1), PK.PairRef(0, 2, 1, 2), PK.PairRef(1, 1, 0, 3), PK.PairRef(2, 3, 0, 4)]
-    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(32,), patch_buckets=(96,))
     config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.5, sft_weight=sft_weight), logp_chunk=16)
+    packing = ROUND_PACKING
     with jax.default_matmul_precision("highest"):
         data = ipl.attach_reference(ref_params, PK.pack_round(cfg, groups, pairs, packing), config)
         (batch,) = data.batches
-        ref = [(float(seq_logp(ref_params, cfg, groups[p.group], p.pos)),
-                float(seq_logp(ref_params, cfg, groups[p.group], p.neg))) for p in pairs]
-        np.testing.assert_allclose(np.asarray(batch.ref_pos)[:4], [r[0] for r in ref], atol=1e-5, rtol=0)
-        np.testing.assert_allclose(np.asarray(batch.ref_neg)[:4], [r[1] for r in ref], atol=1e-5, rtol=0)
+        direct = direct_inputs(cfg, groups, pairs)
+        ref = np.asarray(direct_row_logps(ref_params, *direct)).reshape(-1, 2)
+        np.testing.assert_allclose(np.asarray(batch.ref_pos)[:4], ref[:, 0], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(batch.ref_neg)[:4], ref[:, 1], atol=1e-5, rtol=0)
         assert np.all(np.asarray(batch.ref_pos)[4:] == 0)
 
         loss_fn = ipl.make_tdpo_loss(config)
         (loss, metrics), grads = jax.value_and_grad(lambda p: loss_fn(p, batch, None), has_aux=True)(params)
-        want, want_grads = jax.value_and_grad(direct_loss)(params, cfg, groups, pairs, ref, 0.5, sft_weight)
+        n_pos = np.array([groups[p.group].scored_mask(p.pos).sum() for p in pairs], np.float32)
+        want, want_grads = jax.value_and_grad(direct_loss)(params, direct, n_pos, ref, 0.5, sft_weight)
     assert float(metrics["pairs"]) == 4.0
     assert abs(float(want)) > 0.1
     np.testing.assert_allclose(float(loss), float(want), atol=1e-5, rtol=0)
@@ -119,7 +136,7 @@ def _leaves_equal(a, b):
 
 def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing():
     cfg = tiny_cfg()
-    config = ipl.TDPOConfig(model=cfg, learning_rate=3e-3, logp_chunk=16)
+    config = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)
     ref = tiny_params(cfg, 0)
     _, _, round_a = round_batches(cfg, seed=10)
     _, _, round_b = round_batches(cfg, seed=11)
@@ -156,49 +173,60 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
     assert all(float(m["reward_margin"]) > 0.0 for m in after)
 
 
+# the paper's IPL learning rates are 1e-6..1e-7. (Adam turns float-rounding differences of near-zero gradients
+# into full-size steps, so a much larger rate would compare rounding noise, not the sharding.)
+MESH_TDPO = dict(learning_rate=1e-5, logp_chunk=16)
+
+
+def mesh_round(mesh):
+    """train_round on round_batches(seed=12): (per-step losses, sharding spec of an MLP kernel, that kernel)."""
+    cfg = tiny_cfg()
+    config = ipl.TDPOConfig(model=cfg, **MESH_TDPO)
+    _, _, batches = round_batches(cfg, seed=12)
+    state = ipl.init_state(tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
+    state, m = ipl.train_round(state, tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5), config,
+                               mesh=mesh)
+    leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+    return [s["loss"] for s in m["per_step"]], str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
+
+
 MESH_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     import test_ipl as t
-    from ipl_jax import ipl
     from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")
     assert jax.device_count() == 8
-    cfg = t.tiny_cfg()
-    # the paper's IPL learning rates are 1e-6..1e-7. (Adam turns float-rounding differences of near-zero
-    # gradients into full-size steps, so a much larger rate would compare rounding noise, not the sharding.)
-    config = ipl.TDPOConfig(model=cfg, learning_rate=1e-5, logp_chunk=16)
-    _, _, batches = t.round_batches(cfg, seed=12)
-
-    def run(mesh):
-        state = ipl.init_state(t.tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
-        state, m = ipl.train_round(state, t.tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5),
-                                   config, mesh=mesh)
-        leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
-        return [s["loss"] for s in m["per_step"]], str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
-
-    single, _, p1 = run(None)
-    sharded, spec, p8 = run(S.make_mesh((2, 2, 2)))
-    p0 = np.asarray(t.tiny_params(cfg, 0)["model"]["layers"]["mlp"]["up_proj"]["kernel"])
-    print(json.dumps({"single": single, "sharded": sharded, "spec": spec,
-                      "param_diff": float(np.max(np.abs(p1 - p8))), "moved": float(np.max(np.abs(p1 - p0)))}))
+    losses, spec, leaf = t.mesh_round(S.make_mesh((2, 2, 2)))
+    np.save(sys.argv[2], leaf)
+    print(json.dumps({"losses": losses, "spec": spec}))
     """
 )
 
 
-def test_train_round_on_8_device_mesh_matches_single_device():
+def test_train_round_on_8_device_mesh_matches_single_device(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, HERE], capture_output=True, text=True, env=env,
-                          cwd=os.path.dirname(HERE), timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "fsdp" in out["spec"] and "tensor" in out["spec"], out["spec"]
-    assert len(out["single"]) == 2 and out["single"][0] != out["single"][1]
-    np.testing.assert_allclose(out["sharded"], out["single"], atol=1e-5, rtol=0)
-    assert out["param_diff"] <= 1e-6 and out["moved"] > 1e-5  # two Adam steps of 1e-5 moved the weights
+    out_leaf = str(tmp_path / "leaf.npy")
+    proc = subprocess.Popen([sys.executable, "-c", MESH_SCRIPT, HERE, out_leaf], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(HERE))
+    try:  # the single-device run here, meanwhile
+        with jax.default_matmul_precision("highest"):
+            single, _, p1 = mesh_round(None)
+        stdout, stderr = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert "fsdp" in out["spec"] and "tensor" in out["spec"], out["spec"]  # weights really are split
+    assert len(single) == 2 and single[0] != single[1]
+    np.testing.assert_allclose(out["losses"], single, atol=1e-5, rtol=0)
+    p0 = np.asarray(tiny_params(tiny_cfg(), 0)["model"]["layers"]["mlp"]["up_proj"]["kernel"])
+    assert np.max(np.abs(p1 - p0)) > 1e-5  # two Adam steps of 1e-5 moved the weights
+    assert np.max(np.abs(p1 - np.load(out_leaf))) <= 1e-6
 
 
 # ---------------------------------------------------------------------------------------- pairs from trees
@@ -326,10 +354,8 @@ def test_run_rounds_with_injected_stages(tmp_path):
     from ipl_jax.checkpoint import Checkpointer
 
     cfg = tiny_cfg()
-    tdpo = ipl.TDPOConfig(model=cfg, learning_rate=1e-3, logp_chunk=16)
-    config = ipl.RoundConfig(tdpo=tdpo, packing=PK.PackingConfig(rows=4, max_continuations=3, max_pairs=16,
-                                                                 text_buckets=(64,), patch_buckets=(64,)),
-                             num_rounds=4, patience=1)
+    tdpo = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)  # the train_round test's config and shapes: no new compile
+    config = ipl.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, num_rounds=4, patience=1)
     seen = {"sample": [], "evaluate": []}
     accuracy = {0: 0.3, 1: 0.5, 2: 0.4, 3: 0.9}
 
