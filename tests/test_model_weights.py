@@ -167,3 +167,33 @@ def test_export_command_from_orbax_params(untied, tmp_path):
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
     _assert_trees_equal(again, changed)
+
+
+def test_export_command_from_training_checkpoint(untied, tmp_path):
+    """``ipl-jax export --checkpoint``: a TrainState checkpoint (vision frozen) -> a HF directory that keeps the
+    base model's side files and holds exactly the trained weights."""
+    import optax
+
+    from ipl_jax.checkpoint import Checkpointer
+    from ipl_jax.cli import main as cli_main
+    from ipl_jax.train import create_train_state
+
+    model_dir, _ = untied
+    with open(os.path.join(model_dir, "preprocessor_config.json"), "w") as f:
+        json.dump({"min_pixels": 3136, "max_pixels": 50176}, f)
+    params, cfg = load_params(model_dir)
+    changed = jax.tree.map(lambda x: x * 0.5, params)
+    state = create_train_state(changed, optax.adamw(1e-3), jax.random.PRNGKey(0), freeze_regex=r"^visual/")
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), save_every=1, keep=2, async_save=False)
+    ckpt.save(3, state, force=True)
+    ckpt.wait()
+    ckpt.close()
+    out = tmp_path / "exported"
+    assert cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "ckpt"),
+                     "--out", str(out)]) == 0
+    again, cfg2 = load_params(str(out))
+    assert cfg2 == cfg
+    _assert_trees_equal(again, changed)
+    assert (out / "preprocessor_config.json").is_file()
+    assert cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "missing"),
+                     "--out", str(tmp_path / "x")]) == 2
