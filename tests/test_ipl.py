@@ -384,3 +384,34 @@ def test_run_rounds_with_injected_stages(tmp_path):
     assert np.isfinite(r1["train"]["loss"]) and r1["train"]["steps"] == r1["batches"] >= 1
     assert set(r1["seconds"]) >= {"sample_score_pairs", "pack_reference", "train", "evaluate", "total"}
     assert int(state.step) == r1["train"]["steps"] + history[2]["train"]["steps"]
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
+    """K = 3, 4 (the paper's ablation): a group holds at most K + 1 continuations (γ: golden + K sampled)."""
+    cfg = tiny_cfg()
+    rng = np.random.default_rng(k)
+    branching = (k, k, k, 1)
+    tree = CoaTTree.zeros(2, branching, (3,) * 4)
+    toks = [jnp.asarray(np.where(np.arange(3) == 2, EOT, rng.integers(7, 59, tuple(x.shape))), jnp.int32)
+            for x in tree.tokens]
+    tree = tree.replace(tokens=tuple(toks), lengths=tuple(jnp.full(x.shape, 3, jnp.int32) for x in tree.lengths),
+                        step_index=jnp.arange(2, dtype=jnp.int32), step_valid=jnp.ones((2,), bool))
+    leaves = np.zeros((2,) + branching, np.float32)
+    leaves[0].reshape(-1)[rng.choice(k ** 3, k ** 3 // 2, replace=False)] = 1.0  # tree 0: β
+    leaves[1] = rng.uniform(0, 0.5, leaves[1].shape)  # tree 1: γ
+    types_ = np.full(leaves.shape, SCROLL, np.int32)
+    sampled = ipl.SampledTrees(tree=tree, steps=fake_steps(cfg, rng, 2), golden_action_ids=np.array([[40, EOT]] * 2),
+                               golden_action_lengths=np.full(2, 2), golden_grounding_ids=np.array([[50, EOT]] * 2),
+                               golden_grounding_lengths=np.full(2, 2))
+    scores = ipl.TreeScores(node_values=backup(leaves), leaf_types=types_, golden_types=np.array([TYPE, TYPE]))
+    caps = pairs_lib.PairConfig(max_beta_pairs_per_tree_turn=k ** 3, max_gamma_pairs_per_tree_turn=k ** 3)
+    grouped, counts = ipl.round_pairs(sampled, scores, ipl.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg), pairs=caps))
+    assert counts.tolist() == [0, 1, 1]
+    assert max(len(g.continuations) for g in grouped.groups) == k + 1  # a γ action node: golden + K sampled
+    batches = PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
+        rows=8, max_continuations=k + 1, max_pairs=64, text_buckets=(64,), patch_buckets=(128,)))
+    assert sum(b.num_pairs for b in batches) == len(grouped.pairs) > 0
+    with pytest.raises(ValueError, match="exceed max_continuations"):
+        PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
+            rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(128,)))
