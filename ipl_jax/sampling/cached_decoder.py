@@ -39,15 +39,23 @@ def two_block_attention(q, k_old, v_old, old_mask, k_new, v_new, new_mask):
     hkv = k_new.shape[2]
     qg = q.reshape(r, t, hkv, hq // hkv, d)
     scale = jnp.asarray(d ** -0.5, q.dtype)
-    s_old = jnp.einsum("btkgd,bskd->bkgts", qg, k_old.astype(q.dtype)) * scale
+    if t == 1:  # decoding: multiply-and-reduce reads the cache once in its stored layout (no transposed copy)
+        s_old = jnp.sum(qg[:, 0, None, :, :, :] * k_old.astype(q.dtype)[:, :, :, None, :], axis=-1)  # [R,S,k,g]
+        s_old = jnp.transpose(s_old, (0, 2, 3, 1))[:, :, :, None, :] * scale  # [R, k, g, 1, S]
+    else:
+        s_old = jnp.einsum("btkgd,bskd->bkgts", qg, k_old.astype(q.dtype)) * scale
     s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new) * scale
     big_neg = jnp.finfo(s_old.dtype).min
     s_old = jnp.where(old_mask[:, None, None, None, :], s_old, big_neg)
     s_new = jnp.where(new_mask[:, None, None, :, :], s_new, big_neg)
     probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1).astype(jnp.float32), axis=-1).astype(q.dtype)
     s = k_old.shape[1]
-    out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old.astype(q.dtype))
-           + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new))
+    if t == 1:
+        p_old = jnp.transpose(probs[:, :, :, 0, :s], (0, 3, 1, 2))  # [R, S, k, g]
+        o_old = jnp.sum(p_old[..., None] * v_old.astype(q.dtype)[:, :, :, None, :], axis=1)[:, None]  # [R,1,k,g,D]
+    else:
+        o_old = jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old.astype(q.dtype))
+    out = o_old + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new)
     return out.reshape(r, t, hq, d)
 
 
@@ -75,7 +83,10 @@ def append_tokens(params: dict, cfg: Qwen2VLConfig, cache: KVCache, ids: jax.Arr
     x = embed_tokens(params, cfg, ids)
 
     def layer(x, xs):
-        lp, k_old, v_old = xs
+        lp, i = xs
+        # the layer's cache slice, indexed inside the body so that XLA fuses the slice into its readers
+        k_old = jax.lax.dynamic_index_in_dim(cache.k, i, 0, keepdims=False)
+        v_old = jax.lax.dynamic_index_in_dim(cache.v, i, 0, keepdims=False)
         at = lp["self_attn"]
         h = rms_norm(lp["input_layernorm"], x, t_cfg.rms_norm_eps)
         q = dense(at["q_proj"], h, dtype).reshape(r, t, t_cfg.num_attention_heads, t_cfg.head_dim)
@@ -92,7 +103,8 @@ def append_tokens(params: dict, cfg: Qwen2VLConfig, cache: KVCache, ids: jax.Arr
                   dtype)
         return x + h, (k_c, v_c)
 
-    x, (k_new, v_new) = jax.lax.scan(layer, x, (params["model"]["layers"], cache.k, cache.v))
+    n_layers = t_cfg.num_hidden_layers
+    x, (k_new, v_new) = jax.lax.scan(layer, x, (params["model"]["layers"], jnp.arange(n_layers)))
     slots = jnp.where(valid, cache.length[:, None] + rank, s)
     rows = jnp.broadcast_to(jnp.arange(r)[:, None], (r, t))
     new_cache = KVCache(k=cache.k.at[:, rows, slots].set(k_new, mode="drop"),

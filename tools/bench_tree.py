@@ -1,0 +1,323 @@
+"""Benchmark: CoaT-tree sampling throughput (leaves/s), prefix sharing vs no sharing vs transformers.
+
+One run, one process, same random weights (fp32) and the same tree shape for all three:
+
+  (a) ours: ``ipl_jax.sampling.sample_tree`` — prefill once per step, fan the KV cache out at each level;
+  (b) no-sharing: ``sample_tree_no_sharing`` — every node re-prefills its whole context (image re-encoded);
+  (c) transformers: ``Qwen2VLForConditionalGeneration.generate`` on the same weights (exported with
+      ``save_params``), building the tree level by level with ``num_return_sequences = b_t`` (sampling for
+      turns 1-3, greedy for turn 4), each level's contexts = the previous level's outputs + the next prompt.
+
+No stop token is active (the end-of-turn id is set outside the vocabulary / to None), so every turn runs its
+full budget and all three produce trees with exactly the same number of tokens. Our sampler is timed on a
+second, warm call; no-sharing runs once and its compilation time (JAX's compile event spans) is subtracted;
+transformers runs once after a one-token warm-up. "Useful FLOPs" count the work the tree needs with prefix
+sharing (vision once per step, each prefix / prompt token once, one logits row per sampled token, causal
+attention over the real context); achieved FLOP/s is that over each method's time, compared with the best of a
+few large ``jnp`` matmuls measured in the same run.
+
+    python tools/bench_tree.py [--quick | --full] [--steps B] [--json OUT] [--skip-transformers]
+                               [--skip-no-sharing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ipl_jax import model as M  # noqa: E402
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
+from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing  # noqa: E402
+from ipl_jax.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
+
+# name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
+# 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
+# prefix, finish in a few minutes on 2 CPU cores; "full" is the paper's K=3 (27 leaves, ~3x longer).
+_BENCH_MODEL = dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=2048, vocab=16384, v_dim=256, v_depth=4,
+                    v_heads=4, grid=(1, 46, 46), text_before=12, text_after=24, prompts=(40, 28, 16),
+                    turns=(48, 48, 16, 16), steps=1)
+SHAPES = {
+    "default": dict(_BENCH_MODEL, branching=(2, 2, 2, 1)),
+    "full": dict(_BENCH_MODEL, branching=(3, 3, 3, 1)),
+    "quick": dict(hidden=256, layers=4, heads=4, kv_heads=2, inter=1024, vocab=8192, v_dim=128, v_depth=2,
+                  v_heads=2, grid=(1, 24, 24), text_before=8, text_after=16, prompts=(24, 16, 12),
+                  turns=(16, 16, 8, 8), branching=(2, 2, 2, 1), steps=1),
+}
+
+
+def bench_model(s: dict) -> Qwen2VLConfig:
+    head_dim = s["hidden"] // s["heads"]
+    half = head_dim // 2
+    t_sec = half // 4
+    h_sec = (half - t_sec) // 2
+    v = s["vocab"]
+    return Qwen2VLConfig(
+        vision=VisionConfig(depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"],
+                            num_heads=s["v_heads"], mlp_ratio=4),
+        text=TextConfig(vocab_size=v, hidden_size=s["hidden"], intermediate_size=s["inter"],
+                        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                        num_key_value_heads=s["kv_heads"], rms_norm_eps=1e-6,
+                        mrope_section=(t_sec, h_sec, half - t_sec - h_sec), eos_token_id=(v - 1,), bos_token_id=0,
+                        pad_token_id=0),
+        image_token_id=v - 4, video_token_id=v - 3, vision_start_token_id=v - 6, vision_end_token_id=v - 5)
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) -> list[StepPrompts]:
+    """n steps of identical shapes (so transformers needs no padding): random image and text tokens."""
+    t, h, w = s["grid"]
+    n_img = t * h * w // cfg.vision.merge_factor
+    text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()  # noqa: E731
+    out = []
+    for i in range(n):
+        prefix = text(s["text_before"]) + [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + \
+            [cfg.vision_end_token_id] + text(s["text_after"])
+        out.append(StepPrompts(
+            prefix_ids=np.asarray(prefix, np.int32),
+            turn_prompt_ids=tuple(np.asarray(text(q), np.int32) for q in s["prompts"]),
+            pixel_values=rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32),
+            image_grid_thw=np.asarray([[t, h, w]], np.int64), uid=1000 + i))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+class CompileSpans:
+    """Collects JAX's compile-related event spans (tracing, lowering, backend compile); ``total(t0, t1)`` is
+    the length of their union inside [t0, t1] (nested spans are counted once)."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.spans: list[tuple[float, float]] = []
+        jax.monitoring.register_event_time_span_listener(self._on_span)
+
+    def _on_span(self, event, start, end, **kw):
+        if event in self.EVENTS:
+            self.spans.append((start, end))
+
+    def total(self, t0: float, t1: float) -> float:
+        spans = sorted((max(a, t0), min(b, t1)) for a, b in self.spans if b > t0 and a < t1)
+        total, cur_a, cur_b = 0.0, None, None
+        for a, b in spans:
+            if cur_b is None or a > cur_b:
+                if cur_b is not None:
+                    total += cur_b - cur_a
+                cur_a, cur_b = a, b
+            else:
+                cur_b = max(cur_b, b)
+        if cur_b is not None:
+            total += cur_b - cur_a
+        return total
+
+
+def matmul_peak(n: int = 2048, reps: int = 4) -> float:
+    """Best FLOP/s of an f32 [n, n] @ [n, n] jnp matmul (4 independent products per call)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
+    a = [jax.random.normal(k, (n, n), jnp.float32) for k in keys[:4]]
+    b = [jax.random.normal(k, (n, n), jnp.float32) for k in keys[4:]]
+    f = jax.jit(lambda a, b: [x @ y for x, y in zip(a, b)])
+    jax.block_until_ready(f(a, b))
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        best = min(best, time.perf_counter() - t0)
+    return 4 * 2 * n ** 3 / best
+
+
+# ------------------------------------------------------------------------------------------------ FLOPs
+
+
+def _vision_flops(cfg: Qwen2VLConfig, patches: int) -> float:
+    v = cfg.vision
+    e, m = v.embed_dim, v.merge_factor
+    per_patch = v.patch_dim * e + v.depth * (3 * e * e + e * e + 2 * e * v.mlp_dim)
+    merger = (patches // m) * ((m * e) ** 2 + m * e * v.hidden_size)
+    attention = v.depth * 4 * patches * patches * e  # QK^T and PV, full attention within one image
+    return 2.0 * (patches * per_patch + merger) + attention
+
+
+def _text_flops(cfg: Qwen2VLConfig, n_tokens: float, ctx_sum: float, logits: float) -> float:
+    """n tokens whose attention contexts sum to ctx_sum, ``logits`` of them with an lm_head row."""
+    t = cfg.text
+    q = t.num_attention_heads * t.head_dim
+    kv = t.num_key_value_heads * t.head_dim
+    per_token = t.num_hidden_layers * (t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size)
+    return 2.0 * n_tokens * per_token + 4.0 * t.num_hidden_layers * q * ctx_sum + \
+        2.0 * logits * t.hidden_size * t.vocab_size
+
+
+def _span(c0: float, n: float) -> float:
+    """Sum of attention contexts of n tokens appended after c0 tokens: (c0+1) + ... + (c0+n)."""
+    return n * c0 + n * (n + 1) / 2
+
+
+def useful_tree_flops(cfg: Qwen2VLConfig, steps: list[StepPrompts], config: SamplerConfig) -> float:
+    """FLOPs a full-budget tree needs with prefix sharing (module docstring), summed over the steps."""
+    br, T = config.branching, config.max_turn_tokens
+    total = 0.0
+    for s in steps:
+        total += _vision_flops(cfg, s.pixel_values.shape[0])
+        ctx = len(s.prefix_ids)
+        total += _text_flops(cfg, ctx, _span(0, ctx), 0)
+        for t in range(1, NUM_TURNS + 1):
+            parents, nodes = num_nodes(br, t - 1), num_nodes(br, t)
+            if t > 1:
+                q = len(s.turn_prompt_ids[t - 2])
+                total += parents * _text_flops(cfg, q, _span(ctx, q), 0)
+                ctx += q
+            total += nodes * _text_flops(cfg, T[t - 1], _span(ctx, T[t - 1]), T[t - 1])
+            ctx += T[t - 1]
+    return total
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def run_ours(params, cfg, steps, config, seed=0) -> tuple[float, float, object]:
+    """(compile+first call seconds, warm call seconds, tree)."""
+    tp = pack_tree_prompts(cfg, steps, config, seed)
+    t0 = time.perf_counter()
+    jax.block_until_ready(sample_tree(params, cfg, tp, config))
+    first = time.perf_counter() - t0
+    tp = pack_tree_prompts(cfg, steps, config, seed + 1)
+    t0 = time.perf_counter()
+    tree = jax.block_until_ready(sample_tree(params, cfg, tp, config))
+    return first, time.perf_counter() - t0, tree
+
+
+def run_no_sharing(params, cfg, steps, config, clock: CompileSpans, seed=0) -> tuple[float, float]:
+    """(wall seconds, seconds without compilation)."""
+    t0 = time.time()
+    jax.block_until_ready(sample_tree_no_sharing(params, cfg, steps, config, seed))
+    t1 = time.time()
+    return t1 - t0, (t1 - t0) - clock.total(t0, t1)
+
+
+def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float:
+    """Seconds for transformers to build the same tree, level by level, with ``generate``."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32,
+                                                            attn_implementation="sdpa").eval()
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, None
+    br, T = config.branching, config.max_turn_tokens
+
+    def generate(seqs, images, k, budget, sample):
+        ids = torch.tensor(np.stack(seqs).astype(np.int64))
+        pv = torch.tensor(np.concatenate([s.pixel_values for s in images]))
+        grid = torch.tensor(np.concatenate([s.image_grid_thw for s in images]))
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pv,
+                                 image_grid_thw=grid, mm_token_type_ids=(ids == cfg.image_token_id).long(),
+                                 do_sample=sample, temperature=1.0 if sample else None, top_k=0 if sample else None,
+                                 top_p=1.0 if sample else None, num_return_sequences=k, max_new_tokens=budget,
+                                 min_new_tokens=budget)
+        return [o.numpy() for o in out]
+
+    generate([steps[0].prefix_ids], steps[:1], 1, 1, False)  # warm-up
+    t0 = time.perf_counter()
+    seqs = [np.asarray(s.prefix_ids, np.int64) for s in steps]
+    owners = list(steps)
+    for t in range(1, NUM_TURNS + 1):
+        if t > 1:
+            seqs = [np.concatenate([q, o.turn_prompt_ids[t - 2]]) for q, o in zip(seqs, owners)]
+        outs = generate(seqs, owners, br[t - 1], T[t - 1], sample=t < NUM_TURNS)
+        assert all(len(o) == len(seqs[0]) + T[t - 1] for o in outs), "a turn stopped early"
+        owners = [o for o in owners for _ in range(br[t - 1])]
+        seqs = outs
+    assert len(seqs) == len(steps) * num_leaves(br)
+    return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small model and tree (about a minute)")
+    size.add_argument("--full", action="store_true", help="branching (3, 3, 3, 1): 27 leaves per step")
+    ap.add_argument("--steps", type=int, default=None, help="steps (trees) per batch")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-no-sharing", action="store_true")
+    args = ap.parse_args(argv)
+
+    shape = "quick" if args.quick else "full" if args.full else "default"
+    s = SHAPES[shape]
+    n_steps = args.steps or s["steps"]
+    clock = CompileSpans()
+    cfg = bench_model(s)
+    params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
+    steps = random_steps(cfg, s, n_steps, np.random.default_rng(0))
+    v = cfg.text.vocab_size
+    config = SamplerConfig(branching=s["branching"], max_turn_tokens=s["turns"], temperature=(1.0, 1.0, 1.0, 0.0),
+                           eos_ids=(v,),  # outside the vocabulary: no turn stops early
+                           suppress_ids=(cfg.image_token_id, cfg.video_token_id),
+                           prefix_buckets=(len(steps[0].prefix_ids),), prompt_buckets=tuple(sorted(set(s["prompts"]))),
+                           patch_buckets=(n_steps * steps[0].pixel_values.shape[0],))
+    leaves = n_steps * num_leaves(config.branching)
+    flops = useful_tree_flops(cfg, steps, config)
+    peak = matmul_peak()
+    res = {"shape": shape, "params": count_params(params), "steps": n_steps,
+           "branching": list(config.branching), "turn_tokens": list(config.max_turn_tokens),
+           "image_tokens_per_step": int(steps[0].pixel_values.shape[0] // cfg.vision.merge_factor),
+           "prefix_tokens": len(steps[0].prefix_ids), "leaves": leaves, "useful_tflop": flops / 1e12,
+           "matmul_peak_gflops": peak / 1e9, "devices": [str(d) for d in jax.devices()]}
+    print(f"model {res['params'] / 1e6:.1f}M params, {res['image_tokens_per_step']} image tokens/step, "
+          f"prefix {res['prefix_tokens']} tokens, branching {config.branching}, turns {config.max_turn_tokens}, "
+          f"{n_steps} step(s) -> {leaves} leaves; useful work {flops / 1e9:.1f} GFLOP; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
+
+    first, ours, tree = run_ours(params, cfg, steps, config)
+    assert int(np.sum(np.asarray(tree.lengths[-1]))) == leaves * config.max_turn_tokens[-1]
+    res.update(ours_seconds=ours, ours_first_call_seconds=first, ours_leaves_per_s=leaves / ours,
+               ours_flops_fraction_of_peak=flops / ours / peak)
+    print(f"(a) ours (prefix sharing): {ours:.2f} s warm ({first:.1f} s first call incl. compile) -> "
+          f"{leaves / ours:.2f} leaves/s, {flops / ours / 1e9:.1f} GFLOP/s = {100 * flops / ours / peak:.1f}% of "
+          f"the matmul peak", flush=True)
+    if not args.skip_no_sharing:
+        wall, run = run_no_sharing(params, cfg, steps, config, clock)
+        res.update(no_sharing_seconds=run, no_sharing_wall_seconds=wall, no_sharing_leaves_per_s=leaves / run,
+                   ratio_vs_no_sharing=run / ours)
+        print(f"(b) no sharing: {run:.2f} s without compilation ({wall:.1f} s wall) -> {leaves / run:.2f} leaves/s; "
+              f"ours is {run / ours:.2f}x faster", flush=True)
+    if not args.skip_transformers:
+        with tempfile.TemporaryDirectory() as d:
+            M.save_params(params, cfg, d)
+            hf = run_transformers(d, cfg, steps, config)
+        res.update(transformers_seconds=hf, transformers_leaves_per_s=leaves / hf, ratio_vs_transformers=hf / ours)
+        print(f"(c) transformers generate: {hf:.2f} s -> {leaves / hf:.2f} leaves/s; ours is {hf / ours:.2f}x "
+              f"faster", flush=True)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
