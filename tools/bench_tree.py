@@ -39,7 +39,8 @@ import numpy as np  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
-from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing  # noqa: E402
+from ipl_jax.sampling import (SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree,  # noqa: E402
+                              sample_tree_no_sharing)
 from ipl_jax.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns

@@ -2,12 +2,13 @@
 
 Loop form: **feed, then sample.** A turn starts with the cache holding the node's context *except its last
 token* (the last token of the prompt), which is the loop's first feed. Each iteration feeds one token per
-row (``cached_decoder.append_tokens``), samples the next token from the resulting logits, and feeds that token in the next
-iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next turn's prompt
-extension writes it to the cache together with the prompt (all but the prompt's last token, which becomes the
-next loop's first feed). So every token enters the cache exactly once, there is one decoder instantiation per
-turn loop and one per prompt extension, and no logits are ever computed for a prompt position. The cache is
-only ever written by one scatter per call, in place inside the loop (see ``cached_decoder``).
+row (``cached_decoder.append_tokens``), samples the next token from the resulting logits, and feeds that
+token in the next iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next
+turn's prompt extension writes it to the cache together with the prompt (all but the prompt's last token,
+which becomes the next loop's first feed). So every token enters the cache exactly once, there is one decoder
+instantiation per turn loop and one per prompt extension, and no logits are ever computed for a prompt
+position. The cache is only ever written by one scatter per call, in place inside the loop (see
+``cached_decoder``).
 
 Both samplers draw the tokens of a turn with ``sample_turn`` from the same per-node keys, so given equal
 logits they produce equal trees; they differ only in how a node's context reaches the KV cache.

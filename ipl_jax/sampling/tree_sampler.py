@@ -24,7 +24,6 @@ or at its budget; the decode loop is a ``lax.while_loop`` that exits early once 
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import jax
