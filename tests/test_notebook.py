@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "colab" / "quickstart.ipynb"
 
 
-def test_quickstart_notebook_runs(tmp_path, monkeypatch):
+def test_quickstart_notebook_runs(tmp_path, tmp_path_factory, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -22,6 +22,8 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("IPL_JAX_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("IPL_JAX_HUB", "0")  # the hub part must announce that it is skipped
     monkeypatch.setenv("IPL_JAX_QUIET", "1")
+    # shared with test_pipeline_run's jobs (same config): each program compiles once per test session
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "jax_compilation_cache"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

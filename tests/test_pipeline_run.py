@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,17 +24,31 @@ SCORE_KEYS = {"total", "CLICK", "TYPE", "SCROLL", "PRESS", "STOP", "parse_rate",
               "goal_progress", "steps", "episodes", "step_acc", "format", "rules"}
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess:
+    """``ipl-jax ...`` in a fresh interpreter of this environment. JAX's persistent compilation cache is shared
+    by every job of the test session (this module and the notebook test), so a program compiles once."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               IPL_JAX_QUIET="1", JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+    proc = subprocess.run([sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    os.environ.setdefault("IPL_JAX_QUIET", "1")
     config = load_config("synthetic:quick")
     workdir = tmp_path_factory.mktemp("quick_job")
-    lines: list[str] = []
+    cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
     t0 = time.perf_counter()
-    run_job(config, workdir, stop_after="seed", echo=lines.append)
-    first = time.perf_counter() - t0
-    run_job(config, workdir, echo=lines.append)
-    return {"config": config, "workdir": Path(workdir), "lines": lines, "first_seconds": first}
+    first = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir), "--stop-after", "seed"], cache)
+    first_seconds = time.perf_counter() - t0
+    second = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
+    return {"config": config, "workdir": Path(workdir), "lines": (first.stdout + second.stdout).splitlines(),
+            "first_seconds": first_seconds, "cache": cache}
 
 
 def _stage_events(workdir: Path) -> list[dict]:
@@ -134,6 +150,8 @@ def test_resume_skips_finished_stages(quick_run):
     assert (workdir / "results.json").read_text() == before
     assert seconds < quick_run["first_seconds"] / 3
     assert any("already done" in line for line in lines)
+    # the second invocation printed the per-round tables
+    assert any("total match" in line for line in quick_run["lines"])
 
 
 def test_a_different_config_is_refused(quick_run):
@@ -142,21 +160,97 @@ def test_a_different_config_is_refused(quick_run):
         run_job(config, quick_run["workdir"], echo=lambda _: None)
 
 
-def test_select_seed_command(quick_run, capsys):
-    from ipl_jax.seed_selection import main
-
+def test_select_seed_command(quick_run):
     workdir = quick_run["workdir"]
     candidates = sorted(str(p) for p in (workdir / "sft" / "candidates").iterdir())
     assert len(candidates) == 2
     out_json = workdir / "select.json"
-    rc = main(["--checkpoints", *candidates, "--data", str(workdir / "data"), "--steps", "4",
-               "--config", "synthetic:quick", "--json", str(out_json)])
-    assert rc == 0
-    printed = capsys.readouterr().out
-    assert "Acc_S" in printed and "<- seed" in printed
+    proc = run_cli(["select-seed", "--checkpoints", *candidates, "--data", str(workdir / "data"), "--steps", "4",
+                    "--config", "synthetic:quick", "--json", str(out_json)], quick_run["cache"])
+    assert "Acc_S" in proc.stdout and "<- seed" in proc.stdout
     got = json.loads(out_json.read_text())
     # the command reproduces the pipeline's own seed selection (same steps, keys and embedder)
     stage = json.loads((workdir / "stages" / "seed.done").read_text())
     assert [c["acc_s"] for c in got["candidates"]] == [c["acc_s"] for c in stage["candidates"]]
     assert [c["div_r"] for c in got["candidates"]] == pytest.approx([c["div_r"] for c in stage["candidates"]])
     assert Path(got["seed"]).name == stage["chosen"]
+
+
+# ------------------------------------------------------------------------------------- pieces (no job needed)
+
+
+def test_world_overrides_split_on_commas_that_start_a_field():
+    from ipl_jax.pipeline.data_stage import world_overrides
+
+    assert world_overrides("width=252,n_contacts=4,20,themes=rose") == ["width=252", "n_contacts=4,20",
+                                                                         "themes=rose"]
+    assert world_overrides("") == []
+    # the default config's world parses into a valid WorldConfig
+    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
+
+    world = apply_overrides(WorldConfig(), world_overrides(load_config("synthetic").data.world))
+    assert world.shuffle_layout is False and world.n_contacts == (4, 8)
+
+
+def test_ablation_variants_are_config_switches():
+    from ipl_jax.pipeline.ablate import _ipl_key, variant_config
+
+    base = load_config("synthetic")
+    k2 = variant_config(base, "k2")
+    assert tuple(k2.sampler.branching) == (2, 2, 2, 1)
+    assert k2.ipl.rounds == base.ablation.rounds and k2.ipl.early_stop is False
+    assert variant_config(base, "no_negatives").ipl.method == "no_negatives"
+    assert variant_config(base, "naive_dpo").ipl.method == "naive_dpo"
+    assert variant_config(base, "no_evolution").evolution.enabled is False
+    # with the default branching (3, 3, 3, 1), K = 3 is the full method: one run serves both rows
+    assert _ipl_key(variant_config(base, "k3")) == _ipl_key(variant_config(base, "tdpo"))
+    assert _ipl_key(variant_config(base, "k4")) != _ipl_key(variant_config(base, "tdpo"))
+    with pytest.raises(ValueError, match="unknown ablation variant"):
+        variant_config(base, "grpo")
+
+
+def _table(acc: dict) -> dict:
+    t = {k.upper(): {"count": 1, "type_acc": 1.0, "exact_acc": v} for k, v in acc.items() if k != "total"}
+    t["total"] = {"count": 5, "type_acc": 0.8, "exact_acc": acc["total"]}
+    return t
+
+
+def test_round_and_ablation_tables():
+    from ipl_jax.pipeline.report import ablation_table, results_round, round_table
+
+    r0 = results_round(0, {"test": _table({"click": 0.5, "type": 0.25, "scroll": None, "press": 1.0, "stop": 0.0,
+                                            "total": 0.4})}, {"alpha": 0.1, "beta": 0.3, "gamma": 0.6}, 0, 12.3)
+    r1 = results_round(1, {"test": _table({"click": 0.75, "type": 0.5, "scroll": None, "press": 1.0, "stop": 0.5,
+                                            "total": 0.6})}, {"alpha": 0.2, "beta": 0.5, "gamma": 0.3}, 321, 45.6)
+    text = round_table([r0, r1], "test").splitlines()
+    assert text[0].split() == ["test", "seed", "round", "1"]
+    assert text[2].split() == ["click", "match", "50.00", "75.00"]
+    assert text[4].split() == ["scroll", "match", "-", "-"]
+    assert text[7].split() == ["total", "match", "40.00", "60.00"]
+    assert text[9].split() == ["alpha", "trees", "10.00", "20.00"]
+    assert text[12].split() == ["pairs", "0", "321"]
+    rows = [{"variant": "T-DPO (full)", "metrics": r1["metrics"], "pairs": 321},
+            {"variant": "naive DPO", "metrics": r0["metrics"], "pairs": 7}]
+    lines = ablation_table(rows, "test").splitlines()
+    assert lines[0].split() == ["variant", "click", "type", "scroll", "press", "stop", "total", "pairs"]
+    assert lines[2].split() == ["T-DPO", "(full)", "75.00", "50.00", "-", "100.00", "50.00", "60.00", "321"]
+    assert lines[3].split()[-2:] == ["40.00", "7"]
+
+
+@pytest.mark.slow
+def test_ablate_quick(tmp_path_factory):
+    """`ipl-jax ablate` on the quick config: a shared seed, two IPL variants and an alias (k2 = the quick
+    config's own branching, i.e. the tdpo run)."""
+    cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
+    root = tmp_path_factory.mktemp("ablate")
+    proc = run_cli(["ablate", "--config", "synthetic:quick", "--workdir", str(root),
+                    "--variants", "tdpo,no_negatives,k2"], cache)
+    result = json.loads((root / "ablation.json").read_text())
+    assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "no_negatives", "k2"]
+    assert result["rows"][3]["same_as"] == "tdpo"
+    for r in result["rows"][1:3]:
+        assert set(r["metrics"]) == set(load_config("synthetic:quick").data.test_splits)
+        assert r["pairs"] > 0
+    # the variants started from the base seed: their round-1 input policy is the base job's seed
+    assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
+    assert "T-DPO (full)" in proc.stdout and "IPL w/o negatives" in proc.stdout

@@ -20,16 +20,20 @@ from ipl_jax.data.tokenizer import IM_END
 def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False,
                    branching: Optional[Sequence[int]] = None):
     """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
-    method.md §3), top-k / top-p, the tokenizer's end and pad ids, and buckets for fixed shapes."""
+    method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
+    for fixed shapes."""
     from ipl_jax.sampling.config import SamplerConfig, greedy_config
 
     t = float(config.sampler.temperature)
-    sc = SamplerConfig(
+    ids = tokenizer.ids
+    sc = SamplerConfig.for_tokenizer(
+        tokenizer,
         branching=tuple(int(b) for b in (branching or config.sampler.branching)),
         max_turn_tokens=tuple(int(x) for x in config.buckets.max_turn_tokens),
         temperature=(t, t, t, 0.0),
         top_k=int(config.sampler.top_k), top_p=float(config.sampler.top_p),
-        eos_ids=tuple(tokenizer.ids.eos), pad_id=int(tokenizer.ids.pad),
+        # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
+        suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
         prefix_buckets=tuple(int(x) for x in config.sampler.prefix_buckets),
         prompt_buckets=tuple(int(x) for x in config.sampler.prompt_buckets),
         patch_buckets=tuple(int(p) * int(config.sampler.batch_size) for p in config.buckets.patches)
