@@ -1,6 +1,6 @@
 """The main job end to end on the quick config: results.json schema, outputs, resume without redoing stages.
 
-One module-scoped run (~2-3 min on two CPU cores) feeds every test here: it is made in two invocations (stop
+One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared compilation cache) feeds the job tests here: it is made in two invocations (stop
 after seed selection, then the rest), so the second invocation resuming after a finished stage is itself under
 test; a third invocation must redo nothing.
 """
