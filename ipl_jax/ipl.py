@@ -145,7 +145,8 @@ def make_tdpo_loss(config: TDPOConfig):
 
 
 def batch_shardings(batch: PackedBatch, mesh):
-    """PackedBatch of NamedShardings: rows over ('data', 'fsdp') when they divide, vision and pairs replicated."""
+    """PackedBatch of NamedShardings: rows (text and per-row image patches) over ('data', 'fsdp') when they
+    divide; pairs replicated."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     from ipl_jax.model.sharding import batch_spec
@@ -155,7 +156,7 @@ def batch_shardings(batch: PackedBatch, mesh):
     return batch.replace(
         input_ids=rows(batch.input_ids), positions=rows(batch.positions, 1), segment_ids=rows(batch.segment_ids),
         target_ids=rows(batch.target_ids), score_slot=rows(batch.score_slot),
-        vision=None if batch.vision is None else jax.tree.map(lambda _: rep, batch.vision),
+        vision=None if batch.vision is None else jax.tree.map(rows, batch.vision),
         pair_pos=rep, pair_neg=rep, pair_valid=rep, pair_turn=rep, ref_pos=rep, ref_neg=rep)
 
 

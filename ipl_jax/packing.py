@@ -95,8 +95,10 @@ class PackingConfig:
     """Fixed shapes of packed batches.
 
     rows (B), max_continuations (M: continuation slots per row; a β node needs K, a γ node K + 1), max_pairs
-    (P: pair slots per batch). ``text_buckets`` / ``patch_buckets``: a batch takes the smallest bucket that
-    fits its longest row / its patches; give one bucket each to make every batch of every round one shape.
+    (P: pair slots per batch). ``text_buckets``: a batch takes the smallest bucket that fits its longest row.
+    ``patch_buckets``: buckets for the image patches of **one row** (a row's screenshot); every row of a batch
+    gets the smallest bucket that fits the batch's largest row. Give one bucket each to make every batch of
+    every round one shape.
     """
 
     rows: int = 8
@@ -120,7 +122,9 @@ class PackedBatch:
     input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE); segment_ids: int32[B, T] (-1 pad, 0 prefix,
     i + 1 continuation slot i); target_ids: int32[B, T] (the token predicted at each position, 0 where none);
     score_slot: int32[B, T] (the continuation slot whose scored token is predicted at each position, -1 where
-    none); vision: VisionInputs (patches of every row's images, in row order) or None.
+    none); vision: VisionInputs with a leading row axis (patches f32[B, Pr, patch_dim], pos_hw int32[B, Pr, 2],
+    segment_ids int32[B, Pr]: each row's images, padded per row) or None. The vision tower runs row by row, so
+    its attention cost grows with the patches of one row, not of the whole batch.
     Pairs: pair_pos / pair_neg int32[P] (flat slot index row * M + slot of the chosen / rejected continuation);
     pair_valid bool[P]; pair_turn int32[P]; ref_pos / ref_neg f32[P] (reference log-probs, 0 until attached).
     """
@@ -213,7 +217,7 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
     """One PackedBatch (numpy arrays) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
 
     Pair ``group`` indices refer to positions in ``groups``. T is the smallest text bucket that fits the longest
-    row, the patch axis the smallest patch bucket that fits all images.
+    row, the per-row patch axis the smallest patch bucket that fits the row with the most patches.
     """
     B, M, P = packing.rows, packing.max_continuations, packing.max_pairs
     if packing.pad_id == cfg.image_token_id:
@@ -244,12 +248,7 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
         input_ids[b, :n], positions[:, b, :n], segment_ids[b, :n], target_ids[b, :n], score_slot[b, :n] = \
             ids, pos, seg, tgt, slot
 
-    with_images = [g for g in groups if g.pixel_values is not None]
-    vision = None
-    if with_images:
-        pv = np.concatenate([np.asarray(g.pixel_values, np.float32) for g in with_images], axis=0)
-        grids = np.concatenate([np.asarray(g.image_grid_thw, np.int64).reshape(-1, 3) for g in with_images])
-        vision = prepare_vision(cfg, pv, grids, packing.patch_buckets)
+    vision = _row_vision(cfg, groups, B, packing.patch_buckets)
 
     pair_pos = np.zeros((P,), np.int32)
     pair_neg = np.zeros((P,), np.int32)
@@ -268,6 +267,29 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
                        score_slot=score_slot, vision=vision, pair_pos=pair_pos, pair_neg=pair_neg,
                        pair_valid=pair_valid, pair_turn=pair_turn, ref_pos=np.zeros((P,), np.float32),
                        ref_neg=np.zeros((P,), np.float32), max_continuations=M)
+
+
+def _row_vision(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], rows: int,
+                patch_buckets: Sequence[int]) -> Optional[VisionInputs]:
+    """Per-row padded patches [B, Pr, ...] (padding rows: no patches, segment -1), or None without images."""
+    if all(g.pixel_values is None for g in groups):
+        return None
+    counts = [0 if g.pixel_values is None else len(g.pixel_values) for g in groups]
+    g_max = int(np.argmax(counts))
+    pr = pick_bucket(counts[g_max], patch_buckets, f"patch count of {_group_name(groups[g_max], g_max)}")
+    v = cfg.vision
+    patches = np.zeros((rows, pr, v.patch_dim), np.float32)
+    pos_hw = np.zeros((rows, pr, 2), np.int32)
+    segment_ids = np.full((rows, pr), -1, np.int32)
+    for b, g in enumerate(groups):
+        if g.pixel_values is None:
+            continue
+        try:
+            one = prepare_vision(cfg, np.asarray(g.pixel_values, np.float32), g.image_grid_thw, (pr,))
+        except ValueError as e:
+            raise ValueError(f"{_group_name(g, b)}: {e}") from e
+        patches[b], pos_hw[b], segment_ids[b] = one.patches, one.pos_hw, one.segment_ids
+    return VisionInputs(patches=patches, pos_hw=pos_hw, segment_ids=segment_ids)
 
 
 def pack_round(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef],
@@ -398,11 +420,22 @@ def _chunk_for(t: int, chunk: int) -> int:
     return c if t % c == 0 else t
 
 
+def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jax.Array:
+    """The vision tower row by row (vmapped over the row axis), then the real merged features of all rows in
+    row order, as ``embed_tokens`` consumes them: f32[B * Pr / merge, hidden] (fill rows at the end)."""
+    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v))(vision)  # [B, Pr/m, H]
+    b, n, h = feats.shape
+    m = cfg.vision.merge_factor
+    real = (vision.segment_ids >= 0).reshape(b, n, m)[..., 0].reshape(-1)
+    (index,) = jnp.nonzero(real, size=b * n, fill_value=0)
+    return feats.reshape(b * n, h)[index]
+
+
 def packed_token_logps(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False,
                        chunk: int = 128) -> jax.Array:
     """log p(target_ids) f32[B, T] of every position of a packed batch (0-information where nothing is
     predicted; mask with ``score_slot``). Traceable; call inside a jitted function."""
-    feats = None if batch.vision is None else encode_images_unjitted(params, cfg, batch.vision)
+    feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision)
     mask = packed_attention_mask(batch.segment_ids)
     hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, mask, feats, remat=remat)
     return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk))

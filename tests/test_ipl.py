@@ -23,7 +23,7 @@ from test_packing import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # one shape for every packed batch of these tests, so that tests share compilations
-ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(96,))
+ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(32,))
 ROUND_TDPO = dict(learning_rate=3e-3, logp_chunk=16)
 
 
@@ -410,8 +410,8 @@ def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
     assert counts.tolist() == [0, 1, 1]
     assert max(len(g.continuations) for g in grouped.groups) == k + 1  # a γ action node: golden + K sampled
     batches = PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
-        rows=8, max_continuations=k + 1, max_pairs=64, text_buckets=(64,), patch_buckets=(128,)))
+        rows=8, max_continuations=k + 1, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)))
     assert sum(b.num_pairs for b in batches) == len(grouped.pairs) > 0
     with pytest.raises(ValueError, match="exceed max_continuations"):
         PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
-            rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(128,)))
+            rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)))

@@ -102,7 +102,12 @@ def test_row_layout_and_positions_match_the_unshared_sequence():
             np.testing.assert_array_equal(batch.positions[:, b, where], pos[:, 0, L - 1:L - 1 + len(c)])
         np.testing.assert_array_equal(batch.score_slot[b, :L - 1], -1)
     assert batch.pair_pos[0] == 0 * 4 + 0 and batch.pair_neg[0] == 1 and batch.pair_valid.tolist() == [True, False]
-    assert batch.vision.patches.shape == (64, cfg.vision.patch_dim)
+    assert batch.vision.patches.shape == (3, 64, cfg.vision.patch_dim)  # per row; row 2 has none
+    for b, g in enumerate(groups):
+        n = int(np.prod(g.image_grid_thw))
+        np.testing.assert_array_equal(batch.vision.patches[b, :n], g.pixel_values)
+        assert np.all(batch.vision.segment_ids[b, :n] == 0) and np.all(batch.vision.segment_ids[b, n:] == -1)
+    assert np.all(batch.vision.segment_ids[2] == -1)
 
 
 def test_packed_and_unpacked_logps_equal_direct_forward():
@@ -111,7 +116,7 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
     params = tiny_params(cfg)
     groups = make_groups(cfg, seed=2, scored_groups=(1,))
     pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)] + [PK.PairRef(2, 3, 1, 3)]
-    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(96,))
+    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(32,))
     with jax.default_matmul_precision("highest"):
         (batch,) = PK.pack_round(cfg, groups, pairs, packing)
         lp, ntok = PK.score_continuations(params, cfg, batch, chunk=16)
@@ -130,7 +135,7 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
         ugroups, upairs = PK.unpack_groups(groups, pairs)
         assert len(ugroups) == sum(len(g.continuations) for g in groups)
         ubatches = PK.pack_unpacked(cfg, ugroups, upairs, PK.PackingConfig(
-            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(96,)))
+            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(32,)))
         got_pos, got_neg = [], []
         for ub in ubatches:
             ulp, un = PK.score_continuations(params, cfg, ub, chunk=16)
@@ -147,7 +152,7 @@ def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
     groups = make_groups(cfg, seed=3, n_groups=5, conts=(2,))
     pairs = [PK.PairRef(0, 0, 1), PK.PairRef(0, 1, 0), PK.PairRef(2, 0, 1), PK.PairRef(3, 0, 1),
              PK.PairRef(4, 1, 0)]
-    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(96,))
+    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(32,))
     batches = PK.pack_round(cfg, groups, pairs, packing)
     # group 1 has no pair; groups (0, 2) fill rows; then (3, 4)
     assert [b.num_pairs for b in batches] == [3, 2]
@@ -158,7 +163,7 @@ def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
 def test_bad_groups_raise_naming_the_group():
     cfg = tiny_cfg()
     (g,) = make_groups(cfg, seed=4, n_groups=1)
-    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=2, text_buckets=(64,), patch_buckets=(96,))
+    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=2, text_buckets=(64,), patch_buckets=(32,))
     with pytest.raises(ValueError, match="g0: 3 continuations exceed"):
         PK.pack_groups(cfg, [g], [], packing)
     bad = PK.PrefixGroup(prefix_ids=np.array([3, VS, IMG], np.int32), continuations=(np.array([5]),), name="img-end")
@@ -172,4 +177,4 @@ def test_bad_groups_raise_naming_the_group():
         PK.pack_groups(cfg, [long], [], packing)
     with pytest.raises(ValueError, match="pair 0 of g0"):
         PK.pack_groups(cfg, [g], [PK.PairRef(0, 1, 1)], PK.PackingConfig(rows=1, max_continuations=3, max_pairs=1,
-                                                                         text_buckets=(64,), patch_buckets=(96,)))
+                                                                         text_buckets=(64,), patch_buckets=(32,)))

@@ -283,7 +283,7 @@ def main(argv=None) -> int:
           f"{args.groups} prefix groups and {n_pairs} pairs per step; jax {jax.__version__} on "
           f"{jax.devices()[0].platform}")
 
-    patch_bucket = args.groups * int(np.prod(s["grid"]))
+    patch_bucket = int(np.prod(s["grid"]))  # per row: one screenshot
     packed = [PK.pack_round(cfg, g, p, PK.PackingConfig(rows=args.groups, max_continuations=4, max_pairs=n_pairs,
                                                         text_buckets=TEXT_BUCKETS, patch_buckets=(patch_bucket,)))[0]
               for g, p in workload]
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
         rows = len(ug)
         unpacked += PK.pack_unpacked(cfg, ug, up, PK.PackingConfig(
             rows=rows, max_continuations=1, max_pairs=n_pairs, text_buckets=TEXT_BUCKETS,
-            patch_buckets=(rows * int(np.prod(s["grid"])),)))
+            patch_buckets=(patch_bucket,)))
     results = [time_jax("packed", params, config, packed, args.repeats)]
     our_ref = results[0].pop("_first_ref")
     print(json.dumps(results[-1]))
