@@ -11,7 +11,7 @@ COMMANDS = {
     "make-tiny": ("ipl_jax.model.tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
     "synth": ("ipl_jax.data.synthetic.cli", "main", "write a synthetic GUI-world split in the AITZ format"),
     "score": ("ipl_jax.evaluate", "score_main", "score a predictions JSONL file against a dataset"),
-    "sft": ("ipl_jax.train", "sft_main", "warm-up SFT"),
+    "sft": ("ipl_jax.pipeline", "sft_main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
     "eval": ("ipl_jax.evaluate", "eval_main", "greedy CoaT decoding + Step.Acc tables"),
     "export": ("ipl_jax.model.weights", "export_main", "export a checkpoint as a Hugging Face directory"),
     "select-seed": ("ipl_jax.seed_selection", "main", "Acc_S / Div_R seed-policy selection"),

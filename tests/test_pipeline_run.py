@@ -1,7 +1,7 @@
 """The main job end to end on the quick config: results.json schema, outputs, resume without redoing stages.
 
-One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared compilation cache) feeds the job tests here: it is made in two invocations (stop
-after seed selection, then the rest), so the second invocation resuming after a finished stage is itself under
+One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared compilation cache) feeds the job tests here: it is made in two invocations (``ipl-jax
+sft``, then ``ipl-jax run``), so the second invocation resuming after a finished stage is itself under
 test; a third invocation must redo nothing.
 """
 
@@ -44,8 +44,13 @@ def quick_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("quick_job")
     cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
     t0 = time.perf_counter()
-    first = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir), "--stop-after", "seed"], cache)
+    first = run_cli(["sft", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
     first_seconds = time.perf_counter() - t0
+    # `ipl-jax sft` stops after the SFT stage with the candidates written as Hugging Face directories
+    assert (workdir / "stages" / "sft.done").is_file() and not (workdir / "stages" / "seed.done").exists()
+    candidates = sorted((workdir / "sft" / "candidates").iterdir())
+    assert [c.name for c in candidates] == [f"step_{s:06d}" for s in (4, 8)]
+    assert all((c / "config.json").is_file() and (c / "tokenizer.json").is_file() for c in candidates)
     second = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
     return {"config": config, "workdir": Path(workdir), "lines": (first.stdout + second.stdout).splitlines(),
             "first_seconds": first_seconds, "cache": cache}
@@ -132,12 +137,12 @@ def test_resume_skips_finished_stages(quick_run):
     config, workdir = quick_run["config"], quick_run["workdir"]
     events = _stage_events(workdir)
     started = [e["stage"] for e in events if e["event"] == "started"]
-    # every stage ran exactly once over the two invocations (the second resumed after "seed")
+    # every stage ran exactly once over the two invocations (`ipl-jax run` resumed after `ipl-jax sft`)
     expected = [s for s in STAGES if s != "rounds"]
     expected.insert(expected.index("export"), "round_1")
     assert started == expected
     skipped = [e["stage"] for e in events if e["event"] == "skipped"]
-    assert skipped == ["data", "evolution", "model", "sft", "seed"]
+    assert skipped == ["data", "evolution", "model", "sft"]
     before = (workdir / "results.json").read_text()
     n_events = len(events)
     lines: list[str] = []
@@ -253,4 +258,9 @@ def test_ablate_quick(tmp_path_factory):
         assert r["pairs"] > 0
     # the variants started from the base seed: their round-1 input policy is the base job's seed
     assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
+    # ... while each variant's own rounds are evaluated into its own directory (not one shared with the others)
+    preds = {v: (root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl") for v in ("tdpo", "no_negatives")}
+    assert all(p.is_file() for p in preds.values())
+    assert preds["tdpo"].resolve() != preds["no_negatives"].resolve()
+    assert not (root / "base" / "eval" / "round_1").exists()
     assert "T-DPO (full)" in proc.stdout and "IPL w/o negatives" in proc.stdout

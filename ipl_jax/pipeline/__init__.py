@@ -11,3 +11,9 @@ def ablate_main(argv: list[str]) -> int:
     from ipl_jax.pipeline.ablate import main as ablate
 
     return ablate(argv)
+
+
+def sft_main(argv: list[str]) -> int:
+    from ipl_jax.pipeline.run import sft_main as sft
+
+    return sft(argv)

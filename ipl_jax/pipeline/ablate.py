@@ -45,7 +45,7 @@ LABELS = {"seed": "seed policy (no IPL)", "tdpo": "T-DPO (full)", "naive_dpo": "
           "no_negatives": "IPL w/o negatives", "no_evolution": "w/o instr. evolution", "k2": "K = 2", "k3": "K = 3",
           "k4": "K = 4"}
 SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
-SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval")
+SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
 
 
 def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
@@ -72,6 +72,7 @@ def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[st
     for d in names:
         src, dst = base.path(d), wd.path(d)
         if src.exists() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(src, dst, target_is_directory=True)
     for stage in stages:
         if base.is_done(stage) and not wd.is_done(stage):

@@ -232,3 +232,26 @@ def main(argv: list[str]) -> int:
     args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
     run_job(config, args.workdir, args.stop_after)
     return 0
+
+
+def sft_main(argv: list[str]) -> int:
+    """``ipl-jax sft``: the job's first stages only (data, instruction evolution, model, warm-up SFT).
+
+    The SFT checkpoints land in ``WORKDIR/sft/checkpoints`` and the last ``sft.seed_candidates`` of them as
+    Hugging Face directories in ``WORKDIR/sft/candidates/step_<n>`` (what ``ipl-jax eval --checkpoint`` and
+    ``ipl-jax select-seed`` take). The workdir is the same as ``ipl-jax run``'s: running ``ipl-jax run`` on it
+    afterwards goes on from seed selection.
+    """
+    from ipl_jax.config import parse_args_with_config
+
+    p = argparse.ArgumentParser(prog="ipl-jax sft", description=sft_main.__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
+    args, config = parse_args_with_config(p, argv, default_config="synthetic")
+    wd = run_job(config, args.workdir, stop_after="sft")
+    summary = wd.summary("sft")
+    if summary is not None:
+        wd.echo(json.dumps({k: summary.get(k) for k in ("steps", "items", "final_loss", "mean_loss_last_10",
+                                                         "train_seconds", "tokens_per_s", "candidates")},
+                           indent=1))
+    wd.echo(f"SFT candidates: {wd.path('sft', 'candidates')}  (metrics log: {wd.path('metrics.jsonl')})")
+    return 0
