@@ -41,7 +41,8 @@ import numpy as np  # noqa: E402
 from ipl_jax import ipl  # noqa: E402
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax import packing as PK  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
+from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
+from bench_models import bench_model, count_params  # noqa: E402
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
@@ -54,27 +55,6 @@ SHAPES = {
                   action=(4, 8)),
 }
 TEXT_BUCKETS = tuple(range(64, 4097, 64))
-
-
-def bench_model(s: dict) -> Qwen2VLConfig:
-    head_dim = s["hidden"] // s["heads"]
-    half = head_dim // 2
-    t_sec = half // 4
-    h_sec = (half - t_sec) // 2
-    v = s["vocab"]
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"],
-                            num_heads=s["v_heads"], mlp_ratio=4),
-        text=TextConfig(vocab_size=v, hidden_size=s["hidden"], intermediate_size=s["inter"],
-                        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                        num_key_value_heads=s["kv_heads"], rms_norm_eps=1e-6,
-                        mrope_section=(t_sec, h_sec, half - t_sec - h_sec), eos_token_id=(v - 1,), bos_token_id=0,
-                        pad_token_id=0),
-        image_token_id=v - 4, video_token_id=v - 3, vision_start_token_id=v - 6, vision_end_token_id=v - 5)
-
-
-def count_params(params) -> int:
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches: int, rng: np.random.Generator):

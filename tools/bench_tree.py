@@ -38,7 +38,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
+from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
+from bench_models import bench_model, count_params  # noqa: E402
 from ipl_jax.sampling import (SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree,  # noqa: E402
                               sample_tree_no_sharing)
 from ipl_jax.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
@@ -56,27 +57,6 @@ SHAPES = {
                   v_heads=2, grid=(1, 24, 24), text_before=8, text_after=16, prompts=(24, 16, 12),
                   turns=(16, 16, 8, 8), branching=(2, 2, 2, 1), steps=1),
 }
-
-
-def bench_model(s: dict) -> Qwen2VLConfig:
-    head_dim = s["hidden"] // s["heads"]
-    half = head_dim // 2
-    t_sec = half // 4
-    h_sec = (half - t_sec) // 2
-    v = s["vocab"]
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"],
-                            num_heads=s["v_heads"], mlp_ratio=4),
-        text=TextConfig(vocab_size=v, hidden_size=s["hidden"], intermediate_size=s["inter"],
-                        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                        num_key_value_heads=s["kv_heads"], rms_norm_eps=1e-6,
-                        mrope_section=(t_sec, h_sec, half - t_sec - h_sec), eos_token_id=(v - 1,), bos_token_id=0,
-                        pad_token_id=0),
-        image_token_id=v - 4, video_token_id=v - 3, vision_start_token_id=v - 6, vision_end_token_id=v - 5)
-
-
-def count_params(params) -> int:
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) -> list[StepPrompts]:
