@@ -1,8 +1,9 @@
 """The main job end to end on the quick config: results.json schema, outputs, resume without redoing stages.
 
-One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared compilation cache) feeds the job tests here: it is made in two invocations (``ipl-jax
-sft``, then ``ipl-jax run``), so the second invocation resuming after a finished stage is itself under
-test; a third invocation must redo nothing.
+One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared
+compilation cache) feeds the job tests here: it is made in two invocations (``ipl-jax sft``, then ``ipl-jax
+run``), so the second invocation resuming after a finished stage is itself under test; a third invocation must
+redo nothing.
 """
 
 from __future__ import annotations
@@ -259,7 +260,8 @@ def test_ablate_quick(tmp_path_factory):
     # the variants started from the base seed: their round-1 input policy is the base job's seed
     assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
     # ... while each variant's own rounds are evaluated into its own directory (not one shared with the others)
-    preds = {v: (root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl") for v in ("tdpo", "no_negatives")}
+    preds = {v: root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl"
+             for v in ("tdpo", "no_negatives")}
     assert all(p.is_file() for p in preds.values())
     assert preds["tdpo"].resolve() != preds["no_negatives"].resolve()
     assert not (root / "base" / "eval" / "round_1").exists()

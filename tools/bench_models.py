@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import jax
-import numpy as np
-
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 
 
@@ -26,7 +23,3 @@ def bench_model(s: dict) -> Qwen2VLConfig:
                         mrope_section=(t_sec, h_sec, half - t_sec - h_sec), eos_token_id=(v - 1,), bos_token_id=0,
                         pad_token_id=0),
         image_token_id=v - 4, video_token_id=v - 3, vision_start_token_id=v - 6, vision_end_token_id=v - 5)
-
-
-def count_params(params) -> int:
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))

@@ -42,7 +42,8 @@ from ipl_jax import ipl  # noqa: E402
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax import packing as PK  # noqa: E402
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from bench_models import bench_model, count_params  # noqa: E402
+from bench_models import bench_model  # noqa: E402
+from ipl_jax.model.params import count_params  # noqa: E402
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).

@@ -39,7 +39,8 @@ import numpy as np  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from bench_models import bench_model, count_params  # noqa: E402
+from bench_models import bench_model  # noqa: E402
+from ipl_jax.model.params import count_params  # noqa: E402
 from ipl_jax.sampling import (SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree,  # noqa: E402
                               sample_tree_no_sharing)
 from ipl_jax.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402

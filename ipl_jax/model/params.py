@@ -24,6 +24,7 @@ Layout (stacked leaves carry a leading layer axis L / Lv; linear kernels are (in
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterator
 
 import jax
@@ -146,3 +147,8 @@ def param_shapes(cfg: Qwen2VLConfig) -> dict:
     for ent in param_layout(cfg):
         set_path(out, ent.path, jax.ShapeDtypeStruct(ent.shape, dtype))
     return out
+
+
+def count_params(params) -> int:
+    """Number of scalars in a parameter pytree (arrays or shape structs)."""
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 
 from ipl_jax.data.records import Step
+from ipl_jax.model.params import count_params
 from ipl_jax.pipeline.workdir import Workdir
 
 TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocessor_config.json")
@@ -142,7 +143,7 @@ def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_st
         policy = load_policy(src)
         # the job's image settings apply (e.g. max_pixels) unless the checkpoint's are wanted
         write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
-        return {"source": str(src), "parameters": _count(policy.params), "vocab": len(policy.tokenizer)}
+        return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
     from ipl_jax.model import Qwen2VLConfig, init_params
     from ipl_jax.model.tiny import train_tokenizer, write_tokenizer
@@ -153,13 +154,9 @@ def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_st
     cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(config, special_ids))
     params = init_params(cfg, jax.random.PRNGKey(int(config.seed)))
     write_policy_dir(out, params, cfg, tok_dir, image_config_from(config))
-    n = _count(params)
+    n = count_params(params)
     wd.echo(f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "
             f"{n / 1e6:.2f} M parameters ({cfg.text.num_hidden_layers} layers x {cfg.text.hidden_size}, "
             f"vision {cfg.vision.depth} x {cfg.vision.embed_dim})")
     return {"source": "fresh", "parameters": n, "vocab": max(special_ids.values()) + 1,
             "corpus_lines": len(corpus)}
-
-
-def _count(params) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(params)))

@@ -249,9 +249,7 @@ def sft_main(argv: list[str]) -> int:
     args, config = parse_args_with_config(p, argv, default_config="synthetic")
     wd = run_job(config, args.workdir, stop_after="sft")
     summary = wd.summary("sft")
-    if summary is not None:
-        wd.echo(json.dumps({k: summary.get(k) for k in ("steps", "items", "final_loss", "mean_loss_last_10",
-                                                         "train_seconds", "tokens_per_s", "candidates")},
-                           indent=1))
+    wd.echo(json.dumps({k: summary.get(k) for k in ("steps", "items", "final_loss", "mean_loss_last_10",
+                                                     "train_seconds", "tokens_per_s", "candidates")}, indent=1))
     wd.echo(f"SFT candidates: {wd.path('sft', 'candidates')}  (metrics log: {wd.path('metrics.jsonl')})")
     return 0
