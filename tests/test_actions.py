@@ -1,6 +1,6 @@
 import pytest
 
-from ipl_jax.actions import (Action, format_action, format_grounding, parse_action, parse_action_text,
+from ipl_jax.coat.actions import (Action, format_action, format_grounding, parse_action, parse_action_text,
                              parse_grounding)
 
 

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
 import test_train as tt  # noqa: E402  (toy LM and tiny Qwen2-VL helpers)
 
-from ipl_jax import train  # noqa: E402
-from ipl_jax.checkpoint import Checkpointer  # noqa: E402
-from ipl_jax.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
+from ipl_jax.training import train  # noqa: E402
+from ipl_jax.training.checkpoint import Checkpointer  # noqa: E402
+from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
 
 
 def toy_state(steps=2, **kw):

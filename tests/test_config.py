@@ -6,7 +6,7 @@ import textwrap
 import ml_collections
 import pytest
 
-from ipl_jax.config import ConfigError, load_config, parse_args_with_config, parse_override_args
+from ipl_jax.configs.loader import ConfigError, load_config, parse_args_with_config, parse_override_args
 
 CONFIG_FILE = textwrap.dedent(
     """

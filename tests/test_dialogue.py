@@ -6,7 +6,7 @@ from PIL import Image
 
 pytest.importorskip("transformers")
 
-from ipl_jax.actions import Action  # noqa: E402
+from ipl_jax.coat.actions import Action  # noqa: E402
 from ipl_jax.data.dialogue import (DEFAULT_PROMPTS, CoaTPrompts, coat_example, coat_segments,  # noqa: E402
                                    coat_turn_texts, collate, pad_to_bucket, qa_example, smallest_bucket)
 from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402

@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("torch")
 
 from ipl_jax import model as M  # noqa: E402
-from ipl_jax.actions import parse_action  # noqa: E402
+from ipl_jax.coat.actions import parse_action  # noqa: E402
 from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
 from ipl_jax.data.tokenizer import IM_END, load_tokenizer  # noqa: E402
-from ipl_jax.evaluate import eval_main, load_dataset, score_main  # noqa: E402
-from ipl_jax.sampler import sample_main  # noqa: E402
+from ipl_jax.eval.evaluate import eval_main, load_dataset, score_main  # noqa: E402
+from ipl_jax.eval.sampler import sample_main  # noqa: E402
 from ipl_jax.sampling import step_prompts  # noqa: E402
 
 TURN_TOKENS = (8, 6, 6, 8)

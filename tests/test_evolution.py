@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from PIL import Image
 
-from ipl_jax.actions import Action, parse_grounding
+from ipl_jax.coat.actions import Action, parse_grounding
 from ipl_jax.data import annotator, evolution
 from ipl_jax.data.evolution import QA, candidate_qas, evolve_steps, filter_qas
 from ipl_jax.data.records import CoaT, DataError, Step, UIElement

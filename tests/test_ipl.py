@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipl_jax import ipl, losses
+from ipl_jax.preference import tdpo as ipl
+
+from ipl_jax.preference import losses
 from ipl_jax import model as M
-from ipl_jax import packing as PK
-from ipl_jax import pairs as pairs_lib
-from ipl_jax.actions import ACTION_TYPES
-from ipl_jax.tree import CoaTTree
+from ipl_jax.preference import packing as PK
+from ipl_jax.preference import pairs as pairs_lib
+from ipl_jax.coat.actions import ACTION_TYPES
+from ipl_jax.coat.tree import CoaTTree
 from test_packing import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -351,7 +353,7 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
 
 
 def test_run_rounds_with_injected_stages(tmp_path):
-    from ipl_jax.checkpoint import Checkpointer
+    from ipl_jax.training.checkpoint import Checkpointer
 
     cfg = tiny_cfg()
     tdpo = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)  # the train_round test's config and shapes: no new compile

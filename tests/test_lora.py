@@ -11,8 +11,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import test_train as tt  # noqa: E402  (tiny model helpers)
 
-from ipl_jax import lora, train  # noqa: E402
-from ipl_jax.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
+from ipl_jax.training import lora  # noqa: E402
+
+from ipl_jax.training import train
+from ipl_jax.training.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
 
 TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
     f"model/layers/mlp/{n}_proj/kernel" for n in ("gate", "up", "down")]

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipl_jax import losses
+from ipl_jax.preference import losses
 
 
 def _sig(x):

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from ipl_jax.actions import Action, invalid_action, parse_action
+from ipl_jax.coat.actions import Action, invalid_action, parse_action
 from ipl_jax.data.records import Episode, Step, UIElement
-from ipl_jax.metrics import (
+from ipl_jax.coat.metrics import (
     enlarge_box,
     format_table,
     match_action,

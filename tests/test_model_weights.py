@@ -174,9 +174,9 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
     base model's side files and holds exactly the trained weights."""
     import optax
 
-    from ipl_jax.checkpoint import Checkpointer
+    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.cli import main as cli_main
-    from ipl_jax.train import create_train_state
+    from ipl_jax.training.train import create_train_state
 
     model_dir, _ = untied
     with open(os.path.join(model_dir, "preprocessor_config.json"), "w") as f:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ipl_jax import model as M
-from ipl_jax import packing as PK
+from ipl_jax.preference import packing as PK
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 
 IMG, VS, VE = 60, 62, 63

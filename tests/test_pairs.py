@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipl_jax import pairs as P
-from ipl_jax import tree as T
+from ipl_jax.preference import pairs as P
+from ipl_jax.coat import tree as T
 
 B3 = (3, 3, 3, 1)
 CLICK, LONG, TYPE, SCROLL, PRESS = (P.action_type_id(t) for t in ("click", "long_press", "type", "scroll", "press"))
@@ -61,7 +61,7 @@ def pair_list(pb, row=None, turn=None):
 
 
 def test_action_type_ids():
-    from ipl_jax.actions import Action, parse_action_text
+    from ipl_jax.coat.actions import Action, parse_action_text
 
     assert P.action_type_id("click") == 0 and P.action_type_id(Action(type="scroll", direction="up")) == SCROLL
     assert P.action_type_id(parse_action_text("gibberish")) == INVALID
@@ -467,7 +467,7 @@ def test_naive_dpo_pairs_and_tokens():
 
 
 def test_accepts_node_values_from_rewards_backup():
-    backup_values = pytest.importorskip("ipl_jax.rewards").backup_values
+    backup_values = pytest.importorskip("ipl_jax.coat.rewards").backup_values
 
     rng = np.random.default_rng(11)
     leaf = rng.choice(np.float32([0.0, 0.35, 0.7, 1.0]), size=(ROWS,) + B3)

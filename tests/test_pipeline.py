@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data import pipeline
 from ipl_jax.data.records import Step
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipl_jax.config import load_config
+from ipl_jax.configs.loader import load_config
 from ipl_jax.pipeline.run import STAGES, run_job
 
 SCORE_KEYS = {"total", "CLICK", "TYPE", "SCROLL", "PRESS", "STOP", "parse_rate", "episode_success",
@@ -86,8 +86,8 @@ def test_results_schema(quick_run):
 
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
-    from ipl_jax.evaluate import load_dataset, load_predictions
-    from ipl_jax.metrics import score_episodes
+    from ipl_jax.eval.evaluate import load_dataset, load_predictions
+    from ipl_jax.coat.metrics import score_episodes
 
     workdir = quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())

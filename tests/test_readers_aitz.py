@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.aitz import load_aitz, load_aitz_with_report
 from ipl_jax.data.records import CoaT, DataError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.amex import app_of_instruction, load_amex, load_amex_with_report
 from ipl_jax.data.records import DataError
 

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from tfrecord.writer import TFRecordWriter
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.android_control import (
     iter_tfrecords,
     load_android_control,

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipl_jax.actions import Action, parse_action
+from ipl_jax.coat.actions import Action, parse_action
 from ipl_jax.data.records import Step, UIElement
-from ipl_jax.metrics import match_step, token_f1 as host_token_f1
-from ipl_jax.rewards import (
+from ipl_jax.coat.metrics import match_step, token_f1 as host_token_f1
+from ipl_jax.coat.rewards import (
     RewardConfig,
     backup_values,
     encode_actions,
@@ -239,7 +239,7 @@ def test_backup_known_values():
 
 
 def test_contains_kernel_at_full_width():
-    from ipl_jax.rewards import _contains
+    from ipl_jax.coat.rewards import _contains
 
     def enc(s, c=4):
         return np.array([ord(ch) for ch in s] + [0] * (c - len(s)), np.int32), len(s)

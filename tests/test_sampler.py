@@ -18,7 +18,7 @@ from ipl_jax.sampling.keys import node_keys, step_keys, step_uid
 from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree, trace_count
-from ipl_jax.tree import NUM_TURNS, flatten_node_index, leaf_paths, unflatten_node_index
+from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index, leaf_paths, unflatten_node_index
 
 CONFIG = SamplerConfig(branching=(2, 2, 2, 1), max_turn_tokens=(6, 5, 4, 4), temperature=(1.0, 1.0, 1.0, 0.0),
                        eos_ids=(EOS,), suppress_ids=(IMAGE, VIDEO), prefix_buckets=(32,), prompt_buckets=(16,),

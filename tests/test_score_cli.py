@@ -5,10 +5,10 @@ import json
 import pytest
 from PIL import Image
 
-from ipl_jax import evaluate
-from ipl_jax.actions import Action
+from ipl_jax.eval import evaluate
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.records import DataError
-from ipl_jax.evaluate import load_predictions, prediction_to_action, split_prediction_text
+from ipl_jax.eval.evaluate import load_predictions, prediction_to_action, split_prediction_text
 
 W, H = 270, 600
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ipl_jax import seed_selection as sel
+from ipl_jax.eval import seed_selection as sel
 
 
 def test_tfidf_known_answer():
@@ -92,7 +92,7 @@ def _step(i: int, action):
 def _fake_batches(tokenizer, texts_per_tree, branching):
     """A SampledBatch-like object whose token arrays decode to the given texts (per tree: 4 lists by level,
     row-major node order)."""
-    from ipl_jax.tree import NUM_TURNS
+    from ipl_jax.coat.tree import NUM_TURNS
 
     b = len(texts_per_tree)
     tokens, lengths = [], []
@@ -112,8 +112,8 @@ def _fake_batches(tokenizer, texts_per_tree, branching):
 
 
 def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
-    from ipl_jax.actions import Action
-    from ipl_jax.config import load_config
+    from ipl_jax.coat.actions import Action
+    from ipl_jax.configs.loader import load_config
     from ipl_jax.pipeline import trees as trees_mod
 
     branching = (2, 1, 2, 1)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.synthetic import Task, World, WorldConfig, apply_overrides, is_done
 from ipl_jax.data.synthetic.expert import expert_decision
 

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from ipl_jax import train
-from ipl_jax.checkpoint import Checkpointer
-from ipl_jax.lora import flatten_with_paths
+from ipl_jax.training import train
+from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.lora import flatten_with_paths
 
 V, D, H, L = 32, 16, 24, 2
 
@@ -147,8 +147,8 @@ def test_weight_decay_skips_norms_and_biases():
 
 
 def test_state_from_config_sections():
-    from ipl_jax.config import load_config
-    from ipl_jax.lora import LoraParams
+    from ipl_jax.configs.loader import load_config
+    from ipl_jax.training.lora import LoraParams
 
     params = toy_params()
     lora_cfg = load_config(train.default_train_config(), [
@@ -379,7 +379,7 @@ MESH_SCRIPT = textwrap.dedent(
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     import test_train as t
-    from ipl_jax import train
+    from ipl_jax.training import train
     from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ipl_jax import tree as T
+from ipl_jax.coat import tree as T
 
 BRANCHINGS = [(3, 3, 3, 1), (2, 2, 2, 1), (4, 4, 4, 1), (2, 3, 4, 2)]
 

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ipl_jax import ipl  # noqa: E402
+from ipl_jax.preference import tdpo as ipl  # noqa: E402
 from ipl_jax import model as M  # noqa: E402
-from ipl_jax import packing as PK  # noqa: E402
+from ipl_jax.preference import packing as PK  # noqa: E402
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from bench_models import bench_model  # noqa: E402
 from ipl_jax.model.params import count_params  # noqa: E402

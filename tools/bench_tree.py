@@ -43,7 +43,7 @@ from bench_models import bench_model  # noqa: E402
 from ipl_jax.model.params import count_params  # noqa: E402
 from ipl_jax.sampling import (SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree,  # noqa: E402
                               sample_tree_no_sharing)
-from ipl_jax.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
+from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every

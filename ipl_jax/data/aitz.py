@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ipl_jax.actions import Action, format_action
+from ipl_jax.coat.actions import Action, format_action
 from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
 
 SPLITS = ("train", "test")

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.aitz import image_size, pixel_box_to_fractions, smallest_box_containing, with_history
 from ipl_jax.data.records import DataError, Episode, Step, UIElement
 

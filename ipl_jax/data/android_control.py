@@ -37,7 +37,7 @@ from typing import Iterator, Optional, Sequence
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 from ipl_jax.data.aitz import box_area, box_contains, pixel_box_to_fractions, with_history
 from ipl_jax.data.records import DataError, Episode, Step, UIElement
 

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from typing import Iterable, Optional
 
-from ipl_jax.actions import format_grounding
+from ipl_jax.coat.actions import format_grounding
 from ipl_jax.data.evolution import QA, usable_elements
 from ipl_jax.data.records import Step
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ipl_jax.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
 from ipl_jax.data.records import DataError, Step
 from ipl_jax.data.tokenizer import IM_END, QwenTokenizer, image_token_repeats

@@ -32,7 +32,7 @@ import string
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-from ipl_jax.actions import BOX_END, BOX_START, format_grounding
+from ipl_jax.coat.actions import BOX_END, BOX_START, format_grounding
 from ipl_jax.data.records import DataError, Step, UIElement
 
 LEVELS = (1, 2, 3)

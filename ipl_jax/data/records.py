@@ -10,7 +10,7 @@ import io
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from ipl_jax.actions import Action
+from ipl_jax.coat.actions import Action
 
 ImageRef = Union[str, Path, bytes, Callable[[], Any]]
 

@@ -123,7 +123,7 @@ def scaffold_texts() -> list[str]:
 
 def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0) -> list[str]:
     """GUI-ish sentences, the CoaT prompts and action / grounding texts, deterministic for a seed."""
-    from ipl_jax.actions import Action, format_action, format_grounding
+    from ipl_jax.coat.actions import Action, format_action, format_grounding
     from ipl_jax.data.dialogue import DEFAULT_PROMPTS
 
     rnd = random.Random(seed)

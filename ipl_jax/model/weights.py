@@ -258,7 +258,7 @@ def export_main(argv: list[str]) -> int:
         return 2
     cfg = Qwen2VLConfig.from_dir(args.base_model)
     if args.checkpoint is not None:
-        from ipl_jax.checkpoint import Checkpointer
+        from ipl_jax.training.checkpoint import Checkpointer
 
         if not os.path.isdir(args.checkpoint):
             print(f"ipl-jax export: {args.checkpoint}: no such checkpoint directory", file=sys.stderr)

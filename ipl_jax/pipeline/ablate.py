@@ -139,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from ipl_jax.config import parse_args_with_config
+    from ipl_jax.configs.loader import parse_args_with_config
 
     args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
     names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants)

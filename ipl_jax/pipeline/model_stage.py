@@ -49,7 +49,7 @@ def image_config_from(config: ml_collections.ConfigDict):
 def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
     """Every text the model reads or writes on this data: CoaT turns, instructions, action and grounding
     texts, the thought prompts with their histories, and the evolved Q&A; plus the chat scaffolding."""
-    from ipl_jax.actions import format_action, format_grounding
+    from ipl_jax.coat.actions import format_action, format_grounding
     from ipl_jax.data.dialogue import DEFAULT_PROMPTS
     from ipl_jax.model.tiny import scaffold_texts
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ipl_jax.plots import TYPE_ROWS
+from ipl_jax.viz.plots import TYPE_ROWS
 
 
 def results_round(round_index: int, metrics: dict, trees: dict, pairs: int, seconds: float, **extra) -> dict:

@@ -44,7 +44,7 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
 
 def eval_config(policy: Policy, config: ml_collections.ConfigDict):
     """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
-    from ipl_jax.evaluate import EvalConfig
+    from ipl_jax.eval.evaluate import EvalConfig
     from ipl_jax.pipeline.data_stage import scoring_format
     from ipl_jax.pipeline.trees import sampler_config
 
@@ -56,7 +56,7 @@ def evaluate_splits(policy: Policy, splits: dict[str, list[Episode]], names: Seq
                     config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
     """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
     (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl``."""
-    from ipl_jax.evaluate import evaluate_policy
+    from ipl_jax.eval.evaluate import evaluate_policy
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ec = eval_config(policy, config)
@@ -76,7 +76,7 @@ def evaluate_splits(policy: Policy, splits: dict[str, list[Episode]], names: Seq
 
 def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_collections.ConfigDict) -> dict:
     """Dev step / type accuracy of greedy decoding (the round loop's early-stopping signal)."""
-    from ipl_jax.evaluate import evaluate_policy
+    from ipl_jax.eval.evaluate import evaluate_policy
 
     episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
     _, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config),
@@ -88,8 +88,8 @@ def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_col
 
 
 def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
-    from ipl_jax.ipl import TDPOConfig
-    from ipl_jax.losses import DPOConfig
+    from ipl_jax.preference.tdpo import TDPOConfig
+    from ipl_jax.preference.losses import DPOConfig
 
     method = str(config.ipl.method)
     if method not in METHODS:
@@ -107,9 +107,9 @@ def learning_rate(config: ml_collections.ConfigDict, round_index: int) -> float:
 
 
 def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
-    from ipl_jax.ipl import RoundConfig
-    from ipl_jax.packing import PackingConfig
-    from ipl_jax.pairs import PairConfig
+    from ipl_jax.preference.tdpo import RoundConfig
+    from ipl_jax.preference.packing import PackingConfig
+    from ipl_jax.preference.pairs import PairConfig
 
     k = max(int(b) for b in config.sampler.branching)
     rows = int(config.ipl.batch_size)
@@ -127,7 +127,7 @@ def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index:
 def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, round_index: int) -> list[Step]:
     """The training steps whose trees are sampled in a round: a seeded sample per round (all when
     ``steps_per_round`` is 0 or exceeds the data)."""
-    from ipl_jax.seed_selection import sample_steps
+    from ipl_jax.eval.seed_selection import sample_steps
 
     n = int(config.ipl.steps_per_round)
     if float(config.ipl.round_fraction) > 0:
@@ -142,10 +142,10 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
               train_steps: Sequence[Step], dev_episodes: Sequence[Episode]) -> dict:
     """One IPL round from the policy directory ``start``; writes ``rounds/<r>/policy`` and ``trees.jsonl``
     (a few sampled trees for the viewer). Returns the round record of ``ipl.run_rounds`` plus ``policy``."""
-    from ipl_jax.ipl import RoundStages, init_state, run_rounds
+    from ipl_jax.preference.tdpo import RoundStages, init_state, run_rounds
     from ipl_jax.pipeline.trees import iter_tree_batches, round_scores, sampled_trees, sampler_config, score_batch
     from ipl_jax.sampling.tree_records import tree_record, turn_texts
-    from ipl_jax.train import VISION_REGEX, model_params
+    from ipl_jax.training.train import VISION_REGEX, model_params
 
     policy = load_policy(start, job_mesh(config))
     rcfg = round_config(config, policy.cfg, policy.tokenizer, round_index)
@@ -179,7 +179,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
 
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
     if int(config.ipl.lora_rank) > 0:
-        from ipl_jax.lora import LoraConfig
+        from ipl_jax.training.lora import LoraConfig
 
         rank = int(config.ipl.lora_rank)
         state = init_state(policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=rank, alpha=float(2 * rank)))
@@ -201,7 +201,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
 
 def write_trees(out_dir: Path, kept: Sequence[tuple[dict, Step]], title: str) -> None:
     """``trees.jsonl`` (one ``tree_record`` per line) and ``trees.html`` (the viewer, screenshots inline)."""
-    from ipl_jax.viewer import write_html
+    from ipl_jax.viz.viewer import write_html
 
     with open(out_dir / "trees.jsonl", "w", encoding="utf-8") as f:
         for record, _ in kept:

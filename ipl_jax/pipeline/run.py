@@ -100,7 +100,7 @@ class Job:
         self.seed_summary = self.wd.run_stage("seed", self._select_seed)
 
     def _select_seed(self) -> dict:
-        from ipl_jax.seed_selection import choose, format_scores, sample_steps, score_candidates
+        from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
 
         c, wd = self.config, self.wd
         paths = sft_stage.candidate_policies(self.sft_summary)
@@ -182,7 +182,7 @@ class Job:
         self.wd.run_stage("export", self._export)
 
     def _export(self) -> dict:
-        from ipl_jax.plots import plot_step_accuracy
+        from ipl_jax.viz.plots import plot_step_accuracy
 
         wd = self.wd
         res = self.results()
@@ -227,7 +227,7 @@ def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: 
 
 
 def main(argv: list[str]) -> int:
-    from ipl_jax.config import parse_args_with_config
+    from ipl_jax.configs.loader import parse_args_with_config
 
     args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
     run_job(config, args.workdir, args.stop_after)
@@ -242,7 +242,7 @@ def sft_main(argv: list[str]) -> int:
     ``ipl-jax select-seed`` take). The workdir is the same as ``ipl-jax run``'s: running ``ipl-jax run`` on it
     afterwards goes on from seed selection.
     """
-    from ipl_jax.config import parse_args_with_config
+    from ipl_jax.configs.loader import parse_args_with_config
 
     p = argparse.ArgumentParser(prog="ipl-jax sft", description=sft_main.__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")

@@ -78,7 +78,7 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
     micro-batches share the token bucket of the batch's longest example."""
     from ipl_jax.data.dialogue import collate, smallest_bucket
-    from ipl_jax.train import sft_model_batch, stack_microbatches
+    from ipl_jax.training.train import sft_model_batch, stack_microbatches
 
     token_buckets = tuple(int(t) for t in config.buckets.tokens)
     micro, n_micro = micro_batches(config)
@@ -98,7 +98,7 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
 
 
 def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    from ipl_jax.train import default_train_config
+    from ipl_jax.training.train import default_train_config
 
     t = default_train_config()
     t.seed = int(config.seed)
@@ -121,9 +121,9 @@ def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.Config
 def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
     """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``; the last
     ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
-    from ipl_jax.checkpoint import Checkpointer
+    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
-    from ipl_jax.train import (make_qwen2vl_sft_step, model_params, sft_batch_shardings, state_from_config,
+    from ipl_jax.training.train import (make_qwen2vl_sft_step, model_params, sft_batch_shardings, state_from_config,
                                train_loop)
 
     if int(config.sft.steps) == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
@@ -202,9 +202,9 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
 def sft_state_shardings(state, optimizer, mesh):
     """NamedShardings of an SFT TrainState: params by the model's partition rules (LoRA adapters follow their
     base kernels), optimizer moments like their params, the rest replicated."""
-    from ipl_jax.lora import LoraParams, lora_shardings
+    from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
-    from ipl_jax.train import train_state_shardings
+    from ipl_jax.training.train import train_state_shardings
 
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
     if isinstance(state.params, LoraParams):

@@ -2,7 +2,7 @@
 round loop needs (``ipl.SampledTrees`` / ``ipl.TreeScores`` from sampled, scored batches).
 
 The sampler (``ipl_jax.sampling``: batches, texts, leaf actions, leaf rewards, tree records), the reward kernels
-(``ipl_jax.rewards``) and the round loop (``ipl_jax.ipl``) live in their own modules; this file only wires them.
+(``ipl_jax.coat.rewards``) and the round loop (``ipl_jax.preference.tdpo``) live in their own modules; this file only wires them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import ml_collections
 import numpy as np
 
-from ipl_jax.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
 
@@ -43,7 +43,7 @@ def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool
 
 
 def reward_config(config: ml_collections.ConfigDict):
-    from ipl_jax.rewards import RewardConfig
+    from ipl_jax.coat.rewards import RewardConfig
 
     return RewardConfig(v_type=float(config.reward.v_type), v_format=float(config.reward.v_format),
                         rules=rules_name(config))
@@ -71,8 +71,8 @@ def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.Confi
 def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores):
     """The round loop's ``ipl.TreeScores`` from a scored batch: node values, leaf / golden type ids and whether
     each sampled s3 text equals the golden one (such nodes give no γ pair)."""
-    from ipl_jax.ipl import TreeScores
-    from ipl_jax.pairs import action_type_id
+    from ipl_jax.preference.tdpo import TreeScores
+    from ipl_jax.preference.pairs import action_type_id
 
     leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
     golden_types = np.array([action_type_id(s.action) for s in batch.steps], np.int32)
@@ -86,7 +86,7 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
 
 
 def rules_name(config: ml_collections.ConfigDict) -> str:
-    from ipl_jax.metrics import DEFAULT_RULES
+    from ipl_jax.coat.metrics import DEFAULT_RULES
 
     fmt = "aitz" if config.data.format == "synthetic" else config.data.format
     return DEFAULT_RULES[fmt]
@@ -124,7 +124,7 @@ def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray
 
 def sampled_trees(batch, tokenizer):
     """A tree batch as the round loop's ``ipl.SampledTrees``."""
-    from ipl_jax.ipl import SampledTrees
+    from ipl_jax.preference.tdpo import SampledTrees
 
     a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
     return SampledTrees(tree=batch.tree, steps=batch.prompts, golden_action_ids=a_ids, golden_action_lengths=a_len,

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Optional, Sequence
 
 from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, pick_bucket
-from ipl_jax.tree import DEFAULT_BRANCHING, NUM_TURNS, check_branching
+from ipl_jax.coat.tree import DEFAULT_BRANCHING, NUM_TURNS, check_branching
 
 DEFAULT_TURN_TOKENS = (256, 128, 32, 32)
 DEFAULT_TEMPERATURE = (1.0, 1.0, 1.0, 0.0)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ipl_jax.tree import num_nodes, unflatten_node_index
+from ipl_jax.coat.tree import num_nodes, unflatten_node_index
 
 
 def step_uid(episode_id: str, step_id: int) -> int:

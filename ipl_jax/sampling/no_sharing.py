@@ -28,7 +28,7 @@ from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.decoding import sample_turn
 from ipl_jax.sampling.keys import node_keys, step_keys
 from ipl_jax.sampling.prompts import StepPrompts
-from ipl_jax.tree import NUM_TURNS, CoaTTree, flatten_node_index, num_nodes, unflatten_node_index
+from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, flatten_node_index, num_nodes, unflatten_node_index
 
 
 @functools.partial(jax.jit, static_argnums=(1, 7, 8))

@@ -2,7 +2,7 @@
 
 ``turn_texts`` decodes every node; ``leaf_actions`` parses each leaf (its s3 ancestor + its s4) with
 ``actions.parse_action`` (never raises: unparsable text is an invalid action, value 0);
-``score_tree_batch`` computes leaf values with ``ipl_jax.rewards.leaf_rewards``, backs them up
+``score_tree_batch`` computes leaf values with ``ipl_jax.coat.rewards.leaf_rewards``, backs them up
 (``rewards.backup_values``) and classifies the trees (``pairs.classify_trees``); ``tree_record`` turns one
 tree into a nested JSON object::
 
@@ -19,10 +19,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ipl_jax.actions import Action, format_action, parse_action
+from ipl_jax.coat.actions import Action, format_action, parse_action
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
-from ipl_jax.tree import NUM_TURNS, flatten_node_index
+from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index
 
 CLASS_NAMES = {0: "alpha", 1: "beta", 2: "gamma", -1: "padding"}
 
@@ -76,8 +76,8 @@ def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, rew
     actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
     reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of method.md §5.
     """
-    from ipl_jax.pairs import classify_trees
-    from ipl_jax.rewards import RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards, \
+    from ipl_jax.preference.pairs import classify_trees
+    from ipl_jax.coat.rewards import RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards, \
         reshape_leading
 
     b = actions.shape[0]

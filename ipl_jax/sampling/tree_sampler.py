@@ -10,7 +10,7 @@ For a batch of B steps and branching (b1, b2, b3, b4), one jitted call does::
 
 "Fan out" copies a node's KV cache to its children: a shared prefix is encoded once, at the level where it is
 last shared, and never re-encoded. Each turn prompt is teacher-forced once per parent node, before the copy.
-Rows are ordered (step, k1, ..., kt) row-major, which is the flat node order of ``ipl_jax.tree``; the level-t
+Rows are ordered (step, k1, ..., kt) row-major, which is the flat node order of ``ipl_jax.coat.tree``; the level-t
 arrays are reshaped to [B, b1, ..., bt, T_t] at the end. The decode loops feed a token, then sample the next
 (``ipl_jax.sampling.decoding``), so a row's context enters the cache exactly once.
 
@@ -36,7 +36,7 @@ from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, g
                                       prefill_context, sample_turn)
 from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
-from ipl_jax.tree import NUM_TURNS, CoaTTree, num_nodes
+from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
 
 _TRACES = {"sample_tree": 0}
 

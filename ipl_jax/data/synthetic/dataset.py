@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ipl_jax.actions import format_action
+from ipl_jax.coat.actions import format_action
 from ipl_jax.data.records import CoaT, Episode, Step
 from ipl_jax.data.synthetic import coat as coat_text
 from ipl_jax.data.synthetic.config import (HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig)

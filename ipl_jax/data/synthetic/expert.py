@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ipl_jax.actions import Action, box_center
+from ipl_jax.coat.actions import Action, box_center
 from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps.catalog import normalize_query
 from ipl_jax.data.synthetic.tasks import Task, is_done

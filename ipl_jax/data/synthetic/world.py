@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ipl_jax.actions import DIRECTIONS
+from ipl_jax.coat.actions import DIRECTIONS
 from ipl_jax.data.records import UIElement
 from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps import CatalogApp, HomeApp, MessagesApp, PlainApp, SettingsApp

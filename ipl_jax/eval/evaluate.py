@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from ipl_jax.actions import (
+from ipl_jax.coat.actions import (
     ACTION_TYPES,
     BOX_START,
     BUTTONS,
@@ -47,7 +47,7 @@ from ipl_jax.actions import (
     parse_action,
 )
 from ipl_jax.data.records import DataError, Episode, Step
-from ipl_jax.metrics import DEFAULT_RULES, FORMATS, RULES, format_table, score_episodes
+from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES, format_table, score_episodes
 
 if TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
@@ -278,7 +278,7 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
     turn texts), ``finished`` (per turn: ended with ``<|im_end|>``), ``action`` (parsed), ``golden``,
     ``type_match``, ``exact_match`` — and the metric table of ``config.fmt``.
     """
-    from ipl_jax.metrics import match_step
+    from ipl_jax.coat.metrics import match_step
     from ipl_jax.sampling import greedy_config, iter_sampled_batches
     from ipl_jax.sampling.tree_records import turn_texts
 
@@ -334,7 +334,7 @@ def _eval_parser() -> argparse.ArgumentParser:
 def eval_main(argv: list[str]) -> int:
     """``ipl-jax eval``: print the Step.Acc table of greedy CoaT decoding; 0 on success, 1 on bad input."""
     args = _eval_parser().parse_args(argv)
-    from ipl_jax.sampler import dataset_steps, load_policy
+    from ipl_jax.eval.sampler import dataset_steps, load_policy
     from ipl_jax.sampling import SamplerConfig
 
     try:

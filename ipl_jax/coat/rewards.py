@@ -10,7 +10,7 @@ A leaf is a complete predicted action (s3 plus, for click, s4). Its value agains
                 = v_format + (1 - v_type - v_format) · F1         TYPE whose text parsed
                 = 0                                               any other type, or an unparsable argument
 
-"Exact" is decided on device by the same rules as evaluation (``ipl_jax.metrics``; the AITZ modern rule set by
+"Exact" is decided on device by the same rules as evaluation (``ipl_jax.coat.metrics``; the AITZ modern rule set by
 default, any ``metrics.RULES`` entry via ``RewardConfig.rules``), so a value of 1 here means a hit in the
 Step.Acc tables. ``d`` is the L2 distance between the predicted and golden points in screen fractions.
 
@@ -51,9 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ipl_jax.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
+from ipl_jax.coat.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
 from ipl_jax.data.records import Step
-from ipl_jax.metrics import MatchRules, enlarge_box, get_rules, in_box, normalise_text, text_tokens
+from ipl_jax.coat.metrics import MatchRules, enlarge_box, get_rules, in_box, normalise_text, text_tokens
 
 CLICK_ID = ACTION_TYPES.index("click")
 LONG_PRESS_ID = ACTION_TYPES.index("long_press")

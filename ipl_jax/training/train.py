@@ -40,7 +40,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from ipl_jax.lora import LoraConfig, LoraParams, apply_lora, flatten_with_paths, init_lora, path_str
+from ipl_jax.training.lora import LoraConfig, LoraParams, apply_lora, flatten_with_paths, init_lora, path_str
 
 # Path components containing 'norm' or 'bias', named 'scale' or starting with 'ln_' (layer norms, RMS norms,
 # biases) get no weight decay.

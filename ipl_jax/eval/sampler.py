@@ -54,7 +54,7 @@ def load_policy(checkpoint: str, mesh: bool = False):
 
 def dataset_steps(data: str, fmt: str, split: Optional[str], limit: Optional[int] = None):
     """(episodes, their steps in order, at most ``limit``) of a dataset split."""
-    from ipl_jax.evaluate import load_dataset
+    from ipl_jax.eval.evaluate import load_dataset
 
     episodes = load_dataset(data, fmt, split)
     steps = [s for ep in episodes for s in ep.steps]
@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
 def sample_main(argv: list[str]) -> int:
     """``ipl-jax sample``; 0 on success, 1 on bad input."""
     args = _parser().parse_args(argv)
-    from ipl_jax.metrics import DEFAULT_RULES
-    from ipl_jax.rewards import RewardConfig
+    from ipl_jax.coat.metrics import DEFAULT_RULES
+    from ipl_jax.coat.rewards import RewardConfig
     from ipl_jax.sampling.tree_records import leaf_actions, score_tree_batch, tree_record, turn_texts
 
     try:
@@ -122,7 +122,7 @@ def sample_main(argv: list[str]) -> int:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     if args.html:
-        from ipl_jax.viewer import write_html
+        from ipl_jax.viz.viewer import write_html
 
         images = []
         for s in steps[:len(records)]:

@@ -3,7 +3,7 @@
 Data flow of one round (method.md §1, §6, §7)::
 
     sample CoaT-trees with π(n-1) ─► score leaves, back values up ─► α/β/γ classes, pairs ─► group by prefix
-    ─► pack (``ipl_jax.packing``) ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
+    ─► pack (``ipl_jax.preference.packing``) ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
     ─► evaluate on dev ─► checkpoint
 
 * ``TDPOConfig`` — a frozen (hashable) dataclass: model config, DPO settings (kind, β, λ_sft), the objective
@@ -36,12 +36,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from ipl_jax import losses
-from ipl_jax import packing as packing_lib
-from ipl_jax import pairs as pairs_lib
-from ipl_jax import train as train_lib
+from ipl_jax.preference import losses
+from ipl_jax.preference import packing as packing_lib
+from ipl_jax.preference import pairs as pairs_lib
+from ipl_jax.training import train as train_lib
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.packing import PackedBatch, PackingConfig
+from ipl_jax.preference.packing import PackedBatch, PackingConfig
 
 OBJECTIVES = ("tdpo", "positive_sft")
 PAIR_MODES = ("tdpo", "naive")
@@ -162,7 +162,7 @@ def batch_shardings(batch: PackedBatch, mesh):
 
 def state_shardings(state: train_lib.TrainState, optimizer, mesh) -> train_lib.TrainState:
     """TrainState shardings: params (and Adam moments) by the model's partition rules, the rest replicated."""
-    from ipl_jax.lora import LoraParams, lora_shardings
+    from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
 
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
@@ -350,7 +350,7 @@ class SampledTrees:
 
 @dataclasses.dataclass(frozen=True)
 class TreeScores:
-    """Scored trees (``ipl_jax.rewards``: leaf rewards, then the value backup).
+    """Scored trees (``ipl_jax.coat.rewards``: leaf rewards, then the value backup).
 
     node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4] and
     golden_types int32[B] (``pairs.action_type_id``); action_text_matches_golden: bool[B, b1, b2, b3] or None.
@@ -456,7 +456,7 @@ def run_rounds(state: train_lib.TrainState, config: RoundConfig, stages: RoundSt
     Round n (1-based): the reference is the policy at the round's start; sample trees on the training steps
     with it, score them, classify (α/β/γ), extract and group pairs, pack, compute reference log-probs once,
     run one epoch of T-DPO, evaluate on dev, checkpoint (``checkpointer.save(n, state, metadata=...)``,
-    ``ipl_jax.checkpoint.Checkpointer``). A non-finite loss raises ``train.NonFiniteLossError`` before the
+    ``ipl_jax.training.checkpoint.Checkpointer``). A non-finite loss raises ``train.NonFiniteLossError`` before the
     round is checkpointed. Stops after ``num_rounds`` or when dev step accuracy stops improving
     (``patience``); the returned state is the last round's (each round's is in its checkpoint).
 

@@ -3,16 +3,17 @@
 A config file is a Python file with a ``get_config(arg=None)`` function returning an
 ``ml_collections.ConfigDict``. It is named on the command line as
 
-    --config configs/synthetic.py            a path (relative to the working directory or the repository root)
-    --config configs/qwen2vl.py:7b           ... with an argument passed to get_config
-    --config synthetic[:arg]                 a bare name, resolved to <repo>/configs/<name>.py
+    --config path/to/my_config.py            a path (relative to the working directory)
+    --config my_config.py:7b                 ... with an argument passed to get_config
+    --config synthetic[:arg]                 a bare name: a config shipped in ipl_jax/configs/<name>.py
+    --config configs/synthetic.py            the same (the shipped configs' old repository paths keep working)
 
 and any field can then be overridden with ``--config.a.b=value`` (or ``--config.a.b value``). The value string is
 parsed with the type the field already has (int, float, bool, str, tuple/list, None-valued fields take a Python
 literal or fall back to the plain string). Unknown fields and values that do not parse raise ``ConfigError``
 naming the field. The returned config is locked: later code cannot add a misspelt field by accident.
 
-    config = load_config("configs/synthetic.py:tiny", ["--config.optimizer.learning_rate=1e-4"])
+    config = load_config("synthetic:quick", ["--config.optimizer.learning_rate=1e-4"])
 
 For argparse-based subcommands, ``parse_args_with_config(parser, argv, default_config)`` adds ``--config``,
 sends every ``--config.*`` argument to the overrides and returns ``(args, config)``.
@@ -30,8 +31,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent  # the shipped configs live beside this loader
 _OVERRIDE_PREFIX = "--config."
 
 
@@ -43,16 +43,16 @@ class ConfigError(ValueError):
 
 
 def resolve_config_path(path_or_name: str) -> tuple[Path, str | None]:
-    """Split ``path[:arg]`` and find the file: as given, under the repository root, or as configs/<name>.py."""
+    """Split ``path[:arg]`` and find the file: as given, else a shipped config of that name."""
     spec, arg = path_or_name, None
     # A ':' after the file part separates the get_config argument (Windows drive letters are not a concern here).
     if ":" in spec:
         spec, arg = spec.split(":", 1)
     candidates = [Path(spec)]
     if not Path(spec).is_absolute():
-        candidates.append(REPO_ROOT / spec)
-        if not spec.endswith(".py"):
-            candidates.append(CONFIG_DIR / f"{spec}.py")
+        name = spec[len("configs/"):] if spec.startswith("configs/") else spec
+        if "/" not in name:
+            candidates.append(CONFIG_DIR / (name if name.endswith(".py") else f"{name}.py"))
     for candidate in candidates:
         if candidate.is_file():
             return candidate, arg

@@ -4,7 +4,7 @@ Matching compares one predicted ``Action`` with one golden step and never raises
 whose ``parsed`` flag is False, a click without a point, or a field of the wrong kind is simply a miss.
 
 Rule sets (``RULES``; each is a :class:`MatchRules`, whose fields the on-device reward kernel in
-``ipl_jax.rewards`` reads too, so training and evaluation judge "exact" the same way):
+``ipl_jax.coat.rewards`` reads too, so training and evaluation judge "exact" the same way):
 
 * ``aitz`` — the modern AITZ rules. Click / long-press: exact if the predicted point lies in some golden-screen
   UI box, enlarged ×1.2 about its centre and clamped to the screen, that also contains the golden point;
@@ -42,7 +42,7 @@ import dataclasses
 import math
 from typing import Iterable, Mapping, Optional, Sequence
 
-from ipl_jax.actions import ACTION_TYPES, CORE_TYPES, DIRECTIONS, Action, box_center, invalid_action
+from ipl_jax.coat.actions import ACTION_TYPES, CORE_TYPES, DIRECTIONS, Action, box_center, invalid_action
 from ipl_jax.data.records import Episode, Step, UIElement
 
 POINT_TYPES = ("click", "long_press")

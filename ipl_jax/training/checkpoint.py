@@ -120,8 +120,8 @@ class Checkpointer:
         for the whole state), then rejoins trainable and frozen params or merges the LoRA adapters with the
         scale recorded in the metadata.
         """
-        from ipl_jax.lora import LoraParams, merge_lora
-        from ipl_jax.train import merge_trees
+        from ipl_jax.training.lora import LoraParams, merge_lora
+        from ipl_jax.training.train import merge_trees
 
         if step is None:
             step = self.latest_step()
@@ -145,7 +145,7 @@ class Checkpointer:
 
 
 def _lora_scale(state) -> float | None:
-    from ipl_jax.lora import LoraParams
+    from ipl_jax.training.lora import LoraParams
 
     params = getattr(state, "params", None)
     return float(params.scale) if isinstance(params, LoraParams) else None

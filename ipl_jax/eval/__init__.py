@@ -1,0 +1,1 @@
+"""Evaluation: greedy CoaT decoding and Step.Acc, scoring prediction files, seed selection."""

@@ -1,0 +1,1 @@
+"""Preference learning: pairs from CoaT-trees, prefix-packed batches, losses, the T-DPO step."""

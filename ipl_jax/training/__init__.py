@@ -1,0 +1,1 @@
+"""Training state, optimizer, the SFT step, LoRA adapters, Orbax checkpoints."""

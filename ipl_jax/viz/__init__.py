@@ -1,0 +1,1 @@
+"""Pictures of a run: step-accuracy plots and the HTML tree viewer."""
