@@ -1,5 +1,5 @@
 """T-DPO on packed batches: loss and gradient against a direct per-pair implementation, reference log-probs,
-train_round determinism / compilation / 8-device mesh, pairs from CoaT-trees, and the round loop."""
+train_round determinism / compilation / 8-device mesh, pairs from CoaT-trees, and one IPL round."""
 
 import json
 import os
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ipl_jax.preference import round as R
 from ipl_jax.preference import tdpo as ipl
 
 from ipl_jax.preference import losses
@@ -275,7 +276,7 @@ def backup(leaf_values, c=0.95):
 def fake_sampled(cfg, rng, b=2):
     steps = fake_steps(cfg, rng, b)
     golden = np.array([[40, 41, EOT, 0]] * b, np.int32)
-    return ipl.SampledTrees(tree=fake_tree(rng, b), steps=steps, golden_action_ids=golden,
+    return R.SampledTrees(tree=fake_tree(rng, b), steps=steps, golden_action_ids=golden,
                             golden_action_lengths=np.full(b, 3, np.int32),
                             golden_grounding_ids=np.array([[50, 51, 52, EOT]] * b, np.int32),
                             golden_grounding_lengths=np.full(b, 4, np.int32))
@@ -290,15 +291,15 @@ LEAF_TYPES = np.array([[CLICK, SCROLL, TYPE, SCROLL, SCROLL, SCROLL, TYPE, SCROL
 
 
 def fake_scores(sampled):
-    return ipl.TreeScores(node_values=backup(LEAVES), leaf_types=LEAF_TYPES,
+    return R.TreeScores(node_values=backup(LEAVES), leaf_types=LEAF_TYPES,
                           golden_types=np.array([CLICK, CLICK], np.int32))
 
 
 def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuations():
     cfg = tiny_cfg()
     sampled = fake_sampled(cfg, np.random.default_rng(0))
-    config = ipl.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg))
-    grouped, counts = ipl.round_pairs(sampled, fake_scores(sampled), config)
+    config = R.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg))
+    grouped, counts = R.round_pairs(sampled, fake_scores(sampled), config)
     assert counts.tolist() == [0, 1, 1]
     tree = jax.tree.map(np.asarray, sampled.tree)
     def text(level, row, *path):  # the level's text of the node with child choices ``path``
@@ -335,7 +336,7 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
     keys = [g.name for g in grouped.groups]
     assert len(keys) == len(set(keys))  # one group per (row, turn, prefix node)
 
-    naive = ipl.round_pairs(sampled, fake_scores(sampled), ipl.RoundConfig(tdpo=config.tdpo, pair_mode="naive"))[0]
+    naive = R.round_pairs(sampled, fake_scores(sampled), R.RoundConfig(tdpo=config.tdpo, pair_mode="naive"))[0]
     assert len(naive.pairs) == 1 and naive.pairs_by_turn.tolist() == [1, 0, 0, 0, 0]
     (g,) = naive.groups
     np.testing.assert_array_equal(g.prefix_ids, sampled.steps[0].prefix_ids)
@@ -352,40 +353,46 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
         text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1], text(3, 0, 0, 0, 1)]))
 
 
-def test_run_rounds_with_injected_stages(tmp_path):
-    from ipl_jax.training.checkpoint import Checkpointer
-
+def test_ipl_round_chains_rounds_with_injected_stages():
+    """Two rounds by hand, as the pipeline's loop runs them: the sampler of round 2 sees round 1's policy, the
+    record counts trees, pairs and updates, and the continued-SFT control spends exactly the round's update
+    budget (one update per packed batch) through ``golden_update``."""
     cfg = tiny_cfg()
     tdpo = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)  # the train_round test's config and shapes: no new compile
-    config = ipl.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, num_rounds=4, patience=1)
-    seen = {"sample": [], "evaluate": []}
-    accuracy = {0: 0.3, 1: 0.5, 2: 0.4, 3: 0.9}
+    config = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING)
+    seen = []
 
     def sample(params, n, rng):
-        seen["sample"].append((n, np.asarray(params["lm_head"]["kernel"]).copy()))
+        seen.append((n, np.asarray(params["lm_head"]["kernel"]).copy()))
         return [fake_sampled(cfg, np.random.default_rng(n))]
 
-    def evaluate(params, n):
-        seen["evaluate"].append((n, np.asarray(params["lm_head"]["kernel"]).copy()))
-        return {"step_accuracy": accuracy[n]}
-
-    state = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
-    stages = ipl.RoundStages(sample=sample, score=fake_scores, evaluate=evaluate)
-    with Checkpointer(tmp_path / "ckpt", save_every=1, async_save=False) as ckpt:
-        state, history = ipl.run_rounds(state, config, stages, jax.random.PRNGKey(1), checkpointer=ckpt)
-        steps = ckpt.all_steps()
-    # stopped after round 2 (no improvement on round 1's 0.5), checkpointed each round
-    assert [h["round"] for h in history] == [0, 1, 2] and sorted(steps) == [1, 2]
-    assert [h["best_round"] for h in history[1:]] == [1, 1]
-    # the reference / sampler of round 2 is round 1's result
-    assert np.array_equal(seen["sample"][1][1], seen["evaluate"][1][1])
-    assert not np.array_equal(seen["sample"][0][1], seen["sample"][1][1])
-    r1 = history[1]
-    assert r1["classes"]["beta"] == 0.5 and r1["classes"]["gamma"] == 0.5 and r1["classes"]["trees"] == 2
+    stages = R.RoundStages(sample=sample, score=fake_scores)
+    state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
+    state1, r1 = R.ipl_round(state0, config, stages, 1, jax.random.PRNGKey(1))
+    after1 = np.asarray(state1.params["lm_head"]["kernel"]).copy()
+    state2, r2 = R.ipl_round(state1, config, stages, 2, jax.random.PRNGKey(2))
+    assert np.array_equal(seen[1][1], after1) and not np.array_equal(seen[0][1], seen[1][1])
+    assert r1["round"] == 1 and r1["classes"]["beta"] == 0.5 and r1["classes"]["gamma"] == 0.5
+    assert r1["classes"]["trees"] == 2
     assert r1["pairs"] == sum(r1["pairs_by_turn"]) == r1["train"]["pairs"] > 0
+    assert r1["pair_counts"]["by_class"]["beta"] + r1["pair_counts"]["by_class"]["gamma"] == r1["pairs"]
     assert np.isfinite(r1["train"]["loss"]) and r1["train"]["steps"] == r1["batches"] >= 1
-    assert set(r1["seconds"]) >= {"sample_score_pairs", "pack_reference", "train", "evaluate", "total"}
-    assert int(state.step) == r1["train"]["steps"] + history[2]["train"]["steps"]
+    assert set(r1["seconds"]) >= {"sample_score_pairs", "pack_reference", "train", "total"}
+    assert int(state2.step) == r1["train"]["steps"] + r2["train"]["steps"]
+
+    calls = []
+
+    def golden_update(state, n, rng):
+        calls.append(n)
+        return state, {"steps": n, "pairs": 0.0, "per_step": [{"loss": 1.0, "grad_norm": 0.5}] * n}
+
+    control = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, train_on="golden")
+    state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
+    _, rc = R.ipl_round(state0, control, R.RoundStages(sample=sample, score=fake_scores, golden_update=golden_update),
+                        1, jax.random.PRNGKey(1))
+    assert calls == [r1["batches"]] and rc["batches"] == r1["batches"] and rc["pairs"] == r1["pairs"]
+    with pytest.raises(ValueError, match="golden_update"):
+        R.ipl_round(state0, control, stages, 1, jax.random.PRNGKey(1))
 
 
 @pytest.mark.parametrize("k", [3, 4])
@@ -403,12 +410,12 @@ def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
     leaves[0].reshape(-1)[rng.choice(k ** 3, k ** 3 // 2, replace=False)] = 1.0  # tree 0: β
     leaves[1] = rng.uniform(0, 0.5, leaves[1].shape)  # tree 1: γ
     types_ = np.full(leaves.shape, SCROLL, np.int32)
-    sampled = ipl.SampledTrees(tree=tree, steps=fake_steps(cfg, rng, 2), golden_action_ids=np.array([[40, EOT]] * 2),
+    sampled = R.SampledTrees(tree=tree, steps=fake_steps(cfg, rng, 2), golden_action_ids=np.array([[40, EOT]] * 2),
                                golden_action_lengths=np.full(2, 2), golden_grounding_ids=np.array([[50, EOT]] * 2),
                                golden_grounding_lengths=np.full(2, 2))
-    scores = ipl.TreeScores(node_values=backup(leaves), leaf_types=types_, golden_types=np.array([TYPE, TYPE]))
+    scores = R.TreeScores(node_values=backup(leaves), leaf_types=types_, golden_types=np.array([TYPE, TYPE]))
     caps = pairs_lib.PairConfig(max_beta_pairs_per_tree_turn=k ** 3, max_gamma_pairs_per_tree_turn=k ** 3)
-    grouped, counts = ipl.round_pairs(sampled, scores, ipl.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg), pairs=caps))
+    grouped, counts = R.round_pairs(sampled, scores, R.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg), pairs=caps))
     assert counts.tolist() == [0, 1, 1]
     assert max(len(g.continuations) for g in grouped.groups) == k + 1  # a γ action node: golden + K sampled
     batches = PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(

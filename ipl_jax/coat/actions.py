@@ -223,3 +223,30 @@ def parse_action(action_text: str, grounding_text: Optional[str] = None) -> Acti
 
 def needs_grounding(action: Action) -> bool:
     return action.type in ("click", "long_press")
+
+
+_STOP_WORDS = ("stop", "complete", "done", "finish", "finished")
+
+
+def thought_names_action(thought: str, action: Action) -> bool:
+    """Whether a thought's text names ``action``: its target (click), typed text (type), direction (scroll),
+    button (press), app (open_app), or a word of finishing (stop) appears in it, case-insensitively [choice: a
+    textual test that works on any dataset's free-text thoughts; it can only say "names", not "decides"]."""
+    text = " ".join(str(thought).lower().split())
+    words = set(text.replace(".", " ").replace(",", " ").replace(";", " ").split())
+    t = action.type
+    if t in ("click", "long_press"):
+        target = " ".join((action.target or "").lower().split())
+        return bool(target) and target in text
+    if t in ("type", "open_app"):
+        arg = " ".join((action.text or "").lower().split())
+        return bool(arg) and arg in text
+    if t == "scroll":
+        return bool(action.direction) and action.direction.lower() in words
+    if t == "press":
+        return bool(action.button) and action.button.lower() in words
+    if t == "stop":
+        return any(w in words for w in _STOP_WORDS)
+    if t == "wait":
+        return "wait" in words
+    return False

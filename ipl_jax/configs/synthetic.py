@@ -115,17 +115,27 @@ def get_config(arg=None):
     c.ipl.rounds = 2
     c.ipl.steps_per_round = 64  # training steps (screens) whose trees are sampled each round (0: all)
     c.ipl.round_fraction = 0.0  # > 0: sample this share of the training steps each round instead
-    c.ipl.method = "tdpo"  # tdpo | naive_dpo | no_negatives
+    c.ipl.method = "tdpo"  # tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates)
     c.ipl.loss_kind = "sigmoid"  # sigmoid | ipo | hinge
     c.ipl.beta = 0.1
     c.ipl.sft_weight = 1.0
+    c.ipl.sft_norm = "token"  # the SFT term's NLL: per token, or "sum" over the turn like the DPO log-probs
     c.ipl.learning_rate = 2e-5  # round 1 (2e-4 wrecked the grounding turn of the default run's seed in one round)
     c.ipl.later_learning_rate = 0.0  # rounds 2.. (0: same as round 1; the paper: 1e-6 then a constant 1e-7)
+    c.ipl.schedule = "constant"  # constant | cosine (over the round's updates), after `warmup_steps` linear warm-up
+    c.ipl.warmup_steps = 0
     c.ipl.lora_rank = 0  # 0: full weights; > 0: LoRA adapters (e.g. a 2B/7B model on one GPU)
     c.ipl.batch_size = 8  # packed rows (prefix nodes) per T-DPO step
     c.ipl.max_pairs_per_batch = 16
     c.ipl.text_buckets = (384, 512, 640)  # packed row lengths (prefix + continuations)
-    c.ipl.max_pairs_per_tree = 12
+    c.ipl.max_pairs_per_tree = 12  # β pairs per (tree, turn)
+    c.ipl.max_gamma_pairs_per_tree = 0  # γ pairs per (tree, turn); 0: max_pairs_per_tree
+    # γ pairs (golden ↑ vs sampled ↓ in trees without a correct leaf): "paper" (action turn and grounding),
+    # "consistent" (action-turn pairs only below thoughts that name the golden action), "grounding", "none"
+    c.ipl.gamma_pairs = "paper"
+    c.ipl.dedup = False  # drop exact duplicate pairs (same prefix, positive and negative tokens)
+    c.ipl.type_balance = 0.0  # > 0: each positive action type keeps <= ceil(x * median type count) pairs a round
+    c.ipl.mix_trees = False  # pack the round's prefix groups in a seeded random order (batches mix trees)
     c.ipl.freeze_vision = True
     c.ipl.early_stop = True
 
@@ -133,6 +143,8 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 8
     c.eval.max_steps = 0  # 0 = every step of each split
+    # splits also evaluated with every screenshot replaced by a grey image (how much accuracy needs the screen)
+    c.eval.blank_splits = ("test",)
 
     # ------------------------------------------------------------------ final export
     c.export = ml_collections.ConfigDict()

@@ -244,7 +244,9 @@ class EvalConfig:
     sampler: the tree sampler's settings; ``evaluate_policy`` makes them greedy (branching (1, 1, 1, 1),
     temperature 0: ``sampling.greedy_config``), keeping budgets, buckets and ids. image_config: how screenshots
     are preprocessed (the checkpoint's ``preprocessor_config.json``). batch_size: steps per jitted call (the last
-    batch is padded). fmt / rules: the metric table and its rule set (None: the format's own).
+    batch is padded). fmt / rules: the metric table and its rule set (None: the format's own). blank_screens:
+    replace every screenshot by a uniform grey image of the same size -- the control that tells how much of the
+    policy's accuracy comes from reading the screen rather than from the instruction and the action history.
     """
 
     sampler: "SamplerConfig"
@@ -253,6 +255,20 @@ class EvalConfig:
     fmt: str = "aitz"
     rules: Optional[str] = None
     seed: int = 0
+    blank_screens: bool = False
+
+
+BLANK_GREY = (128, 128, 128)
+
+
+def blank_screen(step: Step) -> Step:
+    """``step`` with its screenshot replaced by a uniform grey image of the same size (loaded lazily)."""
+    def image():
+        from PIL import Image
+
+        return Image.new("RGB", step.load_image().size, BLANK_GREY)
+
+    return dataclasses.replace(step, image=image)
 
 
 def _as_episodes(steps_or_episodes: Sequence[Any]) -> list[Episode]:
@@ -284,6 +300,8 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
 
     episodes = _as_episodes(steps)
     flat = [s for ep in episodes for s in ep.steps]
+    if config.blank_screens:
+        flat = [blank_screen(s) for s in flat]
     rule_set = DEFAULT_RULES[config.fmt] if config.rules is None else config.rules
     sconfig = greedy_config(config.sampler)
     records: list[dict] = []

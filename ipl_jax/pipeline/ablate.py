@@ -6,6 +6,9 @@ The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs
 variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>``:
 
 * ``tdpo``          T-DPO, the full method
+* ``continued_sft`` the control: the same trees are sampled and packed, then the same number of updates with the
+                    same optimizer is spent on supervised training on the golden CoaT of the round's steps -- it
+                    tells whether preference pairs add anything beyond more supervised training
 * ``naive_dpo``     whole-trajectory DPO (the four-turn CoaT as one response)
 * ``no_negatives``  IPL without negatives (SFT on the positive continuations only)
 * ``no_evolution``  warm-up SFT without the evolved Q&A -- its own SFT and seed (the only variant that cannot
@@ -14,9 +17,11 @@ variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/
 
 Variants that start from the base seed share its directories (symlinks) and markers, so only their rounds run;
 a variant whose settings equal another's (e.g. ``k3`` when the base branching is (3, 3, 3, 1)) reuses that
-result. Everything resumes like ``ipl-jax run``. The table (rows = variants, plus the seed policy; columns =
-step accuracy per action type and total) is printed for every test split and written to
-``WORKDIR/ablation.json``.
+result. Everything resumes like ``ipl-jax run``. The tables (rows = variants, plus the seed policy; columns =
+step accuracy per action type and total) are printed for every test split, then a summary: each variant's gain
+over the seed in the mean of the test splits' total match with a 95 % paired-bootstrap interval over test
+episodes (``eval.bootstrap``), the blank-screen accuracy, the α/β/γ tree shares and the pairs per class and
+turn. All of it is written to ``WORKDIR/ablation.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from ipl_jax.pipeline.workdir import Workdir, write_json
 
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
+    "continued_sft": {"ipl.method": "continued_sft"},
     "naive_dpo": {"ipl.method": "naive_dpo"},
     "no_negatives": {"ipl.method": "no_negatives"},
     "no_evolution": {"evolution.enabled": False},
@@ -41,19 +47,22 @@ VARIANTS = {
     "k3": {"sampler.branching": (3, 3, 3, 1)},
     "k4": {"sampler.branching": (4, 4, 4, 1)},
 }
-LABELS = {"seed": "seed policy (no IPL)", "tdpo": "T-DPO (full)", "naive_dpo": "naive DPO",
+LABELS = {"seed": "seed policy (no IPL)", "tdpo": "T-DPO (full)", "continued_sft": "continued SFT (control)",
+          "naive_dpo": "naive DPO",
           "no_negatives": "IPL w/o negatives", "no_evolution": "w/o instr. evolution", "k2": "K = 2", "k3": "K = 3",
           "k4": "K = 4"}
 SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
 SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
 
 
-def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """The base config with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off."""
-    if name not in VARIANTS:
-        raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(VARIANTS)}")
+def variant_config(base: ml_collections.ConfigDict, name: str, variants=None) -> ml_collections.ConfigDict:
+    """The base config with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off.
+    ``variants``: name -> {"section.field": value} (default ``VARIANTS``)."""
+    variants = VARIANTS if variants is None else variants
+    if name not in variants:
+        raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
     c = ml_collections.ConfigDict(base.to_dict())
-    for field, value in VARIANTS[name].items():
+    for field, value in variants[name].items():
         section, key = field.split(".")
         c[section][key] = value
     c.ipl.rounds = int(base.ablation.rounds)
@@ -79,23 +88,42 @@ def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[st
             wd.mark_done(stage, base.summary(stage))
 
 
+def _episode_counts(wd_root: Path, round_dir: str, splits: Sequence[str]) -> list[dict]:
+    from ipl_jax.eval.bootstrap import episode_counts, read_predictions
+
+    return [episode_counts(read_predictions(wd_root / "eval" / round_dir / f"{s}.predictions.jsonl"))
+            for s in splits]
+
+
+def _mean_total(metrics: dict, splits: Sequence[str]) -> float:
+    return float(sum(float(metrics[s]["total"]["exact_acc"] or 0.0) for s in splits) / len(splits))
+
+
 def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variants: Sequence[str],
-                 echo=print) -> dict:
+                 echo=print, extra_variants: dict | None = None) -> dict:
+    """The base job once, then each variant's round(s) from its seed. ``extra_variants``: more named variants
+    (name -> {"section.field": value}) besides ``VARIANTS`` (for studies of the method's switches)."""
+    from ipl_jax.eval.bootstrap import paired_gain_interval
     from ipl_jax.pipeline.run import run_job
 
+    known = {**VARIANTS, **(extra_variants or {})}
+    splits = list(config.data.test_splits)
     root = Path(workdir)
     echo("== base job (shared seed) ==")
     base = run_job(config, root / "base", stop_after="eval_seed", echo=echo)
     base_eval = base.summary("eval_seed")
+    seed_counts = _episode_counts(base.root, "round_0", splits)
     rows = [{"variant": "seed", "label": LABELS["seed"], "metrics": base_eval["metrics"], "pairs": 0,
-             "trees": base.summary("seed")["trees"], "seconds": 0.0}]
+             "blank": base_eval.get("blank"), "trees": base.summary("seed")["trees"], "seconds": 0.0,
+             "mean_total": _mean_total(base_eval["metrics"], splits)}]
     done: dict[str, dict] = {}
     for name in variants:
-        vc = variant_config(config, name)
+        vc = variant_config(config, name, known)
         key = _ipl_key(vc)
         if key in done:
             echo(f"== {name}: same settings as {done[key]['variant']}; reusing its result ==")
-            rows.append({**done[key], "variant": name, "label": LABELS[name], "same_as": done[key]["variant"]})
+            rows.append({**done[key], "variant": name, "label": LABELS.get(name, name),
+                         "same_as": done[key]["variant"]})
             continue
         echo(f"== variant {name} ==")
         wd = Workdir(root / "variants" / name, echo=echo)
@@ -108,12 +136,18 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variant
                    default=0)
         summaries = [wd.summary(f"round_{r}") for r in range(1, last + 1)]
         final = summaries[-1]
-        row = {"variant": name, "label": LABELS[name], "metrics": final["metrics"], "rounds": last,
-               "pairs": sum(s["record"]["pairs"] for s in summaries),
+        row = {"variant": name, "label": LABELS.get(name, name), "metrics": final["metrics"], "rounds": last,
+               "blank": final.get("blank"), "pairs": sum(s["record"]["pairs"] for s in summaries),
+               "pairs_by_turn": summaries[0]["record"].get("pairs_by_turn"),
+               "pair_counts": summaries[0]["record"].get("pair_counts"),
+               "updates": sum(int(s["record"]["train"].get("steps", 0)) for s in summaries),
                "trees": summaries[0]["record"]["classes"],
-               "seconds": round(sum(s["seconds"] for s in summaries), 1)}
-        if name == "no_evolution":
+               "seconds": round(sum(s["seconds"] for s in summaries), 1),
+               "mean_total": _mean_total(final["metrics"], splits)}
+        variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
+        if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
             row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
+        row["gain"] = paired_gain_interval(seed_counts, variant_counts, seed=int(config.seed))
         rows.append(row)
         done[key] = row
     result = {"splits": list(config.data.test_splits), "rounds": int(config.ablation.rounds), "rows": rows}
@@ -123,10 +157,12 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variant
 
 def format_ablation(result: dict) -> str:
     blocks = []
+    rows = [{**r, "variant": r.get("label", r["variant"])} for r in result["rows"]]
     for split in result["splits"]:
-        rows = [{**r, "variant": r.get("label", r["variant"])} for r in result["rows"]]
         blocks.append(f"step accuracy (%) on {split}, after {result['rounds']} IPL round(s)\n"
                       + report.ablation_table(rows, split))
+    blocks.append(f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
+                  f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows))
     return "\n\n".join(blocks)
 
 

@@ -48,3 +48,25 @@ def ablation_table(rows: Sequence[dict], split: str) -> str:
         cells = [f"{_pct((t.get(c.upper() if c != 'total' else 'total') or {}).get('exact_acc')):>9}" for c in cols]
         lines.append(f"{r['variant']:<26}" + "".join(cells) + f"{r.get('pairs', 0):>9}")
     return "\n".join(lines)
+
+
+def ablation_summary(rows: Sequence[dict]) -> str:
+    """One line per variant: mean total match, gain [95 % interval], blank-screen total match, α/β/γ shares,
+    updates, pairs by class (β/γ) and by turn (1..4)."""
+    head = (f"{'variant':<26}{'total':>7}{'gain [95% CI]':>22}{'blank':>7}{'α/β/γ %':>14}{'updates':>8}"
+            f"{'pairs β/γ':>11}  pairs by turn")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        g = r.get("gain")
+        gain = "" if not g else f"{100 * g['gain']:+.1f} [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]"
+        blank = r.get("blank") or {}
+        b = [float((t.get("total") or {}).get("exact_acc") or 0.0) for t in blank.values()]
+        trees = r.get("trees") or {}
+        shares = "/".join(f"{100 * float(trees.get(k, 0.0)):.0f}" for k in ("alpha", "beta", "gamma"))
+        pc = (r.get("pair_counts") or {}).get("by_class") or {}
+        by_turn = r.get("pairs_by_turn") or []
+        lines.append(f"{r['variant']:<26}{_pct(r.get('mean_total')):>7}{gain:>22}"
+                     f"{_pct(sum(b) / len(b) if b else None):>7}{shares:>14}{r.get('updates', 0):>8}"
+                     f"{str(pc.get('beta', 0)) + '/' + str(pc.get('gamma', 0)):>11}  "
+                     f"{'/'.join(str(x) for x in by_turn[1:]) if by_turn else '-'}")
+    return "\n".join(lines)

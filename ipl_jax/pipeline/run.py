@@ -123,16 +123,20 @@ class Job:
         def run():
             policy = model_stage.load_policy(self.wd.path("seed"), model_stage.job_mesh(self.config))
             t0 = time.perf_counter()
-            metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, self.config,
-                                             self.wd.dir("eval", "round_0"), echo=self.wd.echo)
-            dev = rounds.dev_accuracy(policy, self.dev, self.config)
-            return {"metrics": metrics, "dev": dev, "eval_seconds": time.perf_counter() - t0}
+            out = rounds.evaluate_policy_splits(policy, self.splits, self.config, self.wd.dir("eval", "round_0"),
+                                                echo=self.wd.echo)
+            out["dev"] = rounds.dev_accuracy(policy, self.dev, self.config)
+            out["eval_seconds"] = time.perf_counter() - t0
+            return out
 
         self.seed_eval = self.wd.run_stage("eval_seed", run)
 
     # ----------------------------------------------------------------------------------------------- rounds
 
     def rounds(self) -> None:
+        """The round loop (the only one): each round from the last round's policy, evaluated on the test splits,
+        resumable round by round; with ``ipl.early_stop``, stop after the first round whose dev step accuracy
+        does not beat the best so far (the seed's included)."""
         c, wd = self.config, self.wd
         start = wd.path("seed")
         best = float(self.seed_eval["dev"]["step_accuracy"])
@@ -143,9 +147,9 @@ class Job:
                 record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
                 train_seconds = time.perf_counter() - t0
                 policy = model_stage.load_policy(Path(record["policy"]), model_stage.job_mesh(c))
-                metrics = rounds.evaluate_splits(policy, self.splits, self.test_names, c,
-                                                 wd.dir("eval", f"round_{r}"), echo=wd.echo)
-                return {"record": record, "metrics": metrics, "round_seconds": train_seconds}
+                evaluation = rounds.evaluate_policy_splits(policy, self.splits, c, wd.dir("eval", f"round_{r}"),
+                                                           echo=wd.echo)
+                return {"record": record, **evaluation, "round_seconds": train_seconds}
 
             summary = wd.run_stage(f"round_{r}", run)
             self.round_summaries.append(summary)
@@ -164,13 +168,15 @@ class Job:
 
     def results(self) -> dict:
         seed_trees = self.seed_summary["trees"]
+        blank = ({"blank": self.seed_eval["blank"]} if "blank" in self.seed_eval else {})
         out = [report.results_round(0, self.seed_eval["metrics"], seed_trees, 0, self.seed_eval["seconds"],
-                                    dev=self.seed_eval["dev"])]
+                                    dev=self.seed_eval["dev"], **blank)]
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
+            extra = {"blank": s["blank"]} if "blank" in s else {}
             out.append(report.results_round(rec["round"], s["metrics"], rec["classes"], rec["pairs"],
                                             s["seconds"], dev=rec["dev"], pairs_by_turn=rec.get("pairs_by_turn"),
-                                            train=rec.get("train")))
+                                            pair_counts=rec.get("pair_counts"), train=rec.get("train"), **extra))
         return {"rounds": out}
 
     def print_rounds(self) -> None:

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import ml_collections
 import numpy as np
 
-from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding, thought_names_action
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
 
@@ -69,9 +69,10 @@ def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.Confi
 
 
 def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores):
-    """The round loop's ``ipl.TreeScores`` from a scored batch: node values, leaf / golden type ids and whether
-    each sampled s3 text equals the golden one (such nodes give no γ pair)."""
-    from ipl_jax.preference.tdpo import TreeScores
+    """The round's ``TreeScores`` from a scored batch: node values, leaf / golden type ids, whether each sampled s3
+    text equals the golden one (such nodes give no γ pair) and whether each sampled thought names the golden
+    action (``coat.actions.thought_names_action``)."""
+    from ipl_jax.preference.round import TreeScores
     from ipl_jax.preference.pairs import action_type_id
 
     leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
@@ -81,8 +82,12 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
     matches = np.zeros(s3.shape, bool)
     for idx in np.ndindex(*s3.shape):
         matches[idx] = _same_text(s3[idx], golden_s3[idx[0]])
+    s2 = texts[1]
+    names = np.zeros(s2.shape, bool)
+    for idx in np.ndindex(*s2.shape):
+        names[idx] = thought_names_action(s2[idx], batch.steps[idx[0]].action)
     return TreeScores(node_values=tuple(np.asarray(v) for v in scores.node_values), leaf_types=leaf_types,
-                      golden_types=golden_types, action_text_matches_golden=matches)
+                      golden_types=golden_types, action_text_matches_golden=matches, thought_names_golden=names)
 
 
 def rules_name(config: ml_collections.ConfigDict) -> str:
@@ -124,7 +129,7 @@ def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray
 
 def sampled_trees(batch, tokenizer):
     """A tree batch as the round loop's ``ipl.SampledTrees``."""
-    from ipl_jax.preference.tdpo import SampledTrees
+    from ipl_jax.preference.round import SampledTrees
 
     a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
     return SampledTrees(tree=batch.tree, steps=batch.prompts, golden_action_ids=a_ids, golden_action_lengths=a_len,

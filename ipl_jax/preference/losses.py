@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 DPO_KINDS = ("sigmoid", "ipo", "hinge")
+SFT_NORMS = ("token", "sum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,11 @@ class DPOConfig:
     sft_weight: float = 1.0  # λ_sft: weight of the NLL on the positive continuation
     kind: str = "sigmoid"  # sigmoid (DPO), ipo, hinge
     label_smoothing: float = 0.0  # conservative DPO; sigmoid only
+    sft_norm: str = "token"  # the SFT term's NLL: per token ("token") or summed over the turn like the DPO log-probs
+
+    def __post_init__(self):
+        if self.sft_norm not in SFT_NORMS:
+            raise ValueError(f"DPOConfig.sft_norm must be one of {SFT_NORMS}, got {self.sft_norm!r}")
 
 
 def sum_logps(token_logps: jax.Array, mask: jax.Array) -> jax.Array:
@@ -34,6 +40,16 @@ def sum_logps(token_logps: jax.Array, mask: jax.Array) -> jax.Array:
 def _masked_mean(x: jax.Array, valid: jax.Array) -> jax.Array:
     w = valid.astype(jnp.float32)
     return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def positive_nll(policy_pos: jax.Array, pos_tokens: jax.Array, norm: str = "token") -> jax.Array:
+    """NLL of each positive continuation f32[P]: per token (``-policy_pos / pos_tokens``) or summed over the turn
+    (``-policy_pos``, the same scale as the DPO term's log-probs)."""
+    if norm == "token":
+        return -policy_pos / jnp.maximum(pos_tokens, 1.0)
+    if norm == "sum":
+        return -policy_pos
+    raise ValueError(f"unknown SFT normalisation {norm!r}; expected one of {SFT_NORMS}")
 
 
 def dpo_pair_losses(
@@ -77,13 +93,14 @@ def tdpo_loss(
     ``policy_*`` / ``ref_*``: f32[P] log-probs summed over the tokens of turn t only. ``pos_tokens``: f32[P], the
     number of tokens of the positive continuation. ``valid``: bool[P] (padding pairs contribute nothing).
 
-    The SFT term is the positive continuation's NLL **per token** (``−policy_pos / pos_tokens``) [choice: per-token
-    normalisation keeps λ_sft comparable across turns of different lengths; the paper does not say].
+    The SFT term is the positive continuation's NLL, per token (``−policy_pos / pos_tokens``, ``sft_norm="token"``)
+    or summed over the turn (``−policy_pos``, ``"sum"``: the scale of the DPO log-probs) [choice: the paper does not
+    say; per token keeps λ_sft comparable across turns of different lengths, summed weighs long turns more].
     """
     pair_loss, margin = dpo_pair_losses(
         policy_pos, policy_neg, ref_pos, ref_neg, config.beta, config.kind, config.label_smoothing
     )
-    nll = -policy_pos / jnp.maximum(pos_tokens, 1.0)
+    nll = positive_nll(policy_pos, pos_tokens, config.sft_norm)
     pref = _masked_mean(pair_loss, valid)
     sft = _masked_mean(nll, valid)
     loss = pref + config.sft_weight * sft
@@ -100,9 +117,10 @@ def tdpo_loss(
     return loss, metrics
 
 
-def positive_sft_loss(policy_pos: jax.Array, pos_tokens: jax.Array, valid: jax.Array) -> tuple[jax.Array, dict]:
-    """"IPL without negatives": per-token NLL of the positive continuations only."""
-    nll = _masked_mean(-policy_pos / jnp.maximum(pos_tokens, 1.0), valid)
+def positive_sft_loss(policy_pos: jax.Array, pos_tokens: jax.Array, valid: jax.Array,
+                      norm: str = "token") -> tuple[jax.Array, dict]:
+    """"IPL without negatives": the NLL of the positive continuations only (``positive_nll``'s normalisation)."""
+    nll = _masked_mean(positive_nll(policy_pos, pos_tokens, norm), valid)
     return nll, {"loss": nll, "sft_nll": nll, "pairs": jnp.sum(valid.astype(jnp.float32))}
 
 

@@ -82,12 +82,17 @@ class PrefixGroup:
 @dataclasses.dataclass(frozen=True)
 class PairRef:
     """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` is
-    the CoaT turn they belong to (0 for whole-trajectory pairs), kept for metrics."""
+    the CoaT turn they belong to (0 for whole-trajectory pairs), kept for metrics. ``pos_type`` (the positive's
+    action type, ``pairs.action_type_id``; -1 unknown), ``gap`` (its value gap) and ``tree_class``
+    (``pairs.BETA`` / ``GAMMA``; -1 unknown) serve round-level selection and metrics (``preference.selection``)."""
 
     group: int
     pos: int
     neg: int
     turn: int = 0
+    pos_type: int = -1
+    gap: float = 0.0
+    tree_class: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -540,12 +545,13 @@ class _GroupBuilder:
             self.out.groups[g] = dataclasses.replace(group, continuations=conts, scored=masks)
         return seen[key]
 
-    def pair(self, g: int, pos: int, neg: int, turn: int) -> None:
-        self.out.pairs.append(PairRef(g, pos, neg, turn))
+    def pair(self, g: int, pos: int, neg: int, turn: int, pos_type: int = -1, gap: float = 0.0,
+             tree_class: int = -1) -> None:
+        self.out.pairs.append(PairRef(g, pos, neg, turn, pos_type, gap, tree_class))
         self.out.pairs_by_turn[turn] += 1
 
 
-def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "") -> GroupedPairs:
+def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=None) -> GroupedPairs:
     """Thinking-level pairs of one tree batch, grouped by prefix node.
 
     steps: per tree row, the step's prompt segments (``sampling.prompts.StepPrompts`` or anything with
@@ -556,8 +562,13 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "") -> GroupedPai
     (tree row, turn, prefix path) agree share one group, and a continuation used by several pairs (a β
     positive against two negatives, the golden action against every sampled one) appears once in it. A group
     is named ``step S (row R) turn T prefix nodes (n_1, ..., n_{T-1})`` with flat node indices per level.
+    ``pair_batch`` (the ``pairs.PairBatch`` the tokens were gathered from) adds each pair's positive type, value
+    gap and tree class to its ``PairRef``.
     """
     pt = jax.tree.map(_np, pair_tokens)
+    meta_arrays = None
+    if pair_batch is not None:
+        meta_arrays = [np.asarray(x) for x in (pair_batch.positive_type, pair_batch.value_gap, pair_batch.tree_class)]
     b = _GroupBuilder()
     for k in np.flatnonzero(pt.valid):
         row, turn = int(pt.batch_row[k]), int(pt.turn[k])
@@ -577,7 +588,9 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "") -> GroupedPai
                                name=f"{name}step {int(pt.step_index[k])} (row {row}) turn {turn} prefix nodes {path}")
 
         g = b.group((row, turn, path), make)
-        b.pair(g, b.continuation(g, pos), b.continuation(g, neg), turn)
+        meta = () if meta_arrays is None else (int(meta_arrays[0][k]), float(meta_arrays[1][k]),
+                                                int(meta_arrays[2][k]))
+        b.pair(g, b.continuation(g, pos), b.continuation(g, neg), turn, *meta)
     return b.out
 
 

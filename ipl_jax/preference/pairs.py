@@ -153,6 +153,8 @@ class PairBatch:
     * ``positive_golden``: bool[P] — the positive is the golden action (t = 3) / grounding (t = 4) text;
     * ``negative_node``: int32[P] — flat node index at level t of the negative;
     * ``positive_value``, ``negative_value``, ``value_gap``: f32[P] — node values (golden = 1) and their gap;
+    * ``positive_type``: int32[P] — the positive's action type (``action_type_id``): for β pairs the type of
+      the positive's best leaf, for γ pairs the golden type (used to balance positives over a round);
     * ``tree_class``: int32[P] — BETA or GAMMA;
     * ``valid``: bool[P];
     * ``count``: int32[] — number of valid pairs (they come first, ordered by batch row, then turn);
@@ -170,6 +172,7 @@ class PairBatch:
     positive_value: jax.Array
     negative_value: jax.Array
     value_gap: jax.Array
+    positive_type: jax.Array
     tree_class: jax.Array
     valid: jax.Array
     count: jax.Array
@@ -250,11 +253,11 @@ def _beta_block(node_values, leaf_types, classes, branching, turn, config):
     return dict(
         mask=flat(mask), tier=flat(leads_to_one[..., None].astype(jnp.int32)), group=flat(pos_type[..., None]),
         gap=flat(gap), prefix=flat(parent), pos=flat(pos), neg=flat(neg), golden=flat(False),
-        pos_v=flat(v[:, :, :, None]), neg_v=flat(v[:, :, None, :]),
+        pos_v=flat(v[:, :, :, None]), neg_v=flat(v[:, :, None, :]), ptype=flat(pos_type[..., None]),
     )
 
 
-def _gamma_block(node_values, classes, branching, turn, eligible, config):
+def _gamma_block(node_values, classes, golden_types, branching, turn, eligible, config):
     """Candidates of γ pairs at ``turn`` (3 or 4): golden ↑ vs each eligible sampled node ↓. Fields [B, n_turn]."""
     B = classes.shape[0]
     n = tree_lib.num_nodes(branching, turn)
@@ -266,11 +269,14 @@ def _gamma_block(node_values, classes, branching, turn, eligible, config):
         group=tree_lib.ancestor_index(node, branching, turn, 2),  # spread over the level-2 prefix (thought)
         gap=1.0 - v, prefix=tree_lib.parent_index(node, branching, turn), pos=jnp.full((B, n), -1, jnp.int32),
         neg=node, golden=jnp.ones((B, n), bool), pos_v=jnp.ones((B, n), jnp.float32), neg_v=v,
+        ptype=jnp.broadcast_to(golden_types[:, None], (B, n)),
     )
 
 
-def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden):
-    """Which sampled s3 (bool[B, n3]) and s4 (bool[B, n4]) may be γ negatives (see the module docstring)."""
+def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden, thought_allows_gamma=None):
+    """Which sampled s3 (bool[B, n3]) and s4 (bool[B, n4]) may be γ negatives (see the module docstring).
+    ``thought_allows_gamma`` (bool[B, b1, b2] or None) further restricts action-turn negatives to the s3 nodes
+    below the thoughts it marks."""
     B = golden_types.shape[0]
     n3 = tree_lib.num_nodes(branching, 3)
     golden_click = jnp.isin(golden_types, jnp.asarray(CLICK_LIKE_TYPES))[:, None]  # [B, 1]
@@ -283,7 +289,14 @@ def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_
                 f"expected {(B,) + branching[:3]}"
             )
         same_click = same_click & action_text_matches_golden.reshape(B, n3).astype(bool)
-    return ~same_click, jnp.repeat(same_click, branching[3], axis=1)
+    action_ok = ~same_click
+    if thought_allows_gamma is not None:
+        if tuple(thought_allows_gamma.shape) != (B,) + branching[:2]:
+            raise ValueError(f"thought_allows_gamma: shape {tuple(thought_allows_gamma.shape)}, "
+                             f"expected {(B,) + branching[:2]}")
+        allowed = jnp.repeat(thought_allows_gamma.reshape(B, -1).astype(bool), branching[2], axis=1)
+        action_ok = action_ok & allowed
+    return action_ok, jnp.repeat(same_click, branching[3], axis=1)
 
 
 def _pad_candidates(fields, width):
@@ -302,6 +315,7 @@ def extract_pairs(
     *,
     step_index: Optional[jax.Array] = None,
     action_text_matches_golden: Optional[jax.Array] = None,
+    thought_allows_gamma: Optional[jax.Array] = None,
     config: PairConfig = PairConfig(),
     capacity: Optional[int] = None,
 ) -> PairBatch:
@@ -310,7 +324,9 @@ def extract_pairs(
     node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types: int32[B, b1, b2, b3, b4];
     golden_types: int32[B]; step_valid: bool[B]; step_index: int32[B] (round-level index recorded per pair;
     defaults to the batch row); action_text_matches_golden: optional bool[B, b1, b2, b3], True where the
-    sampled s3 text equals the golden s3 text (see the module docstring).
+    sampled s3 text equals the golden s3 text (see the module docstring); thought_allows_gamma: optional
+    bool[B, b1, b2], False where a sampled thought s2 may not root action-turn γ pairs (the "consistent" γ mode:
+    only thoughts that name the golden action teach the action turn to follow them).
 
     ``capacity`` (static) defaults to the most pairs the batch could yield, so nothing is dropped. The function
     is jitted (``config`` and ``capacity`` static): one compilation per batch shape and setting. Valid pairs come
@@ -323,7 +339,9 @@ def extract_pairs(
     step_valid = jnp.asarray(step_valid, bool)
     classes = classify_trees(node_values[-1], step_valid, config.one_tolerance)
     step_index = jnp.arange(B, dtype=jnp.int32) if step_index is None else jnp.asarray(step_index, jnp.int32)
-    action_ok, grounding_ok = _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden)
+    action_ok, grounding_ok = _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden,
+                                                 None if thought_allows_gamma is None
+                                                 else jnp.asarray(thought_allows_gamma, bool))
 
     beta_cap, gamma_cap = config.max_beta_pairs_per_tree_turn, config.max_gamma_pairs_per_tree_turn
     blocks = []  # (turn, tree class, cap, candidate fields) in output order
@@ -331,9 +349,9 @@ def extract_pairs(
         if branching[t - 1] > 1 and beta_cap > 0:
             blocks.append((t, BETA, beta_cap, _beta_block(node_values, leaf_types, classes, branching, t, config)))
         if gamma_cap > 0 and t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
-            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, branching, t, action_ok, config)))
+            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, action_ok, config)))
         if gamma_cap > 0 and t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
-            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, branching, t, grounding_ok, config)))
+            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, grounding_ok, config)))
     if not blocks:
         raise ValueError("extract_pairs: the config and branching allow no pairs at all")
     if capacity is None:
@@ -385,6 +403,7 @@ def extract_pairs(
         positive_value=pos_v,
         negative_value=neg_v,
         value_gap=pos_v - neg_v,
+        positive_type=compact(pick["ptype"], INVALID_TYPE),
         tree_class=tree_class,
         valid=kept,
         count=count,

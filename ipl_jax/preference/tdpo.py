@@ -1,10 +1,8 @@
-"""Iterative preference learning: reference log-probs, the T-DPO step, ``train_round`` and the round loop.
+"""T-DPO: reference log-probs, the T-DPO step and ``train_round`` (method.md §7).
 
-Data flow of one round (method.md §1, §6, §7)::
+A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, then hands them here:
 
-    sample CoaT-trees with π(n-1) ─► score leaves, back values up ─► α/β/γ classes, pairs ─► group by prefix
-    ─► pack (``ipl_jax.preference.packing``) ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
-    ─► evaluate on dev ─► checkpoint
+    packed batches ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
 
 * ``TDPOConfig`` — a frozen (hashable) dataclass: model config, DPO settings (kind, β, λ_sft), the objective
   (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), optimizer settings, remat / chunking.
@@ -16,20 +14,15 @@ Data flow of one round (method.md §1, §6, §7)::
 * ``train_round(state, ref_params, round_data, rng, config)`` — pure: one epoch over the round's batches in an
   order drawn from ``rng``. Same inputs give the same outputs bit for bit on one device; under a ``mesh`` the
   batch rows are split over ('data', 'fsdp') and the params follow the model's partition rules.
-* ``run_rounds(state, config, stages, rng)`` — the loop, with the sampler, the scorer and the dev evaluation
-  passed in as functions (``RoundStages``), so the pipeline can wire the real ones and tests can inject fakes.
 
-Baselines on the same core: naive full-trajectory DPO (``RoundConfig.pair_mode = "naive"``: the whole CoaT as
-one continuation of the image + first prompt), IPL without negatives (``TDPOConfig.objective =
-"positive_sft"``), and K ∈ {2, 3, 4} (the sampler's branching; ``PackingConfig.max_continuations`` >= K + 1).
+IPL without negatives is ``TDPOConfig.objective = "positive_sft"`` (the same packed batches, the NLL of the
+positive continuations only).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,13 +31,11 @@ import numpy as np
 
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
-from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.training import train as train_lib
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference.packing import PackedBatch, PackingConfig
 
 OBJECTIVES = ("tdpo", "positive_sft")
-PAIR_MODES = ("tdpo", "naive")
 
 _TRACES = {"tdpo_loss": 0, "reference": 0}
 
@@ -103,6 +94,13 @@ class TDPOConfig:
         return train_lib.make_schedule(self.optimizer_section())
 
 
+def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
+    """``config`` with a cosine schedule spanning a round's ``n_updates`` (a constant schedule is left as is)."""
+    if config.schedule == "constant":
+        return config
+    return dataclasses.replace(config, total_steps=max(1, int(n_updates)))
+
+
 def init_state(params, config: TDPOConfig, rng, **kwargs) -> train_lib.TrainState:
     """A TrainState for ``config``'s optimizer; ``kwargs`` go to ``train.create_train_state`` (freeze_regex,
     lora, frozen_dtype)."""
@@ -124,7 +122,7 @@ def pair_loss(pos, neg, pos_tokens, batch: PackedBatch, config: TDPOConfig):
     chosen continuations only. Returns (loss f32[], metrics)."""
     valid = batch.pair_valid
     if config.objective == "positive_sft":
-        return losses.positive_sft_loss(pos, pos_tokens, valid)
+        return losses.positive_sft_loss(pos, pos_tokens, valid, config.dpo.sft_norm)
     return losses.tdpo_loss(pos, neg, batch.ref_pos, batch.ref_neg, pos_tokens, valid, config.dpo)
 
 
@@ -307,6 +305,7 @@ def train_round(state: train_lib.TrainState, ref_params, round_data: RoundData, 
     Returns (new state, metrics): the round means of ``summarize_steps`` plus ``per_step`` (list of dicts,
     in training order) and ``order`` (batch indices in training order).
     """
+    config = round_schedule(config, len(round_data.batches))
     if not round_data.has_reference:
         if ref_params is None:
             raise ValueError("train_round: round_data has no reference log-probs and ref_params is None")
@@ -325,200 +324,3 @@ def train_round(state: train_lib.TrainState, ref_params, round_data: RoundData, 
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]
     return state, metrics
-
-
-# ------------------------------------------------------------------------------------------------- the loop
-
-
-@dataclasses.dataclass(frozen=True)
-class SampledTrees:
-    """One batch of sampled CoaT-trees and what is needed to turn them into pairs.
-
-    tree: ``tree.CoaTTree`` (B rows); steps: per row, the step's prompt segments (``sampling.prompts.StepPrompts``:
-    prefix_ids, turn_prompt_ids for turns 2..4, pixel_values, image_grid_thw); golden_action_ids int32[B, Tg3]
-    / golden_action_lengths int32[B]: the golden s3 text + ``<|im_end|>``; golden_grounding_ids int32[B, Tg4] /
-    golden_grounding_lengths int32[B]: the golden s4 (any content for non-click goldens).
-    """
-
-    tree: Any
-    steps: Sequence
-    golden_action_ids: Any
-    golden_action_lengths: Any
-    golden_grounding_ids: Any
-    golden_grounding_lengths: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeScores:
-    """Scored trees (``ipl_jax.coat.rewards``: leaf rewards, then the value backup).
-
-    node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4] and
-    golden_types int32[B] (``pairs.action_type_id``); action_text_matches_golden: bool[B, b1, b2, b3] or None.
-    """
-
-    node_values: tuple
-    leaf_types: Any
-    golden_types: Any
-    action_text_matches_golden: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundStages:
-    """The pieces of a round that live in other modules, passed in as functions.
-
-    sample(params, round_index, rng) -> iterable of SampledTrees (the round's training steps, with π(n-1));
-    score(sampled) -> TreeScores; evaluate(params, round_index) -> mapping with at least ``step_accuracy``.
-    """
-
-    sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
-    score: Callable[[SampledTrees], TreeScores]
-    evaluate: Callable[[Any, int], Mapping[str, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundConfig:
-    """The round loop's settings.
-
-    num_rounds: at most this many rounds (the paper: 4 on AITZ). patience: stop once dev step accuracy has not
-    beaten the best so far (the seed policy included when ``evaluate_seed``) by more than ``min_improvement``
-    for this many consecutive rounds [choice: 1]. pair_mode: "tdpo" (thinking-level pairs) or "naive"
-    (whole-trajectory DPO baseline).
-    """
-
-    tdpo: TDPOConfig
-    packing: PackingConfig = PackingConfig()
-    pairs: pairs_lib.PairConfig = pairs_lib.PairConfig()
-    pair_mode: str = "tdpo"
-    num_rounds: int = 4
-    patience: int = 1
-    min_improvement: float = 0.0
-    evaluate_seed: bool = True
-
-    def __post_init__(self):
-        if self.pair_mode not in PAIR_MODES:
-            raise ValueError(f"RoundConfig.pair_mode must be one of {PAIR_MODES}, got {self.pair_mode!r}")
-        if self.num_rounds < 1 or self.patience < 1:
-            raise ValueError("RoundConfig: num_rounds and patience must be >= 1")
-
-
-def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, name: str = ""):
-    """Pairs of one sampled batch, grouped by prefix. Returns (GroupedPairs, class counts int[3])."""
-    tree = sampled.tree
-    node_values = tuple(jnp.asarray(v, jnp.float32) for v in scores.node_values)
-    step_valid = jnp.asarray(tree.step_valid, bool)
-    classes = pairs_lib.classify_trees(node_values[-1], step_valid, config.pairs.one_tolerance)
-    counts = np.asarray(pairs_lib.tree_class_counts(classes))
-    if config.pair_mode == "naive":
-        naive = pairs_lib.naive_dpo_pairs(node_values[-1], step_valid, config.pairs.one_tolerance)
-        toks = pairs_lib.gather_naive_dpo_tokens(tree, naive)
-        leaf_types = np.asarray(scores.leaf_types).reshape(tree.batch_size, -1)
-        rows = np.arange(tree.batch_size)
-        chosen = leaf_types[rows, np.asarray(naive.chosen_leaf)]
-        rejected = leaf_types[rows, np.asarray(naive.rejected_leaf)]
-        grounding = np.stack([np.isin(chosen, pairs_lib.CLICK_LIKE_TYPES),
-                              np.isin(rejected, pairs_lib.CLICK_LIKE_TYPES)], axis=1)
-        return packing_lib.naive_pair_groups(sampled.steps, toks, grounding, name), counts
-    match = scores.action_text_matches_golden
-    pb = pairs_lib.extract_pairs(node_values, jnp.asarray(scores.leaf_types, jnp.int32),
-                                 jnp.asarray(scores.golden_types, jnp.int32), step_valid,
-                                 step_index=jnp.asarray(tree.step_index, jnp.int32),
-                                 action_text_matches_golden=None if match is None else jnp.asarray(match, bool),
-                                 config=config.pairs)
-    pt = pairs_lib.gather_pair_tokens(tree, pb, *(jnp.asarray(x, jnp.int32) for x in (
-        sampled.golden_action_ids, sampled.golden_grounding_ids, sampled.golden_action_lengths,
-        sampled.golden_grounding_lengths)))
-    grouped = packing_lib.tree_pair_groups(sampled.steps, pt, name)
-    grouped.skipped += int(pb.dropped)
-    return grouped, counts
-
-
-def _json_safe(d: Mapping) -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out[k] = _json_safe(v)
-        elif isinstance(v, (list, tuple)):
-            out[k] = [float(x) if isinstance(x, (float, np.floating)) else x for x in v
-                      if not isinstance(x, Mapping)]
-        elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
-            out[k] = int(v)
-        elif isinstance(v, (np.floating, float)):
-            out[k] = float(v)
-        else:
-            out[k] = v
-    return out
-
-
-def run_rounds(state: train_lib.TrainState, config: RoundConfig, stages: RoundStages, rng, *, mesh=None,
-               checkpointer=None, log: Optional[Callable[[str], None]] = None):
-    """The IPL round loop (method.md §1). Returns (final state, history: one dict per round).
-
-    Round n (1-based): the reference is the policy at the round's start; sample trees on the training steps
-    with it, score them, classify (α/β/γ), extract and group pairs, pack, compute reference log-probs once,
-    run one epoch of T-DPO, evaluate on dev, checkpoint (``checkpointer.save(n, state, metadata=...)``,
-    ``ipl_jax.training.checkpoint.Checkpointer``). A non-finite loss raises ``train.NonFiniteLossError`` before the
-    round is checkpointed. Stops after ``num_rounds`` or when dev step accuracy stops improving
-    (``patience``); the returned state is the last round's (each round's is in its checkpoint).
-
-    A round dict holds: round, seconds (total and per phase), classes (``pairs.tree_class_shares``),
-    pairs_by_turn ([whole-trajectory, turn 1..4]), pairs, skipped_pairs, groups, batches, train (round means of
-    ``train_round``), dev (the evaluation), best_round.
-    """
-    emit = log or (lambda _: None)
-    history: list[dict] = []
-    best, best_round, stale = -math.inf, 0, 0
-    if config.evaluate_seed:
-        seed_dev = dict(stages.evaluate(train_lib.model_params(state.params, state.frozen), 0))
-        best = float(seed_dev["step_accuracy"])
-        history.append({"round": 0, "dev": _json_safe(seed_dev)})
-        emit(f"round 0 (seed): dev step accuracy {best:.4f}")
-    for n in range(1, config.num_rounds + 1):
-        rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
-        t0 = time.perf_counter()
-        policy = train_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
-        grouped = packing_lib.GroupedPairs()
-        counts = np.zeros(3, np.int64)
-        for i, sampled in enumerate(stages.sample(policy, n, sample_rng)):
-            scores = stages.score(sampled)
-            g, c = round_pairs(sampled, scores, config, name=f"round {n} batch {i} ")
-            grouped.extend(g)
-            counts += c
-        t1 = time.perf_counter()
-        batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing)
-        round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh)
-        t2 = time.perf_counter()
-        record = {"round": n, "classes": pairs_lib.tree_class_shares(counts),
-                  "pairs_by_turn": [int(x) for x in grouped.pairs_by_turn], "pairs": len(grouped.pairs),
-                  "skipped_pairs": int(grouped.skipped), "groups": len(grouped.groups), "batches": len(batches)}
-        if batches:
-            state, train_metrics = train_round(state, None, round_data, train_rng, config.tdpo, mesh=mesh)
-            for step_metrics in train_metrics["per_step"]:
-                train_lib.check_finite(step_metrics, int(state.step))
-            record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
-        else:
-            record["train"] = {"steps": 0, "pairs": 0.0}
-        del policy, round_data
-        t3 = time.perf_counter()
-        dev = dict(stages.evaluate(train_lib.model_params(state.params, state.frozen), n))
-        t4 = time.perf_counter()
-        acc = float(dev["step_accuracy"])
-        if acc > best + config.min_improvement:
-            best, best_round, stale = acc, n, 0
-        else:
-            stale += 1
-        record.update(dev=dev, best_round=best_round,
-                      seconds={"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2,
-                               "evaluate": t4 - t3, "total": t4 - t0})
-        record = _json_safe(record)
-        history.append(record)
-        if checkpointer is not None:
-            checkpointer.save(n, state, metadata={"ipl_round": record}, force=True)
-        emit(f"round {n}: {record['pairs']} pairs, classes α {record['classes']['alpha']:.2f} "
-             f"β {record['classes']['beta']:.2f} γ {record['classes']['gamma']:.2f}, "
-             f"loss {record['train'].get('loss', float('nan')):.4f}, dev step accuracy {acc:.4f}, "
-             f"{record['seconds']['total']:.1f}s")
-        if stale >= config.patience:
-            break
-    if checkpointer is not None:
-        checkpointer.wait()
-    return state, history

@@ -1,0 +1,228 @@
+"""One IPL round (method.md §1, §6, §7), from the policy π(n-1) to π(n).
+
+    sample CoaT-trees with π(n-1) ─► score leaves, back values up ─► α/β/γ classes, pairs ─► group by prefix
+    ─► round-level selection (``preference.selection``) ─► pack (``preference.packing``)
+    ─► reference log-probs with π(n-1), once ─► one epoch of T-DPO (``preference.tdpo.train_round``) ─► π(n)
+
+The sampler and the scorer live in higher rooms (they need the model's decoding and the data's goldens), so
+``ipl_round`` takes them as functions (``RoundStages``): the pipeline wires the real ones, tests inject fakes.
+The loop over rounds (evaluation, early stopping, resuming) is the pipeline's (``pipeline.rounds``).
+
+Baselines on the same core: naive full-trajectory DPO (``RoundConfig.pair_mode = "naive"``: the whole CoaT as
+one continuation of the image + first prompt), IPL without negatives (``TDPOConfig.objective =
+"positive_sft"``), K ∈ {2, 3, 4} (the sampler's branching; ``PackingConfig.max_continuations`` >= K + 1), and the
+``continued_sft`` control (``RoundConfig.train_on = "golden"``: the same trees and pairs are sampled and packed,
+then the round's update budget -- one update per packed batch -- is spent on supervised training on the golden
+CoaT of the round's steps instead, by ``RoundStages.golden_update``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.preference import packing as packing_lib
+from ipl_jax.preference import pairs as pairs_lib
+from ipl_jax.preference.packing import PackingConfig
+from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
+from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
+from ipl_jax.training import train as train_lib
+
+PAIR_MODES = ("tdpo", "naive")
+TRAIN_ON = ("pairs", "golden")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledTrees:
+    """One batch of sampled CoaT-trees and what is needed to turn them into pairs.
+
+    tree: ``tree.CoaTTree`` (B rows); steps: per row, the step's prompt segments (``sampling.prompts.StepPrompts``:
+    prefix_ids, turn_prompt_ids for turns 2..4, pixel_values, image_grid_thw); golden_action_ids int32[B, Tg3]
+    / golden_action_lengths int32[B]: the golden s3 text + ``<|im_end|>``; golden_grounding_ids int32[B, Tg4] /
+    golden_grounding_lengths int32[B]: the golden s4 (any content for non-click goldens).
+    """
+
+    tree: Any
+    steps: Sequence
+    golden_action_ids: Any
+    golden_action_lengths: Any
+    golden_grounding_ids: Any
+    golden_grounding_lengths: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeScores:
+    """Scored trees (``ipl_jax.coat.rewards``: leaf rewards, then the value backup).
+
+    node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4] and
+    golden_types int32[B] (``pairs.action_type_id``); action_text_matches_golden: bool[B, b1, b2, b3] or None;
+    thought_names_golden: bool[B, b1, b2] or None -- whether each sampled thought names the golden action
+    (used by the "consistent" γ mode).
+    """
+
+    node_values: tuple
+    leaf_types: Any
+    golden_types: Any
+    action_text_matches_golden: Any = None
+    thought_names_golden: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundStages:
+    """The pieces of a round that live in other rooms, passed in as functions.
+
+    sample(params, round_index, rng) -> iterable of SampledTrees (the round's training steps, with π(n-1));
+    score(sampled) -> TreeScores; golden_update(state, n_updates, rng) -> (state, metrics): ``n_updates``
+    supervised updates on the golden CoaT of the round's steps (only for ``train_on = "golden"``).
+    """
+
+    sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
+    score: Callable[[SampledTrees], TreeScores]
+    golden_update: Optional[Callable[[Any, int, jax.Array], tuple]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundConfig:
+    """One round's settings.
+
+    pair_mode: "tdpo" (thinking-level pairs) or "naive" (whole-trajectory DPO baseline). selection: round-level
+    dedup / type balance / tree mixing. train_on: "pairs" (the T-DPO objective of ``tdpo``) or "golden" (the
+    ``continued_sft`` control). gamma_consistent_only: action-turn γ pairs only below thoughts that name the golden
+    action (``TreeScores.thought_names_golden``), so the action turn is never taught to contradict its thought.
+    """
+
+    tdpo: TDPOConfig
+    packing: PackingConfig = PackingConfig()
+    pairs: pairs_lib.PairConfig = pairs_lib.PairConfig()
+    pair_mode: str = "tdpo"
+    selection: SelectionConfig = SelectionConfig()
+    train_on: str = "pairs"
+    gamma_consistent_only: bool = False
+
+    def __post_init__(self):
+        if self.pair_mode not in PAIR_MODES:
+            raise ValueError(f"RoundConfig.pair_mode must be one of {PAIR_MODES}, got {self.pair_mode!r}")
+        if self.train_on not in TRAIN_ON:
+            raise ValueError(f"RoundConfig.train_on must be one of {TRAIN_ON}, got {self.train_on!r}")
+
+
+def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, name: str = ""):
+    """Pairs of one sampled batch, grouped by prefix. Returns (GroupedPairs, class counts int[3])."""
+    tree = sampled.tree
+    node_values = tuple(jnp.asarray(v, jnp.float32) for v in scores.node_values)
+    step_valid = jnp.asarray(tree.step_valid, bool)
+    classes = pairs_lib.classify_trees(node_values[-1], step_valid, config.pairs.one_tolerance)
+    counts = np.asarray(pairs_lib.tree_class_counts(classes))
+    if config.pair_mode == "naive":
+        naive = pairs_lib.naive_dpo_pairs(node_values[-1], step_valid, config.pairs.one_tolerance)
+        toks = pairs_lib.gather_naive_dpo_tokens(tree, naive)
+        leaf_types = np.asarray(scores.leaf_types).reshape(tree.batch_size, -1)
+        rows = np.arange(tree.batch_size)
+        chosen = leaf_types[rows, np.asarray(naive.chosen_leaf)]
+        rejected = leaf_types[rows, np.asarray(naive.rejected_leaf)]
+        grounding = np.stack([np.isin(chosen, pairs_lib.CLICK_LIKE_TYPES),
+                              np.isin(rejected, pairs_lib.CLICK_LIKE_TYPES)], axis=1)
+        return packing_lib.naive_pair_groups(sampled.steps, toks, grounding, name), counts
+    match = scores.action_text_matches_golden
+    allows = None
+    if config.gamma_consistent_only:
+        if scores.thought_names_golden is None:
+            raise ValueError("round_pairs: gamma_consistent_only needs TreeScores.thought_names_golden")
+        allows = jnp.asarray(scores.thought_names_golden, bool)
+    pb = pairs_lib.extract_pairs(node_values, jnp.asarray(scores.leaf_types, jnp.int32),
+                                 jnp.asarray(scores.golden_types, jnp.int32), step_valid,
+                                 step_index=jnp.asarray(tree.step_index, jnp.int32),
+                                 action_text_matches_golden=None if match is None else jnp.asarray(match, bool),
+                                 thought_allows_gamma=allows, config=config.pairs)
+    pt = pairs_lib.gather_pair_tokens(tree, pb, *(jnp.asarray(x, jnp.int32) for x in (
+        sampled.golden_action_ids, sampled.golden_grounding_ids, sampled.golden_action_lengths,
+        sampled.golden_grounding_lengths)))
+    grouped = packing_lib.tree_pair_groups(sampled.steps, pt, name, pair_batch=pb)
+    grouped.skipped += int(pb.dropped)
+    return grouped, counts
+
+
+def json_safe(d: Mapping) -> dict:
+    """A metrics dict with numpy scalars as Python numbers (nested dicts kept, dicts inside lists dropped)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out[k] = json_safe(v)
+        elif isinstance(v, (list, tuple)):
+            out[k] = [float(x) if isinstance(x, (float, np.floating)) else x for x in v
+                      if not isinstance(x, Mapping)]
+        elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
+            out[k] = int(v)
+        elif isinstance(v, (np.floating, float)):
+            out[k] = float(v)
+        else:
+            out[k] = v
+    return out
+
+
+def pair_counts(grouped: packing_lib.GroupedPairs) -> dict:
+    """Pairs per tree class (``beta``, ``gamma``, ``unknown``) and per positive action type (name -> count)."""
+    from ipl_jax.coat.actions import ACTION_TYPES
+
+    by_class = {"beta": 0, "gamma": 0, "unknown": 0}
+    by_type: dict[str, int] = {}
+    for p in grouped.pairs:
+        cls = {pairs_lib.BETA: "beta", pairs_lib.GAMMA: "gamma"}.get(p.tree_class, "unknown")
+        by_class[cls] += 1
+        name = ACTION_TYPES[p.pos_type] if 0 <= p.pos_type < len(ACTION_TYPES) else "unknown"
+        by_type[name] = by_type.get(name, 0) + 1
+    return {"by_class": by_class, "by_type": dict(sorted(by_type.items()))}
+
+
+def ipl_round(state: train_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *,
+              mesh=None) -> tuple[train_lib.TrainState, dict]:
+    """One round from ``state`` (π(n-1), also the frozen reference). Returns (π(n)'s state, the round record).
+
+    The record: round, classes (``pairs.tree_class_shares``), pairs_by_turn ([whole-trajectory, turn 1..4]),
+    pairs (after selection), pair_counts (by class / positive type), skipped_pairs, dropped (by selection),
+    groups, batches, train (round means of ``train_round`` or of the golden updates), seconds per phase.
+    A non-finite loss raises ``train.NonFiniteLossError``.
+    """
+    rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
+    t0 = time.perf_counter()
+    policy = train_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
+    grouped = packing_lib.GroupedPairs()
+    counts = np.zeros(3, np.int64)
+    for i, sampled in enumerate(stages.sample(policy, round_index, sample_rng)):
+        g, c = round_pairs(sampled, stages.score(sampled), config, name=f"round {round_index} batch {i} ")
+        grouped.extend(g)
+        counts += c
+    grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
+    t1 = time.perf_counter()
+    batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing)
+    record = {"round": round_index, "classes": pairs_lib.tree_class_shares(counts),
+              "pairs_by_turn": [int(x) for x in grouped.pairs_by_turn], "pairs": len(grouped.pairs),
+              "pair_counts": pair_counts(grouped), "skipped_pairs": int(grouped.skipped), "dropped": dropped,
+              "groups": len(grouped.groups), "batches": len(batches)}
+    if config.train_on == "golden":
+        if stages.golden_update is None:
+            raise ValueError("ipl_round: train_on='golden' needs RoundStages.golden_update")
+        del policy
+        t2 = time.perf_counter()
+        state, train_metrics = stages.golden_update(state, len(batches), train_rng)
+    elif batches:
+        round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh)
+        del policy
+        t2 = time.perf_counter()
+        state, train_metrics = train_round(state, None, round_data, train_rng, config.tdpo, mesh=mesh)
+        del round_data
+    else:
+        t2 = time.perf_counter()
+        train_metrics = {"steps": 0, "pairs": 0.0, "per_step": []}
+    for step_metrics in train_metrics.get("per_step", []):
+        train_lib.check_finite(step_metrics, int(state.step))
+    record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
+    t3 = time.perf_counter()
+    record["seconds"] = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2,
+                         "total": t3 - t0}
+    return state, json_safe(record)

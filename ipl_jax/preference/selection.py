@@ -1,0 +1,108 @@
+"""Round-level selection of preference pairs, between pair extraction and packing (method.md §6).
+
+Pairs are extracted tree by tree (``preference.pairs``); what can only be decided once a whole round's pairs are
+known happens here, on the host, over a ``packing.GroupedPairs``:
+
+* ``drop_duplicates``: a pair whose prefix, positive and negative token strings all equal an earlier pair's is
+  dropped. Such copies arise when siblings sample the same text (two identical thoughts root two subtrees with
+  equal prefixes): a copy only doubles the weight of one comparison.
+* ``balance_types``: the paper asks to "spread positives over different action types". Within a tree the
+  ranking in ``pairs.extract_pairs`` already does; across a round, the positives follow whatever action types the
+  policy is unsure about, so one type can supply most pairs. Each positive type keeps at most
+  ``ceil(ratio x the median count over the types present)`` pairs, those with the largest value gaps.
+* ``mix_groups``: groups are packed into batches in order, and the groups of one tree are adjacent, so a batch
+  held the pairs of one or two trees; a seeded permutation makes each batch a sample of the whole round.
+
+Each function returns a new ``GroupedPairs`` (groups without pairs are dropped by ``pack_round``) and leaves
+its input unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ipl_jax.preference.packing import GroupedPairs, PairRef
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionConfig:
+    """dedup: drop exact duplicate pairs. type_balance: 0 = off, else the cap ratio of ``balance_types``.
+    mix_trees: permute groups before packing (seeded by the round)."""
+
+    dedup: bool = False
+    type_balance: float = 0.0
+    mix_trees: bool = False
+
+    def __post_init__(self):
+        if self.type_balance < 0:
+            raise ValueError(f"SelectionConfig.type_balance must be >= 0 (0 = off), got {self.type_balance}")
+
+
+def _with_pairs(grouped: GroupedPairs, pairs: list[PairRef], skipped: int = 0) -> GroupedPairs:
+    by_turn = np.zeros_like(grouped.pairs_by_turn)
+    for p in pairs:
+        by_turn[p.turn] += 1
+    return GroupedPairs(groups=list(grouped.groups), pairs=pairs, skipped=grouped.skipped + skipped,
+                        pairs_by_turn=by_turn)
+
+
+def drop_duplicates(grouped: GroupedPairs) -> tuple[GroupedPairs, int]:
+    """(pairs without exact copies -- same prefix, positive and negative tokens -- first kept, number dropped)."""
+    seen, kept = set(), []
+    for p in grouped.pairs:
+        g = grouped.groups[p.group]
+        key = (np.asarray(g.prefix_ids, np.int32).tobytes(),
+               np.asarray(g.continuations[p.pos], np.int32).tobytes(),
+               np.asarray(g.continuations[p.neg], np.int32).tobytes())
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(p)
+    dropped = len(grouped.pairs) - len(kept)
+    return _with_pairs(grouped, kept, dropped), dropped
+
+
+def balance_types(grouped: GroupedPairs, ratio: float) -> tuple[GroupedPairs, int]:
+    """Cap the pairs of each positive type at ``ceil(ratio * median count)``; keep the largest gaps (earlier pairs
+    first among equal gaps), in their original order. Returns (selected pairs, number dropped)."""
+    if ratio <= 0 or not grouped.pairs:
+        return grouped, 0
+    types = np.asarray([p.pos_type for p in grouped.pairs])
+    present, counts = np.unique(types, return_counts=True)
+    cap = max(1, math.ceil(ratio * float(np.median(counts))))
+    keep = np.ones(len(types), bool)
+    for t, n in zip(present, counts):
+        if n <= cap:
+            continue
+        idx = np.flatnonzero(types == t)
+        gaps = np.asarray([grouped.pairs[i].gap for i in idx])
+        order = idx[np.lexsort((idx, -gaps))]  # larger gap first, then earlier
+        keep[order[cap:]] = False
+    kept = [p for p, k in zip(grouped.pairs, keep) if k]
+    return _with_pairs(grouped, kept, len(grouped.pairs) - len(kept)), int((~keep).sum())
+
+
+def mix_groups(grouped: GroupedPairs, seed: int) -> GroupedPairs:
+    """Groups in a seeded random order (pair group indices remapped), so packed batches mix trees."""
+    perm = np.random.default_rng(seed).permutation(len(grouped.groups))
+    new_index = np.empty_like(perm)
+    new_index[perm] = np.arange(len(perm))
+    pairs = sorted((dataclasses.replace(p, group=int(new_index[p.group])) for p in grouped.pairs),
+                   key=lambda p: p.group)
+    return GroupedPairs(groups=[grouped.groups[i] for i in perm], pairs=pairs, skipped=grouped.skipped,
+                        pairs_by_turn=grouped.pairs_by_turn.copy())
+
+
+def select_round_pairs(grouped: GroupedPairs, config: SelectionConfig, seed: int) -> tuple[GroupedPairs, dict]:
+    """Apply ``config`` in the order dedup -> type balance -> mixing. Returns (pairs, counts of what was dropped)."""
+    stats = {"duplicates": 0, "type_balance": 0}
+    if config.dedup:
+        grouped, stats["duplicates"] = drop_duplicates(grouped)
+    if config.type_balance > 0:
+        grouped, stats["type_balance"] = balance_types(grouped, config.type_balance)
+    if config.mix_trees:
+        grouped = mix_groups(grouped, seed)
+    return grouped, stats
