@@ -240,7 +240,7 @@ def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, 
 def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: Sequence[Step], rcfg):
     """``RoundStages.golden_update`` of the ``continued_sft`` control: ``n`` supervised updates with the round's
     optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in seeded orders."""
-    from ipl_jax.pipeline.sft_stage import make_batch_fn, make_example_fn
+    from ipl_jax.pipeline.sft_stage import SFTItem, make_batch_fn, make_example_fn
     from ipl_jax.preference.tdpo import round_schedule, summarize_steps
     from ipl_jax.training.train import make_qwen2vl_sft_step
 
@@ -264,7 +264,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
             if len(order) < bs:
                 order.extend(order_rng.permutation(len(steps)).tolist())
             chosen, order = order[:bs], order[bs:]
-            state, m = step_fn(state, batch_fn([example(steps[i]) for i in chosen]))
+            state, m = step_fn(state, batch_fn([example(SFTItem(steps[i])) for i in chosen]))
             per_step.append({k: float(v) for k, v in jax.device_get(m).items()})
         for m in per_step:
             m.setdefault("pairs", float(bs))  # weight for the round means: dialogues per update
