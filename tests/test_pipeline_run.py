@@ -182,6 +182,29 @@ def test_select_seed_command(quick_run):
     assert Path(got["seed"]).name == stage["chosen"]
 
 
+def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_path):
+    """The ``continued_sft`` ablation variant on the quick config, from the quick job as its shared base: it samples
+    the same trees as the job's own T-DPO round 1 (same seed and keys), so it packs the same batches, and spends
+    exactly that many supervised updates on the golden CoaT; the summary reports its gain with an interval."""
+    import shutil
+
+    from ipl_jax.pipeline.ablate import format_ablation, run_ablation
+
+    root = tmp_path / "ablate"
+    shutil.copytree(quick_run["workdir"], root / "base", symlinks=True)
+    # the candidates' paths in the SFT marker point at the job's own directory, which still exists
+    result = run_ablation(quick_run["config"], root, ["continued_sft"], echo=lambda _: None)
+    job_round = json.loads((quick_run["workdir"] / "rounds" / "1" / "round.json").read_text())
+    row = result["rows"][1]
+    assert row["variant"] == "continued_sft" and row["updates"] == job_round["train"]["steps"] > 0
+    assert row["pairs"] == job_round["pairs"]  # the same trees and pairs: only the update differs
+    g = row["gain"]
+    assert g["low"] <= g["gain"] <= g["high"] and set(row["metrics"]) == set(quick_run["config"].data.test_splits)
+    assert row["blank"] and "test" in row["blank"]
+    text = format_ablation(result)
+    assert "continued SFT (control)" in text and "gain [95% CI]" in text
+
+
 # ------------------------------------------------------------------------------------- pieces (no job needed)
 
 
