@@ -110,6 +110,9 @@ def test_gamma_modes_restrict_action_turn_negatives():
     assert int(cons.count) == 4 and sorted(got.tolist()) == [2, 3, 4, 5]  # s3 children of flat thoughts 1 and 2
     none_ = P.extract_pairs(nv, lt, gt, valid, config=P.PairConfig(gamma_action_pairs=False))
     assert int(none_.count) == 0
+    assert int(P.extract_pairs(nv, lt, gt, valid, config=P.PairConfig(turns=(1, 2, 4))).count) == 0
+    with pytest.raises(ValueError, match="turns"):
+        P.PairConfig(turns=(0, 3))
     with pytest.raises(ValueError, match="thought_allows_gamma"):
         P.extract_pairs(nv, lt, gt, valid, thought_allows_gamma=jnp.ones((1, 4), bool), config=P.PairConfig())
 

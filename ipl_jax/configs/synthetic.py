@@ -133,6 +133,7 @@ def get_config(arg=None):
     # γ pairs (golden ↑ vs sampled ↓ in trees without a correct leaf): "paper" (action turn and grounding),
     # "consistent" (action-turn pairs only below thoughts that name the golden action), "grounding", "none"
     c.ipl.gamma_pairs = "paper"
+    c.ipl.pair_turns = (1, 2, 3, 4)  # CoaT turns that give pairs ((3, 4): action and grounding only, an ablation)
     c.ipl.dedup = False  # drop exact duplicate pairs (same prefix, positive and negative tokens)
     c.ipl.type_balance = 0.0  # > 0: each positive action type keeps <= ceil(x * median type count) pairs a round
     c.ipl.mix_trees = False  # pack the round's prefix groups in a seeded random order (batches mix trees)

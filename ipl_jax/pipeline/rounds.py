@@ -128,6 +128,7 @@ class IPLSettings:
     max_pairs_per_tree: int
     max_gamma_pairs_per_tree: int
     gamma_pairs: str
+    pair_turns: tuple
     dedup: bool
     type_balance: float
     mix_trees: bool
@@ -144,6 +145,8 @@ class IPLSettings:
             bad("gamma_pairs", f"must be one of {', '.join(GAMMA_MODES)}")
         if self.sft_norm not in ("token", "sum"):
             bad("sft_norm", "must be token or sum")
+        if not self.pair_turns or not set(self.pair_turns) <= {1, 2, 3, 4}:
+            bad("pair_turns", "must be a non-empty subset of 1, 2, 3, 4")
         if self.schedule not in ("constant", "cosine"):
             bad("schedule", "must be constant or cosine")
         for f in ("learning_rate", "beta"):
@@ -213,7 +216,7 @@ def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index:
     pairs = PairConfig(max_beta_pairs_per_tree_turn=s.max_pairs_per_tree,
                        max_gamma_pairs_per_tree_turn=0 if s.gamma_pairs == "none" else s.gamma_cap,
                        gamma_action_pairs=s.gamma_pairs in ("paper", "consistent"),
-                       gamma_grounding_pairs=s.gamma_pairs != "none")
+                       gamma_grounding_pairs=s.gamma_pairs != "none", turns=s.pair_turns)
     tdpo = tdpo_config(config, cfg, round_index)
     return RoundConfig(tdpo=tdpo, packing=packing, pairs=pairs,
                        pair_mode="naive" if s.method == "naive_dpo" else "tdpo",

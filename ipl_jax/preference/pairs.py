@@ -66,8 +66,11 @@ class PairConfig:
     gap_tolerance: float = 1e-6  # a β pair needs gap > 1/K + gap_tolerance
     gamma_action_pairs: bool = True  # γ pairs at the action turn s3
     gamma_grounding_pairs: bool = True  # γ pairs at the grounding turn s4 (click-like goldens)
+    turns: tuple = (1, 2, 3, 4)  # CoaT turns that give pairs (e.g. (3, 4): action and grounding only)
 
     def __post_init__(self):
+        if not self.turns or not set(self.turns) <= {1, 2, 3, 4}:
+            raise ValueError(f"PairConfig.turns must be a non-empty subset of (1, 2, 3, 4), got {self.turns}")
         if self.max_beta_pairs_per_tree_turn < 0 or self.max_gamma_pairs_per_tree_turn < 0:
             raise ValueError("PairConfig: pair caps must be >= 0")
         if not 0 <= self.one_tolerance < 0.5 or not 0 <= self.gap_tolerance < 0.1:
@@ -346,6 +349,8 @@ def extract_pairs(
     beta_cap, gamma_cap = config.max_beta_pairs_per_tree_turn, config.max_gamma_pairs_per_tree_turn
     blocks = []  # (turn, tree class, cap, candidate fields) in output order
     for t in range(1, tree_lib.NUM_TURNS + 1):
+        if t not in config.turns:
+            continue
         if branching[t - 1] > 1 and beta_cap > 0:
             blocks.append((t, BETA, beta_cap, _beta_block(node_values, leaf_types, classes, branching, t, config)))
         if gamma_cap > 0 and t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
