@@ -346,6 +346,8 @@ def _eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-turn-tokens", type=int, nargs=4, default=(256, 128, 32, 32),
                    metavar=("T1", "T2", "T3", "T4"))
     p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
+    p.add_argument("--blank-screens", action="store_true", help="replace every screenshot by a grey image of "
+                   "its size (the control that shows how much accuracy comes from reading the screen)")
     return p
 
 
@@ -371,7 +373,8 @@ def eval_main(argv: list[str]) -> int:
                     for ep in episodes]
         episodes = [ep for ep in episodes if ep.steps]
     config = EvalConfig(sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
-                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules)
+                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules,
+                        blank_screens=args.blank_screens)
     records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
     print(format_table(table))
     for path, text in ((args.json, json.dumps(table, indent=2) + "\n"),
