@@ -243,3 +243,34 @@ def test_ipl_settings_are_typed_and_checked():
                               ("method", "ppo", "method"), ("sft_norm", "mean", "sft_norm")):
         with pytest.raises(ValueError, match=f"config.ipl.{msg}"):
             ipl_settings(load_config("synthetic", [f"--config.ipl.{field}={value}"]))
+
+
+def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
+    """``ipl-jax eval --blank-screens`` on a split gives exactly the predictions of a plain evaluation on a copy of
+    the split whose PNGs were painted grey."""
+    import json
+    import shutil
+
+    pytest.importorskip("torch")
+    from PIL import Image
+
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.data.synthetic.dataset import generate_split
+    from ipl_jax.eval.evaluate import BLANK_GREY, eval_main
+    from ipl_jax.model.tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", seed=0, scale=4.0)
+    write_aitz_split(generate_split("train", 1, seed=3), tmp_path / "data", "test")
+    shutil.copytree(tmp_path / "data", tmp_path / "grey")
+    for png in (tmp_path / "grey").rglob("*.png"):
+        size = Image.open(png).size
+        Image.new("RGB", size, BLANK_GREY).save(png)
+    outs = {}
+    for name, data, extra in (("blank", "data", ["--blank-screens"]), ("grey", "grey", []), ("plain", "data", [])):
+        preds = tmp_path / f"{name}.jsonl"
+        assert eval_main(["--checkpoint", str(ckpt), "--data", str(tmp_path / data), "--format", "aitz",
+                          "--split", "test", "--max-turn-tokens", "6", "4", "4", "6", "--predictions", str(preds),
+                          *extra]) == 0
+        outs[name] = [json.loads(x)["turns"] for x in preds.read_text().splitlines()]
+    assert outs["blank"] == outs["grey"]
+    assert outs["blank"] != outs["plain"]  # the screenshots do reach this (random, scaled) model
