@@ -208,17 +208,21 @@ def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_pat
 # ------------------------------------------------------------------------------------- pieces (no job needed)
 
 
-def test_world_overrides_split_on_commas_that_start_a_field():
-    from ipl_jax.pipeline.data_stage import world_overrides
+def test_world_is_a_typed_config_section():
+    from ipl_jax.data.synthetic.config import WorldConfig, world_config
 
-    assert world_overrides("width=252,n_contacts=4,20,themes=rose") == ["width=252", "n_contacts=4,20",
-                                                                         "themes=rose"]
-    assert world_overrides("") == []
-    # the default config's world parses into a valid WorldConfig
-    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
-
-    world = apply_overrides(WorldConfig(), world_overrides(load_config("synthetic").data.world))
-    assert world.shuffle_layout is False and world.n_contacts == (4, 8)
+    # the default config's world section converts into a valid WorldConfig
+    world = world_config(load_config("synthetic").world)
+    assert world.shuffle_layout is False and world.n_contacts == (4, 8) and world.themes == WorldConfig().themes
+    # fields are overridden like any other config field, with their types
+    c = load_config("synthetic", ["--config.world.width=252", "--config.world.n_contacts=(3, 20)",
+                                  "--config.world.themes=('rose',)", "--config.world.shuffle_layout=true"])
+    w = world_config(c.world)
+    assert (w.width, w.n_contacts, w.themes, w.shuffle_layout) == (252, (3, 20), ("rose",), True)
+    with pytest.raises(ValueError, match="config.world"):
+        world_config(load_config("synthetic", ["--config.world.themes=('pink',)"]).world)
+    with pytest.raises(ValueError, match="config.world.n_contacts"):
+        world_config(dict(load_config("synthetic").world.items(), n_contacts=(1, 2, 3)))
 
 
 def test_ablation_variants_are_config_switches():

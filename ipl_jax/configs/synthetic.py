@@ -19,6 +19,8 @@ pairs then teach it to answer against its own thought. The job exports the best 
 
 import ml_collections
 
+from ipl_jax.data.synthetic.config import world_section
+
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
@@ -34,12 +36,14 @@ def get_config(arg=None):
     c.data.test_splits = ("test", "test_app_unseen", "test_task_unseen")
     c.data.dev_split = "dev"  # "" (real AITZ has no dev split): hold out the last `dev_holdout` train episodes
     c.data.dev_holdout = 20
-    # WorldConfig overrides as "k=v,k=v" (see data/synthetic/config.py). The default: canonical layouts (no
-    # shuffling or jitter), no distractors, 2-6 extra apps, shorter lists -- learnable in minutes on a CPU.
-    c.data.world = ("shuffle_layout=0,layout_jitter=0,n_extra_apps=2,6,n_distractors=0,0,settings_rows=9,12,"
-                    "n_contacts=4,8,n_results=3,5")
     c.data.png_level = 1  # PNG compression of the written screenshots (1: fast, files a bit larger)
     c.data.loader_threads = 2  # Grain threads building SFT batches
+
+    # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)
+    # Every WorldConfig field. The default: canonical layouts (no shuffling or jitter), no distractors, 2-6 extra
+    # apps, shorter lists -- learnable in minutes on a CPU.
+    c.world = world_section(shuffle_layout=False, layout_jitter=False, n_extra_apps=(2, 6), n_distractors=(0, 0),
+                            settings_rows=(9, 12), n_contacts=(4, 8), n_results=(3, 5))
 
     # ------------------------------------------------------------------ instruction evolution
     c.evolution = ml_collections.ConfigDict()

@@ -35,20 +35,6 @@ def split_names(config: ml_collections.ConfigDict) -> list[str]:
     return out
 
 
-def world_overrides(text: str) -> list[str]:
-    """``"width=252,n_contacts=4,20,themes=rose"`` -> ``["width=252", "n_contacts=4,20", "themes=rose"]``:
-    a comma starts a new override only when the next piece holds a ``=``."""
-    out: list[str] = []
-    for piece in (p.strip() for p in text.split(",")):
-        if not piece:
-            continue
-        if "=" in piece or not out:
-            out.append(piece)
-        else:
-            out[-1] += "," + piece
-    return out
-
-
 def episodes_for(config: ml_collections.ConfigDict, split: str) -> int:
     if split == TRAIN:
         return int(config.data.train_episodes)
@@ -61,9 +47,9 @@ def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
     """Stage 1 (synthetic): generate every split with the synthetic world and write it in the AITZ layout."""
     from ipl_jax.data.synthetic import generate_split
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
+    from ipl_jax.data.synthetic.config import world_config
 
-    world = apply_overrides(WorldConfig(), world_overrides(config.data.world))
+    world = world_config(config.world)
     root = wd.dir("data")
     summary: dict = {"root": str(root), "splits": {}}
     for split in split_names(config):

@@ -1,4 +1,4 @@
-"""The synthetic world's difficulty knobs, its themes and layout variants, and ``k=v`` overrides.
+"""The synthetic world's difficulty knobs, its themes and layout variants, and their config section.
 
 Themes and layout variants are split into *seen* ones (train / dev / test) and *held-out* ones that only the
 ``test_app_unseen`` split uses, like AndroidControl's unseen-app split.
@@ -185,3 +185,47 @@ def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfi
         except ValueError as e:
             raise ValueError(f"--config {item!r}: {e}") from None
     return dataclasses.replace(config, **changes)
+
+
+def world_section(**overrides):
+    """The ``world`` section of a job config: every ``WorldConfig`` field with its default, then ``overrides``
+    (an ``ml_collections.ConfigDict``; ``--config.world.FIELD=value`` overrides it like any other field)."""
+    import ml_collections
+
+    values = {f.name: getattr(WorldConfig(), f.name) for f in dataclasses.fields(WorldConfig)}
+    unknown = set(overrides) - set(values)
+    if unknown:
+        raise ValueError(f"world_section: unknown WorldConfig fields {sorted(unknown)}")
+    values.update(overrides)
+    return ml_collections.ConfigDict(values)
+
+
+def world_config(section) -> WorldConfig:
+    """A ``WorldConfig`` from a ``world`` config section (or any mapping of its fields); raises ValueError naming
+    a bad field."""
+    hints = typing.get_type_hints(WorldConfig)
+    values = dict(section.items()) if hasattr(section, "items") else dict(section)
+    unknown = set(values) - set(hints)
+    if unknown:
+        raise ValueError(f"config.world: unknown fields {sorted(unknown)} (known: {sorted(hints)})")
+    changes = {}
+    for name, value in values.items():
+        hint = hints[name]
+        try:
+            if typing.get_origin(hint) is tuple:
+                args = typing.get_args(hint)
+                items = tuple(value)
+                kind = args[0]
+                if args[-1] is not Ellipsis and len(items) != len(args):
+                    raise ValueError(f"expected {len(args)} values")
+                changes[name] = tuple(kind(x) for x in items)
+            elif hint is bool:
+                changes[name] = bool(value)
+            else:
+                changes[name] = hint(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config.world.{name}: {value!r} is not a valid {hint} ({e})") from None
+    try:
+        return WorldConfig(**changes)
+    except ValueError as e:
+        raise ValueError(f"config.world: {e}") from None
