@@ -18,14 +18,19 @@ import os
 from typing import Any, Optional
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
 
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
-    """The vision tower (ViT + 2x2 patch merger)."""
+    """The vision tower (ViT + 2x2 patch merger).
+
+    Qwen2.5-VL (``Qwen2VLConfig.model_type == "qwen2_5_vl"``) names the ViT width ``hidden_size`` and the merger
+    output ``out_hidden_size`` in its HF config; here they are ``embed_dim`` and ``hidden_size`` for both models.
+    """
 
     depth: int = 32
-    embed_dim: int = 1280
+    embed_dim: int = 1280  # ViT width
     hidden_size: int = 3584  # merger output width = the language model's width
     mlp_ratio: int = 4
     num_heads: int = 16
@@ -35,10 +40,21 @@ class VisionConfig:
     temporal_patch_size: int = 2
     hidden_act: str = "quick_gelu"
     rope_theta: float = 10000.0
+    # Qwen2.5-VL only: SwiGLU width (0 = embed_dim * mlp_ratio), attention window in pixels (0 = none), the
+    # blocks that attend over the whole image, and the video time scale (kept for a faithful export).
+    intermediate_size: int = 0
+    window_size: int = 0
+    fullatt_block_indexes: tuple[int, ...] = ()
+    tokens_per_second: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
+
+    @property
+    def window_tokens(self) -> int:
+        """Side of an attention window in merged tokens (112 // 2 // 14 = 4 for Qwen2.5-VL); 0 = no windows."""
+        return self.window_size // self.spatial_merge_size // self.patch_size
 
     @property
     def patch_dim(self) -> int:
@@ -47,7 +63,7 @@ class VisionConfig:
 
     @property
     def mlp_dim(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
+        return self.intermediate_size or int(self.embed_dim * self.mlp_ratio)
 
     @property
     def merge_factor(self) -> int:
@@ -95,6 +111,8 @@ class Qwen2VLConfig:
     vision_start_token_id: int = 151652
     vision_end_token_id: int = 151653
     tie_word_embeddings: bool = False
+    # "qwen2_vl" or "qwen2_5_vl" (same decoder; 2.5 has the RMSNorm/SwiGLU windowed vision tower)
+    model_type: str = "qwen2_vl"
     param_dtype: str = "float32"
     dtype: str = "float32"
     # Runtime knob (not part of the HF config): attention processes this many queries at a time when a
@@ -122,6 +140,15 @@ class Qwen2VLConfig:
                              "divisible by 4")
         if v.hidden_size != t.hidden_size:
             raise ValueError(f"vision hidden_size {v.hidden_size} must equal the text hidden_size {t.hidden_size}")
+        if self.model_type not in _ARCH_VISION_ACT:
+            raise ValueError(f"model_type must be one of {tuple(_ARCH_VISION_ACT)}, got {self.model_type!r}")
+        if v.hidden_act != _ARCH_VISION_ACT[self.model_type]:
+            raise ValueError(f"unsupported vision hidden_act {v.hidden_act!r} for {self.model_type} "
+                             f"(only {_ARCH_VISION_ACT[self.model_type]})")
+        if self.model_type == "qwen2_5_vl":
+            if v.window_tokens < 1:
+                raise ValueError(f"vision window_size {v.window_size} must be at least spatial_merge_size * "
+                                 f"patch_size = {v.spatial_merge_size * v.patch_size}")
 
     def replace(self, **kw) -> "Qwen2VLConfig":
         return dataclasses.replace(self, **kw)
@@ -171,21 +198,35 @@ class Qwen2VLConfig:
         tpatch = vis.get("temporal_patch_size", 2)
         if isinstance(patch, (list, tuple)) or isinstance(tpatch, (list, tuple)):
             raise ValueError(f"non-scalar patch sizes are not supported: {patch!r}, {tpatch!r}")
-        vision = VisionConfig(
+        model_type = _model_type(d, vis)
+        common = dict(
             depth=int(vis.get("depth", 32)),
-            embed_dim=int(vis.get("embed_dim", 1280)),
-            hidden_size=int(vis.get("hidden_size", hidden)),
-            mlp_ratio=int(vis.get("mlp_ratio", 4)),
             num_heads=int(vis.get("num_heads", 16)),
             in_channels=int(vis.get("in_channels", 3)),  # HF ignores the old 'in_chans' key too
             patch_size=int(patch),
             spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
             temporal_patch_size=int(tpatch),
-            hidden_act=str(vis.get("hidden_act", "quick_gelu")),
             rope_theta=float(vrope.get("rope_theta", 10000.0)),
         )
-        if vision.hidden_act != "quick_gelu":
-            raise ValueError(f"unsupported vision hidden_act {vision.hidden_act!r} (only quick_gelu: Qwen2-VL)")
+        if model_type == "qwen2_5_vl":  # HF: hidden_size = ViT width, out_hidden_size = merger output
+            vision = VisionConfig(
+                embed_dim=int(vis.get("hidden_size", 3584)),
+                hidden_size=int(vis.get("out_hidden_size", 3584)),
+                intermediate_size=int(vis.get("intermediate_size", 3420)),
+                hidden_act=str(vis.get("hidden_act", "silu")),
+                window_size=int(vis.get("window_size", 112)),
+                fullatt_block_indexes=tuple(int(i) for i in vis.get("fullatt_block_indexes", (7, 15, 23, 31))),
+                tokens_per_second=int(vis.get("tokens_per_second", 4)),
+                **common,
+            )
+        else:
+            vision = VisionConfig(
+                embed_dim=int(vis.get("embed_dim", 1280)),
+                hidden_size=int(vis.get("hidden_size", hidden)),
+                mlp_ratio=int(vis.get("mlp_ratio", 4)),
+                hidden_act=str(vis.get("hidden_act", "quick_gelu")),
+                **common,
+            )
 
         tie = d.get("tie_word_embeddings")
         if not tie:
@@ -198,6 +239,7 @@ class Qwen2VLConfig:
             vision_start_token_id=int(d.get("vision_start_token_id", 151652)),
             vision_end_token_id=int(d.get("vision_end_token_id", 151653)),
             tie_word_embeddings=bool(tie),
+            model_type=model_type,
         )
         kw.update(overrides)
         return Qwen2VLConfig(**kw)
@@ -220,7 +262,8 @@ class Qwen2VLConfig:
             raise ValueError(f"{file}: {e}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The nested transformers-5 layout, loadable by ``Qwen2VLForConditionalGeneration.from_pretrained``."""
+        """The nested transformers-5 layout, loadable by ``Qwen2VLForConditionalGeneration.from_pretrained``
+        (``Qwen2_5_VLForConditionalGeneration`` for model_type qwen2_5_vl)."""
         t, v = self.text, self.vision
         torch_dtype = self.param_dtype
         eos = list(t.eos_token_id)
@@ -263,9 +306,17 @@ class Qwen2VLConfig:
             "rope_parameters": {"rope_theta": v.rope_theta, "rope_type": "axial"},
             "dtype": torch_dtype,
         }
+        if self.model_type == "qwen2_5_vl":
+            text["model_type"] = "qwen2_5_vl_text"
+            for k in ("embed_dim", "mlp_ratio"):
+                del vision[k]
+            vision.update(model_type="qwen2_5_vl_vision", hidden_size=v.embed_dim, out_hidden_size=v.hidden_size,
+                          intermediate_size=v.mlp_dim, window_size=v.window_size,
+                          fullatt_block_indexes=list(v.fullatt_block_indexes), tokens_per_second=v.tokens_per_second)
         return {
-            "architectures": ["Qwen2VLForConditionalGeneration"],
-            "model_type": "qwen2_vl",
+            "architectures": ["Qwen2_5_VLForConditionalGeneration" if self.model_type == "qwen2_5_vl"
+                              else "Qwen2VLForConditionalGeneration"],
+            "model_type": self.model_type,
             "text_config": text,
             "vision_config": vision,
             "image_token_id": self.image_token_id,
@@ -275,3 +326,15 @@ class Qwen2VLConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "dtype": torch_dtype,
         }
+
+
+def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
+    """'qwen2_5_vl' when the root model_type, the architectures or the vision config say so, else 'qwen2_vl'."""
+    root = d.get("model_type")
+    if root not in (None, "qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"model_type {root!r} is neither qwen2_vl nor qwen2_5_vl")
+    archs = d.get("architectures") or ()
+    if (root == "qwen2_5_vl" or any(str(a).startswith("Qwen2_5_VL") for a in archs)
+            or vis.get("model_type") in ("qwen2_5_vl", "qwen2_5_vl_vision")):
+        return "qwen2_5_vl"
+    return "qwen2_vl"

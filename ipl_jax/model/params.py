@@ -8,6 +8,9 @@ Layout (stacked leaves carry a leading layer axis L / Lv; linear kernels are (in
     visual/blocks/attn/proj/{kernel,bias}        [Lv, E, E], [Lv, E]
     visual/blocks/mlp/fc1/{kernel,bias}          [Lv, E, mlp], [Lv, mlp]
     visual/blocks/mlp/fc2/{kernel,bias}          [Lv, mlp, E], [Lv, E]
+      Qwen2.5-VL instead: norm1/norm2/ln_q have no bias (RMSNorm), and the MLP is
+    visual/blocks/mlp/{gate,up}_proj/{kernel,bias}   [Lv, E, mlp], [Lv, mlp]
+    visual/blocks/mlp/down_proj/{kernel,bias}        [Lv, mlp, E], [Lv, E]
     visual/merger/ln_q/{scale,bias}              [E]
     visual/merger/mlp_0/{kernel,bias}            [4E, 4E], [4E]       visual.merger.mlp.0.*
     visual/merger/mlp_2/{kernel,bias}            [4E, H], [H]         visual.merger.mlp.2.*
@@ -64,16 +67,20 @@ def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     out: list[ParamEntry] = [ParamEntry(("visual", "patch_embed", "kernel"), (v.patch_dim, e), "normal",
                                         "visual.patch_embed.proj.weight", "conv")]
     vb = "visual.blocks.{i}."
+    qwen25 = cfg.model_type == "qwen2_5_vl"  # RMSNorms (no bias) and a SwiGLU MLP (with biases)
     for n in ("norm1", "norm2"):
-        out += [ParamEntry(("visual", "blocks", n, "scale"), (lv, e), "ones", vb + n + ".weight"),
-                ParamEntry(("visual", "blocks", n, "bias"), (lv, e), "zeros", vb + n + ".bias")]
-    for sub, name, din, dout in (("attn", "qkv", e, 3 * e), ("attn", "proj", e, e),
-                                 ("mlp", "fc1", e, m), ("mlp", "fc2", m, e)):
+        out.append(ParamEntry(("visual", "blocks", n, "scale"), (lv, e), "ones", vb + n + ".weight"))
+        if not qwen25:
+            out.append(ParamEntry(("visual", "blocks", n, "bias"), (lv, e), "zeros", vb + n + ".bias"))
+    mlp = ((("mlp", "gate_proj", e, m), ("mlp", "up_proj", e, m), ("mlp", "down_proj", m, e)) if qwen25
+           else (("mlp", "fc1", e, m), ("mlp", "fc2", m, e)))
+    for sub, name, din, dout in (("attn", "qkv", e, 3 * e), ("attn", "proj", e, e)) + mlp:
         out += [ParamEntry(("visual", "blocks", sub, name, "kernel"), (lv, din, dout), "normal",
                            f"{vb}{sub}.{name}.weight", "linear"),
                 ParamEntry(("visual", "blocks", sub, name, "bias"), (lv, dout), "zeros", f"{vb}{sub}.{name}.bias")]
-    out += [ParamEntry(("visual", "merger", "ln_q", "scale"), (e,), "ones", "visual.merger.ln_q.weight"),
-            ParamEntry(("visual", "merger", "ln_q", "bias"), (e,), "zeros", "visual.merger.ln_q.bias")]
+    out.append(ParamEntry(("visual", "merger", "ln_q", "scale"), (e,), "ones", "visual.merger.ln_q.weight"))
+    if not qwen25:
+        out.append(ParamEntry(("visual", "merger", "ln_q", "bias"), (e,), "zeros", "visual.merger.ln_q.bias"))
     for idx, din, dout in ((0, me, me), (2, me, v.hidden_size)):
         out += [ParamEntry(("visual", "merger", f"mlp_{idx}", "kernel"), (din, dout), "normal",
                            f"visual.merger.mlp.{idx}.weight", "linear"),

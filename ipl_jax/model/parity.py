@@ -1,8 +1,9 @@
 """``ipl-jax check-parity --model DIR``: our logits vs transformers' on random text and images.
 
 Builds a left-padded batch of two samples (the first with two images of different sizes, one non-square with
-an odd merged dimension), runs transformers (eager attention, float32, CPU) and our model (float32, highest
-matmul precision), and prints ``{"max_abs_logit_diff", "tolerance", "ok", ...}`` as JSON. Exit status: 0 when
+an odd merged dimension; for Qwen2.5-VL the first image spans several attention windows and cuts the last
+ones short), runs transformers (eager attention, float32, CPU) and our model (float32, highest matmul
+precision), and prints ``{"max_abs_logit_diff", "tolerance", "ok", ...}`` as JSON. Exit status: 0 when
 within tolerance, 1 above it, 2 when torch/transformers are missing or the checkpoint cannot be read.
 """
 
@@ -18,6 +19,8 @@ from ipl_jax.model.config import Qwen2VLConfig
 
 # Image grids (t, h, w) in patches: merged 2x3 and 3x2 (odd along one side).
 DEFAULT_GRIDS = ((1, 4, 6), (1, 6, 4))
+# Qwen2.5-VL: merged 5x6 spans several attention windows (4x4 merged in real checkpoints) with cut edges.
+WINDOW_GRIDS = ((1, 10, 12), (1, 6, 4))
 
 
 def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRIDS, text_len: int = 12):
@@ -60,7 +63,7 @@ def compare(model_dir: str, seed: int = 0) -> dict:
     """Runs both models on one random batch; returns the comparison as a dict."""
     import jax
     import torch
-    from transformers import Qwen2VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
     from ipl_jax.model.inputs import prepare_inputs
     from ipl_jax.model.text import forward_inputs
@@ -68,9 +71,11 @@ def compare(model_dir: str, seed: int = 0) -> dict:
 
     params, cfg = load_params(model_dir, dtype="float32")
     cfg = cfg.replace(dtype="float32")
-    ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed))
+    qwen25 = cfg.model_type == "qwen2_5_vl"
+    ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed), WINDOW_GRIDS if qwen25 else DEFAULT_GRIDS)
 
-    ref_model = Qwen2VLForConditionalGeneration.from_pretrained(
+    ref_cls = Qwen2_5_VLForConditionalGeneration if qwen25 else Qwen2VLForConditionalGeneration
+    ref_model = ref_cls.from_pretrained(
         model_dir, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         ref = ref_model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
@@ -89,7 +94,7 @@ def compare(model_dir: str, seed: int = 0) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ipl-jax check-parity", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="Hugging Face Qwen2-VL checkpoint directory")
+    ap.add_argument("--model", required=True, help="Hugging Face Qwen2-VL or Qwen2.5-VL checkpoint directory")
     ap.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| allowed")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

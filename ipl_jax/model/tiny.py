@@ -3,8 +3,8 @@
 ``make_tiny_checkpoint(out_dir, ...)`` writes a directory that loads like a real Qwen2-VL checkpoint:
 
 * ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): ``Qwen2VLForConditionalGeneration``
-  built from a ``Qwen2VLConfig`` in the transformers-5 nested form (``text_config`` / ``vision_config``), random
-  weights from ``torch.manual_seed(seed)``;
+  (``arch="qwen2_5_vl"``: ``Qwen2_5_VLForConditionalGeneration``) built from its config in the transformers-5
+  nested form (``text_config`` / ``vision_config``), random weights from ``torch.manual_seed(seed)``;
 * ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja``: a byte-level BPE trained with the
   ``tokenizers`` library on a corpus (default: GUI-ish sentences and our CoaT prompts), with Qwen2-VL's
   pre-tokenizer and its special tokens kept whole, placed right after the BPE vocabulary in Qwen's order, and
@@ -69,6 +69,23 @@ TINY_VISION_CONFIG = {
     "temporal_patch_size": 2,
     "initializer_range": 0.02,
 }
+# Qwen2.5-VL (``arch="qwen2_5_vl"``): its HF names (hidden_size = ViT width, out_hidden_size = merger output), the
+# real 112-pixel window (4x4 merged tokens); the last block attends over the whole image (build_config_dict).
+TINY_VISION25_CONFIG = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 4,
+    "hidden_act": "silu",
+    "in_channels": 3,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 112,
+    "tokens_per_second": 2,
+    "initializer_range": 0.02,
+}
+ARCHS = ("qwen2_vl", "qwen2_5_vl")
 ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id",
              "vision_end_token_id")
 
@@ -229,19 +246,29 @@ def _default_mrope_section(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int]) -> dict:
-    """The nested Qwen2VLConfig kwargs for our tiny defaults updated by ``model_overrides``.
+def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int],
+                      arch: str = "qwen2_vl") -> dict:
+    """The nested Qwen2VLConfig (``arch="qwen2_5_vl"``: Qwen2_5_VLConfig) kwargs for our tiny defaults updated by
+    ``model_overrides``.
 
     ``model_overrides`` may hold ``text_config`` / ``vision_config`` dicts (merged into the defaults), the root
     keys ``tie_word_embeddings`` and the vision token ids, and flat text fields at the top level (the Hub's flat
-    layout). The vision ``hidden_size`` always equals the text ``hidden_size``; token ids must match the tokenizer.
+    layout). The merger output (vision ``hidden_size``; Qwen2.5-VL: ``out_hidden_size``) always equals the text
+    ``hidden_size``; token ids must match the tokenizer. Qwen2.5-VL: the last vision block attends over the whole
+    image unless ``fullatt_block_indexes`` is given.
     """
     over = copy.deepcopy(model_overrides or {})
     text = copy.deepcopy(TINY_TEXT_CONFIG)
-    vision = copy.deepcopy(TINY_VISION_CONFIG)
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r} (expected one of {ARCHS})")
+    qwen25 = arch == "qwen2_5_vl"
+    vision = copy.deepcopy(TINY_VISION25_CONFIG if qwen25 else TINY_VISION_CONFIG)
     root: dict[str, Any] = {"tie_word_embeddings": False}
     text_over = dict(over.pop("text_config", None) or {})
-    vision.update(over.pop("vision_config", None) or {})
+    vision_over = over.pop("vision_config", None) or {}
+    vision.update(vision_over)
+    if qwen25 and "fullatt_block_indexes" not in vision_over:
+        vision["fullatt_block_indexes"] = [vision["depth"] - 1]
     for k in ROOT_KEYS:
         if k in over:
             root[k] = over.pop(k)
@@ -273,9 +300,10 @@ def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids
     text["bos_token_id"] = special_ids[ENDOFTEXT]
     text["eos_token_id"] = special_ids[IM_END]
     text["pad_token_id"] = None
-    vision["hidden_size"] = text["hidden_size"]
-    if vision["embed_dim"] % vision["num_heads"]:
-        raise ValueError(f"vision embed_dim {vision['embed_dim']} not divisible by num_heads {vision['num_heads']}")
+    width = "hidden_size" if qwen25 else "embed_dim"  # the ViT width's name
+    vision["out_hidden_size" if qwen25 else "hidden_size"] = text["hidden_size"]
+    if vision[width] % vision["num_heads"]:
+        raise ValueError(f"vision {width} {vision[width]} not divisible by num_heads {vision['num_heads']}")
     want = {"image_token_id": special_ids[IMAGE_PAD], "video_token_id": special_ids[VIDEO_PAD],
             "vision_start_token_id": special_ids[VISION_START], "vision_end_token_id": special_ids[VISION_END]}
     for k, v in want.items():
@@ -311,7 +339,8 @@ def _randomise_and_scale(model, seed: int, scale: float | None, random_biases: b
 def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None = None,
                          vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None, seed: int = 0,
                          scale: float | None = None, min_pixels: int = DEFAULT_MIN_PIXELS,
-                         max_pixels: int = DEFAULT_MAX_PIXELS, random_biases: bool = True) -> Path:
+                         max_pixels: int = DEFAULT_MAX_PIXELS, random_biases: bool = True,
+                         arch: str = "qwen2_vl") -> Path:
     """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
 
     ``vocab_size`` is the model's embedding size; the tokenizer (BPE + 14 specials) is trained to at most that.
@@ -326,10 +355,11 @@ def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None
         raise ValueError("make_tiny_checkpoint: empty tokenizer corpus")
     texts = default_corpus() if corpus is None else scaffold_texts() + list(corpus)
     special_ids = write_tokenizer(train_tokenizer(texts, vocab_size), out)
-    cfg_kwargs = build_config_dict(model_overrides, vocab_size, special_ids)
-    config = transformers.Qwen2VLConfig(**cfg_kwargs)
+    cfg_kwargs = build_config_dict(model_overrides, vocab_size, special_ids, arch)
+    prefix = "Qwen2_5_VL" if arch == "qwen2_5_vl" else "Qwen2VL"
+    config = getattr(transformers, prefix + "Config")(**cfg_kwargs)
     torch.manual_seed(seed)
-    model = transformers.Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    model = getattr(transformers, prefix + "ForConditionalGeneration")(config).to(torch.float32).eval()
     _randomise_and_scale(model, seed, scale, random_biases, cfg_kwargs["text_config"]["initializer_range"])
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=special_ids[ENDOFTEXT], eos_token_id=[special_ids[IM_END], special_ids[ENDOFTEXT]],
@@ -373,9 +403,10 @@ def main(argv: list[str]) -> int:
                       ("--kv-heads", "num_key_value_heads")):
         ap.add_argument(flag, type=int, dest=key, default=None, help=f"text {key}")
     ap.add_argument("--vision-depth", type=int, default=None)
-    ap.add_argument("--vision-dim", type=int, default=None, help="vision embed_dim")
+    ap.add_argument("--vision-dim", type=int, default=None, help="vision width (embed_dim; 2.5: hidden_size)")
     ap.add_argument("--vision-heads", type=int, default=None)
     ap.add_argument("--tie-embeddings", action="store_true")
+    ap.add_argument("--arch", choices=ARCHS, default="qwen2_vl", help="Qwen2-VL or Qwen2.5-VL (windowed ViT)")
     args = ap.parse_args(argv)
 
     overrides = _read_json_arg(args.config) if args.config else {}
@@ -385,7 +416,8 @@ def main(argv: list[str]) -> int:
                 "num_key_value_heads"):
         if getattr(args, key) is not None:
             text_over[key] = getattr(args, key)
-    for flag, key in (("vision_depth", "depth"), ("vision_dim", "embed_dim"), ("vision_heads", "num_heads")):
+    vision_width = "hidden_size" if args.arch == "qwen2_5_vl" else "embed_dim"
+    for flag, key in (("vision_depth", "depth"), ("vision_dim", vision_width), ("vision_heads", "num_heads")):
         if getattr(args, flag) is not None:
             vision_over[key] = getattr(args, flag)
     if args.tie_embeddings:
@@ -397,7 +429,7 @@ def main(argv: list[str]) -> int:
     try:
         out = make_tiny_checkpoint(args.out, overrides, vocab_size=args.vocab_size, corpus=corpus, seed=args.seed,
                                    scale=args.scale, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                                   random_biases=not args.zero_biases)
+                                   random_biases=not args.zero_biases, arch=args.arch)
     except (MissingDependency, ValueError) as e:
         print(f"make-tiny: {e}", file=sys.stderr)
         return 2

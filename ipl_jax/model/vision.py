@@ -18,6 +18,7 @@ from flax import struct
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.layers import dense, layer_norm, quick_gelu, segment_attention
 from ipl_jax.model.rope import apply_rotary, vision_cos_sin
+from ipl_jax.model.vision25 import encode_images_qwen25
 
 _LN_EPS = 1e-6
 
@@ -59,6 +60,8 @@ def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
 def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
     """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
     tokens (pad patches) hold finite garbage and must not be scattered into the text."""
+    if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
+        return encode_images_qwen25(params, cfg, vision)
     v = cfg.vision
     dtype = jnp.dtype(cfg.dtype)
     vp = params["visual"]

@@ -1,0 +1,134 @@
+"""The Qwen2.5-VL vision tower on the same fixed-shape packed patches as Qwen2-VL (``vision.VisionInputs``).
+
+What differs from Qwen2-VL: RMSNorm instead of LayerNorm (blocks and the merger's ``ln_q``), a SwiGLU MLP with
+biases, and windowed attention. Each image slice's merged tokens (2x2 patch groups) are tiled into windows of
+``window_tokens`` x ``window_tokens`` merged tokens (112 px = 4x4 merged = 8x8 patches in the real models);
+windows on the bottom and right edges are cut short when the merged grid is not a multiple of the window. The
+tower runs in *window order*: patch groups are permuted so that every window is contiguous (transformers'
+``window_index``), all blocks run, the merger concatenates each group, and the merged tokens are put back with
+the inverse permutation. Blocks in ``fullatt_block_indexes`` attend within an image slice (``cu_seqlens``),
+the others within a window (``cu_window_seqlens``).
+
+Here the permutation is computed on device by a stable sort of the merged tokens over (segment, window row,
+window column), from the patches' (row, column) and segment ids, so image sizes stay traced values and any mix
+of images within one patch bucket reuses one compilation. Window membership becomes a second segment-id array
+for ``segment_attention``. Pad patches (segment -1) sort last and form one window of their own.
+``window_index_host`` computes transformers' (window_index, cu_window_seqlens) in numpy, for tests and callers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.layers import dense, rms_norm, segment_attention
+from ipl_jax.model.rope import apply_rotary, vision_cos_sin
+
+if TYPE_CHECKING:  # annotations only: vision.py imports this module
+    from ipl_jax.model.vision import VisionInputs
+
+_NORM_EPS = 1e-6
+
+
+def window_order(pos_hw: jnp.ndarray, segment_ids: jnp.ndarray, cfg: Qwen2VLConfig):
+    """The window permutation of the merged tokens, on device.
+
+    pos_hw: int32[P, 2] (block-major over merge blocks, as ``VisionInputs``); segment_ids: int32[P] (-1 = pad).
+    Returns (perm, inverse, window) each int32[N], N = P // merge_factor: window-order slot i holds merged token
+    ``perm[i]``; ``inverse`` undoes it (``x[perm][inverse] == x``); ``window[i]`` numbers the window of slot i
+    (0, 1, ... in order; the pads share the last one).
+    """
+    v = cfg.vision
+    m, ws, mf = v.spatial_merge_size, v.window_tokens, v.merge_factor
+    seg = segment_ids[::mf]
+    first = pos_hw[::mf]  # the top-left patch of each merge group
+    seg_key = jnp.where(seg < 0, jnp.iinfo(jnp.int32).max, seg)
+    win_row = first[:, 0] // m // ws
+    win_col = first[:, 1] // m // ws
+    iota = jnp.arange(seg.shape[0], dtype=jnp.int32)
+    # Stable: inside one window the merged tokens keep their raster order, as in transformers.
+    s_seg, s_row, s_col, perm = jax.lax.sort((seg_key, win_row, win_col, iota), num_keys=3, is_stable=True)
+    starts = (s_seg[1:] != s_seg[:-1]) | (s_row[1:] != s_row[:-1]) | (s_col[1:] != s_col[:-1])
+    window = jnp.cumsum(jnp.concatenate([jnp.zeros((1,), jnp.int32), starts.astype(jnp.int32)]))
+    inverse = jnp.zeros_like(perm).at[perm].set(iota)
+    return perm, inverse, window
+
+
+def _block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
+    """One pre-norm block. x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] (window or slice ids)."""
+    v = cfg.vision
+    dtype = x.dtype
+    p_len = x.shape[0]
+    h = rms_norm(bp["norm1"], x, _NORM_EPS)
+    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
+    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
+    cq, sq = cos[:, None, :], sin[:, None, :]
+    q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
+    k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    x = x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
+    h = rms_norm(bp["norm2"], x, _NORM_EPS)
+    mp = bp["mlp"]
+    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype),
+              dtype)
+    return x + h
+
+
+def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: "VisionInputs") -> jnp.ndarray:
+    """ViT + merger of Qwen2.5-VL. Returns f32[P // merge_factor, hidden] in the input's merged-token order
+    (images first, pad rows at the end, as ``vision.encode_images``)."""
+    v = cfg.vision
+    mf = v.merge_factor
+    dtype = jnp.dtype(cfg.dtype)
+    vp = params["visual"]
+    perm, inverse, window = window_order(vision.pos_hw, vision.segment_ids, cfg)
+
+    def to_windows(a):  # [P, ...] -> the same rows with merge groups in window order
+        return jnp.take(a.reshape((-1, mf) + a.shape[1:]), perm, axis=0).reshape(a.shape)
+
+    # The patch embedding is row-wise, so permuting its input equals permuting its output (transformers).
+    x = dense(vp["patch_embed"], to_windows(vision.patches), dtype)  # [P, E]
+    cos, sin = vision_cos_sin(to_windows(vision.pos_hw), v)
+    seg_slice = to_windows(vision.segment_ids)
+    seg_window = jnp.repeat(window, mf)
+    # transformers tests `block in fullatt_block_indexes`: indexes outside 0..depth-1 never match
+    full = np.isin(np.arange(v.depth), v.fullatt_block_indexes)
+
+    def body(x, xs):
+        bp, is_full = xs
+        return _block(cfg, x, bp, cos, sin, jnp.where(is_full, seg_slice, seg_window)), None
+
+    x, _ = jax.lax.scan(body, x, (vp["blocks"], jnp.asarray(full)))
+    mp = vp["merger"]
+    h = rms_norm(mp["ln_q"], x, _NORM_EPS).reshape(-1, mf * v.embed_dim)
+    h = dense(mp["mlp_0"], h, dtype)
+    h = jax.nn.gelu(h, approximate=False)
+    h = dense(mp["mlp_2"], h, dtype)
+    return jnp.take(h, inverse, axis=0).astype(jnp.float32)
+
+
+def window_index_host(grid_thw, cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' window bookkeeping in numpy, for images packed in order.
+
+    grid_thw: int[n, 3] (patches). Returns (window_index int64[N]: the merged token in each window-order slot,
+    N = sum(t*h*w) / merge_factor; cu_window_seqlens int32[W + 1]: cumulative window lengths in *patches*).
+    """
+    v = cfg.vision
+    m, ws, mf = v.spatial_merge_size, v.window_tokens, v.merge_factor
+    index, cu, base = [], [0], 0
+    for t, h, w in np.asarray(grid_thw, np.int64).reshape(-1, 3):
+        gh, gw = int(h) // m, int(w) // m
+        grid = np.arange(t * gh * gw).reshape(t, gh, gw) + base
+        for s in range(t):
+            for r in range(0, gh, ws):
+                for c in range(0, gw, ws):
+                    win = grid[s, r:r + ws, c:c + ws].ravel()
+                    index.append(win)
+                    cu.append(cu[-1] + win.size * mf)
+        base += t * gh * gw
+    flat = np.concatenate(index) if index else np.zeros((0,), np.int64)
+    return flat.astype(np.int64), np.asarray(cu, np.int32)
