@@ -1,4 +1,6 @@
-"""The sampler's cache-appending decoder (``sampling.cached_decoder.append_tokens``) against ``model.extend``."""
+"""The cached decode path the sampler's loop runs (``model.decode.append_tokens`` one token at a time, inside a
+jitted loop) against one teacher-forced append of the same tokens, and its two-block attention against
+attention over the concatenated keys."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import numpy as np
 from test_sampler_support import tiny_config, tiny_params
 
 from ipl_jax import model as M
-from ipl_jax.sampling.cached_decoder import append_tokens, two_block_attention
-from ipl_jax.model.layers import attention
+from ipl_jax.model.decode import append_tokens
+from ipl_jax.model.layers import attention, two_block_attention
 
 
 def _filled_cache(cfg, params, rows: int, size: int, seed: int):
@@ -28,27 +30,40 @@ def _filled_cache(cfg, params, rows: int, size: int, seed: int):
     return cache
 
 
-def test_append_tokens_matches_model_extend():
+def test_token_by_token_appends_equal_one_teacher_forced_append():
     cfg = tiny_config()
     params = tiny_params(cfg)
     rng = np.random.default_rng(1)
     cache = _filled_cache(cfg, params, rows=5, size=24, seed=0)
 
     @jax.jit
-    def both(c, i, v):
-        return append_tokens(params, cfg, c, i, v), append_tokens(params, cfg, c, i, v, logits=False)[1]
+    def one_by_one(c, ids, valid):
+        def body(c, xs):
+            tok, ok = xs
+            logits, c = append_tokens(params, cfg, c, tok[:, None], ok[:, None])
+            return c, logits[:, 0]
+
+        c, logits = jax.lax.scan(body, c, (ids.T, valid.T))
+        return logits.swapaxes(0, 1), c
+
+    @jax.jit
+    def without_logits(c, ids, valid):  # a prompt extension: cache only, no lm_head
+        return append_tokens(params, cfg, c, ids, valid, logits=False)
 
     for step in range(2):  # two appends of 3 tokens: the second attends to the first one's entries
         ids = jnp.asarray(rng.integers(10, cfg.text.vocab_size, (5, 3)), jnp.int32)
         valid = jnp.asarray(rng.random((5, 3)) < 0.75).at[0].set(True).at[1].set(False)  # row 1 appends nothing
         with jax.default_matmul_precision("highest"):
-            (got_logits, got), no_logits = both(cache, ids, valid)
+            got_logits, got = one_by_one(cache, ids, valid)
+            none, prompt_cache = without_logits(cache, ids, valid)
             want_logits, want = M.extend(params, cfg, jax.tree.map(jnp.copy, cache), ids, valid)
         v = np.asarray(valid)
         np.testing.assert_allclose(np.asarray(got_logits)[v], np.asarray(want_logits)[v], atol=2e-5, rtol=1e-5)
         np.testing.assert_array_equal(got.length, want.length)
         np.testing.assert_array_equal(got.next_pos, want.next_pos)
-        for c in (got, no_logits):
+        assert none is None
+        for c in (got, prompt_cache):
+            np.testing.assert_array_equal(c.length, want.length)
             np.testing.assert_allclose(np.asarray(c.k), np.asarray(want.k), atol=1e-5)
             np.testing.assert_allclose(np.asarray(c.v), np.asarray(want.v), atol=1e-5)
         assert int(np.sum(np.asarray(want.length) - np.asarray(cache.length))) == int(v.sum()) > 0
@@ -57,13 +72,14 @@ def test_append_tokens_matches_model_extend():
 
 def test_two_block_attention_equals_attention_over_the_concatenation():
     rng = np.random.default_rng(0)
-    r, s, t, hq, hkv, d = 3, 7, 2, 4, 2, 8
-    q = jnp.asarray(rng.standard_normal((r, t, hq, d)), jnp.float32)
-    k_old, v_old = (jnp.asarray(rng.standard_normal((r, s, hkv, d)), jnp.float32) for _ in range(2))
-    k_new, v_new = (jnp.asarray(rng.standard_normal((r, t, hkv, d)), jnp.float32) for _ in range(2))
-    old_mask = jnp.asarray(rng.random((r, s)) < 0.6)
-    new_mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(r, 0)
-    got = two_block_attention(q, k_old, v_old, old_mask, k_new, v_new, new_mask)
-    mask = jnp.concatenate([jnp.broadcast_to(old_mask[:, None], (r, t, s)), new_mask], axis=2)
-    want = attention(q, jnp.concatenate([k_old, k_new], 1), jnp.concatenate([v_old, v_new], 1), mask)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    r, s, hq, hkv, d = 3, 7, 4, 2, 8
+    for t, chunk in ((3, 0), (3, 2), (1, 0)):  # chunked queries and the one-token (decoding) form
+        q = jnp.asarray(rng.standard_normal((r, t, hq, d)), jnp.float32)
+        k_old, v_old = (jnp.asarray(rng.standard_normal((r, s, hkv, d)), jnp.float32) for _ in range(2))
+        k_new, v_new = (jnp.asarray(rng.standard_normal((r, t, hkv, d)), jnp.float32) for _ in range(2))
+        old_mask = jnp.asarray(rng.random((r, s)) < 0.6)
+        new_mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(r, 0)
+        got = two_block_attention(q, k_old, v_old, old_mask, k_new, v_new, new_mask, chunk)
+        mask = jnp.concatenate([jnp.broadcast_to(old_mask[:, None], (r, t, s)), new_mask], axis=2)
+        want = attention(q, jnp.concatenate([k_old, k_new], 1), jnp.concatenate([v_old, v_new], 1), mask)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)

@@ -21,20 +21,23 @@ Usage::
     cache = M.repeat_cache(cache, k)                               # fan a prefix out to k branches: B -> B*k
     logits, cache = M.extend(params, cfg, cache, ids, valid)       # append T tokens (teacher forcing); cache donated
     logits, cache = M.decode_step(params, cfg, cache, tok, valid)  # T = 1
+    # inside a caller's own jitted loop (the sampler): the same append, unjitted, cache as a loop carry
+    logits, cache = M.append_tokens(params, cfg, cache, ids, valid)
     tokens, n = M.greedy_generate(params, cfg, inputs, max_new_tokens=32, eos_ids=(eos,))
 
     M.save_params(params, cfg, "out_dir")                          # HF safetensors + config.json
 
 Sharding: ``M.sharding.make_mesh``, ``param_shardings(params_or_shapes, mesh)`` (regex rules over '/'-joined
-paths), then ``load_params(dir, shardings=...)`` places each leaf straight into its sharding.
+paths), then ``load_params(dir, shardings=...)`` places each leaf straight into its sharding; the functions above
+run unchanged on placed arrays (``inputs_shardings`` / ``cache_shardings`` place inputs and caches).
 Configs are frozen dataclasses (static jit arguments); ``cfg.dtype`` is the compute dtype, ``cfg.param_dtype``
 the storage dtype, ``cfg.attention_query_chunk`` bounds attention memory. All public compute functions are
 jitted with ``cfg`` static (``greedy_generate`` wraps a jitted loop; its end ids are traced, not static).
 """
 
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
-from ipl_jax.model.decode import (KVCache, decode_step, extend, greedy_generate, init_cache, prefill,
-                                  repeat_cache, select_rows)
+from ipl_jax.model.decode import (KVCache, append_tokens, decode_step, extend, greedy_generate, grow_cache,
+                                  init_cache, prefill, repeat_cache, select_rows)
 from ipl_jax.model.inputs import ModelInputs, get_rope_index, pick_bucket, prepare_inputs, prepare_vision
 from ipl_jax.model.params import count_params, init_params, param_layout, param_shapes
 from ipl_jax.model.text import (attention_mask_from_spec, embed_tokens, forward, forward_hidden, forward_inputs,
@@ -43,8 +46,8 @@ from ipl_jax.model.vision import VisionInputs, encode_images, merged_valid
 from ipl_jax.model.weights import load_params, save_params
 
 __all__ = [
-    "Qwen2VLConfig", "TextConfig", "VisionConfig", "KVCache", "decode_step", "extend", "greedy_generate",
-    "init_cache", "prefill", "repeat_cache", "select_rows", "ModelInputs", "get_rope_index", "pick_bucket",
+    "Qwen2VLConfig", "TextConfig", "VisionConfig", "KVCache", "append_tokens", "decode_step", "extend",
+    "greedy_generate", "grow_cache", "init_cache", "prefill", "repeat_cache", "select_rows", "ModelInputs", "get_rope_index", "pick_bucket",
     "prepare_inputs", "prepare_vision", "count_params", "init_params", "param_layout", "param_shapes",
     "attention_mask_from_spec", "embed_tokens", "forward", "forward_hidden", "forward_inputs",
     "logits_from_hidden", "token_log_probs", "VisionInputs", "encode_images", "merged_valid", "load_params",

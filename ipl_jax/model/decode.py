@@ -9,6 +9,14 @@ of row b gets (all three M-RoPE rows equal for text).
 among the new tokens, causally (or by an explicit bool[B, T, T] mask). Rows may append different numbers of
 valid tokens; pads (``valid_mask`` False) are neither written nor counted. When more tokens arrive than the
 cache has room for, the excess is dropped and ``length`` saturates at the cache size: size caches generously.
+
+Every path runs ``model.text.decoder_stack`` (the one decoder layer); they differ in the attention passed in.
+Prefill attends among the prompt's tokens only; an append attends to the cache and the new tokens as two key
+blocks with one softmax (``layers.two_block_attention``). The cache is never carried through the layer scan:
+each layer only *reads* its slice, the new keys / values are the scan's outputs, and one scatter after the scan
+writes all layers' entries. Carrying the stacked cache [L, B, S, Hkv, D] through the scan instead makes XLA copy
+all of it in every layer of every step (O(L * cache) memory traffic per token instead of O(cache)); inside the
+sampler's decode loop, where the cache is a loop carry, the single scatter happens in place.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import ModelInputs
-from ipl_jax.model.text import decoder_stack, embed_tokens, logits_from_hidden
+from ipl_jax.model.layers import two_block_attention
+from ipl_jax.model.text import decoder_stack, embed_tokens, logits_from_hidden, self_attention
 from ipl_jax.model.vision import encode_images_unjitted
 
 
@@ -64,11 +73,53 @@ def select_rows(cache: KVCache, idx: jnp.ndarray) -> KVCache:
                    length=jnp.take(cache.length, idx), next_pos=jnp.take(cache.next_pos, idx))
 
 
-def _last_valid_index(valid: jnp.ndarray) -> jnp.ndarray:
+def grow_cache(cache: KVCache, size: int) -> KVCache:
+    """The same cache with ``size`` slots per row (the new slots empty). size >= cache.size."""
+    extra = int(size) - cache.size
+    if extra < 0:
+        raise ValueError(f"grow_cache: cannot shrink a cache of {cache.size} slots to {size}")
+    if extra == 0:
+        return cache
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    return cache.replace(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))
+
+
+def last_valid_index(valid: jnp.ndarray) -> jnp.ndarray:
     """int32[B]: index of the last True in each row of bool[B, T] (0 when none)."""
     t = valid.shape[1]
     idx = jnp.where(valid, jnp.arange(t)[None, :], -1)
-    return jnp.maximum(jnp.max(idx, axis=1), 0)
+    return jnp.maximum(jnp.max(idx, axis=1), 0).astype(jnp.int32)
+
+
+def _layer(a: jnp.ndarray, layer) -> jnp.ndarray:
+    # read inside the layer scan, so that XLA fuses the slice into its readers instead of copying the cache
+    return jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
+
+
+def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new_mask, valid, read_cache: bool):
+    """The decoder over x dtype[B, T, hidden] with the new tokens attending to each other by new_mask
+    bool[B, T, T] and, with ``read_cache``, to the row's valid cache slots; then one scatter appends the valid
+    tokens' keys / values of every layer after the row's cached ones. Returns (hidden, cache with the new
+    ``length``; ``next_pos`` unchanged)."""
+    s = cache.size
+    chunk = cfg.attention_query_chunk
+    if read_cache:
+        old_mask = jnp.arange(s)[None, :] < cache.length[:, None]  # [B, S]
+
+        def attend(q, k, v, layer):
+            return two_block_attention(q, _layer(cache.k, layer), _layer(cache.v, layer), old_mask, k, v, new_mask,
+                                       chunk)
+    else:
+        attend = self_attention(cfg, new_mask)
+    hidden, (k_new, v_new) = decoder_stack(params, cfg, x, positions, attend, kv_dtype=cache.k.dtype)
+    b, t = valid.shape
+    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
+    slots = jnp.where(valid, cache.length[:, None] + rank, s)  # slot s (out of range) drops a pad
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    n_new = jnp.sum(valid.astype(jnp.int32), axis=1)
+    return hidden, cache.replace(k=cache.k.at[:, rows, slots].set(k_new, mode="drop"),
+                                 v=cache.v.at[:, rows, slots].set(v_new, mode="drop"),
+                                 length=jnp.minimum(cache.length + n_new, s))
 
 
 def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, all_logits: bool):
@@ -77,19 +128,14 @@ def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, a
     valid = jnp.asarray(inputs.attention_mask).astype(bool)
     b, t = ids.shape
     x = embed_tokens(params, cfg, ids, feats)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    mask = causal[None] & valid[:, None, :]
-    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
-    slots = jnp.where(valid, rank, cache_size)
-    empty = init_cache(cfg, b, cache_size)
-    hidden, (k, v) = decoder_stack(params, cfg, x, jnp.asarray(inputs.positions), mask,
-                                   cache_kv=(empty.k, empty.v), attend_cache=False, slots=slots)
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+    hidden, cache = _run_and_write(params, cfg, init_cache(cfg, b, cache_size), x, jnp.asarray(inputs.positions),
+                                   mask, valid, read_cache=False)
     n = jnp.sum(valid.astype(jnp.int32), axis=1)
-    cache = KVCache(k=k, v=v, length=jnp.minimum(n, cache_size),
-                    next_pos=n + jnp.asarray(inputs.rope_deltas).astype(jnp.int32))
+    cache = cache.replace(next_pos=n + jnp.asarray(inputs.rope_deltas).astype(jnp.int32))
     if all_logits:
         return logits_from_hidden(params, cfg, hidden), cache
-    last = jnp.take_along_axis(hidden, _last_valid_index(valid)[:, None, None], axis=1)[:, 0]
+    last = jnp.take_along_axis(hidden, last_valid_index(valid)[:, None, None], axis=1)[:, 0]
     return logits_from_hidden(params, cfg, last), cache
 
 
@@ -103,15 +149,17 @@ def prefill(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: i
     return _prefill(params, cfg, inputs, cache_size, all_logits)
 
 
-def _extend(params, cfg: Qwen2VLConfig, cache: KVCache, input_ids, valid_mask, positions=None,
-            attention_mask=None, image_features=None):
+def append_tokens(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: jnp.ndarray, valid_mask: jnp.ndarray,
+                  positions: Optional[jnp.ndarray] = None, attention_mask: Optional[jnp.ndarray] = None,
+                  image_features: Optional[jnp.ndarray] = None, logits: bool = True):
+    """``extend`` unjitted, for callers tracing their own loop (the sampler): with the cache a loop carry, the
+    append scatters in place. ``logits=False`` skips the lm_head and returns (None, cache)."""
     ids = jnp.asarray(input_ids)
     valid = jnp.asarray(valid_mask).astype(bool)
     b, t = ids.shape
-    s = cache.size
-    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
     n_new = jnp.sum(valid.astype(jnp.int32), axis=1)
     if positions is None:
+        rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
         pos = jnp.where(valid, cache.next_pos[:, None] + rank, 0)
         positions = jnp.broadcast_to(pos[None], (3, b, t))
         next_pos = cache.next_pos + n_new
@@ -119,18 +167,14 @@ def _extend(params, cfg: Qwen2VLConfig, cache: KVCache, input_ids, valid_mask, p
         positions = jnp.asarray(positions)
         top = jnp.max(jnp.where(valid[None], positions, -1), axis=(0, 2)) + 1
         next_pos = jnp.maximum(cache.next_pos, top)
-    slots = jnp.where(valid, cache.length[:, None] + rank, s)
     if attention_mask is None:
         new_mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
     else:
         new_mask = jnp.asarray(attention_mask).astype(bool) & valid[:, None, :]
-    old_mask = jnp.arange(s)[None, :] < cache.length[:, None]  # [B, S]
-    mask = jnp.concatenate([jnp.broadcast_to(old_mask[:, None, :], (b, t, s)), new_mask], axis=2)
     x = embed_tokens(params, cfg, ids, image_features)
-    hidden, (k, v) = decoder_stack(params, cfg, x, positions, mask, cache_kv=(cache.k, cache.v),
-                                   attend_cache=True, slots=slots)
-    new_cache = KVCache(k=k, v=v, length=jnp.minimum(cache.length + n_new, s), next_pos=next_pos)
-    return logits_from_hidden(params, cfg, hidden), new_cache
+    hidden, cache = _run_and_write(params, cfg, cache, x, positions, new_mask, valid, read_cache=True)
+    cache = cache.replace(next_pos=next_pos)
+    return (logits_from_hidden(params, cfg, hidden) if logits else None), cache
 
 
 @functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
@@ -146,13 +190,13 @@ def extend(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: jnp.ndar
       Note that every valid new token is written, so after a packed extension later tokens see all of them.
     image_features: f32[N, hidden] for image-pad tokens inside ``input_ids`` (then pass their positions too).
     """
-    return _extend(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
+    return append_tokens(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
 
 
 @functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
 def decode_step(params: dict, cfg: Qwen2VLConfig, cache: KVCache, tokens: jnp.ndarray, valid: jnp.ndarray):
     """One token per row: tokens int32[B], valid bool[B] -> (logits f32[B, V], new cache)."""
-    logits, cache = _extend(params, cfg, cache, tokens[:, None], valid[:, None])
+    logits, cache = append_tokens(params, cfg, cache, tokens[:, None], valid[:, None])
     return logits[:, 0], cache
 
 
@@ -175,7 +219,7 @@ def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, eos: jnp.ndarray, p
 
     def body(state):
         i, tok, cache, done, out, count = state
-        logits, cache = _extend(params, cfg, cache, tok[:, None], ~done[:, None])
+        logits, cache = append_tokens(params, cfg, cache, tok[:, None], ~done[:, None])
         nxt = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
         nxt = jnp.where(done, pad_id, nxt)
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))

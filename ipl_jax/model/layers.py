@@ -94,3 +94,42 @@ def segment_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, q_segments
         return _attention_dense(qc, k, v, seg[:, :, None] == k_segments[:, None, :])
 
     return _chunked(fn, q, q_segments, query_chunk)
+
+
+def _two_block_dense(q, k_old, v_old, old_mask, k_new, v_new, new_mask):
+    r, t, hq, d = q.shape
+    hkv = k_new.shape[2]
+    qg = q.reshape(r, t, hkv, hq // hkv, d)
+    scale = jnp.asarray(d ** -0.5, q.dtype)
+    if t == 1:  # one new token (decoding): multiply-and-reduce reads the cache in its stored layout, no transpose
+        s_old = jnp.sum(qg[:, 0, None, :, :, :] * k_old.astype(q.dtype)[:, :, :, None, :], axis=-1)  # [R,S,k,g]
+        s_old = jnp.transpose(s_old, (0, 2, 3, 1))[:, :, :, None, :] * scale  # [R, k, g, 1, S]
+    else:
+        s_old = jnp.einsum("btkgd,bskd->bkgts", qg, k_old.astype(q.dtype)) * scale
+    s_new = jnp.einsum("btkgd,bskd->bkgts", qg, k_new) * scale
+    big_neg = jnp.finfo(s_old.dtype).min
+    s_old = jnp.where(old_mask[:, None, None, None, :], s_old, big_neg)
+    s_new = jnp.where(new_mask[:, None, None, :, :], s_new, big_neg)
+    probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1).astype(jnp.float32), axis=-1).astype(q.dtype)
+    s = k_old.shape[1]
+    if t == 1:
+        p_old = jnp.transpose(probs[:, :, :, 0, :s], (0, 3, 1, 2))  # [R, S, k, g]
+        o_old = jnp.sum(p_old[..., None] * v_old.astype(q.dtype)[:, :, :, None, :], axis=1)[:, None]  # [R,1,k,g,D]
+    else:
+        o_old = jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old.astype(q.dtype))
+    out = o_old + jnp.einsum("bkgts,bskd->btkgd", probs[..., s:], v_new)
+    return out.reshape(r, t, hq, d)
+
+
+def two_block_attention(q: jnp.ndarray, k_old: jnp.ndarray, v_old: jnp.ndarray, old_mask: jnp.ndarray,
+                        k_new: jnp.ndarray, v_new: jnp.ndarray, new_mask: jnp.ndarray,
+                        query_chunk: int = 0) -> jnp.ndarray:
+    """``attention`` over two key blocks — a KV cache and the new tokens — with one joint softmax, without
+    concatenating them (so a cache is only read, never copied).
+
+    q: [R, T, Hq, D]; k_old, v_old: [R, S, Hkv, D] (the cache, any dtype); old_mask: bool[R, S] (the same for
+    every query); k_new, v_new: [R, T, Hkv, D]; new_mask: bool[R, T, T]. Same head grouping, masking and float32
+    softmax as ``attention``; returns [R, T, Hq, D] in q's dtype.
+    """
+    return _chunked(lambda qc, mc: _two_block_dense(qc, k_old, v_old, old_mask, k_new, v_new, mc), q, new_mask,
+                    query_chunk)

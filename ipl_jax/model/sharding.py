@@ -1,4 +1,4 @@
-"""Meshes, partition rules and sharded jitted entry points.
+"""Meshes, partition rules and the shardings of parameters, model inputs and KV caches.
 
 One mesh with axes ``('data', 'fsdp', 'tensor')``. Parameters are sharded by regex rules over '/'-joined
 paths (first match wins): column-parallel q/k/v/gate/up/qkv/fc1 (output dim on 'tensor', input dim on
@@ -6,7 +6,8 @@ paths (first match wins): column-parallel q/k/v/gate/up/qkv/fc1 (output dim on '
 vocabulary ('tensor') and width ('fsdp'); norms and biases of row-parallel layers are replicated. Stacked
 layer leaves keep their leading layer axis unsharded. A mesh axis that does not divide its dimension is
 dropped for that leaf (so tiny test models and odd vocabularies still shard). Activations: the batch is split
-over ('data', 'fsdp') when it divides, and GSPMD propagates the rest.
+over ('data', 'fsdp') when it divides, and GSPMD propagates the rest: the model's functions run unchanged on
+arrays placed with these shardings (there is no separate sharded entry point).
 
 jax 0.10: ``jax.make_mesh`` defaults to Explicit axes; meshes here are built with ``AxisType.Auto``.
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.decode import KVCache
+from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.params import iter_paths, set_path
 
 AXES = ("data", "fsdp", "tensor")
@@ -115,7 +118,6 @@ def batch_spec(mesh: Mesh, shape: Sequence[int], batch_axis: int = 0) -> P:
 
 def inputs_shardings(inputs, mesh: Mesh):
     """Shardings for a ModelInputs pytree: text arrays split over the batch, vision arrays replicated."""
-    from ipl_jax.model.inputs import ModelInputs
 
     def one(a, batch_axis):
         return NamedSharding(mesh, batch_spec(mesh, a.shape, batch_axis))
@@ -126,59 +128,10 @@ def inputs_shardings(inputs, mesh: Mesh):
                        positions=one(inputs.positions, 1), rope_deltas=one(inputs.rope_deltas, 0), vision=vision)
 
 
-def sharded_forward(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example):
-    """``fn(params, inputs) -> logits f32[B, T, V]`` jitted with explicit in/out shardings."""
-    from ipl_jax.model.text import forward_inputs
-
-    in_sh = inputs_shardings(inputs_example, mesh)
-    b, t = inputs_example.input_ids.shape
-    out_sh = NamedSharding(mesh, batch_spec(mesh, (b, t, cfg.text.vocab_size)))
-    return jax.jit(lambda params, inputs: forward_inputs(params, cfg, inputs),
-                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
-
-
 def cache_shardings(cfg: Qwen2VLConfig, mesh: Mesh, batch: int, size: int):
     """KVCache shardings: batch over ('data', 'fsdp'), KV heads over 'tensor' when they divide."""
-    from ipl_jax.model.decode import KVCache
-
     t = cfg.text
     kv_shape = (t.num_hidden_layers, batch, size, t.num_key_value_heads, t.head_dim)
     kv = NamedSharding(mesh, _fit((None, BATCH_AXES, None, "tensor", None), kv_shape, mesh))
     vec = NamedSharding(mesh, batch_spec(mesh, (batch,)))
     return KVCache(k=kv, v=kv, length=vec, next_pos=vec)
-
-
-def sharded_greedy_generate(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example,
-                            max_new_tokens: int, eos_ids: tuple = (), pad_id: Optional[int] = None):
-    """``fn(params, inputs) -> (tokens int32[B, N], num_tokens int32[B])`` with explicit shardings."""
-    from ipl_jax.model.decode import greedy_generate
-
-    in_sh = inputs_shardings(inputs_example, mesh)
-    b = inputs_example.input_ids.shape[0]
-    out_sh = (NamedSharding(mesh, batch_spec(mesh, (b, max_new_tokens))), NamedSharding(mesh, batch_spec(mesh, (b,))))
-    return jax.jit(lambda params, inputs: greedy_generate(params, cfg, inputs, max_new_tokens=max_new_tokens,
-                                                          eos_ids=eos_ids, pad_id=pad_id),
-                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
-
-
-def sharded_prefill(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, inputs_example, cache_size: int):
-    """``fn(params, inputs) -> (last_logits f32[B, V], cache)`` with explicit shardings."""
-    from ipl_jax.model.decode import prefill
-
-    in_sh = inputs_shardings(inputs_example, mesh)
-    b = inputs_example.input_ids.shape[0]
-    out_sh = (NamedSharding(mesh, batch_spec(mesh, (b, cfg.text.vocab_size))),
-              cache_shardings(cfg, mesh, b, cache_size))
-    return jax.jit(lambda params, inputs: prefill(params, cfg, inputs, cache_size=cache_size),
-                   in_shardings=(p_shardings, in_sh), out_shardings=out_sh)
-
-
-def sharded_extend(cfg: Qwen2VLConfig, mesh: Mesh, p_shardings: dict, batch: int, cache_size: int, t: int):
-    """``fn(params, cache, input_ids[B, t], valid[B, t]) -> (logits f32[B, t, V], cache)``, cache donated."""
-    from ipl_jax.model.decode import extend
-
-    c_sh = cache_shardings(cfg, mesh, batch, cache_size)
-    tok_sh = NamedSharding(mesh, batch_spec(mesh, (batch, t)))
-    out_sh = (NamedSharding(mesh, batch_spec(mesh, (batch, t, cfg.text.vocab_size))), c_sh)
-    return jax.jit(lambda params, cache, ids, valid: extend(params, cfg, cache, ids, valid),
-                   in_shardings=(p_shardings, c_sh, tok_sh, tok_sh), out_shardings=out_sh, donate_argnums=(1,))

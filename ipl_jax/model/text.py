@@ -1,7 +1,9 @@
 """The Qwen2 text decoder with M-RoPE, as pure functions over a stacked-layer parameter dict.
 
-``decoder_stack`` is the one loop over layers (``lax.scan``); it serves the plain forward, the prefix-packed
-forward, prefill and cache extension. Attention specifications:
+``decoder_layer`` is the one decoder layer and ``decoder_stack`` the one loop over layers (``lax.scan``). They
+serve the plain forward, the prefix-packed forward, prefill and every cached decode (``model.decode``, which the
+sampler's decode loop runs too); those differ only in the attention function they pass in (the new tokens
+alone, or a KV cache's slots followed by the new tokens). Attention specifications of the forward:
 
 * key-padding mask bool[B, T]: causal attention restricted to valid keys (left or right padding both work);
 * explicit mask bool[B, T, T] (True = query t may attend key s): e.g. prefix packing, where several
@@ -14,7 +16,7 @@ the batch, like transformers' ``masked_scatter``); padding must therefore never 
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,61 +57,67 @@ def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
     return causal[None] & attention_spec.astype(bool)[:, None, :]
 
 
-def decoder_stack(params: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, positions: jnp.ndarray, mask: jnp.ndarray,
-                  cache_kv=None, attend_cache: bool = False, slots: Optional[jnp.ndarray] = None,
-                  remat: bool = False):
-    """Runs all decoder layers and the final norm.
+def decoder_layer(lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray,
+                  attend: Callable, kv_dtype=None):
+    """One Qwen2 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual).
 
-    x: dtype[B, T, hidden]; positions: int32[3, B, T].
-    mask: bool[B, T, T] without a cache to attend to; bool[B, T, S + T] with ``attend_cache`` (keys are the S
-      cache slots followed by the T new tokens).
-    cache_kv: (k, v) each dtype[L, B, S, Hkv, D] or None. When given, the new keys/values of every layer are
-      written to ``cache[l, b, slots[b, t]]`` (slots int32[B, T]; a slot >= S drops that token).
-    Returns (hidden dtype[B, T, hidden], new cache_kv or None).
+    lp: the layer's parameters; x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D] (``text_cos_sin``).
+    attend(q, k, v) -> dtype[B, T, Hq, D]: attention of the layer's rotated queries [B, T, Hq, D] over keys it
+      chooses — the new tokens' own (k, v [B, T, Hkv, D]) alone, or a cache's followed by them. This is the one
+      thing that differs between the full forward, prefill and cached decoding.
+    kv_dtype: the dtype the new keys / values are stored in (a cache's); they are rounded to it before
+      attending, so a token sees itself exactly as later tokens will see it in the cache.
+    Returns (x dtype[B, T, hidden], (k, v) each [B, T, Hkv, D] in ``kv_dtype``, or the compute dtype).
     """
     t_cfg = cfg.text
     dtype = x.dtype
     b, t, _ = x.shape
-    cos, sin = text_cos_sin(positions, t_cfg, dtype)
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    layers = params["model"]["layers"]
-    n_layers = t_cfg.num_hidden_layers
-    batch_idx = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    at = lp["self_attn"]
+    h = rms_norm(lp["input_layernorm"], x, t_cfg.rms_norm_eps)
+    q = dense(at["q_proj"], h, dtype).reshape(b, t, t_cfg.num_attention_heads, t_cfg.head_dim)
+    k = dense(at["k_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
+    v = dense(at["v_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
+    q = apply_rotary(q, cos, sin)
+    k = apply_rotary(k, cos, sin)
+    if kv_dtype is not None:
+        k, v = k.astype(kv_dtype), v.astype(kv_dtype)
+    o = attend(q, k.astype(dtype), v.astype(dtype))
+    x = x + dense(at["o_proj"], o.reshape(b, t, t_cfg.num_attention_heads * t_cfg.head_dim), dtype)
+    h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
+    mp = lp["mlp"]
+    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
+    return x + h, (k, v)
 
-    def body(carry, xs):
-        x, ck, cv = carry
+
+def decoder_stack(params: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, positions: jnp.ndarray, attend: Callable,
+                  kv_dtype=None, remat: bool = False):
+    """Runs every decoder layer (one ``lax.scan`` over the stacked layer parameters) and the final norm.
+
+    x: dtype[B, T, hidden]; positions: int32[3, B, T] (M-RoPE rows T, H, W).
+    attend(q, k, v, layer) -> dtype[B, T, Hq, D]: ``decoder_layer``'s attention, also given the layer index
+      (int32[], traced) so that a cached caller can read that layer's slice of its cache.
+    kv_dtype: None (the new keys / values are not returned) or the dtype to return them in.
+    Returns (hidden dtype[B, T, hidden], None or (k, v) each [L, B, T, Hkv, D]).
+    """
+    cos, sin = text_cos_sin(positions, cfg.text, x.dtype)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+
+    def body(x, xs):
         lp, i = xs
-        h = rms_norm(lp["input_layernorm"], x, t_cfg.rms_norm_eps)
-        at = lp["self_attn"]
-        q = dense(at["q_proj"], h, dtype).reshape(b, t, t_cfg.num_attention_heads, t_cfg.head_dim)
-        k = dense(at["k_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
-        v = dense(at["v_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        keys, vals = k, v
-        if ck is not None:
-            if attend_cache:
-                past_k = jax.lax.dynamic_index_in_dim(ck, i, 0, keepdims=False)
-                past_v = jax.lax.dynamic_index_in_dim(cv, i, 0, keepdims=False)
-                keys = jnp.concatenate([past_k, k.astype(ck.dtype)], axis=1).astype(dtype)
-                vals = jnp.concatenate([past_v, v.astype(cv.dtype)], axis=1).astype(dtype)
-            ck = ck.at[i, batch_idx, slots].set(k.astype(ck.dtype), mode="drop")
-            cv = cv.at[i, batch_idx, slots].set(v.astype(cv.dtype), mode="drop")
-        o = attention(q, keys, vals, mask, cfg.attention_query_chunk)
-        o = o.reshape(b, t, t_cfg.num_attention_heads * t_cfg.head_dim)
-        x = x + dense(at["o_proj"], o, dtype)
-        h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
-        mp = lp["mlp"]
-        h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype),
-                  dtype)
-        return (x + h, ck, cv), None
+        x, kv = decoder_layer(lp, cfg, x, cos, sin, lambda q, k, v: attend(q, k, v, i), kv_dtype)
+        return x, (kv if kv_dtype is not None else None)
 
     if remat:
         body = jax.checkpoint(body)
-    ck, cv = cache_kv if cache_kv is not None else (None, None)
-    (x, ck, cv), _ = jax.lax.scan(body, (x, ck, cv), (layers, jnp.arange(n_layers)))
-    x = rms_norm(params["model"]["norm"], x, t_cfg.rms_norm_eps)
-    return x, (None if cache_kv is None else (ck, cv))
+    n_layers = cfg.text.num_hidden_layers
+    x, kv = jax.lax.scan(body, x, (params["model"]["layers"], jnp.arange(n_layers)))
+    return rms_norm(params["model"]["norm"], x, cfg.text.rms_norm_eps), kv
+
+
+def self_attention(cfg: Qwen2VLConfig, mask: jnp.ndarray) -> Callable:
+    """``decoder_stack``'s attend for a sequence without a cache: the new tokens attend to each other under
+    mask bool[B, T, T] (True = may attend), ``cfg.attention_query_chunk`` queries at a time."""
+    return lambda q, k, v, layer: attention(q, k, v, mask, cfg.attention_query_chunk)
 
 
 def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) -> jnp.ndarray:
@@ -126,7 +134,7 @@ def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) ->
 def _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features=None, remat=False):
     x = embed_tokens(params, cfg, input_ids, image_features)
     mask = attention_mask_from_spec(attention_spec)
-    hidden, _ = decoder_stack(params, cfg, x, positions, mask, remat=remat)
+    hidden, _ = decoder_stack(params, cfg, x, positions, self_attention(cfg, mask), remat=remat)
     return hidden
 
 

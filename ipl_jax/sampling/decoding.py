@@ -2,13 +2,13 @@
 
 Loop form: **feed, then sample.** A turn starts with the cache holding the node's context *except its last
 token* (the last token of the prompt), which is the loop's first feed. Each iteration feeds one token per
-row (``cached_decoder.append_tokens``), samples the next token from the resulting logits, and feeds that
+row (``model.decode.append_tokens``), samples the next token from the resulting logits, and feeds that
 token in the next iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next
 turn's prompt extension writes it to the cache together with the prompt (all but the prompt's last token,
 which becomes the next loop's first feed). So every token enters the cache exactly once, there is one decoder
 instantiation per turn loop and one per prompt extension, and no logits are ever computed for a prompt
 position. The cache is only ever written by one scatter per call, in place inside the loop (see
-``cached_decoder``).
+``model.decode``).
 
 Both samplers draw the tokens of a turn with ``sample_turn`` from the same per-node keys, so given equal
 logits they produce equal trees; they differ only in how a node's context reaches the KV cache.
@@ -20,24 +20,14 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
-from ipl_jax.model import KVCache, prefill
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.decode import KVCache, append_tokens, grow_cache, last_valid_index, prefill, repeat_cache
 from ipl_jax.model.inputs import ModelInputs
-from ipl_jax.sampling.cached_decoder import append_tokens
+from ipl_jax.model.sharding import batch_spec, cache_shardings
 from ipl_jax.sampling.keys import position_keys
 from ipl_jax.sampling.token_sampling import sample_tokens
-
-
-def grow_cache(cache: KVCache, size: int) -> KVCache:
-    """The same cache with ``size`` slots per row (new slots empty). size >= cache.size."""
-    extra = int(size) - cache.size
-    if extra < 0:
-        raise ValueError(f"grow_cache: cannot shrink a cache of {cache.size} slots to {size}")
-    if extra == 0:
-        return cache
-    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
-    return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), length=cache.length, next_pos=cache.next_pos)
 
 
 def fan_out(cache: KVCache, feed: jax.Array, k: int, size: int):
@@ -46,15 +36,7 @@ def fan_out(cache: KVCache, feed: jax.Array, k: int, size: int):
     cache = grow_cache(cache, size)
     if k == 1:
         return cache, feed
-    cache = KVCache(k=jnp.repeat(cache.k, k, axis=1), v=jnp.repeat(cache.v, k, axis=1),
-                    length=jnp.repeat(cache.length, k), next_pos=jnp.repeat(cache.next_pos, k))
-    return cache, jnp.repeat(feed, k, axis=0)
-
-
-def _last_valid(mask: jax.Array) -> jax.Array:
-    """int32[R]: index of the last True of each row of bool[R, T] (0 when none)."""
-    t = mask.shape[1]
-    return jnp.maximum(jnp.max(jnp.where(mask, jnp.arange(t)[None, :], -1), axis=1), 0).astype(jnp.int32)
+    return repeat_cache(cache, k), jnp.repeat(feed, k, axis=0)
 
 
 def prefill_context(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int):
@@ -64,7 +46,7 @@ def prefill_context(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache
     held-back token. Returns (cache, feed int32[R]). The last token must be text (it is, for a chat prompt).
     """
     mask = jnp.asarray(inputs.attention_mask).astype(bool)
-    last = _last_valid(mask)
+    last = last_valid_index(mask)
     ids = jnp.asarray(inputs.input_ids)
     feed = jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]
     head = mask & (jnp.arange(mask.shape[1])[None, :] != last[:, None])
@@ -137,10 +119,6 @@ def constrain_rows(x, mesh: Optional[jax.sharding.Mesh], cfg: Optional[Qwen2VLCo
     """Under a mesh, pin the row (batch) axis of a cache / row array to ('data', 'fsdp'); identity otherwise."""
     if mesh is None:
         return x
-    from jax.sharding import NamedSharding
-
-    from ipl_jax.model.sharding import batch_spec, cache_shardings
-
     if isinstance(x, KVCache):
         return jax.lax.with_sharding_constraint(x, cache_shardings(cfg, mesh, x.batch, x.size))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, batch_spec(mesh, x.shape)))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model import VisionInputs, encode_images, extend, init_cache
+from ipl_jax.model.decode import last_valid_index
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import get_rope_index, prepare_vision
 from ipl_jax.sampling.config import SamplerConfig
@@ -41,7 +42,7 @@ def _scratch_level(params, cfg: Qwen2VLConfig, ids, mask, positions, vision_rows
     budget = config.max_turn_tokens[level - 1]
     feats = jax.lax.map(lambda v: encode_images(params, cfg, v), vision_rows)  # [R, Nb, hidden]
     feats = feats.reshape(-1, feats.shape[-1])[gather]
-    last = jnp.max(jnp.where(mask, jnp.arange(length)[None, :], -1), axis=1)
+    last = last_valid_index(mask)
     feed = jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]
     head = mask & (jnp.arange(length)[None, :] != last[:, None])
     cache = init_cache(cfg, r, length + budget)

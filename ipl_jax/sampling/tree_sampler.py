@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.decode import grow_cache
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, grow_cache, last_tokens,
-                                      prefill_context, sample_turn)
+from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, last_tokens, prefill_context,
+                                      sample_turn)
 from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
 from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
