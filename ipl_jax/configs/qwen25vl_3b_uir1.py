@@ -1,0 +1,115 @@
+"""Qwen2.5-VL-3B-Instruct trained the UI-R1 way: rule-based GRPO on a small set of hard low-level mobile steps.
+
+    ipl-jax run --config qwen25vl_3b_uir1[:think|dast|nothink] --config.data.root=/data/android_control \
+        --config.model.checkpoint=/models/Qwen2.5-VL-3B-Instruct --workdir runs/uir1
+
+UI-R1's published settings (its appendix table; 8 GPUs of 24 GB, about 8 hours): learning rate 9.98e-7 decaying
+to 0, 8 sampled responses per prompt, 8 epochs, max prompt length 1024, per-device batch 1 with 2 gradient
+accumulation steps (16 prompts per update on its 8 GPUs), max_pixels 12845056; 136 training steps (ScreenSpot
+mobile clicks + AndroidControl scroll / back / open_app / input_text); the <think>/<answer> prompt; reward =
+action type + click inside the box + format, each 0 or 1. UI-R1-E (fast grounding) is two stages of 4 epochs:
+the DAST length reward (``:dast``), then no <think> block (``:nothink``). The loss settings the paper leaves
+out come from method.md §11 (clip 0.2, k3 KL with beta 0.04, advantage (r - mean) / (std + 1e-4)); anything
+else it leaves open is marked [choice]. [choice] data: AndroidControl (ScreenSpot has no reader here).
+
+The architecture comes from the checkpoint's config.json. ``QWEN25VL_3B`` is the published 3B config in the
+Hub's flat layout (what ``Qwen2VLConfig.from_hf_dict`` and transformers both read); ``c.model`` repeats its sizes.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+_spec = importlib.util.spec_from_file_location("_ipl_jax_paper_base", Path(__file__).with_name("paper_base.py"))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+MAX_PIXELS = 12_845_056  # UI-R1's training value (= 16384 merged tokens of 28x28 pixels)
+
+QWEN25VL_3B = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 128000,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "use_sliding_window": False,
+    "tie_word_embeddings": True,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "hidden_act": "silu",
+        "out_hidden_size": 2048,
+        "in_chans": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "tokens_per_second": 2,
+    },
+}
+
+
+def get_config(arg=None):
+    stage = arg or "think"
+    if stage not in ("think", "dast", "nothink"):
+        raise ValueError(f"configs/qwen25vl_3b_uir1.py: unknown variant {arg!r} (expected think, dast or nothink)")
+    c = _base.paper_config("androidcontrol", max_pixels=MAX_PIXELS, train_samples=136)  # data parallel, like UI-R1
+    c.data.dev_split = "validation"
+    c.data.test_splits = ("test",)
+    c.model.min_pixels = 56 * 56  # the Hub processor's value
+    arch, vis = QWEN25VL_3B, QWEN25VL_3B["vision_config"]
+    c.model.vocab_size = arch["vocab_size"]
+    c.model.hidden_size = arch["hidden_size"]
+    c.model.intermediate_size = arch["intermediate_size"]
+    c.model.num_hidden_layers = arch["num_hidden_layers"]
+    c.model.num_attention_heads = arch["num_attention_heads"]
+    c.model.num_key_value_heads = arch["num_key_value_heads"]
+    c.model.vision_depth = vis["depth"]
+    c.model.vision_embed_dim = vis["hidden_size"]
+    c.model.vision_num_heads = vis["num_heads"]
+    c.model.tie_word_embeddings = arch["tie_word_embeddings"]
+
+    # A phone screenshot (1080x2400) keeps its size under this max_pixels: about 3.4k image tokens, 13.4k patches;
+    # the largest image allowed is 16384 tokens (65536 patches). [choice] buckets cover both.
+    c.buckets.tokens = (2048, 4096, 6144, 8192, 12288, 17408)
+    c.buckets.patches = (4096, 8192, 16384, 32768, 65536)
+
+    c.grpo = ml_collections.ConfigDict()
+    c.grpo.prompt_style = "uir1"  # <think>...</think><answer>[{action: ..., coordinate: [x, y]}]</answer>
+    c.grpo.group_size = 8  # num_generations
+    c.grpo.epochs = 8
+    c.grpo.learning_rate = 9.98e-7  # the published start value, decaying to 0
+    c.grpo.schedule = "linear"  # [choice] the trainer's default decay to 0 that the published range implies
+    c.grpo.prompts_per_update = 16  # per-device batch 1 x 2 accumulation steps x 8 GPUs
+    c.grpo.micro_batch_size = 1
+    c.grpo.max_prompt_length = 1024
+    c.grpo.max_new_tokens = 512  # [choice] not published; L_max of the DAST budget
+    c.grpo.temperature = 1.0  # [choice] sampling at the trainer's default temperature
+    c.grpo.clip_eps = 0.2  # method.md §11
+    c.grpo.kl_beta = 0.04  # method.md §11, k3 estimator
+    c.grpo.adv_eps = 1e-4  # method.md §11: (r - mean) / (std + adv_eps)
+    c.grpo.dast = stage == "dast"
+    c.grpo.think = stage != "nothink"
+    if stage in ("dast", "nothink"):
+        c.grpo.epochs = 4  # UI-R1-E: 4 epochs of DAST, then 4 epochs of NOTHINK from the DAST result
+    c.grpo.lora_rank = 0  # [choice] full fine-tuning, like the paper's 3B runs
+    c.grpo.freeze_vision = True  # [choice] not published; the ViT stays as pretrained
+    return c
