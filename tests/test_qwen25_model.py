@@ -160,6 +160,26 @@ def test_rope_index_matches_transformers(models):
     np.testing.assert_array_equal(delta, ref_delta.numpy()[:, 0])
 
 
+def test_rows_under_vmap_with_query_chunks(models):
+    """Packed training batches encode each row's images under ``vmap`` (the window sort included), with attention
+    in query chunks: the same features as one row at a time without chunks."""
+    from ipl_jax.model.vision import encode_images, encode_images_unjitted
+
+    params, cfg = load_params(models["win2"][0])
+    rng = np.random.default_rng(4)
+    rows = []
+    for grids in ([[1, 10, 6], [1, 4, 6]], [[1, 8, 8]]):
+        pv = np.concatenate([random_image(rng, tuple(g[1:]), PATCH_DIM)[0] for g in grids])
+        rows.append(prepare_vision(cfg, pv, grids, patch_buckets=(96,)))
+    single = [np.asarray(encode_images(params, cfg, v)) for v in rows]
+    chunked = cfg.replace(attention_query_chunk=24)
+    stacked = jax.tree.map(lambda *a: np.stack(a), *rows)
+    both = np.asarray(jax.jit(jax.vmap(lambda v: encode_images_unjitted(params, chunked, v)))(stacked))
+    for i, n_merged in enumerate((21, 16)):
+        assert np.abs(single[i][:n_merged]).std() > 0.5
+        np.testing.assert_allclose(both[i][:n_merged], single[i][:n_merged], atol=1e-4, rtol=0)
+
+
 def test_greedy_matches_transformers_generate(models):
     model_dir, hf_model = models["win2"]
     ids, mask, pv, grids = batch("win2", seed=3)
