@@ -76,6 +76,10 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.ipl.max_pairs_per_batch = 128  # the paper's batch of 128
     c.ipl.text_buckets = tuple(b for b in (1536, 2048, 3072, 4096, 6144) if b <= 2 * tokens) or (tokens,)
     c.ipl.freeze_vision = True
+    # the paper's pairs as it states them (the synthetic default's measured choices are not carried over)
+    c.ipl.gamma_pairs = "paper"
+    c.ipl.dedup = False
+    c.ipl.mix_trees = False
     c.ipl.lora_rank = 0
     c.ipl.early_stop = False
 
