@@ -220,7 +220,8 @@ def test_ipl_settings_are_typed_and_checked():
     from ipl_jax.pipeline.rounds import ipl_settings, round_config
 
     c = load_config("synthetic", ["--config.ipl.gamma_pairs=consistent", "--config.ipl.dedup=true",
-                                  "--config.ipl.type_balance=1.5", "--config.ipl.method=continued_sft"])
+                                  "--config.ipl.type_balance=1.5", "--config.ipl.method=continued_sft",
+                                  "--config.ipl.mix_trees=false"])
     s = ipl_settings(c)
     assert s.gamma_pairs == "consistent" and s.dedup is True and s.type_balance == 1.5
     assert s.lr(1) == s.learning_rate and s.gamma_cap == s.max_pairs_per_tree
