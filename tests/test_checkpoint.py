@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
 import test_train as tt  # noqa: E402  (toy LM and tiny Qwen2-VL helpers)
 
-from ipl_jax.training import train  # noqa: E402
+from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep  # noqa: E402
 from ipl_jax.training.checkpoint import Checkpointer  # noqa: E402
 from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
 
@@ -28,9 +28,9 @@ from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # 
 def toy_state(steps=2, **kw):
     """A toy-LM TrainState after ``steps`` updates (non-trivial Adam moments, step and key)."""
     config = tt.opt_config()
-    opt = train.make_optimizer(config)
-    state = train.create_train_state(tt.toy_params(), opt, jax.random.PRNGKey(7), **kw)
-    step = train.make_sft_step(tt.toy_logits, opt, train.make_schedule(config))
+    opt = optim.make_optimizer(config)
+    state = tstate.create_train_state(tt.toy_params(), opt, jax.random.PRNGKey(7), **kw)
+    step = sft.make_sft_step(tt.toy_logits, opt, optim.make_schedule(config))
     for i in range(steps):  # the step is compiled only when steps > 0
         state, _ = step(state, tt.toy_batch(i))
     return state, opt
@@ -46,10 +46,10 @@ def assert_trees_equal(a, b):
 
 
 def test_round_trip_is_exact(tmp_path):
-    state, opt = toy_state(steps=2, freeze_regex=train.VISION_REGEX)
+    state, opt = toy_state(steps=2, freeze_regex=tstate.VISION_REGEX)
     saved = jax.tree.map(np.array, state)
-    template = train.create_train_state(tt.toy_params(seed=1), opt, jax.random.PRNGKey(0),
-                                        freeze_regex=train.VISION_REGEX)
+    template = tstate.create_train_state(tt.toy_params(seed=1), opt, jax.random.PRNGKey(0),
+                                        freeze_regex=tstate.VISION_REGEX)
     with Checkpointer(tmp_path / "ck", save_every=1) as ck:
         assert ck.save(2, state, data_state={"next_index": 5, "epoch": [1, 2]}, metadata={"config": {"lr": 0.1}})
         ck.wait()
@@ -98,8 +98,8 @@ def test_load_model_params_merges_lora_and_frozen(tmp_path):
     assert meta["lora_scale"] == 2.0
     assert_trees_equal(params, expected)
 
-    frozen_state, _ = toy_state(steps=0, freeze_regex=train.VISION_REGEX)
-    expected = jax.device_get(train.model_params(frozen_state.params, frozen_state.frozen))
+    frozen_state, _ = toy_state(steps=0, freeze_regex=tstate.VISION_REGEX)
+    expected = jax.device_get(tstate.model_params(frozen_state.params, frozen_state.frozen))
     with Checkpointer(tmp_path / "frozen", save_every=1) as ck:
         ck.save(1, frozen_state)
         ck.wait()
@@ -120,11 +120,11 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     cfg = tt.tiny_cfg()
     config = tt.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
-    opt, sched = train.make_optimizer(config), train.make_schedule(config)
-    state = train.create_train_state(tt.tiny_params(cfg), opt, jax.random.PRNGKey(0),
-                                     freeze_regex=train.VISION_REGEX)
+    opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
+    state = tstate.create_train_state(tt.tiny_params(cfg), opt, jax.random.PRNGKey(0),
+                                     freeze_regex=tstate.VISION_REGEX)
     data = (grain.MapDataset.range(10_000).shuffle(seed=3)
-            .map(lambda i: train.sft_model_batch(cfg, tt.tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
+            .map(lambda i: sft.sft_model_batch(cfg, tt.tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
             .to_iter_dataset())
     batches = iter(data)
     ckpt = Checkpointer(Path(run_dir) / "ckpt", save_every=save_every, keep=2)
@@ -132,13 +132,13 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
         state, data_state, meta = ckpt.restore(state)
         batches.set_state(data_state)
         print(json.dumps({"resumed_from": int(state.step), "meta_step": meta["step"]}), flush=True)
-    step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
+    step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
 
     def on_metrics(n, metrics):
         print(json.dumps({"step": n, "loss": metrics["loss"]}), flush=True)
         time.sleep(step_delay)
 
-    state, _ = train.train_loop(state, step, batches, num_steps, checkpointer=ckpt, data_state_fn=batches.get_state,
+    state, _ = tstep.train_loop(state, step, batches, num_steps, checkpointer=ckpt, data_state_fn=batches.get_state,
                                 metadata={"job": "kill-test"}, on_metrics=on_metrics)
     ckpt.close()
     flat = flatten_with_paths(jax.device_get({"params": state.params, "opt_state": state.opt_state,

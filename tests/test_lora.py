@@ -13,7 +13,7 @@ import test_train as tt  # noqa: E402  (tiny model helpers)
 
 from ipl_jax.training import lora  # noqa: E402
 
-from ipl_jax.training import train
+from ipl_jax.training import optimizer as optim, sft, state as tstate
 from ipl_jax.training.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
 
 TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
@@ -77,15 +77,15 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     params = tt.tiny_params(cfg)
     base_before = jax.tree.map(np.array, params)
     config = tt.opt_config(learning_rate=3e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
-    opt = train.make_optimizer(config)
-    state = train.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
+    opt = optim.make_optimizer(config)
+    state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
     a_before = jax.tree.map(np.array, state.params.adapters)
     # Adam moments exist for the adapters only: 2 × adapter size (+ scalar step counters).
     n_adapter = sum(x.size for x in jax.tree.leaves(state.params))
     n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim)
     assert n_opt == 2 * n_adapter < sum(x.size for x in jax.tree.leaves(params))
-    batch = train.sft_model_batch(cfg, tt.tiny_training_batch(cfg, 0))
-    step = train.make_qwen2vl_sft_step(cfg, opt, chunk=8)
+    batch = sft.sft_model_batch(cfg, tt.tiny_training_batch(cfg, 0))
+    step = sft.make_qwen2vl_sft_step(cfg, opt, chunk=8)
     losses = []
     for _ in range(3):
         state, metrics = step(state, batch)
@@ -98,7 +98,7 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     assert all(moved)
 
     with jax.default_matmul_precision("highest"):
-        adapted = train.model_params(state.params, state.frozen)  # what the loss saw (merged on the fly)
+        adapted = tstate.model_params(state.params, state.frozen)  # what the loss saw (merged on the fly)
         feats = M.encode_images(adapted, cfg, batch["vision"])
         logits = M.forward(adapted, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"], feats)
         M.save_params(jax.device_get(merge_lora(state.frozen, state.params)), cfg, str(tmp_path / "hf"))

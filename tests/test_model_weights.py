@@ -176,7 +176,7 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
 
     from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.cli import main as cli_main
-    from ipl_jax.training.train import create_train_state
+    from ipl_jax.training.state import create_train_state
 
     model_dir, _ = untied
     with open(os.path.join(model_dir, "preprocessor_config.json"), "w") as f:

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from ipl_jax.training import train
+from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep
 from ipl_jax.training.checkpoint import Checkpointer
 from ipl_jax.training.lora import flatten_with_paths
 
@@ -71,7 +71,7 @@ def toy_batch(seed, b=2, t=8, n_masked=None):
 
 
 def opt_config(**kw):
-    c = train.default_train_config().optimizer
+    c = tstate.default_train_config().optimizer
     c.learning_rate = 1e-2
     c.warmup_steps = 2
     c.total_steps = 10
@@ -81,7 +81,7 @@ def opt_config(**kw):
 
 
 def sft_step_for(config, **kw):
-    return train.make_sft_step(toy_logits, train.make_optimizer(config), train.make_schedule(config), **kw)
+    return sft.make_sft_step(toy_logits, optim.make_optimizer(config), optim.make_schedule(config), **kw)
 
 
 # ------------------------------------------------------------------------------------------------ SFT loss
@@ -92,12 +92,12 @@ def test_next_token_nll_is_shifted_known_answer():
     logits = rng.normal(size=(1, 4, 5)).astype(np.float32)
     ids = np.array([[3, 1, 4, 2]], np.int32)
     mask = np.array([[1, 0, 1, 1]], np.int32)  # token 0 can never be predicted; tokens 2 and 3 are targets
-    nll, tokens = train.next_token_nll(jnp.asarray(logits), ids, mask)
+    nll, tokens = sft.next_token_nll(jnp.asarray(logits), ids, mask)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     expected = -(logp[0, 1, 4] + logp[0, 2, 2])
     assert float(tokens) == 2.0
     np.testing.assert_allclose(float(nll), expected, rtol=1e-6)
-    loss, metrics = train.sft_loss(jnp.asarray(logits), ids, mask)
+    loss, metrics = sft.sft_loss(jnp.asarray(logits), ids, mask)
     np.testing.assert_allclose(float(loss), expected / 2, rtol=1e-6)
 
 
@@ -105,32 +105,32 @@ def test_next_token_nll_is_shifted_known_answer():
 
 
 def test_schedules_known_values():
-    cos = train.make_schedule(opt_config(learning_rate=1.0, warmup_steps=4, total_steps=14, end_lr_ratio=0.1))
+    cos = optim.make_schedule(opt_config(learning_rate=1.0, warmup_steps=4, total_steps=14, end_lr_ratio=0.1))
     np.testing.assert_allclose([float(cos(s)) for s in (0, 2, 4, 9, 14)],
                                [0.0, 0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1], atol=1e-6)
-    const = train.make_schedule(opt_config(learning_rate=2.0, schedule="constant", warmup_steps=2))
+    const = optim.make_schedule(opt_config(learning_rate=2.0, schedule="constant", warmup_steps=2))
     np.testing.assert_allclose([float(const(s)) for s in (0, 1, 2, 50)], [0.0, 1.0, 2.0, 2.0], atol=1e-6)
     with pytest.raises(ValueError, match="schedule"):
-        train.make_schedule(opt_config(schedule="linear"))
+        optim.make_schedule(opt_config(schedule="linear"))
     # A job section with its own names (steps, grad_clip) and unrelated fields is read as is.
     import ml_collections
 
     section = ml_collections.ConfigDict({"steps": 14, "learning_rate": 1.0, "warmup_steps": 4, "grad_clip": 0.5,
                                          "micro_batch_size": 4, "schedule": "cosine"})
-    settings = train.optimizer_settings(section)
+    settings = optim.optimizer_settings(section)
     assert settings.total_steps == 14 and settings.grad_clip_norm == 0.5 and settings.b2 == 0.999
-    sched = train.make_schedule(section)
+    sched = optim.make_schedule(section)
     np.testing.assert_allclose([float(sched(s)) for s in (2, 4, 14)], [0.5, 1.0, 0.0], atol=1e-6)
 
 
 def test_weight_decay_skips_norms_and_biases():
     params = toy_params()
-    mask = flatten_with_paths(train.decay_mask(params))
+    mask = flatten_with_paths(optim.decay_mask(params))
     assert not mask["model/layers/input_layernorm/weight"] and not mask["model/norm/weight"]
     assert not mask["visual/proj/bias"]
     assert mask["model/layers/mlp/up_proj/kernel"] and mask["lm_head/kernel"]
     # With zero gradients AdamW only decays: kernels shrink by lr·wd, norms and biases stay put.
-    opt = train.make_optimizer(opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0,
+    opt = optim.make_optimizer(opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0,
                                           weight_decay=0.5, grad_clip_norm=0.0))
 
     @jax.jit
@@ -151,15 +151,15 @@ def test_state_from_config_sections():
     from ipl_jax.training.lora import LoraParams
 
     params = toy_params()
-    lora_cfg = load_config(train.default_train_config(), [
+    lora_cfg = load_config(tstate.default_train_config(), [
         "--config.lora.enabled=true", "--config.lora.rank=2", "--config.lora.alpha=8",
         "--config.lora.targets=up_proj/kernel$,down_proj/kernel$"])
-    state, _, schedule = train.state_from_config(params, lora_cfg, jax.random.PRNGKey(0))
+    state, _, schedule = tstate.state_from_config(params, lora_cfg, jax.random.PRNGKey(0))
     assert isinstance(state.params, LoraParams) and state.params.rank == 2 and state.params.scale == 4.0
     assert set(flatten_with_paths(state.frozen)) == set(flatten_with_paths(params))
-    frozen_cfg = load_config(train.default_train_config(), ["--config.freeze_vision=true",
+    frozen_cfg = load_config(tstate.default_train_config(), ["--config.freeze_vision=true",
                                                              "--config.frozen_dtype=bfloat16"])
-    state, _, _ = train.state_from_config(params, frozen_cfg, jax.random.PRNGKey(0))
+    state, _, _ = tstate.state_from_config(params, frozen_cfg, jax.random.PRNGKey(0))
     assert "visual" in state.frozen and "visual" not in state.params
     assert state.frozen["visual"]["proj"]["kernel"].dtype == jnp.bfloat16
 
@@ -169,12 +169,12 @@ def test_state_from_config_sections():
 
 def test_step_matches_manual_update_and_compiles_once():
     config = opt_config(weight_decay=0.01, grad_clip_norm=0.5)
-    opt = train.make_optimizer(config)
+    opt = optim.make_optimizer(config)
     params = toy_params()
     batch = toy_batch(1)
 
     def manual_loss(p):
-        return train.sft_loss(toy_logits(p, batch, None), batch["input_ids"], batch["loss_mask"])[0]
+        return sft.sft_loss(toy_logits(p, batch, None), batch["input_ids"], batch["loss_mask"])[0]
 
     @jax.jit
     def manual_step(params):
@@ -185,7 +185,7 @@ def test_step_matches_manual_update_and_compiles_once():
     loss, grad_norm, expected = manual_step(params)
 
     step = sft_step_for(config)
-    state = train.create_train_state(params, opt, jax.random.PRNGKey(0))
+    state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0))
     old_leaf = state.params["lm_head"]["kernel"]
     state, metrics = step(state, batch)
     assert old_leaf.is_deleted()  # the state was donated
@@ -198,7 +198,7 @@ def test_step_matches_manual_update_and_compiles_once():
     for seed in (2, 3):
         state, metrics = step(state, toy_batch(seed))
     assert int(state.step) == 3
-    np.testing.assert_allclose(float(metrics["lr"]), float(train.make_schedule(config)(2)), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["lr"]), float(optim.make_schedule(config)(2)), rtol=1e-6)
     assert step._cache_size() == 1
 
 
@@ -207,10 +207,10 @@ def test_grad_accumulation_equals_full_batch_token_mean():
     config = opt_config()
     a, b = toy_batch(5, b=2, n_masked=[2, 3]), toy_batch(6, b=2, n_masked=[6, 7])
     full = {k: np.concatenate([a[k], b[k]]) for k in a}
-    s1 = train.create_train_state(toy_params(), train.make_optimizer(config), jax.random.PRNGKey(0))
-    s2 = train.create_train_state(toy_params(), train.make_optimizer(config), jax.random.PRNGKey(0))
+    s1 = tstate.create_train_state(toy_params(), optim.make_optimizer(config), jax.random.PRNGKey(0))
+    s2 = tstate.create_train_state(toy_params(), optim.make_optimizer(config), jax.random.PRNGKey(0))
     s1, m1 = sft_step_for(config)(s1, full)
-    s2, m2 = sft_step_for(config, grad_accum_steps=2)(s2, train.stack_microbatches([a, b]))
+    s2, m2 = sft_step_for(config, grad_accum_steps=2)(s2, tstep.stack_microbatches([a, b]))
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-6)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
     assert float(m1["tokens"]) == float(m2["tokens"]) == 18.0
@@ -220,10 +220,10 @@ def test_grad_accumulation_equals_full_batch_token_mean():
 
 def test_frozen_vision_never_changes_and_has_no_optimizer_state():
     config = opt_config(weight_decay=0.1)
-    opt = train.make_optimizer(config)
+    opt = optim.make_optimizer(config)
     params = toy_params()
     before = jax.tree.map(np.array, params)  # the state (frozen part included) is donated to the step
-    state = train.create_train_state(params, opt, jax.random.PRNGKey(0), freeze_regex=train.VISION_REGEX)
+    state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), freeze_regex=tstate.VISION_REGEX)
     assert "visual" not in state.params and "visual" in state.frozen
     assert not any("visual" in p for p in flatten_with_paths(state.opt_state))
     step = sft_step_for(config)
@@ -232,7 +232,7 @@ def test_frozen_vision_never_changes_and_has_no_optimizer_state():
     np.testing.assert_array_equal(state.frozen["visual"]["proj"]["kernel"], before["visual"]["proj"]["kernel"])
     np.testing.assert_array_equal(state.frozen["visual"]["proj"]["bias"], before["visual"]["proj"]["bias"])
     assert not np.allclose(state.params["lm_head"]["kernel"], before["lm_head"]["kernel"])
-    full = train.model_params(state.params, state.frozen)
+    full = tstate.model_params(state.params, state.frozen)
     assert set(flatten_with_paths(full)) == set(flatten_with_paths(before))
 
 
@@ -244,11 +244,11 @@ def test_bf16_compute_keeps_fp32_master_weights():
         return toy_logits(p, batch, rng)
 
     config = opt_config()
-    opt = train.make_optimizer(config)
+    opt = optim.make_optimizer(config)
     batch = toy_batch(0)
-    step16 = train.make_sft_step(logits_fn, opt, compute_dtype=jnp.bfloat16)
-    loss32 = jax.jit(lambda p: train.make_sft_loss(toy_logits)(p, batch, None)[0])(toy_params())
-    s16 = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
+    step16 = sft.make_sft_step(logits_fn, opt, compute_dtype=jnp.bfloat16)
+    loss32 = jax.jit(lambda p: sft.make_sft_loss(toy_logits)(p, batch, None)[0])(toy_params())
+    s16 = tstate.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
     s16, m16 = step16(s16, batch)
     m32 = {"loss": loss32}
     assert seen == [jnp.bfloat16]
@@ -266,17 +266,17 @@ def test_nan_loss_stops_before_checkpoint_is_overwritten(tmp_path):
         return jnp.where(batch["poison"][0] > 0, jnp.nan, out)
 
     config = opt_config()
-    opt = train.make_optimizer(config)
-    step = train.make_sft_step(logits_fn, opt)
-    state = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
+    opt = optim.make_optimizer(config)
+    step = sft.make_sft_step(logits_fn, opt)
+    state = tstate.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
 
     def batches():
         for i in range(5):
             yield {**toy_batch(i), "poison": np.full((2,), int(i == 2), np.int32)}
 
     ckpt = Checkpointer(tmp_path / "ck", save_every=1, keep=5)
-    with pytest.raises(train.NonFiniteLossError, match="step 3: loss is nan"):
-        train.train_loop(state, step, batches(), 5, checkpointer=ckpt)
+    with pytest.raises(tstep.NonFiniteLossError, match="step 3: loss is nan"):
+        tstep.train_loop(state, step, batches(), 5, checkpointer=ckpt)
     assert ckpt.all_steps() == [1, 2]
     ckpt.close()
 
@@ -284,12 +284,12 @@ def test_nan_loss_stops_before_checkpoint_is_overwritten(tmp_path):
 def test_step_uses_and_advances_the_rng():
     """Dropout draws from the state's key; the same key gives the same step, the key advances every step."""
     config = opt_config()
-    opt = train.make_optimizer(config)
-    step = train.make_sft_step(lambda p, b, r: toy_logits(p, b, r, dropout=0.5), opt)
+    opt = optim.make_optimizer(config)
+    step = sft.make_sft_step(lambda p, b, r: toy_logits(p, b, r, dropout=0.5), opt)
     batch = toy_batch(0)
     losses = []
     for seed in (0, 0, 1):
-        state = train.create_train_state(toy_params(), opt, jax.random.PRNGKey(seed))
+        state = tstate.create_train_state(toy_params(), opt, jax.random.PRNGKey(seed))
         key0 = np.asarray(state.rng).copy()
         state, m = step(state, batch)
         assert not np.array_equal(np.asarray(state.rng), key0)
@@ -361,13 +361,13 @@ def test_qwen2vl_sft_loss_matches_full_logits_loss():
 
     cfg = tiny_cfg()
     params = tiny_params(cfg)
-    batch = train.sft_model_batch(cfg, tiny_training_batch(cfg, 0, empty_rows=1))
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0, empty_rows=1))
     assert batch["positions"].shape == (3, 4, 32) and batch["vision"].patches.shape == (96, cfg.vision.patch_dim)
     with jax.default_matmul_precision("highest"):
         feats = M.encode_images(params, cfg, batch["vision"])
         logits = M.forward(params, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"], feats)
-        expected, m_ref = train.sft_loss(logits, batch["input_ids"], batch["loss_mask"])
-        loss, metrics = train.qwen2vl_sft_loss(cfg, chunk=8)(params, batch, None)
+        expected, m_ref = sft.sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+        loss, metrics = sft.qwen2vl_sft_loss(cfg, chunk=8)(params, batch, None)
     assert float(metrics["tokens"]) == float(m_ref["tokens"]) == float(batch["loss_mask"][:, 1:].sum())
     assert float(expected) > 1.0  # far from a trivial value
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
@@ -379,26 +379,26 @@ MESH_SCRIPT = textwrap.dedent(
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     import test_train as t
-    from ipl_jax.training import train
+    from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep
     from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")
     assert jax.device_count() == 8
     cfg = t.tiny_cfg()
     config = t.opt_config(weight_decay=0.01, learning_rate=3e-3)
-    opt, sched = train.make_optimizer(config), train.make_schedule(config)
-    batches = [train.sft_model_batch(cfg, t.tiny_training_batch(cfg, s)) for s in range(3)]
+    opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
+    batches = [sft.sft_model_batch(cfg, t.tiny_training_batch(cfg, s)) for s in range(3)]
 
     def run(mesh):
-        state = train.create_train_state(t.tiny_params(cfg), opt, jax.random.PRNGKey(0))
+        state = tstate.create_train_state(t.tiny_params(cfg), opt, jax.random.PRNGKey(0))
         if mesh is None:
-            step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
+            step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
         else:
             p_sh = S.param_shardings(state.params, mesh)
-            sh = train.train_state_shardings(state, opt, mesh, p_sh, {})
+            sh = tstate.train_state_shardings(state, opt, mesh, p_sh, {})
             state = jax.device_put(state, sh)
-            step = train.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8, mesh=mesh, state_shardings=sh,
-                                               batch_shardings=train.sft_batch_shardings(batches[0], mesh))
+            step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8, mesh=mesh, state_shardings=sh,
+                                               batch_shardings=sft.sft_batch_shardings(batches[0], mesh))
         losses = []
         for b in batches:
             state, m = step(state, b)

@@ -245,7 +245,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
     optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in seeded orders."""
     from ipl_jax.pipeline.sft_stage import SFTItem, make_batch_fn, make_example_fn
     from ipl_jax.preference.tdpo import round_schedule, summarize_steps
-    from ipl_jax.training.train import make_qwen2vl_sft_step
+    from ipl_jax.training.sft import make_qwen2vl_sft_step
 
     bs = min(int(config.ipl.batch_size), len(steps))
     sft_like = ml_collections.ConfigDict(config.to_dict())
@@ -287,7 +287,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
     from ipl_jax.preference.round import RoundStages, ipl_round
     from ipl_jax.preference.tdpo import init_state
     from ipl_jax.sampling.tree_records import tree_record, turn_texts
-    from ipl_jax.training.train import VISION_REGEX, model_params
+    from ipl_jax.training.state import VISION_REGEX, model_params
 
     s = ipl_settings(config)
     policy = load_policy(start, job_mesh(config))

@@ -3,7 +3,7 @@
 Examples are built lazily in the Grain pipeline (``data.pipeline``): a training item is either a step (its
 four-turn CoaT chat, ``dialogue.coat_example``) or a Q&A about a step's screen (``dialogue.qa_example``);
 batches are collated to fixed token / patch buckets (``dialogue.collate``) and turned into the model's arrays
-(``train.sft_model_batch``). Training is ``train.train_loop`` with ``train.make_qwen2vl_sft_step``; Orbax
+(``training.sft.sft_model_batch``). Training is ``training.step.train_loop`` with ``make_qwen2vl_sft_step``; Orbax
 checkpoints (``checkpoint.Checkpointer``) carry the state and the iterator position, so a killed job resumes
 inside SFT. The last ``config.sft.seed_candidates`` checkpoints are exported as policy directories for seed
 selection.
@@ -66,7 +66,7 @@ def make_example_fn(tokenizer, image_config):
 def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
     """(micro-batch size, number of micro-batches) of an SFT batch. The vision tower attends over all patches
     of a (micro-)batch at once, so its cost grows with the square of the images per micro-batch: a batch is
-    split into micro-batches whose gradients are accumulated (``train.make_train_step``'s scan)."""
+    split into micro-batches whose gradients are accumulated (``training.step.make_train_step``'s scan)."""
     bs = int(config.sft.batch_size)
     micro = int(config.sft.micro_batch_size) or bs
     if micro < 1 or bs % micro:
@@ -78,7 +78,8 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
     micro-batches share the token bucket of the batch's longest example."""
     from ipl_jax.data.dialogue import collate, smallest_bucket
-    from ipl_jax.training.train import sft_model_batch, stack_microbatches
+    from ipl_jax.training.sft import sft_model_batch
+    from ipl_jax.training.step import stack_microbatches
 
     token_buckets = tuple(int(t) for t in config.buckets.tokens)
     micro, n_micro = micro_batches(config)
@@ -98,7 +99,7 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
 
 
 def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    from ipl_jax.training.train import default_train_config
+    from ipl_jax.training.state import default_train_config
 
     t = default_train_config()
     t.seed = int(config.seed)
@@ -123,8 +124,9 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
     from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
-    from ipl_jax.training.train import (make_qwen2vl_sft_step, model_params, sft_batch_shardings, state_from_config,
-                               train_loop)
+    from ipl_jax.training.sft import make_qwen2vl_sft_step, sft_batch_shardings
+    from ipl_jax.training.state import model_params, state_from_config
+    from ipl_jax.training.step import train_loop
 
     if int(config.sft.steps) == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
@@ -204,7 +206,7 @@ def sft_state_shardings(state, optimizer, mesh):
     base kernels), optimizer moments like their params, the rest replicated."""
     from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
-    from ipl_jax.training.train import train_state_shardings
+    from ipl_jax.training.state import train_state_shardings
 
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
     if isinstance(state.params, LoraParams):

@@ -31,7 +31,8 @@ from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packing import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
 from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
-from ipl_jax.training import train as train_lib
+from ipl_jax.training import state as state_lib
+from ipl_jax.training.step import check_finite
 
 PAIR_MODES = ("tdpo", "naive")
 TRAIN_ON = ("pairs", "golden")
@@ -179,8 +180,8 @@ def pair_counts(grouped: packing_lib.GroupedPairs) -> dict:
     return {"by_class": by_class, "by_type": dict(sorted(by_type.items()))}
 
 
-def ipl_round(state: train_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *,
-              mesh=None) -> tuple[train_lib.TrainState, dict]:
+def ipl_round(state: state_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *,
+              mesh=None) -> tuple[state_lib.TrainState, dict]:
     """One round from ``state`` (π(n-1), also the frozen reference). Returns (π(n)'s state, the round record).
 
     The record: round, classes (``pairs.tree_class_shares``), pairs_by_turn ([whole-trajectory, turn 1..4]),
@@ -190,7 +191,7 @@ def ipl_round(state: train_lib.TrainState, config: RoundConfig, stages: RoundSta
     """
     rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()
-    policy = train_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
+    policy = state_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
     grouped = packing_lib.GroupedPairs()
     counts = np.zeros(3, np.int64)
     for i, sampled in enumerate(stages.sample(policy, round_index, sample_rng)):
@@ -220,7 +221,7 @@ def ipl_round(state: train_lib.TrainState, config: RoundConfig, stages: RoundSta
         t2 = time.perf_counter()
         train_metrics = {"steps": 0, "pairs": 0.0, "per_step": []}
     for step_metrics in train_metrics.get("per_step", []):
-        train_lib.check_finite(step_metrics, int(state.step))
+        check_finite(step_metrics, int(state.step))
     record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
     t3 = time.perf_counter()
     record["seconds"] = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2,

@@ -10,7 +10,7 @@ A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, the
   round by a separate jitted function under ``stop_gradient`` (never inside ``value_and_grad``), stored in the
   batches (``PackedBatch.ref_pos`` / ``ref_neg``).
 * ``tdpo_step(state, batch, config)`` — one jitted update (state donated): packed forward, ``losses.tdpo_loss``
-  (or ``positive_sft_loss``), gradient, optimizer update, built on ``train.make_train_step``.
+  (or ``positive_sft_loss``), gradient, optimizer update, built on ``training.step.make_train_step``.
 * ``train_round(state, ref_params, round_data, rng, config)`` — pure: one epoch over the round's batches in an
   order drawn from ``rng``. Same inputs give the same outputs bit for bit on one device; under a ``mesh`` the
   batch rows are split over ('data', 'fsdp') and the params follow the model's partition rules.
@@ -31,7 +31,9 @@ import numpy as np
 
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
-from ipl_jax.training import train as train_lib
+from ipl_jax.training import optimizer as optimizer_lib
+from ipl_jax.training import state as state_lib
+from ipl_jax.training import step as step_lib
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference.packing import PackedBatch, PackingConfig
 
@@ -80,18 +82,18 @@ class TDPOConfig:
             raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.DPO_KINDS}, got {self.dpo.kind!r}")
 
     def optimizer_section(self) -> ml_collections.ConfigDict:
-        """The ``optimizer`` section ``train.make_optimizer`` / ``make_schedule`` read."""
-        c = train_lib.default_train_config().optimizer
+        """The ``optimizer`` section ``training.optimizer.make_optimizer`` / ``make_schedule`` read."""
+        c = state_lib.default_train_config().optimizer
         for key in ("learning_rate", "schedule", "warmup_steps", "total_steps", "end_lr_ratio", "weight_decay",
                     "grad_clip_norm", "b1", "b2", "eps"):
             c[key] = getattr(self, key)
         return c
 
     def optimizer(self):
-        return train_lib.make_optimizer(self.optimizer_section())
+        return optimizer_lib.make_optimizer(self.optimizer_section())
 
     def schedule_fn(self):
-        return train_lib.make_schedule(self.optimizer_section())
+        return optimizer_lib.make_schedule(self.optimizer_section())
 
 
 def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
@@ -101,10 +103,10 @@ def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
     return dataclasses.replace(config, total_steps=max(1, int(n_updates)))
 
 
-def init_state(params, config: TDPOConfig, rng, **kwargs) -> train_lib.TrainState:
-    """A TrainState for ``config``'s optimizer; ``kwargs`` go to ``train.create_train_state`` (freeze_regex,
+def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainState:
+    """A TrainState for ``config``'s optimizer; ``kwargs`` go to ``training.state.create_train_state`` (freeze_regex,
     lora, frozen_dtype)."""
-    return train_lib.create_train_state(params, config.optimizer(), rng, **kwargs)
+    return state_lib.create_train_state(params, config.optimizer(), rng, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------- the loss
@@ -127,7 +129,7 @@ def pair_loss(pos, neg, pos_tokens, batch: PackedBatch, config: TDPOConfig):
 
 
 def make_tdpo_loss(config: TDPOConfig):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``train.make_train_step``; metrics include
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``training.step.make_train_step``; metrics include
     ``pairs`` (the step's weight)."""
 
     def loss_fn(params, batch: PackedBatch, rng):
@@ -158,7 +160,7 @@ def batch_shardings(batch: PackedBatch, mesh):
         pair_pos=rep, pair_neg=rep, pair_valid=rep, pair_turn=rep, ref_pos=rep, ref_neg=rep)
 
 
-def state_shardings(state: train_lib.TrainState, optimizer, mesh) -> train_lib.TrainState:
+def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.TrainState:
     """TrainState shardings: params (and Adam moments) by the model's partition rules, the rest replicated."""
     from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
@@ -168,7 +170,7 @@ def state_shardings(state: train_lib.TrainState, optimizer, mesh) -> train_lib.T
         params_sh = lora_shardings(state.params, frozen_sh)
     else:
         params_sh = param_shardings(state.params, mesh)
-    return train_lib.train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
+    return state_lib.train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
 
 
 def _tree_key(tree) -> tuple:
@@ -181,7 +183,7 @@ def _tree_key(tree) -> tuple:
 _STEP_CACHE: dict = {}
 
 
-def make_tdpo_step(config: TDPOConfig, *, mesh=None, state: Optional[train_lib.TrainState] = None,
+def make_tdpo_step(config: TDPOConfig, *, mesh=None, state: Optional[state_lib.TrainState] = None,
                    batch: Optional[PackedBatch] = None):
     """The jitted ``step(state, batch) -> (state, metrics)`` (state donated). Under a ``mesh`` an example
     ``state`` and ``batch`` fix the shardings.
@@ -196,7 +198,7 @@ def make_tdpo_step(config: TDPOConfig, *, mesh=None, state: Optional[train_lib.T
             raise ValueError("make_tdpo_step: a mesh needs an example state and batch")
         kwargs.update(mesh=mesh, state_shardings=state_shardings(state, optimizer, mesh),
                       batch_shardings=batch_shardings(batch, mesh))
-    return train_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
+    return step_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
 
 
 def _cached_step(config: TDPOConfig, mesh, state, batch):
@@ -206,7 +208,7 @@ def _cached_step(config: TDPOConfig, mesh, state, batch):
     return _STEP_CACHE[key]
 
 
-def tdpo_step(state: train_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
+def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
     """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
 
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
@@ -232,7 +234,7 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     (0 for padding pairs). Jitted once per batch shape; no gradient ever flows through it."""
     cfg = config.model
     if config.compute_dtype is not None:
-        ref_params = train_lib.cast_floating(ref_params, config.compute_dtype)
+        ref_params = state_lib.cast_floating(ref_params, config.compute_dtype)
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
@@ -293,8 +295,8 @@ def summarize_steps(per_step: Sequence[Mapping[str, float]]) -> dict:
     return out
 
 
-def train_round(state: train_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *,
-                mesh=None) -> tuple[train_lib.TrainState, dict]:
+def train_round(state: state_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *,
+                mesh=None) -> tuple[state_lib.TrainState, dict]:
     """One epoch of T-DPO over the round's batches, in an order drawn from ``rng``.
 
     state: TrainState (donated step by step: do not reuse the passed-in state); ref_params: the frozen reference

@@ -30,6 +30,9 @@ from typing import Any, Mapping
 import jax
 import orbax.checkpoint as ocp
 
+from ipl_jax.training.lora import LoraParams, merge_lora
+from ipl_jax.training.state import merge_trees
+
 _BYTES_TAG = "__utf8_bytes__"
 
 
@@ -120,9 +123,6 @@ class Checkpointer:
         for the whole state), then rejoins trainable and frozen params or merges the LoRA adapters with the
         scale recorded in the metadata.
         """
-        from ipl_jax.training.lora import LoraParams, merge_lora
-        from ipl_jax.training.train import merge_trees
-
         if step is None:
             step = self.latest_step()
         if step is None:
@@ -145,8 +145,6 @@ class Checkpointer:
 
 
 def _lora_scale(state) -> float | None:
-    from ipl_jax.training.lora import LoraParams
-
     params = getattr(state, "params", None)
     return float(params.scale) if isinstance(params, LoraParams) else None
 

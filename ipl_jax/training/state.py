@@ -1,0 +1,191 @@
+"""TrainState: what a trainer carries from step to step, and how it is created from parameters and a config.
+
+``TrainState`` — step, trainable params, frozen params, optimizer state, RNG key (a flax.struct dataclass). What
+is trainable is decided once, by ``create_train_state``: full fine-tuning (everything trainable), a frozen
+subset (e.g. the vision tower: those leaves move to ``frozen``, get no gradient and no optimizer state, so they
+can never change), or LoRA (all base weights frozen, ``params`` is a ``lora.LoraParams``).
+``model_params(state.params, state.frozen)`` rebuilds the full parameter tree the model reads.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ipl_jax.training.lora import LoraConfig, LoraParams, apply_lora, flatten_with_paths, init_lora
+from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer, make_schedule, settings_dict
+
+VISION_REGEX = r"^visual/"
+
+
+@struct.dataclass
+class TrainState:
+    """step: int32[]; params: trainable pytree (or LoraParams); frozen: pytree ({} if none);
+    opt_state: optimizer state of ``params``; rng: uint32[2] raw PRNG key (split once per step)."""
+
+    step: jax.Array
+    params: Any
+    frozen: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def default_train_config() -> ml_collections.ConfigDict:
+    """Defaults for the optimizer / LoRA / precision / checkpoint sections (method.md §7 for the paper's values)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.num_steps = 100
+    c.optimizer = ml_collections.ConfigDict(dict(settings_dict(OptimizerSettings())))
+
+    c.freeze_vision = False  # paper: ViT trainable in SFT, optionally frozen in IPL
+    c.freeze_regex = VISION_REGEX
+
+    c.lora = lo = ml_collections.ConfigDict()
+    lo.enabled = False
+    lo.rank = 128  # paper's warm-up SFT rank
+    lo.alpha = 256.0
+    lo.targets = LoraConfig().targets
+
+    c.compute_dtype = "float32"  # "bfloat16": params cast to bf16 inside the step; master weights stay fp32
+    c.frozen_dtype = "float32"  # storage dtype of frozen (LoRA base / frozen tower) params
+
+    c.checkpoint = ck = ml_collections.ConfigDict()
+    ck.directory = ""
+    ck.save_every = 100
+    ck.keep = 3
+    ck.async_save = True
+    return c
+
+
+def lora_config_from(config: ml_collections.ConfigDict) -> LoraConfig | None:
+    """LoraConfig from the ``lora`` section, or None when LoRA is disabled."""
+    if not config.lora.enabled:
+        return None
+    return LoraConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha), targets=tuple(config.lora.targets))
+
+
+# ------------------------------------------------------------------------------------------------ params
+
+
+def split_params(params: dict, frozen_regex: str | None) -> tuple[dict, dict]:
+    """(trainable, frozen) nested dicts: leaves whose '/'-path matches ``frozen_regex`` go to frozen."""
+    if not frozen_regex:
+        return params, {}
+    regex = re.compile(frozen_regex)
+    trainable: dict = {}
+    frozen: dict = {}
+    for path, leaf in flatten_with_paths(params).items():
+        node = frozen if regex.search(path) else trainable
+        parts = path.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = leaf
+    if not frozen:
+        raise ValueError(f"freeze regex {frozen_regex!r} matches no parameter")
+    return trainable, frozen
+
+
+def merge_trees(a: dict, b: dict) -> dict:
+    """Deep union of two nested dicts with disjoint leaves (used to rejoin trainable and frozen params)."""
+    out = dict(a)
+    for key, value in b.items():
+        if key in out:
+            if not (isinstance(out[key], dict) and isinstance(value, dict)):
+                raise ValueError(f"parameter {key!r} is both trainable and frozen")
+            out[key] = merge_trees(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def model_params(trainable, frozen):
+    """The full parameter tree the model reads: LoRA merged on the fly, or trainable ∪ frozen."""
+    if isinstance(trainable, LoraParams):
+        return apply_lora(frozen, trainable)
+    if not frozen:
+        return trainable
+    return merge_trees(trainable, frozen)
+
+
+def cast_floating(tree, dtype):
+    """Cast every floating leaf to ``dtype`` (integer leaves untouched)."""
+    dtype = jnp.dtype(dtype)
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+# ------------------------------------------------------------------------------------------------ creation
+
+
+def create_train_state(
+    params,
+    optimizer: optax.GradientTransformation,
+    rng: jax.Array,
+    *,
+    freeze_regex: str | None = None,
+    lora: LoraConfig | None = None,
+    frozen_dtype=None,
+) -> TrainState:
+    """A fresh TrainState. With ``lora`` every base param is frozen and adapters are trainable; otherwise leaves
+    matching ``freeze_regex`` (e.g. ``^visual/``) are frozen. ``rng``: a raw uint32[2] key (jax.random.PRNGKey)."""
+    rng = jnp.asarray(rng)
+    # Weakly typed leaves (e.g. from jnp.full(shape, 0.1)) would come back strongly typed from the first step and
+    # make the second call compile again.
+    params = jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, params)
+    if lora is not None:
+        rng, lora_rng = jax.random.split(rng)
+        trainable, frozen = jax.jit(init_lora, static_argnums=1)(params, lora, lora_rng), params
+    else:
+        trainable, frozen = split_params(params, freeze_regex)
+    if frozen_dtype is not None and frozen:
+        frozen = cast_floating(frozen, frozen_dtype)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=trainable,
+        frozen=frozen,
+        opt_state=jax.jit(optimizer.init)(trainable),  # jitted: one compile instead of one per leaf shape
+        rng=rng,
+    )
+
+
+def state_from_config(params, config: ml_collections.ConfigDict, rng: jax.Array):
+    """(TrainState, optimizer, schedule) from a ``default_train_config()``-shaped config."""
+    optimizer = make_optimizer(config.optimizer)
+    lora = lora_config_from(config)
+    freeze = config.freeze_regex if (config.freeze_vision and lora is None) else None
+    frozen_dtype = None if config.frozen_dtype == "float32" else config.frozen_dtype
+    state = create_train_state(params, optimizer, rng, freeze_regex=freeze, lora=lora, frozen_dtype=frozen_dtype)
+    return state, optimizer, make_schedule(config.optimizer)
+
+
+def train_state_shardings(state: TrainState, optimizer, mesh, params_shardings, frozen_shardings) -> TrainState:
+    """TrainState of NamedShardings: optimizer moments follow their params, everything else is replicated.
+
+    ``params_shardings`` / ``frozen_shardings``: trees of NamedSharding matching ``state.params`` / ``state.frozen``
+    (for LoRA use ``lora.lora_shardings``). ``state`` may be abstract (jax.eval_shape).
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shardings = optax.tree_map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        state.opt_state,
+        params_shardings,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+    return TrainState(
+        step=replicated,
+        params=params_shardings,
+        frozen=frozen_shardings,
+        opt_state=opt_shardings,
+        rng=replicated,
+    )
