@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import math
 import sys
@@ -46,6 +45,7 @@ from ipl_jax.coat.actions import (
     invalid_action,
     parse_action,
 )
+from ipl_jax.data.datasets import LOADERS, load_dataset  # noqa: F401  (re-exported: `score` reads datasets)
 from ipl_jax.data.records import DataError, Episode, Step
 from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES, format_table, score_episodes
 
@@ -55,27 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["score_main", "score_episodes", "load_predictions", "prediction_to_action", "load_dataset",
            "EvalConfig", "evaluate_policy", "eval_main"]
-
-# format -> (module, loader); each loader is ``load(root, split) -> list[Episode]``.
-LOADERS = {
-    "aitz": ("ipl_jax.data.aitz", "load_aitz"),
-    "amex": ("ipl_jax.data.amex", "load_amex"),
-    "androidcontrol": ("ipl_jax.data.android_control", "load_android_control"),
-}
-
-
-def load_dataset(root: str | Path, fmt: str, split: Optional[str]) -> list[Episode]:
-    """The episodes of one split of a dataset in format ``fmt`` (imports the reader on demand).
-
-    AMEX has no published splits: ``split`` None (or "all") reads every episode file.
-    """
-    if fmt not in LOADERS:
-        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}")
-    module, name = LOADERS[fmt]
-    if fmt == "amex" and split == "all":
-        split = None
-    return getattr(importlib.import_module(module), name)(root, split)
-
 
 # ------------------------------------------------------------------------------------------ predictions
 
@@ -354,7 +333,8 @@ def _eval_parser() -> argparse.ArgumentParser:
 def eval_main(argv: list[str]) -> int:
     """``ipl-jax eval``: print the Step.Acc table of greedy CoaT decoding; 0 on success, 1 on bad input."""
     args = _eval_parser().parse_args(argv)
-    from ipl_jax.eval.sampler import dataset_steps, load_policy
+    from ipl_jax.data.datasets import dataset_steps
+    from ipl_jax.eval.policy import load_policy
     from ipl_jax.sampling import SamplerConfig
 
     try:

@@ -17,48 +17,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from ipl_jax.sampling import (SampledBatch, SamplerConfig, StepPrompts, TreePrompts, greedy_config,  # noqa: F401
                               iter_sampled_batches, pack_tree_prompts, sample_tree, sample_tree_no_sharing,
                               step_prompts)
 
+from ipl_jax.data.datasets import dataset_steps  # noqa: F401  (re-exported for callers of this module)
+from ipl_jax.eval.policy import load_policy  # noqa: F401
+
 DEFAULT_STEPS = 8
-
-
-def load_policy(checkpoint: str, mesh: bool = False):
-    """(params, cfg, tokenizer, image_config, mesh or None) from a Hugging Face checkpoint directory. With
-    ``mesh``, a ('data', 'fsdp', 'tensor') mesh over every device is built and the weights are loaded straight
-    into their shardings."""
-    from ipl_jax.data.image_processing import PREPROCESSOR_CONFIG, ImageProcessorConfig
-    from ipl_jax.data.tokenizer import load_tokenizer
-    from ipl_jax.model import load_params
-    from ipl_jax.model.config import Qwen2VLConfig
-
-    directory = Path(checkpoint)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    the_mesh, shardings = None, None
-    if mesh:
-        from ipl_jax.model import param_shapes
-        from ipl_jax.model.sharding import make_mesh, param_shardings
-
-        the_mesh = make_mesh()
-        shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), the_mesh)
-    params, cfg = load_params(str(directory), shardings=shardings)
-    tokenizer = load_tokenizer(directory)
-    image_config = (ImageProcessorConfig.load(directory) if (directory / PREPROCESSOR_CONFIG).is_file()
-                    else ImageProcessorConfig())
-    return params, cfg, tokenizer, image_config, the_mesh
-
-
-def dataset_steps(data: str, fmt: str, split: Optional[str], limit: Optional[int] = None):
-    """(episodes, their steps in order, at most ``limit``) of a dataset split."""
-    from ipl_jax.eval.evaluate import load_dataset
-
-    episodes = load_dataset(data, fmt, split)
-    steps = [s for ep in episodes for s in ep.steps]
-    return episodes, (steps if limit is None else steps[:limit])
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -253,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from ipl_jax.configs.loader import parse_args_with_config
-    from ipl_jax.eval.evaluate import load_dataset
+    from ipl_jax.data.datasets import load_dataset
     from ipl_jax.pipeline.model_stage import load_policy
 
     args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")

@@ -73,7 +73,7 @@ def load_splits(config: ml_collections.ConfigDict, wd: Workdir) -> dict[str, lis
     Without a dev split (real AITZ has none), the last ``config.data.dev_holdout`` training episodes are held
     out as dev.
     """
-    from ipl_jax.eval.evaluate import load_dataset
+    from ipl_jax.data.datasets import load_dataset
 
     fmt = "aitz" if config.data.format == "synthetic" else config.data.format
     root = data_root(config, wd)
