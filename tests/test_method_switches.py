@@ -11,7 +11,8 @@ import pytest
 from ipl_jax.coat.actions import ACTION_TYPES, Action, thought_names_action
 from ipl_jax.preference import losses
 from ipl_jax.preference import pairs as P
-from ipl_jax.preference.packing import GroupedPairs, PairRef, PrefixGroup
+from ipl_jax.preference.grouping import GroupedPairs
+from ipl_jax.preference.packing import PairRef, PrefixGroup
 from ipl_jax.preference.selection import (SelectionConfig, balance_types, drop_duplicates, mix_groups,
                                           select_round_pairs)
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ipl_jax.preference import pair_tokens as PT
 from ipl_jax.preference import pairs as P
 from ipl_jax.coat import tree as T
 
@@ -393,7 +394,7 @@ def test_gather_pair_tokens_returns_the_right_nodes():
     g_act = jnp.asarray(-1 - np.arange(ROWS * 7).reshape(ROWS, 7), jnp.int32)
     g_box = jnp.asarray(-500 - np.arange(ROWS * 2).reshape(ROWS, 2), jnp.int32)
     g_act_len, g_box_len = jnp.arange(ROWS) % 7 + 1, jnp.arange(ROWS) % 2 + 1
-    pt = jax.tree_util.tree_map(np.asarray, P.gather_pair_tokens(tr, pb, g_act, g_box, g_act_len, g_box_len))
+    pt = jax.tree_util.tree_map(np.asarray, PT.gather_pair_tokens(tr, pb, g_act, g_box, g_act_len, g_box_len))
     width = 7
     assert pt.positive_tokens.shape == (pb.capacity, width) and pt.prefix_tokens[0].shape == (pb.capacity, 6)
     seen_turns, seen_golden = set(), set()
@@ -436,7 +437,7 @@ def test_gather_pair_tokens_returns_the_right_nodes():
     # a pair whose positive is the negative node itself has the same text on both sides
     i = next(i for i in range(pb.capacity) if pb.valid[i] and not pb.positive_golden[i])
     pb2 = pb.replace(positive_node=np.where(np.arange(pb.capacity) == i, pb.negative_node, pb.positive_node))
-    same = np.asarray(P.gather_pair_tokens(tr, pb2, g_act, g_box, g_act_len, g_box_len).same_text)
+    same = np.asarray(PT.gather_pair_tokens(tr, pb2, g_act, g_box, g_act_len, g_box_len).same_text)
     np.testing.assert_array_equal(np.nonzero(same)[0], [i])
 
 
@@ -451,11 +452,11 @@ def test_naive_dpo_pairs_and_tokens():
     flat[1] = 1.0  # α: no pair
     flat[3, 20] = 1.0  # β, but padding
     valid = np.array([1, 1, 1, 0], bool)
-    nd = P.naive_dpo_pairs(jnp.asarray(leaf), jnp.asarray(valid))
+    nd = PT.naive_dpo_pairs(jnp.asarray(leaf), jnp.asarray(valid))
     np.testing.assert_array_equal(np.asarray(nd.valid), [True, False, False, False])
     assert int(nd.chosen_leaf[0]) == 1 and int(nd.rejected_leaf[0]) == 7
     tr = _identity_tree(4, B3, (6, 5, 4, 3))
-    out = P.gather_naive_dpo_tokens(tr, nd)
+    out = PT.gather_naive_dpo_tokens(tr, nd)
     for name, leaf_id in (("chosen", 1), ("rejected", 7)):
         path = T.leaf_paths(B3)[leaf_id]
         for lvl in range(1, 5):

@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax.preference import grouping
 from ipl_jax.preference import packing as packing_lib
+from ipl_jax.preference import pair_tokens
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packing import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
@@ -120,15 +122,15 @@ def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, 
     classes = pairs_lib.classify_trees(node_values[-1], step_valid, config.pairs.one_tolerance)
     counts = np.asarray(pairs_lib.tree_class_counts(classes))
     if config.pair_mode == "naive":
-        naive = pairs_lib.naive_dpo_pairs(node_values[-1], step_valid, config.pairs.one_tolerance)
-        toks = pairs_lib.gather_naive_dpo_tokens(tree, naive)
+        naive = pair_tokens.naive_dpo_pairs(node_values[-1], step_valid, config.pairs.one_tolerance)
+        toks = pair_tokens.gather_naive_dpo_tokens(tree, naive)
         leaf_types = np.asarray(scores.leaf_types).reshape(tree.batch_size, -1)
         rows = np.arange(tree.batch_size)
         chosen = leaf_types[rows, np.asarray(naive.chosen_leaf)]
         rejected = leaf_types[rows, np.asarray(naive.rejected_leaf)]
         grounding = np.stack([np.isin(chosen, pairs_lib.CLICK_LIKE_TYPES),
                               np.isin(rejected, pairs_lib.CLICK_LIKE_TYPES)], axis=1)
-        return packing_lib.naive_pair_groups(sampled.steps, toks, grounding, name), counts
+        return grouping.naive_pair_groups(sampled.steps, toks, grounding, name), counts
     match = scores.action_text_matches_golden
     allows = None
     if config.gamma_consistent_only:
@@ -140,10 +142,10 @@ def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, 
                                  step_index=jnp.asarray(tree.step_index, jnp.int32),
                                  action_text_matches_golden=None if match is None else jnp.asarray(match, bool),
                                  thought_allows_gamma=allows, config=config.pairs)
-    pt = pairs_lib.gather_pair_tokens(tree, pb, *(jnp.asarray(x, jnp.int32) for x in (
+    pt = pair_tokens.gather_pair_tokens(tree, pb, *(jnp.asarray(x, jnp.int32) for x in (
         sampled.golden_action_ids, sampled.golden_grounding_ids, sampled.golden_action_lengths,
         sampled.golden_grounding_lengths)))
-    grouped = packing_lib.tree_pair_groups(sampled.steps, pt, name, pair_batch=pb)
+    grouped = grouping.tree_pair_groups(sampled.steps, pt, name, pair_batch=pb)
     grouped.skipped += int(pb.dropped)
     return grouped, counts
 
@@ -166,7 +168,7 @@ def json_safe(d: Mapping) -> dict:
     return out
 
 
-def pair_counts(grouped: packing_lib.GroupedPairs) -> dict:
+def pair_counts(grouped: grouping.GroupedPairs) -> dict:
     """Pairs per tree class (``beta``, ``gamma``, ``unknown``) and per positive action type (name -> count)."""
     from ipl_jax.coat.actions import ACTION_TYPES
 
@@ -192,7 +194,7 @@ def ipl_round(state: state_lib.TrainState, config: RoundConfig, stages: RoundSta
     rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()
     policy = state_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
-    grouped = packing_lib.GroupedPairs()
+    grouped = grouping.GroupedPairs()
     counts = np.zeros(3, np.int64)
     for i, sampled in enumerate(stages.sample(policy, round_index, sample_rng)):
         g, c = round_pairs(sampled, stages.score(sampled), config, name=f"round {round_index} batch {i} ")

@@ -1,7 +1,7 @@
 """Round-level selection of preference pairs, between pair extraction and packing (method.md §6).
 
 Pairs are extracted tree by tree (``preference.pairs``); what can only be decided once a whole round's pairs are
-known happens here, on the host, over a ``packing.GroupedPairs``:
+known happens here, on the host, over a ``grouping.GroupedPairs``:
 
 * ``drop_duplicates``: a pair whose prefix, positive and negative token strings all equal an earlier pair's is
   dropped. Such copies arise when siblings sample the same text (two identical thoughts root two subtrees with
@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from ipl_jax.preference.packing import GroupedPairs, PairRef
+from ipl_jax.preference.grouping import GroupedPairs
+from ipl_jax.preference.packing import PairRef
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,7 @@ from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.preference.packing import PackedBatch, PackingConfig
+from ipl_jax.preference.packing import PackedBatch
 
 OBJECTIVES = ("tdpo", "positive_sft")
 
