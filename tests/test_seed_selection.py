@@ -114,7 +114,7 @@ def _fake_batches(tokenizer, texts_per_tree, branching):
 def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     from ipl_jax.coat.actions import Action
     from ipl_jax.configs.loader import load_config
-    from ipl_jax.pipeline import trees as trees_mod
+    from ipl_jax.eval import trees as trees_mod
 
     branching = (2, 1, 2, 1)
     good_box = "<|box_start|>(200,120),(400,180)<|box_end|>"  # centre (0.3, 0.15): inside Settings

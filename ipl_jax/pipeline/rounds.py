@@ -2,7 +2,7 @@
 
 A round is ``preference.round.ipl_round`` with the pipeline's pieces plugged in as its ``RoundStages``: ``sample``
 draws CoaT-trees on the round's training steps with the round's starting policy, ``score`` gives leaf rewards and
-backed-up values (``pipeline.trees``), ``golden_update`` is the ``continued_sft`` control's supervised training.
+backed-up values (``eval.trees``), ``golden_update`` is the ``continued_sft`` control's supervised training.
 The round's policy is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on dev; the loop over rounds, with
 early stopping and resuming, is ``pipeline.run.Job.rounds``. The job's ``ipl`` section is read once into a typed
 ``IPLSettings`` (``ipl_settings``).
@@ -48,7 +48,7 @@ def eval_config(policy: Policy, config: ml_collections.ConfigDict, blank_screens
     """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
     from ipl_jax.eval.evaluate import EvalConfig
     from ipl_jax.pipeline.data_stage import scoring_format
-    from ipl_jax.pipeline.trees import sampler_config
+    from ipl_jax.eval.trees import sampler_config
 
     return EvalConfig(sampler=sampler_config(config, policy.tokenizer), image_config=policy.image_config,
                       batch_size=int(config.eval.batch_size), fmt=scoring_format(config), seed=int(config.seed),
@@ -283,7 +283,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
     """One IPL round from the policy directory ``start``; writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few
     sampled trees for the viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev``
     (the new policy's dev accuracy) and ``policy``."""
-    from ipl_jax.pipeline.trees import iter_tree_batches, round_scores, sampled_trees, sampler_config, score_batch
+    from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, sampler_config, score_batch
     from ipl_jax.preference.round import RoundStages, ipl_round
     from ipl_jax.preference.tdpo import init_state
     from ipl_jax.sampling.tree_records import tree_record, turn_texts

@@ -1,8 +1,9 @@
-"""Glue between the job and the CoaT-tree sampler: sampler settings from the job config, and the adapters the
-round loop needs (``ipl.SampledTrees`` / ``ipl.TreeScores`` from sampled, scored batches).
+"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job config, fixed-shape tree batches
+for a policy, leaf scoring, and the adapters one IPL round reads (``preference.round.SampledTrees`` /
+``TreeScores``). Used by seed selection (``eval.seed_selection``) and by the rounds (``pipeline.rounds``).
 
-The sampler (``ipl_jax.sampling``: batches, texts, leaf actions, leaf rewards, tree records), the reward kernels
-(``ipl_jax.coat.rewards``) and the round loop (``ipl_jax.preference.tdpo``) live in their own modules; this file only wires them.
+The sampler (``ipl_jax.sampling``), the reward kernels (``ipl_jax.coat.rewards``) and the round
+(``ipl_jax.preference.round``) live in their own modules; this file only wires them.
 """
 
 from __future__ import annotations
