@@ -13,7 +13,7 @@ COMMANDS = {
     "score": ("ipl_jax.eval.evaluate", "score_main", "score a predictions JSONL file against a dataset"),
     "sft": ("ipl_jax.pipeline", "sft_main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
     "eval": ("ipl_jax.eval.evaluate", "eval_main", "greedy CoaT decoding + Step.Acc tables"),
-    "export": ("ipl_jax.model.weights", "export_main", "export a checkpoint as a Hugging Face directory"),
+    "export": ("ipl_jax.cli.export", "main", "export a checkpoint as a Hugging Face directory"),
     "select-seed": ("ipl_jax.cli.select_seed", "main", "Acc_S / Div_R seed-policy selection"),
     "sample": ("ipl_jax.eval.sampler", "sample_main", "sample CoaT-trees and write them as JSONL + HTML"),
     "run": ("ipl_jax.pipeline", "main", "the main job: data -> SFT -> IPL rounds -> evaluation"),
