@@ -1,0 +1,89 @@
+"""The Q&A record of instruction evolution, its levels and kinds, and its JSONL form."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable, Union
+
+from ipl_jax.data.records import DataError
+
+LEVELS = (1, 2, 3)
+KINDS_BY_LEVEL = {
+    1: ("grounding", "referring", "page_description"),
+    2: ("widget_function", "nesting"),
+    3: ("page_structure", "element_region", "what_happens"),
+}
+LEVEL_OF_KIND = {kind: level for level, kinds in KINDS_BY_LEVEL.items() for kind in kinds}
+
+# Answer length limits, shared by generation (which stays inside them) and the filter.
+MIN_ANSWER_CHARS = 2
+MAX_ANSWER_CHARS = 300
+MAX_ANSWER_WORDS = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class QA:
+    """One question/answer pair about the screen of step ``(episode_id, step_id)``.
+
+    ``level`` is 1, 2 or 3; ``kind`` names the question family (see ``KINDS_BY_LEVEL``); ``meta`` records where the
+    answer came from (``source``: elements / coat / transitions / annotator), the element it is about
+    (``target``: its name, ``box``: its box in screen fractions) and the template index.
+    """
+
+    episode_id: str
+    step_id: int
+    level: int
+    kind: str
+    question: str
+    answer: str
+    meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def to_json(self) -> dict:
+        return {"episode_id": self.episode_id, "step_id": self.step_id, "level": self.level, "kind": self.kind,
+                "question": self.question, "answer": self.answer, "meta": self.meta}
+
+
+# ---------------------------------------------------------------------------------------------- JSONL
+
+
+def write_qas_jsonl(path: Union[str, Path], qas: Iterable[QA]) -> int:
+    """Write one JSON object per line; returns the number written."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for qa in qas:
+            f.write(json.dumps(qa.to_json(), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+_QA_FIELDS = {"episode_id": str, "step_id": int, "level": int, "kind": str, "question": str, "answer": str}
+
+
+def read_qas_jsonl(path: Union[str, Path]) -> list[QA]:
+    """Read a file written by ``write_qas_jsonl``. A malformed line raises DataError naming the line and field."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = f"line {line_no}"
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(path, record, "<json>", f"not valid JSON: {e.msg}") from None
+            if not isinstance(d, dict):
+                raise DataError(path, record, "<json>", "expected a JSON object")
+            for field, typ in _QA_FIELDS.items():
+                if field not in d:
+                    raise DataError(path, record, field, "missing")
+                if not isinstance(d[field], typ) or (typ is int and isinstance(d[field], bool)):
+                    raise DataError(path, record, field, f"expected {typ.__name__}, got {type(d[field]).__name__}")
+            if d["level"] not in LEVELS:
+                raise DataError(path, record, "level", f"expected one of {LEVELS}, got {d['level']}")
+            meta = d.get("meta", {})
+            if not isinstance(meta, dict):
+                raise DataError(path, record, "meta", "expected a JSON object")
+            out.append(QA(d["episode_id"], d["step_id"], d["level"], d["kind"], d["question"], d["answer"], meta))
+    return out
