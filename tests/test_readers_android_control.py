@@ -14,13 +14,9 @@ from PIL import Image
 from tfrecord.writer import TFRecordWriter
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.android_control import (
-    iter_tfrecords,
-    load_android_control,
-    load_android_control_with_report,
-    masked_crc,
-)
+from ipl_jax.data.android_control import load_android_control, load_android_control_with_report
 from ipl_jax.data.records import DataError
+from ipl_jax.data.tfrecords import iter_tfrecords, masked_crc
 
 # ---------------------------------------------------------------------------------------------- protobuf wire
 

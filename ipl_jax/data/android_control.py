@@ -17,172 +17,32 @@ Traps honoured here:
   folder (``<root>/screenshot_cache`` unless ``cache_dir`` is given) and the steps keep only paths. A file
   already in the cache with the same size is not written again.
 
-Framing is read here (``uint64 length, uint32 masked_crc32c(length), data, uint32 masked_crc32c(data)``) so that
-both checksums are verified and a broken record names its shard and index; the ``tf.train.Example`` and the
-CRC come from the ``tfrecord`` package. The click target box and text come from the accessibility tree (the
-smallest clickable node containing the point), parsed with a partial copy of android_env's a11y schema.
+The framing is read by ``data.tfrecords`` (both checksums verified, so a broken record names its shard and index);
+the ``tf.train.Example`` comes from the ``tfrecord`` package. The click target box and text come from the
+accessibility tree (``data.a11y``: the smallest clickable node containing the point).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
-import struct
-import zlib
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
+from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
-from tfrecord.writer import TFRecordWriter
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.aitz import box_area, box_contains, pixel_box_to_fractions, with_history
-from ipl_jax.data.records import DataError, Episode, Step, UIElement
+from ipl_jax.data.a11y import a11y_elements, click_target
+from ipl_jax.data.aitz import with_history
+from ipl_jax.data.records import DataError, Episode, Step
+from ipl_jax.data.tfrecords import iter_tfrecords
 
 SPLITS = ("train", "validation", "test")
 SUBSPLITS = ("IDD", "app_unseen", "task_unseen", "category_unseen")
 FINGER_OF_CONTENT = {"up": "down", "down": "up", "left": "right", "right": "left"}
 _NAV = {"navigate_home": "home", "navigate_back": "back"}
-
-
-# ---------------------------------------------------------------------------------------------- framing
-
-
-def masked_crc(data: bytes) -> bytes:
-    """TFRecord's masked CRC32C of ``data`` as 4 little-endian bytes."""
-    return TFRecordWriter.masked_crc(bytes(data))
-
-
-def iter_tfrecords(
-    path: str | Path, compression: Optional[str] = "gzip"
-) -> Iterator[tuple[int, Optional[bytes], Optional[DataError]]]:
-    """Yield ``(index, payload, None)`` for each record of a TFRecord file, verifying both checksums.
-
-    A record whose data checksum fails is yielded as ``(index, None, DataError)``: the stream stays readable,
-    so the caller may skip it and go on. Any other framing error (bad length checksum, truncation, broken
-    gzip) ends the file and is raised as ``DataError(path, index, "<framing>", ...)``.
-    """
-    path = Path(path)
-    opener = gzip.open if compression == "gzip" else open
-    index = 0
-    try:
-        with opener(path, "rb") as f:
-            while True:
-                head = f.read(12)
-                if not head:
-                    return
-                if len(head) != 12:
-                    raise DataError(path, index, "<framing>", "truncated record header")
-                length_bytes, length_crc = head[:8], head[8:]
-                if masked_crc(length_bytes) != length_crc:
-                    raise DataError(path, index, "<framing>", "length crc mismatch (rest of file unreadable)")
-                (length,) = struct.unpack("<Q", length_bytes)
-                payload = f.read(length)
-                data_crc = f.read(4)
-                if len(payload) != length or len(data_crc) != 4:
-                    raise DataError(path, index, "<framing>", "truncated record")
-                if masked_crc(payload) != data_crc:
-                    yield index, None, DataError(path, index, "<framing>", "data crc mismatch")
-                else:
-                    yield index, payload, None
-                index += 1
-    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-        raise DataError(path, index, "<framing>", f"unreadable {compression or 'raw'} stream: {e}") from None
-
-
-# ---------------------------------------------------------------------------------------------- a11y trees
-
-
-def _a11y_forest_class():
-    """A message class for android_env's ``AndroidAccessibilityForest`` holding only the fields read here.
-
-    Field numbers follow android_env/proto/a11y/*.proto; every other field is skipped by the parser.
-    """
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    F = descriptor_pb2.FieldDescriptorProto
-    fd = descriptor_pb2.FileDescriptorProto(name="ipl_jax_a11y.proto", package="ipl_jax_a11y", syntax="proto3")
-
-    def message(name, fields):
-        m = fd.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            f = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                f.type_name = ".ipl_jax_a11y." + type_name
-
-    opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
-    message("Rect", [(n, i, F.TYPE_INT32, opt, None) for i, n in enumerate(("left", "top", "right", "bottom"), 1)])
-    message("Node", [
-        ("bounds_in_screen", 2, F.TYPE_MESSAGE, opt, "Rect"),
-        ("class_name", 3, F.TYPE_STRING, opt, None),
-        ("content_description", 4, F.TYPE_STRING, opt, None),
-        ("text", 7, F.TYPE_STRING, opt, None),
-        ("view_id_resource_name", 10, F.TYPE_STRING, opt, None),
-        ("is_clickable", 14, F.TYPE_BOOL, opt, None),
-        ("is_long_clickable", 19, F.TYPE_BOOL, opt, None),
-        ("is_scrollable", 21, F.TYPE_BOOL, opt, None),
-    ])
-    message("Tree", [("nodes", 1, F.TYPE_MESSAGE, rep, "Node")])
-    message("Window", [("tree", 11, F.TYPE_MESSAGE, opt, "Tree")])
-    message("Forest", [("windows", 1, F.TYPE_MESSAGE, rep, "Window")])
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("ipl_jax_a11y.Forest"))
-
-
-_FOREST = None
-
-
-def a11y_elements(forest_bytes: bytes, width: int, height: int) -> tuple[UIElement, ...]:
-    """The nodes of a serialized accessibility forest with a non-empty box, boxes in screen fractions.
-
-    ``kind`` is the node's class name; ``text`` its text, else its content description. Raises
-    ``google.protobuf.message.DecodeError`` when the bytes do not parse.
-    """
-    global _FOREST
-    if _FOREST is None:
-        _FOREST = _a11y_forest_class()
-    forest = _FOREST.FromString(forest_bytes)
-    out = []
-    for window in forest.windows:
-        for node in window.tree.nodes:
-            r = node.bounds_in_screen
-            if r.right <= r.left or r.bottom <= r.top:
-                continue
-            out.append(
-                UIElement(
-                    box=pixel_box_to_fractions(r.left, r.top, r.right, r.bottom, width, height),
-                    text=(node.text or node.content_description).strip(),
-                    kind=node.class_name,
-                    clickable=node.is_clickable or node.is_long_clickable,
-                )
-            )
-    return tuple(out)
-
-
-def click_target(elements: Sequence[UIElement], point) -> tuple[Optional[tuple], Optional[str]]:
-    """(box, text) of the smallest clickable element containing ``point`` (any element if none is clickable).
-
-    When that element has no text, the text of the smallest text-bearing element inside it that contains the
-    point is used (a clickable row often carries its label on a child).
-    """
-    containing = [e for e in elements if box_contains(e.box, point)]
-    if not containing:
-        return None, None
-    pool = [e for e in containing if e.clickable] or containing
-    best = min(pool, key=lambda e: box_area(e.box))
-    text = best.text
-    if not text:
-        inner = [
-            e for e in containing
-            if e.text and e.box[0] >= best.box[0] and e.box[1] >= best.box[1]
-            and e.box[2] <= best.box[2] and e.box[3] <= best.box[3]
-        ]
-        if inner:
-            text = min(inner, key=lambda e: box_area(e.box)).text
-    return best.box, (text or None)
 
 
 # ---------------------------------------------------------------------------------------------- one episode
@@ -278,8 +138,6 @@ def parse_episode(
 
     Returns None when ``wanted`` (a set of episode ids) does not hold the episode. Raises ``DataError``.
     """
-    from google.protobuf.message import DecodeError
-
     where = (file, index)
     ex = example_pb2.Example()
     try:
@@ -301,8 +159,6 @@ def parse_episode(
 
 
 def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subsplits, high_level, keep_elements):
-    from google.protobuf.message import DecodeError
-
     where = (file, f"{index} (episode {episode_id})")
     goal = _feature(ex, "goal", "bytes_list", where)
     if len(goal) != 1:
@@ -478,16 +334,7 @@ def load_android_control_with_report(
     return episodes, skipped
 
 
-def load_android_control(
-    root: str | Path,
-    split: str,
-    subsplit: Optional[str] = None,
-    high_level: bool = True,
-    cache_dir: Optional[str | Path] = None,
-    skip_bad: bool = False,
-    keep_elements: bool = False,
-) -> list[Episode]:
-    """Load one AndroidControl split as episodes of steps; see ``load_android_control_with_report``."""
-    return load_android_control_with_report(
-        root, split, subsplit, high_level, cache_dir, skip_bad, keep_elements
-    )[0]
+def load_android_control(root: str | Path, split: str, subsplit: Optional[str] = None, **options) -> list[Episode]:
+    """Load one AndroidControl split as episodes of steps; ``options`` (high_level, cache_dir, skip_bad,
+    keep_elements) and the rest as in ``load_android_control_with_report``."""
+    return load_android_control_with_report(root, split, subsplit, **options)[0]

@@ -1,0 +1,57 @@
+"""TFRecord files read without TensorFlow: the framing (``uint64 length, uint32 masked_crc32c(length), data,
+uint32 masked_crc32c(data)``) with both checksums verified, so that a broken record names its file and index.
+The CRC comes from the ``tfrecord`` package."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+from tfrecord.writer import TFRecordWriter
+
+from ipl_jax.data.records import DataError
+
+
+def masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC32C of ``data`` as 4 little-endian bytes."""
+    return TFRecordWriter.masked_crc(bytes(data))
+
+
+def iter_tfrecords(
+    path: str | Path, compression: Optional[str] = "gzip"
+) -> Iterator[tuple[int, Optional[bytes], Optional[DataError]]]:
+    """Yield ``(index, payload, None)`` for each record of a TFRecord file, verifying both checksums.
+
+    A record whose data checksum fails is yielded as ``(index, None, DataError)``: the stream stays readable,
+    so the caller may skip it and go on. Any other framing error (bad length checksum, truncation, broken
+    gzip) ends the file and is raised as ``DataError(path, index, "<framing>", ...)``.
+    """
+    path = Path(path)
+    opener = gzip.open if compression == "gzip" else open
+    index = 0
+    try:
+        with opener(path, "rb") as f:
+            while True:
+                head = f.read(12)
+                if not head:
+                    return
+                if len(head) != 12:
+                    raise DataError(path, index, "<framing>", "truncated record header")
+                length_bytes, length_crc = head[:8], head[8:]
+                if masked_crc(length_bytes) != length_crc:
+                    raise DataError(path, index, "<framing>", "length crc mismatch (rest of file unreadable)")
+                (length,) = struct.unpack("<Q", length_bytes)
+                payload = f.read(length)
+                data_crc = f.read(4)
+                if len(payload) != length or len(data_crc) != 4:
+                    raise DataError(path, index, "<framing>", "truncated record")
+                if masked_crc(payload) != data_crc:
+                    yield index, None, DataError(path, index, "<framing>", "data crc mismatch")
+                else:
+                    yield index, payload, None
+                index += 1
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(path, index, "<framing>", f"unreadable {compression or 'raw'} stream: {e}") from None
