@@ -7,15 +7,8 @@ import pytest
 
 from ipl_jax.coat.actions import Action, invalid_action, parse_action
 from ipl_jax.data.records import Episode, Step, UIElement
-from ipl_jax.coat.metrics import (
-    enlarge_box,
-    format_table,
-    match_action,
-    match_step,
-    score_episodes,
-    text_contains_match,
-    token_f1,
-)
+from ipl_jax.coat.metrics import enlarge_box, match_action, match_step, text_contains_match, token_f1
+from ipl_jax.coat.tables import format_table, score_episodes
 
 
 def click(x, y):

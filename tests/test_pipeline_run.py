@@ -87,7 +87,7 @@ def test_results_schema(quick_run):
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
     from ipl_jax.eval.evaluate import load_dataset, load_predictions
-    from ipl_jax.coat.metrics import score_episodes
+    from ipl_jax.coat.tables import score_episodes
 
     workdir = quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())

@@ -47,7 +47,8 @@ from ipl_jax.coat.actions import (
 )
 from ipl_jax.data.datasets import LOADERS, load_dataset  # noqa: F401  (re-exported: `score` reads datasets)
 from ipl_jax.data.records import DataError, Episode, Step
-from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES, format_table, score_episodes
+from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES
+from ipl_jax.coat.tables import format_table, score_episodes
 
 if TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
