@@ -12,7 +12,7 @@ from ipl_jax.data.dialogue import (DEFAULT_PROMPTS, CoaTPrompts, coat_example, c
 from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
 from ipl_jax.data.records import CoaT, DataError, Step, UIElement  # noqa: E402
 from ipl_jax.data.tokenizer import load_tokenizer  # noqa: E402
-from ipl_jax.model.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
+from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
 
 IMAGE_CFG = ImageProcessorConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 16)
 

@@ -25,7 +25,7 @@ TURN_TOKENS = (8, 6, 6, 8)
 def setup(tmp_path_factory):
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.data.synthetic.dataset import generate_split
-    from ipl_jax.model.tiny import make_tiny_checkpoint
+    from ipl_jax.data.tiny import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("eval")
     ckpt = make_tiny_checkpoint(root / "ckpt", seed=0, scale=4.0)

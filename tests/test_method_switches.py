@@ -259,7 +259,7 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.data.synthetic.dataset import generate_split
     from ipl_jax.eval.evaluate import BLANK_GREY, eval_main
-    from ipl_jax.model.tiny import make_tiny_checkpoint
+    from ipl_jax.data.tiny import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", seed=0, scale=4.0)
     write_aitz_split(generate_split("train", 1, seed=3), tmp_path / "data", "test")

@@ -75,7 +75,7 @@ def test_sample_steps_is_seeded_and_ordered():
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from ipl_jax.data.tokenizer import load_tokenizer
-    from ipl_jax.model.tiny import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     write_tokenizer(train_tokenizer(default_corpus(n_lines=300), 600), d)

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images  # noqa: E402
 from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
-from ipl_jax.model import tiny  # noqa: E402
+from ipl_jax.data import tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")

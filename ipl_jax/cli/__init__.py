@@ -8,7 +8,7 @@ import sys
 # subcommand -> (module, function, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
     "check-parity": ("ipl_jax.model.parity", "main", "compare our Qwen2-VL with transformers on a checkpoint"),
-    "make-tiny": ("ipl_jax.model.tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
+    "make-tiny": ("ipl_jax.data.tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
     "synth": ("ipl_jax.data.synthetic.cli", "main", "write a synthetic GUI-world split in the AITZ format"),
     "score": ("ipl_jax.eval.evaluate", "score_main", "score a predictions JSONL file against a dataset"),
     "sft": ("ipl_jax.pipeline", "sft_main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),

@@ -1,7 +1,7 @@
 """The Qwen2-VL tokenizer and chat template, loaded through transformers from a local checkpoint directory.
 
 ``load_tokenizer(dir)`` works on a real Qwen2-VL / Qwen2.5-VL directory and on the tiny ones written by
-``ipl_jax.model.tiny``: every id we need is looked up by token string, never hard-coded.
+``ipl_jax.data.tiny``: every id we need is looked up by token string, never hard-coded.
 
 The chat-template convention (Qwen2-VL's; ``QWEN2VL_CHAT_TEMPLATE`` is our rendering of it)::
 
