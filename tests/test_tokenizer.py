@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from ipl_jax.data.tokenizer import (SPECIAL_TOKENS, expand_image_tokens, image_token_repeats,  # noqa: E402
                                     load_tokenizer)
-from ipl_jax.model.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
+from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
 
 QWEN_FIRST_SPECIAL_ID = 151643
 
