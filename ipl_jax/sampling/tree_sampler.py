@@ -39,17 +39,8 @@ from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
 from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
 
-_TRACES = {"sample_tree": 0}
-
-
-def trace_count() -> int:
-    """How many times the prefix-sharing sampler has been traced (= compiled) in this process."""
-    return _TRACES["sample_tree"]
-
-
 def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, temperature: jax.Array,
                  config: SamplerConfig, mesh: Optional[jax.sharding.Mesh]) -> CoaTTree:
-    _TRACES["sample_tree"] += 1
     br = config.branching
     b = prompts.step_index.shape[0]
     prefix_len = prompts.prefix.input_ids.shape[1]
@@ -84,6 +75,12 @@ def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, tempera
 
 
 _sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
+
+
+def trace_count() -> int:
+    """How many compilations of the prefix-sharing sampler this process holds (one per static configuration
+    and input shapes): the count lives in the jitted function's own cache, not in a global of ours."""
+    return _sample_tree_jit._cache_size()
 
 
 def place_prompts(prompts: TreePrompts, mesh: Optional[jax.sharding.Mesh]) -> TreePrompts:
