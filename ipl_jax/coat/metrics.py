@@ -35,10 +35,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from ipl_jax.coat.actions import ACTION_TYPES, DIRECTIONS, Action, box_center, invalid_action
-from ipl_jax.data.records import Step, UIElement
+
+if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
+    from ipl_jax.data.records import Step, UIElement
 
 POINT_TYPES = ("click", "long_press")
 TEXT_TYPES = ("type", "open_app")

@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import math
 import zlib
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +52,10 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.coat.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
-from ipl_jax.data.records import Step
 from ipl_jax.coat.metrics import MatchRules, enlarge_box, get_rules, in_box, normalise_text, text_tokens
+
+if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
+    from ipl_jax.data.records import Step
 
 CLICK_ID = ACTION_TYPES.index("click")
 LONG_PRESS_ID = ACTION_TYPES.index("long_press")

@@ -11,11 +11,13 @@ adds ``grounding`` (golden-click exact matches ÷ golden-click type matches) and
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ipl_jax.coat.actions import CORE_TYPES, Action
 from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, MatchRules, Verdict, get_rules, match_step
-from ipl_jax.data.records import Episode, Step
+
+if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
+    from ipl_jax.data.records import Episode, Step
 
 
 @dataclasses.dataclass(frozen=True)
