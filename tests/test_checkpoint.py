@@ -18,7 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
-import test_train as tt  # noqa: E402  (toy LM and tiny Qwen2-VL helpers)
+from support import small_models, toy_lm  # noqa: E402
+from support.small_models import tiny_training_batch  # noqa: E402
 
 from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep  # noqa: E402
 from ipl_jax.training.checkpoint import Checkpointer  # noqa: E402
@@ -27,12 +28,12 @@ from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # 
 
 def toy_state(steps=2, **kw):
     """A toy-LM TrainState after ``steps`` updates (non-trivial Adam moments, step and key)."""
-    config = tt.opt_config()
+    config = toy_lm.opt_config()
     opt = optim.make_optimizer(config)
-    state = tstate.create_train_state(tt.toy_params(), opt, jax.random.PRNGKey(7), **kw)
-    step = sft.make_sft_step(tt.toy_logits, opt, optim.make_schedule(config))
+    state = tstate.create_train_state(toy_lm.toy_params(), opt, jax.random.PRNGKey(7), **kw)
+    step = sft.make_sft_step(toy_lm.toy_logits, opt, optim.make_schedule(config))
     for i in range(steps):  # the step is compiled only when steps > 0
-        state, _ = step(state, tt.toy_batch(i))
+        state, _ = step(state, toy_lm.toy_batch(i))
     return state, opt
 
 
@@ -48,7 +49,7 @@ def assert_trees_equal(a, b):
 def test_round_trip_is_exact(tmp_path):
     state, opt = toy_state(steps=2, freeze_regex=tstate.VISION_REGEX)
     saved = jax.tree.map(np.array, state)
-    template = tstate.create_train_state(tt.toy_params(seed=1), opt, jax.random.PRNGKey(0),
+    template = tstate.create_train_state(toy_lm.toy_params(seed=1), opt, jax.random.PRNGKey(0),
                                         freeze_regex=tstate.VISION_REGEX)
     with Checkpointer(tmp_path / "ck", save_every=1) as ck:
         assert ck.save(2, state, data_state={"next_index": 5, "epoch": [1, 2]}, metadata={"config": {"lr": 0.1}})
@@ -118,13 +119,13 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    cfg = tt.tiny_cfg()
-    config = tt.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
+    cfg = small_models.tiny_cfg()
+    config = toy_lm.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
     opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
-    state = tstate.create_train_state(tt.tiny_params(cfg), opt, jax.random.PRNGKey(0),
+    state = tstate.create_train_state(small_models.numpy_params(cfg), opt, jax.random.PRNGKey(0),
                                      freeze_regex=tstate.VISION_REGEX)
     data = (grain.MapDataset.range(10_000).shuffle(seed=3)
-            .map(lambda i: sft.sft_model_batch(cfg, tt.tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
+            .map(lambda i: sft.sft_model_batch(cfg, tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
             .to_iter_dataset())
     batches = iter(data)
     ckpt = Checkpointer(Path(run_dir) / "ckpt", save_every=save_every, keep=2)

@@ -22,25 +22,10 @@ from ipl_jax.preference import packing as PK
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.coat.actions import ACTION_TYPES
 from ipl_jax.coat.tree import CoaTTree
-from test_packing import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
+from support.small_models import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
+from support.tdpo_rounds import ROUND_PACKING, ROUND_TDPO, mesh_round, round_batches
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# one shape for every packed batch of these tests, so that tests share compilations
-ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(32,))
-ROUND_TDPO = dict(learning_rate=3e-3, logp_chunk=16)
-
-
-def round_batches(cfg, seed):
-    """Two batches of the same shapes: 8 groups with 2..4 continuations, 12 pairs (4 rows and 6 pairs each)."""
-    groups = make_groups(cfg, seed=seed, n_groups=8, conts=(3, 2, 4, 2), scored_groups=(5,))
-    pairs = []
-    for g, group in enumerate(groups):
-        pairs.append(PK.PairRef(g, 0, 1, 1 + g % 4))
-        if len(group.continuations) > 2 and g % 2 == 0:
-            pairs.append(PK.PairRef(g, 2, 0, 3))
-    batches = PK.pack_round(cfg, groups, pairs, ROUND_PACKING)
-    assert len(batches) == 2 and all(b.input_ids.shape == (4, 64) for b in batches)
-    return groups, pairs, batches
 
 
 def direct_inputs(cfg, groups, pairs):
@@ -176,34 +161,17 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
     assert all(float(m["reward_margin"]) > 0.0 for m in after)
 
 
-# the paper's IPL learning rates are 1e-6..1e-7. (Adam turns float-rounding differences of near-zero gradients
-# into full-size steps, so a much larger rate would compare rounding noise, not the sharding.)
-MESH_TDPO = dict(learning_rate=1e-5, logp_chunk=16)
-
-
-def mesh_round(mesh):
-    """train_round on round_batches(seed=12): (per-step losses, sharding spec of an MLP kernel, that kernel)."""
-    cfg = tiny_cfg()
-    config = ipl.TDPOConfig(model=cfg, **MESH_TDPO)
-    _, _, batches = round_batches(cfg, seed=12)
-    state = ipl.init_state(tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
-    state, m = ipl.train_round(state, tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5), config,
-                               mesh=mesh)
-    leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
-    return [s["loss"] for s in m["per_step"]], str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)
-
-
 MESH_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
-    import test_ipl as t
+    from support.tdpo_rounds import mesh_round
     from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")
     assert jax.device_count() == 8
-    losses, spec, leaf = t.mesh_round(S.make_mesh((2, 2, 2)))
+    losses, spec, leaf = mesh_round(S.make_mesh((2, 2, 2)))
     np.save(sys.argv[2], leaf)
     print(json.dumps({"losses": losses, "spec": spec}))
     """

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import test_train as tt  # noqa: E402  (tiny model helpers)
+from support import small_models, toy_lm  # noqa: E402
 
 from ipl_jax.training import lora  # noqa: E402
 
@@ -21,8 +21,8 @@ TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
 
 
 def test_init_targets_stacked_kernels_and_is_a_no_op():
-    cfg = tt.tiny_cfg()
-    params = tt.tiny_params(cfg)
+    cfg = small_models.tiny_cfg()
+    params = small_models.numpy_params(cfg)
     adapters = jax.jit(init_lora, static_argnums=1)(params, LoraConfig(rank=4, alpha=8.0), jax.random.PRNGKey(0))
     flat = flatten_with_paths(adapters.adapters)
     assert sorted(p.rsplit("/", 1)[0] for p in flat if p.endswith("/a")) == sorted(TEXT_KERNELS)
@@ -42,8 +42,8 @@ def test_init_targets_stacked_kernels_and_is_a_no_op():
 
 def test_merge_equals_side_branch_per_layer():
     """x @ W' == x @ W + scale·(x @ A) @ B for every stacked layer (the un-merged adapted layer)."""
-    cfg = tt.tiny_cfg()
-    params = tt.tiny_params(cfg)
+    cfg = small_models.tiny_cfg()
+    params = small_models.numpy_params(cfg)
     shapes = jax.eval_shape(lambda p: init_lora(p, LoraConfig(rank=3, alpha=6.0), jax.random.PRNGKey(1)), params)
     rng = np.random.default_rng(0)
     ad = LoraParams(adapters=jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
@@ -61,7 +61,7 @@ def test_merge_equals_side_branch_per_layer():
 
 
 def test_bad_targets_are_named():
-    params = tt.tiny_params(tt.tiny_cfg())
+    params = small_models.numpy_params(small_models.tiny_cfg())
     with pytest.raises(ValueError, match="matches no parameter"):
         init_lora(params, LoraConfig(targets=(r"nope_proj/kernel$",)), jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match=r"model/norm/scale"):
@@ -73,10 +73,10 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     merged weights written as a Hugging Face checkpoint and loaded back give the adapted model's logits."""
     from ipl_jax import model as M
 
-    cfg = tt.tiny_cfg()
-    params = tt.tiny_params(cfg)
+    cfg = small_models.tiny_cfg()
+    params = small_models.numpy_params(cfg)
     base_before = jax.tree.map(np.array, params)
-    config = tt.opt_config(learning_rate=3e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
+    config = toy_lm.opt_config(learning_rate=3e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
     opt = optim.make_optimizer(config)
     state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
     a_before = jax.tree.map(np.array, state.params.adapters)
@@ -84,7 +84,7 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     n_adapter = sum(x.size for x in jax.tree.leaves(state.params))
     n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim)
     assert n_opt == 2 * n_adapter < sum(x.size for x in jax.tree.leaves(params))
-    batch = sft.sft_model_batch(cfg, tt.tiny_training_batch(cfg, 0))
+    batch = sft.sft_model_batch(cfg, small_models.tiny_training_batch(cfg, 0))
     step = sft.make_qwen2vl_sft_step(cfg, opt, chunk=8)
     losses = []
     for _ in range(3):

@@ -3,7 +3,6 @@ segments with pads, fan-out, packed continuations) against plain forwards."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,10 +12,12 @@ from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.text import forward, forward_inputs
 from ipl_jax.model.vision import encode_images
 from ipl_jax.model.weights import load_params
-from test_model_support import IMAGE, left_pad, random_image, sample_tokens, save_tiny
+from support import IMAGE
+from support.hf_models import left_pad, random_image, sample_tokens, save_tiny
 
 PATCH_DIM = 3 * 2 * 14 * 14
 TOL = 1e-4
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +25,6 @@ def tiny(tmp_path_factory):
     model_dir, hf_model = save_tiny(tmp_path_factory.mktemp("decode"), seed=3, heads=4, kv_heads=2)
     params, cfg = load_params(model_dir)
     return params, cfg, hf_model
-
-
-@pytest.fixture(autouse=True)
-def highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def _full_logits(params, cfg, rows, pv=None, grids=None):

@@ -12,7 +12,8 @@ from ipl_jax.model.inputs import get_rope_index, prepare_inputs, vision_position
 from ipl_jax.model.rope import mrope_section_rows
 from ipl_jax.model.text import forward_inputs
 from ipl_jax.model.weights import load_params
-from test_model_support import IMAGE, VISION_END, VISION_START, hf_forward, save_tiny, two_image_batch
+from support import IMAGE, VISION_END, VISION_START
+from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
 

@@ -8,7 +8,7 @@ import pytest
 
 import ipl_jax.model.text as text_module
 from ipl_jax.cli import main as cli_main
-from test_model_support import save_tiny
+from support.hf_models import save_tiny
 
 
 @pytest.fixture(scope="module")

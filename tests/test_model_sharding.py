@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 
-from test_model_support import save_tiny, two_image_batch
+from support.hf_models import save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
 

@@ -16,7 +16,7 @@ from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.params import init_params, iter_paths, param_shapes
 from ipl_jax.model.text import forward_inputs
 from ipl_jax.model.weights import load_params, save_params
-from test_model_support import hf_forward, save_tiny, two_image_batch
+from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
 

@@ -8,42 +8,7 @@ import pytest
 
 from ipl_jax import model as M
 from ipl_jax.preference import packing as PK
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
-
-IMG, VS, VE = 60, 62, 63
-
-
-def tiny_cfg():
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
-        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
-                        eos_token_id=(2,), pad_token_id=0),
-        image_token_id=IMG, video_token_id=61, vision_start_token_id=VS, vision_end_token_id=VE)
-
-
-def tiny_params(cfg, seed=0):
-    return M.init_params(cfg, jax.random.PRNGKey(seed), std=0.3)
-
-
-def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
-    """Groups with an image prefix (grid 1x4x4 or 1x4x6 -> 4 or 6 image tokens) and random continuations of
-    1..4 tokens; groups in ``scored_groups`` score a random subset of their continuation tokens."""
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(n_groups):
-        h, w = 4, int(rng.choice([4, 6]))
-        n_img = h * w // 4
-        prefix = [*rng.integers(3, 59, 2), VS, *[IMG] * n_img, VE, *rng.integers(3, 59, int(rng.integers(2, 7)))]
-        cs = tuple(np.asarray(rng.integers(3, 59, int(rng.integers(1, 5))), np.int32)
-                   for _ in range(conts[g % len(conts)]))
-        scored = None
-        if g in scored_groups:
-            scored = tuple(rng.random(len(c)) < 0.6 for c in cs)
-        pv = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
-        groups.append(PK.PrefixGroup(prefix_ids=np.asarray(prefix, np.int32), continuations=cs, pixel_values=pv,
-                                     image_grid_thw=np.array([[1, h, w]]), scored=scored, name=f"g{g}"))
-    return groups
+from support.small_models import IMG, VS, make_groups, tiny_cfg, tiny_params
 
 
 def direct_logps(params, cfg, group, i):

@@ -21,8 +21,8 @@ from ipl_jax.model.inputs import get_rope_index, prepare_inputs, prepare_vision 
 from ipl_jax.model.text import forward_inputs  # noqa: E402
 from ipl_jax.model.vision25 import window_index_host, window_order  # noqa: E402
 from ipl_jax.model.weights import load_params, save_params  # noqa: E402
-from test_model_support import (EOS, IMAGE, VIDEO, VISION_END, VISION_START, hf_forward, left_pad,  # noqa: E402
-                                random_image, sample_tokens)
+from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
+from support.hf_models import hf_forward, left_pad, random_image, sample_tokens  # noqa: E402
 
 PATCH_DIM = 3 * 2 * 14 * 14
 VOCAB = 1000

@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from test_sampler_support import EOS, IMAGE, VIDEO, random_step, tiny_config, tiny_params
+from support import EOS, IMAGE, VIDEO
+from support.sampler_models import random_step
 
 from ipl_jax import model as M
 from ipl_jax.sampling.config import SamplerConfig
@@ -29,9 +30,8 @@ REF_BUCKET = 128  # text bucket of every reference forward / greedy run (one com
 
 
 @pytest.fixture(scope="module")
-def model():
-    cfg = tiny_config()
-    return cfg, tiny_params(cfg)
+def model(sampler_model):
+    return sampler_model
 
 
 @pytest.fixture(scope="module")

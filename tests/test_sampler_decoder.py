@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from test_sampler_support import tiny_config, tiny_params
 
 from ipl_jax import model as M
 from ipl_jax.model.decode import append_tokens
@@ -30,9 +29,8 @@ def _filled_cache(cfg, params, rows: int, size: int, seed: int):
     return cache
 
 
-def test_token_by_token_appends_equal_one_teacher_forced_append():
-    cfg = tiny_config()
-    params = tiny_params(cfg)
+def test_token_by_token_appends_equal_one_teacher_forced_append(sampler_model):
+    cfg, params = sampler_model
     rng = np.random.default_rng(1)
     cache = _filled_cache(cfg, params, rows=5, size=24, seed=0)
 

@@ -13,7 +13,8 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np
-    from test_sampler_support import EOS, IMAGE, VIDEO, random_step, tiny_config, tiny_params
+    from support import EOS, IMAGE, VIDEO
+    from support.sampler_models import random_step, tiny_config, tiny_params
     from ipl_jax.model import param_shapes
     from ipl_jax.model.sharding import make_mesh, param_shardings, shard_params
     from ipl_jax.sampling import SamplerConfig, pack_tree_prompts, sample_tree

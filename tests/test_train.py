@@ -15,69 +15,8 @@ import pytest
 from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep
 from ipl_jax.training.checkpoint import Checkpointer
 from ipl_jax.training.lora import flatten_with_paths
-
-V, D, H, L = 32, 16, 24, 2
-
-
-def toy_params(seed=0):
-    """A toy LM in the Qwen2-VL parameter layout: stacked layers, norms, biases, a 'visual' branch."""
-    rng = np.random.default_rng(seed)
-    n = lambda shape, s=0.3: jnp.asarray(s * rng.standard_normal(shape), jnp.float32)
-    return {
-        "visual": {"proj": {"kernel": n((4, D)), "bias": jnp.full((D,), 0.1)}},  # weakly typed on purpose
-        "model": {
-            "embed_tokens": {"embedding": n((V, D), 1.0)},
-            "layers": {
-                "input_layernorm": {"weight": jnp.ones((L, D))},
-                "mlp": {"up_proj": {"kernel": n((L, D, H))}, "down_proj": {"kernel": n((L, H, D))}},
-            },
-            "norm": {"weight": jnp.ones((D,))},
-        },
-        "lm_head": {"kernel": n((D, V))},
-    }
-
-
-def rms(x, w):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
-
-
-def toy_logits(params, batch, rng, dropout=0.0):
-    """input_ids int32[B, T], pixels f32[B, 4] -> logits f32[B, T, V]. Causal through a running mean."""
-    h = params["model"]["embed_tokens"]["embedding"][batch["input_ids"]]
-    vis = batch["pixels"] @ params["visual"]["proj"]["kernel"] + params["visual"]["proj"]["bias"]
-    h = h.at[:, 0].add(vis.astype(h.dtype))
-
-    def layer(h, p):
-        x = rms(h, p["input_layernorm"]["weight"])
-        x = jax.nn.gelu(x @ p["mlp"]["up_proj"]["kernel"]) @ p["mlp"]["down_proj"]["kernel"]
-        t = jnp.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
-        return h + x + jnp.cumsum(x, axis=1) / t, None
-
-    h, _ = jax.lax.scan(layer, h, params["model"]["layers"])
-    if dropout:
-        keep = jax.random.bernoulli(rng, 1.0 - dropout, h.shape)
-        h = jnp.where(keep, h / (1.0 - dropout), 0.0)
-    return (rms(h, params["model"]["norm"]["weight"]) @ params["lm_head"]["kernel"]).astype(jnp.float32)
-
-
-def toy_batch(seed, b=2, t=8, n_masked=None):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, V, (b, t)).astype(np.int32)
-    mask = np.zeros((b, t), np.int32)
-    for i in range(b):
-        start = rng.integers(1, t - 1) if n_masked is None else t - n_masked[i]
-        mask[i, start:] = 1
-    return {"input_ids": ids, "loss_mask": mask, "pixels": rng.normal(size=(b, 4)).astype(np.float32)}
-
-
-def opt_config(**kw):
-    c = tstate.default_train_config().optimizer
-    c.learning_rate = 1e-2
-    c.warmup_steps = 2
-    c.total_steps = 10
-    for key, value in kw.items():
-        c[key] = value
-    return c
+from support.small_models import numpy_params, tiny_cfg, tiny_training_batch
+from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params
 
 
 def sft_step_for(config, **kw):
@@ -300,67 +239,12 @@ def test_step_uses_and_advances_the_rng():
 # ---------------------------------------------------------------------------------------- the real model
 
 
-def tiny_cfg():
-    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
-
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
-        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
-                        eos_token_id=(2,), pad_token_id=0),
-        image_token_id=60, video_token_id=61, vision_start_token_id=62, vision_end_token_id=63)
-
-
-def tiny_params(cfg, seed=0):
-    """Random weights drawn with numpy (instant; jax.random would compile one kernel per leaf shape)."""
-    from ipl_jax.model import param_shapes
-
-    rng = np.random.default_rng(seed)
-
-    def draw(path, shape):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return jnp.asarray(1.0 + 0.1 * rng.standard_normal(shape.shape), jnp.float32)
-        return jnp.asarray(0.5 * rng.standard_normal(shape.shape), jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(cfg))
-
-
-def tiny_training_batch(cfg, seed, b=4, t=32, patch_bucket=96, empty_rows=0):
-    """A collated-style TrainingBatch: each used row = text, <vs>, image pads (grid 1×4×4 or 1×4×6), <ve>, text,
-    with the loss on a random tail (the 'assistant' reply)."""
-    from ipl_jax.data.dialogue import TrainingBatch
-
-    rng = np.random.default_rng(seed)
-    ids = np.zeros((b, t), np.int32)
-    att = np.zeros((b, t), bool)
-    loss = np.zeros((b, t), np.int32)
-    grids, pixels = [], []
-    for r in range(b - empty_rows):
-        h, w = 4, int(rng.choice([4, 6]))
-        n_img = h * w // 4
-        row = [*rng.integers(3, 59, 3), 62, *[60] * n_img, 63, *rng.integers(3, 59, int(rng.integers(4, 12)))]
-        ids[r, :len(row)], att[r, :len(row)] = row, True
-        loss[r, len(row) - int(rng.integers(2, 6)):len(row)] = 1
-        grids.append([1, h, w])
-        pixels.append(rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32))
-    pv = np.concatenate(pixels)
-    padded = np.zeros((patch_bucket, pv.shape[1]), np.float32)
-    padded[:len(pv)] = pv
-    patch_mask = np.arange(patch_bucket) < len(pv)
-    grid_arr = np.zeros((b, 3), np.int64)
-    grid_arr[:len(grids)] = grids
-    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=loss.copy(),
-                         pixel_values=padded, patch_mask=patch_mask, image_grid_thw=grid_arr,
-                         image_mask=np.arange(b) < len(grids))
-
-
 def test_qwen2vl_sft_loss_matches_full_logits_loss():
     """The chunked hidden-state log-prob path == cross-entropy on the model's full logits, shift included."""
     from ipl_jax import model as M
 
     cfg = tiny_cfg()
-    params = tiny_params(cfg)
+    params = numpy_params(cfg)
     batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0, empty_rows=1))
     assert batch["positions"].shape == (3, 4, 32) and batch["vision"].patches.shape == (96, cfg.vision.patch_dim)
     with jax.default_matmul_precision("highest"):
@@ -378,19 +262,20 @@ MESH_SCRIPT = textwrap.dedent(
     import json, sys
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
-    import test_train as t
-    from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep
+    from support import small_models as t
+    from support.toy_lm import opt_config
+    from ipl_jax.training import optimizer as optim, sft, state as tstate
     from ipl_jax.model import sharding as S
 
     jax.config.update("jax_default_matmul_precision", "highest")
     assert jax.device_count() == 8
     cfg = t.tiny_cfg()
-    config = t.opt_config(weight_decay=0.01, learning_rate=3e-3)
+    config = opt_config(weight_decay=0.01, learning_rate=3e-3)
     opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
     batches = [sft.sft_model_batch(cfg, t.tiny_training_batch(cfg, s)) for s in range(3)]
 
     def run(mesh):
-        state = tstate.create_train_state(t.tiny_params(cfg), opt, jax.random.PRNGKey(0))
+        state = tstate.create_train_state(t.numpy_params(cfg), opt, jax.random.PRNGKey(0))
         if mesh is None:
             step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
         else:

@@ -1,16 +1,10 @@
-"""Helpers shared by the tests/test_model_*.py files: tiny random transformers Qwen2-VL checkpoints and inputs.
-
-(No tests here; pytest collects nothing from this module.)
-"""
+"""Tiny random transformers Qwen2-VL checkpoints (the parity references) and the token / patch inputs they read."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# Special ids remapped into a small vocabulary.
-VISION_START, VISION_END, IMAGE, VIDEO = 3, 4, 5, 6
-EOS = 2
-FIRST_TEXT_ID = 10
+from support import EOS, FIRST_TEXT_ID, IMAGE, VIDEO, VISION_END, VISION_START
 
 
 def tiny_hf_config(*, tie: bool = False, heads: int = 4, kv_heads: int = 2, vocab: int = 1000, hidden: int = 64,

@@ -1,15 +1,13 @@
-"""Helpers for the tests/test_sampler*.py files: a tiny random Qwen2-VL and random step prompts.
-
-(No tests here; pytest collects nothing from this module.)
-"""
+"""A tiny random Qwen2-VL for the sampler tests (init_params, std 0.3, end-of-turn logit boosted) and random step
+prompts."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from support import EOS, FIRST_TEXT_ID, IMAGE, VIDEO, VISION_END, VISION_START
+
 VOCAB = 96
-EOS, VISION_START, VISION_END, IMAGE, VIDEO = 2, 3, 4, 5, 6
-FIRST_TEXT_ID = 10
 
 
 def tiny_config():

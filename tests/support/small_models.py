@@ -1,0 +1,88 @@
+"""A small Qwen2-VL (width 32, 2 layers, patch size 2, vocabulary 64 with the vision ids at its end) for the
+training, packing and T-DPO tests, its random weights, and random inputs for it: SFT batches and prefix groups."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ipl_jax import model as M
+from ipl_jax.data.dialogue import TrainingBatch
+from ipl_jax.model import param_shapes
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.preference import packing as PK
+
+IMG, VS, VE = 60, 62, 63
+
+
+def tiny_cfg():
+    return Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
+        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
+                        eos_token_id=(2,), pad_token_id=0),
+        image_token_id=IMG, video_token_id=61, vision_start_token_id=VS, vision_end_token_id=VE)
+
+
+def tiny_params(cfg, seed=0):
+    """``init_params`` weights with std 0.3."""
+    return M.init_params(cfg, jax.random.PRNGKey(seed), std=0.3)
+
+
+def numpy_params(cfg, seed=0):
+    """Random weights drawn with numpy (instant; jax.random would compile one kernel per leaf shape)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            return jnp.asarray(1.0 + 0.1 * rng.standard_normal(shape.shape), jnp.float32)
+        return jnp.asarray(0.5 * rng.standard_normal(shape.shape), jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(cfg))
+
+
+def tiny_training_batch(cfg, seed, b=4, t=32, patch_bucket=96, empty_rows=0):
+    """A collated-style TrainingBatch: each used row = text, <vs>, image pads (grid 1×4×4 or 1×4×6), <ve>, text,
+    with the loss on a random tail (the 'assistant' reply)."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((b, t), np.int32)
+    att = np.zeros((b, t), bool)
+    loss = np.zeros((b, t), np.int32)
+    grids, pixels = [], []
+    for r in range(b - empty_rows):
+        h, w = 4, int(rng.choice([4, 6]))
+        n_img = h * w // 4
+        row = [*rng.integers(3, 59, 3), 62, *[60] * n_img, 63, *rng.integers(3, 59, int(rng.integers(4, 12)))]
+        ids[r, :len(row)], att[r, :len(row)] = row, True
+        loss[r, len(row) - int(rng.integers(2, 6)):len(row)] = 1
+        grids.append([1, h, w])
+        pixels.append(rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32))
+    pv = np.concatenate(pixels)
+    padded = np.zeros((patch_bucket, pv.shape[1]), np.float32)
+    padded[:len(pv)] = pv
+    patch_mask = np.arange(patch_bucket) < len(pv)
+    grid_arr = np.zeros((b, 3), np.int64)
+    grid_arr[:len(grids)] = grids
+    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=loss.copy(),
+                         pixel_values=padded, patch_mask=patch_mask, image_grid_thw=grid_arr,
+                         image_mask=np.arange(b) < len(grids))
+
+
+def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
+    """Groups with an image prefix (grid 1x4x4 or 1x4x6 -> 4 or 6 image tokens) and random continuations of
+    1..4 tokens; groups in ``scored_groups`` score a random subset of their continuation tokens."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(n_groups):
+        h, w = 4, int(rng.choice([4, 6]))
+        n_img = h * w // 4
+        prefix = [*rng.integers(3, 59, 2), VS, *[IMG] * n_img, VE, *rng.integers(3, 59, int(rng.integers(2, 7)))]
+        cs = tuple(np.asarray(rng.integers(3, 59, int(rng.integers(1, 5))), np.int32)
+                   for _ in range(conts[g % len(conts)]))
+        scored = None
+        if g in scored_groups:
+            scored = tuple(rng.random(len(c)) < 0.6 for c in cs)
+        pv = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
+        groups.append(PK.PrefixGroup(prefix_ids=np.asarray(prefix, np.int32), continuations=cs, pixel_values=pv,
+                                     image_grid_thw=np.array([[1, h, w]]), scored=scored, name=f"g{g}"))
+    return groups
