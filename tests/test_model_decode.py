@@ -12,8 +12,7 @@ from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.text import forward, forward_inputs
 from ipl_jax.model.vision import encode_images
 from ipl_jax.model.weights import load_params
-from support import IMAGE
-from support.hf_models import left_pad, random_image, sample_tokens, save_tiny
+from support.hf_models import hf_greedy, left_pad, random_image, sample_tokens, save_tiny
 
 PATCH_DIM = 3 * 2 * 14 * 14
 TOL = 1e-4
@@ -37,8 +36,6 @@ def _full_logits(params, cfg, rows, pv=None, grids=None):
 
 
 def test_greedy_matches_transformers_generate(tiny):
-    import torch
-
     params, cfg, hf_model = tiny
     rng = np.random.default_rng(0)
     pa, ga = random_image(rng, (4, 6), PATCH_DIM)
@@ -46,13 +43,7 @@ def test_greedy_matches_transformers_generate(tiny):
     rows = [sample_tokens(rng, 6, [ga], 4, 1000), sample_tokens(rng, 2, [gb], 3, 1000)]
     ids, mask = left_pad(rows)
     pv, grids = np.concatenate([pa, pb]), [ga, gb]
-    with torch.no_grad():
-        out = hf_model.generate(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), pixel_values=torch.as_tensor(pv),
-            image_grid_thw=torch.as_tensor(np.asarray(grids)),
-            mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
-            max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
-    ref = out[:, ids.shape[1]:].numpy()
+    ref = hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=32)
     assert ref.shape == (2, 32)
     inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(48,), patch_buckets=(64,))
     tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=32, eos_ids=())

@@ -22,7 +22,7 @@ from ipl_jax.model.text import forward_inputs  # noqa: E402
 from ipl_jax.model.vision25 import window_index_host, window_order  # noqa: E402
 from ipl_jax.model.weights import load_params, save_params  # noqa: E402
 from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
-from support.hf_models import hf_forward, left_pad, random_image, sample_tokens  # noqa: E402
+from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
 
 PATCH_DIM = 3 * 2 * 14 * 14
 VOCAB = 1000
@@ -183,13 +183,7 @@ def test_rows_under_vmap_with_query_chunks(models):
 def test_greedy_matches_transformers_generate(models):
     model_dir, hf_model = models["win2"]
     ids, mask, pv, grids = batch("win2", seed=3)
-    with torch.no_grad():
-        out = hf_model.generate(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), pixel_values=torch.as_tensor(pv),
-            image_grid_thw=torch.as_tensor(np.asarray(grids)),
-            mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
-            max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    ref = out[:, ids.shape[1]:].numpy()
+    ref = hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=24)
     params, cfg = load_params(model_dir)
     inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET["win2"],))
     tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=24)

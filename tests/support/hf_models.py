@@ -94,6 +94,19 @@ def hf_forward(model, ids, mask, pixel_values=None, grids=None):
         return model(**kw).logits.float().numpy()
 
 
+def hf_greedy(model, ids, mask, pixel_values, grids, max_new_tokens: int):
+    """transformers' greedy ``generate`` without end tokens: the new tokens int64[B, max_new_tokens] (numpy)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+            pixel_values=torch.as_tensor(pixel_values), image_grid_thw=torch.as_tensor(np.asarray(grids)),
+            mm_token_type_ids=torch.as_tensor((np.asarray(ids) == IMAGE).astype(np.int64)),
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[:, np.asarray(ids).shape[1]:].numpy()
+
+
 def save_tiny(out_dir, seed: int = 0, **config_kw):
     """Builds a tiny random model, saves it with ``save_pretrained`` to ``out_dir``; returns (dir, model)."""
     model = tiny_hf_model(tiny_hf_config(**config_kw), seed=seed)
