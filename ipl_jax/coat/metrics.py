@@ -162,14 +162,13 @@ def in_box(point: Sequence[float], box: Sequence[float]) -> bool:
     return box[0] <= x <= box[2] and box[1] <= y <= box[3]
 
 
-def _valid_point(p) -> Optional[tuple[float, float]]:
+def finite_point(p) -> Optional[tuple[float, float]]:
+    """(x, y) as floats when ``p`` holds two finite numbers, else None (a malformed prediction is a miss)."""
     try:
         x, y = float(p[0]), float(p[1])
     except (TypeError, ValueError, IndexError, KeyError):
         return None
-    if not (math.isfinite(x) and math.isfinite(y)):
-        return None
-    return (x, y)
+    return (x, y) if math.isfinite(x) and math.isfinite(y) else None
 
 
 def match_boxes(elements: Iterable[UIElement], rules: MatchRules) -> list[tuple[float, float, float, float]]:
@@ -178,7 +177,7 @@ def match_boxes(elements: Iterable[UIElement], rules: MatchRules) -> list[tuple[
 
 
 def _match_point(pred: Action, gold: Action, elements, screen_size, rules: MatchRules) -> tuple[bool, dict]:
-    p = _valid_point(pred.point) if pred.point is not None else None
+    p = finite_point(pred.point) if pred.point is not None else None
     g = gold.point if gold.point is not None else (box_center(gold.box) if gold.box is not None else None)
     if g is None:
         raise ValueError("golden point action has neither a point nor a box")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import zlib
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
@@ -52,7 +51,8 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.coat.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
-from ipl_jax.coat.metrics import MatchRules, enlarge_box, get_rules, in_box, normalise_text, text_tokens
+from ipl_jax.coat.metrics import (MatchRules, enlarge_box, finite_point, get_rules, in_box, normalise_text,
+                                  text_tokens)
 
 if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
     from ipl_jax.data.records import Step
@@ -173,14 +173,6 @@ def _type_id(action) -> int:
     return ACTION_TYPES.index(action.type)
 
 
-def _finite_point(p) -> Optional[tuple[float, float]]:
-    try:
-        x, y = float(p[0]), float(p[1])
-    except (TypeError, ValueError, IndexError, KeyError):
-        return None
-    return (x, y) if math.isfinite(x) and math.isfinite(y) else None
-
-
 def _index(value, choices) -> int:
     return choices.index(value) if value in choices else -1
 
@@ -204,7 +196,7 @@ def encode_actions(actions: Sequence[Optional[Action]], max_chars: int = 128, ma
         out["type_id"][i] = t
         if t == INVALID_ID:
             continue
-        p = _finite_point(a.point) if a.point is not None else None
+        p = finite_point(a.point) if a.point is not None else None
         if p is not None:
             out["has_point"][i] = True
             out["point"][i] = p

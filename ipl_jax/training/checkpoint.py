@@ -95,16 +95,19 @@ class Checkpointer:
 
     # ---------------------------------------------------------------------------------------------- restore
 
+    def _step_or_latest(self, step: int | None) -> int:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        return int(step)
+
     def restore(self, template, step: int | None = None) -> tuple[Any, Any, dict]:
         """(state, data_state, metadata) of ``step`` (default: the latest).
 
         ``template``: a TrainState with the right structure — concrete arrays or ``jax.ShapeDtypeStruct``s (with
         ``sharding`` set to place leaves on a mesh). Raises FileNotFoundError if there is no checkpoint.
         """
-        if step is None:
-            step = self.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        step = self._step_or_latest(step)
         abstract = jax.tree.map(_abstract_leaf, template)
         restored = self._manager.restore(
             int(step),
@@ -123,10 +126,7 @@ class Checkpointer:
         for the whole state), then rejoins trainable and frozen params or merges the LoRA adapters with the
         scale recorded in the metadata.
         """
-        if step is None:
-            step = self.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        step = self._step_or_latest(step)
         restored = self._manager.restore(
             int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
         state, meta = restored["state"], dict(restored["meta"])
