@@ -55,7 +55,8 @@ def sample_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from ipl_jax.coat.metrics import DEFAULT_RULES
     from ipl_jax.coat.rewards import RewardConfig
-    from ipl_jax.sampling.tree_records import leaf_actions, score_tree_batch, tree_record, turn_texts
+    from ipl_jax.eval.trees import score_tree_batch
+    from ipl_jax.sampling.tree_records import leaf_actions, tree_record, turn_texts
 
     try:
         params, cfg, tokenizer, image_config, mesh = load_policy(args.checkpoint, args.mesh)

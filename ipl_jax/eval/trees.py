@@ -58,10 +58,35 @@ def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_s
                                 seed, batch_size, getattr(policy, "mesh", None))
 
 
+def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None,
+                     discount: float = 0.95):
+    """Leaf rewards against each row's golden step, the value backup and the α/β/γ classes, as a
+    ``sampling.tree_records.TreeScores``.
+
+    actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
+    reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of method.md §5.
+    """
+    from ipl_jax.coat.rewards import (RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards,
+                                      reshape_leading)
+    from ipl_jax.preference.pairs import classify_trees
+    from ipl_jax.sampling.tree_records import TreeScores
+
+    b = actions.shape[0]
+    branching = actions.shape[1:]
+    pred = reshape_leading(encode_actions(list(actions.reshape(-1))), actions.shape)
+    gold = encode_golden(list(steps))
+    rewards = leaf_rewards(pred, gold, reward_config or RewardConfig())
+    values = np.asarray(rewards.value, np.float32)
+    nodes = tuple(np.asarray(v) for v in backup_values(values, branching, discount))
+    classes = np.asarray(classify_trees(values.reshape(b, -1), np.asarray(step_valid, bool)))
+    return TreeScores(leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes,
+                      classes=classes)
+
+
 def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.ConfigDict):
-    """Leaf actions, rewards, backed-up values and classes of a sampled batch
-    (``sampling.tree_records.score_tree_batch``) -> (leaf actions [B, b1..b4], its ``TreeScores``)."""
-    from ipl_jax.sampling.tree_records import leaf_actions, score_tree_batch
+    """Leaf actions, rewards, backed-up values and classes of a sampled batch (``score_tree_batch``) ->
+    (leaf actions [B, b1..b4], its ``sampling.tree_records.TreeScores``)."""
+    from ipl_jax.sampling.tree_records import leaf_actions
 
     actions = leaf_actions(texts)
     scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward_config(config),

@@ -2,9 +2,8 @@
 
 ``turn_texts`` decodes every node; ``leaf_actions`` parses each leaf (its s3 ancestor + its s4) with
 ``actions.parse_action`` (never raises: unparsable text is an invalid action, value 0);
-``score_tree_batch`` computes leaf values with ``ipl_jax.coat.rewards.leaf_rewards``, backs them up
-(``rewards.backup_values``) and classifies the trees (``pairs.classify_trees``); ``tree_record`` turns one
-tree into a nested JSON object::
+``TreeScores`` holds a batch's leaf values, backed-up node values and α/β/γ classes (computed by
+``eval.trees.score_tree_batch``); ``tree_record`` turns one tree into a nested JSON object::
 
     {"episode_id", "step_id", "instruction", "history", "golden": Action json, "golden_text",
      "branching": [b1..b4], "class": "alpha" | "beta" | "gamma", "root_value", "leaf_values": [..],
@@ -67,29 +66,6 @@ class TreeScores:
     exact: np.ndarray
     node_values: tuple
     classes: np.ndarray
-
-
-def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None,
-                     discount: float = 0.95) -> TreeScores:
-    """Leaf rewards against each row's golden step, the value backup and the α/β/γ classes.
-
-    actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
-    reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of method.md §5.
-    """
-    from ipl_jax.preference.pairs import classify_trees
-    from ipl_jax.coat.rewards import RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards, \
-        reshape_leading
-
-    b = actions.shape[0]
-    branching = actions.shape[1:]
-    pred = reshape_leading(encode_actions(list(actions.reshape(-1))), actions.shape)
-    gold = encode_golden(list(steps))
-    rewards = leaf_rewards(pred, gold, reward_config or RewardConfig())
-    values = np.asarray(rewards.value, np.float32)
-    nodes = tuple(np.asarray(v) for v in backup_values(values, branching, discount))
-    classes = np.asarray(classify_trees(values.reshape(b, -1), np.asarray(step_valid, bool)))
-    return TreeScores(leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes,
-                      classes=classes)
 
 
 def tree_record(tree, row: int, texts: Sequence[np.ndarray], actions: np.ndarray, scores: TreeScores, step: Step,
