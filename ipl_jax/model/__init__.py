@@ -47,9 +47,9 @@ from ipl_jax.model.weights import load_params, save_params
 
 __all__ = [
     "Qwen2VLConfig", "TextConfig", "VisionConfig", "KVCache", "append_tokens", "decode_step", "extend",
-    "greedy_generate", "grow_cache", "init_cache", "prefill", "repeat_cache", "select_rows", "ModelInputs", "get_rope_index", "pick_bucket",
-    "prepare_inputs", "prepare_vision", "count_params", "init_params", "param_layout", "param_shapes",
-    "attention_mask_from_spec", "embed_tokens", "forward", "forward_hidden", "forward_inputs",
-    "logits_from_hidden", "token_log_probs", "VisionInputs", "encode_images", "merged_valid", "load_params",
-    "save_params",
+    "greedy_generate", "grow_cache", "init_cache", "prefill", "repeat_cache", "select_rows", "ModelInputs",
+    "get_rope_index", "pick_bucket", "prepare_inputs", "prepare_vision", "count_params", "init_params",
+    "param_layout", "param_shapes", "attention_mask_from_spec", "embed_tokens", "forward", "forward_hidden",
+    "forward_inputs", "logits_from_hidden", "token_log_probs", "VisionInputs", "encode_images", "merged_valid",
+    "load_params", "save_params",
 ]

@@ -29,15 +29,17 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
+from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import grow_cache
+from ipl_jax.model.sharding import batch_spec, inputs_shardings
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, last_tokens, prefill_context,
                                       sample_turn)
 from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
-from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
 
 def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, temperature: jax.Array,
                  config: SamplerConfig, mesh: Optional[jax.sharding.Mesh]) -> CoaTTree:
@@ -88,9 +90,6 @@ def place_prompts(prompts: TreePrompts, mesh: Optional[jax.sharding.Mesh]) -> Tr
     packed image patches replicated. Without a mesh the arrays are returned unchanged."""
     if mesh is None:
         return prompts
-    from jax.sharding import NamedSharding
-
-    from ipl_jax.model.sharding import batch_spec, inputs_shardings
 
     def rows(a, axis=0):
         return jax.device_put(a, NamedSharding(mesh, batch_spec(mesh, np.shape(a), axis)))

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 # Default targets for the Qwen2-VL layout (ipl_jax/model): attention and MLP kernels of the text decoder.
 # Vision targets are opt-in (add VISION_TARGETS), matching the paper's warm-up SFT with a LoRA on the LLM.
@@ -99,7 +100,8 @@ def select_targets(base_params, targets: Sequence[str]) -> list[str]:
             raise ValueError(f"LoRA target {pattern!r} matches no parameter (paths look like: {sample}, ...)")
         for p in hits:
             if paths[p].ndim < 2:
-                raise ValueError(f"LoRA target {pattern!r} matches {p} with shape {paths[p].shape}; need [..., in, out]")
+                raise ValueError(f"LoRA target {pattern!r} matches {p} with shape {paths[p].shape}; "
+                                 "need [..., in, out]")
             if p not in chosen:
                 chosen.append(p)
     return chosen
@@ -161,8 +163,6 @@ def lora_shardings(lora_params: LoraParams, base_shardings):
     A [..., in, r] takes the base spec's leading + `in` entries and leaves r unsharded; B [..., r, out] takes the
     leading + `out` entries. ``base_shardings``: a tree of NamedSharding matching the base params.
     """
-    from jax.sharding import NamedSharding, PartitionSpec
-
     base = flatten_with_paths(base_shardings)
 
     def one(path, leaf):
