@@ -14,8 +14,10 @@ from ipl_jax import model as M  # noqa: E402
 from ipl_jax.coat.actions import parse_action  # noqa: E402
 from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
 from ipl_jax.data.tokenizer import IM_END, load_tokenizer  # noqa: E402
-from ipl_jax.eval.evaluate import eval_main, load_dataset, score_main  # noqa: E402
-from ipl_jax.eval.sampler import sample_main  # noqa: E402
+from ipl_jax.cli.eval import main as eval_main  # noqa: E402
+from ipl_jax.cli.sample import main as sample_main  # noqa: E402
+from ipl_jax.cli.score import main as score_main  # noqa: E402
+from ipl_jax.eval.evaluate import load_dataset  # noqa: E402
 from ipl_jax.sampling import step_prompts  # noqa: E402
 
 TURN_TOKENS = (8, 6, 6, 8)
@@ -59,7 +61,7 @@ def _reference_turns(ckpt, steps):
 def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     ckpt, data = setup
     preds_path, table_path = tmp_path / "preds.jsonl", tmp_path / "table.json"
-    rc = eval_main(["--checkpoint", str(ckpt), "--data", str(data), "--format", "aitz", "--split", "test",
+    rc = eval_main(["--model", str(ckpt), "--data", str(data), "--format", "aitz", "--split", "test",
                     "--steps", "3", "--batch-size", "2", "--max-turn-tokens", *map(str, TURN_TOKENS),
                     "--json", str(table_path), "--predictions", str(preds_path)])
     assert rc == 0
@@ -88,7 +90,7 @@ def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
 def test_sample_main_writes_trees_and_viewer(setup, tmp_path):
     ckpt, data = setup
     out, page = tmp_path / "trees.jsonl", tmp_path / "trees.html"
-    rc = sample_main(["--checkpoint", str(ckpt), "--data", str(data), "--split", "test", "--steps", "2",
+    rc = sample_main(["--model", str(ckpt), "--data", str(data), "--split", "test", "--steps", "2",
                       "--out", str(out), "--html", str(page), "--branching", "2", "1", "2", "1",
                       "--max-turn-tokens", *map(str, TURN_TOKENS), "--batch-size", "2", "--temperature", "1.0"])
     assert rc == 0

@@ -258,7 +258,8 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
 
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.data.synthetic.dataset import generate_split
-    from ipl_jax.eval.evaluate import BLANK_GREY, eval_main
+    from ipl_jax.cli.eval import main as eval_main
+    from ipl_jax.eval.evaluate import BLANK_GREY
     from ipl_jax.data.tiny import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", seed=0, scale=4.0)

@@ -162,7 +162,9 @@ def test_resume_skips_finished_stages(quick_run):
 
 def test_a_different_config_is_refused(quick_run):
     config = load_config("synthetic:quick", ["--config.sft.steps=9"])
-    with pytest.raises(SystemExit, match="different config"):
+    from ipl_jax.pipeline.validate import UsageError
+
+    with pytest.raises(UsageError, match="different config"):
         run_job(config, quick_run["workdir"], echo=lambda _: None)
 
 

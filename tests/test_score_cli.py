@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from ipl_jax.eval import evaluate
+from ipl_jax.cli.score import main as score_main
 from ipl_jax.coat.actions import Action
 from ipl_jax.data.records import DataError
 from ipl_jax.eval.evaluate import load_predictions, prediction_to_action, split_prediction_text
@@ -129,8 +129,8 @@ def aitz_root(tmp_path):
 def _score(tmp_path, root, lines, *extra):
     preds = _write(tmp_path / "preds.jsonl", lines)
     out = tmp_path / "out" / "table.json"
-    rc = evaluate.score_main(["--data", str(root), "--format", "aitz", "--predictions", str(preds),
-                              "--json", str(out), *extra])
+    rc = score_main(["--data", str(root), "--format", "aitz", "--predictions", str(preds),
+                     "--json", str(out), *extra])
     return rc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -196,6 +196,6 @@ def test_score_through_the_cli_dispatcher(tmp_path, aitz_root):
 
 def test_score_missing_split_is_a_clear_error(tmp_path, aitz_root, capsys):
     preds = _write(tmp_path / "preds.jsonl", GOLDEN_STRUCTURED)
-    rc = evaluate.score_main(["--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
-                              "--split", "train"])
-    assert rc == 1 and "train" in capsys.readouterr().err
+    rc = score_main(["--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
+                     "--split", "train"])
+    assert rc == 2 and "train" in capsys.readouterr().err  # a usage error: the split does not exist

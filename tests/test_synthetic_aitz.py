@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipl_jax.data.synthetic import generate_split
-from ipl_jax.data.synthetic.cli import main as synth_main
+from ipl_jax.cli.synth import main as synth_main
 
 STRING_JSON = ("ui_positions", "ui_text", "ui_types", "result_touch_yx", "result_lift_yx")
 FIELDS = {"episode_id": str, "episode_length": int, "step_id": int, "instruction": str, "image_path": str,
@@ -22,7 +22,7 @@ CONFIG = ["width=252", "height=504", "p_start_home=0.3"]
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    rc = synth_main(["--out", str(root), "--split", SPLIT, "--episodes", str(N), "--seed", str(SEED), "--config",
+    rc = synth_main(["--out", str(root), "--split", SPLIT, "--episodes", str(N), "--seed", str(SEED), "--world",
                      *CONFIG, "--png-level", "1"])
     assert rc == 0
     from ipl_jax.data.synthetic import apply_overrides, WorldConfig

@@ -12,6 +12,7 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images  # noqa: E402
 from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
+from ipl_jax.cli.make_tiny import main as make_tiny_main  # noqa: E402
 from ipl_jax.data import tiny  # noqa: E402
 
 
@@ -103,11 +104,11 @@ def test_scale_and_cli_flags(ckpt, tmp_path):
     out = tmp_path / "scaled"
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(["zebracrossing app opened", "tap the zebracrossing icon"] * 30))
-    rc = tiny.main(["--out", str(out), "--seed", "0", "--scale", "4", "--hidden-size", "32", "--heads", "2",
+    rc = make_tiny_main(["--out", str(out), "--seed", "0", "--scale", "4", "--hidden-size", "32", "--heads", "2",
                     "--corpus", str(corpus),
                     "--kv-heads", "1", "--layers", "1", "--vision-depth", "1", "--tie-embeddings",
                     "--vocab-size", "700", "--min-pixels", "1000", "--max-pixels", "20000",
-                    "--config", json.dumps({"vision_config": {"embed_dim": 16, "num_heads": 2}})])
+                    "--model-config", json.dumps({"vision_config": {"embed_dim": 16, "num_heads": 2}})])
     assert rc == 0
     cfg = json.loads((out / "config.json").read_text())
     t, v = cfg["text_config"], cfg["vision_config"]

@@ -1,4 +1,6 @@
-"""The ``ipl-jax`` command. Each subcommand lives in its own module and parses its own arguments."""
+"""The ``ipl-jax`` command. Each subcommand is a small module of this package that parses its own arguments and
+calls library functions; ``common.py`` holds what they share (the parser, one-line errors, the flags' meanings).
+"""
 
 from __future__ import annotations
 
@@ -7,25 +9,38 @@ import sys
 
 # subcommand -> (module, function, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
-    "check-parity": ("ipl_jax.model.parity", "main", "compare our Qwen2-VL with transformers on a checkpoint"),
-    "make-tiny": ("ipl_jax.data.tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
-    "synth": ("ipl_jax.data.synthetic.cli", "main", "write a synthetic GUI-world split in the AITZ format"),
-    "score": ("ipl_jax.eval.evaluate", "score_main", "score a predictions JSONL file against a dataset"),
-    "sft": ("ipl_jax.pipeline", "sft_main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
-    "eval": ("ipl_jax.eval.evaluate", "eval_main", "greedy CoaT decoding + Step.Acc tables"),
+    "check-parity": ("ipl_jax.cli.check_parity", "main", "compare our Qwen2-VL with transformers on a checkpoint"),
+    "make-tiny": ("ipl_jax.cli.make_tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
+    "synth": ("ipl_jax.cli.synth", "main", "write a synthetic GUI-world split in the AITZ format"),
+    "score": ("ipl_jax.cli.score", "main", "score a predictions JSONL file against a dataset"),
+    "sft": ("ipl_jax.cli.sft", "main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
+    "eval": ("ipl_jax.cli.eval", "main", "greedy CoaT decoding + Step.Acc tables"),
     "export": ("ipl_jax.cli.export", "main", "export a checkpoint as a Hugging Face directory"),
     "select-seed": ("ipl_jax.cli.select_seed", "main", "Acc_S / Div_R seed-policy selection"),
-    "sample": ("ipl_jax.eval.sampler", "sample_main", "sample CoaT-trees and write them as JSONL + HTML"),
-    "run": ("ipl_jax.pipeline", "main", "the main job: data -> SFT -> IPL rounds -> evaluation"),
-    "ablate": ("ipl_jax.pipeline", "ablate_main", "run the ablation table"),
+    "sample": ("ipl_jax.cli.sample", "main", "sample CoaT-trees and write them as JSONL + HTML"),
+    "run": ("ipl_jax.cli.run", "main", "the main job: data -> SFT -> IPL rounds -> evaluation"),
+    "ablate": ("ipl_jax.cli.ablate", "main", "run the ablation table"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: ipl-jax COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: ipl-jax [--version] COMMAND [ARGS...]   (ipl-jax COMMAND --help for its flags)", "",
+             "commands:"]
     for name, (_, _, help_) in COMMANDS.items():
         lines.append(f"  {name:<14} {help_}")
     return "\n".join(lines)
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when it is not installed)."""
+    from importlib import metadata
+
+    from ipl_jax import __version__
+
+    try:
+        return metadata.version("ipl-jax")
+    except metadata.PackageNotFoundError:
+        return __version__
 
 
 def main(argv=None) -> int:
@@ -33,9 +48,14 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"ipl-jax {version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"ipl-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        close = [c for c in COMMANDS if c.startswith(name[:2])]
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        print(f"ipl-jax: unknown command {name!r}{hint} (ipl-jax --help lists them)", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[name]
     try:
@@ -43,8 +63,7 @@ def main(argv=None) -> int:
     except (ImportError, AttributeError) as e:
         print(f"ipl-jax: command {name!r} is not available: {e}", file=sys.stderr)
         return 2
-    rc = fn(rest)
-    return int(rc or 0)
+    return int(fn(rest) or 0)
 
 
 if __name__ == "__main__":

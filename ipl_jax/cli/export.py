@@ -1,72 +1,96 @@
-"""``ipl-jax export``: a training checkpoint, an Orbax params tree or a Hugging Face directory as a Hugging Face
-directory (weights in safetensors, the base model's tokenizer and processor files copied)."""
+"""``ipl-jax export``: a training checkpoint (Orbax), an Orbax params tree or a Hugging Face model directory as a
+Hugging Face directory (weights in safetensors, the base model's tokenizer and processor files copied).
+
+    ipl-jax export --model HF_DIR [--orbax-checkpoint DIR [--step N] | --orbax-params DIR] --out DIR
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
 
-import jax
+from ipl_jax.cli.common import CommandParser, command, hidden_alias, nonnegative_int, require
+from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_dir
 
-from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.params import param_shapes
-from ipl_jax.model.weights import load_params, save_params
-
+PROG = "ipl-jax export"
 
 # Files of a Hugging Face model directory that travel with the weights on export.
-_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-               "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
-               "preprocessor_config.json")
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+              "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
+              "preprocessor_config.json")
 
 
+def parser() -> CommandParser:
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None,
+                   help="Hugging Face model directory whose config.json describes the model; its tokenizer and "
+                        "processor files are copied to the output (its weights are exported when no Orbax "
+                        "source is given)")
+    hidden_alias(p, "--base-model", "model")
+    p.add_argument("--orbax-checkpoint", dest="orbax_checkpoint", default=None,
+                   help="training checkpoint directory written by ipl-jax (Orbax TrainState; LoRA adapters are "
+                        "merged)")
+    hidden_alias(p, "--checkpoint", "orbax_checkpoint")
+    p.add_argument("--orbax-params", dest="orbax_params", default=None,
+                   help="Orbax checkpoint directory holding a bare params tree")
+    hidden_alias(p, "--params", "orbax_params")
+    p.add_argument("--step", type=nonnegative_int, default=None,
+                   help="with --orbax-checkpoint: the step (default: the latest)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    return p
+
+
+@command(PROG)
 def main(argv: list[str]) -> int:
-    """``ipl-jax export``: a training checkpoint, an Orbax params tree or a HF directory -> a HF directory."""
-    ap = argparse.ArgumentParser(prog="ipl-jax export", description=main.__doc__.splitlines()[0])
-    ap.add_argument("--base-model", required=True,
-                    help="HF directory whose config.json describes the model; its tokenizer and processor files "
-                         "are copied to the output")
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--checkpoint", default=None,
-                     help="training checkpoint directory written by ipl-jax (TrainState; LoRA adapters are merged)")
-    src.add_argument("--params", default=None, help="Orbax checkpoint directory holding a bare params tree")
-    ap.add_argument("--step", type=int, default=None, help="with --checkpoint: the step (default: the latest)")
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    args = ap.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.base_model, "config.json")):
-        print(f"ipl-jax export: {args.base_model}: no config.json", file=sys.stderr)
-        return 2
-    cfg = Qwen2VLConfig.from_dir(args.base_model)
-    if args.checkpoint is not None:
+    import jax
+
+    from ipl_jax.model.config import Qwen2VLConfig
+    from ipl_jax.model.params import param_shapes
+    from ipl_jax.model.weights import load_params, save_params
+
+    p = parser()
+    args = p.parse_args(argv)
+    require(p, args, "model", "--model")
+    if args.orbax_checkpoint is not None and args.orbax_params is not None:
+        p.error("give one of --orbax-checkpoint and --orbax-params")
+    if args.orbax_checkpoint is None and args.orbax_params is None:
+        model_dir(args.model, "--model")  # its weights are the ones exported
+    elif not os.path.isfile(os.path.join(input_dir(args.model, "--model"), "config.json")):
+        raise UsageError(f"--model {args.model}: no config.json; expected a Hugging Face model directory")
+    output_dir(args.out, "--out")
+    cfg = Qwen2VLConfig.from_dir(args.model)
+    if args.orbax_checkpoint is not None:
         from ipl_jax.training.checkpoint import Checkpointer
 
-        if not os.path.isdir(args.checkpoint):
-            print(f"ipl-jax export: {args.checkpoint}: no such checkpoint directory", file=sys.stderr)
-            return 2
-        ckpt = Checkpointer(os.path.abspath(args.checkpoint))
+        input_dir(args.orbax_checkpoint, "--orbax-checkpoint", "a training checkpoint directory")
+        ckpt = Checkpointer(os.path.abspath(args.orbax_checkpoint))
         try:
             params, _ = ckpt.load_model_params(args.step)
         finally:
             ckpt.close()
-    elif args.params is not None:
+    elif args.orbax_params is not None:
         import orbax.checkpoint as ocp
 
-        target = param_shapes(cfg)
+        input_dir(args.orbax_params, "--orbax-params", "an Orbax params directory")
         with ocp.StandardCheckpointer() as ckptr:
-            params = ckptr.restore(os.path.abspath(args.params), target)
+            params = ckptr.restore(os.path.abspath(args.orbax_params), param_shapes(cfg))
     else:
-        params, cfg = load_params(args.base_model)
+        params, cfg = load_params(args.model)
     if args.dtype:
         params = jax.tree.map(lambda a: a.astype(args.dtype), params)
     save_params(params, cfg, args.out)
     copied = []
-    for name in _SIDE_FILES:
-        f = os.path.join(args.base_model, name)
+    for name in SIDE_FILES:
+        f = os.path.join(args.model, name)
         if os.path.isfile(f) and os.path.abspath(f) != os.path.abspath(os.path.join(args.out, name)):
             shutil.copyfile(f, os.path.join(args.out, name))
             copied.append(name)
-    print(json.dumps({"out": args.out, "copied": copied}), file=sys.stdout)
+    print(json.dumps({"out": args.out, "copied": copied}))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

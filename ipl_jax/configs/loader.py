@@ -73,12 +73,13 @@ def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_coll
     if get_config is None:
         raise ConfigError(f"config file {path}: has no get_config() function")
     n_params = len(inspect.signature(get_config).parameters)
-    if arg is None:
-        config = get_config() if n_params == 0 else get_config(None)
-    else:
-        if n_params == 0:
-            raise ConfigError(f"config file {path}: get_config() takes no argument but {arg!r} was given")
-        config = get_config(arg)
+    if arg is not None and n_params == 0:
+        raise ConfigError(f"config file {path}: get_config() takes no argument but {arg!r} was given")
+    try:
+        config = get_config(arg) if n_params else get_config()
+    except ValueError as e:  # e.g. an unknown variant: the config file names what it accepts
+        where = f"config {path.name}{':' + arg if arg is not None else ''}"
+        raise ConfigError(str(e) if path.name in str(e) else f"{where}: {e}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config returned {type(config).__name__}, expected a ConfigDict")
     return config

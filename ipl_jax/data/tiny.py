@@ -24,11 +24,9 @@ torch and transformers are needed for this tool only; they are imported inside t
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence, Union
 
@@ -370,75 +368,3 @@ def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None
                          merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
                          temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"]).save(out)
     return out
-
-
-# ---------------------------------------------------------------------------------------------- command line
-
-
-def _read_json_arg(value: str) -> dict:
-    p = Path(value)
-    text = p.read_text() if not value.lstrip().startswith("{") and p.is_file() else value
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"make-tiny: --config is neither a JSON object nor a JSON file: {e}")
-    if not isinstance(d, dict):
-        raise SystemExit("make-tiny: --config must be a JSON object")
-    return d
-
-
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ipl-jax make-tiny", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--config", help="model overrides: a JSON object or a JSON file (nested or flat layout)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scale", type=float, default=None, help="multiply every Linear/Embedding weight by this")
-    ap.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
-    ap.add_argument("--corpus", help="text file, one tokenizer training text per line (default: built-in)")
-    ap.add_argument("--min-pixels", type=int, default=DEFAULT_MIN_PIXELS)
-    ap.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS)
-    ap.add_argument("--zero-biases", action="store_true", help="keep transformers' zero biases / unit norms")
-    for flag, key in (("--hidden-size", "hidden_size"), ("--intermediate-size", "intermediate_size"),
-                      ("--layers", "num_hidden_layers"), ("--heads", "num_attention_heads"),
-                      ("--kv-heads", "num_key_value_heads")):
-        ap.add_argument(flag, type=int, dest=key, default=None, help=f"text {key}")
-    ap.add_argument("--vision-depth", type=int, default=None)
-    ap.add_argument("--vision-dim", type=int, default=None, help="vision width (embed_dim; 2.5: hidden_size)")
-    ap.add_argument("--vision-heads", type=int, default=None)
-    ap.add_argument("--tie-embeddings", action="store_true")
-    ap.add_argument("--arch", choices=ARCHS, default="qwen2_vl", help="Qwen2-VL or Qwen2.5-VL (windowed ViT)")
-    args = ap.parse_args(argv)
-
-    overrides = _read_json_arg(args.config) if args.config else {}
-    text_over = dict(overrides.pop("text_config", None) or {})
-    vision_over = dict(overrides.pop("vision_config", None) or {})
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads"):
-        if getattr(args, key) is not None:
-            text_over[key] = getattr(args, key)
-    vision_width = "hidden_size" if args.arch == "qwen2_5_vl" else "embed_dim"
-    for flag, key in (("vision_depth", "depth"), ("vision_dim", vision_width), ("vision_heads", "num_heads")):
-        if getattr(args, flag) is not None:
-            vision_over[key] = getattr(args, flag)
-    if args.tie_embeddings:
-        overrides["tie_word_embeddings"] = True
-    overrides.update({"text_config": text_over, "vision_config": vision_over})
-    corpus = None
-    if args.corpus:
-        corpus = [ln for ln in Path(args.corpus).read_text().splitlines() if ln.strip()]
-    try:
-        out = make_tiny_checkpoint(args.out, overrides, vocab_size=args.vocab_size, corpus=corpus, seed=args.seed,
-                                   scale=args.scale, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                                   random_biases=not args.zero_biases, arch=args.arch)
-    except (MissingDependency, ValueError) as e:
-        print(f"make-tiny: {e}", file=sys.stderr)
-        return 2
-    cfg = json.loads((out / "config.json").read_text())
-    t = cfg.get("text_config", cfg)
-    print(f"wrote {out}: vocab {t['vocab_size']}, hidden {t['hidden_size']}, layers {t['num_hidden_layers']}, "
-          f"image_token_id {cfg['image_token_id']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""Evaluation: ``ipl-jax score`` (a predictions file against a dataset) and ``ipl-jax eval`` (greedy CoaT decoding).
+"""Evaluation: scoring a predictions file against a dataset (``ipl-jax score``) and greedy CoaT decoding
+(``ipl-jax eval``); the command lines are in ``ipl_jax/cli/``.
 
 Predictions file (JSONL, one object per line)::
 
@@ -25,11 +26,9 @@ line number.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -47,15 +46,15 @@ from ipl_jax.coat.actions import (
 )
 from ipl_jax.data.datasets import LOADERS, load_dataset  # noqa: F401  (re-exported: `score` reads datasets)
 from ipl_jax.data.records import DataError, Episode, Step
-from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES
-from ipl_jax.coat.tables import format_table, score_episodes
+from ipl_jax.coat.metrics import DEFAULT_RULES
+from ipl_jax.coat.tables import score_episodes
 
 if TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.sampling import SamplerConfig
 
-__all__ = ["score_main", "score_episodes", "load_predictions", "prediction_to_action", "load_dataset",
-           "EvalConfig", "evaluate_policy", "eval_main"]
+__all__ = ["score_episodes", "load_predictions", "prediction_to_action", "load_dataset", "EvalConfig",
+           "evaluate_policy"]
 
 # ------------------------------------------------------------------------------------------ predictions
 
@@ -167,54 +166,9 @@ def load_predictions(path: str | Path) -> dict[tuple[str, int], Action]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------ score
-
-
-def _score_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ipl-jax score", description="Score a predictions JSONL file against a dataset.")
-    p.add_argument("--data", required=True, help="dataset root directory")
-    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/evaluate.py)")
-    p.add_argument("--split", default="test",
-                   help="dataset split (default: test; for AMEX 'all' reads every episode file)")
-    p.add_argument("--rules", choices=tuple(RULES), default=None,
-                   help="matching rule set (default: the format's own: " +
-                        ", ".join(f"{k}->{v}" for k, v in DEFAULT_RULES.items()) + ")")
-    p.add_argument("--json", default=None, help="also write the metric table as JSON to this file")
-    return p
-
-
-def score_main(argv: list[str]) -> int:
-    """``ipl-jax score``: print the Step.Acc table of a predictions file; 0 on success, 1 on bad input."""
-    args = _score_parser().parse_args(argv)
-    try:
-        predictions = load_predictions(args.predictions)
-        episodes = load_dataset(args.data, args.fmt, args.split)
-    except (DataError, FileNotFoundError, ValueError) as e:  # bad input: a clear message, no traceback
-        print(f"ipl-jax score: {e}", file=sys.stderr)
-        return 1
-    if not episodes:
-        print(f"ipl-jax score: no episodes in {args.data} (format {args.fmt}, split {args.split})", file=sys.stderr)
-        return 1
-    table = score_episodes(episodes, predictions, args.fmt, args.rules)
-    step_keys = {(str(s.episode_id), int(s.step_id)) for ep in episodes for s in ep.steps}
-    unmatched = sum(k not in step_keys for k in predictions)
-    missing = sum(k not in predictions for k in step_keys)
-    table["predictions_unmatched"] = unmatched
-    table["steps_without_prediction"] = missing
-    print(format_table(table))
-    if unmatched or missing:
-        print(f"\nnote: {missing} steps had no prediction (scored as misses); "
-              f"{unmatched} predictions matched no step of the split (ignored)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
-    return 0
-
-
 # ------------------------------------------------------------------------------------------------- eval
-# Model-driven evaluation (``eval_main(argv)``: greedy CoaT decoding over a dataset split, then
-# ``score_episodes`` on the decoded actions) belongs below this line.
+# Model-driven evaluation: greedy CoaT decoding over a dataset split, then ``score_episodes`` on the decoded
+# actions (``ipl-jax eval``'s command line is ``ipl_jax/cli/eval.py``).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +229,7 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
     ``type_match``, ``exact_match`` — and the metric table of ``config.fmt``.
     """
     from ipl_jax.coat.metrics import match_step
+    from ipl_jax.progress import progress
     from ipl_jax.sampling import greedy_config, iter_sampled_batches
     from ipl_jax.sampling.tree_records import turn_texts
 
@@ -289,8 +244,9 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
     if not flat:
         return records, score_episodes(episodes, predictions, config.fmt, rule_set)
     batch_size = min(int(config.batch_size), len(flat))
-    for batch in iter_sampled_batches(params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed,
-                                      batch_size, mesh):
+    batches = iter_sampled_batches(params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed,
+                                   batch_size, mesh)
+    for batch in progress(batches, total=-(-len(flat) // batch_size), desc="evaluation", unit="batch"):
         texts = turn_texts(batch.tree, tokenizer)
         finished = [np.asarray(f).reshape(len(batch.steps), -1) for f in batch.tree.finished]
         for row in range(batch.num_valid):
@@ -308,59 +264,3 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
                 "type_match": bool(verdict.type_match), "exact_match": bool(verdict.exact_match),
             })
     return records, score_episodes(episodes, predictions, config.fmt, rule_set)
-
-
-def _eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ipl-jax eval", description="Greedy CoaT decoding of a dataset split with a "
-                                "checkpoint, scored with the benchmark's Step.Acc table.")
-    p.add_argument("--checkpoint", required=True, help="Hugging Face Qwen2-VL directory (model + tokenizer)")
-    p.add_argument("--data", required=True, help="dataset root directory")
-    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--split", default="test")
-    p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
-    p.add_argument("--json", default=None, help="write the metric table as JSON here")
-    p.add_argument("--predictions", default=None, help="write one JSON line per step here (raw turns, action, "
-                   "golden, verdicts; re-scorable with ipl-jax score)")
-    p.add_argument("--steps", type=int, default=None, help="evaluate only the first N steps")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-turn-tokens", type=int, nargs=4, default=(256, 128, 32, 32),
-                   metavar=("T1", "T2", "T3", "T4"))
-    p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
-    p.add_argument("--blank-screens", action="store_true", help="replace every screenshot by a grey image of "
-                   "its size (the control that shows how much accuracy comes from reading the screen)")
-    return p
-
-
-def eval_main(argv: list[str]) -> int:
-    """``ipl-jax eval``: print the Step.Acc table of greedy CoaT decoding; 0 on success, 1 on bad input."""
-    args = _eval_parser().parse_args(argv)
-    from ipl_jax.data.datasets import dataset_steps
-    from ipl_jax.eval.policy import load_policy
-    from ipl_jax.sampling import SamplerConfig
-
-    try:
-        params, cfg, tokenizer, image_config, mesh = load_policy(args.checkpoint, args.mesh)
-        episodes, steps = dataset_steps(args.data, args.fmt, args.split, args.steps)
-    except (DataError, FileNotFoundError, ValueError) as e:
-        print(f"ipl-jax eval: {e}", file=sys.stderr)
-        return 1
-    if not steps:
-        print(f"ipl-jax eval: no steps in {args.data} (format {args.fmt}, split {args.split})", file=sys.stderr)
-        return 1
-    if args.steps is not None:  # score only the episodes' steps that were decoded
-        kept = {(str(s.episode_id), int(s.step_id)) for s in steps}
-        episodes = [dataclasses.replace(ep, steps=tuple(s for s in ep.steps
-                                                       if (str(s.episode_id), int(s.step_id)) in kept))
-                    for ep in episodes]
-        episodes = [ep for ep in episodes if ep.steps]
-    config = EvalConfig(sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
-                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules,
-                        blank_screens=args.blank_screens)
-    records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
-    print(format_table(table))
-    for path, text in ((args.json, json.dumps(table, indent=2) + "\n"),
-                       (args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text, encoding="utf-8")
-    return 0

@@ -1,17 +1,12 @@
-"""``ipl-jax check-parity --model DIR``: our logits vs transformers' on random text and images.
+"""Our logits vs transformers' on random text and images (the library behind ``ipl-jax check-parity``).
 
 Builds a left-padded batch of two samples (the first with two images of different sizes, one non-square with
 an odd merged dimension; for Qwen2.5-VL the first image spans several attention windows and cuts the last
 ones short), runs transformers (eager attention, float32, CPU) and our model (float32, highest matmul
-precision), and prints ``{"max_abs_logit_diff", "tolerance", "ok", ...}`` as JSON. Exit status: 0 when
-within tolerance, 1 above it, 2 when torch/transformers are missing or the checkpoint cannot be read.
+precision), and returns the largest absolute logit difference (``compare``).
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import sys
 
 import numpy as np
 
@@ -90,26 +85,3 @@ def compare(model_dir: str, seed: int = 0) -> dict:
     valid = mask.astype(bool)
     diff = float(np.max(np.abs(ours - ref)[valid]))
     return {"max_abs_logit_diff": diff, "logit_std": float(ref[valid].std()), "num_tokens": int(valid.sum())}
-
-
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ipl-jax check-parity", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="Hugging Face Qwen2-VL or Qwen2.5-VL checkpoint directory")
-    ap.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| allowed")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        print(f"check-parity needs torch and transformers (the reference implementation): {e}", file=sys.stderr)
-        return 2
-    try:
-        result = compare(args.model, args.seed)
-    except (FileNotFoundError, ValueError, KeyError, OSError) as e:
-        print(f"check-parity: cannot read {args.model}: {e}", file=sys.stderr)
-        return 2
-    ok = result["max_abs_logit_diff"] <= args.tolerance
-    print(json.dumps({"max_abs_logit_diff": result["max_abs_logit_diff"], "tolerance": args.tolerance, "ok": ok,
-                      "logit_std": result["logit_std"], "num_tokens": result["num_tokens"]}))
-    return 0 if ok else 1

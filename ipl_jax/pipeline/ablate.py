@@ -26,7 +26,6 @@ turn. All of it is written to ``WORKDIR/ablation.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -164,27 +163,3 @@ def format_ablation(result: dict) -> str:
     blocks.append(f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
                   f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows))
     return "\n\n".join(blocks)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ipl-jax ablate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--variants", default=None,
-                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    from ipl_jax.configs.loader import parse_args_with_config
-
-    args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
-    names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants)
-             if v.strip()]
-    for n in names:
-        if n not in VARIANTS:
-            print(f"ipl-jax ablate: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
-            return 2
-    result = run_ablation(config, args.workdir, names)
-    print("\n" + format_ablation(result))
-    print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
-    return 0

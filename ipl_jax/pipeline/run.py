@@ -1,5 +1,5 @@
-"""``ipl-jax run``: the main job, data -> instruction evolution -> model -> warm-up SFT -> seed selection ->
-evaluation -> IPL rounds -> export.
+"""The main job (``ipl-jax run``; its command line is ``ipl_jax/cli/run.py``): data -> instruction evolution ->
+model -> warm-up SFT -> seed selection -> evaluation -> IPL rounds -> export.
 
     ipl-jax run --workdir runs/default                          # configs/synthetic.py
     ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
@@ -16,7 +16,6 @@ gamma}, "pairs", "seconds"}, ...]}``, round 0 = the seed policy), ``step_accurac
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
@@ -25,16 +24,10 @@ from pathlib import Path
 import ml_collections
 
 from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline.validate import UsageError, validate_config
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 
 STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed", "rounds", "export")
-
-
-def _parser(prog: str = "ipl-jax run") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
-    p.add_argument("--stop-after", choices=STAGES, default=None, help="stop once this stage is finished")
-    return p
 
 
 def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None:
@@ -43,17 +36,22 @@ def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None
     path = wd.path("config.json")
     if path.is_file():
         stored = read_json(path)
-        if stored != current:
-            diff = sorted(_diff_keys(stored, current))
-            raise SystemExit(f"ipl-jax run: {wd.root} was made with a different config (fields differ: "
-                             f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); use a new --workdir")
+        diff = sorted(_diff_keys(stored, current))
+        if diff:
+            raise UsageError(f"{wd.root} was made with a different config (fields differ: "
+                             f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
+                             f"config to resume, or use a new --workdir")
     else:
         write_json(path, current)
 
 
 def _diff_keys(a, b, prefix=""):
+    """Dotted names of the fields that differ. A field the stored config lacks (added to the configs after the
+    workdir was made) counts only when it is set to something other than an off value (False, 0, "", None)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in set(a) | set(b):
+            if k not in a and not b[k]:
+                continue
             yield from _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
     elif a != b:
         yield prefix.rstrip(".")
@@ -216,7 +214,9 @@ class Job:
 
 def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None,
             echo=print) -> Workdir:
-    """Run (or resume) the job in ``workdir``; returns its Workdir."""
+    """Run (or resume) the job in ``workdir``; returns its Workdir. The config is checked first
+    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched)."""
+    validate_config(config)
     wd = Workdir(workdir, echo=echo)
     check_workdir_config(wd, config)
     job = Job(config, wd)
@@ -230,32 +230,3 @@ def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: 
         wd.echo(f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "
                 f"this invocation {time.perf_counter() - job.t_start:.0f} s)")
     return wd
-
-
-def main(argv: list[str]) -> int:
-    from ipl_jax.configs.loader import parse_args_with_config
-
-    args, config = parse_args_with_config(_parser(), argv, default_config="synthetic")
-    run_job(config, args.workdir, args.stop_after)
-    return 0
-
-
-def sft_main(argv: list[str]) -> int:
-    """``ipl-jax sft``: the job's first stages only (data, instruction evolution, model, warm-up SFT).
-
-    The SFT checkpoints land in ``WORKDIR/sft/checkpoints`` and the last ``sft.seed_candidates`` of them as
-    Hugging Face directories in ``WORKDIR/sft/candidates/step_<n>`` (what ``ipl-jax eval --checkpoint`` and
-    ``ipl-jax select-seed`` take). The workdir is the same as ``ipl-jax run``'s: running ``ipl-jax run`` on it
-    afterwards goes on from seed selection.
-    """
-    from ipl_jax.configs.loader import parse_args_with_config
-
-    p = argparse.ArgumentParser(prog="ipl-jax sft", description=sft_main.__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
-    args, config = parse_args_with_config(p, argv, default_config="synthetic")
-    wd = run_job(config, args.workdir, stop_after="sft")
-    summary = wd.summary("sft")
-    wd.echo(json.dumps({k: summary.get(k) for k in ("steps", "items", "final_loss", "mean_loss_last_10",
-                                                     "train_seconds", "tokens_per_s", "candidates")}, indent=1))
-    wd.echo(f"SFT candidates: {wd.path('sft', 'candidates')}  (metrics log: {wd.path('metrics.jsonl')})")
-    return 0

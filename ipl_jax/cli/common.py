@@ -1,0 +1,125 @@
+"""What every ``ipl-jax`` command shares: its argument parser, its error handling and the flags' meanings.
+
+Flags mean one thing across commands:
+
+* ``--config FILE[:VARIANT]`` is a job config file (or the name of one shipped in ``ipl_jax/configs``), with
+  ``--config.section.field=value`` overrides;
+* ``--model DIR`` is a Hugging Face model directory (``config.json`` + safetensors + tokenizer files);
+* ``--orbax-checkpoint DIR`` is a training checkpoint written by ipl-jax (Orbax), ``--orbax-params DIR`` an
+  Orbax tree of bare parameters;
+* ``--data DIR`` a dataset root, ``--format`` its layout, ``--out`` / ``--json`` / ``--predictions`` outputs.
+
+Older spellings (``--checkpoint`` for a model directory in ``eval`` / ``sample``, ``--checkpoints`` in
+``select-seed``, ``--base-model`` / ``--checkpoint`` / ``--params`` in ``export``, ``--config`` for model
+overrides in ``make-tiny`` and world overrides in ``synth``) keep working as hidden aliases.
+
+Errors: a mistake in the invocation (a flag, a config value, a path) ends in one line on stderr,
+``ipl-jax COMMAND: <what is wrong and what to do>``, and exit status 2, before any expensive work; a malformed
+data record ends the same way with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from typing import Callable, Sequence
+
+from ipl_jax.pipeline.validate import UsageError
+
+USAGE, DATA = 2, 1  # exit statuses: a bad invocation; bad data
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise ``UsageError`` (one line, exit 2) instead of printing the usage."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def command(prog: str) -> Callable:
+    """Wrap a command's ``main(argv) -> int``: usage and config errors become one line on stderr and exit 2,
+    malformed data records exit 1; ``--help`` returns 0. The wrapped function can be called in-process."""
+
+    def wrap(fn: Callable[[list[str]], int]) -> Callable[[Sequence[str] | None], int]:
+        @functools.wraps(fn)
+        def main(argv: Sequence[str] | None = None) -> int:
+            from ipl_jax.configs.loader import ConfigError
+            from ipl_jax.data.records import DataError
+
+            argv = list(sys.argv[1:] if argv is None else argv)
+            try:
+                return int(fn(argv) or 0)
+            except (UsageError, ConfigError) as e:
+                return fail(prog, e, USAGE)
+            except DataError as e:
+                return fail(prog, e, DATA)
+            except SystemExit as e:  # argparse's --help / --version
+                return e.code if isinstance(e.code, int) else (0 if e.code is None else fail(prog, e.code, USAGE))
+
+        return main
+
+    return wrap
+
+
+def fail(prog: str, message, status: int) -> int:
+    """Print ``prog: message`` (one line) to stderr and return ``status``."""
+    text = " ".join(str(message).split())
+    print(f"{prog}: {text}", file=sys.stderr)
+    return status
+
+
+def hidden_alias(parser: argparse.ArgumentParser, flag: str, dest: str, **kwargs) -> None:
+    """An old spelling of a flag: accepted, stored in ``dest``, not shown in ``--help``."""
+    parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS, **kwargs)
+
+
+def require(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str, flag: str) -> None:
+    """A flag that is required but has a hidden alias (argparse's ``required`` would reject the alias)."""
+    if getattr(args, dest) is None:
+        parser.error(f"the following arguments are required: {flag}")
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = nonnegative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a random seed, an integer in [0, 2**32 - 1]."""
+    from ipl_jax.pipeline.validate import MAX_SEED
+
+    value = nonnegative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SEED}")
+    return value
+
+
+def report_skipped(prog: str, skipped: Sequence, where: str) -> None:
+    """One line on stderr: how many malformed records ``--skip-bad`` left out of ``where``, and why."""
+    from ipl_jax.data.datasets import skipped_summary
+
+    if skipped:
+        print(f"{prog}: {skipped_summary(skipped, where)}", file=sys.stderr)
+
+
+def write_text(path, text: str) -> None:
+    """Write an output file (its directory created), after ``validate.output_file`` has checked the path."""
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")

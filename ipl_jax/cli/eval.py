@@ -1,0 +1,96 @@
+"""``ipl-jax eval``: greedy four-turn CoaT decoding of every step of a dataset split with a Hugging Face model,
+scored with the benchmark's Step.Acc table.
+
+    ipl-jax eval --model DIR --data DIR --format aitz [--split test] [--json OUT] [--predictions OUT]
+                 [--steps N] [--batch-size 8] [--blank-screens] [--mesh]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from ipl_jax.cli.common import CommandParser, command, hidden_alias, positive_int, require, write_text
+from ipl_jax.cli.score import load_split
+from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
+
+PROG = "ipl-jax eval"
+
+
+def parser() -> CommandParser:
+    from ipl_jax.coat.metrics import FORMATS, RULES
+
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
+    hidden_alias(p, "--checkpoint", "model")  # the old spelling
+    p.add_argument("--data", required=True, help="dataset root directory")
+    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
+    p.add_argument("--split", default="test")
+    p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
+    p.add_argument("--json", default=None, help="write the metric table as JSON here")
+    p.add_argument("--predictions", default=None, help="write one JSON line per step here (raw turns, action, "
+                   "golden, verdicts; re-scorable with ipl-jax score)")
+    p.add_argument("--steps", type=positive_int, default=None, help="evaluate only the first N steps")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32),
+                   metavar=("T1", "T2", "T3", "T4"))
+    p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
+    p.add_argument("--blank-screens", action="store_true", help="replace every screenshot by a grey image of "
+                   "its size (the control that shows how much accuracy comes from reading the screen)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    return p
+
+
+def load_model(flag: str, directory: str, mesh: bool):
+    """``eval.policy.load_policy`` with its failures named after the flag."""
+    from ipl_jax.eval.policy import load_policy
+
+    model_dir(directory, flag)
+    try:
+        return load_policy(directory, mesh)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise UsageError(f"{flag} {directory}: cannot be loaded: {e}") from None
+
+
+def keep_steps(episodes, steps):
+    """The episodes cut down to ``steps`` (the first N steps of the split), for scoring only what was decoded."""
+    kept = {(str(s.episode_id), int(s.step_id)) for s in steps}
+    out = [dataclasses.replace(ep, steps=tuple(s for s in ep.steps if (str(s.episode_id), int(s.step_id)) in kept))
+           for ep in episodes]
+    return [ep for ep in out if ep.steps]
+
+
+@command(PROG)
+def main(argv: list[str]) -> int:
+    from ipl_jax.coat.tables import format_table
+    from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
+    from ipl_jax.sampling import SamplerConfig
+
+    p = parser()
+    args = p.parse_args(argv)
+    require(p, args, "model", "--model")
+    model_dir(args.model, "--model")
+    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+    for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
+        if path:
+            output_file(path, flag)
+    episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
+    if args.steps is not None:
+        episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][:args.steps])
+    params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
+    config = EvalConfig(sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
+                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules,
+                        blank_screens=args.blank_screens)
+    records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
+    print(format_table(table))
+    if args.json:
+        write_text(args.json, json.dumps(table, indent=2) + "\n")
+    if args.predictions:
+        write_text(args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

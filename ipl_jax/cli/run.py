@@ -1,0 +1,52 @@
+"""``ipl-jax run``: the main job, resumable stage by stage (see ``ipl_jax/pipeline/run.py``).
+
+    ipl-jax run --workdir runs/default                          # the default config: configs/synthetic.py
+    ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
+    ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz \\
+        --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/aitz
+
+The config is checked before anything is written (``pipeline/validate.py``); running the same command again
+resumes after the last finished stage or round.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ipl_jax.cli.common import CommandParser, command
+from ipl_jax.pipeline.validate import output_dir, validate_config
+
+PROG = "ipl-jax run"
+
+
+def job_config(parser: CommandParser, argv: list[str]):
+    """(args, config) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) with its
+    ``--config.a.b=v`` overrides, the config's values checked and ``--workdir`` writable -- before any work."""
+    from ipl_jax.configs.loader import parse_args_with_config
+
+    args, config = parse_args_with_config(parser, argv, default_config="synthetic")
+    output_dir(args.workdir, "--workdir")
+    validate_config(config)
+    return args, config
+
+
+def parser() -> CommandParser:
+    from ipl_jax.pipeline.run import STAGES
+
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
+    p.add_argument("--stop-after", choices=STAGES, default=None, help="stop once this stage is finished")
+    return p
+
+
+@command(PROG)
+def main(argv: list[str]) -> int:
+    from ipl_jax.pipeline.run import run_job
+
+    args, config = job_config(parser(), argv)
+    run_job(config, args.workdir, args.stop_after)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""``ipl-jax score``: the Step.Acc table of a predictions JSONL file against a dataset split.
+
+    ipl-jax score --data DIR --format aitz|amex|androidcontrol --predictions FILE [--split test] [--json OUT]
+
+The predictions format is described in ``ipl_jax/eval/evaluate.py``. Exit status 0; 2 for a bad invocation
+(a missing or wrong kind of path, an unwritable ``--json``); 1 for a malformed predictions line or data record.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ipl_jax.cli.common import CommandParser, command, report_skipped, write_text
+from ipl_jax.pipeline.validate import UsageError, input_dir, input_file, output_file
+
+PROG = "ipl-jax score"
+
+
+def parser() -> CommandParser:
+    from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES
+
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="dataset root directory")
+    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
+    p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/eval/evaluate.py)")
+    p.add_argument("--split", default="test",
+                   help="dataset split (default: test; for AMEX 'all' reads every episode file)")
+    p.add_argument("--rules", choices=tuple(RULES), default=None,
+                   help="matching rule set (default: the format's own: " +
+                        ", ".join(f"{k}->{v}" for k, v in DEFAULT_RULES.items()) + ")")
+    p.add_argument("--json", default=None, help="also write the metric table as JSON to this file")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    return p
+
+
+def load_split(prog: str, data: str, fmt: str, split, skip_bad: bool):
+    """The episodes of a dataset split; a missing split is a usage error, skipped records are reported."""
+    from ipl_jax.data.datasets import load_dataset_with_report
+    from ipl_jax.data.records import DataError
+
+    input_dir(data, "--data", f"a {fmt} dataset root")
+    try:
+        episodes, skipped = load_dataset_with_report(data, fmt, split, skip_bad=skip_bad)
+    except DataError:
+        raise  # a malformed record: exit status 1, the record named
+    except (FileNotFoundError, ValueError) as e:  # no such split / subsplit
+        raise UsageError(f"--data {data} --split {split}: {e}") from None
+    report_skipped(prog, skipped, f"{data} ({fmt}, split {split})")
+    if not episodes:
+        raise UsageError(f"--data {data}: no episodes in split {split!r} (format {fmt}); check --data, --format "
+                         f"and --split")
+    return episodes
+
+
+@command(PROG)
+def main(argv: list[str]) -> int:
+    from ipl_jax.coat.tables import format_table, score_episodes
+    from ipl_jax.eval.evaluate import load_predictions
+
+    args = parser().parse_args(argv)
+    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+    input_file(args.predictions, "--predictions", "a predictions JSONL file")
+    if args.json:
+        output_file(args.json, "--json")
+    predictions = load_predictions(args.predictions)
+    episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
+    table = score_episodes(episodes, predictions, args.fmt, args.rules)
+    step_keys = {(str(s.episode_id), int(s.step_id)) for ep in episodes for s in ep.steps}
+    table["predictions_unmatched"] = sum(k not in step_keys for k in predictions)
+    table["steps_without_prediction"] = sum(k not in predictions for k in step_keys)
+    print(format_table(table))
+    if table["predictions_unmatched"] or table["steps_without_prediction"]:
+        print(f"\nnote: {table['steps_without_prediction']} steps had no prediction (scored as misses); "
+              f"{table['predictions_unmatched']} predictions matched no step of the split (ignored)")
+    if args.json:
+        write_text(args.json, json.dumps(table, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""``ipl-jax synth``: write synthetic-world splits in the AITZ format.
+
+    ipl-jax synth --out DIR --split NAME --episodes N --seed S [--world K=V ...] [--overwrite]
+    ipl-jax synth --out DIR --split all --config synthetic [--config.world.width=252 ...]
+
+The world's settings are ``WorldConfig``'s defaults, or a job config's ``world`` section with ``--config``;
+``--world K=V`` overrides single fields on top. ``--split all`` writes every split with its default size
+(``--episodes`` then scales them all). A split folder that already holds files is refused unless
+``--overwrite`` (which replaces that split), so episodes of two runs never mix.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ipl_jax.cli.common import CommandParser, command, nonnegative_int, seed_int
+from ipl_jax.pipeline.validate import UsageError, output_dir
+
+PROG = "ipl-jax synth"
+PNG_LEVELS = range(0, 10)
+
+
+def parser() -> CommandParser:
+    from ipl_jax.data.synthetic.dataset import SPLITS
+
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="root directory; a split goes to OUT/NAME/<subset>/...")
+    p.add_argument("--split", default="train", choices=SPLITS + ("all",))
+    p.add_argument("--episodes", type=nonnegative_int, default=None,
+                   help="episodes to write (default: the split's default size; with --split all, train's size "
+                        "and the others scaled alike)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed, 0 .. 2**32-1")
+    p.add_argument("--world", nargs="+", action="extend", default=[], metavar="K=V",
+                   help="WorldConfig field overrides, e.g. width=252 height=504 n_contacts=4,20")
+    p.add_argument("--with-meta", action="store_true",
+                   help="add a synth_meta field (app, page, subset, transitions, intent) to every step record")
+    p.add_argument("--png-level", type=int, default=1, choices=PNG_LEVELS, metavar="0..9",
+                   help="PNG compression level 0..9 (1: fast, ~20%% larger than 6)")
+    p.add_argument("--overwrite", action="store_true", help="replace split folders that already hold files")
+    return p
+
+
+def _old_world_overrides(argv: list[str]) -> list[str]:
+    """``--config K=V ...`` (the old spelling of ``--world``) rewritten; ``--config FILE`` is left alone."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv) and "=" in argv[i + 1] and not argv[i + 1].startswith("-"):
+            out.append("--world")
+            i += 1
+            while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
+                out.append(argv[i])
+                i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def world_of(argv: list[str]):
+    """(args, WorldConfig) from the command line."""
+    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides, world_config
+
+    argv = _old_world_overrides(argv)
+    p = parser()
+    if any(a == "--config" or a.startswith("--config.") or a.startswith("--config=") for a in argv):
+        from ipl_jax.configs.loader import parse_args_with_config
+
+        args, config = parse_args_with_config(p, argv, default_config="synthetic")
+        base = world_config(config.world)
+    else:
+        args, base = p.parse_args(argv), WorldConfig()
+    try:
+        return args, apply_overrides(base, args.world)
+    except ValueError as e:
+        raise UsageError(str(e).replace("--config ", "--world ", 1)) from None
+
+
+def plan_splits(split: str, episodes) -> dict[str, int]:
+    """{split: episodes} to write."""
+    from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES
+
+    if split == "all":
+        scale = 1.0 if episodes is None else episodes / DEFAULT_SIZES["train"]
+        return {s: max(1, round(n * scale)) for s, n in DEFAULT_SIZES.items()}
+    return {split: DEFAULT_SIZES[split] if episodes is None else episodes}
+
+
+def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
+    """Refuse split folders that hold files (unless ``overwrite``, which empties them) -- before any work."""
+    busy = [out / s for s in splits if (out / s).is_dir() and any((out / s).iterdir())]
+    if busy and not overwrite:
+        n = sum(1 for _ in busy[0].rglob("*.json"))
+        raise UsageError(f"--out {out}: split folder {busy[0]} already holds files ({n} JSON files); pass "
+                         f"--overwrite to replace it, or choose another --out")
+    for d in busy:
+        shutil.rmtree(d)
+    for s in splits:
+        if (out / s).exists() and not (out / s).is_dir():
+            raise UsageError(f"--out {out}: {out / s} is a file; choose another --out")
+
+
+@command(PROG)
+def main(argv: list[str]) -> int:
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.data.synthetic.dataset import config_to_json, generate_split
+    from ipl_jax.progress import progress
+
+    args, world = world_of(argv)
+    out = output_dir(args.out, "--out")
+    plan = plan_splits(args.split, args.episodes)
+    claim_split_dirs(out, plan, args.overwrite)
+    for split, n in plan.items():
+        t0 = time.perf_counter()
+        episodes = generate_split(split, n, seed=args.seed, config=world)
+        split_dir = write_aitz_split(progress(episodes, desc=f"synth {split}", unit="episode"), out, split,
+                                     compress_level=args.png_level, with_meta=args.with_meta)
+        types = collections.Counter(s.action.type for e in episodes for s in e.steps)
+        n_steps = sum(types.values())
+        info = {"split": split, "episodes": len(episodes), "steps": n_steps, "seed": args.seed,
+                "action_types": dict(sorted(types.items())), "config": config_to_json(world)}
+        split_dir.mkdir(parents=True, exist_ok=True)
+        (split_dir / "synth_info.json").write_text(json.dumps(info, indent=1))
+        shares = ", ".join(f"{k} {v / max(1, n_steps):.0%}" for k, v in sorted(types.items()))
+        print(f"{split}: {len(episodes)} episodes, {n_steps} steps -> {split_dir} "
+              f"({time.perf_counter() - t0:.1f} s; {shares})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
