@@ -46,6 +46,7 @@ def get_config(arg=None):
     c.data.dev_holdout = 20
     c.data.png_level = 1  # PNG compression of the written screenshots (1: fast, files a bit larger)
     c.data.loader_threads = 2  # Grain threads building SFT batches
+    c.data.skip_bad = False  # True: leave malformed dataset records out (counted and reported) instead of stopping
 
     # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)
     # Every WorldConfig field. The default: canonical layouts (no shuffling or jitter), no distractors, 2-6 extra
