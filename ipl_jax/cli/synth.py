@@ -94,8 +94,8 @@ def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
     """Refuse split folders that hold files (unless ``overwrite``, which empties them) -- before any work."""
     busy = [out / s for s in splits if (out / s).is_dir() and any((out / s).iterdir())]
     if busy and not overwrite:
-        n = sum(1 for _ in busy[0].rglob("*.json"))
-        raise UsageError(f"--out {out}: split folder {busy[0]} already holds files ({n} JSON files); pass "
+        n = sum(1 for _ in busy[0].glob("*/*/*.json"))
+        raise UsageError(f"--out {out}: split folder {busy[0]} already holds files ({n} episodes); pass "
                          f"--overwrite to replace it, or choose another --out")
     for d in busy:
         shutil.rmtree(d)

@@ -11,7 +11,10 @@ smallest UI box containing the touch point (``None`` when no box contains it).
 
 Images stay on disk: ``Step.image`` is the PNG's path, and only its header is read (for the size).
 
-The geometry helpers here (``image_size``, ``smallest_box_containing``) are shared with the AMEX and
+An ``image_path`` that leads outside the dataset root (``../../x.png``, an absolute path) is a malformed record:
+the reader would otherwise read, and the tree viewer embed, any image on the machine.
+
+The geometry helpers here (``image_size``, ``smallest_box_containing``, ``inside``) are shared with the AMEX and
 AndroidControl readers.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -196,6 +200,14 @@ def _coat(rec: dict, where) -> Optional[CoaT]:
     return CoaT(**{f: present.get(f, "") for f in _COAT_FIELDS})
 
 
+def inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` stays inside ``root`` once ``..`` and absolute parts are resolved (lexically, so that a
+    dataset reached through a symlink still reads)."""
+    base = os.path.normpath(os.path.abspath(root))
+    target = os.path.normpath(os.path.abspath(path))
+    return target == base or target.startswith(base + os.sep)
+
+
 def _resolve_image(split_dir: Path, episode_dir: Path, image_path: str) -> Optional[Path]:
     """The PNG named by ``image_path``: relative to the split directory, else by file name in the episode folder."""
     for candidate in (split_dir / image_path, episode_dir / Path(image_path).name):
@@ -216,6 +228,9 @@ def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -
         raise DataError(*where, "step_id", f"expected an int, got {rec['step_id']!r}")
     if not isinstance(rec["image_path"], str):
         raise DataError(*where, "image_path", f"expected a string, got {rec['image_path']!r}")
+    if not inside(split_dir.parent, split_dir / rec["image_path"]):
+        raise DataError(*where, "image_path", f"{rec['image_path']!r} points outside the dataset root "
+                        f"{split_dir.parent}; image paths must stay inside it")
     image = _resolve_image(split_dir, file.parent, rec["image_path"])
     if image is None:
         raise DataError(*where, "image_path", f"image {rec['image_path']!r} not found")

@@ -12,7 +12,8 @@ TASK_COMPLETE, TASK_IMPOSSIBLE), ``touch_coord`` / ``lift_coord`` as **pixel [x,
 ``device_dim``. A SWIPE's direction is the direction the finger moves: horizontal when |Δx|/W > |Δy|/H.
 A TAP's target is the smallest clickable element box containing the touch point.
 
-AMEX publishes no split files. ``split=None`` reads every ``instruction_anno/*.json``; ``split="test"`` (or any
+Step ids must be unique within an episode, and ``image_path`` must stay inside the dataset root (``../x.png``
+or an absolute path is a malformed record). AMEX publishes no split files. ``split=None`` reads every ``instruction_anno/*.json``; ``split="test"`` (or any
 name) reads ``instruction_anno/<split>/*.json`` when that folder exists; ``episode_ids`` selects episodes by
 id. ``Step.meta["app"]`` names the app of the instruction's ``Open <App>.`` sentence (the per-app columns of
 MobileIPL's AMEX table), or is None.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.aitz import image_size, pixel_box_to_fractions, smallest_box_containing, with_history
+from ipl_jax.data.aitz import image_size, inside, pixel_box_to_fractions, smallest_box_containing, with_history
 from ipl_jax.data.records import DataError, Episode, Step, UIElement
 
 # The nine apps of MobileIPL's AMEX table, lower case, as written in ``Open <App>.`` instructions.
@@ -165,6 +166,9 @@ def parse_step(step: Any, file: Path, index: int, root: Path, episode_id: str, i
     if not isinstance(step_id, int) or isinstance(step_id, bool):
         raise DataError(*where, "step_id", f"expected an int, got {step_id!r}")
     width, height = _device_dim(step, where)
+    if not all(inside(root, c) for c in (root / "screenshot" / image_rel, root / image_rel)):
+        raise DataError(*where, "image_path", f"{image_rel!r} points outside the dataset root {root}; image paths "
+                        f"must stay inside it")
     image = _resolve_screenshot(root, image_rel)
     if image is None:
         raise DataError(*where, "image_path", f"screenshot {image_rel!r} not found under {root / 'screenshot'}")
@@ -189,6 +193,7 @@ def parse_step(step: Any, file: Path, index: int, root: Path, episode_id: str, i
             "step_id": step_id,
             "image_path": image_rel,
             "file": str(file),
+            "record": where[1],
             "has_element_anno": element_file.is_file(),
         },
     )
@@ -243,9 +248,19 @@ def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataErro
             bad(err)
             sid = raw.get("step_id") if isinstance(raw, dict) else None
             bad_ids.append(sid if isinstance(sid, int) and not isinstance(sid, bool) else i)
-    if not steps:
+    unique, first_index = [], {}
+    for s in steps:
+        if s.step_id in first_index:
+            bad(DataError(file, s.meta["record"], "step_id",
+                          f"duplicate step_id {s.step_id} (also {first_index[s.step_id]}); step ids must be unique "
+                          f"within an episode"))
+            bad_ids.append(s.step_id)
+            continue
+        first_index[s.step_id] = s.meta["record"]
+        unique.append(s)
+    if not unique:
         return None
-    steps = with_history(sorted(steps, key=lambda s: s.step_id))
+    steps = with_history(sorted(unique, key=lambda s: s.step_id))
     if bad_ids:
         first_bad = min(bad_ids)
         steps = tuple(s if s.step_id <= first_bad else _flag_gap(s) for s in steps)

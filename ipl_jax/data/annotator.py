@@ -5,7 +5,8 @@
 records (``meta["source"] == "annotator"``). Run the result through ``evolution.filter_qas`` before training.
 
 * The API key is read from the environment variable ``config.api_key_env`` when a request is made; it is sent
-  only in the Authorization header and never written to logs, errors or results.
+  only in the Authorization header, only over https (plain http only to localhost), and never written to logs,
+  errors or results.
 * A reply that is not a JSON list of Q&A (code fences are tolerated) is counted in ``stats.malformed`` and
   skipped; a request that fails after ``1 + max_retries`` attempts (timeouts, connection errors, HTTP 429 / 5xx)
   is counted in ``stats.failed`` and skipped. Other HTTP errors (401, 404, ...) mean the configuration is wrong
@@ -26,6 +27,7 @@ import re
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Iterable, Optional
 
@@ -172,11 +174,25 @@ def _post_once(url: str, payload: bytes, key: str, timeout_s: float) -> str:
     return content if isinstance(content, str) else ""
 
 
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def check_base_url(base_url: str) -> None:
+    """The API key travels in a header: only ``https://`` URLs may carry it, except to this machine
+    (``http://localhost``, ``127.0.0.1``, ``[::1]``: a local server). Raises ``AnnotatorError``."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AnnotatorError(f"annotator: base_url must be an https:// URL, got {base_url!r}")
+    host = parts.hostname.lower()
+    if parts.scheme == "http" and not (host in LOCAL_HOSTS or host.endswith(".localhost")):
+        raise AnnotatorError(f"annotator: base_url {base_url!r} would send the API key unencrypted; use https:// "
+                             f"(plain http is accepted only for localhost)")
+
+
 def request_reply(body: dict, config: AnnotatorConfig, stats: Optional[AnnotatorStats] = None) -> Optional[str]:
     """POST ``body`` to ``{base_url}/chat/completions`` with bounded retries; the reply text, or None when every
     attempt failed."""
-    if not config.base_url.startswith(("http://", "https://")):
-        raise AnnotatorError(f"annotator: base_url must start with http:// or https://, got {config.base_url!r}")
+    check_base_url(config.base_url)
     key = _api_key(config)
     url = config.base_url.rstrip("/") + "/chat/completions"
     payload = json.dumps(body).encode("utf-8")
@@ -256,6 +272,7 @@ def qas_from_items(step: Step, items: list[dict], model: str, stats: Optional[An
 
 def annotate_steps(steps: Iterable[Step], config: AnnotatorConfig) -> tuple[list[QA], AnnotatorStats]:
     """Ask the model about each step's screen; returns the Q&A (unfiltered) and the counts."""
+    check_base_url(config.base_url)  # before the first screenshot is encoded
     stats = AnnotatorStats()
     out: list[QA] = []
     for step in steps:

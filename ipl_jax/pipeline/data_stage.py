@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import random
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +18,7 @@ import ml_collections
 
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.workdir import Workdir
+from ipl_jax.progress import progress
 
 TRAIN, DEV = "train", "dev"
 
@@ -54,7 +56,10 @@ def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
     summary: dict = {"root": str(root), "splits": {}}
     for split in split_names(config):
         episodes = generate_split(split, episodes_for(config, split), seed=int(config.seed), config=world)
-        write_aitz_split(episodes, root, split, compress_level=int(config.data.png_level))
+        if (root / split).exists():  # what an interrupted attempt left: never mix its episodes with these
+            shutil.rmtree(root / split)
+        write_aitz_split(progress(episodes, desc=f"data {split}", unit="episode"), root, split,
+                         compress_level=int(config.data.png_level))
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
         summary["splits"][split] = {"episodes": len(episodes), "steps": sum(types.values()),
                                     "action_types": dict(sorted(types.items()))}
@@ -71,15 +76,21 @@ def load_splits(config: ml_collections.ConfigDict, wd: Workdir) -> dict[str, lis
     """Every split as episodes, read from disk with the format's reader (synthetic data is AITZ).
 
     Without a dev split (real AITZ has none), the last ``config.data.dev_holdout`` training episodes are held
-    out as dev.
+    out as dev. With ``config.data.skip_bad`` malformed records are left out (and counted, by field) instead of
+    stopping the job.
     """
-    from ipl_jax.data.datasets import load_dataset
+    from ipl_jax.data.datasets import load_dataset_with_report, skipped_summary
 
     fmt = "aitz" if config.data.format == "synthetic" else config.data.format
     root = data_root(config, wd)
     if config.data.format != "synthetic" and not str(config.data.root):
         raise ValueError(f"config.data.root must name the {fmt} dataset directory")
-    out = {split: load_dataset(root, fmt, split) for split in split_names(config)}
+    skip_bad = bool(config.data.get("skip_bad", False))
+    out = {}
+    for split in split_names(config):
+        out[split], skipped = load_dataset_with_report(root, fmt, split, skip_bad=skip_bad)
+        if skipped:
+            wd.echo(f"  {skipped_summary(skipped, f'{root} split {split!r}')}")
     for split, eps in out.items():
         if not eps:
             raise ValueError(f"{root}: split {split!r} has no episodes")
@@ -117,8 +128,8 @@ def evolve(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence
     if not config.evolution.enabled:
         write_qas_jsonl(path, [])
         return {"enabled": False, "generated": 0, "kept": 0, "path": str(path)}
-    raw = evolve_steps(train_steps, seed=int(config.seed), levels=tuple(config.evolution.levels),
-                       per_step=int(config.evolution.per_step))
+    raw = evolve_steps(progress(train_steps, desc="evolution", unit="screen"), seed=int(config.seed),
+                       levels=tuple(config.evolution.levels), per_step=int(config.evolution.per_step))
     kept, counts = filter_qas(raw)
     cap = int(config.evolution.max_items)
     if cap and len(kept) > cap:

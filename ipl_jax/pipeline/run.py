@@ -31,13 +31,19 @@ STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed", "rounds", "e
 
 
 def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None:
-    """Record the config in a new workdir; refuse a workdir that was made with a different one."""
+    """Record the config in a new workdir; refuse a workdir that was made with a different one once a stage has
+    finished with it (before that, e.g. after a first attempt stopped by a malformed record, the new config
+    replaces the old)."""
     current = json.loads(config.to_json_best_effort())
     path = wd.path("config.json")
     if path.is_file():
         stored = read_json(path)
         diff = sorted(_diff_keys(stored, current))
-        if diff:
+        if diff and not any(wd.path("stages").glob("*.done")):
+            wd.echo(f"no stage had finished in {wd.root}: recording the new config (fields changed: "
+                    f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''})")
+            write_json(path, current)
+        elif diff:
             raise UsageError(f"{wd.root} was made with a different config (fields differ: "
                              f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
                              f"config to resume, or use a new --workdir")
@@ -69,11 +75,17 @@ class Job:
 
     def data(self) -> None:
         c, wd = self.config, self.wd
+        loaded: dict = {}
         if c.data.format == "synthetic":
             wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd))
         else:
-            wd.run_stage("data", lambda: {"root": str(c.data.root), "format": c.data.format})
-        self.splits = data_stage.load_splits(c, wd)
+            def read():  # inside the stage: a malformed record leaves it unfinished (and the config unpinned)
+                loaded["splits"] = data_stage.load_splits(c, wd)
+                return {"root": str(c.data.root), "format": c.data.format,
+                        "episodes": {k: len(v) for k, v in loaded["splits"].items()}}
+
+            wd.run_stage("data", read)
+        self.splits = loaded.get("splits") or data_stage.load_splits(c, wd)
         self.train_steps = data_stage.steps_of(self.splits["train"])
         self.test_names = list(c.data.test_splits)
         self.dev = self.splits[data_stage.dev_name(c)]

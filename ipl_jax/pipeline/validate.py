@@ -56,16 +56,21 @@ def _nearest_existing(p: Path) -> Path:
     return p
 
 
+def _creatable(directory: Path, flag: str, shown: Path) -> None:
+    """``directory`` exists or can be made, and is writable; errors name ``shown`` (the flag's value)."""
+    base = _nearest_existing(directory)
+    if not base.is_dir():
+        raise UsageError(f"{flag} {shown}: cannot be created because {base} is a file; choose another path")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {shown}: {base} is not writable; choose a writable location")
+
+
 def output_dir(path: str | os.PathLike, flag: str) -> Path:
     """A directory that exists or can be created, and can be written into (nothing is created here)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
-    base = _nearest_existing(p)
-    if not base.is_dir():
-        raise UsageError(f"{flag} {p}: cannot be created because {base} is a file; choose another path")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {p}: {base} is not writable; choose a writable location")
+    _creatable(p, flag, p)
     return p
 
 
@@ -77,7 +82,7 @@ def output_file(path: str | os.PathLike, flag: str) -> Path:
         raise UsageError(f"{flag} {p}: is a directory; give a file path")
     if p.exists() and not os.access(p, os.W_OK):
         raise UsageError(f"{flag} {p}: is not writable; choose another file")
-    output_dir(p.parent if str(p.parent) else Path("."), flag)
+    _creatable(p.parent, flag, p)
     return p
 
 
@@ -169,7 +174,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: Optional[int] 
 
     _check(config, "seed", lambda v: _nonneg_int(v) and v <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
     _check_data(config)
-    _check_model(config)
+    _check_sources(config)
     _check(config, "sft.steps", _nonneg_int, "must be >= 0")
     _check(config, "sft.batch_size", _positive_int, "must be >= 1")
     _check(config, "sft.micro_batch_size", _nonneg_int, "must be >= 0 (0: no micro-batches)")
@@ -204,48 +209,49 @@ def _check_data(config) -> None:
     _check(config, "data.dev_episodes", _nonneg_int, "must be >= 0")
     _check(config, "data.png_level", lambda v: _nonneg_int(v) and v <= 9, "must be a PNG compression level 0..9")
     _check(config, "data.test_splits", lambda v: len(v) >= 1, "must name at least one test split")
-    data = config.data
-    if data.format == "synthetic":
+
+
+def _check_sources(config) -> None:
+    """A real-dataset job needs its dataset directory and a starting checkpoint; the synthetic world needs
+    neither (a fresh model of the config's tiny size is only meant for it)."""
+    try:
+        data, checkpoint = config.data, str(config.model.checkpoint)
+    except (KeyError, AttributeError):
         return
-    root = str(data.root)
-    if not root and not str(config.model.checkpoint):
-        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a {data.format} job reads its "
-                         f"dataset from disk and starts from a Hugging Face checkpoint; pass "
-                         f"--config.data.root=DIR --config.model.checkpoint=DIR (see README: Datasets)")
+    fmt, root = str(data.format), str(data.root)
+    if fmt != "synthetic" and not root and not checkpoint:
+        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a {fmt} job reads its dataset "
+                         f"from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
+                         f"--config.model.checkpoint=DIR (see README: Datasets)")
+    if fmt != "synthetic" and not checkpoint:
+        raise UsageError(f"config.model.checkpoint is empty: a {fmt} job starts from a Hugging Face checkpoint; "
+                         f"pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct download)")
+    if fmt != "synthetic":
+        _check_root(data, fmt, root)
+    if checkpoint:
+        model_dir(checkpoint, "config.model.checkpoint")
+
+
+def _check_root(data, fmt: str, root: str) -> None:
     if not root:
-        raise UsageError(f"config.data.root is empty: the {data.format} job reads its dataset from disk; pass "
+        raise UsageError(f"config.data.root is empty: the {fmt} job reads its dataset from disk; pass "
                          f"--config.data.root=DIR (see README: Datasets)")
     p = Path(root)
     if not p.is_dir():
         raise UsageError(f"config.data.root={root!r}: no such directory; pass --config.data.root=DIR holding the "
-                         f"{data.format} dataset (see README: Datasets)")
-    if data.format == "aitz":
+                         f"{fmt} dataset (see README: Datasets)")
+    if fmt == "aitz":
         splits = ["train"] + ([data.dev_split] if data.dev_split else []) + list(data.test_splits)
-        missing = [s for s in splits if not (p / s).is_dir()]
+        missing = [s for s in dict.fromkeys(splits) if not (p / s).is_dir()]
         if missing:
             raise UsageError(f"config.data.root={root!r}: no split folder {', '.join(missing)} (AITZ layout: "
                              f"ROOT/<split>/<subset>/<episode>/; see README: Datasets)")
-    elif data.format == "amex" and not (p / "instruction_anno").is_dir():
+    elif fmt == "amex" and not (p / "instruction_anno").is_dir():
         raise UsageError(f"config.data.root={root!r}: no instruction_anno/ folder (AMEX layout; see README: "
                          f"Datasets)")
-    elif data.format == "androidcontrol" and not (p / "splits.json").is_file():
+    elif fmt == "androidcontrol" and not (p / "splits.json").is_file():
         raise UsageError(f"config.data.root={root!r}: no splits.json (AndroidControl layout; see README: "
                          f"Datasets)")
-
-
-def _check_model(config) -> None:
-    try:
-        checkpoint, fmt = str(config.model.checkpoint), str(config.data.format)
-    except (KeyError, AttributeError):
-        return
-    if not checkpoint:
-        if fmt != "synthetic":
-            # a fresh model of the config's tiny size is only meant for the synthetic world
-            raise UsageError(f"config.model.checkpoint is empty: a {fmt} job starts from a Hugging Face "
-                             f"checkpoint; pass --config.model.checkpoint=DIR (e.g. a local "
-                             f"Qwen2-VL-7B-Instruct download)")
-        return
-    model_dir(checkpoint, "config.model.checkpoint")
 
 
 def _check_ipl(config) -> None:
