@@ -6,7 +6,7 @@
 
 On a terminal this is a tqdm bar (rate, elapsed, ETA). When its stream is not a terminal (a log file, a CI
 job, a notebook's captured output), it writes plain lines instead of ``\\r`` redraws: one line every
-``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30) and one when the loop ends, e.g.
+``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30) and one when a loop of 5 s or more ends, e.g.
 
     sampling: 12/40 batch (30%) elapsed 01:02, ETA 02:25, 0.19 batch/s
 
@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 INTERVAL_ENV = "IPL_JAX_PROGRESS_INTERVAL"
 QUIET_ENV = "IPL_JAX_QUIET"
 DEFAULT_INTERVAL = 30.0
+FINAL_AFTER = 5.0  # seconds: a loop shorter than this writes no closing line when it is not on a terminal
 
 
 def _quiet() -> bool:
@@ -78,7 +79,8 @@ def format_seconds(seconds: float) -> str:
 
 
 class LogProgress:
-    """Progress as whole lines (no carriage returns): at most one per ``interval`` seconds, plus one at the end."""
+    """Progress as whole lines (no carriage returns): at most one per ``interval`` seconds, plus one at the end of
+    a loop that took ``FINAL_AFTER`` seconds or more."""
 
     def __init__(self, iterable=None, total: Optional[int] = None, desc: str = "", unit: str = "it",
                  initial: int = 0, file=None, interval: float = DEFAULT_INTERVAL, silent: bool = False,
@@ -90,6 +92,7 @@ class LogProgress:
         self.postfix = ""
         self.start = self.last = clock()
         self.shown = self.n  # the count of the last line written
+        self.lines = 0
         self.closed = False
 
     def __iter__(self):
@@ -119,10 +122,12 @@ class LogProgress:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def close(self) -> None:
+        """The closing line: only for loops that ran ``FINAL_AFTER`` seconds or more (a short loop stays quiet)."""
         if not self.closed:
             self.closed = True
-            if self.n != self.shown:
-                self._emit(self.clock())
+            now = self.clock()
+            if self.n != self.shown and (self.lines or now - self.start >= FINAL_AFTER):
+                self._emit(now)
 
     def line(self, now: Optional[float] = None) -> str:
         """The progress line at time ``now``."""
@@ -146,6 +151,7 @@ class LogProgress:
 
     def _emit(self, now: float) -> None:
         self.last, self.shown = now, self.n
+        self.lines += 1
         if self.silent:
             return
         try:

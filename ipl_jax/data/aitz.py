@@ -29,6 +29,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ipl_jax.coat.actions import Action, format_action
 from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
+from ipl_jax.progress import progress
 
 SPLITS = ("train", "test")
 SUBSETS = ("general", "install", "google_apps", "single", "web_shopping")
@@ -357,7 +358,7 @@ def load_aitz_with_report(
     if not split_dir.is_dir():
         raise FileNotFoundError(f"AITZ split directory not found: {split_dir}")
     episodes, skipped = [], []
-    for subset, file in _episode_files(split_dir):
+    for subset, file in progress(_episode_files(split_dir), desc=f"reading AITZ {split}", unit="episode"):
         ep = _load_episode(subset, file, split_dir, skip_bad, skipped)
         if ep is not None:
             episodes.append(ep)

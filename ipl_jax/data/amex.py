@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional, Sequence
 from ipl_jax.coat.actions import Action
 from ipl_jax.data.aitz import image_size, inside, pixel_box_to_fractions, smallest_box_containing, with_history
 from ipl_jax.data.records import DataError, Episode, Step, UIElement
+from ipl_jax.progress import progress
 
 # The nine apps of MobileIPL's AMEX table, lower case, as written in ``Open <App>.`` instructions.
 TEST_APPS = (
@@ -290,9 +291,8 @@ def load_amex_with_report(
     root = Path(root)
     wanted = None if episode_ids is None else {str(e) for e in episode_ids}
     episodes, skipped = [], []
-    for file in _episode_files(root, split):
-        if wanted is not None and file.stem not in wanted:
-            continue
+    files = [f for f in _episode_files(root, split) if wanted is None or f.stem in wanted]
+    for file in progress(files, desc="reading AMEX", unit="episode"):
         ep = _load_episode(file, root, skip_bad, skipped)
         if ep is not None:
             episodes.append(ep)

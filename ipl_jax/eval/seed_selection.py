@@ -171,6 +171,7 @@ def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[S
     """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (one tree per step, same keys for every
     candidate). ``config``: the job config (sampler, buckets, reward, seed). Returns (scores, embedder used)."""
     from ipl_jax.eval.trees import iter_tree_batches, sampler_config, score_batch
+    from ipl_jax.progress import progress
     from ipl_jax.sampling.tree_records import turn_texts
 
     kind = resolve_embedder(embedder)
@@ -179,7 +180,9 @@ def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[S
         t0 = time.perf_counter()
         sconfig = sampler_config(config, policy.tokenizer)
         batches = []
-        for batch in iter_tree_batches(policy, steps, sconfig, int(config.seed), int(config.sampler.batch_size)):
+        bs = int(config.sampler.batch_size)
+        for batch in progress(iter_tree_batches(policy, steps, sconfig, int(config.seed), bs),
+                              total=-(-len(steps) // bs), desc=f"seed selection {name}", unit="batch"):
             texts = turn_texts(batch.tree, policy.tokenizer)
             _, scores = score_batch(batch, texts, config)
             exact = np.asarray(scores.exact, bool).reshape(len(batch.steps), -1)
