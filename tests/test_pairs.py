@@ -1,5 +1,5 @@
 """Tree classes, β / γ preference pairs, pair tokens and naive-DPO pairs: known answers on hand-made trees and
-agreement with a direct Python enumeration of method.md §6 on random trees."""
+agreement with a direct Python enumeration of docs/method.md §6 on random trees."""
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ SMALL = P.PairConfig(max_beta_pairs_per_tree_turn=2, max_gamma_pairs_per_tree_tu
 
 
 def backup(leaf, c=1.0):
-    """Node values per level by direct reshape + mean (method.md §5), leaves first. leaf: [B, b1, b2, b3, b4]."""
+    """Node values per level by direct reshape + mean (docs/method.md §5), leaves first. leaf: [B, b1, b2, b3, b4]."""
     vals = [np.asarray(leaf, np.float32)]
     for _ in range(3):
         vals.insert(0, (np.float32(c) * vals[0].mean(axis=-1)).astype(np.float32))
@@ -228,7 +228,7 @@ def test_no_pairs_from_alpha_or_padding_rows():
 
 
 def _reference_pairs(vals, types, golden, valid, cfg, branching):
-    """Direct enumeration of method.md §6 with the ranking rules of the module docstring, per (row, turn)."""
+    """Direct enumeration of docs/method.md §6 with the ranking rules of the module docstring, per (row, turn)."""
     leaf = vals[-1]
     Bn = leaf.shape[0]
     L = T.num_leaves(branching)

@@ -1,4 +1,4 @@
-"""Seed selection (method.md §9): known-answer tests for TF-IDF, sibling std, Div_R, the choice rule, and Acc_S /
+"""Seed selection (docs/method.md §9): known-answer tests for TF-IDF, sibling std, Div_R, the choice rule, and Acc_S /
 Div_R / tree classes of handcrafted trees pushed through the real decode -> parse -> reward chain."""
 
 from __future__ import annotations

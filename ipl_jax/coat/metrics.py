@@ -1,4 +1,5 @@
-"""Step-level action matching (Step.Acc): one predicted action against one golden step (method.md §8, formats.md).
+"""Step-level action matching (Step.Acc): one predicted action against one golden step
+(docs/method.md §8, docs/formats.md).
 
 Matching compares one predicted ``Action`` with one golden step and never raises on the prediction: an action
 whose ``parsed`` flag is False, a click without a point, or a field of the wrong kind is simply a miss.

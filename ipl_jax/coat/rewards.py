@@ -1,4 +1,4 @@
-"""Leaf rewards of CoaT-trees and the value backup, vectorised in ``jnp`` (method.md §4, §5).
+"""Leaf rewards of CoaT-trees and the value backup, vectorised in ``jnp`` (docs/method.md §4, §5).
 
 A leaf is a complete predicted action (s3 plus, for click, s4). Its value against the golden action a*::
 
@@ -35,7 +35,7 @@ largest scale of any rule set) contains the golden point, in element order, at m
 ``max_elements`` such boxes exist.
 
 Scope [choice]: the distance / F1 terms of ``score_match`` apply to golden ``click`` and ``type`` only
-(method.md §4); ``long_press`` and ``open_app`` leaves that match the type but not exactly get ``v_type``.
+(docs/method.md §4); ``long_press`` and ``open_app`` leaves that match the type but not exactly get ``v_type``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ INVALID_ID = -1
 class RewardConfig:
     """Leaf reward settings (frozen: a jit static argument).
 
-    v_type:   reward share for the right action type (default 0.1 [choice], method.md §4).
+    v_type:   reward share for the right action type (default 0.1 [choice], docs/method.md §4).
     v_format: reward share for a parsable argument — a click point, a typed text (default 0.1 [choice]).
     rules:    the exact-match rule set, a ``metrics.RULES`` name or a ``MatchRules`` (default "aitz").
     """
@@ -373,7 +373,7 @@ def exact_match(pred: PredictedActions, gold: GoldenActions, rules: MatchRules) 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConfig = RewardConfig()) -> LeafRewards:
-    """Leaf values (method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``."""
+    """Leaf values (docs/method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``."""
     rules = get_rules(config.rules)
     exact, type_match = exact_match(pred, gold, rules)
     gold = _expand_golden(gold, pred.type_id.ndim)
@@ -391,7 +391,7 @@ def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConf
 
 
 def backup_values(leaf_values: jax.Array, branching: Sequence[int], discount: float = 0.95) -> tuple[jax.Array, ...]:
-    """Node values of every tree level from its leaf values (method.md §5): v(parent) = c · mean(children).
+    """Node values of every tree level from its leaf values (docs/method.md §5): v(parent) = c · mean(children).
 
     leaf_values: f32[B, b1, ..., bn] or f32[B, b1·…·bn]; branching: (b1, ..., bn).
     Returns n arrays, level t: f32[B, b1, ..., bt]; the last is the leaves themselves. Every internal level,

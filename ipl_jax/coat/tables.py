@@ -1,4 +1,5 @@
-"""The Step.Acc metric tables of each benchmark (method.md §8, formats.md), from the verdicts of ``coat.metrics``.
+"""The Step.Acc metric tables of each benchmark (docs/method.md §8, docs/formats.md), from the verdicts of
+``coat.metrics``.
 
 Tables (:func:`step_acc_table`, :func:`score_episodes`) hold, per golden type (upper case: CLICK, TYPE, SCROLL,
 PRESS, STOP always, LONG_PRESS / OPEN_APP / WAIT when present) and ``total``: ``count``, ``type_acc``,

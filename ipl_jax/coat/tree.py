@@ -1,4 +1,4 @@
-"""The CoaT-tree: a fixed-shape batch of sampled four-turn Chain-of-Action-Thought trees (method.md §3).
+"""The CoaT-tree: a fixed-shape batch of sampled four-turn Chain-of-Action-Thought trees (docs/method.md §3).
 
 A tree for one training step has a branching tuple ``(b1, b2, b3, b4)`` (default ``(3, 3, 3, 1)``): ``b1``
 samples of the description turn s1; for each, ``b2`` samples of the thought turn s2; for each, ``b3`` samples of

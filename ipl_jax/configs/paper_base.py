@@ -1,4 +1,4 @@
-"""Shared settings of the paper-scale configs (method.md §7): Qwen2-VL checkpoints on the real benchmarks.
+"""Shared settings of the paper-scale configs (docs/method.md §7): Qwen2-VL checkpoints on the real benchmarks.
 
 Not a job config by itself: ``qwen2vl_{2b,7b}_{aitz,amex,androidcontrol}.py`` call ``paper_config`` here.
 ``get_config`` arguments of those files pick the accelerator layout:

@@ -9,7 +9,7 @@ accumulation steps (16 prompts per update on its 8 GPUs), max_pixels 12845056; 1
 mobile clicks + AndroidControl scroll / back / open_app / input_text); the <think>/<answer> prompt; reward =
 action type + click inside the box + format, each 0 or 1. UI-R1-E (fast grounding) is two stages of 4 epochs:
 the DAST length reward (``:dast``), then no <think> block (``:nothink``). The loss settings the paper leaves
-out come from method.md §11 (clip 0.2, k3 KL with beta 0.04, advantage (r - mean) / (std + 1e-4)); anything
+out come from docs/method.md §11 (clip 0.2, k3 KL with beta 0.04, advantage (r - mean) / (std + 1e-4)); anything
 else it leaves open is marked [choice]. [choice] data: AndroidControl (ScreenSpot has no reader here).
 
 The architecture comes from the checkpoint's config.json. ``QWEN25VL_3B`` is the published 3B config in the
@@ -103,9 +103,9 @@ def get_config(arg=None):
     c.grpo.max_prompt_length = 1024
     c.grpo.max_new_tokens = 512  # [choice] not published; L_max of the DAST budget
     c.grpo.temperature = 1.0  # [choice] sampling at the trainer's default temperature
-    c.grpo.clip_eps = 0.2  # method.md §11
-    c.grpo.kl_beta = 0.04  # method.md §11, k3 estimator
-    c.grpo.adv_eps = 1e-4  # method.md §11: (r - mean) / (std + adv_eps)
+    c.grpo.clip_eps = 0.2  # docs/method.md §11
+    c.grpo.kl_beta = 0.04  # docs/method.md §11, k3 estimator
+    c.grpo.adv_eps = 1e-4  # docs/method.md §11: (r - mean) / (std + adv_eps)
     c.grpo.dast = stage == "dast"
     c.grpo.think = stage != "nothink"
     if stage in ("dast", "nothink"):

@@ -101,7 +101,7 @@ def get_config(arg=None):
     c.sft.freeze_vision = False  # the paper trains the ViT during warm-up SFT
     c.sft.lora_rank = 0  # 0: full fine-tuning; > 0: LoRA adapters of this rank (alpha = 2 x rank)
 
-    # ------------------------------------------------------------------ seed selection (method.md §9)
+    # ------------------------------------------------------------------ seed selection (docs/method.md §9)
     c.seed_selection = ml_collections.ConfigDict()
     c.seed_selection.steps = 24  # training steps whose trees score each candidate
     c.seed_selection.diversity_weight = 0.1  # score = Acc_S + w * Div_R / max_candidates(Div_R)

@@ -1,4 +1,4 @@
-"""CoaT steps as four-turn chats (method.md §2), tokenised as training examples and as sampler segments.
+"""CoaT steps as four-turn chats (docs/method.md §2), tokenised as training examples and as sampler segments.
 
 A ``Step`` becomes::
 

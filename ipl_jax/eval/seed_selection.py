@@ -1,4 +1,4 @@
-"""Seed-policy selection (method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
+"""Seed-policy selection (docs/method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
 
 For each candidate policy, one CoaT-tree is sampled on each of a fixed sample of training steps (the same steps
 and the same sampling keys for every candidate). Then
@@ -134,7 +134,7 @@ class CandidateScore:
     leaves: int
     trees: int
     score: float = float("nan")
-    alpha: float = 0.0  # shares of the sampled trees whose leaves all / some / none match (method.md §6)
+    alpha: float = 0.0  # shares of the sampled trees whose leaves all / some / none match (docs/method.md §6)
     beta: float = 0.0
     gamma: float = 0.0
 

@@ -21,7 +21,7 @@ from ipl_jax.data.tokenizer import IM_END
 def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False,
                    branching: Optional[Sequence[int]] = None):
     """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
-    method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
+    docs/method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
     for fixed shapes."""
     from ipl_jax.sampling.config import SamplerConfig, greedy_config
 
@@ -64,7 +64,7 @@ def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, rew
     ``sampling.tree_records.TreeScores``.
 
     actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
-    reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of method.md §5.
+    reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of docs/method.md §5.
     """
     from ipl_jax.coat.rewards import (RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards,
                                       reshape_leading)

@@ -1,4 +1,4 @@
-"""``ipl-jax ablate``: the ablation table (method.md §8, §11) -- IPL variants as config switches on one core.
+"""``ipl-jax ablate``: the ablation table (docs/method.md §8, §11) -- IPL variants as config switches on one core.
 
     ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,naive_dpo,k2]
 

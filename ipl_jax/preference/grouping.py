@@ -136,7 +136,7 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=No
 
 
 def naive_pair_groups(steps: Sequence, naive_tokens: dict, with_grounding: np.ndarray, name: str = "") -> GroupedPairs:
-    """Whole-trajectory pairs of the naive-DPO baseline (method.md §11), one group per tree.
+    """Whole-trajectory pairs of the naive-DPO baseline (docs/method.md §11), one group per tree.
 
     The prefix is the step prefix (image + first prompt); a continuation is the whole CoaT
     s1, prompt 2, s2, prompt 3, s3[, prompt 4, s4], scored on the assistant turns only (the user prompts in

@@ -19,7 +19,7 @@ SFT_NORMS = ("token", "sum")
 
 @dataclasses.dataclass(frozen=True)
 class DPOConfig:
-    """T-DPO settings (method.md §7). ``beta`` and ``sft_weight`` are the spec's [choice] defaults."""
+    """T-DPO settings (docs/method.md §7). ``beta`` and ``sft_weight`` are the spec's [choice] defaults."""
 
     beta: float = 0.1
     sft_weight: float = 1.0  # λ_sft: weight of the NLL on the positive continuation
@@ -88,7 +88,7 @@ def tdpo_loss(
     valid: jax.Array,
     config: DPOConfig = DPOConfig(),
 ) -> tuple[jax.Array, dict]:
-    """Thinking-level DPO with an SFT term on the positive (method.md §7), averaged over valid pairs.
+    """Thinking-level DPO with an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
 
     ``policy_*`` / ``ref_*``: f32[P] log-probs summed over the tokens of turn t only. ``pos_tokens``: f32[P], the
     number of tokens of the positive continuation. ``valid``: bool[P] (padding pairs contribute nothing).
@@ -165,7 +165,8 @@ def grpo_loss(
 
 
 def dast_length_reward(lengths: jax.Array, correct: jax.Array, max_length: float, p: float = 0.5) -> jax.Array:
-    """DAST length reward (method.md §11) for one group. lengths: true (unpadded) lengths f32[N]; correct: bool[N].
+    """DAST length reward (docs/method.md §11) for one group. lengths: true (unpadded) lengths f32[N];
+    correct: bool[N].
 
     L_budget = p·mean(L of correct samples) + (1 − p)·L_max (the mean falls back to L_max when none is correct);
     λ = (L − L_budget)/L_budget; R = max(−0.5λ + 0.5, 0.1) if correct else min(0.9λ − 0.1, −0.1).

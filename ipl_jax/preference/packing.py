@@ -1,4 +1,4 @@
-"""Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (method.md §7).
+"""Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (docs/method.md §7).
 
 A T-DPO pair at turn t compares two continuations of one prefix x = (image, prompts, s_1..s_{t-1}, prompt of
 turn t). Pairs are grouped by prefix (a ``PrefixGroup``: the 3 siblings of a β node, or the sampled actions and

@@ -161,7 +161,7 @@ def gather_pair_tokens(
 
 @struct.dataclass
 class NaiveDPOPairs:
-    """One whole-CoaT pair per tree for the naive-DPO baseline (method.md §11).
+    """One whole-CoaT pair per tree for the naive-DPO baseline (docs/method.md §11).
 
     * ``chosen_leaf`` / ``rejected_leaf``: int32[B] — flat leaf indices (``tree.leaf_paths`` gives each level);
     * ``valid``: bool[B] — True for β trees only (a tree needs both a correct and a wrong leaf).

@@ -1,9 +1,9 @@
-"""Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (method.md §6).
+"""Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (docs/method.md §6).
 
 Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, b4)`` (see ``ipl_jax.coat.tree``):
 
 * ``node_values``: a tuple of four arrays, level t = 1..4: f32[B, b1, ..., bt] — the value of every node, as
-  computed by the value backup (method.md §5; level 4 holds the leaf values themselves);
+  computed by the value backup (docs/method.md §5; level 4 holds the leaf values themselves);
 * ``leaf_types``: int32[B, b1, b2, b3, b4] — each leaf's parsed action type as an index into
   ``ipl_jax.coat.actions.ACTION_TYPES`` (``-1`` for output that did not parse; see :func:`action_type_id`);
 * ``golden_types``: int32[B] — the golden action's type, same encoding;

@@ -1,4 +1,4 @@
-"""One IPL round (method.md §1, §6, §7), from the policy π(n-1) to π(n).
+"""One IPL round (docs/method.md §1, §6, §7), from the policy π(n-1) to π(n).
 
     sample CoaT-trees with π(n-1) ─► score leaves, back values up ─► α/β/γ classes, pairs ─► group by prefix
     ─► round-level selection (``preference.selection``) ─► pack (``preference.packing``)

@@ -1,4 +1,4 @@
-"""Round-level selection of preference pairs, between pair extraction and packing (method.md §6).
+"""Round-level selection of preference pairs, between pair extraction and packing (docs/method.md §6).
 
 Pairs are extracted tree by tree (``preference.pairs``); what can only be decided once a whole round's pairs are
 known happens here, on the host, over a ``grouping.GroupedPairs``:

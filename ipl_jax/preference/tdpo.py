@@ -1,4 +1,4 @@
-"""T-DPO: reference log-probs, the T-DPO step and ``train_round`` (method.md §7).
+"""T-DPO: reference log-probs, the T-DPO step and ``train_round`` (docs/method.md §7).
 
 A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, then hands them here:
 
@@ -54,7 +54,7 @@ def trace_counts() -> dict:
 class TDPOConfig:
     """Settings of the T-DPO step (hashable: the jitted step is cached per config).
 
-    Paper values (method.md §7): IPL lr 1e-6..1e-7 in round 1, constant 1e-7 after; β = 0.1, λ_sft = 1.0.
+    Paper values (docs/method.md §7): IPL lr 1e-6..1e-7 in round 1, constant 1e-7 after; β = 0.1, λ_sft = 1.0.
     ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (steps count across rounds).
     """
 

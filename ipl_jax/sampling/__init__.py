@@ -1,4 +1,4 @@
-"""CoaT-tree sampling (method.md §3): fixed-shape, prefix-sharing, one compilation per shape configuration.
+"""CoaT-tree sampling (docs/method.md §3): fixed-shape, prefix-sharing, one compilation per shape configuration.
 
     from ipl_jax.sampling import SamplerConfig, step_prompts, pack_tree_prompts, sample_tree
 

@@ -2,13 +2,13 @@
 
 Every value the method leaves open is a field here ([choice] marks our defaults):
 
-* ``branching`` (b1, b2, b3, b4): children per node at each CoaT turn; method.md §3's default (3, 3, 3, 1).
+* ``branching`` (b1, b2, b3, b4): children per node at each CoaT turn; docs/method.md §3's default (3, 3, 3, 1).
 * ``max_turn_tokens`` (T1..T4): the token budget of each turn, the end-of-turn token included. A turn that has
   not produced an end-of-turn token after ``T_t`` tokens is cut there (``finished`` False); the next turn's
   prompt follows the cut text directly (no end-of-turn token is inserted), so later turns are conditioned on
   exactly the tokens stored in the tree.
 * ``temperature`` per turn: 0 means greedy (argmax). [choice] (1, 1, 1, 0): the grounding s4 is greedy, as
-  method.md §3 says ("one (greedy) s4 per s3"). Temperatures are traced, not compiled in.
+  docs/method.md §3 says ("one (greedy) s4 per s3"). Temperatures are traced, not compiled in.
 * ``top_k`` (0 = off) and ``top_p`` (1 = off), applied after the temperature, in transformers' order
   (temperature, then top-k, then top-p).
 * buckets for the prefix (screenshot + first prompt), the three turn prompts and the image patches: shapes are

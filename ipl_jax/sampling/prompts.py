@@ -1,6 +1,6 @@
 """Host-side inputs of the tree sampler: each step's prompt segments, packed into fixed-shape device arrays.
 
-A CoaT step is one chat (method.md §2). The sampler needs it cut where the model speaks — the segments of
+A CoaT step is one chat (docs/method.md §2). The sampler needs it cut where the model speaks — the segments of
 ``ipl_jax.data.dialogue.coat_segments``, tokenised exactly as the training examples are:
 
 * ``prefix_ids``: everything before the first token of s1 — system turn, the user turn holding the screenshot

@@ -1,4 +1,4 @@
-"""The fixed-shape, prefix-sharing CoaT-tree sampler (method.md §3).
+"""The fixed-shape, prefix-sharing CoaT-tree sampler (docs/method.md §3).
 
 For a batch of B steps and branching (b1, b2, b3, b4), one jitted call does::
 

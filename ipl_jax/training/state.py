@@ -41,7 +41,7 @@ class TrainState:
 
 
 def default_train_config() -> ml_collections.ConfigDict:
-    """Defaults for the optimizer / LoRA / precision / checkpoint sections (method.md §7 for the paper's values)."""
+    """Defaults for the optimizer / LoRA / precision / checkpoint sections (the paper's values: docs/method.md §7)."""
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.num_steps = 100

@@ -1,4 +1,4 @@
-"""Instruction evolution (method.md §10): question/answer pairs about a screen, built from its UI annotations.
+"""Instruction evolution (docs/method.md §10): question/answer pairs about a screen, built from its UI annotations.
 
 Three levels, each a set of *kinds*:
 
