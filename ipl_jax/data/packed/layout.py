@@ -111,14 +111,13 @@ def check_shards(root, split: str, files: list[dict]) -> list[Path]:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: shard of split {split!r} listed in {METADATA_FILE} is missing")
         reader = ArrayRecordReader(str(path))
-        try:
-            if not reader.ok():
-                raise _bad(path, "not a readable ArrayRecord file (truncated, corrupted, or another kind of file)")
-            if reader.num_records() != f["records"]:
-                raise _bad(path, f"holds {reader.num_records()} records but {METADATA_FILE} lists {f['records']}; "
-                           f"the directory mixes two packs (repack it)")
-        finally:
-            reader.close()
+        if not reader.ok():  # the reader keeps its error to itself (closing it would raise it, bare)
+            raise _bad(path, "not a readable ArrayRecord file (truncated, corrupted, or another kind of file)")
+        count = reader.num_records()
+        reader.close()
+        if count != f["records"]:
+            raise _bad(path, f"holds {count} records but {METADATA_FILE} lists {f['records']}; the directory "
+                       f"mixes two packs (repack it)")
         paths.append(path)
     return paths
 
