@@ -117,7 +117,8 @@ CASES = [
          r"^ipl-jax run: config\.data\.root and config\.model\.checkpoint are empty: .*pass "
          r"--config\.data\.root=DIR --config\.model\.checkpoint=DIR"),
     Case("paper config without checkpoint", lambda f: _paper(f, f"--config.data.root={f.aitz}"), 2,
-         r"^ipl-jax run: config\.model\.checkpoint is empty: a aitz job starts from a Hugging Face checkpoint; "
+         r"^ipl-jax run: config\.model\.checkpoint is empty: a job on aitz data starts from a Hugging Face "
+         r"checkpoint; "
          r"pass --config\.model\.checkpoint=DIR"),
     Case("paper config, data.root missing", lambda f: _paper(f, f"--config.data.root={f.root / 'nope'}",
                                                              f"--config.model.checkpoint={f.corrupt_model}"), 2,

@@ -220,12 +220,13 @@ def _check_sources(config) -> None:
         return
     fmt, root = str(data.format), str(data.root)
     if fmt != "synthetic" and not root and not checkpoint:
-        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a {fmt} job reads its dataset "
-                         f"from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
+        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a job on {fmt} data reads its "
+                         f"dataset from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
                          f"--config.model.checkpoint=DIR (see README: Datasets)")
     if fmt != "synthetic" and not checkpoint:
-        raise UsageError(f"config.model.checkpoint is empty: a {fmt} job starts from a Hugging Face checkpoint; "
-                         f"pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct download)")
+        raise UsageError(f"config.model.checkpoint is empty: a job on {fmt} data starts from a Hugging Face "
+                         f"checkpoint; pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct "
+                         f"download)")
     if fmt != "synthetic":
         _check_root(data, fmt, root)
     if checkpoint:
