@@ -105,6 +105,9 @@ CASES = [
     Case("batch not divisible by the mesh", lambda f: _run(f, "--config.eval.batch_size=3"), 2,
          r"^ipl-jax run: config\.eval\.batch_size=3: not divisible by the mesh's batch axes \(data x fsdp = 2 on "
          r"2 devices\).*use a multiple of 2$", job=True, setup=_two_devices),
+    Case("unknown data.format", lambda f: _run(f, "--config.data.format=aitzz"), 2,
+         r"^ipl-jax run: config\.data\.format='aitzz': must be one of synthetic, aitz, amex, androidcontrol.* or "
+         r"tfds:NAME \(fix it with --config\.data\.format=\.\.\.\)$", job=True),
     Case("unknown field", lambda f: _run(f, "--config.sft.stepz=3"), 2,
          r"^ipl-jax run: .*unknown config field 'sft\.stepz' \(fields at sft: .*\)", job=True),
     Case("unknown config variant", lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)], 2,
