@@ -1,0 +1,106 @@
+"""Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by what happens —
+the episode success rate and the mean number of steps — rather than by offline step match.
+
+    tasks = job_world_tasks(config, "test_task_unseen")             # the split's own world seeds and tasks
+    metrics = online_eval(params, cfg, tokenizer, tasks, rng, online_config(config, tokenizer, image_config))
+
+An episode succeeds when the agent says ``stop`` with the task's goal reached; an unparsable completion is a
+no-op step; an episode still running at its step limit (``rl.rollout``: twice the expert's steps, at most 25) is
+a failure. Decoding is greedy by default (temperature 0, one episode per task); with a temperature,
+``samples_per_task`` episodes per task are drawn with distinct keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Optional, Sequence
+
+import ml_collections
+import numpy as np
+
+from ipl_jax.coat.tree import NUM_TURNS
+from ipl_jax.rl.rollout import (RolloutConfig, WorldTask, replicate, rollout, rollout_summary,
+                                split_world_tasks)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineEvalConfig:
+    """rollout: how episodes are played (sampler, image settings, batch size, rewards); temperature: 0 =
+    greedy; samples_per_task: episodes per task (with a temperature); keep_episodes: add a per-episode record
+    list (``episodes_detail``) to the result."""
+
+    rollout: RolloutConfig
+    temperature: float = 0.0
+    samples_per_task: int = 1
+    keep_episodes: bool = True
+
+    def __post_init__(self):
+        if self.samples_per_task < 1:
+            raise ValueError(f"OnlineEvalConfig.samples_per_task must be >= 1, got {self.samples_per_task}")
+        if self.temperature < 0:
+            raise ValueError(f"OnlineEvalConfig.temperature must be >= 0, got {self.temperature}")
+
+
+def _episode_record(tr) -> dict:
+    return {"name": tr.task.name, "family": tr.task.task.family, "instruction": tr.task.task.instruction,
+            "success": bool(tr.success), "stopped": bool(tr.stopped), "truncated": bool(tr.truncated),
+            "steps": tr.num_steps, "step_limit": tr.task.step_limit,
+            "actions": [s.texts[2] for s in tr.steps], "rewards": [round(float(s.reward), 4) for s in tr.steps]}
+
+
+def online_eval(params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig,
+                mesh=None) -> dict:
+    """Play every task (``samples_per_task`` times) and summarise.
+
+    Returns {"success_rate", "mean_steps", "mean_steps_success", "truncated_rate", "wrong_stop_rate",
+    "unparsable_rate", "mean_step_reward", "env_steps", "episodes", "by_family": {family: {"episodes",
+    "success_rate", "mean_steps"}}, "episodes_detail": [...] (with ``keep_episodes``)}.
+    """
+    if not world_tasks:
+        raise ValueError("online_eval: no tasks")
+    t = float(config.temperature)
+    rcfg = dataclasses.replace(config.rollout, keep_prompts=False,
+                               sampler=config.rollout.sampler.replace(temperature=(t,) * NUM_TURNS))
+    tasks = replicate(world_tasks, config.samples_per_task) if config.samples_per_task > 1 else list(world_tasks)
+    trajs = rollout(params, cfg, tokenizer, tasks, rng, rcfg, mesh)
+    out = rollout_summary(trajs)
+    fams = defaultdict(list)
+    for tr in trajs:
+        fams[tr.task.task.family].append(tr)
+    out["by_family"] = {f: {"episodes": len(v), "success_rate": float(np.mean([tr.success for tr in v])),
+                            "mean_steps": float(np.mean([tr.num_steps for tr in v]))} for f, v in sorted(fams.items())}
+    if config.keep_episodes:
+        out["episodes_detail"] = [_episode_record(tr) for tr in trajs]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ job wiring
+
+
+def job_world_tasks(config: ml_collections.ConfigDict, split: str, n: Optional[int] = None,
+                    max_steps: int = 25, step_factor: float = 2.0) -> list[WorldTask]:
+    """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
+    the job's data stage generated (``n`` default: the split's episode count in the config)."""
+    from ipl_jax.data.synthetic.config import world_config
+
+    if config.data.format != "synthetic":
+        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is "
+                         f"{config.data.format!r})")
+    if n is None:
+        n = int(config.data.train_episodes if split == "train" else
+                config.data.dev_episodes if split == config.data.dev_split else config.data.test_episodes)
+    return split_world_tasks(split, n, seed=int(config.seed), config=world_config(config.world),
+                             max_steps=max_steps, step_factor=step_factor)
+
+
+def online_config(config: ml_collections.ConfigDict, tokenizer, image_config, batch_size: Optional[int] = None,
+                  temperature: float = 0.0, samples_per_task: int = 1) -> OnlineEvalConfig:
+    """The job's online-evaluation settings: its sampler (budgets, buckets, ids), greedy by default, the leaf
+    reward of ``config.reward`` as the step reward, ``config.eval.batch_size`` worlds per call."""
+    from ipl_jax.eval.trees import reward_config, sampler_config
+
+    bs = int(batch_size or config.eval.batch_size)
+    rc = RolloutConfig(sampler=sampler_config(config, tokenizer, greedy=True), image_config=image_config,
+                       batch_size=bs, reward=reward_config(config))
+    return OnlineEvalConfig(rollout=rc, temperature=temperature, samples_per_task=samples_per_task)

@@ -1,0 +1,257 @@
+"""GRPO with UI-R1's rule reward (method.md §11) on the project's model and sampler.
+
+    steps ─► G completions per step (``rl.sampling``: CoaT chains, or UI-R1's think/answer turn)
+          ─► parse (``coat.actions``) ─► R_type + R_coord + R_format (+ DAST) on device (``rl.rewards``)
+          ─► group-normalised advantages (0 for a group of equal rewards) ─► rows (``rl.rows``)
+          ─► ``grpo_step``: reference log-probs once (own jitted program), μ updates of the token-level clipped
+             objective with the k3 KL to the reference (``preference.losses.grpo_loss``)
+
+* ``GRPOConfig`` — frozen, hashable: the jitted step is cached per config.
+* ``grpo_step(state, ref_params, batch, rng, config)`` — pure: the same inputs give the same outputs.
+* ``grpo_round(state, ref_params, steps, rng, config, ...)`` — one pass over ``steps`` in batches of
+  ``prompts_per_batch`` prompts, sampling with the current policy before each update (on-policy).
+
+Budget: a round samples ``len(steps) · group_size`` completions; ``prompts_for_budget`` gives the number of steps
+that matches a T-DPO round's leaves (``rl.budget``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ipl_jax.coat.rewards import encode_actions, reshape_leading
+from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.preference import losses
+from ipl_jax.rl import common
+from ipl_jax.rl import rewards as rewards_lib
+from ipl_jax.rl import sampling as rl_sampling
+from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.prompts import step_prompts
+from ipl_jax.training import optimizer as optimizer_lib
+from ipl_jax.training import state as state_lib
+from ipl_jax.training import step as step_lib
+
+LENGTH_NORMS = ("sequence", "token")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO settings. UI-R1's values: G = 8, ε = 0.2, β = 0.04 (k3 KL), lr ~1e-6, one update per batch.
+
+    style: "coat" (our four-turn policies; R_format = the completion parses into the expected turns) or
+    "think_answer" (UI-R1's ``<think>…</think><answer>…</answer>`` prompt; R_format = exactly that form).
+    length_norm: "sequence" (UI-R1's 1/|o_i| per completion, then the mean over completions) or "token" (every
+    generated token of the batch weighs the same). updates_per_batch: μ; with μ > 1 the behaviour log-probs are
+    computed once before the first update (else the ratio is exp(logπ − stop_gradient(logπ)) = 1).
+    """
+
+    model: Qwen2VLConfig
+    group_size: int = 8
+    style: str = "coat"
+    reward: rewards_lib.UIR1RewardConfig = rewards_lib.UIR1RewardConfig()
+    clip_eps: float = 0.2
+    kl_beta: float = 0.04
+    adv_eps: float = 1e-4
+    length_norm: str = "sequence"
+    updates_per_batch: int = 1
+    prompts_per_batch: int = 4
+    optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(learning_rate=1e-6,
+                                                                                 schedule="constant")
+    rows: RowConfig = RowConfig()
+    prompts: CoaTPrompts = DEFAULT_PROMPTS
+    max_history: Optional[int] = None  # think/answer prompt: keep the last N previous actions
+    logp_chunk: int = 128
+    remat: bool = False
+    compute_dtype: Optional[str] = None
+
+    def __post_init__(self):
+        if self.style not in rewards_lib.STYLES:
+            raise ValueError(f"GRPOConfig.style must be one of {rewards_lib.STYLES}, got {self.style!r}")
+        if self.length_norm not in LENGTH_NORMS:
+            raise ValueError(f"GRPOConfig.length_norm must be one of {LENGTH_NORMS}, got {self.length_norm!r}")
+        for f in ("group_size", "updates_per_batch", "prompts_per_batch"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"GRPOConfig.{f} must be >= 1, got {getattr(self, f)}")
+
+
+@struct.dataclass
+class GRPOBatch:
+    """rows: ``Rows`` [R = prompts · G]; advantages f32[R] (0 on padding rows); old_logps f32[R, T] or None
+    (then the behaviour policy is the current one); ref_logps f32[R, T] or None (computed by ``grpo_step``)."""
+
+    rows: Rows
+    advantages: jax.Array
+    old_logps: Optional[jax.Array] = None
+    ref_logps: Optional[jax.Array] = None
+
+
+# ------------------------------------------------------------------------------------------------ the step
+
+
+def grpo_objective(params, batch: GRPOBatch, config: GRPOConfig):
+    """(loss, metrics) of one batch: ``losses.grpo_loss`` with ``config.length_norm`` token weights."""
+    logps = row_token_logps(params, config.model, batch.rows, remat=config.remat, chunk=config.logp_chunk)
+    old = jax.lax.stop_gradient(logps) if batch.old_logps is None else batch.old_logps
+    weights = common.sequence_weights(batch.rows, config.length_norm)
+    loss, m = losses.grpo_loss(logps, old, batch.ref_logps, batch.advantages, weights, config.clip_eps,
+                               config.kl_beta)
+    m = dict(m)
+    m["completions"] = jnp.sum(batch.rows.row_valid.astype(jnp.float32))
+    return loss, m
+
+
+_STEP_CACHE: dict = {}
+
+
+def make_grpo_update(config: GRPOConfig):
+    """The jitted ``update(state, batch) -> (state, metrics)`` (state donated): one optimizer step on
+    ``grpo_objective``. metrics: loss, kl, clip_frac, completions, grad_norm, lr."""
+    if config not in _STEP_CACHE:
+        def loss_fn(params, batch, rng):
+            del rng  # no dropout in the model
+            return grpo_objective(params, batch, config)
+
+        _STEP_CACHE[config] = step_lib.make_train_step(
+            loss_fn, optimizer_lib.make_optimizer(config.optimizer),
+            schedule=optimizer_lib.make_schedule(config.optimizer), weight_key="completions",
+            compute_dtype=config.compute_dtype)
+    return _STEP_CACHE[config]
+
+
+def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainState:
+    """A TrainState with ``config.optimizer``; ``kwargs`` go to ``training.state.create_train_state``."""
+    return state_lib.create_train_state(params, optimizer_lib.make_optimizer(config.optimizer), rng, **kwargs)
+
+
+def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
+    """μ = ``config.updates_per_batch`` updates on one sampled batch. Returns (state, metrics of the last update).
+
+    state is donated (do not reuse it); ref_params: the frozen reference (must not alias ``state``'s params).
+    The reference (and, for μ > 1, the behaviour) log-probs are computed first by a separate jitted forward
+    under ``stop_gradient``. rng: accepted so that every RL step has the same signature; the update itself
+    draws nothing (no dropout; the batch is already sampled).
+    """
+    del rng
+    cfg = config.model
+    if batch.ref_logps is None:
+        batch = batch.replace(ref_logps=common.reference_logps(ref_params, cfg, batch.rows, config.logp_chunk,
+                                                               config.compute_dtype))
+    if config.updates_per_batch > 1 and batch.old_logps is None:
+        current = state_lib.model_params(state.params, state.frozen)
+        batch = batch.replace(old_logps=common.reference_logps(current, cfg, batch.rows, config.logp_chunk,
+                                                               config.compute_dtype))
+    update = make_grpo_update(config)
+    metrics = {}
+    for _ in range(config.updates_per_batch):
+        state, metrics = update(state, batch)
+    return state, metrics
+
+
+# ------------------------------------------------------------------------------------------------ a round
+
+
+def _prompts(steps, tokenizer, image_config, config: GRPOConfig):
+    cfg = config.model
+    if config.style == "coat":
+        return [step_prompts(s, tokenizer, image_config, cfg, config.prompts) for s in steps]
+    return [rl_sampling.think_answer_prompt(s, tokenizer, image_config, cfg, max_history=config.max_history)
+            for s in steps]
+
+
+def sample_batch(params, steps: Sequence, tokenizer, image_config, sampler: SamplerConfig, seed,
+                 config: GRPOConfig, mesh=None):
+    """Sample, parse and score G completions for each of ``steps`` (at most ``prompts_per_batch``).
+
+    Returns (GRPOBatch, info): info holds the rewards (``UIR1Rewards`` [B, G]), the parsed actions and
+    ``completions`` (real ones)."""
+    b, g = config.prompts_per_batch, config.group_size
+    steps = list(steps)
+    items = _prompts(steps, tokenizer, image_config, config)
+    if config.style == "coat":
+        groups = rl_sampling.sample_coat_groups(params, config.model, items,
+                                                rl_sampling.coat_group_config(sampler, g), seed, b, mesh)
+        max_len = float(sum(sampler.max_turn_tokens))
+    else:
+        groups = rl_sampling.sample_single_turn(params, config.model, items, g, sampler, seed, b)
+        max_len = float(sampler.max_turn_tokens[0])
+    pad = b - len(steps)
+    actions, fmt, lengths, specs = [], [], [], []
+    for i, (item, group) in enumerate(zip(items, groups)):
+        for c in group:
+            action, ok, grounded = common.parse_completion(tokenizer, c, config.style)
+            actions.append(action)
+            fmt.append(ok)
+            lengths.append(common.answer_length(c, grounded, config.style))
+            specs.append(rl_sampling.coat_row_spec(item, c, grounded, i) if config.style == "coat"
+                         else rl_sampling.single_turn_row_spec(item, c, i))
+    actions += [None] * (pad * g)  # padding prompts: invalid actions, masked below
+    fmt += [False] * (pad * g)
+    lengths += [0] * (pad * g)
+    valid = (np.arange(b) < len(steps))[:, None].repeat(g, 1)
+    pred = reshape_leading(encode_actions(actions), (b, g))
+    golden = rewards_lib.encode_uir1_golden(steps + [steps[-1]] * pad)
+    r = rewards_lib.uir1_rewards(pred, jnp.asarray(np.reshape(fmt, (b, g))), golden, config.reward)
+    r = rewards_lib.group_rewards(r, jnp.asarray(np.reshape(lengths, (b, g))), max_len, config.reward.dast)
+    adv = rewards_lib.safe_group_advantages(r.total, jnp.asarray(valid), config.adv_eps)
+    rows = build_rows(config.model, specs, [(it.pixel_values, it.image_grid_thw) for it in items], b * g,
+                      config.rows)
+    batch = GRPOBatch(rows=rows, advantages=adv.reshape(-1))
+    return batch, {"rewards": r, "actions": actions[:len(steps) * g], "valid": valid,
+                   "completions": len(steps) * g}
+
+
+def _reward_metrics(r: rewards_lib.UIR1Rewards, valid: np.ndarray, adv) -> dict:
+    v = np.asarray(valid, bool)
+    out = {}
+    names = {"reward": "total", "reward_type": "r_type", "reward_coord": "r_coord", "reward_format": "r_format",
+             "reward_length": "r_length"}
+    for key, field in names.items():
+        out[key] = float(np.mean(np.asarray(getattr(r, field))[v]))
+    out["correct"] = float(np.mean(np.asarray(r.correct)[v]))
+    tot = np.asarray(r.total)
+    out["groups_with_signal"] = float(np.mean([np.ptp(tot[i][v[i]]) > 0 for i in range(len(v)) if v[i].any()]))
+    out["abs_advantage"] = float(np.mean(np.abs(np.asarray(adv).reshape(v.shape))[v]))
+    return out
+
+
+def grpo_round(state: state_lib.TrainState, ref_params, steps: Sequence, rng, config: GRPOConfig, *, tokenizer,
+               image_config, sampler: SamplerConfig, mesh=None) -> tuple[state_lib.TrainState, dict]:
+    """One GRPO pass over ``steps`` (golden ``Step``s): for each batch of ``prompts_per_batch`` steps, sample G
+    completions with the current policy, score them and take ``grpo_step``.
+
+    ref_params: the frozen reference; None takes a copy of the starting policy (π(n-1), as T-DPO's reference).
+    sampler: the job's ``SamplerConfig`` (budgets, buckets, temperatures; the branching is set to (G, 1, 1, 1)).
+    rng: raw key; batch i samples with ``fold_in(rng, i)``. Returns (state, metrics): means over batches of the
+    reward terms and update metrics, ``completions`` (sampled), ``updates``, ``per_step``.
+    """
+    steps = list(steps)
+    if not steps:
+        raise ValueError("grpo_round: no steps")
+    if ref_params is None:
+        ref_params = common.copy_params(state_lib.model_params(state.params, state.frozen))
+    b = config.prompts_per_batch
+    per_step = []
+    for i, start in enumerate(range(0, len(steps), b)):
+        key = jax.random.fold_in(jnp.asarray(rng), i)
+        policy = state_lib.model_params(state.params, state.frozen)
+        batch, info = sample_batch(policy, steps[start:start + b], tokenizer, image_config, sampler,
+                                   common.key_seed(key), config, mesh)
+        del policy
+        state, m = grpo_step(state, ref_params, batch, key, config)
+        rec = common.host_metrics(m)
+        step_lib.check_finite(rec, int(state.step))
+        rec.update(_reward_metrics(info["rewards"], info["valid"], batch.advantages))
+        rec["completions"] = float(info["completions"])
+        per_step.append(rec)
+    out = common.mean_metrics(per_step, "completions")
+    out["updates"] = len(per_step) * config.updates_per_batch
+    out["per_step"] = per_step
+    return state, out

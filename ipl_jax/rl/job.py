@@ -1,0 +1,147 @@
+"""The RL baselines' settings in a job config, and the budget that makes them comparable with a T-DPO round.
+
+Equal budget (one round, any method) = the number of sampled completions of a T-DPO round:
+
+    T-DPO:  steps_per_round trees x num_leaves(branching) leaves       (default 64 x 27 = 1728)
+    GRPO:   ceil(budget / G) prompts x G completions                   (G = 8: 216 steps x 8 = 1728)
+    PPO:    budget environment steps, each one sampled CoaT completion (1728; whole rollout batches, so the
+            count may pass the budget by less than one batch -- the exact count is reported)
+
+A completion here is one full action decode (s1..s4). A T-DPO tree shares its prefixes (27 leaves cost 3 + 9 +
+27 + 27 turn decodes, not 4 x 27), so at an equal number of completions T-DPO decodes fewer tokens; wall time is
+reported next to the budget for that reason.
+
+``rl_section()`` is the ``rl`` section a job config can carry (``config.rl``); the builders read it, falling
+back to these defaults when the section is absent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import ml_collections
+
+from ipl_jax.coat.tree import num_leaves
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.rl.grpo import GRPOConfig
+from ipl_jax.rl.ppo import PPOConfig
+from ipl_jax.rl.rewards import UIR1RewardConfig
+from ipl_jax.rl.rollout import RolloutConfig
+from ipl_jax.rl.rows import RowConfig
+from ipl_jax.training.optimizer import OptimizerSettings
+
+
+def rl_section() -> ml_collections.ConfigDict:
+    """Defaults of the ``rl`` config section (GRPO, PPO / GiGPPO, their rollouts)."""
+    c = ml_collections.ConfigDict()
+    c.grpo = g = ml_collections.ConfigDict()
+    g.group_size = 8  # UI-R1
+    g.style = "coat"  # coat | think_answer (UI-R1's <think>…</think><answer>…</answer> prompt)
+    g.clip_eps = 0.2
+    g.kl_beta = 0.04
+    g.learning_rate = 1e-6
+    g.dast = False
+    g.prompts_per_batch = 4
+    g.updates_per_batch = 1
+    g.length_norm = "sequence"
+    c.ppo = p = ml_collections.ConfigDict()
+    p.gamma_dense = 0.5
+    p.lam = 1.0
+    p.kl_coef = 0.01
+    p.value_clip = 0.5
+    p.critic_warmup = 4
+    p.policy_updates = 2
+    p.policy_learning_rate = 1e-6
+    p.critic_learning_rate = 1e-4
+    p.tasks_per_batch = 4
+    p.trajectories_per_task = 4
+    p.minibatch_rows = 16
+    p.success_reward = 1.0
+    p.step_reward = "leaf"  # leaf (method.md §4) | uir1 (UI-R1's reward / 3)
+    p.max_steps = 25  # the step-limit cap; the limit of a task is min(max_steps, ceil(step_factor x expert steps))
+    p.step_factor = 2.0
+    c.row_buckets = (384, 512, 640, 768)  # RL training rows (prompt + sampled CoaT)
+    return c
+
+
+def _section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    return config.rl if "rl" in config else rl_section()
+
+
+def round_budget(config: ml_collections.ConfigDict, n_train_steps: Optional[int] = None) -> int:
+    """Sampled completions of one T-DPO round of the job: its round's steps x the tree's leaves."""
+    n = int(config.ipl.steps_per_round)
+    if float(config.ipl.round_fraction) > 0:
+        if n_train_steps is None:
+            raise ValueError("round_budget: ipl.round_fraction is set; pass the number of training steps")
+        n = max(1, round(float(config.ipl.round_fraction) * n_train_steps))
+    elif n == 0:
+        if n_train_steps is None:
+            raise ValueError("round_budget: ipl.steps_per_round is 0 (all steps); pass the number of training steps")
+        n = n_train_steps
+    return n * num_leaves(tuple(int(b) for b in config.sampler.branching))
+
+
+def grpo_prompts(budget: int, group_size: int) -> int:
+    """GRPO prompts (steps) per round at ``budget`` completions."""
+    return max(1, math.ceil(budget / group_size))
+
+
+def _rows(config: ml_collections.ConfigDict, rows_per_batch: int, pad_id: int) -> RowConfig:
+    per_image = tuple(int(p) for p in config.buckets.patches)
+    return RowConfig(text_buckets=tuple(int(b) for b in _section(config).row_buckets),
+                     patch_buckets=tuple(sorted({p * n for p in per_image for n in (1, rows_per_batch)})),
+                     pad_id=int(pad_id))
+
+
+def grpo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int) -> GRPOConfig:
+    """``GRPOConfig`` of the job (its ``rl.grpo`` section, the reward rules of its data format)."""
+    g = _section(config).grpo
+    b = int(g.prompts_per_batch)
+    return GRPOConfig(model=cfg, group_size=int(g.group_size), style=str(g.style),
+                      reward=UIR1RewardConfig(rules=_rules(config), dast=bool(g.dast)), clip_eps=float(g.clip_eps),
+                      kl_beta=float(g.kl_beta), length_norm=str(g.length_norm),
+                      updates_per_batch=int(g.updates_per_batch), prompts_per_batch=b,
+                      optimizer=OptimizerSettings(learning_rate=float(g.learning_rate), schedule="constant",
+                                                  grad_clip_norm=float(config.sft.grad_clip)),
+                      rows=_rows(config, b, pad_id))
+
+
+def ppo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int, gigppo: bool = False) -> PPOConfig:
+    """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic."""
+    p = _section(config).ppo
+    m = int(p.minibatch_rows)
+    return PPOConfig(model=cfg, gigppo=gigppo, gamma_dense=float(p.gamma_dense), lam=float(p.lam),
+                     kl_coef=float(p.kl_coef), value_clip=float(p.value_clip), critic_warmup=int(p.critic_warmup),
+                     policy_updates=int(p.policy_updates), tasks_per_batch=int(p.tasks_per_batch),
+                     trajectories_per_task=int(p.trajectories_per_task), minibatch_rows=m,
+                     policy_optimizer=OptimizerSettings(learning_rate=float(p.policy_learning_rate),
+                                                        schedule="constant", weight_decay=0.01),
+                     critic_optimizer=OptimizerSettings(learning_rate=float(p.critic_learning_rate),
+                                                        schedule="constant", weight_decay=0.01),
+                     rows=_rows(config, m, pad_id))
+
+
+def rollout_config(config: ml_collections.ConfigDict, sampler, image_config, reward) -> RolloutConfig:
+    """PPO's ``RolloutConfig``: ``sampler`` = the job's sampling settings (``eval.trees.sampler_config``),
+    ``reward`` = its leaf ``RewardConfig`` (``eval.trees.reward_config``)."""
+    p = _section(config).ppo
+    worlds = int(p.tasks_per_batch) * int(p.trajectories_per_task)
+    return RolloutConfig(sampler=sampler_for_batch(config, sampler, worlds), image_config=image_config,
+                         batch_size=worlds, reward=reward,
+                         step_reward=str(p.step_reward), success_reward=float(p.success_reward))
+
+
+def sampler_for_batch(config: ml_collections.ConfigDict, sampler, batch_size: int):
+    """``sampler`` with patch buckets for ``batch_size`` screenshots per call (the job's per-image buckets x
+    batch_size) added."""
+    extra = tuple(int(p) * int(batch_size) for p in config.buckets.patches)
+    return sampler.replace(patch_buckets=tuple(sorted(set(sampler.patch_buckets) | set(extra))))
+
+
+def _rules(config: ml_collections.ConfigDict) -> str:
+    from ipl_jax.coat.metrics import DEFAULT_RULES
+
+    fmt = str(config.data.format)
+    return DEFAULT_RULES["aitz" if fmt == "synthetic" else fmt]

@@ -1,0 +1,349 @@
+"""Online PPO with dense rewards in the live synthetic world, and GiGPPO (method.md §11).
+
+    tasks ─► rollouts (``rl.rollout``: K concurrent trajectories per task, the policy's parsed action drives the
+             world, rule reward per step vs the expert at the state reached, success at the end)
+          ─► critic values of every state (``rl.critic``; with GiGPPO conditioned on the nearest sibling state's
+             realised return and screen distance, ``rl.advantages``)
+          ─► step-level GAE with asymmetric discounting (γ = λ = 1 on success, γ_dense = 1/2 on step rewards)
+          ─► minibatches of fixed shape: critic update(s) (clipped value loss), then, after the critic warm-up,
+             policy update(s) (dual-clip PPO on every token of the step's CoaT, k3 KL to the reference)
+
+* ``PPOConfig`` — frozen, hashable; the seed's values as defaults where they fit a CPU-sized round.
+* ``PPOState`` — the policy's and the critic's ``TrainState`` s; the warm-up counts critic updates.
+* ``ppo_step(state, ref_params, batch, rng, config)`` — the updates of one minibatch (pure).
+* ``ppo_round(state, ref_params, world_tasks, rng, config, ...)`` — rollouts and updates until a budget of
+  environment steps is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from ipl_jax.coat.actions import needs_grounding
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.preference import losses
+from ipl_jax.rl import advantages as adv_lib
+from ipl_jax.rl import common
+from ipl_jax.rl import critic as critic_lib
+from ipl_jax.rl.rollout import RolloutConfig, Trajectory, replicate, rollout, rollout_summary
+from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
+from ipl_jax.rl.sampling import coat_row_spec, state_row_spec
+from ipl_jax.training import optimizer as optimizer_lib
+from ipl_jax.training import state as state_lib
+from ipl_jax.training import step as step_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """PPO / GiGPPO settings. The seed's: γ_dense 1/2, γ = λ = 1 on the terminal reward, dual clip ε_low 0.18,
+    ε_high 0.22, c = 3, KL 0.01, value clip 0.5, policy lr 1e-6 and critic lr 1e-4 (AdamW, weight decay 0.01,
+    clip 1.0), two policy steps and one critic step per batch, 8 trajectories per task, critic warm-up 15 steps.
+
+    critic_warmup [choice]: critic updates before the policy moves (the seed's 15 of 336 steps; 4 here, about
+    the same share of a one-round budget). length_norm: "sequence" (each step's CoaT weighs 1) or "token".
+    normalize_advantages: standardise the advantages of each rollout batch (0 when they are all equal).
+    """
+
+    model: Qwen2VLConfig
+    gigppo: bool = False
+    gamma_dense: float = 0.5
+    gamma_terminal: float = 1.0
+    lam: float = 1.0
+    eps_low: float = 0.18
+    eps_high: float = 0.22
+    dual_clip: float = 3.0
+    kl_coef: float = 0.01
+    value_clip: float = 0.5
+    critic_warmup: int = 4
+    policy_updates: int = 2
+    critic_updates: int = 1
+    tasks_per_batch: int = 4
+    trajectories_per_task: int = 4
+    minibatch_rows: int = 16
+    normalize_advantages: bool = True
+    length_norm: str = "sequence"
+    policy_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
+        learning_rate=1e-6, schedule="constant", weight_decay=0.01)
+    critic_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
+        learning_rate=1e-4, schedule="constant", weight_decay=0.01)
+    critic_freeze_vision: bool = True
+    sibling_width: int = 64
+    rows: RowConfig = RowConfig()
+    logp_chunk: int = 128
+    remat: bool = False
+    compute_dtype: Optional[str] = None
+
+    def __post_init__(self):
+        for f in ("policy_updates", "critic_updates", "tasks_per_batch", "trajectories_per_task",
+                  "minibatch_rows"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"PPOConfig.{f} must be >= 1, got {getattr(self, f)}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"PPOConfig.critic_warmup must be >= 0, got {self.critic_warmup}")
+        if self.gigppo and self.trajectories_per_task < 2:
+            raise ValueError("PPOConfig.gigppo needs trajectories_per_task >= 2 (siblings come from concurrent "
+                             "trajectories of the same task)")
+
+    @property
+    def worlds_per_batch(self) -> int:
+        return self.tasks_per_batch * self.trajectories_per_task
+
+
+@struct.dataclass
+class PPOState:
+    """policy: TrainState of the policy; critic: TrainState of the critic params (``rl.critic``)."""
+
+    policy: state_lib.TrainState
+    critic: state_lib.TrainState
+
+
+@struct.dataclass
+class PPOBatch:
+    """One minibatch of M environment steps.
+
+    policy_rows / critic_rows: ``Rows`` [M] (state + sampled CoaT; state only); advantages f32[M];
+    returns f32[M, 2] and old_values f32[M, 2] (terminal, dense); sibling f32[M, 4] (zeros without GiGPPO);
+    old_logps / ref_logps f32[M, T] or None (filled by ``ppo_step``)."""
+
+    policy_rows: Rows
+    critic_rows: Rows
+    advantages: jax.Array
+    returns: jax.Array
+    old_values: jax.Array
+    sibling: jax.Array
+    old_logps: Optional[jax.Array] = None
+    ref_logps: Optional[jax.Array] = None
+
+
+def init_ppo_state(policy_params, config: PPOConfig, rng, *, policy_freeze_regex: Optional[str] = None) -> PPOState:
+    """Policy and critic TrainStates; the critic is a copy of the policy with a fresh head (``rl.critic``).
+    ``policy_params`` are taken by the policy state (donated by its updates: do not reuse them)."""
+    rng_p, rng_c, rng_init = jax.random.split(jnp.asarray(rng), 3)
+    critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
+    pstate = state_lib.create_train_state(policy_params, optimizer_lib.make_optimizer(config.policy_optimizer),
+                                          rng_p, freeze_regex=policy_freeze_regex)
+    cstate = state_lib.create_train_state(
+        critic, optimizer_lib.make_optimizer(config.critic_optimizer), rng_c,
+        freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None)
+    return PPOState(policy=pstate, critic=cstate)
+
+
+# ------------------------------------------------------------------------------------------------ objectives
+
+
+def policy_objective(params, batch: PPOBatch, config: PPOConfig):
+    """Dual-clip PPO on every generated token of each step (the step's advantage broadcast), plus the k3 KL."""
+    rows = batch.policy_rows
+    logps = row_token_logps(params, config.model, rows, remat=config.remat, chunk=config.logp_chunk)
+    w = common.sequence_weights(rows, config.length_norm)
+    adv = jnp.broadcast_to(batch.advantages[:, None], logps.shape)
+    pg = losses.ppo_dual_clip_loss(logps, batch.old_logps, adv, w, config.eps_low, config.eps_high,
+                                   config.dual_clip)
+    kl_tok = losses.k3_kl(logps, batch.ref_logps)
+    denom = jnp.maximum(jnp.sum(w), 1e-9)
+    kl = jnp.sum(kl_tok * w) / denom
+    ratio = jnp.exp(logps - batch.old_logps)
+    clipped = ((ratio < 1.0 - config.eps_low) | (ratio > 1.0 + config.eps_high)).astype(jnp.float32)
+    metrics = {"policy_loss": pg, "kl": kl, "clip_frac": jnp.sum(clipped * w) / denom,
+               "actions": jnp.sum(rows.row_valid.astype(jnp.float32))}
+    return pg + config.kl_coef * kl, metrics
+
+
+def critic_objective(params, batch: PPOBatch, config: PPOConfig):
+    """The clipped value loss of both heads (``losses.clipped_value_loss``)."""
+    sibling = batch.sibling if config.gigppo else None
+    v = critic_lib.critic_values(params, config.model, batch.critic_rows, sibling, remat=config.remat)
+    mask = jnp.broadcast_to(batch.critic_rows.row_valid[:, None], v.shape)
+    loss = losses.clipped_value_loss(v, batch.old_values, batch.returns, mask, config.value_clip)
+    err = jnp.where(mask, v - batch.returns, 0.0)
+    n = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
+    return loss, {"value_loss": loss, "value_mae": jnp.sum(jnp.abs(err)) / n,
+                  "states": jnp.sum(batch.critic_rows.row_valid.astype(jnp.float32))}
+
+
+_CACHE: dict = {}
+
+
+def _update(kind: str, config: PPOConfig):
+    key = (kind, config)
+    if key not in _CACHE:
+        objective, settings, weight = ((policy_objective, config.policy_optimizer, "actions") if kind == "policy"
+                                       else (critic_objective, config.critic_optimizer, "states"))
+        _CACHE[key] = step_lib.make_train_step(
+            lambda params, batch, rng: objective(params, batch, config), optimizer_lib.make_optimizer(settings),
+            schedule=optimizer_lib.make_schedule(settings), weight_key=weight, compute_dtype=config.compute_dtype)
+    return _CACHE[key]
+
+
+def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfig):
+    """The updates of one minibatch: ``critic_updates`` critic steps, then — once the critic has had
+    ``critic_warmup`` updates before this call — ``policy_updates`` policy steps against the behaviour
+    log-probs of the policy as it was before them. state is donated; ref_params must not alias it. rng: accepted
+    for the common signature of the RL steps; nothing is drawn. Returns (state, metrics)."""
+    del rng
+    cfg = config.model
+    warm = int(state.critic.step) < config.critic_warmup
+    metrics = {}
+    critic = state.critic
+    for _ in range(config.critic_updates):
+        critic, m = _update("critic", config)(critic, batch)
+        metrics.update({("critic_grad_norm" if k == "grad_norm" else k): v for k, v in m.items()
+                        if k not in ("loss", "lr")})
+    policy = state.policy
+    if not warm:
+        if batch.ref_logps is None:
+            batch = batch.replace(ref_logps=common.reference_logps(ref_params, cfg, batch.policy_rows,
+                                                                   config.logp_chunk, config.compute_dtype))
+        if batch.old_logps is None:
+            current = state_lib.model_params(policy.params, policy.frozen)
+            batch = batch.replace(old_logps=common.reference_logps(current, cfg, batch.policy_rows,
+                                                                   config.logp_chunk, config.compute_dtype))
+        for _ in range(config.policy_updates):
+            policy, m = _update("policy", config)(policy, batch)
+            metrics.update({("policy_grad_norm" if k == "grad_norm" else k): v for k, v in m.items()
+                            if k not in ("loss", "lr")})
+    metrics["warmup"] = jnp.float32(warm)
+    return PPOState(policy=policy, critic=critic), metrics
+
+
+# ------------------------------------------------------------------------------------------------ a round
+
+
+@dataclasses.dataclass
+class _States:
+    """The valid states of one rollout batch, flattened in (trajectory, step) order."""
+
+    traj: np.ndarray  # int[N]
+    t: np.ndarray  # int[N]
+    records: list
+
+
+def _flatten(trajs: Sequence[Trajectory]) -> _States:
+    traj, t, records = [], [], []
+    for j, tr in enumerate(trajs):
+        for s in tr.steps:
+            traj.append(j)
+            t.append(s.t)
+            records.append(s)
+    return _States(np.asarray(traj, np.int64), np.asarray(t, np.int64), records)
+
+
+def _minibatches(n: int, m: int) -> list[np.ndarray]:
+    return [np.arange(i, min(n, i + m)) for i in range(0, n, m)]
+
+
+def _critic_rows(config: PPOConfig, records, end_id: int) -> Rows:
+    specs = [state_row_spec(r.prompt, end_id, i) for i, r in enumerate(records)]
+    images = [(r.prompt.pixel_values, r.prompt.image_grid_thw) for r in records]
+    return build_rows(config.model, specs, images, config.minibatch_rows, config.rows)
+
+
+def _policy_rows(config: PPOConfig, records) -> Rows:
+    specs = [coat_row_spec(r.prompt, r.completion, needs_grounding(r.action), i) for i, r in enumerate(records)]
+    images = [(r.prompt.pixel_values, r.prompt.image_grid_thw) for r in records]
+    return build_rows(config.model, specs, images, config.minibatch_rows, config.rows)
+
+
+def _pad(x: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([x, np.zeros((n - len(x),) + x.shape[1:], x.dtype)]) if len(x) < n else x
+
+
+def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOConfig, end_id: int):
+    """Critic values, GiGPPO sibling features, GAE advantages and value targets of one rollout batch.
+
+    Returns (states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2],
+    sibling f32[N, 4]) over the N valid states in (trajectory, step) order."""
+    st = _flatten(trajs)
+    n, m = len(st.records), config.minibatch_rows
+    e, s_max = len(trajs), max(tr.num_steps for tr in trajs)
+    rewards = np.zeros((e, s_max), np.float32)
+    mask = np.zeros((e, s_max), bool)
+    for j, tr in enumerate(trajs):
+        rewards[j, :tr.num_steps], mask[j, :tr.num_steps] = tr.step_rewards, True
+    terminal = np.asarray([tr.terminal_reward for tr in trajs], np.float32)
+    realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, config.gamma_dense,
+                                                 config.gamma_terminal))[st.traj, st.t]
+    sibling = np.zeros((n, adv_lib.SIBLING_FEATURES), np.float32)
+    if config.gigppo:
+        thumbs = np.stack([r.thumb for r in st.records])
+        group = st.traj // config.trajectories_per_task
+        idx, dist, has = adv_lib.nearest_siblings(jnp.asarray(thumbs), jnp.asarray(group), jnp.asarray(st.traj),
+                                                  jnp.ones(n, bool))
+        sibling = np.asarray(adv_lib.sibling_features(jnp.asarray(realised), idx, dist, has))
+    critic_params = state_lib.model_params(state.critic.params, state.critic.frozen)
+    rows, values = [], []
+    for sel in _minibatches(n, m):
+        r = _critic_rows(config, [st.records[i] for i in sel], end_id)
+        sib = jnp.asarray(_pad(sibling[sel], m)) if config.gigppo else None
+        values.append(np.asarray(critic_lib.critic_values_jit(critic_params, config.model, r, sib))[:len(sel)])
+        rows.append(r)
+    values = np.concatenate(values)
+    grid = np.zeros((e, s_max, 2), np.float32)
+    grid[st.traj, st.t] = values
+    adv, ret = adv_lib.asymmetric_gae(rewards, terminal, grid, mask, config.gamma_dense, config.lam,
+                                      config.gamma_terminal)
+    if config.normalize_advantages:
+        adv = adv_lib.normalise_advantages(adv, mask)
+    return st, rows, np.asarray(adv)[st.traj, st.t], np.asarray(ret)[st.traj, st.t], values, sibling
+
+
+def ppo_round(state: PPOState, ref_params, world_tasks: Sequence, rng, config: PPOConfig, *, tokenizer,
+              rollout_config: RolloutConfig, env_steps: int, mesh=None) -> tuple[PPOState, dict]:
+    """Online PPO (GiGPPO with ``config.gigppo``) until ``env_steps`` environment steps are spent.
+
+    world_tasks: the training tasks (``rl.rollout.WorldTask``), visited in an order drawn from ``rng``,
+    ``tasks_per_batch`` at a time, each played by ``trajectories_per_task`` concurrent trajectories (the
+    rollout batch size is set to their product). Every rollout batch is played to its end (so the budget may be
+    passed by less than one batch; ``env_steps`` in the metrics is the exact count). ref_params: the frozen
+    reference (None: a copy of the starting policy). Returns (state, metrics): training-episode summary
+    (``rollout_summary``), means of the update metrics, ``updates`` / ``critic_updates``, ``per_batch``.
+    """
+    if not world_tasks:
+        raise ValueError("ppo_round: no world tasks")
+    if env_steps < 1:
+        raise ValueError(f"ppo_round: env_steps must be >= 1, got {env_steps}")
+    if ref_params is None:
+        ref_params = common.copy_params(state_lib.model_params(state.policy.params, state.policy.frozen))
+    rcfg = dataclasses.replace(rollout_config, batch_size=config.worlds_per_batch, keep_prompts=True)
+    end_id = int(rcfg.sampler.eos_ids[0])
+    order = np.random.default_rng(common.key_seed(jax.random.fold_in(jnp.asarray(rng), 0))).permutation(
+        len(world_tasks))
+    used, b, cursor = 0, 0, 0
+    all_trajs, per_update, per_batch = [], [], []
+    p0, c0 = int(state.policy.step), int(state.critic.step)
+    while used < env_steps:
+        chunk = [world_tasks[order[(cursor + i) % len(order)]] for i in range(config.tasks_per_batch)]
+        cursor += config.tasks_per_batch
+        key = jax.random.fold_in(jnp.asarray(rng), b + 1)
+        policy = state_lib.model_params(state.policy.params, state.policy.frozen)
+        trajs = rollout(policy, config.model, tokenizer, replicate(chunk, config.trajectories_per_task), key, rcfg,
+                        mesh)
+        del policy
+        st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
+        m = config.minibatch_rows
+        for k, sel in enumerate(_minibatches(len(st.records), m)):
+            batch = PPOBatch(policy_rows=_policy_rows(config, [st.records[i] for i in sel]), critic_rows=crows[k],
+                             advantages=jnp.asarray(_pad(adv[sel], m)), returns=jnp.asarray(_pad(ret[sel], m)),
+                             old_values=jnp.asarray(_pad(values[sel], m)), sibling=jnp.asarray(_pad(sibling[sel], m)))
+            state, metrics = ppo_step(state, ref_params, batch, key, config)
+            rec = common.host_metrics(metrics)
+            step_lib.check_finite({"loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
+                                   "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0)},
+                                  int(state.critic.step))
+            per_update.append(rec)
+        summary = rollout_summary(trajs)
+        used += summary["env_steps"]
+        per_batch.append(summary)
+        all_trajs.extend(trajs)
+        b += 1
+    out = {"train_episodes": rollout_summary(all_trajs), "env_steps": used, "rollout_batches": b,
+           "updates": int(state.policy.step) - p0, "critic_updates": int(state.critic.step) - c0,
+           "per_batch": per_batch}
+    out.update({k: v for k, v in common.mean_metrics(per_update, "states").items() if k != "steps"})
+    return state, out
