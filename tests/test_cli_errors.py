@@ -98,6 +98,8 @@ CASES = [
          r"^ipl-jax run: config\.sft\.learning_rate=-0\.001: must be > 0 \(fix it with", job=True),
     Case("negative ipl lr", lambda f: _run(f, "--config.ipl.learning_rate=-1e-6"), 2,
          r"^ipl-jax run: config\.ipl\.learning_rate: must be > 0", job=True),
+    Case("unknown data store", lambda f: _run(f, "--config.data.store=parquet"), 2,
+         r"^ipl-jax run: config\.data\.store='parquet': must be aitz or arrayrecord", job=True),
     Case("branching 0", lambda f: _run(f, "--config.sampler.branching=(3,0,3,1)"), 2,
          r"^ipl-jax run: config\.sampler\.branching=\(3, 0, 3, 1\): must be four integers >= 1", job=True),
     Case("negative seed", lambda f: _run(f, "--config.seed=-4"), 2,
@@ -105,6 +107,9 @@ CASES = [
     Case("batch not divisible by the mesh", lambda f: _run(f, "--config.eval.batch_size=3"), 2,
          r"^ipl-jax run: config\.eval\.batch_size=3: not divisible by the mesh's batch axes \(data x fsdp = 2 on "
          r"2 devices\).*use a multiple of 2$", job=True, setup=_two_devices),
+    Case("unknown data.format", lambda f: _run(f, "--config.data.format=aitzz"), 2,
+         r"^ipl-jax run: config\.data\.format='aitzz': must be one of synthetic, aitz, amex, androidcontrol.* or "
+         r"tfds:NAME \(fix it with --config\.data\.format=\.\.\.\)$", job=True),
     Case("unknown field", lambda f: _run(f, "--config.sft.stepz=3"), 2,
          r"^ipl-jax run: .*unknown config field 'sft\.stepz' \(fields at sft: .*\)", job=True),
     Case("unknown config variant", lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)], 2,
@@ -117,7 +122,8 @@ CASES = [
          r"^ipl-jax run: config\.data\.root and config\.model\.checkpoint are empty: .*pass "
          r"--config\.data\.root=DIR --config\.model\.checkpoint=DIR"),
     Case("paper config without checkpoint", lambda f: _paper(f, f"--config.data.root={f.aitz}"), 2,
-         r"^ipl-jax run: config\.model\.checkpoint is empty: a aitz job starts from a Hugging Face checkpoint; "
+         r"^ipl-jax run: config\.model\.checkpoint is empty: a job on aitz data starts from a Hugging Face "
+         r"checkpoint; "
          r"pass --config\.model\.checkpoint=DIR"),
     Case("paper config, data.root missing", lambda f: _paper(f, f"--config.data.root={f.root / 'nope'}",
                                                              f"--config.model.checkpoint={f.corrupt_model}"), 2,

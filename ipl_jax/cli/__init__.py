@@ -20,6 +20,8 @@ COMMANDS = {
     "sample": ("ipl_jax.cli.sample", "main", "sample CoaT-trees and write them as JSONL + HTML"),
     "run": ("ipl_jax.cli.run", "main", "the main job: data -> SFT -> IPL rounds -> evaluation"),
     "ablate": ("ipl_jax.cli.ablate", "main", "run the ablation table"),
+    "plan": ("ipl_jax.cli.plan", "main", "per-device memory and FLOPs of the job's programs, compiled ahead of time"),
+    "pack-data": ("ipl_jax.cli.pack_data", "main", "convert a dataset into ArrayRecord shards for Grain / TFDS"),
 }
 
 

@@ -36,7 +36,7 @@ def get_config(arg=None):
 
     # ------------------------------------------------------------------ data: the synthetic world
     c.data = ml_collections.ConfigDict()
-    c.data.format = "synthetic"  # synthetic | aitz | amex | androidcontrol
+    c.data.format = "synthetic"  # synthetic | aitz | amex | androidcontrol | arrayrecord | tfds:NAME
     c.data.root = ""  # for the real datasets: their local directory
     c.data.train_episodes = 300
     c.data.dev_episodes = 12
@@ -46,6 +46,8 @@ def get_config(arg=None):
     c.data.dev_holdout = 20
     c.data.png_level = 1  # PNG compression of the written screenshots (1: fast, files a bit larger)
     c.data.loader_threads = 2  # Grain threads building SFT batches
+    c.data.store = "aitz"  # how the job writes the synthetic world: aitz (directory tree) | arrayrecord (shards)
+    c.data.shards = 1  # ArrayRecord shards per split when store = arrayrecord
     c.data.skip_bad = False  # True: leave malformed dataset records out (counted and reported) instead of stopping
 
     # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)

@@ -14,15 +14,50 @@ LOADERS = {
     "aitz": ("ipl_jax.data.aitz", "load_aitz"),
     "amex": ("ipl_jax.data.amex", "load_amex"),
     "androidcontrol": ("ipl_jax.data.android_control", "load_android_control"),
+    "arrayrecord": ("ipl_jax.data.packed.reader", "load_packed"),  # shards written by `ipl-jax pack-data`
 }
+TFDS_PREFIX = "tfds:"  # "tfds:NAME": a prepared TensorFlow Datasets dataset, read with tfds.data_source
+
+
+def scoring_format(fmt: str, root) -> str:
+    """The format whose metric rules apply to data read as ``fmt`` from ``root``: packed and TFDS data carry it
+    in their metadata, synthetic data is AITZ, a published format is its own."""
+    if fmt == "synthetic":
+        return "aitz"
+    if fmt.startswith(TFDS_PREFIX):
+        from ipl_jax.data.tfds.source import tfds_scoring_format
+
+        return tfds_scoring_format(fmt[len(TFDS_PREFIX):], root)
+    if fmt == "arrayrecord" or _packed_dir(root):
+        from ipl_jax.data.packed.layout import read_metadata
+
+        return read_metadata(root)["scoring_format"]
+    return fmt
+
+
+def _packed_dir(root) -> bool:
+    """Whether ``root`` was written by ``ipl-jax pack-data`` (checked without importing the packed reader)."""
+    try:
+        return (Path(root) / "ipl_jax_arrayrecord.json").is_file()
+    except (TypeError, OSError):
+        return False
 
 
 def load_dataset_with_report(root: str | Path, fmt: str, split: Optional[str],
                              skip_bad: bool = False) -> tuple[list[Episode], list]:
     """(episodes, skipped records) of one split. Without ``skip_bad`` a malformed record raises ``DataError``;
     with it, the record is left out and listed (``skipped_summary`` says how many and why)."""
+    if fmt.startswith(TFDS_PREFIX):
+        from ipl_jax.data.tfds.source import load_tfds_with_report
+
+        return load_tfds_with_report(fmt[len(TFDS_PREFIX):], root, split, skip_bad=skip_bad)
     if fmt not in LOADERS:
-        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}")
+        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}, {TFDS_PREFIX}NAME")
+    if fmt != "arrayrecord" and _packed_dir(root):  # auto-detected: a directory written by `ipl-jax pack-data`
+        from ipl_jax.data.packed.layout import check_packed_format
+
+        check_packed_format(root, fmt)
+        fmt = "arrayrecord"
     module, name = LOADERS[fmt]
     if fmt == "amex" and split == "all":
         split = None

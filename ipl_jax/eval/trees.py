@@ -118,9 +118,9 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
 
 def rules_name(config: ml_collections.ConfigDict) -> str:
     from ipl_jax.coat.metrics import DEFAULT_RULES
+    from ipl_jax.data.datasets import scoring_format
 
-    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
-    return DEFAULT_RULES[fmt]
+    return DEFAULT_RULES[scoring_format(str(config.data.format), str(config.data.root))]
 
 
 def _same_text(a: str, b: str) -> bool:

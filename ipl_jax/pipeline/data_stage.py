@@ -46,14 +46,20 @@ def episodes_for(config: ml_collections.ConfigDict, split: str) -> int:
 
 
 def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
-    """Stage 1 (synthetic): generate every split with the synthetic world and write it in the AITZ layout."""
+    """Stage 1 (synthetic): generate every split with the synthetic world and write it in the AITZ layout.
+
+    With ``config.data.store == "arrayrecord"`` the AITZ splits are packed into ArrayRecord shards in
+    ``WORKDIR/data`` (``config.data.shards`` per split) and the AITZ files removed: the job then reads exactly the
+    same steps, through Grain's ArrayRecord source."""
     from ipl_jax.data.synthetic import generate_split
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.data.synthetic.config import world_config
 
     world = world_config(config.world)
-    root = wd.dir("data")
-    summary: dict = {"root": str(root), "splits": {}}
+    packed = str(config.data.get("store", "aitz")) == "arrayrecord"
+    out = wd.dir("data")
+    root = wd.dir("data_aitz") if packed else out
+    summary: dict = {"root": str(out), "splits": {}}
     for split in split_names(config):
         episodes = generate_split(split, episodes_for(config, split), seed=int(config.seed), config=world)
         if (root / split).exists():  # what an interrupted attempt left: never mix its episodes with these
@@ -65,6 +71,13 @@ def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
                                     "action_types": dict(sorted(types.items()))}
         wd.echo(f"  {split}: {len(episodes)} episodes, {sum(types.values())} steps "
                 f"({', '.join(f'{k} {v}' for k, v in sorted(types.items()))})")
+    if packed:
+        from ipl_jax.data.packed import pack_dataset
+
+        meta = pack_dataset("synthetic", root, out, shards=int(config.data.get("shards", 1)))
+        shutil.rmtree(root)
+        summary["arrayrecord"] = {k: len(v["files"]) for k, v in meta["splits"].items()}
+        wd.echo(f"  packed into ArrayRecord shards in {out}")
     return summary
 
 
@@ -112,8 +125,11 @@ def steps_of(episodes: Sequence[Episode]) -> list[Step]:
 
 
 def scoring_format(config: ml_collections.ConfigDict) -> str:
-    """The metric table's format: the dataset's own (synthetic data is scored as AITZ)."""
-    return "aitz" if config.data.format == "synthetic" else config.data.format
+    """The metric table's format: the dataset's own (synthetic data is scored as AITZ; packed and TFDS data name
+    theirs in their metadata)."""
+    from ipl_jax.data.datasets import scoring_format as rules_format
+
+    return rules_format(str(config.data.format), str(config.data.root))
 
 
 # ------------------------------------------------------------------------------------------ instruction evolution

@@ -17,7 +17,8 @@ from typing import Optional
 
 import ml_collections
 
-FORMATS = ("synthetic", "aitz", "amex", "androidcontrol")
+PUBLISHED = ("aitz", "amex", "androidcontrol")  # the benchmarks' own layouts (paper configs use them)
+TFDS_PREFIX = "tfds:"  # data.format "tfds:NAME": a prepared TensorFlow Datasets dataset
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
 
 
@@ -202,34 +203,56 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: Optional[int] 
     _check_mesh(config, n_devices)
 
 
+def known_format(fmt: str) -> bool:
+    """The synthetic world, a format ``data.datasets`` reads, or ``tfds:NAME``."""
+    from ipl_jax.data.datasets import LOADERS
+
+    return fmt == "synthetic" or fmt in LOADERS or fmt.startswith(TFDS_PREFIX)
+
+
 def _check_data(config) -> None:
-    _check(config, "data.format", lambda v: v in FORMATS, f"must be one of {', '.join(FORMATS)}")
+    from ipl_jax.data.datasets import LOADERS
+
+    _check(config, "data.format", known_format,
+           f"must be one of synthetic, {', '.join(LOADERS)} or {TFDS_PREFIX}NAME")
     for f in ("train_episodes", "test_episodes"):
         _check(config, f"data.{f}", _positive_int, "must be >= 1")
     _check(config, "data.dev_episodes", _nonneg_int, "must be >= 0")
     _check(config, "data.png_level", lambda v: _nonneg_int(v) and v <= 9, "must be a PNG compression level 0..9")
     _check(config, "data.test_splits", lambda v: len(v) >= 1, "must name at least one test split")
+    _check(config, "data.store", lambda v: v in ("aitz", "arrayrecord"), "must be aitz or arrayrecord")
+    _check(config, "data.shards", _positive_int, "must be >= 1")
 
 
 def _check_sources(config) -> None:
-    """A real-dataset job needs its dataset directory and a starting checkpoint; the synthetic world needs
-    neither (a fresh model of the config's tiny size is only meant for it)."""
+    """A job on a published benchmark needs its dataset directory and a starting checkpoint (a fresh model of the
+    config's tiny size is meant for the synthetic world only); a packed dataset needs its directory."""
     try:
         data, checkpoint = config.data, str(config.model.checkpoint)
     except (KeyError, AttributeError):
         return
     fmt, root = str(data.format), str(data.root)
-    if fmt != "synthetic" and not root and not checkpoint:
-        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a {fmt} job reads its dataset "
-                         f"from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
+    if fmt in PUBLISHED and not root and not checkpoint:
+        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a job on {fmt} data reads its "
+                         f"dataset from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
                          f"--config.model.checkpoint=DIR (see README: Datasets)")
-    if fmt != "synthetic" and not checkpoint:
-        raise UsageError(f"config.model.checkpoint is empty: a {fmt} job starts from a Hugging Face checkpoint; "
-                         f"pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct download)")
-    if fmt != "synthetic":
+    if fmt in PUBLISHED and not checkpoint:
+        raise UsageError(f"config.model.checkpoint is empty: a job on {fmt} data starts from a Hugging Face "
+                         f"checkpoint; pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct "
+                         f"download)")
+    if fmt != "synthetic" and not fmt.startswith(TFDS_PREFIX):
         _check_root(data, fmt, root)
     if checkpoint:
         model_dir(checkpoint, "config.model.checkpoint")
+
+
+def _packed(p: Path) -> bool:
+    """A directory written by ``ipl-jax pack-data`` (its readers recognise it whatever ``data.format`` says)."""
+    try:
+        from ipl_jax.data.packed.layout import is_packed
+    except ImportError:
+        return False
+    return bool(is_packed(p))
 
 
 def _check_root(data, fmt: str, root: str) -> None:
@@ -240,6 +263,8 @@ def _check_root(data, fmt: str, root: str) -> None:
     if not p.is_dir():
         raise UsageError(f"config.data.root={root!r}: no such directory; pass --config.data.root=DIR holding the "
                          f"{fmt} dataset (see README: Datasets)")
+    if fmt not in PUBLISHED or _packed(p):
+        return
     if fmt == "aitz":
         splits = ["train"] + ([data.dev_split] if data.dev_split else []) + list(data.test_splits)
         missing = [s for s in dict.fromkeys(splits) if not (p / s).is_dir()]

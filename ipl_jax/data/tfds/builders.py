@@ -1,0 +1,156 @@
+"""TensorFlow Datasets builders: the synthetic GUI world (``ipl_synthetic``) and AITZ from a local copy
+(``ipl_aitz``), written in TFDS's ``array_record`` file format.
+
+    import ipl_jax.data.tfds  # registers the builders
+    builder = tfds.builder("ipl_synthetic/tiny", data_dir=DIR, file_format="array_record")
+    builder.download_and_prepare()
+    steps = tfds.data_source("ipl_synthetic/tiny", data_dir=DIR)["train"]   # no TensorFlow needed
+    # tfds.load (tf.data) needs TensorFlow and, in TFDS 4.9.10, a build with file_format="tfrecord": TFDS serves
+    # array_record files through data_source only
+
+    # AITZ: the release's train/ and test/ folders in a manual directory
+    tfds.builder("ipl_aitz", data_dir=DIR, file_format="array_record").download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=AITZ_ROOT))
+
+Building needs no TensorFlow either (TFDS serialises examples with its own protos). One example is one step:
+
+    episode_id   Text            step_id  int32            instruction  Text
+    screenshot   Image (PNG, uint8[H, W, 3] once decoded)
+    action       Text: the golden action as JSON (``Action.to_json``)
+    record       bytes: the step's full header as in packed shards (``data.packed.encoding``), from which ipl-jax
+                 rebuilds the exact ``Step`` (elements, CoaT, history, meta)
+
+Steps are read with the AITZ reader (the synthetic world through its AITZ files, as the job does), in reader
+order; shuffling at build time is off so that an episode's steps stay consecutive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from ipl_jax.data.packed.encoding import RECORD_VERSION, canonical_json, image_bytes, step_header
+from ipl_jax.data.packed.writer import portable, source_splits
+
+SCORING_FORMAT = "aitz"
+
+
+def screenshot_png(data: bytes) -> bytes:
+    """The screenshot as an 8-bit RGB PNG (TFDS decodes it as uint8[H, W, 3]); such a PNG is kept byte for byte."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    if img.format == "PNG" and img.mode == "RGB":
+        return data
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def features() -> tfds.features.FeaturesDict:
+    return tfds.features.FeaturesDict({
+        "episode_id": tfds.features.Text(),
+        "step_id": np.int32,
+        "instruction": tfds.features.Text(),
+        "screenshot": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
+        "action": tfds.features.Text(),
+        "record": tfds.features.Tensor(shape=(), dtype=np.object_),
+    })
+
+
+def _info(builder, description: str) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=builder,
+        description=description,
+        features=features(),
+        disable_shuffling=True,  # keep each episode's steps consecutive and in order
+        metadata=tfds.core.MetadataDict(scoring_format=SCORING_FORMAT, record_version=RECORD_VERSION),
+    )
+
+
+def aitz_examples(root: Path, split: str):
+    """(key, example) for every step of an AITZ-layout split under ``root``, in reader order."""
+    from ipl_jax.data.aitz import load_aitz
+
+    key = 0
+    for ep in portable(load_aitz(root, split), [root]):
+        for step in ep.steps:
+            png = screenshot_png(image_bytes(step))
+            header = step_header(step, ep, "png")
+            yield key, {
+                "episode_id": step.episode_id,
+                "step_id": int(step.step_id),
+                "instruction": step.instruction,
+                "screenshot": png,
+                "action": canonical_json(step.action.to_json()),
+                "record": canonical_json(header).encode("utf-8"),
+            }
+            key += 1
+
+
+@dataclasses.dataclass
+class SyntheticConfig(tfds.core.BuilderConfig):
+    """How many episodes of each split the world generates, and from which seed."""
+
+    episodes: tuple = (("train", 1000), ("dev", 100), ("test", 200))
+    seed: int = 0
+    png_level: int = 1
+
+
+class IplSynthetic(tfds.core.GeneratorBasedBuilder):
+    """The synthetic GUI world's episodes, one example per step."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "First release."}
+    BUILDER_CONFIGS = [
+        SyntheticConfig(name="default", description="the job's default sizes (train 1000, dev 100, test 200)"),
+        SyntheticConfig(name="tiny", description="a few episodes, for tests and demos",
+                        episodes=(("train", 6), ("test", 3))),
+    ]
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return _info(self, "Synthetic Android-like GUI episodes with CoaT annotations (ipl-jax's world), read "
+                           "through the AITZ layout.")
+
+    def _split_generators(self, dl_manager):
+        from ipl_jax.data.synthetic import generate_split
+        from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+
+        cfg = self.builder_config
+        root = Path(dl_manager.download_dir) / f"ipl_synthetic_{cfg.name}_seed{cfg.seed}"
+        for split, n in cfg.episodes:
+            if not (root / split).is_dir():
+                write_aitz_split(generate_split(split, int(n), seed=int(cfg.seed)), root, split,
+                                 compress_level=int(cfg.png_level), with_meta=True)
+        return {split: self._generate_examples(root, split) for split, _ in cfg.episodes}
+
+    def _generate_examples(self, root, split):
+        yield from aitz_examples(Path(root), split)
+
+
+class IplAitz(tfds.core.GeneratorBasedBuilder):
+    """AITZ (Android-in-the-Zoo) from a local copy of the release, one example per step."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "First release."}
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        "Download the AITZ release and point the manual directory at the folder holding its train/ and test/ "
+        "folders (train/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json next to one PNG per step).")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return _info(self, "AITZ (Android-in-the-Zoo): Android GUI episodes with Chain-of-Action-Thought "
+                           "annotations, read with ipl-jax's AITZ reader.")
+
+    def _split_generators(self, dl_manager):
+        root = Path(dl_manager.manual_dir)
+        splits = source_splits("aitz", root) if root.is_dir() else []
+        if not splits:
+            raise FileNotFoundError(f"{root}: no AITZ split folders (train/, test/) in the manual directory")
+        return {split: self._generate_examples(root, split) for split in splits}
+
+    def _generate_examples(self, root, split):
+        yield from aitz_examples(Path(root), split)
