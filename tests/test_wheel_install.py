@@ -1,0 +1,91 @@
+"""A non-editable install: the wheel built from this checkout, installed into a fresh virtual environment, finds
+its shipped configs (``--config synthetic:quick``) when run from another directory.
+
+Offline and quick: the wheel is built without build isolation, the new environment has no pip of its own (this
+environment's pip installs into it with ``--python``) and sees this environment's packages through a ``.pth``
+file, so only ipl-jax itself is installed, from the wheel (``--no-deps --no-index``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd, cwd, timeout=600, env=None):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{cmd}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv python, venv ipl-jax script, a working directory outside the checkout)."""
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"  # a copy, so that building leaves nothing (build/, *.egg-info) in the checkout
+    shutil.copytree(REPO / "ipl_jax", src / "ipl_jax", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist",
+          "."], cwd=src)
+    (wheel,) = (root / "dist").glob("ipl_jax-*.whl")
+    venv = root / "venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    _run([base, "-m", "venv", "--without-pip", venv], cwd=root)
+    py = venv / "bin" / "python"
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).stdout.strip())
+    (site / "ipl_jax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel], cwd=root)
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    return {"python": py, "ipl_jax": venv / "bin" / "ipl-jax", "cwd": elsewhere, "wheel": wheel, "site": site}
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def test_wheel_ships_the_configs_and_the_command(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    shipped = {p.relative_to(REPO).as_posix() for p in (REPO / "ipl_jax").rglob("*.py")}
+    assert shipped <= names, sorted(shipped - names)[:5]
+    assert {"ipl_jax/configs/synthetic.py", "ipl_jax/configs/qwen2vl_7b_aitz.py"} <= names
+    where = _run([installed["python"], "-c", "import ipl_jax; print(ipl_jax.__file__)"], installed["cwd"], env=_env())
+    assert Path(where.stdout.strip()).is_relative_to(installed["site"])  # the installed copy, not the checkout
+    version = _run([installed["ipl_jax"], "--version"], installed["cwd"], env=_env())
+    assert version.stdout.strip() == "ipl-jax 0.1.0"
+
+
+def test_installed_command_finds_its_configs(installed):
+    """The first stage of the quick job from outside the checkout: the shipped config resolves by name."""
+    workdir = installed["cwd"] / "data_only"
+    _run([installed["ipl_jax"], "run", "--config", "synthetic:quick", "--stop-after", "data", "--workdir", workdir],
+         installed["cwd"], env=_env())
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["data"]["train_episodes"] == 24  # the :quick variant's value, not the default's 300
+    assert (workdir / "stages" / "data.done").is_file()
+    assert len(list((workdir / "data" / "train").glob("*/*/*.json"))) == 24
+
+
+@pytest.mark.slow
+def test_installed_command_runs_the_quick_job(installed):
+    """``ipl-jax run --config synthetic:quick`` end to end from the wheel (about 2 minutes on 2 CPU cores)."""
+    workdir = installed["cwd"] / "quick"
+    proc = _run([installed["ipl_jax"], "run", "--config", "synthetic:quick", "--workdir", workdir],
+                installed["cwd"], timeout=1800, env=_env())
+    results = json.loads((workdir / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == [0, 1]
+    assert set(results["rounds"][0]["metrics"]) == {"test", "test_app_unseen", "test_task_unseen"}
+    assert (workdir / "export" / "model.safetensors").is_file()
+    assert "\r" not in proc.stderr  # progress is written as lines when not on a terminal
