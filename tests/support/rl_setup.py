@@ -21,17 +21,22 @@ def make_tokenizer(directory):
     return load_tokenizer(directory)
 
 
-def make_model(tokenizer, seed: int = 0):
-    """(cfg, params): width 64, 2 layers, a 1-block ViT; weights from ``init_params`` (std 0.3: varied
-    tokens)."""
+def make_config(tokenizer):
+    """The model config: width 64, 2 layers, a 1-block ViT, the tokenizer's ids."""
     from ipl_jax.data.tiny import build_config_dict
     from ipl_jax.data.tokenizer import SPECIAL_TOKENS
-    from ipl_jax.model import init_params
     from ipl_jax.model.config import Qwen2VLConfig
 
     vocab = tokenizer.hf.get_vocab()
     special = {s: vocab[s] for s in SPECIAL_TOKENS}
-    cfg = Qwen2VLConfig.from_hf_dict(build_config_dict({"vision_config": {"depth": 1}}, len(tokenizer), special))
+    return Qwen2VLConfig.from_hf_dict(build_config_dict({"vision_config": {"depth": 1}}, len(tokenizer), special))
+
+
+def make_model(tokenizer, seed: int = 0):
+    """(cfg, params): ``make_config`` with ``init_params`` weights (std 0.3: varied tokens)."""
+    from ipl_jax.model import init_params
+
+    cfg = make_config(tokenizer)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed), std=0.3)
 
 
@@ -45,7 +50,7 @@ def sampler_config(tokenizer, branching=(1, 1, 1, 1), temperature=1.0):
     from ipl_jax.sampling.config import SamplerConfig
 
     return SamplerConfig.for_tokenizer(tokenizer, branching=branching, max_turn_tokens=TURN_TOKENS,
-                                       temperature=temperature, prefix_buckets=(96, 128), prompt_buckets=(64, 96),
+                                       temperature=temperature, prefix_buckets=(96, 128, 256), prompt_buckets=(64, 96),
                                        patch_buckets=(256, 512))
 
 

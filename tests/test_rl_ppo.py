@@ -1,0 +1,134 @@
+"""Online PPO / GiGPPO end to end on a tiny random Qwen2-VL in the live world. The episodes are played by a
+scripted stand-in policy (``rl.rollout.act`` patched) that follows the expert on some steps and babbles on the
+others, so that rewards, successes and failures all occur; the learner's updates run on the real model."""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from support import rl_setup as S  # noqa: E402
+
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding  # noqa: E402
+from ipl_jax.rl import ppo  # noqa: E402
+from ipl_jax.rl import rollout as R  # noqa: E402
+from ipl_jax.rl.rows import RowConfig, frozen_token_logps  # noqa: E402
+from ipl_jax.rl.sampling import Completion  # noqa: E402
+from ipl_jax.training.optimizer import OptimizerSettings  # noqa: E402
+
+ROWS = RowConfig(text_buckets=(320,), patch_buckets=(256,))
+
+
+def mixed_act(tokenizer):
+    """The expert's action on 2 of 3 (episode, step) pairs (a stable hash), an unparsable text on the rest."""
+
+    def act(params, cfg, items, steps, seed, config, mesh=None):
+        out = []
+        for step in steps:
+            a = step.action
+            good = zlib.crc32(f"{step.episode_id}/{step.step_id}".encode()) % 3 != 0
+            s3, s4 = (format_action(a), format_grounding(a.box) if needs_grounding(a) else "") if good else \
+                ("hmm", "")
+            turns = tuple(np.asarray(tokenizer.encode(t + "<|im_end|>"), np.int32) for t in ("a", "b", s3, s4))
+            out.append(Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns),
+                                  finished=(True,) * 4))
+        return out
+
+    return act
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = S.make_tokenizer(tmp_path_factory.mktemp("tok"))
+    cfg, params = S.make_model(tok)
+    tasks = R.split_world_tasks("train", 4, seed=0, max_steps=6)
+    rc = R.RolloutConfig(sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=4)
+    return tok, cfg, params, tasks, rc
+
+
+def _config(cfg, **kw):
+    kw = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8, "rows": ROWS, "logp_chunk": 32,
+          **kw}
+    return ppo.PPOConfig(model=cfg, **kw)
+
+
+def _copy(params):
+    return jax.tree.map(jnp.copy, params)
+
+
+def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, monkeypatch):
+    tok, cfg, params, tasks, rc = setup
+    monkeypatch.setattr(R, "act", mixed_act(tok))
+    config = _config(cfg, critic_warmup=0, policy_updates=1, critic_updates=1,
+                     policy_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
+                     critic_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"), kl_coef=0.0)
+    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
+    assert any(t.success for t in trajs) and any(s.reward == 0 for t in trajs for s in t.steps)
+    state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
+    st, crows, adv, ret, values, _ = ppo.batch_advantages(trajs, state, config, int(rc.sampler.eos_ids[0]))
+    np.testing.assert_array_equal(values, 0.0)  # a fresh critic
+    np.testing.assert_allclose(adv.std(), 1.0, rtol=1e-3)  # normalised over the rollout batch
+    sel = np.arange(8)
+    # +1 for the expert's actions, -1 for the babble: equal rows always get equal signs
+    hand = np.array([1.0 if st.records[i].action.parsed else -1.0 for i in sel], np.float32)
+    assert 0 < (hand > 0).sum() < 8
+    batch = ppo.PPOBatch(policy_rows=ppo._policy_rows(config, [st.records[i] for i in sel]), critic_rows=crows[0],
+                         advantages=jnp.asarray(hand), returns=jnp.asarray(ret[sel]),
+                         old_values=jnp.asarray(values[sel]), sibling=jnp.zeros((8, 4)))
+    n_tok = np.asarray(batch.policy_rows.target_mask).sum(1)
+
+    def surrogate(p):  # Σ_i A_i · mean_t log π(o_it): what one small step of the (sequence-normalised) loss raises
+        return float(np.sum(hand * np.asarray(frozen_token_logps(p, cfg, batch.policy_rows, 32)).sum(1) / n_tok))
+
+    before = surrogate(params)
+    state, m = ppo.ppo_step(state, _copy(params), batch, jax.random.PRNGKey(1), config)
+    assert surrogate(state.policy.params) > before + 1.0
+    first_mae = float(m["value_mae"])
+    for _ in range(5):
+        state, m = ppo.ppo_step(state, _copy(params), batch.replace(old_values=jnp.asarray(values[sel])),
+                                jax.random.PRNGKey(1), config)
+    assert float(m["value_mae"]) < first_mae and float(m["warmup"]) == 0.0
+
+
+def test_ppo_round_budget_and_warmup(setup, monkeypatch):
+    tok, cfg, params, tasks, rc = setup
+    monkeypatch.setattr(R, "act", mixed_act(tok))
+    config = _config(cfg, critic_warmup=2)
+    state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
+    state, m = ppo.ppo_round(state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc,
+                             env_steps=30)
+    limit = max(t.step_limit for t in tasks)
+    assert 30 <= m["env_steps"] < 30 + config.worlds_per_batch * limit
+    assert m["env_steps"] == m["train_episodes"]["env_steps"] == sum(b["env_steps"] for b in m["per_batch"])
+    assert m["critic_updates"] == int(state.critic.step) and m["critic_updates"] >= 3
+    assert m["updates"] == config.policy_updates * (m["critic_updates"] - config.critic_warmup)
+    assert 0.0 < m["train_episodes"]["success_rate"] < 1.0
+    assert all(np.isfinite(v) for v in (m["value_loss"], m["policy_loss"], m["kl"]))
+
+
+def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
+    tok, cfg, params, tasks, rc = setup
+    monkeypatch.setattr(R, "act", mixed_act(tok))
+    config = _config(cfg, gigppo=True)
+    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
+    state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
+    st, _, _, _, _, sib = ppo.batch_advantages(trajs, state, config, int(rc.sampler.eos_ids[0]))
+    assert np.all(sib[:, 3] == 1.0)  # every state has a sibling in the other trajectory of its task
+    first = st.t == 0
+    np.testing.assert_array_equal(sib[first, 2], 0.0)  # both trajectories start on the same screen
+    # a first step's sibling is the other trajectory's first state: its realised return is the sibling feature
+    from ipl_jax.rl.advantages import stream_returns
+
+    j = int(np.flatnonzero(first & (st.traj == 0))[0])
+    other = trajs[1]
+    g = np.asarray(stream_returns(other.step_rewards[None], np.array([other.terminal_reward]),
+                                  np.ones((1, other.num_steps), bool)))[0, 0]
+    np.testing.assert_allclose(sib[j, :2], g, atol=1e-6)
+    with pytest.raises(ValueError, match="trajectories_per_task"):
+        _config(cfg, gigppo=True, trajectories_per_task=1)
