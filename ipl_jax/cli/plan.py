@@ -1,0 +1,173 @@
+"""``ipl-jax plan --config NAME [--devices N | --topology v5p-16] [--mesh data=1,fsdp=8,tensor=1] [--json OUT]``:
+per-device memory and FLOPs of the job's SFT step, T-DPO step, sampler prefill and decode step, compiled ahead of
+time on abstract inputs (nothing allocated, no checkpoint needed).
+
+``--devices N`` plans for N CPU devices (``--xla_force_host_platform_device_count``; the process re-runs itself
+when JAX was already started with another count). ``--topology`` plans for a Cloud TPU slice through JAX's
+topology API (needs the ``tpu-plan`` extra: ``pip install 'ipl-jax[tpu-plan]'``); it takes the slice names
+v4-N / v5p-N (N TensorCores, two per chip) and v5e-N / v6e-N (N chips), or libtpu's own ``v5p:2x2x2``. The CPU
+backend's temporaries run a few times larger than the TPU's for the same program: budget HBM with a topology.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
+from ipl_jax.pipeline.validate import UsageError
+
+PROG = "ipl-jax plan"
+_CHILD = "IPL_JAX_PLAN_CHILD"
+_TPU_ENV = {"JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
+# chips -> libtpu topology: 3-D tori (v4, v5p) and 2-D slices (v5e, v6e)
+_TORUS = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
+_SLICE = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_KINDS = {"v4": (2, _TORUS), "v5p": (2, _TORUS), "v5e": (1, _SLICE), "v5litepod": (1, _SLICE), "v6e": (1, _SLICE)}
+
+
+def parser() -> CommandParser:
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=positive_int, help="plan for N (fake) CPU devices")
+    where.add_argument("--topology", help="plan for a TPU slice: v5p-16, v5e-16, ... or v5p:2x2x2")
+    p.add_argument("--mesh", help="axis sizes data=D,fsdp=F,tensor=T (default: the config's mesh section)")
+    p.add_argument("--arch", default="auto", help="auto (checkpoint, config name, config.model), qwen2-vl-2b or "
+                                                  "qwen2-vl-7b")
+    p.add_argument("--dtype", default=None, help="compute dtype (default: config.model.dtype if set, else bfloat16)")
+    p.add_argument("--frozen-dtype", default=None, help="storage of frozen weights (default: the compute dtype)")
+    p.add_argument("--remat", choices=("on", "off"), default="on", help="rematerialise decoder layers in training")
+    p.add_argument("--programs", default="sft,tdpo,prefill,decode", help="comma-separated subset to plan")
+    p.add_argument("--budget-gb", type=float, default=None, help="mark programs whose total exceeds this")
+    p.add_argument("--json", default=None, help="also write the plan here as JSON")
+    return p
+
+
+def topology_name(text: str) -> str:
+    """A Cloud TPU slice name (v5p-16) -> libtpu's topology name (v5p:2x2x2); 'kind:AxB[xC]' passes through."""
+    if ":" in text:
+        return text
+    kind, _, n = text.partition("-")
+    valid = ", ".join(f"{k}-N" for k in _KINDS) + " (e.g. v5p-16, v5e-16) or KIND:AxBxC (e.g. v5p:2x2x2)"
+    if kind not in _KINDS or not n.isdigit():
+        raise UsageError(f"--topology {text!r} is unknown (valid: {valid})")
+    per_chip, table = _KINDS[kind]
+    chips = int(n) // per_chip
+    if int(n) % per_chip or chips not in table:
+        sizes = ", ".join(f"{kind}-{c * per_chip}" for c in table)
+        raise UsageError(f"--topology {text!r}: no such slice (valid: {sizes})")
+    return f"{'v5e' if kind == 'v5litepod' else kind}:{table[chips]}"
+
+
+def _xla_flags(flags: str, n: int) -> str:
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def _prepare_backend(args, argv) -> int | None:
+    """Point JAX at CPU devices (fake ones for --devices, compile-only TPU ones for --topology) before it starts;
+    when it has already started otherwise, re-run this command in a child process. Returns the child's status."""
+    import jax
+    from jax._src import xla_bridge
+
+    if args.devices is None and args.topology is None:
+        return None
+    env = dict(_TPU_ENV) if args.topology else {"JAX_PLATFORMS": "cpu"}
+    if xla_bridge.backends_are_initialized():
+        if jax.default_backend() == "cpu" and (args.devices is None or jax.device_count() == args.devices):
+            os.environ.update(env)
+            return None
+        if os.environ.get(_CHILD):
+            raise UsageError(f"--devices {args.devices}: JAX started with {jax.device_count()} "
+                             f"{jax.default_backend()} devices; set XLA_FLAGS before starting the process")
+        child = {**os.environ, **env, _CHILD: "1"}
+        if args.devices:
+            child["XLA_FLAGS"] = _xla_flags(child.get("XLA_FLAGS", ""), args.devices)
+        return subprocess.call([sys.executable, "-m", "ipl_jax.cli", "plan", *argv], env=child)
+    os.environ.update(env)
+    if args.devices:
+        os.environ["XLA_FLAGS"] = _xla_flags(os.environ.get("XLA_FLAGS", ""), args.devices)
+        jax.config.update("jax_num_cpu_devices", args.devices)
+    jax.config.update("jax_platforms", "cpu")
+    return None
+
+
+def _devices(args):
+    import jax
+
+    if args.topology is None:
+        return jax.devices(), jax.default_backend()
+    from jax.experimental import topologies
+
+    name = topology_name(args.topology)
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=name)
+    except Exception as e:  # noqa: BLE001 - libtpu's errors (an unknown chip or shape) are runtime errors
+        text = " ".join(str(e).split())[:200]
+        raise UsageError(f"--topology {args.topology} ({name}): {text}") from None
+    return list(topo.devices), "tpu"
+
+
+def _check_early(args, config, plan_lib, settings, mesh_arg) -> None:
+    """What can be checked before JAX starts: the mesh against --devices, batches, dtypes, the topology name and
+    its compiler."""
+    import importlib.util
+
+    if args.devices is not None:
+        shape = plan_lib.mesh_shape(config, mesh_arg, args.devices)
+        plan_lib.validate(config, settings, shape, "cpu")
+    elif args.topology is not None:
+        topology_name(args.topology)
+        plan_lib.check_dtype(settings, "tpu")
+        if importlib.util.find_spec("libtpu") is None:
+            raise UsageError(f"--topology {args.topology}: no TPU compiler installed (libtpu); install the tpu-plan "
+                             "extra: pip install 'ipl-jax[tpu-plan]'")
+
+
+@command(PROG)
+def main(argv: list[str]) -> int:
+    from ipl_jax.configs.loader import parse_args_with_config
+    from ipl_jax.model.sharding import make_mesh
+    from ipl_jax.training import plan as plan_lib
+
+    args, config = parse_args_with_config(parser(), argv)
+    try:
+        mesh_arg = plan_lib.parse_mesh(args.mesh) if args.mesh else None
+        arch, cfg = plan_lib.model_config(config, args.config or "", args.arch)
+        dtype = args.dtype or str(config.model.get("dtype", "") or "bfloat16")
+        settings = plan_lib.PlanSettings(compute_dtype=dtype, remat=args.remat == "on", frozen_dtype=args.frozen_dtype,
+                                         programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()))
+        _check_early(args, config, plan_lib, settings, mesh_arg)
+        status = _prepare_backend(args, argv)
+        if status is not None:
+            return status
+        devices, platform = _devices(args)
+        shape = plan_lib.mesh_shape(config, mesh_arg, len(devices))
+        plan_lib.validate(config, settings, shape, platform)
+        mesh = make_mesh(shape, devices=devices)
+        where = f"{len(devices)} {platform} devices" + (f" ({args.topology})" if args.topology else "")
+        info = plan_lib.describe(cfg)
+        header = (f"plan of {args.config} ({arch}, {info['params'] / 1e9:.2f}B params) on {where}, mesh "
+                  f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen weights "
+                  f"{args.frozen_dtype or dtype}, remat {args.remat}; per device (XLA FLOP: cost_analysis, loop "
+                  "bodies counted once)")
+        print(header, file=sys.stderr)
+        plans = plan_lib.plan_job(config, cfg, mesh, settings, on_program=lambda pl: print(
+            f"  compiled {pl.name} in {pl.compile_s:.1f}s", file=sys.stderr))
+    except plan_lib.PlanError as e:
+        raise UsageError(str(e)) from None
+    print(plan_lib.format_table(plans, header, args.budget_gb))
+    if args.json:
+        doc = {"config": args.config, "arch": arch, "model": info, "platform": platform, "devices": len(devices),
+               "topology": args.topology, "mesh": dict(zip(("data", "fsdp", "tensor"), shape)),
+               "settings": {"compute_dtype": dtype, "remat": args.remat == "on",
+                            "frozen_dtype": args.frozen_dtype or dtype},
+               "programs": {pl.name: pl.as_dict() for pl in plans}}
+        write_text(args.json, json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""``ipl-jax plan``: the HLO FLOP counter on known answers, the published architectures' sizes, a tiny job planned
+on fake CPU devices (sharded arguments and FLOPs per device ~1/N of one device's), and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ipl_jax.cli import plan as plan_cli
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import count_params, param_shapes
+from ipl_jax.training import plan as plan_lib
+from ipl_jax.training.hlo_cost import hlo_flops
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--config", "synthetic:quick", "--config.ipl.batch_size=4", "--config.sampler.batch_size=4"]
+
+
+def _scan_matmuls(w, x):
+    def body(h, wi):
+        return jnp.tanh(h @ wi), None
+
+    return jax.lax.scan(body, x, w)[0].sum()
+
+
+def test_hlo_flops_counts_every_trip_of_a_loop():
+    w = jax.ShapeDtypeStruct((8, 32, 32), jnp.float32)  # 8 layers of [32, 32] weights
+    x = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    forward = 8 * 2 * 16 * 32 * 32
+    fwd = jax.jit(_scan_matmuls).lower(w, x).compile()
+    assert hlo_flops(fwd.as_text()).flops == forward
+    grad = jax.jit(jax.grad(_scan_matmuls)).lower(w, x).compile()
+    cost = hlo_flops(grad.as_text())
+    assert cost.flops == 3 * forward  # forward + the two backward matmuls per layer
+    assert cost.unknown_loops == 0
+    xla = grad.cost_analysis()
+    xla = xla[0] if isinstance(xla, (list, tuple)) else xla
+    assert xla["flops"] < forward  # why the counter exists: XLA counts the loop body once
+
+
+def test_hlo_flops_takes_the_costlier_branch_and_counts_unknown_loops_once():
+    def f(pred, a, b):
+        y = jax.lax.cond(pred, lambda: a @ b, lambda: a)  # [8, 8] @ [8, 8]: 1024 FLOPs, or none
+
+        def cond(c):
+            return jnp.sum(c[1]) < 1e9
+
+        def body(c):
+            return c[0] + 1, c[1] @ b
+
+        return jax.lax.while_loop(cond, body, (0, y))[1]
+
+    args = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((8, 8), jnp.float32),
+            jax.ShapeDtypeStruct((8, 8), jnp.float32))
+    cost = hlo_flops(jax.jit(f).lower(*args).compile().as_text())
+    assert cost.flops == 2 * 2 * 8 * 8 * 8
+    assert cost.unknown_loops == 1
+
+
+_TPU_STYLE_HLO = """HloModule m
+
+%cond (c: (s32[], f32[8,8])) -> pred[] {
+  %c = (s32[], f32[8,8]{1,0}) parameter(0)
+  %n = s32[] constant(5)
+  %i = s32[] get-tuple-element(%c), index=0
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (b: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %b = (s32[], f32[8,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%b), index=0
+  %x = f32[8,8]{1,0:T(8,128)} get-tuple-element(%b), index=1
+  %y = f32[8,8]{1,0:T(8,128)} convolution(%x, %x), dim_labels=bf_io->bf
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8,8]{1,0}) tuple(%j, %y)
+}
+
+ENTRY %main (a: f32[4,8]) -> f32[8,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %g = f32[8,8]{1,0} dot(%a, %a), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %z = s32[] constant(0)
+  %t = (s32[], f32[8,8]{1,0}) tuple(%z, %g)
+  %w = (s32[], f32[8,8]{1,0}) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[8,8]{1,0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_hlo_flops_reads_a_loop_bound_from_its_condition():
+    # TPU programs carry no known_trip_count: the bound of `counter < 5` is the trip count; matmuls appear as
+    # convolutions (bf_io->bf contracts the lhs feature dimension)
+    cost = hlo_flops(_TPU_STYLE_HLO)
+    assert cost.flops == 2 * 8 * 8 * 4 + 5 * 2 * 8 * 8 * 8
+    assert cost.unknown_loops == 0
+
+
+def test_published_architectures_have_their_parameter_counts():
+    counts = {name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d)))
+              for name, d in plan_lib.ARCHITECTURES.items()}
+    assert counts == {"qwen2-vl-2b": 2_208_985_600, "qwen2-vl-7b": 8_291_375_616}  # the Hub's model cards
+
+
+_PLAN_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from ipl_jax.cli import plan as cli
+    status = cli.main(sys.argv[2:])
+    assert status == 0, status
+    import jax
+    from ipl_jax.configs.loader import load_config
+    from ipl_jax.training import plan as P
+    config = load_config("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
+    _, cfg = P.model_config(config, "synthetic:quick")
+    from ipl_jax.model.sharding import make_mesh
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    one = P.plan_job(config, cfg, mesh, P.PlanSettings(programs=("tdpo",)))[0]
+    json.dump(one.as_dict(), open(sys.argv[1], "w"))
+""")
+
+
+def test_tiny_job_planned_on_four_fake_devices(tmp_path):
+    out4, out1 = tmp_path / "plan4.json", tmp_path / "plan1.json"
+    args = [*SMALL, "--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--programs", "tdpo,prefill,decode",
+            "--json", str(out4)]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    proc = subprocess.run([sys.executable, "-c", _PLAN_SCRIPT, str(out1), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tdpo" in proc.stdout and "decode" in proc.stdout  # the table
+    doc = json.loads(out4.read_text())
+    assert doc["devices"] == 4 and doc["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    for name in ("tdpo", "prefill", "decode"):
+        p = doc["programs"][name]
+        for key in ("arguments", "outputs", "temporaries", "total", "flops"):
+            assert p[key] > 0, (name, key, p)
+        assert p["total"] == p["arguments"] + p["outputs"] + p["temporaries"] - p["aliased"]
+    assert doc["programs"]["tdpo"]["aliased"] > 0  # the state is donated
+    sharded, single = doc["programs"]["tdpo"], json.loads(out1.read_text())
+    # fsdp shards every weight and Adam moment of this model 4 ways (all its widths divide by 4)
+    for part in ("trainable", "optimizer"):
+        assert sharded["inputs"][part] * 4 == pytest.approx(single["inputs"][part], rel=0.02), part
+    assert 0.2 < sharded["arguments"] / single["arguments"] < 0.32
+    assert 0.2 < sharded["flops"] / single["flops"] < 0.3  # each device runs a quarter of the rows
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--devices", "4", "--mesh", "data=1,fsdp=2,tensor=1"],
+     "mesh data=1,fsdp=2,tensor=1 needs 2 devices but there are 4 (valid: sizes whose product is 4"),
+    (["--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--config.ipl.batch_size=6"],
+     "config.ipl.batch_size=6 does not divide over the mesh's batch axes data x fsdp = 4 (valid: a multiple of 4"),
+    (["--devices", "2", "--mesh", "fsdp=two"], "--mesh 'fsdp=two': expected AXIS=SIZE,... with axes data, fsdp"),
+    (["--topology", "v9-8"], "--topology 'v9-8' is unknown (valid: v4-N, v5p-N"),
+    (["--topology", "v5p-6"], "--topology 'v5p-6': no such slice (valid: v5p-8, v5p-16"),
+    (["--devices", "2", "--mesh", "data=2", "--dtype", "float8"],
+     "--dtype float8: not available on cpu (valid: float32, bfloat16, float16)"),
+    (["--topology", "v5e-16", "--dtype", "float16"],
+     "--dtype float16: not available on tpu (valid: float32, bfloat16)"),
+    (["--devices", "2", "--mesh", "data=2", "--programs", "tdpo,train"], "--programs train: unknown (valid: sft"),
+    (["--devices", "2", "--topology", "v5p-8"], "not allowed with argument"),
+])
+def test_bad_invocations_get_one_line_and_status_2(capsys, extra, message):
+    status = plan_cli.main([*SMALL, *extra])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert len(err.splitlines()) == 1 and err.startswith("ipl-jax plan: ")
+    assert message in err, err
+
+
+def test_topology_names_map_to_libtpu_shapes():
+    assert plan_cli.topology_name("v5p-16") == "v5p:2x2x2"  # 16 TensorCores = 8 chips
+    assert plan_cli.topology_name("v5p-8") == "v5p:2x2x1"
+    assert plan_cli.topology_name("v5e-16") == "v5e:4x4"
+    assert plan_cli.topology_name("v6e-8") == "v6e:2x4"
+    assert plan_cli.topology_name("v5p:4x4x4") == "v5p:4x4x4"
