@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 INTERVAL_ENV = "IPL_JAX_PROGRESS_INTERVAL"
 QUIET_ENV = "IPL_JAX_QUIET"
@@ -45,8 +46,15 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def progress(iterable: Optional[Iterable] = None, total: Optional[int] = None, desc: str = "", unit: str = "it",
-             initial: int = 0, file=None, interval: Optional[float] = None):
+def progress(
+    iterable: Iterable | None = None,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    initial: int = 0,
+    file=None,
+    interval: float | None = None,
+):
     """A progress reporter over ``iterable`` (or updated by hand with ``update``); see the module docstring.
 
     total: the number of units (default ``len(iterable)`` when it has one). interval: seconds between log lines
@@ -57,12 +65,21 @@ def progress(iterable: Optional[Iterable] = None, total: Optional[int] = None, d
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)
     if _quiet() or not _is_terminal(stream):
-        return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream,
-                           interval=_interval() if interval is None else interval, silent=_quiet())
+        return LogProgress(
+            iterable,
+            total=total,
+            desc=desc,
+            unit=unit,
+            initial=initial,
+            file=stream,
+            interval=_interval() if interval is None else interval,
+            silent=_quiet(),
+        )
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream, dynamic_ncols=True,
-                mininterval=0.5)
+    return tqdm(
+        iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream, dynamic_ncols=True, mininterval=0.5
+    )
 
 
 def progress_bar(total: int, desc: str, unit: str = "it", initial: int = 0):
@@ -82,9 +99,18 @@ class LogProgress:
     """Progress as whole lines (no carriage returns): at most one per ``interval`` seconds, plus one at the end of
     a loop that took ``FINAL_AFTER`` seconds or more."""
 
-    def __init__(self, iterable=None, total: Optional[int] = None, desc: str = "", unit: str = "it",
-                 initial: int = 0, file=None, interval: float = DEFAULT_INTERVAL, silent: bool = False,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        iterable=None,
+        total: int | None = None,
+        desc: str = "",
+        unit: str = "it",
+        initial: int = 0,
+        file=None,
+        interval: float = DEFAULT_INTERVAL,
+        silent: bool = False,
+        clock=time.monotonic,
+    ):
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
         self.n = self.initial = int(initial)
         self.file = sys.stderr if file is None else file
@@ -129,7 +155,7 @@ class LogProgress:
             if self.n != self.shown and (self.lines or now - self.start >= FINAL_AFTER):
                 self._emit(now)
 
-    def line(self, now: Optional[float] = None) -> str:
+    def line(self, now: float | None = None) -> str:
         """The progress line at time ``now``."""
         now = self.clock() if now is None else now
         elapsed = now - self.start

@@ -1,19 +1,28 @@
 import pytest
 
-from ipl_jax.coat.actions import (Action, format_action, format_grounding, parse_action, parse_action_text,
-                             parse_grounding)
+from ipl_jax.coat.actions import (
+    Action,
+    format_action,
+    format_grounding,
+    parse_action,
+    parse_action_text,
+    parse_grounding,
+)
 
 
-@pytest.mark.parametrize("action", [
-    Action("click", point=(0.5, 0.25), box=(0.4, 0.2, 0.6, 0.3), target="Wi-Fi toggle"),
-    Action("long_press", target="Anna"),
-    Action("type", text="red shoes"),
-    Action("scroll", direction="up"),
-    Action("press", button="enter"),
-    Action("stop"),
-    Action("open_app", text="Clock"),
-    Action("wait"),
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        Action("click", point=(0.5, 0.25), box=(0.4, 0.2, 0.6, 0.3), target="Wi-Fi toggle"),
+        Action("long_press", target="Anna"),
+        Action("type", text="red shoes"),
+        Action("scroll", direction="up"),
+        Action("press", button="enter"),
+        Action("stop"),
+        Action("open_app", text="Clock"),
+        Action("wait"),
+    ],
+)
 def test_format_then_parse_round_trips(action):
     text = format_action(action)
     grounding = format_grounding(action.box) if action.box else None
@@ -33,8 +42,22 @@ def test_grounding_parsing():
         assert parse_grounding(bad) is None
 
 
-@pytest.mark.parametrize("text", ["", "   ", "jump around", "scroll sideways", "press power", "type no quotes",
-                                  "click", None, 3.5, "<|im_end|>", "import os; os.system('x')"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "jump around",
+        "scroll sideways",
+        "press power",
+        "type no quotes",
+        "click",
+        None,
+        3.5,
+        "<|im_end|>",
+        "import os; os.system('x')",
+    ],
+)
 def test_garbage_never_raises_and_is_invalid(text):
     a = parse_action_text(text)
     assert not a.parsed and a.type == "invalid"

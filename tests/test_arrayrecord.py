@@ -101,8 +101,8 @@ def test_record_encoding_layout_and_exact_floats(packed_sets):
     record = encode_step(step, ep, png)
     assert record[:7] == MAGIC and record[7] == RECORD_VERSION
     n = int.from_bytes(record[8:12], "little")
-    header = json.loads(record[12:12 + n])
-    assert record[12 + n:] == png and header["image_format"] == "png"
+    header = json.loads(record[12 : 12 + n])
+    assert record[12 + n :] == png and header["image_format"] == "png"
     assert list(header) == sorted(header)  # canonical: sorted keys
     header, image = split_record(record, ("mem", 0))
     assert bytes(image) == png
@@ -133,15 +133,31 @@ def test_score_identical_from_both_sources(packed_sets, fmt, tmp_path):
         elif i % 3 == 1:
             preds[(s.episode_id, s.step_id)] = Action(type="press", button="back")
     table_direct = score_episodes(direct, preds, fmt)
-    table_packed = score_episodes(load_dataset(packed, "arrayrecord", split), preds,
-                                  scoring_format("arrayrecord", packed))
+    table_packed = score_episodes(
+        load_dataset(packed, "arrayrecord", split), preds, scoring_format("arrayrecord", packed)
+    )
     assert table_packed == table_direct and 0 < table_direct["step_acc"] < 1
 
     lines = [json.dumps({"episode_id": k[0], "step_id": k[1], "prediction": a.to_json()}) for k, a in preds.items()]
     (tmp_path / "preds.jsonl").write_text("\n".join(lines) + "\n")
     for name, data in (("direct", root), ("packed", packed)):
-        assert score_main(["--data", str(data), "--format", fmt, "--split", split, "--predictions",
-                           str(tmp_path / "preds.jsonl"), "--json", str(tmp_path / f"{name}.json")]) == 0
+        assert (
+            score_main(
+                [
+                    "--data",
+                    str(data),
+                    "--format",
+                    fmt,
+                    "--split",
+                    split,
+                    "--predictions",
+                    str(tmp_path / "preds.jsonl"),
+                    "--json",
+                    str(tmp_path / f"{name}.json"),
+                ]
+            )
+            == 0
+        )
     assert json.loads((tmp_path / "packed.json").read_text()) == json.loads((tmp_path / "direct.json").read_text())
 
 
@@ -160,8 +176,9 @@ def test_two_processes_read_every_record_exactly_once(packed_sets, tmp_path):
     # through the shuffled Grain pipeline, one epoch per process: still every record once
     batches = []
     for share in shares:
-        ds = make_dataset(share, lambda s: np.array([int(s.episode_id), s.step_id]), batch_size=1, seed=3,
-                          drop_remainder=False)
+        ds = make_dataset(
+            share, lambda s: np.array([int(s.episode_id), s.step_id]), batch_size=1, seed=3, drop_remainder=False
+        )
         batches += [tuple(b[0]) for b in make_iterator(ds, num_threads=2)]
     assert sorted(batches) == sorted((int(e), s) for e, s in everything)
     with pytest.raises(ValueError, match=r"4 shard files cannot be divided among 3 processes.*--shards"):
@@ -230,5 +247,6 @@ def test_synthetic_job_stores_its_data_as_arrayrecord(tmp_path):
         packed_steps = [s for e in splits["arrayrecord"][name] for s in e.steps]
         direct_steps = [s for e in episodes for s in e.steps]
         assert [dataclasses.replace(s, image=None) for s in packed_steps] == [
-            dataclasses.replace(s, image=None) for s in direct_steps] and direct_steps
+            dataclasses.replace(s, image=None) for s in direct_steps
+        ] and direct_steps
         assert packed_steps[0].image.encoded() == Path(direct_steps[0].image).read_bytes()

@@ -71,8 +71,9 @@ def test_metadata_of_another_version_or_kind(packed):
     path.write_text(json.dumps({**meta, "version": 2}))
     with pytest.raises(ValueError) as err:
         load_packed(packed, "train")
-    assert _one_line(err) == (f"{path}: packed with version 2; this ipl-jax reads version 1 (repack the source "
-                              f"with ipl-jax pack-data)")
+    assert _one_line(err) == (
+        f"{path}: packed with version 2; this ipl-jax reads version 1 (repack the source with ipl-jax pack-data)"
+    )
     path.write_text(json.dumps({**meta, "format": "something-else"}))
     with pytest.raises(ValueError, match="not an ipl-jax ArrayRecord metadata file"):
         read_metadata(packed)
@@ -135,8 +136,10 @@ def test_pack_data_usage_errors_exit_2(source, tmp_path, capsys):
         (["--format", "aitz", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "no such directory"),
         (["--format", "aitz", "--data", str(source), "--out", str(tmp_path / "full")], "is not empty"),
         (["--format", "aitz", "--data", str(source), "--out", str(tmp_path / "o"), "--shards", "0"], "must be >= 1"),
-        (["--format", "aitz", "--data", str(source), "--out", str(tmp_path / "o"), "--splits", "dev"],
-         "no split dev in this aitz data (found: test, train"),
+        (
+            ["--format", "aitz", "--data", str(source), "--out", str(tmp_path / "o"), "--splits", "dev"],
+            "no split dev in this aitz data (found: test, train",
+        ),
         (["--format", "amex", "--data", str(source), "--out", str(tmp_path / "o")], "no split (none found)"),
     ]
     for argv, message in cases:
@@ -161,7 +164,11 @@ def test_pack_data_malformed_source_record(tmp_path, capsys):
     meta = read_metadata(tmp_path / "o")
     assert meta["splits"]["all"]["skipped"] == 1 and meta["splits"]["all"]["steps"] == 6
     # the pack is replaced in place by a later run
-    status, out = _run(["--format", "amex", "--data", str(root), "--out", str(tmp_path / "o"), "--skip-bad",
-                        "--shards", "2"], capsys)
+    status, out = _run(
+        ["--format", "amex", "--data", str(root), "--out", str(tmp_path / "o"), "--skip-bad", "--shards", "2"], capsys
+    )
     assert status == 0 and sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "all.array_record-00000-of-00002", "all.array_record-00001-of-00002", METADATA_FILE]
+        "all.array_record-00000-of-00002",
+        "all.array_record-00001-of-00002",
+        METADATA_FILE,
+    ]

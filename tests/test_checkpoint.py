@@ -21,7 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from support import small_models, toy_lm  # noqa: E402
 from support.small_models import tiny_training_batch  # noqa: E402
 
-from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep  # noqa: E402
+from ipl_jax.training import optimizer as optim  # noqa: E402
+from ipl_jax.training import sft
+from ipl_jax.training import state as tstate
+from ipl_jax.training import step as tstep
 from ipl_jax.training.checkpoint import Checkpointer  # noqa: E402
 from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
 
@@ -49,8 +52,9 @@ def assert_trees_equal(a, b):
 def test_round_trip_is_exact(tmp_path):
     state, opt = toy_state(steps=2, freeze_regex=tstate.VISION_REGEX)
     saved = jax.tree.map(np.array, state)
-    template = tstate.create_train_state(toy_lm.toy_params(seed=1), opt, jax.random.PRNGKey(0),
-                                        freeze_regex=tstate.VISION_REGEX)
+    template = tstate.create_train_state(
+        toy_lm.toy_params(seed=1), opt, jax.random.PRNGKey(0), freeze_regex=tstate.VISION_REGEX
+    )
     with Checkpointer(tmp_path / "ck", save_every=1) as ck:
         assert ck.save(2, state, data_state={"next_index": 5, "epoch": [1, 2]}, metadata={"config": {"lr": 0.1}})
         ck.wait()
@@ -89,8 +93,9 @@ def test_save_schedule_and_retention(tmp_path):
 def test_load_model_params_merges_lora_and_frozen(tmp_path):
     lora_state, _ = toy_state(steps=0, lora=LoraConfig(rank=2, alpha=4.0, targets=("up_proj/kernel$",)))
     rng = np.random.default_rng(0)  # non-zero B (as after training) without compiling a training step
-    lora_state = lora_state.replace(params=jax.tree.map(
-        lambda x: np.asarray(rng.standard_normal(x.shape), np.float32), lora_state.params))
+    lora_state = lora_state.replace(
+        params=jax.tree.map(lambda x: np.asarray(rng.standard_normal(x.shape), np.float32), lora_state.params)
+    )
     expected = jax.device_get(merge_lora(lora_state.frozen, lora_state.params))
     with Checkpointer(tmp_path / "lora", save_every=1) as ck:
         ck.save(2, lora_state)
@@ -122,11 +127,15 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
     cfg = small_models.tiny_cfg()
     config = toy_lm.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
     opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
-    state = tstate.create_train_state(small_models.numpy_params(cfg), opt, jax.random.PRNGKey(0),
-                                     freeze_regex=tstate.VISION_REGEX)
-    data = (grain.MapDataset.range(10_000).shuffle(seed=3)
-            .map(lambda i: sft.sft_model_batch(cfg, tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
-            .to_iter_dataset())
+    state = tstate.create_train_state(
+        small_models.numpy_params(cfg), opt, jax.random.PRNGKey(0), freeze_regex=tstate.VISION_REGEX
+    )
+    data = (
+        grain.MapDataset.range(10_000)
+        .shuffle(seed=3)
+        .map(lambda i: sft.sft_model_batch(cfg, tiny_training_batch(cfg, int(i), b=2, patch_bucket=48)))
+        .to_iter_dataset()
+    )
     batches = iter(data)
     ckpt = Checkpointer(Path(run_dir) / "ckpt", save_every=save_every, keep=2)
     if ckpt.latest_step() is not None:
@@ -139,17 +148,33 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
         print(json.dumps({"step": n, "loss": metrics["loss"]}), flush=True)
         time.sleep(step_delay)
 
-    state, _ = tstep.train_loop(state, step, batches, num_steps, checkpointer=ckpt, data_state_fn=batches.get_state,
-                                metadata={"job": "kill-test"}, on_metrics=on_metrics)
+    state, _ = tstep.train_loop(
+        state,
+        step,
+        batches,
+        num_steps,
+        checkpointer=ckpt,
+        data_state_fn=batches.get_state,
+        metadata={"job": "kill-test"},
+        on_metrics=on_metrics,
+    )
     ckpt.close()
-    flat = flatten_with_paths(jax.device_get({"params": state.params, "opt_state": state.opt_state,
-                                              "rng": state.rng, "step": state.step}))
+    flat = flatten_with_paths(
+        jax.device_get({"params": state.params, "opt_state": state.opt_state, "rng": state.rng, "step": state.step})
+    )
     np.savez(Path(run_dir) / "final.npz", **{k.replace("/", "|"): v for k, v in flat.items()})
 
 
 def _job(run_dir, num_steps, save_every, delay, cache_dir):
-    return [sys.executable, os.path.abspath(__file__), str(run_dir), str(num_steps), str(save_every), str(delay),
-            str(cache_dir)]
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        str(run_dir),
+        str(num_steps),
+        str(save_every),
+        str(delay),
+        str(cache_dir),
+    ]
 
 
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
@@ -158,13 +183,25 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     cache = tmp_path / "xla_cache"
     n_steps, every = 7, 2
 
-    full = subprocess.run(_job(tmp_path / "full", n_steps, every, 0, cache), capture_output=True, text=True,
-                          env=env, cwd=repo, timeout=300)
+    full = subprocess.run(
+        _job(tmp_path / "full", n_steps, every, 0, cache),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=repo,
+        timeout=300,
+    )
     assert full.returncode == 0, full.stderr[-3000:]
 
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen(_job(killed_dir, n_steps, every, 0.5, cache), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
+    proc = subprocess.Popen(
+        _job(killed_dir, n_steps, every, 0.5, cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=repo,
+    )
     try:
         deadline = time.time() + 240
         while not (killed_dir / "ckpt" / "4").is_dir():  # orbax renames the finished step directory into place
@@ -177,8 +214,9 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert not (killed_dir / "final.npz").exists()
 
-    resumed = subprocess.run(_job(killed_dir, n_steps, every, 0, cache), capture_output=True, text=True, env=env,
-                             cwd=repo, timeout=300)
+    resumed = subprocess.run(
+        _job(killed_dir, n_steps, every, 0, cache), capture_output=True, text=True, env=env, cwd=repo, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     info = json.loads(resumed.stdout.splitlines()[0])
     assert 4 <= info["resumed_from"] < n_steps and info["meta_step"] == info["resumed_from"]
@@ -189,7 +227,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # bit-equal
     full_losses = [json.loads(line)["loss"] for line in full.stdout.splitlines() if '"loss"' in line]
     resumed_losses = [json.loads(line)["loss"] for line in resumed.stdout.splitlines() if '"loss"' in line]
-    assert resumed_losses == full_losses[info["resumed_from"]:]
+    assert resumed_losses == full_losses[info["resumed_from"] :]
 
 
 if __name__ == "__main__":

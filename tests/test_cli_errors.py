@@ -8,8 +8,8 @@ import dataclasses
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pytest
 from PIL import Image
@@ -50,8 +50,11 @@ def files(tmp_path_factory) -> Files:
     (amex / "screenshot").mkdir()
     Image.new("RGB", (108, 240), (90, 90, 90)).save(amex / "screenshot" / "s0.png")
     step = {"step_id": 0, "image_path": "s0.png", "action": "PRESS_BACK", "device_dim": [108, 240]}
-    (amex / "instruction_anno" / "ep1.json").write_text(json.dumps(
-        {"episode_id": "ep1", "instruction": "Open Gmail.", "steps": [step, {**step, "action": "TASK_COMPLETE"}]}))
+    (amex / "instruction_anno" / "ep1.json").write_text(
+        json.dumps(
+            {"episode_id": "ep1", "instruction": "Open Gmail.", "steps": [step, {**step, "action": "TASK_COMPLETE"}]}
+        )
+    )
     preds = root / "preds.jsonl"
     preds.write_text(json.dumps({"episode_id": "0", "step_id": 0, "prediction": {"type": "stop"}}) + "\n")
     a_file = root / "a_file"
@@ -72,7 +75,7 @@ class Case:
     rc: int
     message: str  # a regular expression the one stderr line must match
     job: bool = False  # touches f.workdir: a rerun of GOOD_JOB there must still resume
-    setup: Optional[Callable] = None  # (monkeypatch) -> None
+    setup: Callable | None = None  # (monkeypatch) -> None
 
 
 def _run(f: Files, *extra: str) -> list[str]:
@@ -91,101 +94,271 @@ def _two_devices(monkeypatch):
 
 CASES = [
     # ------------------------------------------------------------------ job config: values, files, variants
-    Case("unknown ipl.method", lambda f: _run(f, "--config.ipl.method=tdpoo"), 2,
-         r"^ipl-jax run: config\.ipl\.method: must be one of tdpo, .* \(got 'tdpoo'\) \(fix it with "
-         r"--config\.ipl\.method=\.\.\.\)$", job=True),
-    Case("negative lr", lambda f: _run(f, "--config.sft.learning_rate=-1e-3"), 2,
-         r"^ipl-jax run: config\.sft\.learning_rate=-0\.001: must be > 0 \(fix it with", job=True),
-    Case("negative ipl lr", lambda f: _run(f, "--config.ipl.learning_rate=-1e-6"), 2,
-         r"^ipl-jax run: config\.ipl\.learning_rate: must be > 0", job=True),
-    Case("unknown data store", lambda f: _run(f, "--config.data.store=parquet"), 2,
-         r"^ipl-jax run: config\.data\.store='parquet': must be aitz or arrayrecord", job=True),
-    Case("branching 0", lambda f: _run(f, "--config.sampler.branching=(3,0,3,1)"), 2,
-         r"^ipl-jax run: config\.sampler\.branching=\(3, 0, 3, 1\): must be four integers >= 1", job=True),
-    Case("negative seed", lambda f: _run(f, "--config.seed=-4"), 2,
-         r"^ipl-jax run: config\.seed=-4: must be an integer in \[0, 4294967295\]", job=True),
-    Case("batch not divisible by the mesh", lambda f: _run(f, "--config.eval.batch_size=3"), 2,
-         r"^ipl-jax run: config\.eval\.batch_size=3: not divisible by the mesh's batch axes \(data x fsdp = 2 on "
-         r"2 devices\).*use a multiple of 2$", job=True, setup=_two_devices),
-    Case("unknown data.format", lambda f: _run(f, "--config.data.format=aitzz"), 2,
-         r"^ipl-jax run: config\.data\.format='aitzz': must be one of synthetic, aitz, amex, androidcontrol.* or "
-         r"tfds:NAME \(fix it with --config\.data\.format=\.\.\.\)$", job=True),
-    Case("unknown field", lambda f: _run(f, "--config.sft.stepz=3"), 2,
-         r"^ipl-jax run: .*unknown config field 'sft\.stepz' \(fields at sft: .*\)", job=True),
-    Case("unknown config variant", lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)], 2,
-         r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected 'quick' or nothing\)"),
-    Case("missing config file", lambda f: ["run", "--config", str(f.root / "mine.py"), "--workdir", str(f.fresh)],
-         2, r"^ipl-jax run: config '.*mine\.py': no such file"),
-    Case("workdir is a file", lambda f: ["run", "--config", "synthetic:quick", "--workdir", str(f.a_file)], 2,
-         r"^ipl-jax run: --workdir .*a_file: exists and is not a directory"),
-    Case("paper config without checkpoint and data", lambda f: _paper(f), 2,
-         r"^ipl-jax run: config\.data\.root and config\.model\.checkpoint are empty: .*pass "
-         r"--config\.data\.root=DIR --config\.model\.checkpoint=DIR"),
-    Case("paper config without checkpoint", lambda f: _paper(f, f"--config.data.root={f.aitz}"), 2,
-         r"^ipl-jax run: config\.model\.checkpoint is empty: a job on aitz data starts from a Hugging Face "
-         r"checkpoint; "
-         r"pass --config\.model\.checkpoint=DIR"),
-    Case("paper config, data.root missing", lambda f: _paper(f, f"--config.data.root={f.root / 'nope'}",
-                                                             f"--config.model.checkpoint={f.corrupt_model}"), 2,
-         r"^ipl-jax run: config\.data\.root='.*nope': no such directory; pass --config\.data\.root=DIR"),
-    Case("paper config, corrupt checkpoint", lambda f: _paper(f, f"--config.data.root={f.aitz}",
-                                                              "--config.data.test_splits=('test',)",
-                                                              f"--config.model.checkpoint={f.corrupt_model}"), 2,
-         r"^ipl-jax run: config\.model\.checkpoint .*model\.safetensors: not a valid safetensors file \(.*\); "
-         r"re-download or re-export the model$"),
-    Case("sft bad value", lambda f: ["sft", "--config", "synthetic:quick", "--workdir", str(f.workdir),
-                                     "--config.sft.batch_size=0"], 2,
-         r"^ipl-jax sft: config\.sft\.batch_size=0: must be >= 1", job=True),
-    Case("ablate unknown variant", lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh),
-                                              "--variants", "tdpo,k9"], 2,
-         r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, "),
+    Case(
+        "unknown ipl.method",
+        lambda f: _run(f, "--config.ipl.method=tdpoo"),
+        2,
+        r"^ipl-jax run: config\.ipl\.method: must be one of tdpo, .* \(got 'tdpoo'\) \(fix it with "
+        r"--config\.ipl\.method=\.\.\.\)$",
+        job=True,
+    ),
+    Case(
+        "negative lr",
+        lambda f: _run(f, "--config.sft.learning_rate=-1e-3"),
+        2,
+        r"^ipl-jax run: config\.sft\.learning_rate=-0\.001: must be > 0 \(fix it with",
+        job=True,
+    ),
+    Case(
+        "negative ipl lr",
+        lambda f: _run(f, "--config.ipl.learning_rate=-1e-6"),
+        2,
+        r"^ipl-jax run: config\.ipl\.learning_rate: must be > 0",
+        job=True,
+    ),
+    Case(
+        "unknown data store",
+        lambda f: _run(f, "--config.data.store=parquet"),
+        2,
+        r"^ipl-jax run: config\.data\.store='parquet': must be aitz or arrayrecord",
+        job=True,
+    ),
+    Case(
+        "branching 0",
+        lambda f: _run(f, "--config.sampler.branching=(3,0,3,1)"),
+        2,
+        r"^ipl-jax run: config\.sampler\.branching=\(3, 0, 3, 1\): must be four integers >= 1",
+        job=True,
+    ),
+    Case(
+        "negative seed",
+        lambda f: _run(f, "--config.seed=-4"),
+        2,
+        r"^ipl-jax run: config\.seed=-4: must be an integer in \[0, 4294967295\]",
+        job=True,
+    ),
+    Case(
+        "batch not divisible by the mesh",
+        lambda f: _run(f, "--config.eval.batch_size=3"),
+        2,
+        r"^ipl-jax run: config\.eval\.batch_size=3: not divisible by the mesh's batch axes \(data x fsdp = 2 on "
+        r"2 devices\).*use a multiple of 2$",
+        job=True,
+        setup=_two_devices,
+    ),
+    Case(
+        "unknown data.format",
+        lambda f: _run(f, "--config.data.format=aitzz"),
+        2,
+        r"^ipl-jax run: config\.data\.format='aitzz': must be one of synthetic, aitz, amex, androidcontrol.* or "
+        r"tfds:NAME \(fix it with --config\.data\.format=\.\.\.\)$",
+        job=True,
+    ),
+    Case(
+        "unknown field",
+        lambda f: _run(f, "--config.sft.stepz=3"),
+        2,
+        r"^ipl-jax run: .*unknown config field 'sft\.stepz' \(fields at sft: .*\)",
+        job=True,
+    ),
+    Case(
+        "unknown config variant",
+        lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)],
+        2,
+        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected 'quick' or nothing\)",
+    ),
+    Case(
+        "missing config file",
+        lambda f: ["run", "--config", str(f.root / "mine.py"), "--workdir", str(f.fresh)],
+        2,
+        r"^ipl-jax run: config '.*mine\.py': no such file",
+    ),
+    Case(
+        "workdir is a file",
+        lambda f: ["run", "--config", "synthetic:quick", "--workdir", str(f.a_file)],
+        2,
+        r"^ipl-jax run: --workdir .*a_file: exists and is not a directory",
+    ),
+    Case(
+        "paper config without checkpoint and data",
+        lambda f: _paper(f),
+        2,
+        r"^ipl-jax run: config\.data\.root and config\.model\.checkpoint are empty: .*pass "
+        r"--config\.data\.root=DIR --config\.model\.checkpoint=DIR",
+    ),
+    Case(
+        "paper config without checkpoint",
+        lambda f: _paper(f, f"--config.data.root={f.aitz}"),
+        2,
+        r"^ipl-jax run: config\.model\.checkpoint is empty: a job on aitz data starts from a Hugging Face "
+        r"checkpoint; "
+        r"pass --config\.model\.checkpoint=DIR",
+    ),
+    Case(
+        "paper config, data.root missing",
+        lambda f: _paper(f, f"--config.data.root={f.root / 'nope'}", f"--config.model.checkpoint={f.corrupt_model}"),
+        2,
+        r"^ipl-jax run: config\.data\.root='.*nope': no such directory; pass --config\.data\.root=DIR",
+    ),
+    Case(
+        "paper config, corrupt checkpoint",
+        lambda f: _paper(
+            f,
+            f"--config.data.root={f.aitz}",
+            "--config.data.test_splits=('test',)",
+            f"--config.model.checkpoint={f.corrupt_model}",
+        ),
+        2,
+        r"^ipl-jax run: config\.model\.checkpoint .*model\.safetensors: not a valid safetensors file \(.*\); "
+        r"re-download or re-export the model$",
+    ),
+    Case(
+        "sft bad value",
+        lambda f: ["sft", "--config", "synthetic:quick", "--workdir", str(f.workdir), "--config.sft.batch_size=0"],
+        2,
+        r"^ipl-jax sft: config\.sft\.batch_size=0: must be >= 1",
+        job=True,
+    ),
+    Case(
+        "ablate unknown variant",
+        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--variants", "tdpo,k9"],
+        2,
+        r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, ",
+    ),
     # ------------------------------------------------------------------ score / eval / sample
-    Case("score predictions is a directory", lambda f: ["score", "--data", str(f.aitz), "--format", "aitz",
-                                                        "--predictions", str(f.root)], 2,
-         r"^ipl-jax score: --predictions .*: is a directory, expected a predictions JSONL file$"),
-    Case("score --json unwritable", lambda f: ["score", "--data", str(f.aitz), "--format", "aitz", "--predictions",
-                                               str(f.preds), "--json", str(f.a_file / "t.json")], 2,
-         r"^ipl-jax score: --json .*a_file/t\.json: cannot be created because .*a_file is a file; choose another "
-         r"path$"),
-    Case("score --json is a directory", lambda f: ["score", "--data", str(f.aitz), "--format", "aitz",
-                                                   "--predictions", str(f.preds), "--json", str(f.root)], 2,
-         r"^ipl-jax score: --json .*: is a directory; give a file path$"),
-    Case("score missing split", lambda f: ["score", "--data", str(f.aitz), "--format", "aitz", "--predictions",
-                                           str(f.preds), "--split", "dev"], 2,
-         r"^ipl-jax score: --data .* --split dev: AITZ split directory not found"),
-    Case("eval corrupt safetensors", lambda f: ["eval", "--model", str(f.corrupt_model), "--data", str(f.aitz),
-                                                "--format", "aitz"], 2,
-         r"^ipl-jax eval: --model .*model\.safetensors: not a valid safetensors file"),
-    Case("sample corrupt safetensors (old --checkpoint)",
-         lambda f: ["sample", "--checkpoint", str(f.corrupt_model), "--data", str(f.aitz), "--out",
-                    str(f.root / "t.jsonl")], 2,
-         r"^ipl-jax sample: --model .*model\.safetensors: not a valid safetensors file"),
-    Case("export corrupt safetensors", lambda f: ["export", "--model", str(f.corrupt_model), "--out",
-                                                  str(f.root / "exp")], 2,
-         r"^ipl-jax export: --model .*: not a valid safetensors file"),
-    Case("eval without --model", lambda f: ["eval", "--data", str(f.aitz), "--format", "aitz"], 2,
-         r"^ipl-jax eval: the following arguments are required: --model \(see ipl-jax eval --help\)$"),
+    Case(
+        "score predictions is a directory",
+        lambda f: ["score", "--data", str(f.aitz), "--format", "aitz", "--predictions", str(f.root)],
+        2,
+        r"^ipl-jax score: --predictions .*: is a directory, expected a predictions JSONL file$",
+    ),
+    Case(
+        "score --json unwritable",
+        lambda f: [
+            "score",
+            "--data",
+            str(f.aitz),
+            "--format",
+            "aitz",
+            "--predictions",
+            str(f.preds),
+            "--json",
+            str(f.a_file / "t.json"),
+        ],
+        2,
+        r"^ipl-jax score: --json .*a_file/t\.json: cannot be created because .*a_file is a file; choose another "
+        r"path$",
+    ),
+    Case(
+        "score --json is a directory",
+        lambda f: [
+            "score",
+            "--data",
+            str(f.aitz),
+            "--format",
+            "aitz",
+            "--predictions",
+            str(f.preds),
+            "--json",
+            str(f.root),
+        ],
+        2,
+        r"^ipl-jax score: --json .*: is a directory; give a file path$",
+    ),
+    Case(
+        "score missing split",
+        lambda f: ["score", "--data", str(f.aitz), "--format", "aitz", "--predictions", str(f.preds), "--split", "dev"],
+        2,
+        r"^ipl-jax score: --data .* --split dev: AITZ split directory not found",
+    ),
+    Case(
+        "eval corrupt safetensors",
+        lambda f: ["eval", "--model", str(f.corrupt_model), "--data", str(f.aitz), "--format", "aitz"],
+        2,
+        r"^ipl-jax eval: --model .*model\.safetensors: not a valid safetensors file",
+    ),
+    Case(
+        "sample corrupt safetensors (old --checkpoint)",
+        lambda f: [
+            "sample",
+            "--checkpoint",
+            str(f.corrupt_model),
+            "--data",
+            str(f.aitz),
+            "--out",
+            str(f.root / "t.jsonl"),
+        ],
+        2,
+        r"^ipl-jax sample: --model .*model\.safetensors: not a valid safetensors file",
+    ),
+    Case(
+        "export corrupt safetensors",
+        lambda f: ["export", "--model", str(f.corrupt_model), "--out", str(f.root / "exp")],
+        2,
+        r"^ipl-jax export: --model .*: not a valid safetensors file",
+    ),
+    Case(
+        "eval without --model",
+        lambda f: ["eval", "--data", str(f.aitz), "--format", "aitz"],
+        2,
+        r"^ipl-jax eval: the following arguments are required: --model \(see ipl-jax eval --help\)$",
+    ),
     # ------------------------------------------------------------------ synth
-    Case("synth --out is a file", lambda f: ["synth", "--out", str(f.a_file), "--split", "dev", "--episodes", "1"],
-         2, r"^ipl-jax synth: --out .*a_file: exists and is not a directory; choose a directory path$"),
-    Case("synth --png-level 12", lambda f: ["synth", "--out", str(f.root / "s"), "--png-level", "12"], 2,
-         r"^ipl-jax synth: argument --png-level: invalid choice: 12 \(choose from 0, 1, .* 9\)"),
-    Case("synth --seed -1", lambda f: ["synth", "--out", str(f.root / "s"), "--seed", "-1"], 2,
-         r"^ipl-jax synth: argument --seed: '-1' must be >= 0 \(see ipl-jax synth --help\)$"),
-    Case("synth into a non-empty split", lambda f: ["synth", "--out", str(f.aitz), "--split", "test",
-                                                    "--episodes", "1"], 2,
-         r"^ipl-jax synth: --out .*aitz: split folder .*test already holds files \(2 episodes\); pass "
-         r"--overwrite to replace it, or choose another --out$"),
-    Case("synth unknown world field", lambda f: ["synth", "--out", str(f.root / "s"), "--world", "colour=red"], 2,
-         r"^ipl-jax synth: --world 'colour=red': expected k=v with k one of"),
+    Case(
+        "synth --out is a file",
+        lambda f: ["synth", "--out", str(f.a_file), "--split", "dev", "--episodes", "1"],
+        2,
+        r"^ipl-jax synth: --out .*a_file: exists and is not a directory; choose a directory path$",
+    ),
+    Case(
+        "synth --png-level 12",
+        lambda f: ["synth", "--out", str(f.root / "s"), "--png-level", "12"],
+        2,
+        r"^ipl-jax synth: argument --png-level: invalid choice: 12 \(choose from 0, 1, .* 9\)",
+    ),
+    Case(
+        "synth --seed -1",
+        lambda f: ["synth", "--out", str(f.root / "s"), "--seed", "-1"],
+        2,
+        r"^ipl-jax synth: argument --seed: '-1' must be >= 0 \(see ipl-jax synth --help\)$",
+    ),
+    Case(
+        "synth into a non-empty split",
+        lambda f: ["synth", "--out", str(f.aitz), "--split", "test", "--episodes", "1"],
+        2,
+        r"^ipl-jax synth: --out .*aitz: split folder .*test already holds files \(2 episodes\); pass "
+        r"--overwrite to replace it, or choose another --out$",
+    ),
+    Case(
+        "synth unknown world field",
+        lambda f: ["synth", "--out", str(f.root / "s"), "--world", "colour=red"],
+        2,
+        r"^ipl-jax synth: --world 'colour=red': expected k=v with k one of",
+    ),
     # ------------------------------------------------------------------ datasets
-    Case("AITZ image path outside the root", lambda f: ["score", "--data", str(f.aitz_escape), "--format", "aitz",
-                                                        "--predictions", str(f.preds)], 1,
-         r"^ipl-jax score: .*\.json: record 1: field 'image_path': '\.\./\.\./outside\.png' points outside the "
-         r"dataset root .*aitz_escape; image paths must stay inside it$"),
-    Case("AMEX duplicate step ids", lambda f: ["score", "--data", str(f.amex_dup), "--format", "amex", "--split",
-                                               "all", "--predictions", str(f.preds)], 1,
-         r"^ipl-jax score: .*ep1\.json: record steps\[1\]: field 'step_id': duplicate step_id 0 \(also steps\[0\]\)"),
+    Case(
+        "AITZ image path outside the root",
+        lambda f: ["score", "--data", str(f.aitz_escape), "--format", "aitz", "--predictions", str(f.preds)],
+        1,
+        r"^ipl-jax score: .*\.json: record 1: field 'image_path': '\.\./\.\./outside\.png' points outside the "
+        r"dataset root .*aitz_escape; image paths must stay inside it$",
+    ),
+    Case(
+        "AMEX duplicate step ids",
+        lambda f: [
+            "score",
+            "--data",
+            str(f.amex_dup),
+            "--format",
+            "amex",
+            "--split",
+            "all",
+            "--predictions",
+            str(f.preds),
+        ],
+        1,
+        r"^ipl-jax score: .*ep1\.json: record steps\[1\]: field 'step_id': duplicate step_id 0 \(also steps\[0\]\)",
+    ),
     Case("unknown command", lambda f: ["scroe"], 2, r"^ipl-jax: unknown command 'scroe'.*ipl-jax --help"),
 ]
 
@@ -216,12 +389,16 @@ def test_bad_invocation(case: Case, files: Files, capsys, monkeypatch):
 
 
 def test_skip_bad_reports_what_was_skipped(files: Files, capsys):
-    rc = cli.main(["score", "--data", str(files.aitz_escape), "--format", "aitz", "--predictions", str(files.preds),
-                   "--skip-bad"])
+    rc = cli.main(
+        ["score", "--data", str(files.aitz_escape), "--format", "aitz", "--predictions", str(files.preds), "--skip-bad"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 0 and len(err) == 1
-    assert re.match(r"^ipl-jax score: skipped 1 malformed record in .*aitz_escape \(aitz, split test\) \(by field: "
-                    r"image_path: 1\); first: .*points outside the dataset root", err[0]), err[0]
+    assert re.match(
+        r"^ipl-jax score: skipped 1 malformed record in .*aitz_escape \(aitz, split test\) \(by field: "
+        r"image_path: 1\); first: .*points outside the dataset root",
+        err[0],
+    ), err[0]
 
 
 def test_job_skip_bad_from_the_config(files: Files):
@@ -232,8 +409,12 @@ def test_job_skip_bad_from_the_config(files: Files):
     from ipl_jax.pipeline.data_stage import load_splits
     from ipl_jax.pipeline.workdir import Workdir
 
-    args = ["--config.data.format=aitz", f"--config.data.root={files.aitz_escape}", "--config.data.dev_split=test",
-            "--config.data.test_splits=('test',)"]
+    args = [
+        "--config.data.format=aitz",
+        f"--config.data.root={files.aitz_escape}",
+        "--config.data.dev_split=test",
+        "--config.data.test_splits=('test',)",
+    ]
     lines: list[str] = []
     wd = Workdir(files.root / "skip_job", echo=lines.append)
     with pytest.raises(DataError, match="points outside the dataset root"):
@@ -248,16 +429,25 @@ def test_job_skip_bad_from_the_config(files: Files):
 def test_synth_overwrite_replaces_the_split(files: Files, tmp_path):
     out = tmp_path / "synth"
     assert cli.main(["synth", "--out", str(out), "--split", "dev", "--episodes", "3"]) == 0
-    assert cli.main(["synth", "--out", str(out), "--split", "dev", "--episodes", "1", "--seed", "7",
-                     "--overwrite"]) == 0
+    assert (
+        cli.main(["synth", "--out", str(out), "--split", "dev", "--episodes", "1", "--seed", "7", "--overwrite"]) == 0
+    )
     episodes = sorted(p.name for p in out.glob("dev/*/*"))
     assert len(episodes) == 1 and "0007" in episodes[0]  # only the new run's episode; seed 7 is in its id
 
 
-@pytest.mark.parametrize("url, ok", [("https://api.example.com/v1", True), ("http://localhost:8000/v1", True),
-                                     ("http://127.0.0.1:9/v1", True), ("http://[::1]:8080/v1", True),
-                                     ("http://api.example.com/v1", False), ("ftp://example.com", False),
-                                     ("api.example.com/v1", False)])
+@pytest.mark.parametrize(
+    "url, ok",
+    [
+        ("https://api.example.com/v1", True),
+        ("http://localhost:8000/v1", True),
+        ("http://127.0.0.1:9/v1", True),
+        ("http://[::1]:8080/v1", True),
+        ("http://api.example.com/v1", False),
+        ("ftp://example.com", False),
+        ("api.example.com/v1", False),
+    ],
+)
 def test_annotator_sends_the_key_over_https_only(url, ok, monkeypatch):
     if ok:
         annotator.check_base_url(url)

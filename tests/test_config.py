@@ -42,7 +42,8 @@ def test_get_config_arg_and_typed_overrides(config_path):
         f"{config_path}:big",
         [
             "--config.optimizer.learning_rate=3e-4",
-            "--config.optimizer.warmup_steps", "7",
+            "--config.optimizer.warmup_steps",
+            "7",
             "--config.optimizer.freeze_vision=true",
             "--config.buckets=(64, 512, 1024)",
             "--config.targets=q_proj,k_proj",
@@ -105,7 +106,10 @@ def test_missing_file_and_missing_get_config(tmp_path):
 
 def test_parse_override_args_forms():
     assert parse_override_args(["--config.a.b=1", "--config.c", "x=y", "d.e=2"]) == [
-        ("a.b", "1"), ("c", "x=y"), ("d.e", "2")]
+        ("a.b", "1"),
+        ("c", "x=y"),
+        ("d.e", "2"),
+    ]
 
 
 def test_config_dict_source_is_copied():
@@ -117,8 +121,7 @@ def test_config_dict_source_is_copied():
 def test_argparse_glue(config_path):
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    args, config = parse_args_with_config(
-        parser, ["--out", "o", "--config", f"{config_path}:x", "--config.seed=3"])
+    args, config = parse_args_with_config(parser, ["--out", "o", "--config", f"{config_path}:x", "--config.seed=3"])
     assert args.out == "o" and config.seed == 3 and config.name == "x"
     with pytest.raises(SystemExit):
         parse_args_with_config(argparse.ArgumentParser(), ["--config", str(config_path), "--config.zz=1"])

@@ -7,12 +7,21 @@ from PIL import Image
 pytest.importorskip("transformers")
 
 from ipl_jax.coat.actions import Action  # noqa: E402
-from ipl_jax.data.dialogue import (DEFAULT_PROMPTS, CoaTPrompts, coat_example, coat_segments,  # noqa: E402
-                                   coat_turn_texts, collate, pad_to_bucket, qa_example, smallest_bucket)
+from ipl_jax.data.dialogue import (  # noqa: E402
+    DEFAULT_PROMPTS,
+    CoaTPrompts,
+    coat_example,
+    coat_segments,
+    coat_turn_texts,
+    collate,
+    pad_to_bucket,
+    qa_example,
+    smallest_bucket,
+)
 from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
 from ipl_jax.data.records import CoaT, DataError, Step, UIElement  # noqa: E402
-from ipl_jax.data.tokenizer import load_tokenizer  # noqa: E402
 from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
+from ipl_jax.data.tokenizer import load_tokenizer  # noqa: E402
 
 IMAGE_CFG = ImageProcessorConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 16)
 
@@ -31,10 +40,25 @@ def _image(w=90, h=160, seed=0):
 
 def _step(action, history=(), coat=True, **kw):
     img = _image()
-    c = CoaT(screen_desc='Settings page: "Wi-Fi" toggle, 3 list items, a search icon.',
-             action_think="I opened Settings. The screen shows Wi-Fi. I need to turn it on.") if coat else None
-    return Step(episode_id="ep1", step_id=2, instruction="Turn on Wi-Fi", image=lambda: img, screen_size=(90, 160),
-                action=action, history=tuple(history), coat=c, **kw)
+    c = (
+        CoaT(
+            screen_desc='Settings page: "Wi-Fi" toggle, 3 list items, a search icon.',
+            action_think="I opened Settings. The screen shows Wi-Fi. I need to turn it on.",
+        )
+        if coat
+        else None
+    )
+    return Step(
+        episode_id="ep1",
+        step_id=2,
+        instruction="Turn on Wi-Fi",
+        image=lambda: img,
+        screen_size=(90, 160),
+        action=action,
+        history=tuple(history),
+        coat=c,
+        **kw,
+    )
 
 
 CLICK = Action("click", point=(0.5, 0.25), box=(0.4, 0.2, 0.6, 0.3), target="Wi-Fi toggle")
@@ -65,8 +89,9 @@ def test_loss_mask_covers_exactly_the_assistant_texts(tok):
     assert np.all(ex.loss_mask[ex.input_ids == tok.ids.image_pad] == 0)
     context = tok.decode(ex.input_ids[ex.loss_mask == 0])
     assert context.count("<|im_start|>user\n") == 4 and context.count("<|im_start|>assistant\n") == 4
-    assert context.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
-                              "<|vision_start|><|image_pad|>")
+    assert context.startswith(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|>"
+    )
     assert DEFAULT_PROMPTS.describe in context and DEFAULT_PROMPTS.act in context
     assert DEFAULT_PROMPTS.ground in context
     assert ex.input_ids[-1] == tok.ids.im_end  # ends with the last reply's <|im_end|>
@@ -87,7 +112,8 @@ def test_segments_concatenate_to_the_training_example(tok, action):
     # the prefix ends with the assistant header; each prompt runs from after <|im_end|> to the next header
     assert tok.decode(seg.prefix_ids[-3:]).endswith("<|im_start|>assistant\n")
     assert tok.decode(seg.turn_prompt_ids[3]) == (
-        f"\n<|im_start|>user\n{DEFAULT_PROMPTS.act}<|im_end|>\n<|im_start|>assistant\n")
+        f"\n<|im_start|>user\n{DEFAULT_PROMPTS.act}<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert np.all(seg.target_ids[1][-1:] == tok.ids.im_end)
     np.testing.assert_array_equal(seg.pixel_values, ex.pixel_values)
 
@@ -124,8 +150,9 @@ def test_dropped_turns_and_loss_turns(tok):
     assert DEFAULT_PROMPTS.describe not in text and "Task:" not in text
     assert "<|im_start|>user\n<|vision_start|><|image_pad|>" in text and text.count("<|im_start|>user") == 2
     seg = coat_segments(step, tok, IMAGE_CFG, turns=(3, 4))
-    np.testing.assert_array_equal(np.concatenate(
-        [seg.prefix_ids, seg.target_ids[3], seg.turn_prompt_ids[4], seg.target_ids[4]]), ex.input_ids)
+    np.testing.assert_array_equal(
+        np.concatenate([seg.prefix_ids, seg.target_ids[3], seg.turn_prompt_ids[4], seg.target_ids[4]]), ex.input_ids
+    )
     masked = coat_example(step, tok, IMAGE_CFG, loss_turns=(3,))
     full = coat_example(step, tok, IMAGE_CFG)
     np.testing.assert_array_equal(masked.input_ids, full.input_ids)
@@ -139,12 +166,17 @@ def test_qa_example(tok):
     assert tok.decode(ex.input_ids[ex.loss_mask == 1]) == "It opens the settings.<|im_end|>"
     assert set(np.unique(ex.turn_index)) == {0, 1}
     assert tok.decode(ex.input_ids[ex.loss_mask == 0]).endswith(
-        "What does the gear icon do?<|im_end|>\n<|im_start|>assistant\n")
+        "What does the gear icon do?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_fallback_texts_and_bad_steps():
-    step = _step(SCROLL, coat=False, elements=(UIElement((0, 0, 1, 0.1), "Wi-Fi"), UIElement((0, 0, 1, 1), "")),
-                 step_instruction="Scroll down to find Wi-Fi")
+    step = _step(
+        SCROLL,
+        coat=False,
+        elements=(UIElement((0, 0, 1, 0.1), "Wi-Fi"), UIElement((0, 0, 1, 1), "")),
+        step_instruction="Scroll down to find Wi-Fi",
+    )
     texts = coat_turn_texts(step)
     assert texts == {1: "Screen with: Wi-Fi.", 2: "Scroll down to find Wi-Fi", 3: "scroll down"}
     point_only = coat_turn_texts(_step(Action("click", point=(0.25, 0.5), target="OK")))
@@ -155,8 +187,9 @@ def test_fallback_texts_and_bad_steps():
 
 def test_pad_to_bucket():
     assert smallest_bucket(5, (8, 4, 16)) == 8 and smallest_bucket(8, (4, 8)) == 8
-    out, b = pad_to_bucket({"ids": np.arange(1, 6, dtype=np.int32), "mask": np.ones(5, bool)}, (4, 8, 16),
-                           pad_values={"ids": -1})
+    out, b = pad_to_bucket(
+        {"ids": np.arange(1, 6, dtype=np.int32), "mask": np.ones(5, bool)}, (4, 8, 16), pad_values={"ids": -1}
+    )
     assert b == 8
     np.testing.assert_array_equal(out["ids"], [1, 2, 3, 4, 5, -1, -1, -1])
     np.testing.assert_array_equal(out["mask"], [1, 1, 1, 1, 1, 0, 0, 0])
@@ -171,13 +204,14 @@ def test_pad_to_bucket():
 def test_collate_fixed_shapes(tok):
     a = coat_example(_step(CLICK), tok, IMAGE_CFG)
     b = qa_example(tok, IMAGE_CFG, _image(200, 60, seed=3), "Where is OK?", "Top left.")
-    batch = collate([a, b], token_buckets=(64, 128, 256, 512), patch_buckets=(64, 128, 256), pad_id=tok.ids.pad,
-                    batch_size=3)
+    batch = collate(
+        [a, b], token_buckets=(64, 128, 256, 512), patch_buckets=(64, 128, 256), pad_id=tok.ids.pad, batch_size=3
+    )
     t = smallest_bucket(max(len(a), len(b)), (64, 128, 256, 512))
     assert batch.input_ids.shape == batch.loss_mask.shape == batch.turn_index.shape == (3, t)
     assert batch.attention_mask.dtype == bool and batch.attention_mask.sum(1).tolist() == [len(a), len(b), 0]
-    np.testing.assert_array_equal(batch.input_ids[0, :len(a)], a.input_ids)
-    assert np.all(batch.input_ids[1, len(b):] == tok.ids.pad) and np.all(batch.loss_mask[2] == 0)
+    np.testing.assert_array_equal(batch.input_ids[0, : len(a)], a.input_ids)
+    assert np.all(batch.input_ids[1, len(b) :] == tok.ids.pad) and np.all(batch.loss_mask[2] == 0)
     n = len(a.pixel_values) + len(b.pixel_values)
     assert batch.pixel_values.shape == (smallest_bucket(n, (64, 128, 256)), 1176) and batch.patch_mask.sum() == n
     pv, grid = batch.packed_images()

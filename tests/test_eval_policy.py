@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("torch")
 
 from ipl_jax import model as M  # noqa: E402
-from ipl_jax.coat.actions import parse_action  # noqa: E402
-from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
-from ipl_jax.data.tokenizer import IM_END, load_tokenizer  # noqa: E402
 from ipl_jax.cli.eval import main as eval_main  # noqa: E402
 from ipl_jax.cli.sample import main as sample_main  # noqa: E402
 from ipl_jax.cli.score import main as score_main  # noqa: E402
+from ipl_jax.coat.actions import parse_action  # noqa: E402
+from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
+from ipl_jax.data.tokenizer import IM_END, load_tokenizer  # noqa: E402
 from ipl_jax.eval.evaluate import load_dataset  # noqa: E402
 from ipl_jax.sampling import step_prompts  # noqa: E402
 
@@ -47,12 +47,20 @@ def _reference_turns(ckpt, steps):
         for t in range(4):
             if t:
                 seq += list(sp.turn_prompt_ids[t - 1])
-            inputs = M.prepare_inputs(cfg, [seq], None, sp.pixel_values, sp.image_grid_thw,
-                                      text_buckets=(256,), patch_buckets=(256,), pad_id=tok.ids.pad)
+            inputs = M.prepare_inputs(
+                cfg,
+                [seq],
+                None,
+                sp.pixel_values,
+                sp.image_grid_thw,
+                text_buckets=(256,),
+                patch_buckets=(256,),
+                pad_id=tok.ids.pad,
+            )
             ids, n = M.greedy_generate(params, cfg, inputs, max_new_tokens=max(TURN_TOKENS), eos_ids=tok.ids.eos)
-            gen = [int(i) for i in np.asarray(ids[0, :min(int(n[0]), TURN_TOKENS[t])])]
+            gen = [int(i) for i in np.asarray(ids[0, : min(int(n[0]), TURN_TOKENS[t])])]
             text = tok.decode(gen)
-            turns.append((text[:-len(IM_END)] if text.endswith(IM_END) else text).strip())
+            turns.append((text[: -len(IM_END)] if text.endswith(IM_END) else text).strip())
             seq += gen
         out.append(turns)
     return out
@@ -61,9 +69,28 @@ def _reference_turns(ckpt, steps):
 def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     ckpt, data = setup
     preds_path, table_path = tmp_path / "preds.jsonl", tmp_path / "table.json"
-    rc = eval_main(["--model", str(ckpt), "--data", str(data), "--format", "aitz", "--split", "test",
-                    "--steps", "3", "--batch-size", "2", "--max-turn-tokens", *map(str, TURN_TOKENS),
-                    "--json", str(table_path), "--predictions", str(preds_path)])
+    rc = eval_main(
+        [
+            "--model",
+            str(ckpt),
+            "--data",
+            str(data),
+            "--format",
+            "aitz",
+            "--split",
+            "test",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--max-turn-tokens",
+            *map(str, TURN_TOKENS),
+            "--json",
+            str(table_path),
+            "--predictions",
+            str(preds_path),
+        ]
+    )
     assert rc == 0
     records = [json.loads(line) for line in preds_path.read_text().splitlines()]
     table = json.loads(table_path.read_text())
@@ -80,19 +107,59 @@ def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     assert table["total"]["type_acc"] == pytest.approx(sum(r["type_match"] for r in records) / 3)
     # the predictions file is re-scorable by `ipl-jax score` (missing steps of the split count as misses there)
     rescored = tmp_path / "rescored.json"
-    assert score_main(["--data", str(data), "--format", "aitz", "--split", "test", "--predictions",
-                       str(preds_path), "--json", str(rescored)]) == 0
+    assert (
+        score_main(
+            [
+                "--data",
+                str(data),
+                "--format",
+                "aitz",
+                "--split",
+                "test",
+                "--predictions",
+                str(preds_path),
+                "--json",
+                str(rescored),
+            ]
+        )
+        == 0
+    )
     n_all = json.loads(rescored.read_text())["total"]["count"]
     assert json.loads(rescored.read_text())["total"]["exact_acc"] * n_all == pytest.approx(
-        table["total"]["exact_acc"] * 3)
+        table["total"]["exact_acc"] * 3
+    )
 
 
 def test_sample_main_writes_trees_and_viewer(setup, tmp_path):
     ckpt, data = setup
     out, page = tmp_path / "trees.jsonl", tmp_path / "trees.html"
-    rc = sample_main(["--model", str(ckpt), "--data", str(data), "--split", "test", "--steps", "2",
-                      "--out", str(out), "--html", str(page), "--branching", "2", "1", "2", "1",
-                      "--max-turn-tokens", *map(str, TURN_TOKENS), "--batch-size", "2", "--temperature", "1.0"])
+    rc = sample_main(
+        [
+            "--model",
+            str(ckpt),
+            "--data",
+            str(data),
+            "--split",
+            "test",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+            "--html",
+            str(page),
+            "--branching",
+            "2",
+            "1",
+            "2",
+            "1",
+            "--max-turn-tokens",
+            *map(str, TURN_TOKENS),
+            "--batch-size",
+            "2",
+            "--temperature",
+            "1.0",
+        ]
+    )
     assert rc == 0
     trees = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(trees) == 2

@@ -19,9 +19,14 @@ from ipl_jax.data.records import CoaT, DataError, Step, UIElement
 # ---------------------------------------------------------------------------------------------- fixtures
 
 # What each icon kind of the fixtures is called in questions (known answers, written out by hand).
-ICON_NAMES = {"ICON_V_BACKWARD": "back arrow", "ICON_SEARCH": "search icon", "ICON_HOME": "home icon",
-              "ICON_NAV_BAR_CIRCLE": "home button of the navigation bar", "ICON_STAR": "star icon",
-              "toolbar": "toolbar"}
+ICON_NAMES = {
+    "ICON_V_BACKWARD": "back arrow",
+    "ICON_SEARCH": "search icon",
+    "ICON_HOME": "home icon",
+    "ICON_NAV_BAR_CIRCLE": "home button of the navigation bar",
+    "ICON_STAR": "star icon",
+    "toolbar": "toolbar",
+}
 
 
 def _png(w=40, h=80, color=(200, 30, 30)) -> bytes:
@@ -49,11 +54,28 @@ def settings_step(transitions=True) -> Step:
         UIElement((0.1, 0.93, 0.3, 0.99), "", "ICON_HOME"),
         UIElement((0.6, 0.93, 0.9, 0.99), "Apps", "TEXT"),
     )
-    meta = {"transitions": {"Wi-Fi": "Opens the Wi-Fi page.", "Bluetooth": "Opens the Bluetooth page.",
-                            "Missing": "Not on this screen.",
-                            "ICON_SEARCH": "Opens the search page."}} if transitions else {}
-    return Step("synth-1", 2, "turn on bluetooth", _png(), (1080, 2400), Action("click", point=(0.2, 0.34)),
-                elements=els, meta=meta)
+    meta = (
+        {
+            "transitions": {
+                "Wi-Fi": "Opens the Wi-Fi page.",
+                "Bluetooth": "Opens the Bluetooth page.",
+                "Missing": "Not on this screen.",
+                "ICON_SEARCH": "Opens the search page.",
+            }
+        }
+        if transitions
+        else {}
+    )
+    return Step(
+        "synth-1",
+        2,
+        "turn on bluetooth",
+        _png(),
+        (1080, 2400),
+        Action("click", point=(0.2, 0.34)),
+        elements=els,
+        meta=meta,
+    )
 
 
 def shop_step(action=None) -> Step:
@@ -67,8 +89,10 @@ def shop_step(action=None) -> Step:
         UIElement((0.6, 0.50, 0.8, 0.54), "Buy", "TEXT"),
         UIElement((0.45, 0.94, 0.55, 0.99), "", "ICON_NAV_BAR_CIRCLE"),
     )
-    coat = CoaT(screen_desc="The screen shows a shoe shop with two products. Each has a buy button.",
-                action_result="A product page for the red sneakers opens. It shows sizes and a price.")
+    coat = CoaT(
+        screen_desc="The screen shows a shoe shop with two products. Each has a buy button.",
+        action_result="A product page for the red sneakers opens. It shows sizes and a price.",
+    )
     action = action or Action("click", point=(0.3, 0.32))
     return Step("aitz-7", 0, "buy red sneakers", _png(), (270, 600), action, elements=els, coat=coat)
 
@@ -90,12 +114,28 @@ def _center(box):
 # ---------------------------------------------------------------------------------------------- Level I
 
 
-@pytest.mark.parametrize("step, expected_targets", [
-    (settings_step(), {"toolbar", "back arrow", "Settings", "search icon", "Wi-Fi", "Bluetooth", "Display", "OK",
-                       "home icon", "Apps"}),
-    # "Buy" names two separate elements (ambiguous) and the star icon is in the status bar: neither is asked.
-    (shop_step(), {"Search for shoes", "Red sneakers", "Blue boots", "home button of the navigation bar"}),
-])
+@pytest.mark.parametrize(
+    "step, expected_targets",
+    [
+        (
+            settings_step(),
+            {
+                "toolbar",
+                "back arrow",
+                "Settings",
+                "search icon",
+                "Wi-Fi",
+                "Bluetooth",
+                "Display",
+                "OK",
+                "home icon",
+                "Apps",
+            },
+        ),
+        # "Buy" names two separate elements (ambiguous) and the star icon is in the status bar: neither is asked.
+        (shop_step(), {"Search for shoes", "Red sneakers", "Blue boots", "home button of the navigation bar"}),
+    ],
+)
 def test_grounding_answers_hold_the_named_element(step, expected_targets):
     grounding = candidate_qas(step, seed=0)["grounding"]
     assert {qa.meta["target"] for qa in grounding} == expected_targets
@@ -123,17 +163,33 @@ def test_referring_reads_the_element_in_the_box():
     got = {}
     for qa in candidate_qas(step, 0)["referring"]:
         box = parse_grounding(qa.question)
-        (el,) = [e for e in step.elements if e.box == pytest.approx(box, abs=0.0005) and (e.text or e.kind)
-                 and (e.text == qa.answer or qa.answer == f"The {ICON_NAMES.get(e.kind, e.kind)}.")]
+        (el,) = [
+            e
+            for e in step.elements
+            if e.box == pytest.approx(box, abs=0.0005)
+            and (e.text or e.kind)
+            and (e.text == qa.answer or qa.answer == f"The {ICON_NAMES.get(e.kind, e.kind)}.")
+        ]
         got[qa.answer] = el
-    assert set(got) == {"The toolbar.", "The back arrow.", "Settings", "The search icon.", "Wi-Fi", "Bluetooth",
-                        "Display", "OK", "The home icon.", "Apps"}
+    assert set(got) == {
+        "The toolbar.",
+        "The back arrow.",
+        "Settings",
+        "The search icon.",
+        "Wi-Fi",
+        "Bluetooth",
+        "Display",
+        "OK",
+        "The home icon.",
+        "Apps",
+    }
 
 
 def test_page_description_sources():
     (from_elements,) = candidate_qas(settings_step(), 0)["page_description"]
-    assert from_elements.answer == ('The top bar reads "Settings". The page shows the back arrow, the search icon, '
-                                    '"Wi-Fi" and "Bluetooth".')
+    assert from_elements.answer == (
+        'The top bar reads "Settings". The page shows the back arrow, the search icon, "Wi-Fi" and "Bluetooth".'
+    )
     (from_coat,) = candidate_qas(shop_step(), 0)["page_description"]
     assert from_coat.answer == "The screen shows a shoe shop with two products. Each has a buy button."
     assert from_coat.meta["source"] == "coat"
@@ -141,8 +197,9 @@ def test_page_description_sources():
 
 def test_long_coat_texts_are_cut_at_sentence_ends():
     long_sentence = "The screen shows " + "a very long list of shoes, " * 15 + "and more."
-    step = dataclasses.replace(shop_step(), coat=CoaT(screen_desc="A shoe shop. " + long_sentence,
-                                                      action_result=long_sentence))
+    step = dataclasses.replace(
+        shop_step(), coat=CoaT(screen_desc="A shoe shop. " + long_sentence, action_result=long_sentence)
+    )
     (qa,) = candidate_qas(step, 0)["page_description"]
     assert qa.answer == "A shoe shop."
     assert candidate_qas(step, 0)["what_happens"] == []  # no sentence fits: nothing rather than a cut sentence
@@ -157,8 +214,13 @@ def test_long_coat_texts_are_cut_at_sentence_ends():
 def test_nesting_from_box_containment():
     step = settings_step()
     got = {qa.meta["target"]: qa for qa in candidate_qas(step, 0)["nesting"]}
-    expected = {"Settings": (0.0, 0.05, 1.0, 0.12), "Wi-Fi": (0.0, 0.20, 1.0, 0.28),
-                "Bluetooth": (0.0, 0.30, 1.0, 0.38), "Display": (0.0, 0.40, 1.0, 0.48), "OK": (0.3, 0.6, 0.7, 0.66)}
+    expected = {
+        "Settings": (0.0, 0.05, 1.0, 0.12),
+        "Wi-Fi": (0.0, 0.20, 1.0, 0.28),
+        "Bluetooth": (0.0, 0.30, 1.0, 0.38),
+        "Display": (0.0, 0.40, 1.0, 0.48),
+        "OK": (0.3, 0.6, 0.7, 0.66),
+    }
     assert set(got) == set(expected)
     for name, container in expected.items():
         qa = got[name]
@@ -172,9 +234,14 @@ def test_nesting_from_box_containment():
 
 def test_widget_function_only_where_known():
     got = {qa.meta["target"]: qa.answer for qa in candidate_qas(settings_step(), 0)["widget_function"]}
-    assert got == {"back arrow": "It goes back to the previous screen.", "search icon": "It opens the search.",
-                   "Wi-Fi": "Opens the Wi-Fi page.", "Bluetooth": "Opens the Bluetooth page.",
-                   "OK": "It confirms the choice.", "home icon": "It returns to the home screen."}
+    assert got == {
+        "back arrow": "It goes back to the previous screen.",
+        "search icon": "It opens the search.",
+        "Wi-Fi": "Opens the Wi-Fi page.",
+        "Bluetooth": "Opens the Bluetooth page.",
+        "OK": "It confirms the choice.",
+        "home icon": "It returns to the home screen.",
+    }
     # A page title that reads "Settings" is a text, not a settings button: no function is claimed for it.
     assert "Settings" not in got
 
@@ -185,12 +252,23 @@ def test_widget_function_only_where_known():
 def test_page_structure_and_regions():
     (qa,) = candidate_qas(settings_step(), 0)["page_structure"]
     assert qa.level == 3
-    assert qa.answer == ('Top bar: back arrow, "Settings" and search icon. Main area: 4 rows, starting with '
-                         '"Wi-Fi", "Bluetooth" and "Display". Bottom bar: home icon and "Apps".')
+    assert qa.answer == (
+        'Top bar: back arrow, "Settings" and search icon. Main area: 4 rows, starting with '
+        '"Wi-Fi", "Bluetooth" and "Display". Bottom bar: home icon and "Apps".'
+    )
     regions = {qa.meta["target"]: qa.answer for qa in candidate_qas(settings_step(), 0)["element_region"]}
-    expected = {"toolbar": "top bar", "back arrow": "top bar", "Settings": "top bar", "search icon": "top bar",
-                "Wi-Fi": "main area", "Bluetooth": "main area", "Display": "main area", "OK": "main area",
-                "home icon": "bottom bar", "Apps": "bottom bar"}
+    expected = {
+        "toolbar": "top bar",
+        "back arrow": "top bar",
+        "Settings": "top bar",
+        "search icon": "top bar",
+        "Wi-Fi": "main area",
+        "Bluetooth": "main area",
+        "Display": "main area",
+        "OK": "main area",
+        "home icon": "bottom bar",
+        "Apps": "bottom bar",
+    }
     assert set(regions) == set(expected)
     for name, region in expected.items():
         assert region in regions[name].lower()
@@ -199,8 +277,11 @@ def test_page_structure_and_regions():
 def test_what_happens_from_transitions_exactly():
     got = {qa.meta["target"]: qa.answer for qa in candidate_qas(settings_step(), 0)["what_happens"]}
     # Exactly the transitions of elements on screen, by text or (textless icons) by kind; "Missing" has no element.
-    assert got == {"Wi-Fi": "Opens the Wi-Fi page.", "Bluetooth": "Opens the Bluetooth page.",
-                   "search icon": "Opens the search page."}
+    assert got == {
+        "Wi-Fi": "Opens the Wi-Fi page.",
+        "Bluetooth": "Opens the Bluetooth page.",
+        "search icon": "Opens the search page.",
+    }
 
 
 def test_what_happens_from_coat_for_the_golden_target():
@@ -254,8 +335,11 @@ def _qa(answer, kind="widget_function", question="What does the search icon do?"
 
 
 BAD = [
-    ("Since the next action swiping down matches the annotation, the next action is swiping down.",
-     "widget_function", "justifies_action"),
+    (
+        "Since the next action swiping down matches the annotation, the next action is swiping down.",
+        "widget_function",
+        "justifies_action",
+    ),
     ("The annotation says to tap the search icon.", "widget_function", "justifies_action"),
     ("As the next action is click Wi-Fi, this row matters.", "widget_function", "justifies_action"),
     ("It matches the annotated action, so it opens search.", "widget_function", "justifies_action"),
@@ -315,8 +399,17 @@ def test_filter_duplicates_and_counts():
     ]
     kept, counts = filter_qas(items)
     assert kept == [items[0], items[4], items[5]]
-    assert counts == {"empty": 1, "bad_box": 0, "justifies_action": 1, "multiple_actions": 0, "too_short": 0,
-                      "too_long": 0, "duplicate": 1, "near_duplicate": 2, "kept": 3}
+    assert counts == {
+        "empty": 1,
+        "bad_box": 0,
+        "justifies_action": 1,
+        "multiple_actions": 0,
+        "too_short": 0,
+        "too_long": 0,
+        "duplicate": 1,
+        "near_duplicate": 2,
+        "kept": 3,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- JSONL and errors
@@ -411,20 +504,34 @@ def _completion(content: str) -> str:
 
 VALID_REPLY = _completion(
     "Here you go:\n```json\n"
-    + json.dumps([
-        {"type": "grounding", "question": "Where is the Wi-Fi row?",
-         "answer": "<|box_start|>(0,200),(1000,280)<|box_end|>"},
-        {"type": "function", "question": "What does the back arrow do?", "answer": "It returns to the last page."},
-        {"type": "structure", "question": "What is in the top bar?", "answer": "A back arrow, a title and search."},
-        {"question": "No answer here"},
-    ])
-    + "\n```")
+    + json.dumps(
+        [
+            {
+                "type": "grounding",
+                "question": "Where is the Wi-Fi row?",
+                "answer": "<|box_start|>(0,200),(1000,280)<|box_end|>",
+            },
+            {"type": "function", "question": "What does the back arrow do?", "answer": "It returns to the last page."},
+            {"type": "structure", "question": "What is in the top bar?", "answer": "A back arrow, a title and search."},
+            {"question": "No answer here"},
+        ]
+    )
+    + "\n```"
+)
 MALFORMED_REPLY = _completion("Sure! Question: where is Wi-Fi? Answer: at the top [of the list")
 
 
 def _config(base_url, **kw):
-    return annotator.AnnotatorConfig(base_url=base_url, model="test-vlm", api_key_env=KEY_ENV, temperature=0.3,
-                                     timeout_s=2.0, max_retries=2, backoff_s=0.0, **kw)
+    return annotator.AnnotatorConfig(
+        base_url=base_url,
+        model="test-vlm",
+        api_key_env=KEY_ENV,
+        temperature=0.3,
+        timeout_s=2.0,
+        max_retries=2,
+        backoff_s=0.0,
+        **kw,
+    )
 
 
 def test_annotator_loopback(monkeypatch):
@@ -433,7 +540,10 @@ def test_annotator_loopback(monkeypatch):
         qas, stats = annotator.annotate_steps([settings_step(), shop_step()], _config(srv.base_url))
     assert stats == annotator.AnnotatorStats(screens=2, requests=2, failed=0, malformed=1, items=3, items_skipped=1)
     assert [(q.episode_id, q.level, q.kind) for q in qas] == [
-        ("synth-1", 1, "grounding"), ("synth-1", 2, "widget_function"), ("synth-1", 3, "page_structure")]
+        ("synth-1", 1, "grounding"),
+        ("synth-1", 2, "widget_function"),
+        ("synth-1", 3, "page_structure"),
+    ]
     assert qas[1].answer == "It returns to the last page." and qas[1].meta["source"] == "annotator"
     assert parse_grounding(qas[0].answer) == pytest.approx((0.0, 0.2, 1.0, 0.28))
     req = srv.requests[0]
@@ -482,17 +592,20 @@ def test_annotator_key_never_leaks(monkeypatch):
         annotator.annotate_steps([settings_step()], _config("http://127.0.0.1:9/v1"))
 
 
-@pytest.mark.parametrize("reply, n", [
-    ('[{"question": "q", "answer": "a"}]', 1),
-    ('```json\n[{"question": "q", "answer": "a"}, {"question": "r", "answer": "b"}]\n```', 2),
-    ('{"qa": [{"question": "q", "answer": "a"}]}', 1),
-    ('{"questions": ["q1", "q2"], "answers": ["a1", "a2"]}', 2),
-    ("Here are pairs: [{\"question\": \"q\", \"answer\": \"a\"}] Enjoy.", 1),
-    ("no json at all", None),
-    ('```json\n[{"question": "q", "answer": \n```', None),
-    ('["just", "strings"]', None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "reply, n",
+    [
+        ('[{"question": "q", "answer": "a"}]', 1),
+        ('```json\n[{"question": "q", "answer": "a"}, {"question": "r", "answer": "b"}]\n```', 2),
+        ('{"qa": [{"question": "q", "answer": "a"}]}', 1),
+        ('{"questions": ["q1", "q2"], "answers": ["a1", "a2"]}', 2),
+        ("Here are pairs: [{\"question\": \"q\", \"answer\": \"a\"}] Enjoy.", 1),
+        ("no json at all", None),
+        ('```json\n[{"question": "q", "answer": \n```', None),
+        ('["just", "strings"]', None),
+        ("", None),
+    ],
+)
 def test_parse_qa_reply(reply, n):
     items = annotator.parse_qa_reply(reply)
     assert (items is None) if n is None else (len(items) == n)

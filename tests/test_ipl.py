@@ -12,18 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from ipl_jax.preference import round as R
-from ipl_jax.preference import tdpo as ipl
-
-from ipl_jax.preference import losses
-from ipl_jax import model as M
-from ipl_jax.preference import packing as PK
-from ipl_jax.preference import pairs as pairs_lib
-from ipl_jax.coat.actions import ACTION_TYPES
-from ipl_jax.coat.tree import CoaTTree
 from support.small_models import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 from support.tdpo_rounds import ROUND_PACKING, ROUND_TDPO, mesh_round, round_batches
+
+from ipl_jax import model as M
+from ipl_jax.coat.actions import ACTION_TYPES
+from ipl_jax.coat.tree import CoaTTree
+from ipl_jax.preference import losses
+from ipl_jax.preference import packing as PK
+from ipl_jax.preference import pairs as pairs_lib
+from ipl_jax.preference import round as R
+from ipl_jax.preference import tdpo as ipl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,12 +38,13 @@ def direct_inputs(cfg, groups, pairs):
             pixels.append(g.pixel_values)
             grids.append(g.image_grid_thw)
             where.append((len(g.prefix_ids), g.continuations[i], g.scored_mask(i)))
-    inputs = M.prepare_inputs(cfg, seqs, None, np.concatenate(pixels), np.concatenate(grids), text_buckets=(32,),
-                              patch_buckets=(256,))
+    inputs = M.prepare_inputs(
+        cfg, seqs, None, np.concatenate(pixels), np.concatenate(grids), text_buckets=(32,), patch_buckets=(256,)
+    )
     width = max(len(c) for _, c, _ in where)
     cols, targets, weights = (np.zeros((len(seqs), width), dt) for dt in (np.int32, np.int32, np.float32))
     for r, (L, c, scored) in enumerate(where):
-        cols[r, :len(c)], targets[r, :len(c)], weights[r, :len(c)] = np.arange(L - 1, L - 1 + len(c)), c, scored
+        cols[r, : len(c)], targets[r, : len(c)], weights[r, : len(c)] = np.arange(L - 1, L - 1 + len(c)), c, scored
     rows = np.broadcast_to(np.arange(len(seqs))[:, None], cols.shape)
     return inputs, rows, cols, targets, weights
 
@@ -104,8 +104,11 @@ def test_loss_kinds_and_positive_sft_objective():
     batch = types.SimpleNamespace(pair_valid=valid, ref_pos=ref_pos, ref_neg=ref_neg)
     h = (pos - ref_pos) - (neg - ref_neg)
     cfg = tiny_cfg()
-    for kind, per in (("ipo", (h - 1 / 0.4) ** 2), ("hinge", np.maximum(0.0, 1 - 0.2 * h)),
-                      ("sigmoid", -np.log(1 / (1 + np.exp(-0.2 * h))))):
+    for kind, per in (
+        ("ipo", (h - 1 / 0.4) ** 2),
+        ("hinge", np.maximum(0.0, 1 - 0.2 * h)),
+        ("sigmoid", -np.log(1 / (1 + np.exp(-0.2 * h)))),
+    ):
         config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.2, sft_weight=0.5, kind=kind))
         loss, m = ipl.pair_loss(pos, neg, n_pos, batch, config)
         want = per[valid].mean() + 0.5 * (-pos / n_pos)[valid].mean()
@@ -141,8 +144,13 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
 
     # a second round (new data, same shapes; reference = the first round's result) compiles nothing
     compiles = []
-    listener = lambda event, duration, **kw: compiles.append(kw.get("fun_name")) if event.endswith(  # noqa: E731
-        "backend_compile_duration") else None
+    listener = lambda event, duration, **kw: (
+        compiles.append(kw.get("fun_name"))
+        if event.endswith(  # noqa: E731
+            "backend_compile_duration"
+        )
+        else None
+    )
     traces_before = ipl.trace_counts()
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
@@ -181,8 +189,14 @@ MESH_SCRIPT = textwrap.dedent(
 def test_train_round_on_8_device_mesh_matches_single_device(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     out_leaf = str(tmp_path / "leaf.npy")
-    proc = subprocess.Popen([sys.executable, "-c", MESH_SCRIPT, HERE, out_leaf], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=os.path.dirname(HERE))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MESH_SCRIPT, HERE, out_leaf],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(HERE),
+    )
     try:  # the single-device run here, meanwhile
         with jax.default_matmul_precision("highest"):
             single, _, p1 = mesh_round(None)
@@ -211,10 +225,14 @@ def fake_steps(cfg, rng, n):
     steps = []
     for _ in range(n):
         prefix = np.asarray([3, VS, *[IMG] * 4, VE, *rng.integers(3, 59, 3), 4], np.int32)
-        steps.append(types.SimpleNamespace(
-            prefix_ids=prefix, turn_prompt_ids=tuple(np.asarray([5, 6 + t, 4], np.int32) for t in range(3)),
-            pixel_values=rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32),
-            image_grid_thw=np.array([[1, 4, 4]])))
+        steps.append(
+            types.SimpleNamespace(
+                prefix_ids=prefix,
+                turn_prompt_ids=tuple(np.asarray([5, 6 + t, 4], np.int32) for t in range(3)),
+                pixel_values=rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32),
+                image_grid_thw=np.array([[1, 4, 4]]),
+            )
+        )
     return steps
 
 
@@ -230,8 +248,13 @@ def fake_tree(rng, b, turn_len=3):
         t = np.where(np.arange(turn_len) < n[..., None], t, 0)
         toks.append(jnp.asarray(t, jnp.int32))
         lens.append(jnp.asarray(n, jnp.int32))
-    return tree.replace(tokens=tuple(toks), lengths=tuple(lens), finished=tuple(jnp.ones_like(x, bool) for x in lens),
-                        step_index=jnp.arange(b, dtype=jnp.int32), step_valid=jnp.ones((b,), bool))
+    return tree.replace(
+        tokens=tuple(toks),
+        lengths=tuple(lens),
+        finished=tuple(jnp.ones_like(x, bool) for x in lens),
+        step_index=jnp.arange(b, dtype=jnp.int32),
+        step_valid=jnp.ones((b,), bool),
+    )
 
 
 def backup(leaf_values, c=0.95):
@@ -244,23 +267,34 @@ def backup(leaf_values, c=0.95):
 def fake_sampled(cfg, rng, b=2):
     steps = fake_steps(cfg, rng, b)
     golden = np.array([[40, 41, EOT, 0]] * b, np.int32)
-    return R.SampledTrees(tree=fake_tree(rng, b), steps=steps, golden_action_ids=golden,
-                            golden_action_lengths=np.full(b, 3, np.int32),
-                            golden_grounding_ids=np.array([[50, 51, 52, EOT]] * b, np.int32),
-                            golden_grounding_lengths=np.full(b, 4, np.int32))
+    return R.SampledTrees(
+        tree=fake_tree(rng, b),
+        steps=steps,
+        golden_action_ids=golden,
+        golden_action_lengths=np.full(b, 3, np.int32),
+        golden_grounding_ids=np.array([[50, 51, 52, EOT]] * b, np.int32),
+        golden_grounding_lengths=np.full(b, 4, np.int32),
+    )
 
 
 # tree 0: β (β pairs at turn 3 under the first two thoughts, at turn 2 under the second description);
 # tree 1: γ (no correct leaf), golden click
-LEAVES = np.array([[1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0],
-                   [0.3, 0.0, 0.1, 0.0, 0.0, 0.6, 0.2, 0.0]], np.float32).reshape(2, 2, 2, 2, 1)
-LEAF_TYPES = np.array([[CLICK, SCROLL, TYPE, SCROLL, SCROLL, SCROLL, TYPE, SCROLL],
-                       [CLICK, CLICK, TYPE, SCROLL, SCROLL, CLICK, TYPE, SCROLL]], np.int32).reshape(2, 2, 2, 2, 1)
+LEAVES = np.array(
+    [[1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [0.3, 0.0, 0.1, 0.0, 0.0, 0.6, 0.2, 0.0]], np.float32
+).reshape(2, 2, 2, 2, 1)
+LEAF_TYPES = np.array(
+    [
+        [CLICK, SCROLL, TYPE, SCROLL, SCROLL, SCROLL, TYPE, SCROLL],
+        [CLICK, CLICK, TYPE, SCROLL, SCROLL, CLICK, TYPE, SCROLL],
+    ],
+    np.int32,
+).reshape(2, 2, 2, 2, 1)
 
 
 def fake_scores(sampled):
-    return R.TreeScores(node_values=backup(LEAVES), leaf_types=LEAF_TYPES,
-                          golden_types=np.array([CLICK, CLICK], np.int32))
+    return R.TreeScores(
+        node_values=backup(LEAVES), leaf_types=LEAF_TYPES, golden_types=np.array([CLICK, CLICK], np.int32)
+    )
 
 
 def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuations():
@@ -270,11 +304,12 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
     grouped, counts = R.round_pairs(sampled, fake_scores(sampled), config)
     assert counts.tolist() == [0, 1, 1]
     tree = jax.tree.map(np.asarray, sampled.tree)
+
     def text(level, row, *path):  # the level's text of the node with child choices ``path``
-        return tree.tokens[level - 1][(row, *path)][:tree.lengths[level - 1][(row, *path)]]
+        return tree.tokens[level - 1][(row, *path)][: tree.lengths[level - 1][(row, *path)]]
 
     def text_flat(level, row, node):  # ... of the level's flat node ``node``
-        return tree.tokens[level - 1].reshape(2, -1, 3)[row, node][:tree.lengths[level - 1].reshape(2, -1)[row, node]]
+        return tree.tokens[level - 1].reshape(2, -1, 3)[row, node][: tree.lengths[level - 1].reshape(2, -1)[row, node]]
 
     # every pair: its group's prefix is the step prefix + s1 + prompt 2 + ... + prompt t for the pair's node
     assert grouped.pairs and len(grouped.pairs) == int(grouped.pairs_by_turn.sum())
@@ -290,8 +325,9 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
         np.testing.assert_array_equal(g.prefix_ids, np.concatenate(want))
         seen_turns.add((row, p.turn))
         parent = nodes[-1] if nodes else 0
-        sibling_texts = [tuple(text_flat(p.turn, row, parent * BRANCHING[p.turn - 1] + k))
-                         for k in range(BRANCHING[p.turn - 1])]
+        sibling_texts = [
+            tuple(text_flat(p.turn, row, parent * BRANCHING[p.turn - 1] + k)) for k in range(BRANCHING[p.turn - 1])
+        ]
         pos, neg = tuple(g.continuations[p.pos]), tuple(g.continuations[p.neg])
         assert neg in sibling_texts
         if row == 1:  # γ: the golden text is the positive
@@ -310,15 +346,26 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
     np.testing.assert_array_equal(g.prefix_ids, sampled.steps[0].prefix_ids)
     chosen = g.continuations[naive.pairs[0].pos]  # leaf 0 (path 0,0,0,0), a click: four turns
     step = sampled.steps[0]
-    parts = [text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1],
-             text(3, 0, 0, 0, 0), step.turn_prompt_ids[2], text(4, 0, 0, 0, 0, 0)]
+    parts = [
+        text(1, 0, 0),
+        step.turn_prompt_ids[0],
+        text(2, 0, 0, 0),
+        step.turn_prompt_ids[1],
+        text(3, 0, 0, 0, 0),
+        step.turn_prompt_ids[2],
+        text(4, 0, 0, 0, 0, 0),
+    ]
     np.testing.assert_array_equal(chosen, np.concatenate(parts))
     scored = g.scored_mask(naive.pairs[0].pos)
     want_scored = np.concatenate([np.full(len(x), k % 2 == 0) for k, x in enumerate(parts)])
     np.testing.assert_array_equal(scored, want_scored)
     rejected = g.continuations[naive.pairs[0].neg]  # first lowest leaf: 1 (path 0,0,1), a scroll: no grounding
-    np.testing.assert_array_equal(rejected, np.concatenate([
-        text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1], text(3, 0, 0, 0, 1)]))
+    np.testing.assert_array_equal(
+        rejected,
+        np.concatenate(
+            [text(1, 0, 0), step.turn_prompt_ids[0], text(2, 0, 0, 0), step.turn_prompt_ids[1], text(3, 0, 0, 0, 1)]
+        ),
+    )
 
 
 def test_ipl_round_chains_rounds_with_injected_stages():
@@ -356,8 +403,13 @@ def test_ipl_round_chains_rounds_with_injected_stages():
 
     control = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, train_on="golden")
     state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
-    _, rc = R.ipl_round(state0, control, R.RoundStages(sample=sample, score=fake_scores, golden_update=golden_update),
-                        1, jax.random.PRNGKey(1))
+    _, rc = R.ipl_round(
+        state0,
+        control,
+        R.RoundStages(sample=sample, score=fake_scores, golden_update=golden_update),
+        1,
+        jax.random.PRNGKey(1),
+    )
     assert calls == [r1["batches"]] and rc["batches"] == r1["batches"] and rc["pairs"] == r1["pairs"]
     with pytest.raises(ValueError, match="golden_update"):
         R.ipl_round(state0, control, stages, 1, jax.random.PRNGKey(1))
@@ -370,25 +422,44 @@ def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
     rng = np.random.default_rng(k)
     branching = (k, k, k, 1)
     tree = CoaTTree.zeros(2, branching, (3,) * 4)
-    toks = [jnp.asarray(np.where(np.arange(3) == 2, EOT, rng.integers(7, 59, tuple(x.shape))), jnp.int32)
-            for x in tree.tokens]
-    tree = tree.replace(tokens=tuple(toks), lengths=tuple(jnp.full(x.shape, 3, jnp.int32) for x in tree.lengths),
-                        step_index=jnp.arange(2, dtype=jnp.int32), step_valid=jnp.ones((2,), bool))
+    toks = [
+        jnp.asarray(np.where(np.arange(3) == 2, EOT, rng.integers(7, 59, tuple(x.shape))), jnp.int32)
+        for x in tree.tokens
+    ]
+    tree = tree.replace(
+        tokens=tuple(toks),
+        lengths=tuple(jnp.full(x.shape, 3, jnp.int32) for x in tree.lengths),
+        step_index=jnp.arange(2, dtype=jnp.int32),
+        step_valid=jnp.ones((2,), bool),
+    )
     leaves = np.zeros((2,) + branching, np.float32)
-    leaves[0].reshape(-1)[rng.choice(k ** 3, k ** 3 // 2, replace=False)] = 1.0  # tree 0: β
+    leaves[0].reshape(-1)[rng.choice(k**3, k**3 // 2, replace=False)] = 1.0  # tree 0: β
     leaves[1] = rng.uniform(0, 0.5, leaves[1].shape)  # tree 1: γ
     types_ = np.full(leaves.shape, SCROLL, np.int32)
-    sampled = R.SampledTrees(tree=tree, steps=fake_steps(cfg, rng, 2), golden_action_ids=np.array([[40, EOT]] * 2),
-                               golden_action_lengths=np.full(2, 2), golden_grounding_ids=np.array([[50, EOT]] * 2),
-                               golden_grounding_lengths=np.full(2, 2))
+    sampled = R.SampledTrees(
+        tree=tree,
+        steps=fake_steps(cfg, rng, 2),
+        golden_action_ids=np.array([[40, EOT]] * 2),
+        golden_action_lengths=np.full(2, 2),
+        golden_grounding_ids=np.array([[50, EOT]] * 2),
+        golden_grounding_lengths=np.full(2, 2),
+    )
     scores = R.TreeScores(node_values=backup(leaves), leaf_types=types_, golden_types=np.array([TYPE, TYPE]))
-    caps = pairs_lib.PairConfig(max_beta_pairs_per_tree_turn=k ** 3, max_gamma_pairs_per_tree_turn=k ** 3)
+    caps = pairs_lib.PairConfig(max_beta_pairs_per_tree_turn=k**3, max_gamma_pairs_per_tree_turn=k**3)
     grouped, counts = R.round_pairs(sampled, scores, R.RoundConfig(tdpo=ipl.TDPOConfig(model=cfg), pairs=caps))
     assert counts.tolist() == [0, 1, 1]
     assert max(len(g.continuations) for g in grouped.groups) == k + 1  # a γ action node: golden + K sampled
-    batches = PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
-        rows=8, max_continuations=k + 1, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)))
+    batches = PK.pack_round(
+        cfg,
+        grouped.groups,
+        grouped.pairs,
+        PK.PackingConfig(rows=8, max_continuations=k + 1, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)),
+    )
     assert sum(b.num_pairs for b in batches) == len(grouped.pairs) > 0
     with pytest.raises(ValueError, match="exceed max_continuations"):
-        PK.pack_round(cfg, grouped.groups, grouped.pairs, PK.PackingConfig(
-            rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)))
+        PK.pack_round(
+            cfg,
+            grouped.groups,
+            grouped.pairs,
+            PK.PackingConfig(rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)),
+        )

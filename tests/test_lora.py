@@ -11,13 +11,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from support import small_models, toy_lm  # noqa: E402
 
-from ipl_jax.training import lora  # noqa: E402
-
-from ipl_jax.training import optimizer as optim, sft, state as tstate
+from ipl_jax.training import (
+    lora,  # noqa: E402
+    sft,
+)
+from ipl_jax.training import optimizer as optim
+from ipl_jax.training import state as tstate
 from ipl_jax.training.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
 
 TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
-    f"model/layers/mlp/{n}_proj/kernel" for n in ("gate", "up", "down")]
+    f"model/layers/mlp/{n}_proj/kernel" for n in ("gate", "up", "down")
+]
 
 
 def test_init_targets_stacked_kernels_and_is_a_no_op():
@@ -46,8 +50,10 @@ def test_merge_equals_side_branch_per_layer():
     params = small_models.numpy_params(cfg)
     shapes = jax.eval_shape(lambda p: init_lora(p, LoraConfig(rank=3, alpha=6.0), jax.random.PRNGKey(1)), params)
     rng = np.random.default_rng(0)
-    ad = LoraParams(adapters=jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32),
-                                          shapes.adapters), scale=shapes.scale)
+    ad = LoraParams(
+        adapters=jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), shapes.adapters),
+        scale=shapes.scale,
+    )
     merged = flatten_with_paths(merge_lora(params, ad))
     base, flat = flatten_with_paths(params), flatten_with_paths(ad.adapters)
     path = "model/layers/mlp/down_proj/kernel"
@@ -93,8 +99,10 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     assert losses[2] < losses[0]
     for (path, new), old in zip(flatten_with_paths(state.frozen).items(), jax.tree.leaves(base_before)):
         np.testing.assert_array_equal(np.asarray(new), old, err_msg=path)
-    moved = [not np.array_equal(np.asarray(n), o)
-             for n, o in zip(jax.tree.leaves(state.params.adapters), jax.tree.leaves(a_before))]
+    moved = [
+        not np.array_equal(np.asarray(n), o)
+        for n, o in zip(jax.tree.leaves(state.params.adapters), jax.tree.leaves(a_before))
+    ]
     assert all(moved)
 
     with jax.default_matmul_precision("highest"):
@@ -105,14 +113,21 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
         loaded, cfg2 = M.load_params(str(tmp_path / "hf"))
         feats2 = M.encode_images(loaded, cfg2, batch["vision"])
         logits2 = M.forward(loaded, cfg2, batch["input_ids"], batch["positions"], batch["attention_mask"], feats2)
-        base_logits = M.forward(state.frozen, cfg, batch["input_ids"], batch["positions"], batch["attention_mask"],
-                                M.encode_images(state.frozen, cfg, batch["vision"]))
+        base_logits = M.forward(
+            state.frozen,
+            cfg,
+            batch["input_ids"],
+            batch["positions"],
+            batch["attention_mask"],
+            M.encode_images(state.frozen, cfg, batch["vision"]),
+        )
     np.testing.assert_allclose(np.asarray(logits2), np.asarray(logits), atol=1e-5, rtol=0)
     assert np.max(np.abs(np.asarray(base_logits) - np.asarray(logits))) > 1e-2  # the adapters matter
 
 
 def test_lora_shardings_follow_base_kernels():
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
     params = {"model": {"layers": {"mlp": {"up_proj": {"kernel": jnp.zeros((2, 8, 6))}}}}}

@@ -61,14 +61,19 @@ def test_dast_length_reward_branches():
     r = np.asarray(losses.dast_length_reward(lengths, correct, max_length=40.0, p=0.5))
     budget = 0.5 * 20.0 + 0.5 * 40.0  # 30
     lam = (np.array([10, 30, 20, 40]) - budget) / budget
-    want = [max(-0.5 * lam[0] + 0.5, 0.1), max(-0.5 * lam[1] + 0.5, 0.1),
-            min(0.9 * lam[2] - 0.1, -0.1), min(0.9 * lam[3] - 0.1, -0.1)]
+    want = [
+        max(-0.5 * lam[0] + 0.5, 0.1),
+        max(-0.5 * lam[1] + 0.5, 0.1),
+        min(0.9 * lam[2] - 0.1, -0.1),
+        min(0.9 * lam[3] - 0.1, -0.1),
+    ]
     np.testing.assert_allclose(r, want, rtol=1e-6)
 
 
 def test_dense_returns_asymmetric_discount():
-    g = losses.dense_returns(jnp.array([[1.0, 1.0, 1.0, 0.0]]), jnp.array([10.0]),
-                             jnp.array([[True, True, True, False]]), gamma_dense=0.5)
+    g = losses.dense_returns(
+        jnp.array([[1.0, 1.0, 1.0, 0.0]]), jnp.array([10.0]), jnp.array([[True, True, True, False]]), gamma_dense=0.5
+    )
     np.testing.assert_allclose(np.asarray(g[0]), [10 + 1 + 0.5 + 0.25, 10 + 1 + 0.5, 10 + 1, 0.0], rtol=1e-6)
 
 

@@ -13,15 +13,17 @@ from ipl_jax.preference import losses
 from ipl_jax.preference import pairs as P
 from ipl_jax.preference.grouping import GroupedPairs
 from ipl_jax.preference.packing import PairRef, PrefixGroup
-from ipl_jax.preference.selection import (SelectionConfig, balance_types, drop_duplicates, mix_groups,
-                                          select_round_pairs)
+from ipl_jax.preference.selection import SelectionConfig, balance_types, drop_duplicates, mix_groups, select_round_pairs
 
 CLICK, TYPE, SCROLL, PRESS, STOP = (ACTION_TYPES.index(x) for x in ("click", "type", "scroll", "press", "stop"))
 
 
 def _group(prefix, *conts):
-    return PrefixGroup(prefix_ids=np.asarray(prefix, np.int32),
-                       continuations=tuple(np.asarray(c, np.int32) for c in conts), name=f"g{prefix}")
+    return PrefixGroup(
+        prefix_ids=np.asarray(prefix, np.int32),
+        continuations=tuple(np.asarray(c, np.int32) for c in conts),
+        name=f"g{prefix}",
+    )
 
 
 def _grouped(groups, pairs):
@@ -33,10 +35,13 @@ def _grouped(groups, pairs):
 
 def test_drop_duplicates_compares_prefix_and_both_continuations():
     groups = [_group([1, 2], [5], [6]), _group([1, 2], [5], [6], [7]), _group([1, 3], [5], [6])]
-    pairs = [PairRef(0, 0, 1, 2), PairRef(1, 0, 1, 2),  # group 1 has group 0's prefix and texts: a copy
-             PairRef(1, 0, 2, 2),  # other negative: kept
-             PairRef(2, 0, 1, 2),  # other prefix: kept
-             PairRef(0, 1, 0, 2)]  # swapped roles: another preference, kept
+    pairs = [
+        PairRef(0, 0, 1, 2),
+        PairRef(1, 0, 1, 2),  # group 1 has group 0's prefix and texts: a copy
+        PairRef(1, 0, 2, 2),  # other negative: kept
+        PairRef(2, 0, 1, 2),  # other prefix: kept
+        PairRef(0, 1, 0, 2),
+    ]  # swapped roles: another preference, kept
     out, dropped = drop_duplicates(_grouped(groups, pairs))
     assert dropped == 1 and out.skipped == 1
     assert out.pairs == [pairs[0], pairs[2], pairs[3], pairs[4]]
@@ -55,8 +60,11 @@ def test_balance_types_caps_each_type_at_ratio_times_the_median():
     assert sum(p.pos_type == TYPE for p in out.pairs) == 2 and sum(p.pos_type == SCROLL for p in out.pairs) == 1
     assert out.pairs_by_turn.tolist() == [0, 1, 1, 3, 0]
     # counts 5 / 2 / 1, ratio 1.5: ceil(1.5 * 2) = 3 click pairs; equal gaps keep the earlier pairs
-    tied = ([PairRef(0, 0, 1, 3, CLICK, 0.5) for _ in range(5)] + [PairRef(0, 0, 1, 3, TYPE, 0.5)] * 2
-            + [PairRef(0, 0, 1, 3, SCROLL, 0.5)])
+    tied = (
+        [PairRef(0, 0, 1, 3, CLICK, 0.5) for _ in range(5)]
+        + [PairRef(0, 0, 1, 3, TYPE, 0.5)] * 2
+        + [PairRef(0, 0, 1, 3, SCROLL, 0.5)]
+    )
     out, dropped = balance_types(_grouped(g, tied), 1.5)
     assert dropped == 2 and [p for p in out.pairs if p.pos_type == CLICK] == tied[:3]
     assert balance_types(_grouped(g, tied), 0.0)[1] == 0
@@ -69,8 +77,10 @@ def test_mix_groups_permutes_groups_and_keeps_every_pair_with_its_texts():
     out = mix_groups(grouped, seed=3)
     assert [g.name for g in out.groups] != [g.name for g in groups]  # seed 3 moves them
     assert sorted(g.name for g in out.groups) == sorted(g.name for g in groups)
-    seen = {(tuple(out.groups[p.group].prefix_ids), int(out.groups[p.group].continuations[p.pos][0]), p.turn)
-            for p in out.pairs}
+    seen = {
+        (tuple(out.groups[p.group].prefix_ids), int(out.groups[p.group].continuations[p.pos][0]), p.turn)
+        for p in out.pairs
+    }
     assert seen == {((i,), 10 + i, 1 + i % 4) for i in range(6)}
     assert [p.group for p in out.pairs] == sorted(p.group for p in out.pairs)  # packing order follows groups
     assert [g.name for g in mix_groups(grouped, seed=3).groups] == [g.name for g in out.groups]  # seeded
@@ -103,11 +113,11 @@ def test_gamma_modes_restrict_action_turn_negatives():
     nv, lt, gt, valid = _gamma_tree()
     paper = P.extract_pairs(nv, lt, gt, valid, config=P.PairConfig())
     assert int(paper.count_by_turn[2]) == 8 and int(paper.count_by_turn[3]) == 0  # 8 sampled s3, no click golden
-    assert np.all(np.asarray(paper.positive_type)[:int(paper.count)] == TYPE)  # γ positive = the golden type
+    assert np.all(np.asarray(paper.positive_type)[: int(paper.count)] == TYPE)  # γ positive = the golden type
     # "consistent": only s3 nodes below thoughts that name the golden action; thoughts (0,1) and (1,0) do
     names = jnp.asarray([[[False, True], [True, False]]])
     cons = P.extract_pairs(nv, lt, gt, valid, thought_allows_gamma=names, config=P.PairConfig())
-    got = np.asarray(cons.negative_node)[:int(cons.count)]
+    got = np.asarray(cons.negative_node)[: int(cons.count)]
     assert int(cons.count) == 4 and sorted(got.tolist()) == [2, 3, 4, 5]  # s3 children of flat thoughts 1 and 2
     none_ = P.extract_pairs(nv, lt, gt, valid, config=P.PairConfig(gamma_action_pairs=False))
     assert int(none_.count) == 0
@@ -124,8 +134,13 @@ def test_beta_pairs_carry_the_type_of_the_positives_best_leaf():
     for _ in range(3):
         vals.insert(0, 0.95 * vals[0].mean(axis=-1))
     types_ = np.array([PRESS, CLICK, STOP, STOP, STOP, STOP, STOP, STOP], np.int32).reshape(leaves.shape)
-    pb = P.extract_pairs(tuple(jnp.asarray(v) for v in vals), jnp.asarray(types_), jnp.asarray([PRESS]),
-                         jnp.asarray([True]), config=P.PairConfig())
+    pb = P.extract_pairs(
+        tuple(jnp.asarray(v) for v in vals),
+        jnp.asarray(types_),
+        jnp.asarray([PRESS]),
+        jnp.asarray([True]),
+        config=P.PairConfig(),
+    )
     n = int(pb.count)
     assert n > 0 and np.all(np.asarray(pb.positive_type)[:n] == PRESS)  # every positive leads to the press leaf
 
@@ -134,13 +149,17 @@ def test_beta_pairs_carry_the_type_of_the_positives_best_leaf():
 
 
 def test_sft_term_per_token_or_summed():
-    pos = jnp.asarray([-6.0, -2.0]); neg = jnp.asarray([-7.0, -1.0]); ntok = jnp.asarray([3.0, 1.0])
-    zero = jnp.zeros(2); valid = jnp.asarray([True, True])
+    pos = jnp.asarray([-6.0, -2.0])
+    neg = jnp.asarray([-7.0, -1.0])
+    ntok = jnp.asarray([3.0, 1.0])
+    zero = jnp.zeros(2)
+    valid = jnp.asarray([True, True])
     # policy = reference: the DPO term is log 2 per pair; the SFT term is the mean NLL
     per_token, m1 = losses.tdpo_loss(pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOConfig())
     assert float(m1["sft_nll"]) == pytest.approx((6 / 3 + 2 / 1) / 2)
-    summed, m2 = losses.tdpo_loss(pos, neg, zero + pos, zero + neg, ntok, valid,
-                                  losses.DPOConfig(sft_norm="sum", sft_weight=0.5))
+    summed, m2 = losses.tdpo_loss(
+        pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOConfig(sft_norm="sum", sft_weight=0.5)
+    )
     assert float(m2["sft_nll"]) == pytest.approx((6 + 2) / 2)
     assert float(summed) == pytest.approx(np.log(2) + 0.5 * 4.0, rel=1e-6)
     assert float(per_token) == pytest.approx(np.log(2) + 2.0, rel=1e-6)
@@ -153,18 +172,21 @@ def test_sft_term_per_token_or_summed():
 # ------------------------------------------------------------------------------------------------- thoughts
 
 
-@pytest.mark.parametrize("thought, action, names", [
-    ("Wi-Fi is off but must be on, so next I tap Wi-Fi.", Action("click", target="Wi-Fi"), True),
-    ("Wi-Fi is off but must be on, so next I tap Bluetooth.", Action("click", target="Wi-Fi"), True),
-    ("So next I tap Bluetooth.", Action("click", target="Wi-Fi"), False),
-    ('I must enter "cheap shoes", so I will type "cheap shoes".', Action("type", text="Cheap  Shoes"), True),
-    ("The query is typed, so next I press enter.", Action("press", button="enter"), True),
-    ("The query is typed, so next I press back.", Action("press", button="enter"), False),
-    ("Rows are hidden, next I scroll down.", Action("scroll", direction="down"), True),
-    ("The task is complete, so next I stop.", Action("stop"), True),
-    ("So next I tap Send.", Action("stop"), False),
-    ("", Action("click", target=""), False),
-])
+@pytest.mark.parametrize(
+    "thought, action, names",
+    [
+        ("Wi-Fi is off but must be on, so next I tap Wi-Fi.", Action("click", target="Wi-Fi"), True),
+        ("Wi-Fi is off but must be on, so next I tap Bluetooth.", Action("click", target="Wi-Fi"), True),
+        ("So next I tap Bluetooth.", Action("click", target="Wi-Fi"), False),
+        ('I must enter "cheap shoes", so I will type "cheap shoes".', Action("type", text="Cheap  Shoes"), True),
+        ("The query is typed, so next I press enter.", Action("press", button="enter"), True),
+        ("The query is typed, so next I press back.", Action("press", button="enter"), False),
+        ("Rows are hidden, next I scroll down.", Action("scroll", direction="down"), True),
+        ("The task is complete, so next I stop.", Action("stop"), True),
+        ("So next I tap Send.", Action("stop"), False),
+        ("", Action("click", target=""), False),
+    ],
+)
 def test_thought_names_action(thought, action, names):
     assert thought_names_action(thought, action) is names
 
@@ -175,8 +197,9 @@ def test_thought_names_action(thought, action, names):
 def test_paired_bootstrap_gain_and_interval():
     from ipl_jax.eval.bootstrap import episode_counts, paired_gain_interval
 
-    seed = [{"episode_id": e, "exact_match": m} for e, m in
-            [("a", 1), ("a", 0), ("b", 0), ("b", 0), ("c", 1), ("c", 1)]]
+    seed = [
+        {"episode_id": e, "exact_match": m} for e, m in [("a", 1), ("a", 0), ("b", 0), ("b", 0), ("c", 1), ("c", 1)]
+    ]
     better = [dict(r, exact_match=1) for r in seed]
     base, other = episode_counts(seed), episode_counts(better)
     assert base == {"a": (1, 2), "b": (0, 2), "c": (2, 2)}
@@ -204,8 +227,9 @@ def test_blank_screen_keeps_size_and_replaces_pixels():
 
     img = Image.new("RGB", (30, 50), (10, 200, 30))
     img.putpixel((3, 3), (255, 0, 0))
-    step = Step(episode_id="e", step_id=0, instruction="x", image=lambda: img, screen_size=(30, 50),
-                action=Action("stop"))
+    step = Step(
+        episode_id="e", step_id=0, instruction="x", image=lambda: img, screen_size=(30, 50), action=Action("stop")
+    )
     blank = blank_screen(step)
     out = blank.load_image()
     assert out.size == (30, 50) and set(map(tuple, np.asarray(out).reshape(-1, 3).tolist())) == {BLANK_GREY}
@@ -220,9 +244,16 @@ def test_ipl_settings_are_typed_and_checked():
     from ipl_jax.configs.loader import load_config
     from ipl_jax.pipeline.rounds import ipl_settings, round_config
 
-    c = load_config("synthetic", ["--config.ipl.gamma_pairs=consistent", "--config.ipl.dedup=true",
-                                  "--config.ipl.type_balance=1.5", "--config.ipl.method=continued_sft",
-                                  "--config.ipl.mix_trees=false"])
+    c = load_config(
+        "synthetic",
+        [
+            "--config.ipl.gamma_pairs=consistent",
+            "--config.ipl.dedup=true",
+            "--config.ipl.type_balance=1.5",
+            "--config.ipl.method=continued_sft",
+            "--config.ipl.mix_trees=false",
+        ],
+    )
     s = ipl_settings(c)
     assert s.gamma_pairs == "consistent" and s.dedup is True and s.type_balance == 1.5
     assert s.lr(1) == s.learning_rate and s.gamma_cap == s.max_pairs_per_tree
@@ -233,16 +264,29 @@ def test_ipl_settings_are_typed_and_checked():
 
     from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 
-    cfg = Qwen2VLConfig(vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2),
-                        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2)))
+    cfg = Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2),
+        text=TextConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mrope_section=(1, 1, 2),
+        ),
+    )
     rc = round_config(c, cfg, Tok(), 1)
     assert rc.gamma_consistent_only and rc.pairs.gamma_action_pairs and rc.train_on == "golden"
     assert rc.selection == SelectionConfig(dedup=True, type_balance=1.5, mix_trees=False)
     g = round_config(load_config("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg, Tok(), 1)
     assert not g.pairs.gamma_action_pairs and g.pairs.gamma_grounding_pairs and not g.gamma_consistent_only
-    for field, value, msg in (("gamma_pairs", "all", "gamma_pairs"), ("learning_rate", "-1e-5", "learning_rate"),
-                              ("method", "ppo", "method"), ("sft_norm", "mean", "sft_norm")):
+    for field, value, msg in (
+        ("gamma_pairs", "all", "gamma_pairs"),
+        ("learning_rate", "-1e-5", "learning_rate"),
+        ("method", "ppo", "method"),
+        ("sft_norm", "mean", "sft_norm"),
+    ):
         with pytest.raises(ValueError, match=f"config.ipl.{msg}"):
             ipl_settings(load_config("synthetic", [f"--config.ipl.{field}={value}"]))
 
@@ -256,11 +300,11 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     pytest.importorskip("torch")
     from PIL import Image
 
+    from ipl_jax.cli.eval import main as eval_main
     from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.data.synthetic.dataset import generate_split
-    from ipl_jax.cli.eval import main as eval_main
-    from ipl_jax.eval.evaluate import BLANK_GREY
     from ipl_jax.data.tiny import make_tiny_checkpoint
+    from ipl_jax.eval.evaluate import BLANK_GREY
 
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", seed=0, scale=4.0)
     write_aitz_split(generate_split("train", 1, seed=3), tmp_path / "data", "test")
@@ -271,9 +315,29 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     outs = {}
     for name, data, extra in (("blank", "data", ["--blank-screens"]), ("grey", "grey", []), ("plain", "data", [])):
         preds = tmp_path / f"{name}.jsonl"
-        assert eval_main(["--checkpoint", str(ckpt), "--data", str(tmp_path / data), "--format", "aitz",
-                          "--split", "test", "--max-turn-tokens", "6", "4", "4", "6", "--predictions", str(preds),
-                          *extra]) == 0
+        assert (
+            eval_main(
+                [
+                    "--checkpoint",
+                    str(ckpt),
+                    "--data",
+                    str(tmp_path / data),
+                    "--format",
+                    "aitz",
+                    "--split",
+                    "test",
+                    "--max-turn-tokens",
+                    "6",
+                    "4",
+                    "4",
+                    "6",
+                    "--predictions",
+                    str(preds),
+                    *extra,
+                ]
+            )
+            == 0
+        )
         outs[name] = [json.loads(x)["turns"] for x in preds.read_text().splitlines()]
     assert outs["blank"] == outs["grey"]
     assert outs["blank"] != outs["plain"]  # the screenshots do reach this (random, scaled) model

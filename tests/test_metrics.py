@@ -6,9 +6,9 @@ import random
 import pytest
 
 from ipl_jax.coat.actions import Action, invalid_action, parse_action
-from ipl_jax.data.records import Episode, Step, UIElement
 from ipl_jax.coat.metrics import enlarge_box, match_action, match_step, text_contains_match, token_f1
 from ipl_jax.coat.tables import format_table, score_episodes
+from ipl_jax.data.records import Episode, Step, UIElement
 
 
 def click(x, y):
@@ -174,13 +174,19 @@ def test_unparsed_and_odd_predictions_never_raise():
     assert verdict(parse_action("I think we should tap"), gold) == (False, False)
     assert match_action(None, gold).details["rule"] == "unparsed"
     rng = random.Random(0)
-    golds = [gold, Action(type="type", text="hi"), Action(type="scroll", direction="up"),
-             Action(type="press", button="back"), Action(type="stop")]
+    golds = [
+        gold,
+        Action(type="type", text="hi"),
+        Action(type="scroll", direction="up"),
+        Action(type="press", button="back"),
+        Action(type="stop"),
+    ]
     odd_values = [None, "", "up", float("nan"), (float("nan"), 0.2), (0.1,), "x y", 3, (0.2, 0.3)]
     for _ in range(300):
         kw = {f: rng.choice(odd_values) for f in ("point", "text", "direction", "button")}
-        pred = Action(type=rng.choice(["click", "type", "scroll", "press", "stop", "zap"]),
-                      parsed=rng.random() < 0.8, **kw)
+        pred = Action(
+            type=rng.choice(["click", "type", "scroll", "press", "stop", "zap"]), parsed=rng.random() < 0.8, **kw
+        )
         v = match_action(pred, rng.choice(golds), [SMALL])
         assert isinstance(v.exact_match, bool) and isinstance(v.type_match, bool)
         assert not v.exact_match or v.type_match
@@ -201,21 +207,33 @@ def _step(ep, i, action, elements=(), **meta):
 
 def fixture_episodes():
     """Three episodes, 9 steps; the predictions below make 7 exact, 8 type matches, 8 parsed."""
-    a = Episode("A", "goal", (
-        _step("A", 0, click(0.5, 0.45), [SMALL], app="gmail", subsplits=["IDD"]),
-        _step("A", 1, Action(type="type", text="hello"), app="gmail", subsplits=["IDD"]),
-        _step("A", 2, Action(type="stop"), app="gmail", subsplits=["IDD"]),
-    ))
-    b = Episode("B", "goal", (
-        _step("B", 0, Action(type="scroll", direction="up"), app="yelp", subsplits=["IDD", "app_unseen"]),
-        _step("B", 1, click(0.1, 0.1), app="yelp", subsplits=["IDD", "app_unseen"]),
-        _step("B", 2, Action(type="press", button="back"), app="yelp", subsplits=["IDD", "app_unseen"]),
-        _step("B", 3, Action(type="stop"), app="yelp", subsplits=["IDD", "app_unseen"]),
-    ))
-    c = Episode("C", "goal", (
-        _step("C", 0, Action(type="press", button="home"), app="yelp", subsplits=["task_unseen"]),
-        _step("C", 1, Action(type="type", text="x"), app="yelp", subsplits=["task_unseen"]),
-    ))
+    a = Episode(
+        "A",
+        "goal",
+        (
+            _step("A", 0, click(0.5, 0.45), [SMALL], app="gmail", subsplits=["IDD"]),
+            _step("A", 1, Action(type="type", text="hello"), app="gmail", subsplits=["IDD"]),
+            _step("A", 2, Action(type="stop"), app="gmail", subsplits=["IDD"]),
+        ),
+    )
+    b = Episode(
+        "B",
+        "goal",
+        (
+            _step("B", 0, Action(type="scroll", direction="up"), app="yelp", subsplits=["IDD", "app_unseen"]),
+            _step("B", 1, click(0.1, 0.1), app="yelp", subsplits=["IDD", "app_unseen"]),
+            _step("B", 2, Action(type="press", button="back"), app="yelp", subsplits=["IDD", "app_unseen"]),
+            _step("B", 3, Action(type="stop"), app="yelp", subsplits=["IDD", "app_unseen"]),
+        ),
+    )
+    c = Episode(
+        "C",
+        "goal",
+        (
+            _step("C", 0, Action(type="press", button="home"), app="yelp", subsplits=["task_unseen"]),
+            _step("C", 1, Action(type="type", text="x"), app="yelp", subsplits=["task_unseen"]),
+        ),
+    )
     preds = {
         ("A", 0): click(0.55, 0.48),
         ("A", 1): Action(type="type", text="Hello"),

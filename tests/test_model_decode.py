@@ -6,13 +6,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.hf_models import hf_greedy, left_pad, random_image, sample_tokens, save_tiny
 
 from ipl_jax.model.decode import decode_step, extend, greedy_generate, prefill, repeat_cache, select_rows
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.text import forward, forward_inputs
 from ipl_jax.model.vision import encode_images
 from ipl_jax.model.weights import load_params
-from support.hf_models import hf_greedy, left_pad, random_image, sample_tokens, save_tiny
 
 PATCH_DIM = 3 * 2 * 14 * 14
 TOL = 1e-4
@@ -57,7 +57,7 @@ def test_greedy_matches_transformers_generate(tiny):
     tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=32, eos_ids=(eos,), pad_id=0)
     tokens = np.asarray(tokens)
     np.testing.assert_array_equal(tokens[0, : first0 + 1], ref[0, : first0 + 1])
-    assert np.all(tokens[0, first0 + 1:] == 0) and int(n[0]) == first0 + 1
+    assert np.all(tokens[0, first0 + 1 :] == 0) and int(n[0]) == first0 + 1
     hits1 = np.flatnonzero(ref[1] == eos)
     stop1 = int(hits1[0]) + 1 if hits1.size else 32
     np.testing.assert_array_equal(tokens[1, :stop1], ref[1, :stop1])
@@ -86,7 +86,7 @@ def test_extend_segments_with_pads_and_fanout_match_forward(tiny):
         n0 = len(prompts[i])
         np.testing.assert_allclose(np.asarray(last)[i], ref[i][n0 - 1], atol=TOL, rtol=0)
         got = np.asarray(seg_logits)[i][seg_valid[i]]
-        np.testing.assert_allclose(got, ref[i][n0: n0 + len(seg1[i])], atol=TOL, rtol=0)
+        np.testing.assert_allclose(got, ref[i][n0 : n0 + len(seg1[i])], atol=TOL, rtol=0)
         np.testing.assert_allclose(np.asarray(step_logits)[i], ref[i][-1], atol=TOL, rtol=0)
     assert np.asarray(cache.length).tolist() == [len(f) for f in full]
 
@@ -112,8 +112,8 @@ def _packed_layout(prefix_len, cont_lens, next_pos):
     pos = np.zeros((t,), np.int32)
     start = 0
     for n in cont_lens:
-        mask[start:start + n, start:start + n] = np.tril(np.ones((n, n), bool))
-        pos[start:start + n] = next_pos + np.arange(n)
+        mask[start : start + n, start : start + n] = np.tril(np.ones((n, n), bool))
+        pos[start : start + n] = next_pos + np.arange(n)
         start += n
     return pos, mask
 
@@ -142,12 +142,19 @@ def test_packed_continuations_match_separate_forwards(tiny):
     positions[:, 0, : sum(lens)] = pos
     m = np.zeros((1, t_pad, t_pad), bool)
     m[0, : sum(lens), : sum(lens)] = block
-    logits, _ = extend(params, cfg, cache, jnp.asarray(ids), jnp.asarray(valid), positions=jnp.asarray(positions),
-                       attention_mask=jnp.asarray(m))
+    logits, _ = extend(
+        params,
+        cfg,
+        cache,
+        jnp.asarray(ids),
+        jnp.asarray(valid),
+        positions=jnp.asarray(positions),
+        attention_mask=jnp.asarray(m),
+    )
     logits = np.asarray(logits)[0]
     start = 0
     for i, n in enumerate(lens):
-        np.testing.assert_allclose(logits[start:start + n], ref[i][p:p + n], atol=TOL, rtol=0)
+        np.testing.assert_allclose(logits[start : start + n], ref[i][p : p + n], atol=TOL, rtol=0)
         start += n
 
     # 2) Without a cache: one forward over [prefix | c1 | c2 | c3] with an explicit bool[B, T, T] mask.
@@ -162,10 +169,11 @@ def test_packed_continuations_match_separate_forwards(tiny):
     full_mask[0, p:total, :p] = True
     full_mask[0, p:total, p:total] = block
     feats = encode_images(params, cfg, inputs.vision)
-    packed = np.asarray(forward(params, cfg, jnp.asarray(full_ids), jnp.asarray(full_pos), jnp.asarray(full_mask),
-                                feats))[0]
+    packed = np.asarray(
+        forward(params, cfg, jnp.asarray(full_ids), jnp.asarray(full_pos), jnp.asarray(full_mask), feats)
+    )[0]
     np.testing.assert_allclose(packed[:p], ref[0][:p], atol=TOL, rtol=0)
     start = p
     for i, n in enumerate(lens):
-        np.testing.assert_allclose(packed[start:start + n], ref[i][p:p + n], atol=TOL, rtol=0)
+        np.testing.assert_allclose(packed[start : start + n], ref[i][p : p + n], atol=TOL, rtol=0)
         start += n

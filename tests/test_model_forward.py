@@ -6,14 +6,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from support import IMAGE, VISION_END, VISION_START
+from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import get_rope_index, prepare_inputs, vision_position_ids, vision_segment_ids
 from ipl_jax.model.rope import mrope_section_rows
 from ipl_jax.model.text import forward_inputs
 from ipl_jax.model.weights import load_params
-from support import IMAGE, VISION_END, VISION_START
-from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
 
@@ -113,12 +113,28 @@ def test_mrope_section_layout():
 
 def test_config_flat_and_nested_layouts_agree():
     flat = {  # the Hub's flat layout
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 1000, "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "tie_word_embeddings": True,
-        "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "in_chans": 3,
-                          "mlp_ratio": 2},
-        "image_token_id": 5, "video_token_id": 6, "vision_start_token_id": 3, "vision_end_token_id": 4,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 50000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "tie_word_embeddings": True,
+        "vision_config": {
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "in_chans": 3,
+            "mlp_ratio": 2,
+        },
+        "image_token_id": 5,
+        "video_token_id": 6,
+        "vision_start_token_id": 3,
+        "vision_end_token_id": 4,
     }
     a = Qwen2VLConfig.from_hf_dict(flat)
     b = Qwen2VLConfig.from_hf_dict(a.to_hf_dict())
@@ -136,9 +152,14 @@ def test_config_flat_and_nested_layouts_agree():
 
 def test_config_rejects_bad_mrope():
     with pytest.raises(ValueError, match="mrope_section"):
-        Qwen2VLConfig.from_hf_dict({"hidden_size": 64, "num_attention_heads": 4,
-                                    "rope_scaling": {"mrope_section": [2, 2, 2]},
-                                    "vision_config": {"hidden_size": 64}})
+        Qwen2VLConfig.from_hf_dict(
+            {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_scaling": {"mrope_section": [2, 2, 2]},
+                "vision_config": {"hidden_size": 64},
+            }
+        )
 
 
 def test_prepare_inputs_errors_name_the_problem():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.hf_models import save_tiny
 
 import ipl_jax.model.text as text_module
 from ipl_jax.cli import main as cli_main
-from support.hf_models import save_tiny
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import sys
 import textwrap
 
 import numpy as np
-
 from support.hf_models import save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
@@ -71,8 +70,13 @@ def test_sharded_forward_equals_single_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "batch.npz")],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "batch.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["max_diff"] <= 1e-5, out

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.params import init_params, iter_paths, param_shapes
 from ipl_jax.model.text import forward_inputs
 from ipl_jax.model.weights import load_params, save_params
-from support.hf_models import hf_forward, save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
 
@@ -36,7 +36,8 @@ def _hf_load(model_dir):
     from transformers import Qwen2VLForConditionalGeneration
 
     model, info = Qwen2VLForConditionalGeneration.from_pretrained(
-        model_dir, attn_implementation="eager", dtype=torch.float32, output_loading_info=True)
+        model_dir, attn_implementation="eager", dtype=torch.float32, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     return model.eval()
 
@@ -53,7 +54,8 @@ def test_export_roundtrip_through_transformers(untied, batch, tmp_path):
     params, cfg = load_params(model_dir)
     save_params(params, cfg, str(tmp_path))
     assert sorted(load_file(str(tmp_path / "model.safetensors"))) == sorted(
-        load_file(os.path.join(model_dir, "model.safetensors")))
+        load_file(os.path.join(model_dir, "model.safetensors"))
+    )
     ids, mask, pv, grids = batch
     reloaded = _hf_load(str(tmp_path))
     a = hf_forward(hf_model, ids, mask, pv, grids)
@@ -87,7 +89,7 @@ def test_loader_reads_sharded_index_and_in_memory_names(untied, tmp_path):
         if name.startswith("visual."):
             return "model." + name
         if name.startswith("model."):
-            return "model.language_model." + name[len("model."):]
+            return "model.language_model." + name[len("model.") :]
         return name
 
     names = sorted(tensors)
@@ -174,8 +176,8 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
     base model's side files and holds exactly the trained weights."""
     import optax
 
-    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.cli import main as cli_main
+    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.training.state import create_train_state
 
     model_dir, _ = untied
@@ -189,11 +191,24 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
     ckpt.wait()
     ckpt.close()
     out = tmp_path / "exported"
-    assert cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "ckpt"),
-                     "--out", str(out)]) == 0
+    assert (
+        cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
+    )
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
     _assert_trees_equal(again, changed)
     assert (out / "preprocessor_config.json").is_file()
-    assert cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "missing"),
-                     "--out", str(tmp_path / "x")]) == 2
+    assert (
+        cli_main(
+            [
+                "export",
+                "--base-model",
+                model_dir,
+                "--checkpoint",
+                str(tmp_path / "missing"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )

@@ -33,8 +33,9 @@ def scripted_act(tokenizer, choose):
             s3, s4 = choose(step)
             texts = ["a screen", "a thought", s3, s4]
             turns = tuple(np.asarray(tokenizer.encode(t + "<|im_end|>"), np.int32) for t in texts)
-            out.append(Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns),
-                                  finished=(True,) * 4))
+            out.append(
+                Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns), finished=(True,) * 4)
+            )
         return out
 
     return act
@@ -57,10 +58,33 @@ def test_world_and_expert_accept_any_parsed_action():
     from ipl_jax.data.synthetic.world import World
 
     rng = np.random.default_rng(0)
-    words = ["click", "tap", "long_press", "type", "scroll", "press", "stop", "open_app", "wait", "swipe", "Wi-Fi",
-             "Shop", '"red hat"', '"x"', "up", "left", "back", "enter", "home", "Settings", '"Messages"', "(500,500)"]
-    tasks = R.split_world_tasks("train", 12, seed=3, config=world_config(get_config().world)) + \
-        R.split_world_tasks("test_task_unseen", 6, seed=3)
+    words = [
+        "click",
+        "tap",
+        "long_press",
+        "type",
+        "scroll",
+        "press",
+        "stop",
+        "open_app",
+        "wait",
+        "swipe",
+        "Wi-Fi",
+        "Shop",
+        '"red hat"',
+        '"x"',
+        "up",
+        "left",
+        "back",
+        "enter",
+        "home",
+        "Settings",
+        '"Messages"',
+        "(500,500)",
+    ]
+    tasks = R.split_world_tasks("train", 12, seed=3, config=world_config(get_config().world)) + R.split_world_tasks(
+        "test_task_unseen", 6, seed=3
+    )
     applied = set()
     for wt in tasks:
         world = World(wt.world_seed, wt.config)
@@ -70,8 +94,22 @@ def test_world_and_expert_accept_any_parsed_action():
             if rng.random() < 0.5:
                 s3 = " ".join(rng.choice(words, size=int(rng.integers(1, 4))))
             else:
-                s3 = str(rng.choice(['scroll up', 'scroll right', 'press back', 'type "blue hat"', 'stop', 'wait',
-                                     'open_app "Shop"', 'click Wi-Fi', 'long_press Shop', 'press enter']))
+                s3 = str(
+                    rng.choice(
+                        [
+                            'scroll up',
+                            'scroll right',
+                            'press back',
+                            'type "blue hat"',
+                            'stop',
+                            'wait',
+                            'open_app "Shop"',
+                            'click Wi-Fi',
+                            'long_press Shop',
+                            'press enter',
+                        ]
+                    )
+                )
             x1, y1 = rng.integers(-50, 1000, 2)
             s4 = f"<|box_start|>({x1},{y1}),({x1 + int(rng.integers(0, 300))},{y1 + 40})<|box_end|>"
             action = parse_action(s3, s4)

@@ -5,40 +5,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.small_models import IMG, VS, make_groups, tiny_cfg, tiny_params
 
 from ipl_jax import model as M
 from ipl_jax.preference import packing as PK
-from support.small_models import IMG, VS, make_groups, tiny_cfg, tiny_params
 
 
 def direct_logps(params, cfg, group, i):
     """Sum of log p(continuation tokens) from a plain causal forward of prefix + continuation (no packing),
     right-padded to 32 tokens (key-padding mask) so that every call shares one compilation."""
     seq = np.concatenate([group.prefix_ids, group.continuations[i]]).astype(np.int32)
-    inputs = M.prepare_inputs(cfg, seq[None], None, group.pixel_values, group.image_grid_thw, text_buckets=(32,),
-                              patch_buckets=(32,))
+    inputs = M.prepare_inputs(
+        cfg, seq[None], None, group.pixel_values, group.image_grid_thw, text_buckets=(32,), patch_buckets=(32,)
+    )
     feats = M.encode_images(params, cfg, inputs.vision)
     logits = M.forward(params, cfg, inputs.input_ids, inputs.positions, inputs.attention_mask, feats)
     logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
     L = len(group.prefix_ids)
     c = group.continuations[i]
-    picked = np.asarray(logp[L - 1:L - 1 + len(c)])[np.arange(len(c)), c]
+    picked = np.asarray(logp[L - 1 : L - 1 + len(c)])[np.arange(len(c)), c]
     return float(np.sum(picked * group.scored_mask(i)))
 
 
 def test_attention_mask_known_answer():
     seg = jnp.asarray([[0, 0, 1, 1, 2, 2, 2, -1]])
     got = np.asarray(PK.packed_attention_mask(seg))[0].astype(int)
-    want = np.array([
-        [1, 0, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0, 0],
-        [1, 1, 0, 0, 1, 1, 0, 0],
-        [1, 1, 0, 0, 1, 1, 1, 0],
-        [0, 0, 0, 0, 0, 0, 0, 0],
-    ])
+    want = np.array(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0, 0],
+            [1, 1, 0, 0, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0, 0, 0],
+        ]
+    )
     np.testing.assert_array_equal(got, want)
 
 
@@ -47,15 +50,18 @@ def test_row_layout_and_positions_match_the_unshared_sequence():
     those the same tokens get in the plain sequence prefix + continuation."""
     cfg = tiny_cfg()
     groups = make_groups(cfg, seed=1, n_groups=2)
-    batch = PK.pack_groups(cfg, groups, [PK.PairRef(0, 0, 1, 2)], PK.PackingConfig(rows=3, max_continuations=4,
-                                                                                    max_pairs=2, text_buckets=(64,),
-                                                                                    patch_buckets=(64,)))
+    batch = PK.pack_groups(
+        cfg,
+        groups,
+        [PK.PairRef(0, 0, 1, 2)],
+        PK.PackingConfig(rows=3, max_continuations=4, max_pairs=2, text_buckets=(64,), patch_buckets=(64,)),
+    )
     assert batch.input_ids.shape == (3, 64) and batch.positions.shape == (3, 3, 64)
     assert np.all(batch.segment_ids[2] == -1)  # the padding row
     for b, g in enumerate(groups):
         L = len(g.prefix_ids)
         seg = batch.segment_ids[b]
-        np.testing.assert_array_equal(batch.input_ids[b, :L - 1], g.prefix_ids[:-1])
+        np.testing.assert_array_equal(batch.input_ids[b, : L - 1], g.prefix_ids[:-1])
         for i, c in enumerate(g.continuations):
             where = np.flatnonzero(seg == i + 1)
             assert where.size == len(c) and np.all(np.diff(where) == 1)
@@ -64,8 +70,8 @@ def test_row_layout_and_positions_match_the_unshared_sequence():
             np.testing.assert_array_equal(batch.score_slot[b, where], i)
             full = np.concatenate([g.prefix_ids, c])[None]
             pos, _ = M.get_rope_index(full, np.ones_like(full, bool), g.image_grid_thw, cfg)
-            np.testing.assert_array_equal(batch.positions[:, b, where], pos[:, 0, L - 1:L - 1 + len(c)])
-        np.testing.assert_array_equal(batch.score_slot[b, :L - 1], -1)
+            np.testing.assert_array_equal(batch.positions[:, b, where], pos[:, 0, L - 1 : L - 1 + len(c)])
+        np.testing.assert_array_equal(batch.score_slot[b, : L - 1], -1)
     assert batch.pair_pos[0] == 0 * 4 + 0 and batch.pair_neg[0] == 1 and batch.pair_valid.tolist() == [True, False]
     assert batch.vision.patches.shape == (3, 64, cfg.vision.patch_dim)  # per row; row 2 has none
     for b, g in enumerate(groups):
@@ -99,8 +105,12 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
         # unpacked: one row per (prefix, continuation); the same pair log-probs
         ugroups, upairs = PK.unpack_groups(groups, pairs)
         assert len(ugroups) == sum(len(g.continuations) for g in groups)
-        ubatches = PK.pack_unpacked(cfg, ugroups, upairs, PK.PackingConfig(
-            rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(32,)))
+        ubatches = PK.pack_unpacked(
+            cfg,
+            ugroups,
+            upairs,
+            PK.PackingConfig(rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(32,)),
+        )
         got_pos, got_neg = [], []
         for ub in ubatches:
             ulp, un = PK.score_continuations(params, cfg, ub, chunk=16)
@@ -115,8 +125,7 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
 def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
     cfg = tiny_cfg()
     groups = make_groups(cfg, seed=3, n_groups=5, conts=(2,))
-    pairs = [PK.PairRef(0, 0, 1), PK.PairRef(0, 1, 0), PK.PairRef(2, 0, 1), PK.PairRef(3, 0, 1),
-             PK.PairRef(4, 1, 0)]
+    pairs = [PK.PairRef(0, 0, 1), PK.PairRef(0, 1, 0), PK.PairRef(2, 0, 1), PK.PairRef(3, 0, 1), PK.PairRef(4, 1, 0)]
     packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(32,))
     batches = PK.pack_round(cfg, groups, pairs, packing)
     # group 1 has no pair; groups (0, 2) fill rows; then (3, 4)
@@ -141,5 +150,9 @@ def test_bad_groups_raise_naming_the_group():
     with pytest.raises(ValueError, match="packed row length of L"):
         PK.pack_groups(cfg, [long], [], packing)
     with pytest.raises(ValueError, match="pair 0 of g0"):
-        PK.pack_groups(cfg, [g], [PK.PairRef(0, 1, 1)], PK.PackingConfig(rows=1, max_continuations=3, max_pairs=1,
-                                                                         text_buckets=(64,), patch_buckets=(32,)))
+        PK.pack_groups(
+            cfg,
+            [g],
+            [PK.PairRef(0, 1, 1)],
+            PK.PackingConfig(rows=1, max_continuations=3, max_pairs=1, text_buckets=(64,), patch_buckets=(32,)),
+        )

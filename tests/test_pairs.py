@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ipl_jax.coat import tree as T
 from ipl_jax.preference import pair_tokens as PT
 from ipl_jax.preference import pairs as P
-from ipl_jax.coat import tree as T
 
 B3 = (3, 3, 3, 1)
 CLICK, LONG, TYPE, SCROLL, PRESS = (P.action_type_id(t) for t in ("click", "long_press", "type", "scroll", "press"))
@@ -37,10 +37,15 @@ def extract(node_values, leaf_types, golden, valid=None, text=None, **kw):
     valid = np.ones(B, bool) if valid is None else np.asarray(valid, bool)
     text = np.ones((B,) + branching[:3], bool) if text is None else text
     pad = lambda x: np.concatenate([np.asarray(x), np.zeros((ROWS - B,) + np.shape(x)[1:], np.asarray(x).dtype)])
-    pb = P.extract_pairs(tuple(jnp.asarray(pad(v), jnp.float32) for v in node_values),
-                         jnp.asarray(pad(leaf_types), jnp.int32), jnp.asarray(pad(golden), jnp.int32),
-                         jnp.asarray(pad(valid)), step_index=jnp.arange(ROWS, dtype=jnp.int32),
-                         action_text_matches_golden=jnp.asarray(pad(text)), **kw)
+    pb = P.extract_pairs(
+        tuple(jnp.asarray(pad(v), jnp.float32) for v in node_values),
+        jnp.asarray(pad(leaf_types), jnp.int32),
+        jnp.asarray(pad(golden), jnp.int32),
+        jnp.asarray(pad(valid)),
+        step_index=jnp.arange(ROWS, dtype=jnp.int32),
+        action_text_matches_golden=jnp.asarray(pad(text)),
+        **kw,
+    )
     return jax.tree_util.tree_map(np.asarray, pb)
 
 
@@ -84,8 +89,17 @@ def test_classify_alpha_beta_gamma_and_tolerance():
     counts = np.asarray(P.tree_class_counts(jnp.asarray(cls)))
     np.testing.assert_array_equal(counts, [2, 1, 2])
     s = P.tree_class_shares(counts + np.array([0, 1, -1]))  # 2 α, 2 β, 1 γ
-    assert s == pytest.approx({"alpha": 0.4, "beta": 0.4, "gamma": 0.2, "potential_correct": 0.8,
-                               "valid_sampling": 0.6, "correct_sample": 0.8, "trees": 5})
+    assert s == pytest.approx(
+        {
+            "alpha": 0.4,
+            "beta": 0.4,
+            "gamma": 0.2,
+            "potential_correct": 0.8,
+            "valid_sampling": 0.6,
+            "correct_sample": 0.8,
+            "trees": 5,
+        }
+    )
     assert P.tree_class_shares([0, 0, 0])["beta"] == 0.0
 
 
@@ -159,8 +173,14 @@ def test_beta_spreads_positives_over_action_types():
     vals = backup(leaf)
     assert pair_list(extract(vals, types, [CLICK], config=SMALL), turn=3) == [(0, 3, 0, 0, 1), (0, 3, 2, 6, 7)]
     pb = extract(vals, types, [CLICK], config=BIG)
-    assert pair_list(pb, turn=3) == [(0, 3, 0, 0, 1), (0, 3, 2, 6, 7), (0, 3, 0, 0, 2), (0, 3, 2, 6, 8),
-                                     (0, 3, 1, 3, 4), (0, 3, 1, 3, 5)]
+    assert pair_list(pb, turn=3) == [
+        (0, 3, 0, 0, 1),
+        (0, 3, 2, 6, 7),
+        (0, 3, 0, 0, 2),
+        (0, 3, 2, 6, 8),
+        (0, 3, 1, 3, 4),
+        (0, 3, 1, 3, 5),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- γ pairs
@@ -286,13 +306,13 @@ def _rank(cands, cap):
     return [c[-1] for c in sorted(ranked)[:cap]]
 
 
-@pytest.mark.parametrize("branching,cfg", [((3, 3, 3, 1), P.PairConfig()), ((3, 3, 3, 1), BIG),
-                                           ((2, 3, 2, 2), SMALL)])
+@pytest.mark.parametrize("branching,cfg", [((3, 3, 3, 1), P.PairConfig()), ((3, 3, 3, 1), BIG), ((2, 3, 2, 2), SMALL)])
 def test_pairs_match_direct_enumeration_on_random_trees(branching, cfg):
     rng = np.random.default_rng(sum(branching) + cfg.max_beta_pairs_per_tree_turn)
     Bn = ROWS
-    leaf = rng.choice(np.float32([0.0, 0.1, 0.25, 0.5, 0.75, 1.0]), p=[.3, .1, .1, .1, .1, .3],
-                      size=(Bn,) + branching)
+    leaf = rng.choice(
+        np.float32([0.0, 0.1, 0.25, 0.5, 0.75, 1.0]), p=[0.3, 0.1, 0.1, 0.1, 0.1, 0.3], size=(Bn,) + branching
+    )
     leaf[0] = 1.0
     leaf[1] = rng.choice(np.float32([0.0, 0.2, 0.55]), size=branching)  # γ
     types = rng.choice([INVALID, CLICK, LONG, TYPE, SCROLL], size=(Bn,) + branching).astype(np.int32)
@@ -309,8 +329,9 @@ def test_pairs_match_direct_enumeration_on_random_trees(branching, cfg):
     assert int(pb.count) == len(ref) and int(pb.dropped) == 0
     np.testing.assert_array_equal(np.asarray(pb.count_by_turn), [sum(r[1] == t for r in ref) for t in (1, 2, 3, 4)])
     cls = np.asarray(P.classify_trees(jnp.asarray(leaf), jnp.asarray(valid)))
-    np.testing.assert_array_equal(np.asarray(pb.count_by_class),
-                                  [sum(cls[r[0]] == c for r in ref) for c in (P.ALPHA, P.BETA, P.GAMMA)])
+    np.testing.assert_array_equal(
+        np.asarray(pb.count_by_class), [sum(cls[r[0]] == c for r in ref) for c in (P.ALPHA, P.BETA, P.GAMMA)]
+    )
     # recorded values are the node values of the chosen nodes
     for i, (b, t, _, pos, neg) in enumerate(pair_list(pb)):
         v = vals[t - 1][b].reshape(-1)
@@ -336,7 +357,7 @@ def test_shapes_fixed_and_no_recompilation_for_new_data():
     shapes, counts, sizes = set(), [], []
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        leaf = rng.choice(np.float32([0.0, 0.5, 1.0]), size=(ROWS,) + B3, p=[.4, .2, .4])
+        leaf = rng.choice(np.float32([0.0, 0.5, 1.0]), size=(ROWS,) + B3, p=[0.4, 0.2, 0.4])
         pb = extract(backup(leaf, 0.95), rng.integers(-1, 5, size=(ROWS,) + B3), rng.integers(0, 5, size=ROWS))
         shapes.add(tuple(x.shape for x in (pb.turn, pb.valid, pb.count_by_turn, pb.value_gap)))
         counts.append(int(pb.count))
@@ -344,7 +365,7 @@ def test_shapes_fixed_and_no_recompilation_for_new_data():
     assert len(shapes) == 1 and len(set(counts)) > 1
     assert sizes[0] == sizes[1] == sizes[2]
     # padding after the valid pairs
-    assert not pb.valid[int(pb.count):].any() and pb.valid[:int(pb.count)].all()
+    assert not pb.valid[int(pb.count) :].any() and pb.valid[: int(pb.count)].all()
 
 
 def test_bad_input_shapes_name_the_field():
@@ -369,16 +390,25 @@ def _identity_tree(Bn, branching, turn_lengths):
     tokens, lengths, logps = [], [], []
     for t in range(1, 5):
         n, Tt = T.num_nodes(branching, t), turn_lengths[t - 1]
-        ids = (1000000 * np.arange(Bn)[:, None, None] + 10000 * t + 10 * np.arange(n)[None, :, None]
-               + np.arange(Tt)[None, None, :])
+        ids = (
+            1000000 * np.arange(Bn)[:, None, None]
+            + 10000 * t
+            + 10 * np.arange(n)[None, :, None]
+            + np.arange(Tt)[None, None, :]
+        )
         shape = (Bn,) + branching[:t]
         tokens.append(jnp.asarray(ids.reshape(shape + (Tt,)).astype(np.int32)))
         logps.append(jnp.asarray((-ids.reshape(shape + (Tt,)) * 1e-7).astype(np.float32)))
         lengths.append(jnp.asarray(np.broadcast_to(np.arange(n, dtype=np.int32) % Tt + 1, (Bn, n)).reshape(shape)))
     finished = tuple(jnp.asarray(np.ones(x.shape, bool)) for x in lengths)
-    return T.CoaTTree(tokens=tuple(tokens), lengths=tuple(lengths), logps=tuple(logps), finished=finished,
-                      step_index=jnp.asarray(np.arange(Bn, dtype=np.int32) + 100),
-                      step_valid=jnp.asarray(np.ones(Bn, bool))).validate()
+    return T.CoaTTree(
+        tokens=tuple(tokens),
+        lengths=tuple(lengths),
+        logps=tuple(logps),
+        finished=finished,
+        step_index=jnp.asarray(np.arange(Bn, dtype=np.int32) + 100),
+        step_valid=jnp.asarray(np.ones(Bn, bool)),
+    ).validate()
 
 
 def test_gather_pair_tokens_returns_the_right_nodes():
@@ -409,7 +439,7 @@ def test_gather_pair_tokens_returns_the_right_nodes():
         toks, n = ident(b, t, neg)
         np.testing.assert_array_equal(pt.negative_tokens[i], toks)
         assert int(pt.negative_lengths[i]) == n
-        np.testing.assert_allclose(pt.negative_logps[i][:lens[t - 1]], -toks[:lens[t - 1]] * 1e-7, rtol=1e-6)
+        np.testing.assert_allclose(pt.negative_logps[i][: lens[t - 1]], -toks[: lens[t - 1]] * 1e-7, rtol=1e-6)
         if pos >= 0:
             toks, n = ident(b, t, pos)
         else:
@@ -426,7 +456,7 @@ def test_gather_pair_tokens_returns_the_right_nodes():
                 node = T.ancestor_index(prefix, branching, t - 1, lvl)
                 assert int(pt.prefix_path[i, lvl - 1]) == node
                 toks, n = ident(b, lvl, node)
-                np.testing.assert_array_equal(pt.prefix_tokens[lvl - 1][i], toks[:lens[lvl - 1]])
+                np.testing.assert_array_equal(pt.prefix_tokens[lvl - 1][i], toks[: lens[lvl - 1]])
                 assert int(pt.prefix_lengths[i, lvl - 1]) == n
             else:
                 assert int(pt.prefix_path[i, lvl - 1]) == -1 and int(pt.prefix_lengths[i, lvl - 1]) == 0

@@ -34,8 +34,14 @@ class ImageLoads:
 
 def make_steps(loads):
     return [
-        Step(episode_id="e", step_id=i, instruction="x", image=loads.image(i), screen_size=(4, 4),
-             action=Action(type="stop"))
+        Step(
+            episode_id="e",
+            step_id=i,
+            instruction="x",
+            image=loads.image(i),
+            screen_size=(4, 4),
+            action=Action(type="stop"),
+        )
         for i in range(N)
     ]
 
@@ -57,8 +63,9 @@ def batches_of(iterator, k=None):
 
 def build(seed=7, num_epochs=2, batch_size=4, loads=None, **kw):
     loads = loads or ImageLoads()
-    ds = pipeline.make_dataset(make_steps(loads), to_arrays, batch_size=batch_size, seed=seed,
-                               num_epochs=num_epochs, **kw)
+    ds = pipeline.make_dataset(
+        make_steps(loads), to_arrays, batch_size=batch_size, seed=seed, num_epochs=num_epochs, **kw
+    )
     return ds, loads
 
 
@@ -93,8 +100,10 @@ def test_drop_remainder_and_shards():
     assert len(got) == 2 and all(len(b) == 5 for b in got)  # 12 = 5 + 5 + 2 dropped
     ds, _ = build(num_epochs=1, batch_size=5, drop_remainder=False)
     assert [len(b) for b in batches_of(pipeline.make_iterator(ds))] == [5, 5, 2]
-    shards = [batches_of(pipeline.make_iterator(build(num_epochs=1, batch_size=2, shard_index=s, shard_count=3)[0]))
-              for s in range(3)]
+    shards = [
+        batches_of(pipeline.make_iterator(build(num_epochs=1, batch_size=2, shard_index=s, shard_count=3)[0]))
+        for s in range(3)
+    ]
     seen = [i for sh in shards for b in sh for i in b]
     assert sorted(seen) == list(range(N))  # disjoint shards cover the source
     assert {i % 3 for b in shards[1] for i in b} == {1}
@@ -120,8 +129,9 @@ def test_resume_through_orbax(tmp_path):
     pipeline.save_iterator(tmp_path / "data_only", it)
     params = {"w": jnp.arange(6.0).reshape(2, 3)}
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-        mngr.save(3, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), data=pipeline.checkpoint_save_args(it)))
+        mngr.save(
+            3, args=ocp.args.Composite(params=ocp.args.StandardSave(params), data=pipeline.checkpoint_save_args(it))
+        )
         mngr.wait_until_finished()
     expected = batches_of(it, k=4)
 
@@ -130,8 +140,12 @@ def test_resume_through_orbax(tmp_path):
 
     fresh = pipeline.make_iterator(build(seed=11, num_epochs=None)[0])
     with ocp.CheckpointManager(tmp_path / "ckpt") as mngr:
-        restored = mngr.restore(3, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(params), data=pipeline.checkpoint_restore_args(fresh)))
+        restored = mngr.restore(
+            3,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(params), data=pipeline.checkpoint_restore_args(fresh)
+            ),
+        )
     assert np.array_equal(restored["params"]["w"], params["w"])
     assert batches_of(restored["data"], k=4) == expected
 

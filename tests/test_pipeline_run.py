@@ -21,8 +21,22 @@ import pytest
 from ipl_jax.configs.loader import load_config
 from ipl_jax.pipeline.run import STAGES, run_job
 
-SCORE_KEYS = {"total", "CLICK", "TYPE", "SCROLL", "PRESS", "STOP", "parse_rate", "episode_success",
-              "goal_progress", "steps", "episodes", "step_acc", "format", "rules"}
+SCORE_KEYS = {
+    "total",
+    "CLICK",
+    "TYPE",
+    "SCROLL",
+    "PRESS",
+    "STOP",
+    "parse_rate",
+    "episode_success",
+    "goal_progress",
+    "steps",
+    "episodes",
+    "step_acc",
+    "format",
+    "rules",
+}
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,10 +45,15 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess:
     """``ipl-jax ...`` in a fresh interpreter of this environment. JAX's persistent compilation cache is shared
     by every job of the test session (this module and the notebook test), so a program compiles once."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               IPL_JAX_QUIET="1", JAX_COMPILATION_CACHE_DIR=str(cache_dir))
-    proc = subprocess.run([sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=900)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        IPL_JAX_QUIET="1",
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -53,8 +72,13 @@ def quick_run(tmp_path_factory):
     assert [c.name for c in candidates] == [f"step_{s:06d}" for s in (4, 8)]
     assert all((c / "config.json").is_file() and (c / "tokenizer.json").is_file() for c in candidates)
     second = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
-    return {"config": config, "workdir": Path(workdir), "lines": (first.stdout + second.stdout).splitlines(),
-            "first_seconds": first_seconds, "cache": cache}
+    return {
+        "config": config,
+        "workdir": Path(workdir),
+        "lines": (first.stdout + second.stdout).splitlines(),
+        "first_seconds": first_seconds,
+        "cache": cache,
+    }
 
 
 def _stage_events(workdir: Path) -> list[dict]:
@@ -72,8 +96,11 @@ def test_results_schema(quick_run):
         for split, table in r["metrics"].items():
             assert SCORE_KEYS <= set(table), (split, sorted(table))
             # the table counts every step of the split, and accuracies are fractions
-            assert table["steps"] == sum(t["count"] for k, t in table.items()
-                                         if k in ("CLICK", "TYPE", "SCROLL", "PRESS", "STOP")) > 0
+            assert (
+                table["steps"]
+                == sum(t["count"] for k, t in table.items() if k in ("CLICK", "TYPE", "SCROLL", "PRESS", "STOP"))
+                > 0
+            )
             assert 0.0 <= table["step_acc"] <= 1.0
         assert set(r["trees"]) == {"alpha", "beta", "gamma"}
         assert sum(r["trees"].values()) == pytest.approx(1.0)
@@ -86,8 +113,8 @@ def test_results_schema(quick_run):
 
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
-    from ipl_jax.eval.evaluate import load_dataset, load_predictions
     from ipl_jax.coat.tables import score_episodes
+    from ipl_jax.eval.evaluate import load_dataset, load_predictions
 
     workdir = quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())
@@ -95,8 +122,12 @@ def test_scores_agree_with_the_predictions_file(quick_run):
     preds_file = workdir / "eval" / "round_1" / f"{split}.predictions.jsonl"
     lines = [json.loads(x) for x in preds_file.read_text().splitlines()]
     as_predictions = workdir / "rescore.jsonl"
-    as_predictions.write_text("".join(json.dumps({"episode_id": r["episode_id"], "step_id": r["step_id"],
-                                                  "prediction": r["prediction"]}) + "\n" for r in lines))
+    as_predictions.write_text(
+        "".join(
+            json.dumps({"episode_id": r["episode_id"], "step_id": r["step_id"], "prediction": r["prediction"]}) + "\n"
+            for r in lines
+        )
+    )
     episodes = load_dataset(workdir / "data", "aitz", split)
     table = score_episodes(episodes, load_predictions(as_predictions), "aitz")
     assert table["step_acc"] == results["rounds"][1]["metrics"][split]["step_acc"]
@@ -106,8 +137,8 @@ def test_scores_agree_with_the_predictions_file(quick_run):
 def test_outputs(quick_run):
     from PIL import Image
 
-    from ipl_jax.model import load_params
     from ipl_jax.data.tokenizer import load_tokenizer
+    from ipl_jax.model import load_params
 
     workdir = quick_run["workdir"]
     with Image.open(workdir / "step_accuracy.png") as im:
@@ -173,8 +204,22 @@ def test_select_seed_command(quick_run):
     candidates = sorted(str(p) for p in (workdir / "sft" / "candidates").iterdir())
     assert len(candidates) == 2
     out_json = workdir / "select.json"
-    proc = run_cli(["select-seed", "--checkpoints", *candidates, "--data", str(workdir / "data"), "--steps", "4",
-                    "--config", "synthetic:quick", "--json", str(out_json)], quick_run["cache"])
+    proc = run_cli(
+        [
+            "select-seed",
+            "--checkpoints",
+            *candidates,
+            "--data",
+            str(workdir / "data"),
+            "--steps",
+            "4",
+            "--config",
+            "synthetic:quick",
+            "--json",
+            str(out_json),
+        ],
+        quick_run["cache"],
+    )
     assert "Acc_S" in proc.stdout and "<- seed" in proc.stdout
     got = json.loads(out_json.read_text())
     # the command reproduces the pipeline's own seed selection (same steps, keys and embedder)
@@ -217,8 +262,15 @@ def test_world_is_a_typed_config_section():
     world = world_config(load_config("synthetic").world)
     assert world.shuffle_layout is False and world.n_contacts == (4, 8) and world.themes == WorldConfig().themes
     # fields are overridden like any other config field, with their types
-    c = load_config("synthetic", ["--config.world.width=252", "--config.world.n_contacts=(3, 20)",
-                                  "--config.world.themes=('rose',)", "--config.world.shuffle_layout=true"])
+    c = load_config(
+        "synthetic",
+        [
+            "--config.world.width=252",
+            "--config.world.n_contacts=(3, 20)",
+            "--config.world.themes=('rose',)",
+            "--config.world.shuffle_layout=true",
+        ],
+    )
     w = world_config(c.world)
     assert (w.width, w.n_contacts, w.themes, w.shuffle_layout) == (252, (3, 20), ("rose",), True)
     with pytest.raises(ValueError, match="config.world"):
@@ -253,10 +305,20 @@ def _table(acc: dict) -> dict:
 def test_round_and_ablation_tables():
     from ipl_jax.pipeline.report import ablation_table, results_round, round_table
 
-    r0 = results_round(0, {"test": _table({"click": 0.5, "type": 0.25, "scroll": None, "press": 1.0, "stop": 0.0,
-                                            "total": 0.4})}, {"alpha": 0.1, "beta": 0.3, "gamma": 0.6}, 0, 12.3)
-    r1 = results_round(1, {"test": _table({"click": 0.75, "type": 0.5, "scroll": None, "press": 1.0, "stop": 0.5,
-                                            "total": 0.6})}, {"alpha": 0.2, "beta": 0.5, "gamma": 0.3}, 321, 45.6)
+    r0 = results_round(
+        0,
+        {"test": _table({"click": 0.5, "type": 0.25, "scroll": None, "press": 1.0, "stop": 0.0, "total": 0.4})},
+        {"alpha": 0.1, "beta": 0.3, "gamma": 0.6},
+        0,
+        12.3,
+    )
+    r1 = results_round(
+        1,
+        {"test": _table({"click": 0.75, "type": 0.5, "scroll": None, "press": 1.0, "stop": 0.5, "total": 0.6})},
+        {"alpha": 0.2, "beta": 0.5, "gamma": 0.3},
+        321,
+        45.6,
+    )
     text = round_table([r0, r1], "test").splitlines()
     assert text[0].split() == ["test", "seed", "round", "1"]
     assert text[2].split() == ["click", "match", "50.00", "75.00"]
@@ -264,8 +326,10 @@ def test_round_and_ablation_tables():
     assert text[7].split() == ["total", "match", "40.00", "60.00"]
     assert text[9].split() == ["alpha", "trees", "10.00", "20.00"]
     assert text[12].split() == ["pairs", "0", "321"]
-    rows = [{"variant": "T-DPO (full)", "metrics": r1["metrics"], "pairs": 321},
-            {"variant": "naive DPO", "metrics": r0["metrics"], "pairs": 7}]
+    rows = [
+        {"variant": "T-DPO (full)", "metrics": r1["metrics"], "pairs": 321},
+        {"variant": "naive DPO", "metrics": r0["metrics"], "pairs": 7},
+    ]
     lines = ablation_table(rows, "test").splitlines()
     assert lines[0].split() == ["variant", "click", "type", "scroll", "press", "stop", "total", "pairs"]
     assert lines[2].split() == ["T-DPO", "(full)", "75.00", "50.00", "-", "100.00", "50.00", "60.00", "321"]
@@ -278,8 +342,9 @@ def test_ablate_quick(tmp_path_factory):
     config's own branching, i.e. the tdpo run)."""
     cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
     root = tmp_path_factory.mktemp("ablate")
-    proc = run_cli(["ablate", "--config", "synthetic:quick", "--workdir", str(root),
-                    "--variants", "tdpo,no_negatives,k2"], cache)
+    proc = run_cli(
+        ["ablate", "--config", "synthetic:quick", "--workdir", str(root), "--variants", "tdpo,no_negatives,k2"], cache
+    )
     result = json.loads((root / "ablation.json").read_text())
     assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "no_negatives", "k2"]
     assert result["rows"][3]["same_as"] == "tdpo"
@@ -289,8 +354,7 @@ def test_ablate_quick(tmp_path_factory):
     # the variants started from the base seed: their round-1 input policy is the base job's seed
     assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
     # ... while each variant's own rounds are evaluated into its own directory (not one shared with the others)
-    preds = {v: root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl"
-             for v in ("tdpo", "no_negatives")}
+    preds = {v: root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl" for v in ("tdpo", "no_negatives")}
     assert all(p.is_file() for p in preds.values())
     assert preds["tdpo"].resolve() != preds["no_negatives"].resolve()
     assert not (root / "base" / "eval" / "round_1").exists()

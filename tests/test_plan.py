@@ -58,8 +58,11 @@ def test_hlo_flops_takes_the_costlier_branch_and_counts_unknown_loops_once():
 
         return jax.lax.while_loop(cond, body, (0, y))[1]
 
-    args = (jax.ShapeDtypeStruct((), jnp.bool_), jax.ShapeDtypeStruct((8, 8), jnp.float32),
-            jax.ShapeDtypeStruct((8, 8), jnp.float32))
+    args = (
+        jax.ShapeDtypeStruct((), jnp.bool_),
+        jax.ShapeDtypeStruct((8, 8), jnp.float32),
+        jax.ShapeDtypeStruct((8, 8), jnp.float32),
+    )
     cost = hlo_flops(jax.jit(f).lower(*args).compile().as_text())
     assert cost.flops == 2 * 2 * 8 * 8 * 8
     assert cost.unknown_loops == 1
@@ -104,8 +107,9 @@ def test_hlo_flops_reads_a_loop_bound_from_its_condition():
 
 
 def test_published_architectures_have_their_parameter_counts():
-    counts = {name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d)))
-              for name, d in plan_lib.ARCHITECTURES.items()}
+    counts = {
+        name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d))) for name, d in plan_lib.ARCHITECTURES.items()
+    }
     assert counts == {"qwen2-vl-2b": 2_208_985_600, "qwen2-vl-7b": 8_291_375_616}  # the Hub's model cards
 
 
@@ -128,11 +132,26 @@ _PLAN_SCRIPT = textwrap.dedent("""
 
 def test_tiny_job_planned_on_four_fake_devices(tmp_path):
     out4, out1 = tmp_path / "plan4.json", tmp_path / "plan1.json"
-    args = [*SMALL, "--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--programs", "tdpo,prefill,decode",
-            "--json", str(out4)]
+    args = [
+        *SMALL,
+        "--devices",
+        "4",
+        "--mesh",
+        "data=1,fsdp=4,tensor=1",
+        "--programs",
+        "tdpo,prefill,decode",
+        "--json",
+        str(out4),
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    proc = subprocess.run([sys.executable, "-c", _PLAN_SCRIPT, str(out1), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLAN_SCRIPT, str(out1), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tdpo" in proc.stdout and "decode" in proc.stdout  # the table
     doc = json.loads(out4.read_text())
@@ -151,21 +170,33 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
     assert 0.2 < sharded["flops"] / single["flops"] < 0.3  # each device runs a quarter of the rows
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--devices", "4", "--mesh", "data=1,fsdp=2,tensor=1"],
-     "mesh data=1,fsdp=2,tensor=1 needs 2 devices but there are 4 (valid: sizes whose product is 4"),
-    (["--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--config.ipl.batch_size=6"],
-     "config.ipl.batch_size=6 does not divide over the mesh's batch axes data x fsdp = 4 (valid: a multiple of 4"),
-    (["--devices", "2", "--mesh", "fsdp=two"], "--mesh 'fsdp=two': expected AXIS=SIZE,... with axes data, fsdp"),
-    (["--topology", "v9-8"], "--topology 'v9-8' is unknown (valid: v4-N, v5p-N"),
-    (["--topology", "v5p-6"], "--topology 'v5p-6': no such slice (valid: v5p-8, v5p-16"),
-    (["--devices", "2", "--mesh", "data=2", "--dtype", "float8"],
-     "--dtype float8: not available on cpu (valid: float32, bfloat16, float16)"),
-    (["--topology", "v5e-16", "--dtype", "float16"],
-     "--dtype float16: not available on tpu (valid: float32, bfloat16)"),
-    (["--devices", "2", "--mesh", "data=2", "--programs", "tdpo,train"], "--programs train: unknown (valid: sft"),
-    (["--devices", "2", "--topology", "v5p-8"], "not allowed with argument"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--devices", "4", "--mesh", "data=1,fsdp=2,tensor=1"],
+            "mesh data=1,fsdp=2,tensor=1 needs 2 devices but there are 4 (valid: sizes whose product is 4",
+        ),
+        (
+            ["--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--config.ipl.batch_size=6"],
+            "config.ipl.batch_size=6 does not divide over the mesh's batch axes data x fsdp = 4 "
+            "(valid: a multiple of 4",
+        ),
+        (["--devices", "2", "--mesh", "fsdp=two"], "--mesh 'fsdp=two': expected AXIS=SIZE,... with axes data, fsdp"),
+        (["--topology", "v9-8"], "--topology 'v9-8' is unknown (valid: v4-N, v5p-N"),
+        (["--topology", "v5p-6"], "--topology 'v5p-6': no such slice (valid: v5p-8, v5p-16"),
+        (
+            ["--devices", "2", "--mesh", "data=2", "--dtype", "float8"],
+            "--dtype float8: not available on cpu (valid: float32, bfloat16, float16)",
+        ),
+        (
+            ["--topology", "v5e-16", "--dtype", "float16"],
+            "--dtype float16: not available on tpu (valid: float32, bfloat16)",
+        ),
+        (["--devices", "2", "--mesh", "data=2", "--programs", "tdpo,train"], "--programs train: unknown (valid: sft"),
+        (["--devices", "2", "--topology", "v5p-8"], "not allowed with argument"),
+    ],
+)
 def test_bad_invocations_get_one_line_and_status_2(capsys, extra, message):
     status = plan_cli.main([*SMALL, *extra])
     err = capsys.readouterr().err.strip()

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ipl_jax.data.image_processing import (ImageProcessorConfig, num_patches, preprocess_images,
-                                           smart_resize)
+from ipl_jax.data.image_processing import ImageProcessorConfig, num_patches, preprocess_images, smart_resize
 
 MIN_PIXELS = 56 * 56 * 4  # 12544
 MAX_PIXELS = 28 * 28 * 64  # 50176

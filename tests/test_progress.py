@@ -27,8 +27,7 @@ class Terminal(io.StringIO):
 def test_log_lines_every_interval_with_eta():
     buf = io.StringIO()
     # the clock advances 10 s per reading: construction reads it once, each update once
-    bar = P.LogProgress(range(12), total=12, desc="sampling", unit="batch", file=buf, interval=30,
-                        clock=Clock(10.0))
+    bar = P.LogProgress(range(12), total=12, desc="sampling", unit="batch", file=buf, interval=30, clock=Clock(10.0))
     assert list(bar) == list(range(12))
     lines = buf.getvalue().splitlines()
     assert "\r" not in buf.getvalue()
@@ -87,8 +86,10 @@ def test_terminal_gets_tqdm_and_quiet_gets_nothing(monkeypatch):
     logged = io.StringIO()
     for _ in P.progress(range(2), desc="l", file=logged):
         pass
-    assert [line.split(" elapsed")[0] for line in logged.getvalue().splitlines()] == ["l: 1/2 it (50%)",
-                                                                                      "l: 2/2 it (100%)"]
+    assert [line.split(" elapsed")[0] for line in logged.getvalue().splitlines()] == [
+        "l: 1/2 it (50%)",
+        "l: 2/2 it (100%)",
+    ]
 
 
 def test_format_seconds():

@@ -31,8 +31,15 @@ def test_3b_flat_hub_layout():
     cfg = Qwen2VLConfig.from_hf_dict(copy.deepcopy(QWEN25VL_3B))
     t, v = cfg.text, cfg.vision
     assert cfg.model_type == "qwen2_5_vl" and cfg.tie_word_embeddings
-    assert (t.vocab_size, t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads,
-            t.num_key_value_heads, t.head_dim) == (151936, 2048, 11008, 36, 16, 2, 128)
+    assert (
+        t.vocab_size,
+        t.hidden_size,
+        t.intermediate_size,
+        t.num_hidden_layers,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+        t.head_dim,
+    ) == (151936, 2048, 11008, 36, 16, 2, 128)
     assert (t.rope_theta, t.mrope_section, t.rms_norm_eps) == (1e6, (16, 24, 24), 1e-6)
     assert (v.depth, v.embed_dim, v.hidden_size, v.mlp_dim, v.num_heads, v.head_dim) == (32, 1280, 2048, 3420, 16, 80)
     assert (v.window_size, v.window_tokens, v.fullatt_block_indexes) == (112, 4, (7, 15, 23, 31))
@@ -90,20 +97,35 @@ def test_class_defaults_match_transformers():
     hv, ht = hf.vision_config, hf.text_config
     v, t = cfg.vision, cfg.text
     assert (v.depth, v.embed_dim, v.hidden_size, v.mlp_dim, v.num_heads, v.window_size, v.tokens_per_second) == (
-        hv.depth, hv.hidden_size, hv.out_hidden_size, hv.intermediate_size, hv.num_heads, hv.window_size,
-        hv.tokens_per_second)
+        hv.depth,
+        hv.hidden_size,
+        hv.out_hidden_size,
+        hv.intermediate_size,
+        hv.num_heads,
+        hv.window_size,
+        hv.tokens_per_second,
+    )
     assert v.fullatt_block_indexes == tuple(hv.fullatt_block_indexes) and v.hidden_act == hv.hidden_act
     assert (t.hidden_size, t.vocab_size, t.rms_norm_eps, t.rope_theta) == (
-        ht.hidden_size, ht.vocab_size, ht.rms_norm_eps, ht.rope_parameters["rope_theta"])
+        ht.hidden_size,
+        ht.vocab_size,
+        ht.rms_norm_eps,
+        ht.rope_parameters["rope_theta"],
+    )
 
 
-@pytest.mark.parametrize("d, needle", [
-    ({"model_type": "qwen3_vl", "vision_config": {}}, "model_type 'qwen3_vl'"),
-    ({"model_type": "qwen2_5_vl", "vision_config": {"window_size": 14}, **TEXT_3584}, "window_size 14"),
-    ({"model_type": "qwen2_5_vl", "vision_config": {"hidden_act": "quick_gelu"}, **TEXT_3584},
-     "hidden_act 'quick_gelu'"),
-    ({"model_type": "qwen2_5_vl", "vision_config": {}}, "vision hidden_size 3584 must equal the text hidden_size"),
-])
+@pytest.mark.parametrize(
+    "d, needle",
+    [
+        ({"model_type": "qwen3_vl", "vision_config": {}}, "model_type 'qwen3_vl'"),
+        ({"model_type": "qwen2_5_vl", "vision_config": {"window_size": 14}, **TEXT_3584}, "window_size 14"),
+        (
+            {"model_type": "qwen2_5_vl", "vision_config": {"hidden_act": "quick_gelu"}, **TEXT_3584},
+            "hidden_act 'quick_gelu'",
+        ),
+        ({"model_type": "qwen2_5_vl", "vision_config": {}}, "vision hidden_size 3584 must equal the text hidden_size"),
+    ],
+)
 def test_bad_configs_name_the_field(d, needle):
     with pytest.raises(ValueError, match=needle):
         Qwen2VLConfig.from_hf_dict(d)
@@ -127,7 +149,11 @@ def test_uir1_job_config():
     # c.model repeats the checkpoint's sizes
     arch = Qwen2VLConfig.from_hf_dict(copy.deepcopy(QWEN25VL_3B))
     assert (c.model.hidden_size, c.model.num_hidden_layers, c.model.vision_embed_dim, c.model.vocab_size) == (
-        arch.text.hidden_size, arch.text.num_hidden_layers, arch.vision.embed_dim, arch.text.vocab_size)
+        arch.text.hidden_size,
+        arch.text.num_hidden_layers,
+        arch.vision.embed_dim,
+        arch.text.vocab_size,
+    )
     dast, nothink = load_config("qwen25vl_3b_uir1:dast"), load_config("qwen25vl_3b_uir1:nothink")
     assert dast.grpo.dast and dast.grpo.think and dast.grpo.epochs == 4
     assert not nothink.grpo.dast and not nothink.grpo.think and nothink.grpo.epochs == 4

@@ -15,14 +15,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
+from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
+
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from ipl_jax.model.decode import greedy_generate  # noqa: E402
 from ipl_jax.model.inputs import get_rope_index, prepare_inputs, prepare_vision  # noqa: E402
 from ipl_jax.model.text import forward_inputs  # noqa: E402
 from ipl_jax.model.vision25 import window_index_host, window_order  # noqa: E402
 from ipl_jax.model.weights import load_params, save_params  # noqa: E402
-from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
-from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
 
 PATCH_DIM = 3 * 2 * 14 * 14
 VOCAB = 1000
@@ -49,14 +50,35 @@ def tiny25_model(window: int, depth: int, fullatt, tie: bool, kv_heads: int, see
     """A random Qwen2_5_VLForConditionalGeneration (eager, float32): weights x ``scale``, biases and norm weights
     random (transformers starts them at 0 and 1, which would hide bias and norm bugs)."""
     config = transformers.Qwen2_5_VLConfig(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=kv_heads, rms_norm_eps=1e-6, bos_token_id=1,
-                         eos_token_id=EOS, pad_token_id=0,
-                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}),
-        vision_config=dict(depth=depth, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                           window_size=window, fullatt_block_indexes=list(fullatt), tokens_per_second=2),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END, tie_word_embeddings=tie)
+        text_config=dict(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=EOS,
+            pad_token_id=0,
+            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+        ),
+        vision_config=dict(
+            depth=depth,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            window_size=window,
+            fullatt_block_indexes=list(fullatt),
+            tokens_per_second=2,
+        ),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(seed)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -99,10 +121,17 @@ def highest_precision():
 
 
 def cfg25(window: int) -> Qwen2VLConfig:
-    return Qwen2VLConfig.from_hf_dict({
-        "model_type": "qwen2_5_vl",
-        "text_config": {"hidden_size": 64, "num_attention_heads": 4, "rope_parameters": {"mrope_section": [2, 3, 3]}},
-        "vision_config": {"window_size": window, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2}})
+    return Qwen2VLConfig.from_hf_dict(
+        {
+            "model_type": "qwen2_5_vl",
+            "text_config": {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_parameters": {"mrope_section": [2, 3, 3]},
+            },
+            "vision_config": {"window_size": window, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2},
+        }
+    )
 
 
 def test_window_index_matches_transformers():
@@ -110,8 +139,11 @@ def test_window_index_matches_transformers():
 
     # The documented example: grid 1x12x20 in 112-pixel windows (4x4 merged tokens).
     assert window_index_host([[1, 12, 20]], cfg25(112))[1].tolist() == [0, 64, 128, 160, 192, 224, 240]
-    cases = [(112, [[1, 24, 40]]), (112, [[1, 10, 12], [1, 8, 8], [2, 4, 6], [1, 18, 4]]),
-             (56, [[1, 10, 6], [1, 8, 8], [1, 2, 2]])]
+    cases = [
+        (112, [[1, 24, 40]]),
+        (112, [[1, 10, 12], [1, 8, 8], [2, 4, 6], [1, 18, 4]]),
+        (56, [[1, 10, 6], [1, 8, 8], [1, 2, 2]]),
+    ]
     for window, grids in cases:
         cfg = cfg25(window)
         ref_index, ref_cu = get_vision_window_index(torch.as_tensor(grids), 2, window, 14)
@@ -152,8 +184,11 @@ def test_rope_index_matches_transformers(models):
     ids, mask, _, grids = batch("win4")
     cfg = Qwen2VLConfig.from_dir(model_dir)
     ref_pos, ref_delta = hf_model.model.get_rope_index(
-        torch.as_tensor(ids), image_grid_thw=torch.as_tensor(np.asarray(grids)), attention_mask=torch.as_tensor(mask),
-        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)))
+        torch.as_tensor(ids),
+        image_grid_thw=torch.as_tensor(np.asarray(grids)),
+        attention_mask=torch.as_tensor(mask),
+        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
+    )
     pos, delta = get_rope_index(ids, mask, np.asarray(grids), cfg)
     valid = mask.astype(bool)
     np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
@@ -200,8 +235,9 @@ def test_export_loads_in_transformers(models, tmp_path):
     assert saved["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     assert saved["vision_config"]["hidden_size"] == 32 and saved["vision_config"]["out_hidden_size"] == 64
     assert Qwen2VLConfig.from_dir(tmp_path) == cfg
-    loaded = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path), attn_implementation="eager",
-                                                                      dtype=torch.float32).eval()
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(
+        str(tmp_path), attn_implementation="eager", dtype=torch.float32
+    ).eval()
     assert type(loaded).__name__ == "Qwen2_5_VLForConditionalGeneration"
     ids, mask, pv, grids = batch("win4", seed=5)
     valid = mask.astype(bool)

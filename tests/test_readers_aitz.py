@@ -14,8 +14,21 @@ from ipl_jax.data.records import CoaT, DataError
 W, H = 270, 600  # the published sample PNG size
 
 
-def _record(ep_id, subset, step_id, n, image_rel, action_type, touch=(-1.0, -1.0), lift=(-1.0, -1.0),
-            text="", positions=(), ui_text=(), ui_types=(), instruction="open the settings"):
+def _record(
+    ep_id,
+    subset,
+    step_id,
+    n,
+    image_rel,
+    action_type,
+    touch=(-1.0, -1.0),
+    lift=(-1.0, -1.0),
+    text="",
+    positions=(),
+    ui_text=(),
+    ui_types=(),
+    instruction="open the settings",
+):
     return {
         "episode_id": ep_id,
         "episode_length": n,
@@ -60,26 +73,46 @@ INNER = [150, 27, 60, 54]  # x 0.1..0.3, y 0.25..0.35
 def aitz_root(tmp_path):
     split = tmp_path / "train"
     elements = dict(positions=[OUTER, INNER], ui_text=["list", "Wi-Fi"], ui_types=["TEXT", "ICON_WIFI"])
-    write_episode(split, "general", "1001", [
-        # tap: touch (x=0.2, y=0.3), lift 0.03 away -> click on INNER (smallest box containing it)
-        dict(action_type=4, touch=(0.30, 0.20), lift=(0.33, 0.20), **elements),
-        # |dy| = 0.28 >= 0.9 * |dx| = 0.27 -> vertical; finger moves up (lift_y < touch_y)
-        dict(action_type=4, touch=(0.80, 0.20), lift=(0.52, 0.50), **elements),
-        # mostly horizontal, finger moves left
-        dict(action_type=4, touch=(0.50, 0.90), lift=(0.55, 0.10)),
-        dict(action_type=4, touch=(0.20, 0.50), lift=(0.90, 0.50)),  # finger moves down
-        dict(action_type=3, text="wifi settings"),
-        dict(action_type=5), dict(action_type=6), dict(action_type=7),
-        # tap outside every box -> no target
-        dict(action_type=4, touch=(0.95, 0.95), lift=(0.95, 0.95), **elements),
-        dict(action_type=10),
-    ])
+    write_episode(
+        split,
+        "general",
+        "1001",
+        [
+            # tap: touch (x=0.2, y=0.3), lift 0.03 away -> click on INNER (smallest box containing it)
+            dict(action_type=4, touch=(0.30, 0.20), lift=(0.33, 0.20), **elements),
+            # |dy| = 0.28 >= 0.9 * |dx| = 0.27 -> vertical; finger moves up (lift_y < touch_y)
+            dict(action_type=4, touch=(0.80, 0.20), lift=(0.52, 0.50), **elements),
+            # mostly horizontal, finger moves left
+            dict(action_type=4, touch=(0.50, 0.90), lift=(0.55, 0.10)),
+            dict(action_type=4, touch=(0.20, 0.50), lift=(0.90, 0.50)),  # finger moves down
+            dict(action_type=3, text="wifi settings"),
+            dict(action_type=5),
+            dict(action_type=6),
+            dict(action_type=7),
+            # tap outside every box -> no target
+            dict(action_type=4, touch=(0.95, 0.95), lift=(0.95, 0.95), **elements),
+            dict(action_type=10),
+        ],
+    )
     # An episode whose image_path has another prefix and whose PNGs are twice the sample size.
-    write_episode(split, "google_apps", "2002", [
-        dict(action_type=4, touch=(0.5, 0.5), lift=(0.5, 0.5), positions=[[300, 270, 600, 270]],
-             ui_text=["Search"], ui_types=["TEXT"]),
-        dict(action_type=11),
-    ], size=(540, 1200), image_prefix="android_in_the_zoo/train/google_apps/GOOGLE_APPS-2002")
+    write_episode(
+        split,
+        "google_apps",
+        "2002",
+        [
+            dict(
+                action_type=4,
+                touch=(0.5, 0.5),
+                lift=(0.5, 0.5),
+                positions=[[300, 270, 600, 270]],
+                ui_text=["Search"],
+                ui_types=["TEXT"],
+            ),
+            dict(action_type=11),
+        ],
+        size=(540, 1200),
+        image_prefix="android_in_the_zoo/train/google_apps/GOOGLE_APPS-2002",
+    )
     return tmp_path
 
 
@@ -134,9 +167,16 @@ def test_own_png_size_and_image_path_fallback(aitz_root):
 
 def test_malformed_record_raises_and_skips(aitz_root):
     split = aitz_root / "train"
-    f = write_episode(split, "install", "3003", [
-        dict(action_type=5), dict(action_type=6), dict(action_type=10),
-    ])
+    f = write_episode(
+        split,
+        "install",
+        "3003",
+        [
+            dict(action_type=5),
+            dict(action_type=6),
+            dict(action_type=10),
+        ],
+    )
     records = json.loads(f.read_text())
     records[1]["ui_positions"] = "[[1, 2, 3"  # broken JSON inside the string
     f.write_text(json.dumps(records))
@@ -164,10 +204,21 @@ def test_malformed_record_raises_and_skips(aitz_root):
     ],
 )
 def test_each_malformed_field_is_named(tmp_path, field, value, problem):
-    f = write_episode(tmp_path / "test", "general", "7", [
-        dict(action_type=4, touch=(0.3, 0.2), lift=(0.3, 0.2), positions=[OUTER, INNER],
-             ui_text=["a", "b"], ui_types=["TEXT", "TEXT"]),
-    ])
+    f = write_episode(
+        tmp_path / "test",
+        "general",
+        "7",
+        [
+            dict(
+                action_type=4,
+                touch=(0.3, 0.2),
+                lift=(0.3, 0.2),
+                positions=[OUTER, INNER],
+                ui_text=["a", "b"],
+                ui_types=["TEXT", "TEXT"],
+            ),
+        ],
+    )
     records = json.loads(f.read_text())
     records[0][field] = value
     f.write_text(json.dumps(records))

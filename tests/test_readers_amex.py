@@ -15,8 +15,9 @@ DEVICE = [1080, 2400]
 SHOT = (540, 1200)  # screenshots stored at half the device size: points still normalise by device_dim
 
 
-def write_episode(root: Path, ep_id: str, instruction: str, steps: list[dict], elements: dict | None = None,
-                  sub: str = ""):
+def write_episode(
+    root: Path, ep_id: str, instruction: str, steps: list[dict], elements: dict | None = None, sub: str = ""
+):
     """Write ``instruction_anno[/sub]/<ep_id>.json``, one screenshot per step and the given element files."""
     anno = root / "instruction_anno" / sub if sub else root / "instruction_anno"
     anno.mkdir(parents=True, exist_ok=True)
@@ -26,8 +27,14 @@ def write_episode(root: Path, ep_id: str, instruction: str, steps: list[dict], e
     for i, st in enumerate(steps):
         image = f"{ep_id}_{i}.png"
         Image.new("RGB", SHOT, (40, 80, i * 30 % 255)).save(root / "screenshot" / image)
-        rec = {"step_id": i, "image_path": image, "touch_coord": [-1, -1], "lift_coord": [-1, -1],
-               "type_text": "", "device_dim": DEVICE}
+        rec = {
+            "step_id": i,
+            "image_path": image,
+            "touch_coord": [-1, -1],
+            "lift_coord": [-1, -1],
+            "type_text": "",
+            "device_dim": DEVICE,
+        }
         rec.update(st)
         out.append(rec)
     for stem, data in (elements or {}).items():
@@ -49,19 +56,32 @@ ELEMENTS_0 = {
 
 @pytest.fixture()
 def amex_root(tmp_path):
-    write_episode(tmp_path, "ep_a", "Open Citymapper. Find a route home.", [
-        {"action": "TAP", "touch_coord": [216, 720], "lift_coord": [216, 720]},
-        # |Δx|/W = 0.407 > |Δy|/H = 0.25 -> horizontal (in raw pixels |Δy| = 600 > |Δx| = 440)
-        {"action": "SWIPE", "touch_coord": [540, 1800], "lift_coord": [100, 1200]},
-        {"action": "SWIPE", "touch_coord": [540, 600], "lift_coord": [600, 2000]},
-        {"action": "TYPE", "type_text": "home"},
-        {"action": "PRESS_BACK"}, {"action": "PRESS_HOME"}, {"action": "PRESS_ENTER"},
-        {"action": "TASK_COMPLETE"},
-    ], elements={"ep_a_0": ELEMENTS_0})
-    write_episode(tmp_path, "ep_b", "Open Microsoft To Do. Add a task.", [
-        {"action": "TAP", "touch_coord": [1000, 100], "lift_coord": [1000, 100]},  # no element file
-        {"action": "TASK_IMPOSSIBLE"},
-    ])
+    write_episode(
+        tmp_path,
+        "ep_a",
+        "Open Citymapper. Find a route home.",
+        [
+            {"action": "TAP", "touch_coord": [216, 720], "lift_coord": [216, 720]},
+            # |Δx|/W = 0.407 > |Δy|/H = 0.25 -> horizontal (in raw pixels |Δy| = 600 > |Δx| = 440)
+            {"action": "SWIPE", "touch_coord": [540, 1800], "lift_coord": [100, 1200]},
+            {"action": "SWIPE", "touch_coord": [540, 600], "lift_coord": [600, 2000]},
+            {"action": "TYPE", "type_text": "home"},
+            {"action": "PRESS_BACK"},
+            {"action": "PRESS_HOME"},
+            {"action": "PRESS_ENTER"},
+            {"action": "TASK_COMPLETE"},
+        ],
+        elements={"ep_a_0": ELEMENTS_0},
+    )
+    write_episode(
+        tmp_path,
+        "ep_b",
+        "Open Microsoft To Do. Add a task.",
+        [
+            {"action": "TAP", "touch_coord": [1000, 100], "lift_coord": [1000, 100]},  # no element file
+            {"action": "TASK_IMPOSSIBLE"},
+        ],
+    )
     return tmp_path
 
 
@@ -106,11 +126,16 @@ def test_split_folder_and_episode_ids(amex_root):
 
 
 def test_malformed_records(amex_root):
-    f = write_episode(amex_root, "ep_c", "Open Signal. Text Bob.", [
-        {"action": "PRESS_HOME"},
-        {"action": "TAP", "touch_coord": [1, 2, 3]},
-        {"action": "TASK_COMPLETE"},
-    ])
+    f = write_episode(
+        amex_root,
+        "ep_c",
+        "Open Signal. Text Bob.",
+        [
+            {"action": "PRESS_HOME"},
+            {"action": "TAP", "touch_coord": [1, 2, 3]},
+            {"action": "TASK_COMPLETE"},
+        ],
+    )
     with pytest.raises(DataError) as exc:
         load_amex(amex_root)
     assert exc.value.file == str(f) and exc.value.record == "steps[1]" and exc.value.field == "touch_coord"

@@ -95,7 +95,7 @@ def write_shard(path: Path, examples, corrupt_payload_of=None, truncate_to=None)
     if corrupt_payload_of is not None:  # flip one byte inside record k's payload: its data crc fails
         pos = 0
         for _ in range(corrupt_payload_of):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
             pos += 16 + length
         data[pos + 12 + 5] ^= 0xFF
     if truncate_to is not None:
@@ -108,26 +108,39 @@ SMALL = (270, 600)
 LARGE = (540, 1200)
 
 # Episode 101: a clickable row without text holding a text child; the big container is not clickable.
-TREE_101 = a11y_forest([
-    a11y_node(0, (0, 0, 270, 600), cls="android.widget.FrameLayout"),
-    a11y_node(1, (0, 120, 270, 180), cls="android.widget.LinearLayout", clickable=True),
-    a11y_node(2, (20, 130, 150, 170), text="Wi-Fi"),
-])
+TREE_101 = a11y_forest(
+    [
+        a11y_node(0, (0, 0, 270, 600), cls="android.widget.FrameLayout"),
+        a11y_node(1, (0, 120, 270, 180), cls="android.widget.LinearLayout", clickable=True),
+        a11y_node(2, (20, 130, 150, 170), text="Wi-Fi"),
+    ]
+)
 EPISODES = {
-    101: example(101, "turn on wifi", [
-        {"action_type": "click", "x": 54, "y": 150},
-        {"action_type": "scroll", "direction": "down"},  # content moves down = finger moves up
-        {"action_type": "input_text", "text": "hello"},
-    ], [SMALL] * 4, step_texts=["tap wifi", "scroll", "type hello"],
-        trees=[TREE_101, a11y_forest([]), a11y_forest([]), a11y_forest([])]),
-    202: example(202, "send a mail", [
-        {"action_type": "long_press", "x": 270, "y": 600},
-        {"action_type": "open_app", "app_name": "Gmail"},
-        {"action_type": "navigate_back"},
-        {"action_type": "navigate_home"},
-        {"action_type": "wait"},
-        {"action_type": "scroll", "direction": "left"},
-    ], [LARGE] * 7),
+    101: example(
+        101,
+        "turn on wifi",
+        [
+            {"action_type": "click", "x": 54, "y": 150},
+            {"action_type": "scroll", "direction": "down"},  # content moves down = finger moves up
+            {"action_type": "input_text", "text": "hello"},
+        ],
+        [SMALL] * 4,
+        step_texts=["tap wifi", "scroll", "type hello"],
+        trees=[TREE_101, a11y_forest([]), a11y_forest([]), a11y_forest([])],
+    ),
+    202: example(
+        202,
+        "send a mail",
+        [
+            {"action_type": "long_press", "x": 270, "y": 600},
+            {"action_type": "open_app", "app_name": "Gmail"},
+            {"action_type": "navigate_back"},
+            {"action_type": "navigate_home"},
+            {"action_type": "wait"},
+            {"action_type": "scroll", "direction": "left"},
+        ],
+        [LARGE] * 7,
+    ),
     303: example(303, "go back", [{"action_type": "scroll", "direction": "right"}], [SMALL, SMALL]),
     404: example(404, "validate", [{"action_type": "wait"}], [SMALL, SMALL]),
 }
@@ -138,8 +151,9 @@ def ac_root(tmp_path):
     write_shard(tmp_path / "android_control-00000-of-00002", [EPISODES[101], EPISODES[202]])
     write_shard(tmp_path / "android_control-00001-of-00002", [EPISODES[303], EPISODES[404]])
     (tmp_path / "splits.json").write_text(json.dumps({"train": [101], "validation": [404], "test": [202, 303]}))
-    (tmp_path / "test_subsplits.json").write_text(json.dumps(
-        {"IDD": [202], "app_unseen": [202], "task_unseen": [303], "category_unseen": []}))
+    (tmp_path / "test_subsplits.json").write_text(
+        json.dumps({"IDD": [202], "app_unseen": [202], "task_unseen": [303], "category_unseen": []})
+    )
     return tmp_path
 
 
@@ -207,8 +221,9 @@ def test_malformed_and_corrupt_records(ac_root):
     corrupt = example(707, "corrupt", [{"action_type": "wait"}], [SMALL, SMALL])
     extra = ac_root / "android_control-00002-of-00002"
     write_shard(extra, [bad_action, good, corrupt], corrupt_payload_of=2)
-    (ac_root / "splits.json").write_text(json.dumps(
-        {"train": [101, 505, 606, 707], "validation": [404], "test": [202, 303]}))
+    (ac_root / "splits.json").write_text(
+        json.dumps({"train": [101, 505, 606, 707], "validation": [404], "test": [202, 303]})
+    )
 
     with pytest.raises(DataError) as exc:
         load_android_control(ac_root, "train")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ipl_jax.coat.actions import Action, parse_action
-from ipl_jax.data.records import Step, UIElement
-from ipl_jax.coat.metrics import match_step, token_f1 as host_token_f1
+from ipl_jax.coat.metrics import match_step
+from ipl_jax.coat.metrics import token_f1 as host_token_f1
 from ipl_jax.coat.rewards import (
     RewardConfig,
     backup_values,
@@ -22,6 +22,7 @@ from ipl_jax.coat.rewards import (
     token_f1,
     word_id,
 )
+from ipl_jax.data.records import Step, UIElement
 
 BOX = UIElement(box=(0.4, 0.4, 0.6, 0.5), text="OK")
 
@@ -30,7 +31,8 @@ def step(action, elements=(), screen=(1080, 2400), ep="e", i=0):
     return Step(ep, i, "goal", b"", screen, action, elements=elements)
 
 
-def values(preds, gold_step, config=RewardConfig()):
+def values(preds, gold_step, config=None):
+    config = RewardConfig() if config is None else config
     """Leaf values (and exact flags) of predictions against one golden step, broadcast over a [1, N] batch."""
     n = len(preds)
     padded = list(preds) + [None] * (8 - n)  # one leaf shape for every test: one compilation per config
@@ -84,25 +86,39 @@ def test_type_branches_and_f1():
     np.testing.assert_allclose(v, [1.0, 1.0, 0.2 + 0.8 * 0.4, 0.2, 0.2, 0.1], atol=1e-6)
     assert exact.tolist() == [True, True, False, False, False, False]
     # under OS-Atlas rules "york city" (F1 0.8 > 0.5) is exact, "york" (F1 0.5) is not: 0.2 + 0.8 * 0.5
-    v, exact = values([Action(type="type", text="york city"), Action(type="type", text="york")], gold,
-                      RewardConfig(rules="androidcontrol"))
+    v, exact = values(
+        [Action(type="type", text="york city"), Action(type="type", text="york")],
+        gold,
+        RewardConfig(rules="androidcontrol"),
+    )
     assert exact.tolist() == [True, False]
     np.testing.assert_allclose(v, [1.0, 0.6], atol=1e-6)
 
 
 def test_other_types_get_type_reward_only():
-    v, _ = values([Action(type="scroll", direction="up"), Action(type="scroll", direction="down"),
-                   Action(type="press", button="back")], step(Action(type="scroll", direction="up")))
+    v, _ = values(
+        [
+            Action(type="scroll", direction="up"),
+            Action(type="scroll", direction="down"),
+            Action(type="press", button="back"),
+        ],
+        step(Action(type="scroll", direction="up")),
+    )
     np.testing.assert_allclose(v, [1.0, 0.1, 0.0])
-    v, _ = values([Action(type="press", button="back"), Action(type="press", button="home"), Action(type="stop")],
-                  step(Action(type="press", button="back")))
+    v, _ = values(
+        [Action(type="press", button="back"), Action(type="press", button="home"), Action(type="stop")],
+        step(Action(type="press", button="back")),
+    )
     np.testing.assert_allclose(v, [1.0, 0.1, 0.0])
-    v, _ = values([Action(type="stop"), Action(type="stop", status="impossible"), click(0.1, 0.1)],
-                  step(Action(type="stop")))
+    v, _ = values(
+        [Action(type="stop"), Action(type="stop", status="impossible"), click(0.1, 0.1)], step(Action(type="stop"))
+    )
     np.testing.assert_allclose(v, [1.0, 1.0, 0.0])
     # long_press is a point action for "exact" but has no distance term
-    v, _ = values([Action(type="long_press", point=(0.5, 0.5)), Action(type="long_press", point=(0.9, 0.9))],
-                  step(Action(type="long_press", point=(0.5, 0.52))))
+    v, _ = values(
+        [Action(type="long_press", point=(0.5, 0.5)), Action(type="long_press", point=(0.9, 0.9))],
+        step(Action(type="long_press", point=(0.5, 0.52))),
+    )
     np.testing.assert_allclose(v, [1.0, 0.1])
 
 
@@ -123,8 +139,10 @@ def test_token_f1_kernel_known_values():
         return np.array(ids + [0] * (n - len(ids)), np.int32), len(ids)
 
     cases = [("a b b", "b b c"), ("new york", "new york city"), ("", ""), ("a", ""), ("x y", "y x"), ("a a a", "a")]
-    p = np.stack([enc(a)[0] for a, _ in cases]); pl = np.array([enc(a)[1] for a, _ in cases])
-    g = np.stack([enc(b)[0] for _, b in cases]); gl = np.array([enc(b)[1] for _, b in cases])
+    p = np.stack([enc(a)[0] for a, _ in cases])
+    pl = np.array([enc(a)[1] for a, _ in cases])
+    g = np.stack([enc(b)[0] for _, b in cases])
+    gl = np.array([enc(b)[1] for _, b in cases])
     got = np.asarray(jax.jit(token_f1)(jnp.asarray(p), jnp.asarray(pl), jnp.asarray(g), jnp.asarray(gl)))
     np.testing.assert_allclose(got, [2 / 3, 0.8, 1.0, 0.0, 1.0, 0.5], atol=1e-6)
     np.testing.assert_allclose(got, [host_token_f1(a, b) for a, b in cases], atol=1e-6)
@@ -134,20 +152,25 @@ def test_tree_shaped_batch_broadcasts_golden():
     """Leaves [B=2, 3, 3, 3, 1] against golden [2]: each tree is scored against its own golden action."""
     golds = [step(click(0.2, 0.2)), step(Action(type="type", text="hi"))]
     rng = random.Random(1)
-    leaves = [click(rng.random(), rng.random()) if rng.random() < 0.5 else Action(type="type", text="hi there")
-              for _ in range(2 * 27)]
+    leaves = [
+        click(rng.random(), rng.random()) if rng.random() < 0.5 else Action(type="type", text="hi there")
+        for _ in range(2 * 27)
+    ]
     p = reshape_leading(encode_actions(leaves), (2, 3, 3, 3, 1))
     out = leaf_rewards(p, encode_golden(golds))
     assert out.value.shape == (2, 3, 3, 3, 1)
     flat = np.asarray(out.value).reshape(2, 27)
     for b in range(2):
-        single = np.asarray(leaf_rewards(encode_actions(leaves[b * 27:(b + 1) * 27]),
-                                         encode_golden([golds[b]] * 27)).value)
+        single = np.asarray(
+            leaf_rewards(encode_actions(leaves[b * 27 : (b + 1) * 27]), encode_golden([golds[b]] * 27)).value
+        )
         np.testing.assert_allclose(flat[b], single, atol=1e-6)
 
 
 def _random_action(rng, texts):
-    kind = rng.choice(["click", "click", "long_press", "type", "type", "scroll", "press", "stop", "invalid", "open_app"])
+    kind = rng.choice(
+        ["click", "click", "long_press", "type", "type", "scroll", "press", "stop", "invalid", "open_app"]
+    )
     if kind in ("click", "long_press"):
         if rng.random() < 0.1:
             return Action(type=kind)
@@ -170,15 +193,19 @@ def _random_step(rng, texts, i):
     elements = []
     for _ in range(rng.randrange(0, 4)):
         x, y = rng.random() * 0.8, rng.random() * 0.9
-        elements.append(UIElement(box=(x, y, x + rng.random() * 0.3, y + rng.random() * 0.1),
-                                  clickable=rng.random() < 0.6))
+        elements.append(
+            UIElement(box=(x, y, x + rng.random() * 0.3, y + rng.random() * 0.1), clickable=rng.random() < 0.6)
+        )
     if action.type in ("click", "long_press") and rng.random() < 0.7:
         gx, gy = action.point
         for _ in range(rng.randrange(1, 4)):  # boxes near the golden point, wide rows among them
             w, h = rng.choice([rng.uniform(0.05, 0.3), rng.uniform(0.6, 1.0)]), rng.uniform(0.02, 0.15)
             x1, y1 = gx - rng.uniform(-0.1, 1.1) * w, gy - rng.uniform(-0.1, 1.1) * h
-            elements.append(UIElement(box=(max(0.0, x1), max(0.0, y1), min(1.0, x1 + w), min(1.0, y1 + h)),
-                                      clickable=rng.random() < 0.6))
+            elements.append(
+                UIElement(
+                    box=(max(0.0, x1), max(0.0, y1), min(1.0, x1 + w), min(1.0, y1 + h)), clickable=rng.random() < 0.6
+                )
+            )
         rng.shuffle(elements)
     return step(action, tuple(elements), screen=rng.choice([(1080, 2400), (1000, 1000), (720, 1280)]), i=i)
 
@@ -203,8 +230,21 @@ def _prediction_for(rng, s, texts):
 @pytest.mark.parametrize("rules", ["aitz", "aitw", "amex", "androidcontrol", "androidcontrol_uir1"])
 def test_exact_match_agrees_with_metrics(rules):
     rng = random.Random(zlib.crc32(rules.encode()))  # fixed per rule set
-    texts = ["hello", "Hello World", " hello world ", "world", "new york city", "york", "", "a b a", "b a",
-             "search for cats", "cats", "zürich", "ZÜRICH hotels"]
+    texts = [
+        "hello",
+        "Hello World",
+        " hello world ",
+        "world",
+        "new york city",
+        "york",
+        "",
+        "a b a",
+        "b a",
+        "search for cats",
+        "cats",
+        "zürich",
+        "ZÜRICH hotels",
+    ]
     steps = [_random_step(rng, texts, i) for i in range(400)]
     preds = [_prediction_for(rng, s, texts) for s in steps]
     out = leaf_rewards(encode_actions(preds), encode_golden(steps), RewardConfig(rules=rules))
@@ -229,9 +269,9 @@ def test_backup_known_values():
     # default discount 0.95, default branching (3, 3, 3, 1): a tree of all-1 leaves
     v = backup_values(jnp.ones((1, 3, 3, 3, 1)), (3, 3, 3, 1))
     assert [x.shape for x in v] == [(1, 3), (1, 3, 3), (1, 3, 3, 3), (1, 3, 3, 3, 1)]
-    np.testing.assert_allclose(v[0], 0.95 ** 3, rtol=1e-6)
+    np.testing.assert_allclose(v[0], 0.95**3, rtol=1e-6)
     v = backup_values(jnp.array([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]), (2, 2, 2, 1))
-    np.testing.assert_allclose(v[0], [[0.95 ** 3 * 0.25, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(v[0], [[0.95**3 * 0.25, 0.0]], rtol=1e-6)
     jitted = jax.jit(backup_values, static_argnums=(1, 2))
     np.testing.assert_allclose(jitted(leaves, (2, 2, 2, 1), 0.5)[0], v1)
     with pytest.raises(ValueError):

@@ -22,8 +22,9 @@ def test_asymmetric_gae_lambda_one_is_return_minus_value():
     # row 1: failure (0); dense G1 = 1, G0 = 0.25 + 0.5·1; the padding step (reward 9) never counts
     np.testing.assert_allclose(np.asarray(ret[..., 0]), [[2, 2, 2], [0, 0, 0]], atol=1e-6)
     np.testing.assert_allclose(np.asarray(ret[..., 1]), [[1.5, 1.0, 1.0], [0.75, 1.0, 0]], atol=1e-6)
-    np.testing.assert_allclose(np.asarray(adv), [[3.5 - 0.7, 3.0 - 0.6, 3.0 - 0.5], [0.75 - 0.4, 1.0 - 0.5, 0]],
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(adv), [[3.5 - 0.7, 3.0 - 0.6, 3.0 - 0.5], [0.75 - 0.4, 1.0 - 0.5, 0]], atol=1e-6
+    )
     # the two streams add up to the losses' dense_returns
     total = losses.dense_returns(rewards, terminal, mask, gamma_dense=0.5)
     np.testing.assert_allclose(np.asarray(ret.sum(-1)), np.asarray(total), atol=1e-6)
@@ -39,8 +40,9 @@ def test_gae_lambda_half_by_hand():
     # terminal stream (γ = 1) with success 1 at the last step, V_T = (0.2, 0.4, 0.6):
     # δ = (0.2, 0.2, 0.4); A2 = 0.4, A1 = 0.2 + 0.5·0.4, A0 = 0.2 + 0.5·0.4
     values = jnp.stack([jnp.array([[0.2, 0.4, 0.6]]), jnp.array([[1.0, 2.0, 0.5]])], axis=-1)
-    adv, _ = A.asymmetric_gae(jnp.array([[1.0, 0.0, 2.0]]), jnp.array([1.0]), values, jnp.ones((1, 3), bool),
-                              gamma_dense=0.5, lam=0.5)
+    adv, _ = A.asymmetric_gae(
+        jnp.array([[1.0, 0.0, 2.0]]), jnp.array([1.0]), values, jnp.ones((1, 3), bool), gamma_dense=0.5, lam=0.5
+    )
     np.testing.assert_allclose(np.asarray(adv[0]), [0.4 + 0.65625, 0.4 - 1.375, 0.4 + 1.5], atol=1e-6)
 
 
@@ -74,8 +76,19 @@ def test_nearest_sibling_known_answer():
     np.testing.assert_array_equal(np.asarray(has), [True, True, True, True, False, False, False])
     returns = jnp.array([[1, 0.5], [1, 0.25], [0, 0.75], [0, 0.1], [1, 1], [1, 1], [5, 5]], jnp.float32)
     feats = np.asarray(A.sibling_features(returns, idx, dist, has))
-    np.testing.assert_allclose(feats, [[0, 0.75, 0.1, 1], [0, 0.1, 0.05, 1], [1, 0.5, 0.1, 1], [1, 0.25, 0.05, 1],
-                                       [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], atol=1e-6)
+    np.testing.assert_allclose(
+        feats,
+        [
+            [0, 0.75, 0.1, 1],
+            [0, 0.1, 0.05, 1],
+            [1, 0.5, 0.1, 1],
+            [1, 0.25, 0.05, 1],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+            [0, 0, 0, 0],
+        ],
+        atol=1e-6,
+    )
 
 
 def test_screen_thumbnail_distance():
@@ -92,9 +105,15 @@ def test_screen_thumbnail_distance():
 def test_critic_reads_the_sibling_return():
     """head(h) + sibling(h, φ): a hand-set sibling net that passes the sibling's terminal return through GELU."""
     h_dim, width = 2, 1
-    critic = {"head": {"kernel": jnp.zeros((h_dim, 2)), "bias": jnp.array([0.1, 0.2])},
-              "sibling": {"w1": jnp.zeros((h_dim + A.SIBLING_FEATURES, width)).at[h_dim, 0].set(1.0),
-                          "b1": jnp.zeros((width,)), "w2": jnp.array([[1.0, 0.0]]), "b2": jnp.zeros((2,))}}
+    critic = {
+        "head": {"kernel": jnp.zeros((h_dim, 2)), "bias": jnp.array([0.1, 0.2])},
+        "sibling": {
+            "w1": jnp.zeros((h_dim + A.SIBLING_FEATURES, width)).at[h_dim, 0].set(1.0),
+            "b1": jnp.zeros((width,)),
+            "w2": jnp.array([[1.0, 0.0]]),
+            "b2": jnp.zeros((2,)),
+        },
+    }
     h = jnp.array([[3.0, -1.0], [3.0, -1.0]])
     phi = jnp.array([[2.0, 0.5, 0.1, 1.0], [0.0, 0.0, 0.0, 0.0]])
     v = np.asarray(C.value_from_hidden(critic, h, phi))
@@ -103,9 +122,18 @@ def test_critic_reads_the_sibling_return():
     # a fresh critic starts at zero with or without GiGPPO (its output layers are zero)
     from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 
-    cfg = Qwen2VLConfig(vision=VisionConfig(depth=1, embed_dim=16, hidden_size=8, num_heads=2),
-                        text=TextConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, mrope_section=(1, 1, 0)))
+    cfg = Qwen2VLConfig(
+        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=8, num_heads=2),
+        text=TextConfig(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            mrope_section=(1, 1, 0),
+        ),
+    )
     fresh = C.init_critic({"w": jnp.ones(3)}, cfg, jax.random.PRNGKey(0), sibling_width=4)
     hh = jax.random.normal(jax.random.PRNGKey(1), (3, 8))
     np.testing.assert_array_equal(np.asarray(C.value_from_hidden(fresh, hh, jnp.ones((3, 4)))), 0.0)

@@ -69,8 +69,9 @@ def test_think_answer_groups_reproduce_the_sampler(setup):
 
 def test_grpo_step_follows_the_advantage_sign(setup):
     tok, cfg, params, steps = setup
-    config = _config(cfg, optimizer=grpo.optimizer_lib.OptimizerSettings(learning_rate=3e-3, schedule="constant"),
-                     kl_beta=0.0)
+    config = _config(
+        cfg, optimizer=grpo.optimizer_lib.OptimizerSettings(learning_rate=3e-3, schedule="constant"), kl_beta=0.0
+    )
     batch, info = grpo.sample_batch(params, steps[:2], tok, S.image_config(), S.sampler_config(tok), 0, config)
     adv = jnp.array([1.0, -1.0, 0.0, -1.0, 1.0, 0.0])  # hand-set, two groups of three
     batch = batch.replace(advantages=adv)
@@ -91,8 +92,16 @@ def test_round_without_reward_signal_changes_nothing(setup):
     tok, cfg, params, steps = setup
     config = _config(cfg)
     state = grpo.init_state(_copy(params), config, jax.random.PRNGKey(0))
-    state, m = grpo.grpo_round(state, None, steps[:3], jax.random.PRNGKey(2), config, tokenizer=tok,
-                               image_config=S.image_config(), sampler=S.sampler_config(tok))
+    state, m = grpo.grpo_round(
+        state,
+        None,
+        steps[:3],
+        jax.random.PRNGKey(2),
+        config,
+        tokenizer=tok,
+        image_config=S.image_config(),
+        sampler=S.sampler_config(tok),
+    )
     assert m["completions"] == 9.0 and m["updates"] == 2 and m["abs_advantage"] == 0.0
     assert all(np.isfinite(v) for k, v in m.items() if isinstance(v, float))
     assert max(s["grad_norm"] for s in m["per_step"]) < 1e-3 and m["kl"] < 1e-6

@@ -33,11 +33,11 @@ def mixed_act(tokenizer):
         for step in steps:
             a = step.action
             good = zlib.crc32(f"{step.episode_id}/{step.step_id}".encode()) % 3 != 0
-            s3, s4 = (format_action(a), format_grounding(a.box) if needs_grounding(a) else "") if good else \
-                ("hmm", "")
+            s3, s4 = (format_action(a), format_grounding(a.box) if needs_grounding(a) else "") if good else ("hmm", "")
             turns = tuple(np.asarray(tokenizer.encode(t + "<|im_end|>"), np.int32) for t in ("a", "b", s3, s4))
-            out.append(Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns),
-                                  finished=(True,) * 4))
+            out.append(
+                Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns), finished=(True,) * 4)
+            )
         return out
 
     return act
@@ -53,8 +53,7 @@ def setup(tmp_path_factory):
 
 
 def _config(cfg, **kw):
-    kw = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8, "rows": ROWS, "logp_chunk": 32,
-          **kw}
+    kw = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8, "rows": ROWS, "logp_chunk": 32, **kw}
     return ppo.PPOConfig(model=cfg, **kw)
 
 
@@ -65,9 +64,15 @@ def _copy(params):
 def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
-    config = _config(cfg, critic_warmup=0, policy_updates=1, critic_updates=1,
-                     policy_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
-                     critic_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"), kl_coef=0.0)
+    config = _config(
+        cfg,
+        critic_warmup=0,
+        policy_updates=1,
+        critic_updates=1,
+        policy_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
+        critic_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
+        kl_coef=0.0,
+    )
     trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
     assert any(t.success for t in trajs) and any(s.reward == 0 for t in trajs for s in t.steps)
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
@@ -78,9 +83,14 @@ def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, mo
     # +1 for the expert's actions, -1 for the babble: equal rows always get equal signs
     hand = np.array([1.0 if st.records[i].action.parsed else -1.0 for i in sel], np.float32)
     assert 0 < (hand > 0).sum() < 8
-    batch = ppo.PPOBatch(policy_rows=ppo._policy_rows(config, [st.records[i] for i in sel]), critic_rows=crows[0],
-                         advantages=jnp.asarray(hand), returns=jnp.asarray(ret[sel]),
-                         old_values=jnp.asarray(values[sel]), sibling=jnp.zeros((8, 4)))
+    batch = ppo.PPOBatch(
+        policy_rows=ppo._policy_rows(config, [st.records[i] for i in sel]),
+        critic_rows=crows[0],
+        advantages=jnp.asarray(hand),
+        returns=jnp.asarray(ret[sel]),
+        old_values=jnp.asarray(values[sel]),
+        sibling=jnp.zeros((8, 4)),
+    )
     n_tok = np.asarray(batch.policy_rows.target_mask).sum(1)
 
     def surrogate(p):  # Σ_i A_i · mean_t log π(o_it): what one small step of the (sequence-normalised) loss raises
@@ -91,8 +101,9 @@ def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, mo
     assert surrogate(state.policy.params) > before + 1.0
     first_mae = float(m["value_mae"])
     for _ in range(5):
-        state, m = ppo.ppo_step(state, _copy(params), batch.replace(old_values=jnp.asarray(values[sel])),
-                                jax.random.PRNGKey(1), config)
+        state, m = ppo.ppo_step(
+            state, _copy(params), batch.replace(old_values=jnp.asarray(values[sel])), jax.random.PRNGKey(1), config
+        )
     assert float(m["value_mae"]) < first_mae and float(m["warmup"]) == 0.0
 
 
@@ -101,8 +112,9 @@ def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     monkeypatch.setattr(R, "act", mixed_act(tok))
     config = _config(cfg, critic_warmup=2)
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
-    state, m = ppo.ppo_round(state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc,
-                             env_steps=30)
+    state, m = ppo.ppo_round(
+        state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
+    )
     limit = max(t.step_limit for t in tasks)
     assert 30 <= m["env_steps"] < 30 + config.worlds_per_batch * limit
     assert m["env_steps"] == m["train_episodes"]["env_steps"] == sum(b["env_steps"] for b in m["per_batch"])
@@ -127,8 +139,9 @@ def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
 
     j = int(np.flatnonzero(first & (st.traj == 0))[0])
     other = trajs[1]
-    g = np.asarray(stream_returns(other.step_rewards[None], np.array([other.terminal_reward]),
-                                  np.ones((1, other.num_steps), bool)))[0, 0]
+    g = np.asarray(
+        stream_returns(other.step_rewards[None], np.array([other.terminal_reward]), np.ones((1, other.num_steps), bool))
+    )[0, 0]
     np.testing.assert_allclose(sib[j, :2], g, atol=1e-6)
     with pytest.raises(ValueError, match="trajectories_per_task"):
         _config(cfg, gigppo=True, trajectories_per_task=1)

@@ -25,31 +25,41 @@ GOLDEN = [
 ]
 # per golden: (prediction, format ok, expected (r_type, r_coord, r_format))
 CASES = [
-    [(Action("click", point=(0.25, 0.12)), True, (1, 1, 1)),  # inside the box
-     (Action("click", point=(0.35, 0.15)), True, (1, 0, 1)),  # outside (0.05 from the edge)
-     (Action("click", target="OK"), False, (1, 0, 0)),  # grounding did not parse
-     (Action("scroll", direction="up"), True, (0, 0, 1)),
-     (invalid_action(), False, (0, 0, 0))],
-    [(Action("type", text="hello world"), True, (1, 1, 1)),
-     (Action("type", text="bye"), True, (1, 0, 1)),
-     (Action("press", button="enter"), True, (0, 0, 1)),
-     (Action("type", text="hello"), False, (1, 1, 0)),  # AITZ's "contains" rule
-     (invalid_action(), True, (0, 0, 1))],
-    [(Action("scroll", direction="up"), True, (1, 1, 1)),
-     (Action("scroll", direction="down"), True, (1, 0, 1)),
-     (Action("stop"), True, (0, 0, 1)),
-     (Action("scroll", direction="up"), False, (1, 1, 0)),
-     (Action("click", point=(0.5, 0.5)), False, (0, 0, 0))],
-    [(Action("stop"), True, (1, 1, 1)),
-     (Action("stop"), False, (1, 1, 0)),
-     (Action("wait"), True, (0, 0, 1)),
-     (Action("press", button="back"), True, (0, 0, 1)),
-     (invalid_action(), False, (0, 0, 0))],
-    [(Action("click", point=(0.6, 0.5)), True, (1, 1, 1)),  # 0.10 <= 0.14
-     (Action("click", point=(0.7, 0.5)), True, (1, 0, 1)),  # 0.20
-     (Action("click", point=(0.5, 0.62)), True, (1, 1, 1)),  # 0.12
-     (Action("long_press", point=(0.5, 0.5)), True, (0, 0, 1)),
-     (Action("click"), True, (1, 0, 1))],
+    [
+        (Action("click", point=(0.25, 0.12)), True, (1, 1, 1)),  # inside the box
+        (Action("click", point=(0.35, 0.15)), True, (1, 0, 1)),  # outside (0.05 from the edge)
+        (Action("click", target="OK"), False, (1, 0, 0)),  # grounding did not parse
+        (Action("scroll", direction="up"), True, (0, 0, 1)),
+        (invalid_action(), False, (0, 0, 0)),
+    ],
+    [
+        (Action("type", text="hello world"), True, (1, 1, 1)),
+        (Action("type", text="bye"), True, (1, 0, 1)),
+        (Action("press", button="enter"), True, (0, 0, 1)),
+        (Action("type", text="hello"), False, (1, 1, 0)),  # AITZ's "contains" rule
+        (invalid_action(), True, (0, 0, 1)),
+    ],
+    [
+        (Action("scroll", direction="up"), True, (1, 1, 1)),
+        (Action("scroll", direction="down"), True, (1, 0, 1)),
+        (Action("stop"), True, (0, 0, 1)),
+        (Action("scroll", direction="up"), False, (1, 1, 0)),
+        (Action("click", point=(0.5, 0.5)), False, (0, 0, 0)),
+    ],
+    [
+        (Action("stop"), True, (1, 1, 1)),
+        (Action("stop"), False, (1, 1, 0)),
+        (Action("wait"), True, (0, 0, 1)),
+        (Action("press", button="back"), True, (0, 0, 1)),
+        (invalid_action(), False, (0, 0, 0)),
+    ],
+    [
+        (Action("click", point=(0.6, 0.5)), True, (1, 1, 1)),  # 0.10 <= 0.14
+        (Action("click", point=(0.7, 0.5)), True, (1, 0, 1)),  # 0.20
+        (Action("click", point=(0.5, 0.62)), True, (1, 1, 1)),  # 0.12
+        (Action("long_press", point=(0.5, 0.5)), True, (0, 0, 1)),
+        (Action("click"), True, (1, 0, 1)),
+    ],
 ]
 
 
@@ -70,25 +80,41 @@ def test_uir1_reward_known_answers():
 def test_dast_in_group_rewards_uses_the_group_share_of_correct_samples():
     correct = jnp.array([[True, False, False, False], [False, False, False, False]])
     ones = jnp.ones((2, 4))
-    base = R.UIR1Rewards(r_type=ones, r_coord=correct.astype(jnp.float32), r_format=ones, r_length=0 * ones,
-                         total=2 * ones + correct, correct=correct)
+    base = R.UIR1Rewards(
+        r_type=ones,
+        r_coord=correct.astype(jnp.float32),
+        r_format=ones,
+        r_length=0 * ones,
+        total=2 * ones + correct,
+        correct=correct,
+    )
     lengths = jnp.array([[10, 20, 30, 40], [10, 50, 50, 50]])
     r = R.group_rewards(base, lengths, max_length=50.0, dast=True)
     # group 0: p = 1/4, mean correct length 10 -> budget 0.25*10 + 0.75*50 = 40; λ = (L - 40) / 40
     # group 1: nobody correct -> p = 0, budget = L_max = 50
-    want = [[max(-0.5 * -0.75 + 0.5, 0.1), min(0.9 * -0.5 - 0.1, -0.1), min(0.9 * -0.25 - 0.1, -0.1),
-             min(0.9 * 0.0 - 0.1, -0.1)],
-            [min(0.9 * -0.8 - 0.1, -0.1), -0.1, -0.1, -0.1]]
+    want = [
+        [
+            max(-0.5 * -0.75 + 0.5, 0.1),
+            min(0.9 * -0.5 - 0.1, -0.1),
+            min(0.9 * -0.25 - 0.1, -0.1),
+            min(0.9 * 0.0 - 0.1, -0.1),
+        ],
+        [min(0.9 * -0.8 - 0.1, -0.1), -0.1, -0.1, -0.1],
+    ]
     np.testing.assert_allclose(np.asarray(r.r_length), want, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(r.total), np.asarray(base.total) + np.array(want), rtol=1e-6)
     assert R.group_rewards(base, lengths, 50.0, dast=False) is base
 
 
 def test_group_advantages_never_nan():
-    r = jnp.array([[1.0, 0.0, 1.0, 0.0],
-                   [0.1, 0.1, 0.1, 0.1],  # equal rewards (0.1 is not exact in binary): zero, never ±0.00x
-                   [1.0, np.nan, 0.0, 2.0],  # a non-finite reward: the group gives no signal
-                   [3.0, 1.0, 7.0, 7.0]])  # the last two are padding
+    r = jnp.array(
+        [
+            [1.0, 0.0, 1.0, 0.0],
+            [0.1, 0.1, 0.1, 0.1],  # equal rewards (0.1 is not exact in binary): zero, never ±0.00x
+            [1.0, np.nan, 0.0, 2.0],  # a non-finite reward: the group gives no signal
+            [3.0, 1.0, 7.0, 7.0],
+        ]
+    )  # the last two are padding
     valid = jnp.array([[True] * 4, [True] * 4, [True] * 4, [True, True, False, False]])
     a = np.asarray(R.safe_group_advantages(r, valid))
     assert np.all(np.isfinite(a))

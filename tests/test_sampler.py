@@ -9,21 +9,27 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-
 from support import EOS, IMAGE, VIDEO
 from support.sampler_models import random_step
 
 from ipl_jax import model as M
+from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index, leaf_paths, unflatten_node_index
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.keys import node_keys, step_keys, step_uid
 from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree, trace_count
-from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index, leaf_paths, unflatten_node_index
 
-CONFIG = SamplerConfig(branching=(2, 2, 2, 1), max_turn_tokens=(6, 5, 4, 4), temperature=(1.0, 1.0, 1.0, 0.0),
-                       eos_ids=(EOS,), suppress_ids=(IMAGE, VIDEO), prefix_buckets=(32,), prompt_buckets=(16,),
-                       patch_buckets=(64,))
+CONFIG = SamplerConfig(
+    branching=(2, 2, 2, 1),
+    max_turn_tokens=(6, 5, 4, 4),
+    temperature=(1.0, 1.0, 1.0, 0.0),
+    eos_ids=(EOS,),
+    suppress_ids=(IMAGE, VIDEO),
+    prefix_buckets=(32,),
+    prompt_buckets=(16,),
+    patch_buckets=(64,),
+)
 SEED = 7
 PLAN = ([0, 1], [2, 0], [3, 4])  # three batches of two steps; step 0 appears twice, at different rows
 REF_BUCKET = 128  # text bucket of every reference forward / greedy run (one compilation each)
@@ -38,10 +44,14 @@ def model(sampler_model):
 def steps(model):
     cfg, _ = model
     rng = np.random.default_rng(0)
-    shapes = [(5, (7, 3, 4), (1, 4, 4)), (9, (9, 2, 5), (1, 4, 6)), (14, (12, 3, 4), (1, 4, 4)),
-              (3, (5, 4, 6), (1, 4, 6)), (20, (16, 1, 3), (1, 4, 4))]
-    return [random_step(rng, cfg, uid=100 + i, n_text=n, prompt_lens=p, grid=g)
-            for i, (n, p, g) in enumerate(shapes)]
+    shapes = [
+        (5, (7, 3, 4), (1, 4, 4)),
+        (9, (9, 2, 5), (1, 4, 6)),
+        (14, (12, 3, 4), (1, 4, 4)),
+        (3, (5, 4, 6), (1, 4, 6)),
+        (20, (16, 1, 3), (1, 4, 4)),
+    ]
+    return [random_step(rng, cfg, uid=100 + i, n_text=n, prompt_lens=p, grid=g) for i, (n, p, g) in enumerate(shapes)]
 
 
 @pytest.fixture(scope="module")
@@ -191,11 +201,11 @@ def test_greedy_tree_equals_turn_by_turn_greedy_decoding(model, steps, batches):
         out, n = M.greedy_generate(params, cfg, inputs, max_new_tokens=budget, eos_ids=(EOS,), pad_id=0)
         T = CONFIG.max_turn_tokens[t - 1]
         for row in range(2):
-            ref = list(np.asarray(out[row, :min(int(n[row]), T)]))
+            ref = list(np.asarray(out[row, : min(int(n[row]), T)]))
             toks = tr.tokens[t - 1][row].reshape(-1, T)
             lens = tr.lengths[t - 1][row].reshape(-1)
             for node in range(toks.shape[0]):
-                assert list(toks[node, :lens[node]]) == ref, (t, row, node)
+                assert list(toks[node, : lens[node]]) == ref, (t, row, node)
             assert np.all(tr.finished[t - 1][row] == (ref[-1] == EOS))
             ctx[row] = ctx[row] + ref
     assert sum(len(c) for c in ctx) > 2 * len(steps[0].prefix_ids)
@@ -218,9 +228,28 @@ def test_sharing_and_no_sharing_agree(model, steps, batches):
 # ------------------------------------------------------------------------------------------------- statistics
 
 # chi-square critical values at p = 0.001 (for when scipy is missing), by degrees of freedom
-_CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59,
-             11: 31.26, 12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79, 18: 42.31, 19: 43.82,
-             20: 45.31}
+_CHI2_999 = {
+    1: 10.83,
+    2: 13.82,
+    3: 16.27,
+    4: 18.47,
+    5: 20.52,
+    6: 22.46,
+    7: 24.32,
+    8: 26.12,
+    9: 27.88,
+    10: 29.59,
+    11: 31.26,
+    12: 32.91,
+    13: 34.53,
+    14: 36.12,
+    15: 37.70,
+    16: 39.25,
+    17: 40.79,
+    18: 42.31,
+    19: 43.82,
+    20: 45.31,
+}
 
 
 def chi_square_rejects(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> tuple[bool, float]:
@@ -264,9 +293,15 @@ def test_first_token_frequencies_match_the_model_softmax(model, steps, batches):
     assert trace_count() == before
     firsts, first_logps = np.stack(firsts), np.stack(first_logps)  # [150, B, b1]
     seqs = [list(steps[i].prefix_ids) for i in PLAN[0]]
-    inputs = M.prepare_inputs(cfg, seqs, None, np.concatenate([steps[i].pixel_values for i in PLAN[0]]),
-                              np.concatenate([steps[i].image_grid_thw for i in PLAN[0]]),
-                              text_buckets=(REF_BUCKET,), patch_buckets=(256,))
+    inputs = M.prepare_inputs(
+        cfg,
+        seqs,
+        None,
+        np.concatenate([steps[i].pixel_values for i in PLAN[0]]),
+        np.concatenate([steps[i].image_grid_thw for i in PLAN[0]]),
+        text_buckets=(REF_BUCKET,),
+        patch_buckets=(256,),
+    )
     with jax.default_matmul_precision("highest"):
         logits = np.asarray(M.forward_inputs(params, cfg, inputs), np.float64)
     for row, seq in enumerate(seqs):

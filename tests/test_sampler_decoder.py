@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 from ipl_jax import model as M
 from ipl_jax.model.decode import append_tokens
 from ipl_jax.model.layers import attention, two_block_attention
@@ -22,8 +21,8 @@ def _filled_cache(cfg, params, rows: int, size: int, seed: int):
     mask = np.zeros((rows, 12), bool)
     for r, n in enumerate(lengths):
         start = int(rng.integers(0, 12 - n + 1))
-        ids[r, start:start + n] = rng.integers(10, cfg.text.vocab_size, n)
-        mask[r, start:start + n] = True
+        ids[r, start : start + n] = rng.integers(10, cfg.text.vocab_size, n)
+        mask[r, start : start + n] = True
     inputs = M.prepare_inputs(cfg, ids, mask, text_buckets=(16,))
     _, cache = M.prefill(params, cfg, inputs, cache_size=size)
     return cache
@@ -48,7 +47,7 @@ def test_token_by_token_appends_equal_one_teacher_forced_append(sampler_model):
     def without_logits(c, ids, valid):  # a prompt extension: cache only, no lm_head
         return append_tokens(params, cfg, c, ids, valid, logits=False)
 
-    for step in range(2):  # two appends of 3 tokens: the second attends to the first one's entries
+    for _ in range(2):  # two appends of 3 tokens: the second attends to the first one's entries
         ids = jnp.asarray(rng.integers(10, cfg.text.vocab_size, (5, 3)), jnp.int32)
         valid = jnp.asarray(rng.random((5, 3)) < 0.75).at[0].set(True).at[1].set(False)  # row 1 appends nothing
         with jax.default_matmul_precision("highest"):

@@ -45,7 +45,11 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_sharded_sampling_equals_single_device():
     root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join([str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")]),
+    )
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "MESH-OK" in out.stdout, out.stderr[-4000:]

@@ -18,7 +18,9 @@ W, H = 270, 600
 
 def test_split_prediction_text():
     assert split_prediction_text("click Wi-Fi\n<|box_start|>(1,2),(3,4)<|box_end|>") == (
-        "click Wi-Fi\n", "<|box_start|>(1,2),(3,4)<|box_end|>")
+        "click Wi-Fi\n",
+        "<|box_start|>(1,2),(3,4)<|box_end|>",
+    )
     assert split_prediction_text("click Wi-Fi <|box_start|>(1,2),(3,4)<|box_end|>")[0] == "click Wi-Fi "
     assert split_prediction_text("click OK\n(500,500)") == ("click OK", "(500,500)")
     assert split_prediction_text('type "hi"') == ('type "hi"', None)
@@ -40,9 +42,22 @@ def test_prediction_forms():
     assert prediction_to_action({"type": "stop"}) == Action(type="stop")
     assert prediction_to_action(Action(type="click", point=(0.1, 0.2)).to_json()).point == (0.1, 0.2)
     # unusable structured / text forms are misses, not errors
-    for bad in ({"type": "click", "x": 540, "y": 1200}, {"type": "click"}, {"type": "scroll", "direction": "in"},
-                {"type": "press", "button": "power"}, {"type": "type", "text": 3}, {"type": "fly"},
-                {"action": None}, {"foo": 1}, None, 17, ["click"], "", "lorem ipsum", {"type": "stop", "parsed": False}):
+    for bad in (
+        {"type": "click", "x": 540, "y": 1200},
+        {"type": "click"},
+        {"type": "scroll", "direction": "in"},
+        {"type": "press", "button": "power"},
+        {"type": "type", "text": 3},
+        {"type": "fly"},
+        {"action": None},
+        {"foo": 1},
+        None,
+        17,
+        ["click"],
+        "",
+        "lorem ipsum",
+        {"type": "stop", "parsed": False},
+    ):
         a = prediction_to_action(bad)
         assert not a.parsed and a.type == "invalid", bad
 
@@ -61,9 +76,12 @@ def test_load_predictions_errors_name_the_line(tmp_path):
     with pytest.raises(DataError, match=r"line 2.*already given on line 1"):
         load_predictions(_write(tmp_path / "p.jsonl", [good, good]))
     with pytest.raises(DataError, match=r"line 1.*step_id.*expected an int"):
-        load_predictions(_write(tmp_path / "p.jsonl", [json.dumps({"episode_id": "1", "step_id": "0", "prediction": ""})]))
-    preds = load_predictions(_write(tmp_path / "p.jsonl", [good, json.dumps({"episode_id": 2, "step_id": 1,
-                                                                            "prediction": "zzz"})]))
+        load_predictions(
+            _write(tmp_path / "p.jsonl", [json.dumps({"episode_id": "1", "step_id": "0", "prediction": ""})])
+        )
+    preds = load_predictions(
+        _write(tmp_path / "p.jsonl", [good, json.dumps({"episode_id": 2, "step_id": 1, "prediction": "zzz"})])
+    )
     assert preds[("1", 0)] == Action(type="stop") and not preds[("2", 1)].parsed
 
 
@@ -72,13 +90,22 @@ def test_load_predictions_errors_name_the_line(tmp_path):
 
 def _record(subset, ep, step, n, code, touch=(-1.0, -1.0), lift=(-1.0, -1.0), text="", positions=()):
     return {
-        "episode_id": ep, "episode_length": n, "step_id": step, "instruction": f"task {ep}",
+        "episode_id": ep,
+        "episode_length": n,
+        "step_id": step,
+        "instruction": f"task {ep}",
         "image_path": f"{subset.lower()}/{subset}-{ep}/{subset}-{ep}_{step}.png",
         "ui_positions": json.dumps([list(p) for p in positions]),
-        "ui_text": json.dumps(["el"] * len(positions)), "ui_types": json.dumps(["TEXT"] * len(positions)),
-        "result_action_type": code, "result_touch_yx": json.dumps(list(touch)),
-        "result_lift_yx": json.dumps(list(lift)), "result_action_text": text,
-        "coat_screen_desc": "", "coat_action_think": "", "coat_action_desc": "", "coat_action_result": "",
+        "ui_text": json.dumps(["el"] * len(positions)),
+        "ui_types": json.dumps(["TEXT"] * len(positions)),
+        "result_action_type": code,
+        "result_touch_yx": json.dumps(list(touch)),
+        "result_lift_yx": json.dumps(list(lift)),
+        "result_action_text": text,
+        "coat_screen_desc": "",
+        "coat_action_think": "",
+        "coat_action_desc": "",
+        "coat_action_result": "",
     }
 
 
@@ -129,8 +156,7 @@ def aitz_root(tmp_path):
 def _score(tmp_path, root, lines, *extra):
     preds = _write(tmp_path / "preds.jsonl", lines)
     out = tmp_path / "out" / "table.json"
-    rc = score_main(["--data", str(root), "--format", "aitz", "--predictions", str(preds),
-                     "--json", str(out), *extra])
+    rc = score_main(["--data", str(root), "--format", "aitz", "--predictions", str(preds), "--json", str(out), *extra])
     return rc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -189,13 +215,28 @@ def test_score_through_the_cli_dispatcher(tmp_path, aitz_root):
 
     preds = _write(tmp_path / "preds.jsonl", GOLDEN_STRUCTURED)
     out = tmp_path / "t.json"
-    assert cli.main(["score", "--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
-                     "--split", "test", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "score",
+                "--data",
+                str(aitz_root),
+                "--format",
+                "aitz",
+                "--predictions",
+                str(preds),
+                "--split",
+                "test",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["total"]["exact_acc"] == 1.0
 
 
 def test_score_missing_split_is_a_clear_error(tmp_path, aitz_root, capsys):
     preds = _write(tmp_path / "preds.jsonl", GOLDEN_STRUCTURED)
-    rc = score_main(["--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds),
-                     "--split", "train"])
+    rc = score_main(["--data", str(aitz_root), "--format", "aitz", "--predictions", str(preds), "--split", "train"])
     assert rc == 2 and "train" in capsys.readouterr().err  # a usage error: the split does not exist

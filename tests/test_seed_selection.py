@@ -74,8 +74,8 @@ def test_sample_steps_is_seeded_and_ordered():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from ipl_jax.data.tokenizer import load_tokenizer
     from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tokenizer import load_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     write_tokenizer(train_tokenizer(default_corpus(n_lines=300), 600), d)
@@ -85,8 +85,15 @@ def tokenizer(tmp_path_factory):
 def _step(i: int, action):
     from ipl_jax.data.records import Step, UIElement
 
-    return Step(episode_id=str(100 + i), step_id=0, instruction="open settings", image=b"", screen_size=(200, 400),
-                action=action, elements=(UIElement(box=(0.1, 0.1, 0.5, 0.2), text="Settings"),))
+    return Step(
+        episode_id=str(100 + i),
+        step_id=0,
+        instruction="open settings",
+        image=b"",
+        screen_size=(200, 400),
+        action=action,
+        elements=(UIElement(box=(0.1, 0.1, 0.5, 0.2), text="Settings"),),
+    )
 
 
 def _fake_batches(tokenizer, texts_per_tree, branching):
@@ -97,14 +104,14 @@ def _fake_batches(tokenizer, texts_per_tree, branching):
     b = len(texts_per_tree)
     tokens, lengths = [], []
     for t in range(NUM_TURNS):
-        shape = (b,) + tuple(branching[:t + 1])
+        shape = (b,) + tuple(branching[: t + 1])
         seqs = [[tokenizer.encode(x + "<|im_end|>") for x in tree[t]] for tree in texts_per_tree]
         width = max(len(s) for tree in seqs for s in tree)
         arr = np.zeros((b, len(seqs[0]), width), np.int32)
         lens = np.zeros((b, len(seqs[0])), np.int32)
         for i, tree in enumerate(seqs):
             for j, s in enumerate(tree):
-                arr[i, j, :len(s)] = s
+                arr[i, j, : len(s)] = s
                 lens[i, j] = len(s)
         tokens.append(arr.reshape(shape + (width,)))
         lengths.append(lens.reshape(shape))
@@ -122,9 +129,12 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     golden = Action("click", point=(0.3, 0.15), box=(0.1, 0.1, 0.5, 0.2), target="Settings")
     steps = [_step(0, golden), _step(1, Action("press", button="back"))]
     # tree 0 (golden click): leaves = click good | click far | click good | scroll down -> 2 of 4 exact (beta)
-    tree0 = [["screen a", "screen b"], ["think", "think"], ["click Settings", "click Settings", "click Settings",
-                                                             "scroll down"],
-             [good_box, far_box, good_box, ""]]
+    tree0 = [
+        ["screen a", "screen b"],
+        ["think", "think"],
+        ["click Settings", "click Settings", "click Settings", "scroll down"],
+        [good_box, far_box, good_box, ""],
+    ]
     # tree 1 (golden press back): no leaf presses back -> gamma; identical s1 siblings
     tree1 = [["same", "same"], ["x", "y"], ["stop", "stop", "press home", "stop"], ["", "", "", ""]]
     fake = _fake_batches(tokenizer, [tree0, tree1], branching)

@@ -7,14 +7,28 @@ from pathlib import Path
 
 import pytest
 
-from ipl_jax.data.synthetic import generate_split
 from ipl_jax.cli.synth import main as synth_main
+from ipl_jax.data.synthetic import generate_split
 
 STRING_JSON = ("ui_positions", "ui_text", "ui_types", "result_touch_yx", "result_lift_yx")
-FIELDS = {"episode_id": str, "episode_length": int, "step_id": int, "instruction": str, "image_path": str,
-          "ui_positions": str, "ui_text": str, "ui_types": str, "result_action_type": int, "result_touch_yx": str,
-          "result_lift_yx": str, "result_action_text": str, "coat_screen_desc": str, "coat_action_think": str,
-          "coat_action_desc": str, "coat_action_result": str}
+FIELDS = {
+    "episode_id": str,
+    "episode_length": int,
+    "step_id": int,
+    "instruction": str,
+    "image_path": str,
+    "ui_positions": str,
+    "ui_text": str,
+    "ui_types": str,
+    "result_action_type": int,
+    "result_touch_yx": str,
+    "result_lift_yx": str,
+    "result_action_text": str,
+    "coat_screen_desc": str,
+    "coat_action_think": str,
+    "coat_action_desc": str,
+    "coat_action_result": str,
+}
 SPLIT, N, SEED = "test", 14, 5
 CONFIG = ["width=252", "height=504", "p_start_home=0.3"]
 
@@ -22,10 +36,25 @@ CONFIG = ["width=252", "height=504", "p_start_home=0.3"]
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    rc = synth_main(["--out", str(root), "--split", SPLIT, "--episodes", str(N), "--seed", str(SEED), "--world",
-                     *CONFIG, "--png-level", "1"])
+    rc = synth_main(
+        [
+            "--out",
+            str(root),
+            "--split",
+            SPLIT,
+            "--episodes",
+            str(N),
+            "--seed",
+            str(SEED),
+            "--world",
+            *CONFIG,
+            "--png-level",
+            "1",
+        ]
+    )
     assert rc == 0
-    from ipl_jax.data.synthetic import apply_overrides, WorldConfig
+    from ipl_jax.data.synthetic import WorldConfig, apply_overrides
+
     generated = generate_split(SPLIT, N, seed=SEED, config=apply_overrides(WorldConfig(), CONFIG))
     return root, generated
 
@@ -50,6 +79,7 @@ def test_layout_and_field_types(written):
             png = root / SPLIT / rec["image_path"]
             assert png.is_file() and png.name == f"{folder}_{k}.png"
             from PIL import Image
+
             with Image.open(png) as img:
                 assert img.size == (252, 504)
             decoded = {name: json.loads(rec[name]) for name in STRING_JSON}
@@ -95,8 +125,13 @@ def test_round_trip_through_the_aitz_reader(written):
                 assert (a.text, a.kind) == (b.text, b.kind)
                 assert all(abs(u - v) <= px[i % 2] for i, (u, v) in enumerate(zip(a.box, b.box)))
             a, b = s.action, t.action
-            assert (a.type, a.direction, a.button, a.text, a.status) == (b.type, b.direction, b.button, b.text,
-                                                                        b.status)
+            assert (a.type, a.direction, a.button, a.text, a.status) == (
+                b.type,
+                b.direction,
+                b.button,
+                b.text,
+                b.status,
+            )
             if a.type == "click":
                 assert b.target == a.target
                 assert all(abs(u - v) <= 1e-9 for u, v in zip(a.point, b.point))

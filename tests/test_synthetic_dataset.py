@@ -140,7 +140,7 @@ def test_splits_are_disjoint_as_stated(episodes):
     ids = {name: {e.episode_id for e in eps} for name, eps in episodes.items()}
     names = list(episodes)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not seeds[a] & seeds[b] and not ids[a] & ids[b], (a, b)
     for name in ("train", "dev", "test", "test_task_unseen"):
         for e in episodes[name]:
@@ -152,8 +152,9 @@ def test_splits_are_disjoint_as_stated(episodes):
     assert any(e.meta["variant"] in HELD_OUT_VARIANTS for e in episodes["test_app_unseen"])
     unseen = [Task.from_json(e.meta["task"]) for e in episodes["test_task_unseen"]]
     assert all(t.unseen for t in unseen)
-    kinds = {("family" if t.family == "toggle_pair" else "template" if t.held_out_template else "combo")
-             for t in unseen}
+    kinds = {
+        ("family" if t.family == "toggle_pair" else "template" if t.held_out_template else "combo") for t in unseen
+    }
     assert kinds == {"family", "template", "combo"}
     seen_instr = {e.instruction for name in ("train", "dev", "test", "test_app_unseen") for e in episodes[name]}
     seen_instr |= {e.instruction for e in generate_split("train", 150, seed=8)}
@@ -169,8 +170,13 @@ def test_same_seed_same_data_different_seed_different_data(episodes):
     for a, b in zip(first, again):
         assert a.episode_id == b.episode_id and a.instruction == b.instruction and a.meta == b.meta
         for s, t in zip(a.steps, b.steps):
-            assert (s.action, s.history, s.elements, s.coat, s.meta) == (t.action, t.history, t.elements, t.coat,
-                                                                        t.meta)
+            assert (s.action, s.history, s.elements, s.coat, s.meta) == (
+                t.action,
+                t.history,
+                t.elements,
+                t.coat,
+                t.meta,
+            )
     for a, b in list(zip(first, again))[:3]:
         for s, t in zip(a.steps, b.steps):
             assert png_bytes(s.load_image()) == png_bytes(t.load_image())
@@ -198,8 +204,7 @@ def test_annotations_short_varied_and_consistent(episodes):
     assert len(openers) >= 3
     desc_heads = collections.Counter(s.coat.screen_desc.split(" ")[0] for s in steps)
     assert len(desc_heads) >= 3
-    templates = collections.Counter((e.meta["task"]["family"], e.meta["task"]["template"])
-                                    for e in episodes["train"])
+    templates = collections.Counter((e.meta["task"]["family"], e.meta["task"]["template"]) for e in episodes["train"])
     assert len(templates) >= 20
     # the description names the golden click target when it is text on the screen
     named = [s.action.target in s.coat.screen_desc for s in steps if s.action.type == "click"]

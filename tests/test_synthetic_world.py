@@ -48,8 +48,9 @@ def test_settings_known_answers():
     before = dict(settings.values)
     s, _ = world.step(_tap(world.screen, "row:Wi-Fi"))
     assert settings.values["Wi-Fi"] is True
-    assert {k: v for k, v in settings.values.items() if k != "Wi-Fi"} == \
-        {k: v for k, v in before.items() if k != "Wi-Fi"}
+    assert {k: v for k, v in settings.values.items() if k != "Wi-Fi"} == {
+        k: v for k, v in before.items() if k != "Wi-Fi"
+    }
     assert is_done(world, _task())
     # the switch widget toggles too, and the screen shows the new state
     sw = world.screen.find("switch:Wi-Fi")
@@ -75,12 +76,17 @@ def test_submenu_and_back():
     world.step(_tap(world.screen, "app:Settings"))
     settings = world.apps["Settings"]
     while not settings.list.is_visible(settings.row_index("Display")):
-        world.step(Action(type="scroll", direction="up" if settings.row_index("Display") >= settings.list.offset
-                          else "down"))
+        world.step(
+            Action(type="scroll", direction="up" if settings.row_index("Display") >= settings.list.offset else "down")
+        )
     s, _ = world.step(_tap(world.screen, "row:Display"))
     assert (s.app, s.page) == ("Settings", "Display")
-    assert [w.text for w in s.element_widgets if w.key.startswith("row:")] == \
-        ["Dark theme", "Auto brightness", "Night light", "Large text"]
+    assert [w.text for w in s.element_widgets if w.key.startswith("row:")] == [
+        "Dark theme",
+        "Auto brightness",
+        "Night light",
+        "Large text",
+    ]
     s, _ = world.step(Action(type="press", button="back"))
     assert (s.app, s.page) == ("Settings", "main")
 
@@ -139,19 +145,34 @@ def test_home_pages_swipe_left_right():
     world.step(Action(type="scroll", direction="left"))  # finger moves left: the next page
     assert home.index == 1
     shown = {w.text for w in world.screen.element_widgets if w.kind == "ICON_APP"}
-    assert shown == set(home.order[home.per_page:])
+    assert shown == set(home.order[home.per_page :])
     world.step(Action(type="scroll", direction="right"))
     assert home.index == 0
 
 
 BAD_ACTIONS = [
-    None, "click", 42, {"type": "click"}, Action(type="click"), Action(type="click", point=(1.5, 0.2)),
-    Action(type="click", point=(-0.1, 0.5)), Action(type="click", point=(float("nan"), 0.5)),
-    Action(type="click", point=(0.5,)), Action(type="click", point="ab"), Action(type="scroll"),
-    Action(type="scroll", direction="sideways"), Action(type="type"), Action(type="type", text=7),
-    Action(type="press"), Action(type="press", button="power"), Action(type="teleport"),
-    Action(type="invalid", parsed=False), Action(type="open_app", text="Nope"), Action(type="open_app"),
-    Action(type="long_press", point=(0.5, 0.5)), Action(type="wait"),
+    None,
+    "click",
+    42,
+    {"type": "click"},
+    Action(type="click"),
+    Action(type="click", point=(1.5, 0.2)),
+    Action(type="click", point=(-0.1, 0.5)),
+    Action(type="click", point=(float("nan"), 0.5)),
+    Action(type="click", point=(0.5,)),
+    Action(type="click", point="ab"),
+    Action(type="scroll"),
+    Action(type="scroll", direction="sideways"),
+    Action(type="type"),
+    Action(type="type", text=7),
+    Action(type="press"),
+    Action(type="press", button="power"),
+    Action(type="teleport"),
+    Action(type="invalid", parsed=False),
+    Action(type="open_app", text="Nope"),
+    Action(type="open_app"),
+    Action(type="long_press", point=(0.5, 0.5)),
+    Action(type="wait"),
 ]
 
 
@@ -175,8 +196,12 @@ def test_random_actions_never_crash():
         elif k == "scroll":
             a = Action(type="scroll", direction=["up", "down", "left", "right"][int(rng.integers(4))])
         elif k == "type":
-            a = Action(type="type", text=["red shoes", "hi", "Notely", "x" * 80, "", "a\nb\t\x00", "h\u00e9 \u2713 \U0001f600"][
-                int(rng.integers(7))])
+            a = Action(
+                type="type",
+                text=["red shoes", "hi", "Notely", "x" * 80, "", "a\nb\t\x00", "h\u00e9 \u2713 \U0001f600"][
+                    int(rng.integers(7))
+                ],
+            )
         elif k == "press":
             a = Action(type="press", button=["back", "home", "enter"][int(rng.integers(3))])
         elif k == "open_app":
@@ -189,9 +214,10 @@ def test_random_actions_never_crash():
         visited.add((s.app, s.page if s.app != "Settings" or s.page == "main" else "sub"))
         for k, el in enumerate(s.elements):
             assert all(0.0 <= v <= 1.0 for v in el.box) and el.box[0] < el.box[2] and el.box[1] < el.box[3]
-            for other in s.elements[k + 1:]:  # elements never overlap: a point names at most one element
-                assert min(el.box[2], other.box[2]) <= max(el.box[0], other.box[0]) or \
-                    min(el.box[3], other.box[3]) <= max(el.box[1], other.box[1]), (s.app, s.page, el, other)
+            for other in s.elements[k + 1 :]:  # elements never overlap: a point names at most one element
+                assert min(el.box[2], other.box[2]) <= max(el.box[0], other.box[0]) or min(
+                    el.box[3], other.box[3]
+                ) <= max(el.box[1], other.box[1]), (s.app, s.page, el, other)
         if i % 5 == 0:
             img = s.image
             assert img.size == (224, 448)
@@ -217,11 +243,17 @@ def test_render_size_theme_and_painter_pickles():
 
 
 def test_config_overrides_and_errors():
-    cfg = apply_overrides(WorldConfig(), ["n_contacts=3,4", "shuffle_layout=false", "themes=rose,light",
-                                          "p_start_home=0.5"])
+    cfg = apply_overrides(
+        WorldConfig(), ["n_contacts=3,4", "shuffle_layout=false", "themes=rose,light", "p_start_home=0.5"]
+    )
     assert cfg.n_contacts == (3, 4) and cfg.shuffle_layout is False and cfg.themes == ("rose", "light")
-    for bad, word in (["nope=1"], "nope"), (["n_contacts=3"], "n_contacts"), (["themes=plaid"], "plaid"), \
-            (["shuffle_layout=maybe"], "shuffle_layout"), (["task_weights=fly:1"], "fly"):
+    for bad, word in (
+        (["nope=1"], "nope"),
+        (["n_contacts=3"], "n_contacts"),
+        (["themes=plaid"], "plaid"),
+        (["shuffle_layout=maybe"], "shuffle_layout"),
+        (["task_weights=fly:1"], "fly"),
+    ):
         with pytest.raises(ValueError, match=word):
             apply_overrides(WorldConfig(), bad)
 
@@ -239,9 +271,14 @@ def test_unshuffled_layout_is_canonical():
 
 def test_expert_recovers_from_every_start_state():
     for start in ("home", "other_app", "in_app"):
-        for family, kw in (("toggle", dict(setting="NFC", on=False)), ("sub_toggle", dict(setting="Badges")),
-                           ("install", dict(app="Lingo")), ("send_message", dict(contact="Kim", message="ok")),
-                           ("search_open", dict(query="blue hat")), ("open_app", dict(app="Maps"))):
+        for family, kw in (
+            ("toggle", dict(setting="NFC", on=False)),
+            ("sub_toggle", dict(setting="Badges")),
+            ("install", dict(app="Lingo")),
+            ("send_message", dict(contact="Kim", message="ok")),
+            ("search_open", dict(query="blue hat")),
+            ("open_app", dict(app="Maps")),
+        ):
             task = Task(family=family, instruction="x", template=0, start=start, **kw)
             world = World(17)
             world.reset(task)

@@ -30,7 +30,8 @@ def built(tmp_path_factory):
     tfds.builder("ipl_synthetic/tiny", data_dir=data_dir, file_format="array_record").download_and_prepare()
     aitz_root = write_aitz(tmp_path_factory.mktemp("aitz") / "src")
     tfds.builder("ipl_aitz", data_dir=data_dir, file_format="array_record").download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=str(aitz_root)))
+        download_config=tfds.download.DownloadConfig(manual_dir=str(aitz_root))
+    )
     (synthetic_aitz,) = (data_dir / "downloads").glob("ipl_synthetic_tiny_*")
     return data_dir, synthetic_aitz, aitz_root
 
@@ -94,8 +95,9 @@ def test_unknown_and_unprepared_names_are_one_line_errors(built, tmp_path):
     with pytest.raises(ValueError) as err:
         load_dataset(data_dir, "tfds:ipl_nothing", "train")
     assert "\n" not in str(err.value)
-    assert str(err.value).startswith(f"tfds:ipl_nothing (data_dir {data_dir}): no TFDS dataset 'ipl_nothing' is "
-                                     "registered or prepared there")
+    assert str(err.value).startswith(
+        f"tfds:ipl_nothing (data_dir {data_dir}): no TFDS dataset 'ipl_nothing' is registered or prepared there"
+    )
     with pytest.raises(ValueError, match="registered but not prepared"):
         load_dataset(tmp_path, "tfds:ipl_aitz", "train")
     with pytest.raises(ValueError, match=r"no split 'dev' \(have test, train\)"):
@@ -109,9 +111,9 @@ def test_tfds_load_with_tensorflow(built, tmp_path):
     pytest.importorskip("tensorflow")
     _, _, aitz_root = built
     tfds.builder("ipl_aitz", data_dir=tmp_path, file_format="tfrecord").download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=str(aitz_root)))
+        download_config=tfds.download.DownloadConfig(manual_dir=str(aitz_root))
+    )
     rows = list(tfds.as_numpy(tfds.load("ipl_aitz", split="train", data_dir=tmp_path)))
     direct = [s for e in load_aitz(aitz_root, "train") for s in e.steps]
-    assert [(r["episode_id"].decode(), int(r["step_id"])) for r in rows] == [(s.episode_id, s.step_id)
-                                                                                 for s in direct]
+    assert [(r["episode_id"].decode(), int(r["step_id"])) for r in rows] == [(s.episode_id, s.step_id) for s in direct]
     assert rows[0]["screenshot"].shape == (600, 270, 3)

@@ -10,10 +10,10 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file  # noqa: E402
 
-from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images  # noqa: E402
-from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 from ipl_jax.cli.make_tiny import main as make_tiny_main  # noqa: E402
 from ipl_jax.data import tiny  # noqa: E402
+from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images  # noqa: E402
+from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +29,30 @@ def _image(h=100, w=80, seed=0):
 
 def _forward(model, tok, cfg, img, text="Describe the screen."):
     pv, grid = preprocess_images([img], config=cfg)
-    s = tok.render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
-                   add_generation_prompt=True)
+    s = tok.render(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}], add_generation_prompt=True
+    )
     ids = torch.tensor(tok.expand_image_tokens(tok.encode(s), grid, cfg.merge_size)[None].astype(np.int64))
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.tensor(pv),
-                     image_grid_thw=torch.tensor(grid),
-                     mm_token_type_ids=(ids == model.config.image_token_id).long()).logits[0]
+        return model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=torch.tensor(pv),
+            image_grid_thw=torch.tensor(grid),
+            mm_token_type_ids=(ids == model.config.image_token_id).long(),
+        ).logits[0]
 
 
 def test_loads_in_transformers_and_ids_match(ckpt):
     names = {p.name for p in ckpt.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "preprocessor_config.json", "generation_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "preprocessor_config.json",
+        "generation_config.json",
+    } <= names
     cfg = json.loads((ckpt / "config.json").read_text())
     assert cfg["model_type"] == "qwen2_vl" and "text_config" in cfg and "vision_config" in cfg  # v5 nested form
     assert cfg["vision_config"]["hidden_size"] == cfg["text_config"]["hidden_size"]
@@ -72,12 +83,15 @@ def test_loads_in_transformers_and_ids_match(ckpt):
 
 def test_chat_template_structure(ckpt):
     tok = load_tokenizer(ckpt)
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]},
-            {"role": "assistant", "content": "A list."}]
+    msgs = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]},
+        {"role": "assistant", "content": "A list."},
+    ]
     assert tok.render(msgs) == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is shown?<|im_end|>\n"
-        "<|im_start|>assistant\nA list.<|im_end|>\n")
+        "<|im_start|>assistant\nA list.<|im_end|>\n"
+    )
     assert tok.render(msgs[:1], add_generation_prompt=True).endswith("<|im_end|>\n<|im_start|>assistant\n")
     with_sys = [{"role": "system", "content": "Be brief."}] + msgs
     assert tok.render(with_sys).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
@@ -104,16 +118,46 @@ def test_scale_and_cli_flags(ckpt, tmp_path):
     out = tmp_path / "scaled"
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(["zebracrossing app opened", "tap the zebracrossing icon"] * 30))
-    rc = make_tiny_main(["--out", str(out), "--seed", "0", "--scale", "4", "--hidden-size", "32", "--heads", "2",
-                    "--corpus", str(corpus),
-                    "--kv-heads", "1", "--layers", "1", "--vision-depth", "1", "--tie-embeddings",
-                    "--vocab-size", "700", "--min-pixels", "1000", "--max-pixels", "20000",
-                    "--model-config", json.dumps({"vision_config": {"embed_dim": 16, "num_heads": 2}})])
+    rc = make_tiny_main(
+        [
+            "--out",
+            str(out),
+            "--seed",
+            "0",
+            "--scale",
+            "4",
+            "--hidden-size",
+            "32",
+            "--heads",
+            "2",
+            "--corpus",
+            str(corpus),
+            "--kv-heads",
+            "1",
+            "--layers",
+            "1",
+            "--vision-depth",
+            "1",
+            "--tie-embeddings",
+            "--vocab-size",
+            "700",
+            "--min-pixels",
+            "1000",
+            "--max-pixels",
+            "20000",
+            "--model-config",
+            json.dumps({"vision_config": {"embed_dim": 16, "num_heads": 2}}),
+        ]
+    )
     assert rc == 0
     cfg = json.loads((out / "config.json").read_text())
     t, v = cfg["text_config"], cfg["vision_config"]
     assert (t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["num_hidden_layers"]) == (
-        32, 2, 1, 1)
+        32,
+        2,
+        1,
+        1,
+    )
     assert t["rope_parameters"]["mrope_section"] == [2, 3, 3]  # derived: sums to head_dim/2 = 8
     assert (v["depth"], v["embed_dim"], v["num_heads"], v["hidden_size"]) == (1, 16, 2, 32)
     assert cfg["tie_word_embeddings"] is True and t["vocab_size"] == 700
@@ -143,8 +187,11 @@ def test_config_errors():
         tiny.build_config_dict({"rope_parameters": {"mrope_section": [1, 1, 1]}}, 600, ids)
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         tiny.build_config_dict({"vocab_size": 100}, 600, ids)
-    flat = tiny.build_config_dict({"hidden_size": 128, "num_attention_heads": 4,
-                                   "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}}, 600, ids)
+    flat = tiny.build_config_dict(
+        {"hidden_size": 128, "num_attention_heads": 4, "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}},
+        600,
+        ids,
+    )
     assert flat["text_config"]["hidden_size"] == 128 and flat["vision_config"]["hidden_size"] == 128
     assert flat["text_config"]["rope_parameters"]["mrope_section"] == [4, 6, 6]
     assert flat["text_config"]["rope_parameters"]["rope_type"] == "default"

@@ -7,9 +7,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from ipl_jax.data.tokenizer import (SPECIAL_TOKENS, expand_image_tokens, image_token_repeats,  # noqa: E402
-                                    load_tokenizer)
 from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
+from ipl_jax.data.tokenizer import SPECIAL_TOKENS, expand_image_tokens, image_token_repeats, load_tokenizer  # noqa: E402
 
 QWEN_FIRST_SPECIAL_ID = 151643
 
@@ -34,8 +33,13 @@ def hub_layout_dir(tiny_dir, tmp_path_factory):
         t["id"] = QWEN_FIRST_SPECIAL_ID + i
     (d / "tokenizer.json").write_text(json.dumps(tj))
     cfg = {
-        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "unk_token": None, "errors": "replace", "model_max_length": 32768,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "errors": "replace",
+        "model_max_length": 32768,
         "added_tokens_decoder": {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in tj["added_tokens"]},
         "chat_template": (tiny_dir / "chat_template.jinja").read_text(),
     }
@@ -49,7 +53,11 @@ def test_tiny_ids_and_single_token_specials(tiny_dir):
     vocab = tok.hf.get_vocab()
     ids = tok.ids
     assert (ids.im_start, ids.im_end, ids.image_pad, ids.box_start) == (
-        vocab["<|im_start|>"], vocab["<|im_end|>"], vocab["<|image_pad|>"], vocab["<|box_start|>"])
+        vocab["<|im_start|>"],
+        vocab["<|im_end|>"],
+        vocab["<|image_pad|>"],
+        vocab["<|box_start|>"],
+    )
     assert ids.pad == ids.endoftext and ids.eos == (ids.im_end, ids.endoftext)
     text = "click <|box_start|>(12,345),(678,9)<|box_end|><|im_end|>"
     enc = tok.encode(text)
@@ -65,7 +73,11 @@ def test_hub_layout_directory(hub_layout_dir, tiny_dir):
     tok = load_tokenizer(hub_layout_dir)
     assert tok.ids.endoftext == 151643 and tok.ids.im_start == 151644 and tok.ids.im_end == 151645
     assert (tok.ids.vision_start, tok.ids.vision_end, tok.ids.image_pad, tok.ids.video_pad) == (
-        151652, 151653, 151655, 151656)
+        151652,
+        151653,
+        151655,
+        151656,
+    )
     assert (tok.ids.box_start, tok.ids.box_end) == (151648, 151649)
     assert tok.ids.eos == (151645, 151643)
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Open Maps."}]}]
@@ -81,7 +93,8 @@ def test_template_in_chat_template_json(tiny_dir, tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_text((tiny_dir / name).read_text())
     (tmp_path / "chat_template.json").write_text(
-        json.dumps({"chat_template": (tiny_dir / "chat_template.jinja").read_text()}))
+        json.dumps({"chat_template": (tiny_dir / "chat_template.jinja").read_text()})
+    )
     tok = load_tokenizer(tmp_path)
     assert tok.render([{"role": "user", "content": "hi"}]).endswith("<|im_start|>user\nhi<|im_end|>\n")
 

@@ -11,12 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-from ipl_jax.training import optimizer as optim, sft, state as tstate, step as tstep
-from ipl_jax.training.checkpoint import Checkpointer
-from ipl_jax.training.lora import flatten_with_paths
 from support.small_models import numpy_params, tiny_cfg, tiny_training_batch
 from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params
+
+from ipl_jax.training import optimizer as optim
+from ipl_jax.training import sft
+from ipl_jax.training import state as tstate
+from ipl_jax.training import step as tstep
+from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.lora import flatten_with_paths
 
 
 def sft_step_for(config, **kw):
@@ -45,8 +48,9 @@ def test_next_token_nll_is_shifted_known_answer():
 
 def test_schedules_known_values():
     cos = optim.make_schedule(opt_config(learning_rate=1.0, warmup_steps=4, total_steps=14, end_lr_ratio=0.1))
-    np.testing.assert_allclose([float(cos(s)) for s in (0, 2, 4, 9, 14)],
-                               [0.0, 0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1], atol=1e-6)
+    np.testing.assert_allclose(
+        [float(cos(s)) for s in (0, 2, 4, 9, 14)], [0.0, 0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1], atol=1e-6
+    )
     const = optim.make_schedule(opt_config(learning_rate=2.0, schedule="constant", warmup_steps=2))
     np.testing.assert_allclose([float(const(s)) for s in (0, 1, 2, 50)], [0.0, 1.0, 2.0, 2.0], atol=1e-6)
     with pytest.raises(ValueError, match="schedule"):
@@ -54,8 +58,16 @@ def test_schedules_known_values():
     # A job section with its own names (steps, grad_clip) and unrelated fields is read as is.
     import ml_collections
 
-    section = ml_collections.ConfigDict({"steps": 14, "learning_rate": 1.0, "warmup_steps": 4, "grad_clip": 0.5,
-                                         "micro_batch_size": 4, "schedule": "cosine"})
+    section = ml_collections.ConfigDict(
+        {
+            "steps": 14,
+            "learning_rate": 1.0,
+            "warmup_steps": 4,
+            "grad_clip": 0.5,
+            "micro_batch_size": 4,
+            "schedule": "cosine",
+        }
+    )
     settings = optim.optimizer_settings(section)
     assert settings.total_steps == 14 and settings.grad_clip_norm == 0.5 and settings.b2 == 0.999
     sched = optim.make_schedule(section)
@@ -69,8 +81,9 @@ def test_weight_decay_skips_norms_and_biases():
     assert not mask["visual/proj/bias"]
     assert mask["model/layers/mlp/up_proj/kernel"] and mask["lm_head/kernel"]
     # With zero gradients AdamW only decays: kernels shrink by lr·wd, norms and biases stay put.
-    opt = optim.make_optimizer(opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0,
-                                          weight_decay=0.5, grad_clip_norm=0.0))
+    opt = optim.make_optimizer(
+        opt_config(learning_rate=0.1, schedule="constant", warmup_steps=0, weight_decay=0.5, grad_clip_norm=0.0)
+    )
 
     @jax.jit
     def one_update(params):
@@ -90,14 +103,21 @@ def test_state_from_config_sections():
     from ipl_jax.training.lora import LoraParams
 
     params = toy_params()
-    lora_cfg = load_config(tstate.default_train_config(), [
-        "--config.lora.enabled=true", "--config.lora.rank=2", "--config.lora.alpha=8",
-        "--config.lora.targets=up_proj/kernel$,down_proj/kernel$"])
+    lora_cfg = load_config(
+        tstate.default_train_config(),
+        [
+            "--config.lora.enabled=true",
+            "--config.lora.rank=2",
+            "--config.lora.alpha=8",
+            "--config.lora.targets=up_proj/kernel$,down_proj/kernel$",
+        ],
+    )
     state, _, schedule = tstate.state_from_config(params, lora_cfg, jax.random.PRNGKey(0))
     assert isinstance(state.params, LoraParams) and state.params.rank == 2 and state.params.scale == 4.0
     assert set(flatten_with_paths(state.frozen)) == set(flatten_with_paths(params))
-    frozen_cfg = load_config(tstate.default_train_config(), ["--config.freeze_vision=true",
-                                                             "--config.frozen_dtype=bfloat16"])
+    frozen_cfg = load_config(
+        tstate.default_train_config(), ["--config.freeze_vision=true", "--config.frozen_dtype=bfloat16"]
+    )
     state, _, _ = tstate.state_from_config(params, frozen_cfg, jax.random.PRNGKey(0))
     assert "visual" in state.frozen and "visual" not in state.params
     assert state.frozen["visual"]["proj"]["kernel"].dtype == jnp.bfloat16
@@ -192,8 +212,11 @@ def test_bf16_compute_keeps_fp32_master_weights():
     m32 = {"loss": loss32}
     assert seen == [jnp.bfloat16]
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.params))
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.opt_state) if hasattr(x, "dtype")
-               and jnp.issubdtype(x.dtype, jnp.floating))
+    assert all(
+        x.dtype == jnp.float32
+        for x in jax.tree.leaves(s16.opt_state)
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+    )
     # bf16 has ~3 significant digits: the loss agrees to bf16 precision, not to fp32 precision.
     np.testing.assert_allclose(float(m16["loss"]), float(m32["loss"]), rtol=3e-2)
     assert float(m16["loss"]) != float(m32["loss"])
@@ -304,8 +327,14 @@ MESH_SCRIPT = textwrap.dedent(
 def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, here], capture_output=True, text=True, env=env,
-                          cwd=os.path.dirname(here), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT, here],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(here),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 

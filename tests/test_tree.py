@@ -92,10 +92,17 @@ def _tree_with_identities(B, branching, turn_lengths):
         ids = 10000 * t + 10 * np.arange(n)[:, None] + np.arange(turn_lengths[t - 1])[None, :]
         ids = np.broadcast_to(ids, (B, n, turn_lengths[t - 1])) + 1000000 * np.arange(B)[:, None, None]
         tokens.append(jnp.asarray(ids.reshape((B,) + branching[:t] + (turn_lengths[t - 1],)), jnp.int32))
-        lengths.append(jnp.asarray((np.arange(n) % turn_lengths[t - 1] + 1)[None].repeat(B, 0).reshape(
-            (B,) + branching[:t]), jnp.int32))
-    return tr.replace(tokens=tuple(tokens), lengths=tuple(lengths), step_index=jnp.arange(B, dtype=jnp.int32) + 7,
-                      step_valid=jnp.ones((B,), bool))
+        lengths.append(
+            jnp.asarray(
+                (np.arange(n) % turn_lengths[t - 1] + 1)[None].repeat(B, 0).reshape((B,) + branching[:t]), jnp.int32
+            )
+        )
+    return tr.replace(
+        tokens=tuple(tokens),
+        lengths=tuple(lengths),
+        step_index=jnp.arange(B, dtype=jnp.int32) + 7,
+        step_valid=jnp.ones((B,), bool),
+    )
 
 
 def test_tree_shapes_pytree_and_node_lookup():

@@ -35,8 +35,10 @@ def installed(tmp_path_factory):
     shutil.copytree(REPO / "ipl_jax", src / "ipl_jax", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist",
-          "."], cwd=src)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", "."],
+        cwd=src,
+    )
     (wheel,) = (root / "dist").glob("ipl_jax-*.whl")
     venv = root / "venv"
     base = getattr(sys, "_base_executable", None) or sys.executable
@@ -70,8 +72,11 @@ def test_wheel_ships_the_configs_and_the_command(installed):
 def test_installed_command_finds_its_configs(installed):
     """The first stage of the quick job from outside the checkout: the shipped config resolves by name."""
     workdir = installed["cwd"] / "data_only"
-    _run([installed["ipl_jax"], "run", "--config", "synthetic:quick", "--stop-after", "data", "--workdir", workdir],
-         installed["cwd"], env=_env())
+    _run(
+        [installed["ipl_jax"], "run", "--config", "synthetic:quick", "--stop-after", "data", "--workdir", workdir],
+        installed["cwd"],
+        env=_env(),
+    )
     config = json.loads((workdir / "config.json").read_text())
     assert config["data"]["train_episodes"] == 24  # the :quick variant's value, not the default's 300
     assert (workdir / "stages" / "data.done").is_file()
@@ -82,8 +87,12 @@ def test_installed_command_finds_its_configs(installed):
 def test_installed_command_runs_the_quick_job(installed):
     """``ipl-jax run --config synthetic:quick`` end to end from the wheel (about 2 minutes on 2 CPU cores)."""
     workdir = installed["cwd"] / "quick"
-    proc = _run([installed["ipl_jax"], "run", "--config", "synthetic:quick", "--workdir", workdir],
-                installed["cwd"], timeout=1800, env=_env())
+    proc = _run(
+        [installed["ipl_jax"], "run", "--config", "synthetic:quick", "--workdir", workdir],
+        installed["cwd"],
+        timeout=1800,
+        env=_env(),
+    )
     results = json.loads((workdir / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [0, 1]
     assert set(results["rounds"][0]["metrics"]) == {"test", "test_app_unseen", "test_task_unseen"}

@@ -63,8 +63,14 @@ def run(source: str, threads: int, aitz_root: Path, packed: Path, tok, batch_siz
 
     t0 = time.perf_counter()
     steps = steps_of(source, aitz_root, packed)
-    ds = make_dataset(steps, lambda s: coat_example(s, tok, IMAGE_CFG), batch_size=batch_size, seed=0,
-                      num_epochs=None, batch_fn=batch_fn)
+    ds = make_dataset(
+        steps,
+        lambda s: coat_example(s, tok, IMAGE_CFG),
+        batch_size=batch_size,
+        seed=0,
+        num_epochs=None,
+        batch_fn=batch_fn,
+    )
     it = make_iterator(ds, num_threads=threads, prefetch_buffer_size=4)
     next(it)
     first = time.perf_counter() - t0
@@ -72,8 +78,13 @@ def run(source: str, threads: int, aitz_root: Path, packed: Path, tok, batch_siz
     for _ in range(batches):
         next(it)
     rate = batches / (time.perf_counter() - t1)
-    return {"source": source, "threads": threads, "first_batch_s": first, "batches_per_s": rate,
-            "steps_per_s": rate * batch_size}
+    return {
+        "source": source,
+        "threads": threads,
+        "first_batch_s": first,
+        "batches_per_s": rate,
+        "steps_per_s": rate * batch_size,
+    }
 
 
 def main(argv=None) -> int:
@@ -98,27 +109,31 @@ def main(argv=None) -> int:
         t_pack = time.perf_counter() - t
         n_steps = meta["splits"]["train"]["steps"]
         size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())  # noqa: E731
-        print(f"{args.episodes} episodes, {n_steps} steps; AITZ layout {size(work / 'aitz') / 1e6:.1f} MB written "
-              f"in {t_write:.1f} s; packed to {args.shards} shards, {size(work / 'packed') / 1e6:.1f} MB in "
-              f"{t_pack:.1f} s; batch size {args.batch_size}, {args.batches} timed batches")
+        print(
+            f"{args.episodes} episodes, {n_steps} steps; AITZ layout {size(work / 'aitz') / 1e6:.1f} MB written "
+            f"in {t_write:.1f} s; packed to {args.shards} shards, {size(work / 'packed') / 1e6:.1f} MB in "
+            f"{t_pack:.1f} s; batch size {args.batch_size}, {args.batches} timed batches"
+        )
         tok = tokenizer(work)
         run("aitz", 1, work / "aitz", work / "packed", tok, args.batch_size, 2)  # warm-up: imports, caches
         results = []
         for threads in (1, 2):
             for source in SOURCES:
-                results.append(run(source, threads, work / "aitz", work / "packed", tok, args.batch_size,
-                                   args.batches))
+                results.append(run(source, threads, work / "aitz", work / "packed", tok, args.batch_size, args.batches))
     base = {r["threads"]: r for r in results if r["source"] == "aitz"}
     print(f"\n{'source':<20}{'threads':>8}{'first batch s':>15}{'x aitz':>8}{'steps/s':>10}{'x aitz':>8}")
     for r in results:
         b = base[r["threads"]]
         r["first_batch_ratio"] = r["first_batch_s"] / b["first_batch_s"]
         r["steps_per_s_ratio"] = r["steps_per_s"] / b["steps_per_s"]
-        print(f"{r['source']:<20}{r['threads']:>8}{r['first_batch_s']:>15.3f}{r['first_batch_ratio']:>8.2f}"
-              f"{r['steps_per_s']:>10.1f}{r['steps_per_s_ratio']:>8.2f}")
+        print(
+            f"{r['source']:<20}{r['threads']:>8}{r['first_batch_s']:>15.3f}{r['first_batch_ratio']:>8.2f}"
+            f"{r['steps_per_s']:>10.1f}{r['steps_per_s_ratio']:>8.2f}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"episodes": args.episodes, "steps": n_steps, "results": results},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"episodes": args.episodes, "steps": n_steps, "results": results}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The benchmarks' model: a Qwen2-VL config built from a size table (``tools/bench_tree.py``, ``tools/bench_tdpo.py``)."""
+"""The benchmarks' model: a Qwen2-VL config built from a size table (tools/bench_tree.py, tools/bench_tdpo.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,24 @@ def bench_model(s: dict) -> Qwen2VLConfig:
     h_sec = (half - t_sec) // 2
     v = s["vocab"]
     return Qwen2VLConfig(
-        vision=VisionConfig(depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"],
-                            num_heads=s["v_heads"], mlp_ratio=4),
-        text=TextConfig(vocab_size=v, hidden_size=s["hidden"], intermediate_size=s["inter"],
-                        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                        num_key_value_heads=s["kv_heads"], rms_norm_eps=1e-6,
-                        mrope_section=(t_sec, h_sec, half - t_sec - h_sec), eos_token_id=(v - 1,), bos_token_id=0,
-                        pad_token_id=0),
-        image_token_id=v - 4, video_token_id=v - 3, vision_start_token_id=v - 6, vision_end_token_id=v - 5)
+        vision=VisionConfig(
+            depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"], num_heads=s["v_heads"], mlp_ratio=4
+        ),
+        text=TextConfig(
+            vocab_size=v,
+            hidden_size=s["hidden"],
+            intermediate_size=s["inter"],
+            num_hidden_layers=s["layers"],
+            num_attention_heads=s["heads"],
+            num_key_value_heads=s["kv_heads"],
+            rms_norm_eps=1e-6,
+            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
+            eos_token_id=(v - 1,),
+            bos_token_id=0,
+            pad_token_id=0,
+        ),
+        image_token_id=v - 4,
+        video_token_id=v - 3,
+        vision_start_token_id=v - 6,
+        vision_end_token_id=v - 5,
+    )

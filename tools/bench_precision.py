@@ -31,10 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-
 from bench_models import bench_model  # noqa: E402
-from bench_tdpo import SHAPES as TDPO_SHAPES, TEXT_BUCKETS, make_workload  # noqa: E402
-from bench_tree import SHAPES as TREE_SHAPES, random_steps  # noqa: E402
+from bench_tdpo import SHAPES as TDPO_SHAPES  # noqa: E402
+from bench_tdpo import TEXT_BUCKETS, make_workload
+from bench_tree import SHAPES as TREE_SHAPES  # noqa: E402
+from bench_tree import random_steps
+
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax.model.params import count_params  # noqa: E402
 from ipl_jax.model.text import forward_hidden, token_log_probs  # noqa: E402
@@ -46,9 +48,23 @@ from ipl_jax.training.hlo_cost import hlo_flops  # noqa: E402
 from ipl_jax.training.state import cast_floating  # noqa: E402
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
-TDPO_SHAPE = dict(hidden=256, layers=4, heads=4, kv_heads=2, inter=1024, vocab=8192, v_dim=128, v_depth=2,
-                  v_heads=2, grid=(1, 24, 24), text_before=8, text_after=16, prompts=(24, 16), turns=(24, 24),
-                  action=(6, 12))
+TDPO_SHAPE = dict(
+    hidden=256,
+    layers=4,
+    heads=4,
+    kv_heads=2,
+    inter=1024,
+    vocab=8192,
+    v_dim=128,
+    v_depth=2,
+    v_heads=2,
+    grid=(1, 24, 24),
+    text_before=8,
+    text_after=16,
+    prompts=(24, 16),
+    turns=(24, 24),
+    action=(6, 12),
+)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -63,8 +79,12 @@ def median_time(fn, repeats: int) -> float:
 def memory(compiled) -> dict:
     m = compiled.memory_analysis()
     total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
-    return {"args_mb": m.argument_size_in_bytes / 1e6, "temps_mb": m.temp_size_in_bytes / 1e6, "total_mb": total / 1e6,
-            "gflop": hlo_flops(compiled.as_text()).flops / 1e9}
+    return {
+        "args_mb": m.argument_size_in_bytes / 1e6,
+        "temps_mb": m.temp_size_in_bytes / 1e6,
+        "total_mb": total / 1e6,
+        "gflop": hlo_flops(compiled.as_text()).flops / 1e9,
+    }
 
 
 def tdpo_batches(cfg, s, groups: int, packed: bool):
@@ -72,16 +92,37 @@ def tdpo_batches(cfg, s, groups: int, packed: bool):
     patch_bucket = int(np.prod(s["grid"]))
     g, p = workload[0]
     if packed:
-        return PK.pack_round(cfg, g, p, PK.PackingConfig(rows=groups, max_continuations=4, max_pairs=len(p),
-                                                         text_buckets=TEXT_BUCKETS, patch_buckets=(patch_bucket,)))
+        return PK.pack_round(
+            cfg,
+            g,
+            p,
+            PK.PackingConfig(
+                rows=groups,
+                max_continuations=4,
+                max_pairs=len(p),
+                text_buckets=TEXT_BUCKETS,
+                patch_buckets=(patch_bucket,),
+            ),
+        )
     ug, up = PK.unpack_groups(g, p)
-    return PK.pack_unpacked(cfg, ug, up, PK.PackingConfig(rows=len(ug), max_continuations=1, max_pairs=len(p),
-                                                          text_buckets=TEXT_BUCKETS, patch_buckets=(patch_bucket,)))
+    return PK.pack_unpacked(
+        cfg,
+        ug,
+        up,
+        PK.PackingConfig(
+            rows=len(ug),
+            max_continuations=1,
+            max_pairs=len(p),
+            text_buckets=TEXT_BUCKETS,
+            patch_buckets=(patch_bucket,),
+        ),
+    )
 
 
 def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
-    config = ipl.TDPOConfig(model=cfg.replace(dtype=dtype), remat=remat, logp_chunk=64,
-                            compute_dtype=None if dtype == "float32" else dtype)
+    config = ipl.TDPOConfig(
+        model=cfg.replace(dtype=dtype), remat=remat, logp_chunk=64, compute_dtype=None if dtype == "float32" else dtype
+    )
     ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
     batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
     state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
@@ -94,8 +135,14 @@ def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
         return metrics
 
     jax.block_until_ready(one())  # warm-up
-    return {"program": "tdpo_step", "dtype": dtype, "remat": remat, "seconds": median_time(one, repeats),
-            "loss": box["loss"], **memory(compiled)}
+    return {
+        "program": "tdpo_step",
+        "dtype": dtype,
+        "remat": remat,
+        "seconds": median_time(one, repeats),
+        "loss": box["loss"],
+        **memory(compiled),
+    }
 
 
 def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
@@ -106,16 +153,24 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
     compiled = _sample_tree_jit.lower(sparams, scfg, prompts, temperature, config.compile_key(), None).compile()
     call = lambda: compiled(sparams, prompts, temperature)  # noqa: E731
     jax.block_until_ready(call())
-    return {"program": "sampler", "dtype": dtype, "remat": False, "seconds": median_time(call, repeats),
-            **memory(compiled)}
+    return {
+        "program": "sampler",
+        "dtype": dtype,
+        "remat": False,
+        "seconds": median_time(call, repeats),
+        **memory(compiled),
+    }
 
 
 def precision_table(repeats: int) -> list[dict]:
     cfg = bench_model(TDPO_SHAPE)
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     batch = tdpo_batches(cfg, TDPO_SHAPE, 2, packed=True)[0]
-    print(f"T-DPO model {count_params(params) / 1e6:.1f}M params; batch {batch.rows} rows x {batch.length} tokens, "
-          f"{batch.num_pairs} pairs; jax {jax.__version__} on {jax.devices()[0].platform}", flush=True)
+    print(
+        f"T-DPO model {count_params(params) / 1e6:.1f}M params; batch {batch.rows} rows x {batch.length} tokens, "
+        f"{batch.num_pairs} pairs; jax {jax.__version__} on {jax.devices()[0].platform}",
+        flush=True,
+    )
     rows = []
     for dtype in ("float32", "bfloat16"):
         for remat in (False, True):
@@ -126,12 +181,19 @@ def precision_table(repeats: int) -> list[dict]:
     tparams = M.init_params(tcfg, jax.random.PRNGKey(1), std=0.02)
     steps = random_steps(tcfg, s, 1, np.random.default_rng(0))
     v = tcfg.text.vocab_size
-    config = SamplerConfig(branching=s["branching"], max_turn_tokens=s["turns"], eos_ids=(v,),
-                           suppress_ids=(tcfg.image_token_id, tcfg.video_token_id),
-                           prefix_buckets=(len(steps[0].prefix_ids),), prompt_buckets=tuple(sorted(set(s["prompts"]))),
-                           patch_buckets=(steps[0].pixel_values.shape[0],))
-    print(f"sampler model {count_params(tparams) / 1e6:.1f}M params, branching {s['branching']}, turns "
-          f"{s['turns']}", flush=True)
+    config = SamplerConfig(
+        branching=s["branching"],
+        max_turn_tokens=s["turns"],
+        eos_ids=(v,),
+        suppress_ids=(tcfg.image_token_id, tcfg.video_token_id),
+        prefix_buckets=(len(steps[0].prefix_ids),),
+        prompt_buckets=tuple(sorted(set(s["prompts"]))),
+        patch_buckets=(steps[0].pixel_values.shape[0],),
+    )
+    print(
+        f"sampler model {count_params(tparams) / 1e6:.1f}M params, branching {s['branching']}, turns {s['turns']}",
+        flush=True,
+    )
     for dtype in ("float32", "bfloat16"):
         rows.append(run_sampler(tcfg, tparams, steps, config, dtype, repeats))
         print(json.dumps(rows[-1]), flush=True)
@@ -140,14 +202,18 @@ def precision_table(repeats: int) -> list[dict]:
 
 def print_precision(rows: list[dict]) -> None:
     base = {r["program"]: r for r in rows if r["dtype"] == "float32" and not r["remat"]}
-    print(f"\n{'program':10s} {'dtype':9s} {'remat':5s} {'step s':>8s} {'x time':>7s} {'temps MB':>9s} "
-          f"{'x temps':>8s} {'total MB':>9s} {'x total':>8s} {'GFLOP':>8s} {'loss':>9s}")
+    print(
+        f"\n{'program':10s} {'dtype':9s} {'remat':5s} {'step s':>8s} {'x time':>7s} {'temps MB':>9s} "
+        f"{'x temps':>8s} {'total MB':>9s} {'x total':>8s} {'GFLOP':>8s} {'loss':>9s}"
+    )
     for r in rows:
         b = base[r["program"]]
         loss = f"{r['loss']:9.5f}" if "loss" in r else f"{'':9s}"
-        print(f"{r['program']:10s} {r['dtype']:9s} {str(r['remat']):5s} {r['seconds']:8.3f} "
-              f"{r['seconds'] / b['seconds']:7.2f} {r['temps_mb']:9.1f} {r['temps_mb'] / b['temps_mb']:8.2f} "
-              f"{r['total_mb']:9.1f} {r['total_mb'] / b['total_mb']:8.2f} {r['gflop']:8.2f} {loss}")
+        print(
+            f"{r['program']:10s} {r['dtype']:9s} {str(r['remat']):5s} {r['seconds']:8.3f} "
+            f"{r['seconds'] / b['seconds']:7.2f} {r['temps_mb']:9.1f} {r['temps_mb'] / b['temps_mb']:8.2f} "
+            f"{r['total_mb']:9.1f} {r['total_mb'] / b['total_mb']:8.2f} {r['gflop']:8.2f} {loss}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ profile
@@ -173,13 +239,19 @@ def profile(shape: str, repeats: int) -> list[dict]:
         pieces = {
             "mask [B,T,T]": (jax.jit(PK.packed_attention_mask), (batch.segment_ids,)),
             "vision fwd": (jax.jit(PK.row_image_features, static_argnums=1), (params, cfg, batch.vision)),
-            "decoder fwd": (jax.jit(lambda p, m: forward_hidden(p, cfg, batch.input_ids, batch.positions, m, feats)),
-                            (params, mask)),
-            "decoder fwd, 2-D mask": (jax.jit(lambda p, m: forward_hidden(p, cfg, batch.input_ids, batch.positions,
-                                                                          m, feats)), (params, valid)),
+            "decoder fwd": (
+                jax.jit(lambda p, m: forward_hidden(p, cfg, batch.input_ids, batch.positions, m, feats)),
+                (params, mask),
+            ),
+            "decoder fwd, 2-D mask": (
+                jax.jit(lambda p, m: forward_hidden(p, cfg, batch.input_ids, batch.positions, m, feats)),
+                (params, valid),
+            ),
             "decoder fwd+bwd": (jax.jit(jax.grad(decoder_loss)), (params, mask)),
-            "logp head fwd": (jax.jit(lambda p, h: token_log_probs(p, cfg, h, batch.target_ids,
-                                                                   PK._chunk_for(batch.length, 64))), (params, hidden)),
+            "logp head fwd": (
+                jax.jit(lambda p, h: token_log_probs(p, cfg, h, batch.target_ids, PK._chunk_for(batch.length, 64))),
+                (params, hidden),
+            ),
         }
         ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
         batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
@@ -198,28 +270,42 @@ def profile(shape: str, repeats: int) -> list[dict]:
             sec = median_time(lambda: compiled(*[a for a in args if not isinstance(a, type(cfg))]), repeats)
             out.append(_piece(layout, batch, name, sec, compiled))
         out.append(_piece(layout, batch, "whole step", median_time(run_step, repeats), step))
-        for r in out[-len(pieces) - 1:]:
+        for r in out[-len(pieces) - 1 :]:
             print(json.dumps(r), flush=True)
     return out
 
 
 def _piece(layout, batch, name, seconds, compiled) -> dict:
     gflop = hlo_flops(compiled.as_text()).flops / 1e9
-    return {"layout": layout, "rows": batch.rows, "T": batch.length, "pairs": batch.num_pairs, "piece": name,
-            "seconds": seconds, "gflop": gflop, "gflop_per_s": gflop / seconds}
+    return {
+        "layout": layout,
+        "rows": batch.rows,
+        "T": batch.length,
+        "pairs": batch.num_pairs,
+        "piece": name,
+        "seconds": seconds,
+        "gflop": gflop,
+        "gflop_per_s": gflop / seconds,
+    }
 
 
 def print_profile(rows: list[dict]) -> None:
     by = {(r["layout"], r["piece"]): r for r in rows}
-    print(f"\n{'piece':24s} {'packed s':>9s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'unpacked s':>11s} {'GFLOP':>7s} "
-          f"{'GFLOP/s':>8s} {'x time':>7s}")
+    print(
+        f"\n{'piece':24s} {'packed s':>9s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'unpacked s':>11s} {'GFLOP':>7s} "
+        f"{'GFLOP/s':>8s} {'x time':>7s}"
+    )
     for name in dict.fromkeys(r["piece"] for r in rows):
         p, u = by[("packed", name)], by[("unpacked", name)]
-        print(f"{name:24s} {p['seconds']:9.3f} {p['gflop']:7.2f} {p['gflop_per_s']:8.1f} {u['seconds']:11.3f} "
-              f"{u['gflop']:7.2f} {u['gflop_per_s']:8.1f} {u['seconds'] / p['seconds']:7.2f}")
+        print(
+            f"{name:24s} {p['seconds']:9.3f} {p['gflop']:7.2f} {p['gflop_per_s']:8.1f} {u['seconds']:11.3f} "
+            f"{u['gflop']:7.2f} {u['gflop_per_s']:8.1f} {u['seconds'] / p['seconds']:7.2f}"
+        )
     p, u = by[("packed", "whole step")], by[("unpacked", "whole step")]
-    print(f"packed: {p['rows']} rows x {p['T']} tokens; unpacked: {u['rows']} rows x {u['T']} tokens; "
-          f"{p['pairs']} pairs each")
+    print(
+        f"packed: {p['rows']} rows x {p['T']} tokens; unpacked: {u['rows']} rows x {u['T']} tokens; "
+        f"{p['pairs']} pairs each"
+    )
 
 
 def main(argv=None) -> int:

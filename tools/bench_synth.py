@@ -52,8 +52,13 @@ def bench_render(n_screens: int = 400) -> dict:
     more = generate_split("dev", 200, seed=98)
     sim_s = time.perf_counter() - t
     n_sim = sum(len(e.steps) for e in more)
-    return {"screens": len(imgs), "render_per_s": len(imgs) / render_s, "png6_per_s": 1 / png6,
-            "png1_per_s": 1 / png1, "sim_steps_per_s_no_render": n_sim / sim_s}
+    return {
+        "screens": len(imgs),
+        "render_per_s": len(imgs) / render_s,
+        "png6_per_s": 1 / png6,
+        "png1_per_s": 1 / png1,
+        "sim_steps_per_s_no_render": n_sim / sim_s,
+    }
 
 
 def blind_baseline(train, evals) -> dict:
@@ -87,9 +92,11 @@ def main(argv=None) -> int:
 
     out = {"render": bench_render()}
     r = out["render"]
-    print(f"render: {r['render_per_s']:.0f} screens/s (one core); PNG level 6: {r['png6_per_s']:.0f}/s, "
-          f"level 1: {r['png1_per_s']:.0f}/s; simulator+expert+annotation: {r['sim_steps_per_s_no_render']:.0f} "
-          f"steps/s")
+    print(
+        f"render: {r['render_per_s']:.0f} screens/s (one core); PNG level 6: {r['png6_per_s']:.0f}/s, "
+        f"level 1: {r['png1_per_s']:.0f}/s; simulator+expert+annotation: {r['sim_steps_per_s_no_render']:.0f} "
+        f"steps/s"
+    )
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="synth_bench_"))
     splits, all_eps = {}, {}
@@ -106,37 +113,48 @@ def main(argv=None) -> int:
         types = collections.Counter(s.action.type for e in eps for s in e.steps)
         total.update(types)
         steps = sum(types.values())
-        splits[name] = {"episodes": n, "steps": steps, "generate_s": round(gen_s, 2), "write_s": round(write_s, 2),
-                        "mb": round(mb, 1)}
+        splits[name] = {
+            "episodes": n,
+            "steps": steps,
+            "generate_s": round(gen_s, 2),
+            "write_s": round(write_s, 2),
+            "mb": round(mb, 1),
+        }
         all_eps[name] = eps
         print(f"{name}: {n} episodes, {steps} steps, generate {gen_s:.1f} s, write {write_s:.1f} s, {mb:.1f} MB")
     n_steps = sum(total.values())
     eps = [e for v in all_eps.values() for e in v]
     out["dataset"] = {
         "splits": splits,
-        "episodes": len(eps), "steps": n_steps,
+        "episodes": len(eps),
+        "steps": n_steps,
         "generate_s": round(sum(v["generate_s"] for v in splits.values()), 1),
         "write_s": round(sum(v["write_s"] for v in splits.values()), 1),
         "mb": round(sum(v["mb"] for v in splits.values()), 1),
         "action_shares": {k: round(v / n_steps, 3) for k, v in sorted(total.items())},
-        "press_buttons": dict(collections.Counter(s.action.button for e in eps for s in e.steps
-                                                  if s.action.type == "press")),
-        "scroll_directions": dict(collections.Counter(s.action.direction for e in eps for s in e.steps
-                                                      if s.action.type == "scroll")),
+        "press_buttons": dict(
+            collections.Counter(s.action.button for e in eps for s in e.steps if s.action.type == "press")
+        ),
+        "scroll_directions": dict(
+            collections.Counter(s.action.direction for e in eps for s in e.steps if s.action.type == "scroll")
+        ),
         "steps_per_episode": round(n_steps / len(eps), 2),
         "families": dict(collections.Counter(e.meta["task"]["family"] for e in eps)),
         "desc_words_mean": round(float(np.mean([len(s.coat.screen_desc.split()) for e in eps for s in e.steps])), 1),
-        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for e in eps for s in e.steps])),
-                                  1),
+        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for e in eps for s in e.steps])), 1),
         "elements_per_screen": round(float(np.mean([len(s.elements) for e in eps for s in e.steps])), 1),
     }
     d = out["dataset"]
-    print(f"default dataset: {d['episodes']} episodes, {d['steps']} steps, generate {d['generate_s']} s, "
-          f"write {d['write_s']} s, {d['mb']} MB")
+    print(
+        f"default dataset: {d['episodes']} episodes, {d['steps']} steps, generate {d['generate_s']} s, "
+        f"write {d['write_s']} s, {d['mb']} MB"
+    )
     print("action shares: " + ", ".join(f"{k} {v:.1%}" for k, v in d["action_shares"].items()))
     print(f"press: {d['press_buttons']}; scroll: {d['scroll_directions']}; {d['steps_per_episode']} steps/episode")
-    print(f"annotation words: description {d['desc_words_mean']}, thought {d['think_words_mean']}; "
-          f"{d['elements_per_screen']} UI elements per screen")
+    print(
+        f"annotation words: description {d['desc_words_mean']}, thought {d['think_words_mean']}; "
+        f"{d['elements_per_screen']} UI elements per screen"
+    )
     evals = [e for k, v in all_eps.items() if k != "train" for e in v]
     out["blind_click_accuracy"] = blind_baseline(all_eps["train"], evals)
     print("screen-blind, label-aware click accuracy (0.14 rule): " + json.dumps(out["blind_click_accuracy"]))

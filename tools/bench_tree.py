@@ -36,27 +36,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_models import bench_model  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from bench_models import bench_model  # noqa: E402
-from ipl_jax.model.params import count_params  # noqa: E402
-from ipl_jax.sampling import (SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree,  # noqa: E402
-                              sample_tree_no_sharing)
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
+from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
+from ipl_jax.model.params import count_params  # noqa: E402
+from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing  # noqa: E402
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
 # prefix, finish in a few minutes on 2 CPU cores; "full" is the paper's K=3 (27 leaves, ~3x longer).
-_BENCH_MODEL = dict(hidden=512, layers=8, heads=8, kv_heads=4, inter=2048, vocab=16384, v_dim=256, v_depth=4,
-                    v_heads=4, grid=(1, 46, 46), text_before=12, text_after=24, prompts=(40, 28, 16),
-                    turns=(48, 48, 16, 16), steps=1)
+_BENCH_MODEL = dict(
+    hidden=512,
+    layers=8,
+    heads=8,
+    kv_heads=4,
+    inter=2048,
+    vocab=16384,
+    v_dim=256,
+    v_depth=4,
+    v_heads=4,
+    grid=(1, 46, 46),
+    text_before=12,
+    text_after=24,
+    prompts=(40, 28, 16),
+    turns=(48, 48, 16, 16),
+    steps=1,
+)
 SHAPES = {
     "default": dict(_BENCH_MODEL, branching=(2, 2, 2, 1)),
     "full": dict(_BENCH_MODEL, branching=(3, 3, 3, 1)),
-    "quick": dict(hidden=256, layers=4, heads=4, kv_heads=2, inter=1024, vocab=8192, v_dim=128, v_depth=2,
-                  v_heads=2, grid=(1, 24, 24), text_before=8, text_after=16, prompts=(24, 16, 12),
-                  turns=(16, 16, 8, 8), branching=(2, 2, 2, 1), steps=1),
+    "quick": dict(
+        hidden=256,
+        layers=4,
+        heads=4,
+        kv_heads=2,
+        inter=1024,
+        vocab=8192,
+        v_dim=128,
+        v_depth=2,
+        v_heads=2,
+        grid=(1, 24, 24),
+        text_before=8,
+        text_after=16,
+        prompts=(24, 16, 12),
+        turns=(16, 16, 8, 8),
+        branching=(2, 2, 2, 1),
+        steps=1,
+    ),
 }
 
 
@@ -67,13 +95,22 @@ def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) 
     text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()  # noqa: E731
     out = []
     for i in range(n):
-        prefix = text(s["text_before"]) + [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img + \
-            [cfg.vision_end_token_id] + text(s["text_after"])
-        out.append(StepPrompts(
-            prefix_ids=np.asarray(prefix, np.int32),
-            turn_prompt_ids=tuple(np.asarray(text(q), np.int32) for q in s["prompts"]),
-            pixel_values=rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32),
-            image_grid_thw=np.asarray([[t, h, w]], np.int64), uid=1000 + i))
+        prefix = (
+            text(s["text_before"])
+            + [cfg.vision_start_token_id]
+            + [cfg.image_token_id] * n_img
+            + [cfg.vision_end_token_id]
+            + text(s["text_after"])
+        )
+        out.append(
+            StepPrompts(
+                prefix_ids=np.asarray(prefix, np.int32),
+                turn_prompt_ids=tuple(np.asarray(text(q), np.int32) for q in s["prompts"]),
+                pixel_values=rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32),
+                image_grid_thw=np.asarray([[t, h, w]], np.int64),
+                uid=1000 + i,
+            )
+        )
     return out
 
 
@@ -84,8 +121,11 @@ class CompileSpans:
     """Collects JAX's compile-related event spans (tracing, lowering, backend compile); ``total(t0, t1)`` is
     the length of their union inside [t0, t1] (nested spans are counted once)."""
 
-    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+    EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
 
     def __init__(self):
         self.spans: list[tuple[float, float]] = []
@@ -122,7 +162,7 @@ def matmul_peak(n: int = 2048, reps: int = 4) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(f(a, b))
         best = min(best, time.perf_counter() - t0)
-    return 4 * 2 * n ** 3 / best
+    return 4 * 2 * n**3 / best
 
 
 # ------------------------------------------------------------------------------------------------ FLOPs
@@ -143,8 +183,11 @@ def _text_flops(cfg: Qwen2VLConfig, n_tokens: float, ctx_sum: float, logits: flo
     q = t.num_attention_heads * t.head_dim
     kv = t.num_key_value_heads * t.head_dim
     per_token = t.num_hidden_layers * (t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size)
-    return 2.0 * n_tokens * per_token + 4.0 * t.num_hidden_layers * q * ctx_sum + \
-        2.0 * logits * t.hidden_size * t.vocab_size
+    return (
+        2.0 * n_tokens * per_token
+        + 4.0 * t.num_hidden_layers * q * ctx_sum
+        + 2.0 * logits * t.hidden_size * t.vocab_size
+    )
 
 
 def _span(c0: float, n: float) -> float:
@@ -201,8 +244,9 @@ def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32,
-                                                            attn_implementation="sdpa").eval()
+    model = Qwen2VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, None
     br, T = config.branching, config.max_turn_tokens
@@ -212,11 +256,20 @@ def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float
         pv = torch.tensor(np.concatenate([s.pixel_values for s in images]))
         grid = torch.tensor(np.concatenate([s.image_grid_thw for s in images]))
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pv,
-                                 image_grid_thw=grid, mm_token_type_ids=(ids == cfg.image_token_id).long(),
-                                 do_sample=sample, temperature=1.0 if sample else None, top_k=0 if sample else None,
-                                 top_p=1.0 if sample else None, num_return_sequences=k, max_new_tokens=budget,
-                                 min_new_tokens=budget)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                pixel_values=pv,
+                image_grid_thw=grid,
+                mm_token_type_ids=(ids == cfg.image_token_id).long(),
+                do_sample=sample,
+                temperature=1.0 if sample else None,
+                top_k=0 if sample else None,
+                top_p=1.0 if sample else None,
+                num_return_sequences=k,
+                max_new_tokens=budget,
+                min_new_tokens=budget,
+            )
         return [o.numpy() for o in out]
 
     generate([steps[0].prefix_ids], steps[:1], 1, 1, False)  # warm-up
@@ -256,44 +309,76 @@ def main(argv=None) -> int:
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     steps = random_steps(cfg, s, n_steps, np.random.default_rng(0))
     v = cfg.text.vocab_size
-    config = SamplerConfig(branching=s["branching"], max_turn_tokens=s["turns"], temperature=(1.0, 1.0, 1.0, 0.0),
-                           eos_ids=(v,),  # outside the vocabulary: no turn stops early
-                           suppress_ids=(cfg.image_token_id, cfg.video_token_id),
-                           prefix_buckets=(len(steps[0].prefix_ids),), prompt_buckets=tuple(sorted(set(s["prompts"]))),
-                           patch_buckets=(n_steps * steps[0].pixel_values.shape[0],))
+    config = SamplerConfig(
+        branching=s["branching"],
+        max_turn_tokens=s["turns"],
+        temperature=(1.0, 1.0, 1.0, 0.0),
+        eos_ids=(v,),  # outside the vocabulary: no turn stops early
+        suppress_ids=(cfg.image_token_id, cfg.video_token_id),
+        prefix_buckets=(len(steps[0].prefix_ids),),
+        prompt_buckets=tuple(sorted(set(s["prompts"]))),
+        patch_buckets=(n_steps * steps[0].pixel_values.shape[0],),
+    )
     leaves = n_steps * num_leaves(config.branching)
     flops = useful_tree_flops(cfg, steps, config)
     peak = matmul_peak()
-    res = {"shape": shape, "params": count_params(params), "steps": n_steps,
-           "branching": list(config.branching), "turn_tokens": list(config.max_turn_tokens),
-           "image_tokens_per_step": int(steps[0].pixel_values.shape[0] // cfg.vision.merge_factor),
-           "prefix_tokens": len(steps[0].prefix_ids), "leaves": leaves, "useful_tflop": flops / 1e12,
-           "matmul_peak_gflops": peak / 1e9, "devices": [str(d) for d in jax.devices()]}
-    print(f"model {res['params'] / 1e6:.1f}M params, {res['image_tokens_per_step']} image tokens/step, "
-          f"prefix {res['prefix_tokens']} tokens, branching {config.branching}, turns {config.max_turn_tokens}, "
-          f"{n_steps} step(s) -> {leaves} leaves; useful work {flops / 1e9:.1f} GFLOP; "
-          f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
+    res = {
+        "shape": shape,
+        "params": count_params(params),
+        "steps": n_steps,
+        "branching": list(config.branching),
+        "turn_tokens": list(config.max_turn_tokens),
+        "image_tokens_per_step": int(steps[0].pixel_values.shape[0] // cfg.vision.merge_factor),
+        "prefix_tokens": len(steps[0].prefix_ids),
+        "leaves": leaves,
+        "useful_tflop": flops / 1e12,
+        "matmul_peak_gflops": peak / 1e9,
+        "devices": [str(d) for d in jax.devices()],
+    }
+    print(
+        f"model {res['params'] / 1e6:.1f}M params, {res['image_tokens_per_step']} image tokens/step, "
+        f"prefix {res['prefix_tokens']} tokens, branching {config.branching}, turns {config.max_turn_tokens}, "
+        f"{n_steps} step(s) -> {leaves} leaves; useful work {flops / 1e9:.1f} GFLOP; "
+        f"matmul peak {peak / 1e9:.1f} GFLOP/s",
+        flush=True,
+    )
 
     first, ours, tree = run_ours(params, cfg, steps, config)
     assert int(np.sum(np.asarray(tree.lengths[-1]))) == leaves * config.max_turn_tokens[-1]
-    res.update(ours_seconds=ours, ours_first_call_seconds=first, ours_leaves_per_s=leaves / ours,
-               ours_flops_fraction_of_peak=flops / ours / peak)
-    print(f"(a) ours (prefix sharing): {ours:.2f} s warm ({first:.1f} s first call incl. compile) -> "
-          f"{leaves / ours:.2f} leaves/s, {flops / ours / 1e9:.1f} GFLOP/s = {100 * flops / ours / peak:.1f}% of "
-          f"the matmul peak", flush=True)
+    res.update(
+        ours_seconds=ours,
+        ours_first_call_seconds=first,
+        ours_leaves_per_s=leaves / ours,
+        ours_flops_fraction_of_peak=flops / ours / peak,
+    )
+    print(
+        f"(a) ours (prefix sharing): {ours:.2f} s warm ({first:.1f} s first call incl. compile) -> "
+        f"{leaves / ours:.2f} leaves/s, {flops / ours / 1e9:.1f} GFLOP/s = {100 * flops / ours / peak:.1f}% of "
+        f"the matmul peak",
+        flush=True,
+    )
     if not args.skip_no_sharing:
         wall, run = run_no_sharing(params, cfg, steps, config, clock)
-        res.update(no_sharing_seconds=run, no_sharing_wall_seconds=wall, no_sharing_leaves_per_s=leaves / run,
-                   ratio_vs_no_sharing=run / ours)
-        print(f"(b) no sharing: {run:.2f} s without compilation ({wall:.1f} s wall) -> {leaves / run:.2f} leaves/s; "
-              f"ours is {run / ours:.2f}x faster", flush=True)
+        res.update(
+            no_sharing_seconds=run,
+            no_sharing_wall_seconds=wall,
+            no_sharing_leaves_per_s=leaves / run,
+            ratio_vs_no_sharing=run / ours,
+        )
+        print(
+            f"(b) no sharing: {run:.2f} s without compilation ({wall:.1f} s wall) -> {leaves / run:.2f} leaves/s; "
+            f"ours is {run / ours:.2f}x faster",
+            flush=True,
+        )
     if not args.skip_transformers:
         with tempfile.TemporaryDirectory() as d:
             M.save_params(params, cfg, d)
             hf = run_transformers(d, cfg, steps, config)
         res.update(transformers_seconds=hf, transformers_leaves_per_s=leaves / hf, ratio_vs_transformers=hf / ours)
-        print(f"(c) transformers generate: {hf:.2f} s -> {leaves / hf:.2f} leaves/s; ours is {hf / ours:.2f}x "
-              f"faster", flush=True)
+        print(
+            f"(c) transformers generate: {hf:.2f} s -> {leaves / hf:.2f} leaves/s; ours is {hf / ours:.2f}x faster",
+            flush=True,
+        )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

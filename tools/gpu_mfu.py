@@ -52,10 +52,22 @@ from ipl_jax.training.state import VISION_REGEX  # noqa: E402
 PEAK_BF16_TFLOPS = {"h200": 989.4, "h100": 989.4, "a100": 312.0, "l4": 121.0}  # dense, SXM where it matters
 TINY = Qwen2VLConfig(
     vision=VisionConfig(depth=2, embed_dim=64, hidden_size=128, num_heads=4),
-    text=TextConfig(vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, mrope_section=(4, 6, 6), eos_token_id=(1023,)),
-    image_token_id=1020, video_token_id=1021, vision_start_token_id=1018, vision_end_token_id=1019,
-    tie_word_embeddings=True)
+    text=TextConfig(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mrope_section=(4, 6, 6),
+        eos_token_id=(1023,),
+    ),
+    image_token_id=1020,
+    video_token_id=1021,
+    vision_start_token_id=1018,
+    vision_end_token_id=1019,
+    tie_word_embeddings=True,
+)
 
 
 def model_2b() -> Qwen2VLConfig:
@@ -64,8 +76,9 @@ def model_2b() -> Qwen2VLConfig:
     return Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
 
 
-def random_batch(cfg: Qwen2VLConfig, rows: int, length: int, patches: int, slots: int, pairs: int,
-                 rng: np.random.Generator) -> PackedBatch:
+def random_batch(
+    cfg: Qwen2VLConfig, rows: int, length: int, patches: int, slots: int, pairs: int, rng: np.random.Generator
+) -> PackedBatch:
     """Rows laid out as the packer lays them: [text, image tokens, text | K+1 continuations | pad]; text
     positions on all three M-RoPE rows (the image's grid positions do not change the cost)."""
     merge = cfg.vision.merge_factor
@@ -75,7 +88,7 @@ def random_batch(cfg: Qwen2VLConfig, rows: int, length: int, patches: int, slots
     seg = np.full((rows, length), -1, np.int32)
     slot = np.full((rows, length), -1, np.int32)
     prefix = 32 + n_img + 32
-    ids[:, 32:32 + n_img] = cfg.image_token_id
+    ids[:, 32 : 32 + n_img] = cfg.image_token_id
     seg[:, :prefix] = 0
     for k in range(slots):
         a, b = prefix + k * cont, prefix + (k + 1) * cont
@@ -86,14 +99,26 @@ def random_batch(cfg: Qwen2VLConfig, rows: int, length: int, patches: int, slots
     vision = VisionInputs(
         patches=rng.standard_normal((rows, patches, cfg.vision.patch_dim)).astype(np.float32),
         pos_hw=np.broadcast_to(hw, (rows, patches, 2)).copy(),
-        segment_ids=np.zeros((rows, patches), np.int32))
+        segment_ids=np.zeros((rows, patches), np.int32),
+    )
     flat = np.arange(rows * slots).reshape(rows, slots)
     pos_i = np.resize(flat[:, 0], pairs).astype(np.int32)
     neg_i = np.resize(flat[:, 1:].reshape(-1), pairs).astype(np.int32)
-    return PackedBatch(input_ids=ids, positions=pos, segment_ids=seg, target_ids=ids, score_slot=slot, vision=vision,
-                       pair_pos=pos_i, pair_neg=neg_i, pair_valid=np.ones(pairs, bool),
-                       pair_turn=np.ones(pairs, np.int32), ref_pos=np.zeros(pairs, np.float32),
-                       ref_neg=np.zeros(pairs, np.float32), max_continuations=slots)
+    return PackedBatch(
+        input_ids=ids,
+        positions=pos,
+        segment_ids=seg,
+        target_ids=ids,
+        score_slot=slot,
+        vision=vision,
+        pair_pos=pos_i,
+        pair_neg=neg_i,
+        pair_valid=np.ones(pairs, bool),
+        pair_turn=np.ones(pairs, np.int32),
+        ref_pos=np.zeros(pairs, np.float32),
+        ref_neg=np.zeros(pairs, np.float32),
+        max_continuations=slots,
+    )
 
 
 def model_flops(cfg: Qwen2VLConfig, rows: int, length: int, patches: int) -> dict:
@@ -109,8 +134,11 @@ def model_flops(cfg: Qwen2VLConfig, rows: int, length: int, patches: int) -> dic
     n_patch = rows * patches
     block = 2 * n_patch * (3 * e * e + e * e + 2 * e * v.mlp_dim) + 4 * rows * patches * patches * e
     merged = n_patch // v.merge_factor
-    vision = (2 * n_patch * v.patch_dim * e + v.depth * block
-              + 2 * merged * ((v.merge_factor * e) ** 2 + v.merge_factor * e * v.hidden_size))
+    vision = (
+        2 * n_patch * v.patch_dim * e
+        + v.depth * block
+        + 2 * merged * ((v.merge_factor * e) ** 2 + v.merge_factor * e * v.hidden_size)
+    )
     return {"decoder": 3 * decoder, "head": 3 * head, "vision": vision, "total": 3 * (decoder + head) + vision}
 
 
@@ -125,7 +153,7 @@ def matmul_peak(dtype=jnp.bfloat16, n: int = 8192, reps: int = 5) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(f(a, b))
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def spec_peak(device) -> float | None:
@@ -138,13 +166,27 @@ def spec_peak(device) -> float | None:
 
 def run(args) -> dict:
     dev = jax.devices()[0]
-    res = {"device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
-           "python": platform.python_version(),
-           "size": args.size, "rows": args.rows, "length": args.length, "patches": args.patches,
-           "slots": args.slots, "pairs": args.pairs, "remat": not args.no_remat, "dtype": args.dtype}
+    res = {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "size": args.size,
+        "rows": args.rows,
+        "length": args.length,
+        "patches": args.patches,
+        "slots": args.slots,
+        "pairs": args.pairs,
+        "remat": not args.no_remat,
+        "dtype": args.dtype,
+    }
     cfg = (model_2b() if args.size == "2b" else TINY).replace(dtype=args.dtype)
-    config = tdpo.TDPOConfig(model=cfg, remat=not args.no_remat, learning_rate=1e-6,
-                             compute_dtype=None if args.dtype == "float32" else args.dtype)
+    config = tdpo.TDPOConfig(
+        model=cfg,
+        remat=not args.no_remat,
+        learning_rate=1e-6,
+        compute_dtype=None if args.dtype == "float32" else args.dtype,
+    )
     t0 = time.perf_counter()
     params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
     state = tdpo.init_state(params, config, jax.random.PRNGKey(1), freeze_regex=VISION_REGEX)
@@ -158,8 +200,9 @@ def run(args) -> dict:
     res["compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     if mem is not None:
-        res["memory_gb"] = {k: getattr(mem, f"{k}_size_in_bytes") / 1e9
-                            for k in ("argument", "output", "temp", "alias")}
+        res["memory_gb"] = {
+            k: getattr(mem, f"{k}_size_in_bytes") / 1e9 for k in ("argument", "output", "temp", "alias")
+        }
     cost = hlo_flops(compiled.as_text())
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, (list, tuple)) else (xla or {})
@@ -183,8 +226,11 @@ def run(args) -> dict:
     res.update(step_s_median=sec, step_s_all=times, loss=float(m["loss"]))
     peak = args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev)
     measured = matmul_peak(jnp.dtype(args.dtype)) if not args.skip_matmul else None
-    res.update(peak_flops=peak, peak_source="--peak-tflops" if args.peak_tflops else "device kind",
-               matmul_flops_measured=measured)
+    res.update(
+        peak_flops=peak,
+        peak_source="--peak-tflops" if args.peak_tflops else "device kind",
+        matmul_flops_measured=measured,
+    )
     mf, hf = res["model_flops"]["total"], cost.flops
     res["achieved_model_tflops"] = mf / sec / 1e12
     res["achieved_hlo_tflops"] = hf / sec / 1e12
@@ -224,8 +270,10 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(text)
     if status == 0 and "mfu" in res:
-        print(f"MFU {100 * res['mfu']:.1f}% (model {res['achieved_model_tflops']:.1f} TFLOP/s of "
-              f"{res['peak_flops'] / 1e12:.0f}); HFU {100 * res['hfu']:.1f}%; step {res['step_s_median']:.3f} s")
+        print(
+            f"MFU {100 * res['mfu']:.1f}% (model {res['achieved_model_tflops']:.1f} TFLOP/s of "
+            f"{res['peak_flops'] / 1e12:.0f}); HFU {100 * res['hfu']:.1f}%; step {res['step_s_median']:.3f} s"
+        )
     return status
 
 

@@ -26,8 +26,7 @@ COMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: ipl-jax [--version] COMMAND [ARGS...]   (ipl-jax COMMAND --help for its flags)", "",
-             "commands:"]
+    lines = ["usage: ipl-jax [--version] COMMAND [ARGS...]   (ipl-jax COMMAND --help for its flags)", "", "commands:"]
     for name, (_, _, help_) in COMMANDS.items():
         lines.append(f"  {name:<14} {help_}")
     return "\n".join(lines)

@@ -20,8 +20,11 @@ def parser() -> CommandParser:
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="directory of the base job and the variants (reused to resume)")
-    p.add_argument("--variants", default=None,
-                   help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)")
+    p.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)",
+    )
     return p
 
 
@@ -32,8 +35,7 @@ def main(argv: list[str]) -> int:
 
     p = parser()
     args, config = job_config(p, argv)
-    names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants)
-             if v.strip()]
+    names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants) if v.strip()]
     for n in names:
         if n not in VARIANTS:
             p.error(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")

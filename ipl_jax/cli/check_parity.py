@@ -31,8 +31,10 @@ def main(argv: list[str]) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as e:
-        raise UsageError(f"needs torch and transformers (the reference implementation): {e}; install them with "
-                         f"pip install -e '.[test]'") from None
+        raise UsageError(
+            f"needs torch and transformers (the reference implementation): {e}; install them with "
+            f"pip install -e '.[test]'"
+        ) from None
     from ipl_jax.model.parity import compare
 
     try:
@@ -40,8 +42,17 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError, KeyError, OSError) as e:
         raise UsageError(f"--model {args.model}: cannot be read: {e}") from None
     ok = result["max_abs_logit_diff"] <= args.tolerance
-    print(json.dumps({"max_abs_logit_diff": result["max_abs_logit_diff"], "tolerance": args.tolerance, "ok": ok,
-                      "logit_std": result["logit_std"], "num_tokens": result["num_tokens"]}))
+    print(
+        json.dumps(
+            {
+                "max_abs_logit_diff": result["max_abs_logit_diff"],
+                "tolerance": args.tolerance,
+                "ok": ok,
+                "logit_std": result["logit_std"],
+                "num_tokens": result["num_tokens"],
+            }
+        )
+    )
     return 0 if ok else 1
 
 

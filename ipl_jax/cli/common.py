@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ipl_jax.pipeline.validate import UsageError
 

@@ -29,17 +29,28 @@ def parser() -> CommandParser:
     p.add_argument("--split", default="test")
     p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
     p.add_argument("--json", default=None, help="write the metric table as JSON here")
-    p.add_argument("--predictions", default=None, help="write one JSON line per step here (raw turns, action, "
-                   "golden, verdicts; re-scorable with ipl-jax score)")
+    p.add_argument(
+        "--predictions",
+        default=None,
+        help="write one JSON line per step here (raw turns, action, golden, verdicts; re-scorable with ipl-jax score)",
+    )
     p.add_argument("--steps", type=positive_int, default=None, help="evaluate only the first N steps")
     p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32),
-                   metavar=("T1", "T2", "T3", "T4"))
+    p.add_argument(
+        "--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32), metavar=("T1", "T2", "T3", "T4")
+    )
     p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
-    p.add_argument("--blank-screens", action="store_true", help="replace every screenshot by a grey image of "
-                   "its size (the control that shows how much accuracy comes from reading the screen)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    p.add_argument(
+        "--blank-screens",
+        action="store_true",
+        help="replace every screenshot by a grey image of "
+        "its size (the control that shows how much accuracy comes from reading the screen)",
+    )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave malformed dataset records out (and say how many) instead of stopping",
+    )
     return p
 
 
@@ -57,8 +68,10 @@ def load_model(flag: str, directory: str, mesh: bool):
 def keep_steps(episodes, steps):
     """The episodes cut down to ``steps`` (the first N steps of the split), for scoring only what was decoded."""
     kept = {(str(s.episode_id), int(s.step_id)) for s in steps}
-    out = [dataclasses.replace(ep, steps=tuple(s for s in ep.steps if (str(s.episode_id), int(s.step_id)) in kept))
-           for ep in episodes]
+    out = [
+        dataclasses.replace(ep, steps=tuple(s for s in ep.steps if (str(s.episode_id), int(s.step_id)) in kept))
+        for ep in episodes
+    ]
     return [ep for ep in out if ep.steps]
 
 
@@ -78,11 +91,16 @@ def main(argv: list[str]) -> int:
             output_file(path, flag)
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     if args.steps is not None:
-        episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][:args.steps])
+        episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][: args.steps])
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
-    config = EvalConfig(sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
-                        image_config=image_config, batch_size=args.batch_size, fmt=args.fmt, rules=args.rules,
-                        blank_screens=args.blank_screens)
+    config = EvalConfig(
+        sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
+        image_config=image_config,
+        batch_size=args.batch_size,
+        fmt=args.fmt,
+        rules=args.rules,
+        blank_screens=args.blank_screens,
+    )
     records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
     print(format_table(table))
     if args.json:

@@ -17,27 +17,47 @@ from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_d
 PROG = "ipl-jax export"
 
 # Files of a Hugging Face model directory that travel with the weights on export.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-              "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
-              "preprocessor_config.json")
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+)
 
 
 def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None,
-                   help="Hugging Face model directory whose config.json describes the model; its tokenizer and "
-                        "processor files are copied to the output (its weights are exported when no Orbax "
-                        "source is given)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face model directory whose config.json describes the model; its tokenizer and "
+        "processor files are copied to the output (its weights are exported when no Orbax "
+        "source is given)",
+    )
     hidden_alias(p, "--base-model", "model")
-    p.add_argument("--orbax-checkpoint", dest="orbax_checkpoint", default=None,
-                   help="training checkpoint directory written by ipl-jax (Orbax TrainState; LoRA adapters are "
-                        "merged)")
+    p.add_argument(
+        "--orbax-checkpoint",
+        dest="orbax_checkpoint",
+        default=None,
+        help="training checkpoint directory written by ipl-jax (Orbax TrainState; LoRA adapters are merged)",
+    )
     hidden_alias(p, "--checkpoint", "orbax_checkpoint")
-    p.add_argument("--orbax-params", dest="orbax_params", default=None,
-                   help="Orbax checkpoint directory holding a bare params tree")
+    p.add_argument(
+        "--orbax-params",
+        dest="orbax_params",
+        default=None,
+        help="Orbax checkpoint directory holding a bare params tree",
+    )
     hidden_alias(p, "--params", "orbax_params")
-    p.add_argument("--step", type=nonnegative_int, default=None,
-                   help="with --orbax-checkpoint: the step (default: the latest)")
+    p.add_argument(
+        "--step", type=nonnegative_int, default=None, help="with --orbax-checkpoint: the step (default: the latest)"
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     return p

@@ -18,8 +18,12 @@ def parser() -> CommandParser:
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--model-config", dest="model_config", default=None,
-                   help="model overrides: a JSON object or a JSON file (nested or flat Hugging Face layout)")
+    p.add_argument(
+        "--model-config",
+        dest="model_config",
+        default=None,
+        help="model overrides: a JSON object or a JSON file (nested or flat Hugging Face layout)",
+    )
     hidden_alias(p, "--config", "model_config")  # the old spelling
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--scale", type=float, default=None, help="multiply every Linear/Embedding weight by this")
@@ -28,9 +32,13 @@ def parser() -> CommandParser:
     p.add_argument("--min-pixels", type=positive_int, default=DEFAULT_MIN_PIXELS)
     p.add_argument("--max-pixels", type=positive_int, default=DEFAULT_MAX_PIXELS)
     p.add_argument("--zero-biases", action="store_true", help="keep transformers' zero biases / unit norms")
-    for flag, key in (("--hidden-size", "hidden_size"), ("--intermediate-size", "intermediate_size"),
-                      ("--layers", "num_hidden_layers"), ("--heads", "num_attention_heads"),
-                      ("--kv-heads", "num_key_value_heads")):
+    for flag, key in (
+        ("--hidden-size", "hidden_size"),
+        ("--intermediate-size", "intermediate_size"),
+        ("--layers", "num_hidden_layers"),
+        ("--heads", "num_attention_heads"),
+        ("--kv-heads", "num_key_value_heads"),
+    ):
         p.add_argument(flag, type=positive_int, dest=key, default=None, help=f"text {key}")
     p.add_argument("--vision-depth", type=positive_int, default=None)
     p.add_argument("--vision-dim", type=positive_int, default=None, help="vision width (embed_dim; 2.5: hidden_size)")
@@ -59,8 +67,7 @@ def model_overrides(args) -> dict:
     overrides = read_json_arg(args.model_config) if args.model_config else {}
     text_over = dict(overrides.pop("text_config", None) or {})
     vision_over = dict(overrides.pop("vision_config", None) or {})
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads"):
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
         if getattr(args, key) is not None:
             text_over[key] = getattr(args, key)
     vision_width = "hidden_size" if args.arch == "qwen2_5_vl" else "embed_dim"
@@ -85,15 +92,26 @@ def main(argv: list[str]) -> int:
         text = input_file(args.corpus, "--corpus", "a text file").read_text(encoding="utf-8")
         corpus = [ln for ln in text.splitlines() if ln.strip()]
     try:
-        out = make_tiny_checkpoint(args.out, overrides, vocab_size=args.vocab_size, corpus=corpus, seed=args.seed,
-                                   scale=args.scale, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-                                   random_biases=not args.zero_biases, arch=args.arch)
+        out = make_tiny_checkpoint(
+            args.out,
+            overrides,
+            vocab_size=args.vocab_size,
+            corpus=corpus,
+            seed=args.seed,
+            scale=args.scale,
+            min_pixels=args.min_pixels,
+            max_pixels=args.max_pixels,
+            random_biases=not args.zero_biases,
+            arch=args.arch,
+        )
     except (MissingDependency, ValueError) as e:
         raise UsageError(str(e)) from None
     cfg = json.loads((Path(out) / "config.json").read_text())
     t = cfg.get("text_config", cfg)
-    print(f"wrote {out}: vocab {t['vocab_size']}, hidden {t['hidden_size']}, layers {t['num_hidden_layers']}, "
-          f"image_token_id {cfg['image_token_id']}")
+    print(
+        f"wrote {out}: vocab {t['vocab_size']}, hidden {t['hidden_size']}, layers {t['num_hidden_layers']}, "
+        f"image_token_id {cfg['image_token_id']}"
+    )
     return 0
 
 

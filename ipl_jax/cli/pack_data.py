@@ -24,15 +24,27 @@ def parser() -> CommandParser:
     from ipl_jax.data.packed.writer import DATASETS
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--format", required=True, choices=DATASETS, dest="fmt",
-                   help="the source's layout (synthetic: a directory written by ipl-jax synth, AITZ layout)")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=DATASETS,
+        dest="fmt",
+        help="the source's layout (synthetic: a directory written by ipl-jax synth, AITZ layout)",
+    )
     p.add_argument("--data", required=True, help="the source dataset's root directory")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier pack to replace)")
-    p.add_argument("--shards", type=positive_int, default=1,
-                   help="ArrayRecord files per split (a multiple of the number of processes that will read it)")
+    p.add_argument(
+        "--shards",
+        type=positive_int,
+        default=1,
+        help="ArrayRecord files per split (a multiple of the number of processes that will read it)",
+    )
     p.add_argument("--splits", default=None, help="comma-separated splits to pack (default: every split found)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="leave malformed source records out (counted in the metadata) instead of stopping")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave malformed source records out (counted in the metadata) instead of stopping",
+    )
     return p
 
 
@@ -52,16 +64,26 @@ def main(argv: list[str]) -> int:
         raise UsageError(str(e)) from None
     missing = [s for s in (splits or available) if s not in available]
     if missing or not available:
-        raise UsageError(f"--data {root}: no split {', '.join(missing) or '(none found)'} in this {args.fmt} data "
-                         f"(found: {', '.join(available) or 'none'}; check --format)")
+        raise UsageError(
+            f"--data {root}: no split {', '.join(missing) or '(none found)'} in this {args.fmt} data "
+            f"(found: {', '.join(available) or 'none'}; check --format)"
+        )
 
     def on_split(split, n_episodes, skipped):
         report_skipped(PROG, skipped, f"{root} split {split!r}")
 
     bar = progress(desc="pack-data", unit="step")
     try:
-        meta = pack_dataset(args.fmt, root, out, shards=args.shards, splits=splits, skip_bad=args.skip_bad,
-                            on_split=on_split, on_step=lambda: bar.update(1))
+        meta = pack_dataset(
+            args.fmt,
+            root,
+            out,
+            shards=args.shards,
+            splits=splits,
+            skip_bad=args.skip_bad,
+            on_split=on_split,
+            on_step=lambda: bar.update(1),
+        )
     finally:
         bar.close()
     for split, info in meta["splits"].items():

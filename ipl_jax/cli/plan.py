@@ -34,8 +34,9 @@ def parser() -> CommandParser:
     where.add_argument("--devices", type=positive_int, help="plan for N (fake) CPU devices")
     where.add_argument("--topology", help="plan for a TPU slice: v5p-16, v5e-16, ... or v5p:2x2x2")
     p.add_argument("--mesh", help="axis sizes data=D,fsdp=F,tensor=T (default: the config's mesh section)")
-    p.add_argument("--arch", default="auto", help="auto (checkpoint, config name, config.model), qwen2-vl-2b or "
-                                                  "qwen2-vl-7b")
+    p.add_argument(
+        "--arch", default="auto", help="auto (checkpoint, config name, config.model), qwen2-vl-2b or qwen2-vl-7b"
+    )
     p.add_argument("--dtype", default=None, help="compute dtype (default: config.model.dtype if set, else bfloat16)")
     p.add_argument("--frozen-dtype", default=None, help="storage of frozen weights (default: the compute dtype)")
     p.add_argument("--remat", choices=("on", "off"), default="on", help="rematerialise decoder layers in training")
@@ -80,8 +81,10 @@ def _prepare_backend(args, argv) -> int | None:
             os.environ.update(env)
             return None
         if os.environ.get(_CHILD):
-            raise UsageError(f"--devices {args.devices}: JAX started with {jax.device_count()} "
-                             f"{jax.default_backend()} devices; set XLA_FLAGS before starting the process")
+            raise UsageError(
+                f"--devices {args.devices}: JAX started with {jax.device_count()} "
+                f"{jax.default_backend()} devices; set XLA_FLAGS before starting the process"
+            )
         child = {**os.environ, **env, _CHILD: "1"}
         if args.devices:
             child["XLA_FLAGS"] = _xla_flags(child.get("XLA_FLAGS", ""), args.devices)
@@ -122,8 +125,10 @@ def _check_early(args, config, plan_lib, settings, mesh_arg) -> None:
         topology_name(args.topology)
         plan_lib.check_dtype(settings, "tpu")
         if importlib.util.find_spec("libtpu") is None:
-            raise UsageError(f"--topology {args.topology}: no TPU compiler installed (libtpu); install the tpu-plan "
-                             "extra: pip install 'ipl-jax[tpu-plan]'")
+            raise UsageError(
+                f"--topology {args.topology}: no TPU compiler installed (libtpu); install the tpu-plan "
+                "extra: pip install 'ipl-jax[tpu-plan]'"
+            )
 
 
 @command(PROG)
@@ -137,8 +142,12 @@ def main(argv: list[str]) -> int:
         mesh_arg = plan_lib.parse_mesh(args.mesh) if args.mesh else None
         arch, cfg = plan_lib.model_config(config, args.config or "", args.arch)
         dtype = args.dtype or str(config.model.get("dtype", "") or "bfloat16")
-        settings = plan_lib.PlanSettings(compute_dtype=dtype, remat=args.remat == "on", frozen_dtype=args.frozen_dtype,
-                                         programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()))
+        settings = plan_lib.PlanSettings(
+            compute_dtype=dtype,
+            remat=args.remat == "on",
+            frozen_dtype=args.frozen_dtype,
+            programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()),
+        )
         _check_early(args, config, plan_lib, settings, mesh_arg)
         status = _prepare_backend(args, argv)
         if status is not None:
@@ -149,22 +158,39 @@ def main(argv: list[str]) -> int:
         mesh = make_mesh(shape, devices=devices)
         where = f"{len(devices)} {platform} devices" + (f" ({args.topology})" if args.topology else "")
         info = plan_lib.describe(cfg)
-        header = (f"plan of {args.config} ({arch}, {info['params'] / 1e9:.2f}B params) on {where}, mesh "
-                  f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen weights "
-                  f"{args.frozen_dtype or dtype}, remat {args.remat}; per device (XLA FLOP: cost_analysis, loop "
-                  "bodies counted once)")
+        header = (
+            f"plan of {args.config} ({arch}, {info['params'] / 1e9:.2f}B params) on {where}, mesh "
+            f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen weights "
+            f"{args.frozen_dtype or dtype}, remat {args.remat}; per device (XLA FLOP: cost_analysis, loop "
+            "bodies counted once)"
+        )
         print(header, file=sys.stderr)
-        plans = plan_lib.plan_job(config, cfg, mesh, settings, on_program=lambda pl: print(
-            f"  compiled {pl.name} in {pl.compile_s:.1f}s", file=sys.stderr))
+        plans = plan_lib.plan_job(
+            config,
+            cfg,
+            mesh,
+            settings,
+            on_program=lambda pl: print(f"  compiled {pl.name} in {pl.compile_s:.1f}s", file=sys.stderr),
+        )
     except plan_lib.PlanError as e:
         raise UsageError(str(e)) from None
     print(plan_lib.format_table(plans, header, args.budget_gb))
     if args.json:
-        doc = {"config": args.config, "arch": arch, "model": info, "platform": platform, "devices": len(devices),
-               "topology": args.topology, "mesh": dict(zip(("data", "fsdp", "tensor"), shape)),
-               "settings": {"compute_dtype": dtype, "remat": args.remat == "on",
-                            "frozen_dtype": args.frozen_dtype or dtype},
-               "programs": {pl.name: pl.as_dict() for pl in plans}}
+        doc = {
+            "config": args.config,
+            "arch": arch,
+            "model": info,
+            "platform": platform,
+            "devices": len(devices),
+            "topology": args.topology,
+            "mesh": dict(zip(("data", "fsdp", "tensor"), shape)),
+            "settings": {
+                "compute_dtype": dtype,
+                "remat": args.remat == "on",
+                "frozen_dtype": args.frozen_dtype or dtype,
+            },
+            "programs": {pl.name: pl.as_dict() for pl in plans},
+        }
         write_text(args.json, json.dumps(doc, indent=2))
     return 0
 

@@ -15,8 +15,16 @@ import sys
 import time
 from pathlib import Path
 
-from ipl_jax.cli.common import (CommandParser, command, hidden_alias, nonnegative_int, positive_int, require,
-                                seed_int, write_text)
+from ipl_jax.cli.common import (
+    CommandParser,
+    command,
+    hidden_alias,
+    nonnegative_int,
+    positive_int,
+    require,
+    seed_int,
+    write_text,
+)
 from ipl_jax.cli.eval import load_model
 from ipl_jax.cli.score import load_split
 from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
@@ -38,8 +46,9 @@ def parser() -> CommandParser:
     p.add_argument("--out", required=True, help="output JSONL, one tree per line")
     p.add_argument("--html", default=None, help="also write a self-contained HTML viewer here")
     p.add_argument("--branching", type=positive_int, nargs=4, default=(3, 3, 3, 1), metavar=("B1", "B2", "B3", "B4"))
-    p.add_argument("--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32),
-                   metavar=("T1", "T2", "T3", "T4"))
+    p.add_argument(
+        "--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32), metavar=("T1", "T2", "T3", "T4")
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="turns 1-3; the grounding turn is greedy")
     p.add_argument("--top-k", type=nonnegative_int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -47,8 +56,11 @@ def parser() -> CommandParser:
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--discount", type=float, default=0.95, help="value backup discount c (docs/method.md §5)")
     p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave malformed dataset records out (and say how many) instead of stopping",
+    )
     return p
 
 
@@ -62,34 +74,51 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     require(p, args, "model", "--model")
     if not (args.temperature >= 0 and 0 < args.top_p <= 1 and 0 < args.discount <= 1):
-        raise UsageError(f"--temperature must be >= 0, --top-p in (0, 1] and --discount in (0, 1]; got "
-                         f"{args.temperature}, {args.top_p}, {args.discount}")
+        raise UsageError(
+            f"--temperature must be >= 0, --top-p in (0, 1] and --discount in (0, 1]; got "
+            f"{args.temperature}, {args.top_p}, {args.discount}"
+        )
     model_dir(args.model, "--model")
     input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     output_file(args.out, "--out")
     if args.html:
         output_file(args.html, "--html")
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
-    steps = [s for ep in episodes for s in ep.steps][:args.steps]
+    steps = [s for ep in episodes for s in ep.steps][: args.steps]
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     t = float(args.temperature)
     try:
         config = SamplerConfig.for_tokenizer(
-            tokenizer, branching=tuple(args.branching), max_turn_tokens=tuple(args.max_turn_tokens),
-            temperature=(t, t, t, 0.0), top_k=args.top_k, top_p=args.top_p)
+            tokenizer,
+            branching=tuple(args.branching),
+            max_turn_tokens=tuple(args.max_turn_tokens),
+            temperature=(t, t, t, 0.0),
+            top_k=args.top_k,
+            top_p=args.top_p,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     t0 = time.time()
-    records, counts = sample_records(params, cfg, tokenizer, image_config, steps, config, args.seed,
-                                     min(args.batch_size, len(steps)), mesh, rules=DEFAULT_RULES.get(args.fmt, "aitz"),
-                                     discount=args.discount)
+    records, counts = sample_records(
+        params,
+        cfg,
+        tokenizer,
+        image_config,
+        steps,
+        config,
+        args.seed,
+        min(args.batch_size, len(steps)),
+        mesh,
+        rules=DEFAULT_RULES.get(args.fmt, "aitz"),
+        discount=args.discount,
+    )
     seconds = time.time() - t0
     write_text(args.out, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
     if args.html:
         from ipl_jax.viz.viewer import write_html
 
         images = []
-        for s in steps[:len(records)]:
+        for s in steps[: len(records)]:
             try:
                 images.append(s.load_image())
             except (OSError, ValueError):
@@ -99,8 +128,17 @@ def main(argv: list[str]) -> int:
     leaves = 1
     for b in config.branching:
         leaves *= int(b)
-    print(json.dumps({"trees": n, "leaves_per_tree": leaves, "seconds": round(seconds, 2),
-                      **{k: v / n for k, v in counts.items()}, "out": str(args.out)}))
+    print(
+        json.dumps(
+            {
+                "trees": n,
+                "leaves_per_tree": leaves,
+                "seconds": round(seconds, 2),
+                **{k: v / n for k, v in counts.items()},
+                "out": str(args.out),
+            }
+        )
+    )
     return 0
 
 

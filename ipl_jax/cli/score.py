@@ -24,14 +24,23 @@ def parser() -> CommandParser:
     p.add_argument("--data", required=True, help="dataset root directory")
     p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
     p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/eval/evaluate.py)")
-    p.add_argument("--split", default="test",
-                   help="dataset split (default: test; for AMEX 'all' reads every episode file)")
-    p.add_argument("--rules", choices=tuple(RULES), default=None,
-                   help="matching rule set (default: the format's own: " +
-                        ", ".join(f"{k}->{v}" for k, v in DEFAULT_RULES.items()) + ")")
+    p.add_argument(
+        "--split", default="test", help="dataset split (default: test; for AMEX 'all' reads every episode file)"
+    )
+    p.add_argument(
+        "--rules",
+        choices=tuple(RULES),
+        default=None,
+        help="matching rule set (default: the format's own: "
+        + ", ".join(f"{k}->{v}" for k, v in DEFAULT_RULES.items())
+        + ")",
+    )
     p.add_argument("--json", default=None, help="also write the metric table as JSON to this file")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave malformed dataset records out (and say how many) instead of stopping",
+    )
     return p
 
 
@@ -49,8 +58,9 @@ def load_split(prog: str, data: str, fmt: str, split, skip_bad: bool):
         raise UsageError(f"--data {data} --split {split}: {e}") from None
     report_skipped(prog, skipped, f"{data} ({fmt}, split {split})")
     if not episodes:
-        raise UsageError(f"--data {data}: no episodes in split {split!r} (format {fmt}); check --data, --format "
-                         f"and --split")
+        raise UsageError(
+            f"--data {data}: no episodes in split {split!r} (format {fmt}); check --data, --format and --split"
+        )
     return episodes
 
 
@@ -72,8 +82,10 @@ def main(argv: list[str]) -> int:
     table["steps_without_prediction"] = sum(k not in predictions for k in step_keys)
     print(format_table(table))
     if table["predictions_unmatched"] or table["steps_without_prediction"]:
-        print(f"\nnote: {table['steps_without_prediction']} steps had no prediction (scored as misses); "
-              f"{table['predictions_unmatched']} predictions matched no step of the split (ignored)")
+        print(
+            f"\nnote: {table['steps_without_prediction']} steps had no prediction (scored as misses); "
+            f"{table['predictions_unmatched']} predictions matched no step of the split (ignored)"
+        )
     if args.json:
         write_text(args.json, json.dumps(table, indent=2) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """``ipl-jax select-seed``: score policy models by Acc_S and Div_R (docs/method.md §9) and choose the seed.
 
-    ipl-jax select-seed --models DIR [DIR ...] --data DIR [--format aitz] [--split train] [--steps N]
-                        [--embedder auto|minilm|tfidf] [--diversity-weight 0.1] [--json OUT] [--config ...]
+ipl-jax select-seed --models DIR [DIR ...] --data DIR [--format aitz] [--split train] [--steps N]
+                    [--embedder auto|minilm|tfidf] [--diversity-weight 0.1] [--json OUT] [--config ...]
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ def parser() -> CommandParser:
     p.add_argument("--embedder", choices=EMBEDDERS, default=None)
     p.add_argument("--diversity-weight", type=float, default=None)
     p.add_argument("--json", default=None, help="write the scores and the choice as JSON")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="leave malformed dataset records out (and say how many) instead of stopping")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave malformed dataset records out (and say how many) instead of stopping",
+    )
     return p
 
 
@@ -65,12 +68,25 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--embedder {embedder}: {e}") from None
     chosen = choose(scores, float(weight))
     print(format_scores(scores, chosen))
-    print(f"\nseed: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "
-          f"{len(steps)} steps, embedder {kind})")
+    print(
+        f"\nseed: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "
+        f"{len(steps)} steps, embedder {kind})"
+    )
     if args.json:
-        write_text(args.json, json.dumps({"candidates": [s.to_json() for s in scores], "chosen": chosen,
-                                          "seed": scores[chosen].name, "embedder": kind,
-                                          "diversity_weight": weight, "steps": len(steps)}, indent=1))
+        write_text(
+            args.json,
+            json.dumps(
+                {
+                    "candidates": [s.to_json() for s in scores],
+                    "chosen": chosen,
+                    "seed": scores[chosen].name,
+                    "embedder": kind,
+                    "diversity_weight": weight,
+                    "steps": len(steps),
+                },
+                indent=1,
+            ),
+        )
     return 0
 
 

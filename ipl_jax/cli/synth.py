@@ -31,16 +31,35 @@ def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="root directory; a split goes to OUT/NAME/<subset>/...")
     p.add_argument("--split", default="train", choices=SPLITS + ("all",))
-    p.add_argument("--episodes", type=nonnegative_int, default=None,
-                   help="episodes to write (default: the split's default size; with --split all, train's size "
-                        "and the others scaled alike)")
+    p.add_argument(
+        "--episodes",
+        type=nonnegative_int,
+        default=None,
+        help="episodes to write (default: the split's default size; with --split all, train's size "
+        "and the others scaled alike)",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, 0 .. 2**32-1")
-    p.add_argument("--world", nargs="+", action="extend", default=[], metavar="K=V",
-                   help="WorldConfig field overrides, e.g. width=252 height=504 n_contacts=4,20")
-    p.add_argument("--with-meta", action="store_true",
-                   help="add a synth_meta field (app, page, subset, transitions, intent) to every step record")
-    p.add_argument("--png-level", type=int, default=1, choices=PNG_LEVELS, metavar="0..9",
-                   help="PNG compression level 0..9 (1: fast, ~20%% larger than 6)")
+    p.add_argument(
+        "--world",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="K=V",
+        help="WorldConfig field overrides, e.g. width=252 height=504 n_contacts=4,20",
+    )
+    p.add_argument(
+        "--with-meta",
+        action="store_true",
+        help="add a synth_meta field (app, page, subset, transitions, intent) to every step record",
+    )
+    p.add_argument(
+        "--png-level",
+        type=int,
+        default=1,
+        choices=PNG_LEVELS,
+        metavar="0..9",
+        help="PNG compression level 0..9 (1: fast, ~20%% larger than 6)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace split folders that already hold files")
     return p
 
@@ -95,8 +114,10 @@ def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
     busy = [out / s for s in splits if (out / s).is_dir() and any((out / s).iterdir())]
     if busy and not overwrite:
         n = sum(1 for _ in busy[0].glob("*/*/*.json"))
-        raise UsageError(f"--out {out}: split folder {busy[0]} already holds files ({n} episodes); pass "
-                         f"--overwrite to replace it, or choose another --out")
+        raise UsageError(
+            f"--out {out}: split folder {busy[0]} already holds files ({n} episodes); pass "
+            f"--overwrite to replace it, or choose another --out"
+        )
     for d in busy:
         shutil.rmtree(d)
     for s in splits:
@@ -117,17 +138,30 @@ def main(argv: list[str]) -> int:
     for split, n in plan.items():
         t0 = time.perf_counter()
         episodes = generate_split(split, n, seed=args.seed, config=world)
-        split_dir = write_aitz_split(progress(episodes, desc=f"synth {split}", unit="episode"), out, split,
-                                     compress_level=args.png_level, with_meta=args.with_meta)
+        split_dir = write_aitz_split(
+            progress(episodes, desc=f"synth {split}", unit="episode"),
+            out,
+            split,
+            compress_level=args.png_level,
+            with_meta=args.with_meta,
+        )
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
         n_steps = sum(types.values())
-        info = {"split": split, "episodes": len(episodes), "steps": n_steps, "seed": args.seed,
-                "action_types": dict(sorted(types.items())), "config": config_to_json(world)}
+        info = {
+            "split": split,
+            "episodes": len(episodes),
+            "steps": n_steps,
+            "seed": args.seed,
+            "action_types": dict(sorted(types.items())),
+            "config": config_to_json(world),
+        }
         split_dir.mkdir(parents=True, exist_ok=True)
         (split_dir / "synth_info.json").write_text(json.dumps(info, indent=1))
         shares = ", ".join(f"{k} {v / max(1, n_steps):.0%}" for k, v in sorted(types.items()))
-        print(f"{split}: {len(episodes)} episodes, {n_steps} steps -> {split_dir} "
-              f"({time.perf_counter() - t0:.1f} s; {shares})")
+        print(
+            f"{split}: {len(episodes)} episodes, {n_steps} steps -> {split_dir} "
+            f"({time.perf_counter() - t0:.1f} s; {shares})"
+        )
     return 0
 
 

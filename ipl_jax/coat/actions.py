@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
 
 ACTION_TYPES = ("click", "long_press", "type", "scroll", "press", "stop", "open_app", "wait")
 # The five types of the CoaT action turn, in the order used by metric tables.
@@ -44,13 +43,13 @@ class Action:
     """One GUI action in normalised form (see the module docstring)."""
 
     type: str
-    point: Optional[tuple[float, float]] = None
-    box: Optional[tuple[float, float, float, float]] = None
-    text: Optional[str] = None
-    direction: Optional[str] = None
-    button: Optional[str] = None
-    target: Optional[str] = None
-    status: Optional[str] = None  # for stop: "complete" (default) or "impossible"
+    point: tuple[float, float] | None = None
+    box: tuple[float, float, float, float] | None = None
+    text: str | None = None
+    direction: str | None = None
+    button: str | None = None
+    target: str | None = None
+    status: str | None = None  # for stop: "complete" (default) or "impossible"
     parsed: bool = True
 
     def to_json(self) -> dict:
@@ -65,7 +64,7 @@ class Action:
         return out
 
     @staticmethod
-    def from_json(d: dict) -> "Action":
+    def from_json(d: dict) -> Action:
         kw = dict(d)
         for f in ("point", "box"):
             if kw.get(f) is not None:
@@ -129,13 +128,22 @@ _INT = r"\s*(-?\d+(?:\.\d+)?)\s*"
 _BOX = re.compile(r"\(" + _INT + "," + _INT + r"\)\s*,?\s*\(" + _INT + "," + _INT + r"\)")
 _POINT = re.compile(r"\(" + _INT + "," + _INT + r"\)")
 _TYPE_ALIASES = {
-    "click": "click", "tap": "click", "long_press": "long_press", "long-press": "long_press",
-    "type": "type", "input": "type", "scroll": "scroll", "swipe": "scroll", "press": "press",
-    "stop": "stop", "open_app": "open_app", "wait": "wait",
+    "click": "click",
+    "tap": "click",
+    "long_press": "long_press",
+    "long-press": "long_press",
+    "type": "type",
+    "input": "type",
+    "scroll": "scroll",
+    "swipe": "scroll",
+    "press": "press",
+    "stop": "stop",
+    "open_app": "open_app",
+    "wait": "wait",
 }
 
 
-def _unquote(s: str) -> Optional[str]:
+def _unquote(s: str) -> str | None:
     m = _QUOTED.match(s)
     if m is None:
         return None
@@ -185,7 +193,7 @@ def parse_action_text(text: str) -> Action:
     return invalid_action()
 
 
-def parse_grounding(text: str) -> Optional[tuple[float, float, float, float]]:
+def parse_grounding(text: str) -> tuple[float, float, float, float] | None:
     """Parse a grounding-turn text (s4) into a box in screen fractions, or None. Never raises.
 
     A box ``(x1,y1),(x2,y2)`` in 0..1000 (with or without the box tokens) is accepted; a single point ``(x,y)``
@@ -208,7 +216,7 @@ def parse_grounding(text: str) -> Optional[tuple[float, float, float, float]]:
     return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
 
 
-def parse_action(action_text: str, grounding_text: Optional[str] = None) -> Action:
+def parse_action(action_text: str, grounding_text: str | None = None) -> Action:
     """Parse the action turn and, for click / long_press, the grounding turn. Never raises.
 
     A click whose grounding does not parse keeps its type (it can still earn the type reward) but has no point.

@@ -36,7 +36,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ipl_jax.coat.actions import ACTION_TYPES, DIRECTIONS, Action, box_center, invalid_action
 
@@ -61,7 +62,7 @@ class MatchRules:
     """
 
     name: str
-    box_scale: Optional[float] = 1.2
+    box_scale: float | None = 1.2
     click_threshold: float = 0.14
     distance: str = "screen"
     elements: str = "all"
@@ -92,7 +93,7 @@ DEFAULT_RULES = {"aitz": "aitz", "amex": "amex", "androidcontrol": "androidcontr
 FORMATS = tuple(DEFAULT_RULES)
 
 
-def get_rules(rules: "str | MatchRules") -> MatchRules:
+def get_rules(rules: str | MatchRules) -> MatchRules:
     if isinstance(rules, MatchRules):
         return rules
     if rules not in RULES:
@@ -116,17 +117,17 @@ class Verdict:
 # ------------------------------------------------------------------------------------------------ text
 
 
-def normalise_text(text: Optional[str]) -> str:
+def normalise_text(text: str | None) -> str:
     """The form texts are compared in: lower-case, stripped."""
     return (text or "").lower().strip()
 
 
-def text_tokens(text: Optional[str]) -> list[str]:
+def text_tokens(text: str | None) -> list[str]:
     """The tokens of token-level F1: lower-cased whitespace-separated words."""
     return (text or "").lower().split()
 
 
-def token_f1(pred: Optional[str], gold: Optional[str]) -> float:
+def token_f1(pred: str | None, gold: str | None) -> float:
     """Token-level F1 of two texts over multisets of ``text_tokens``. Both empty -> 1.0, one empty -> 0.0."""
     p, g = text_tokens(pred), text_tokens(gold)
     if not p or not g:
@@ -138,7 +139,7 @@ def token_f1(pred: Optional[str], gold: Optional[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def text_contains_match(pred: Optional[str], gold: Optional[str]) -> bool:
+def text_contains_match(pred: str | None, gold: str | None) -> bool:
     """AITZ's type rule: after lower/strip, either text contains the other (an empty prediction needs an empty gold)."""
     p, g = normalise_text(pred), normalise_text(gold)
     if not p:
@@ -163,7 +164,7 @@ def in_box(point: Sequence[float], box: Sequence[float]) -> bool:
     return box[0] <= x <= box[2] and box[1] <= y <= box[3]
 
 
-def finite_point(p) -> Optional[tuple[float, float]]:
+def finite_point(p) -> tuple[float, float] | None:
     """(x, y) as floats when ``p`` holds two finite numbers, else None (a malformed prediction is a miss)."""
     try:
         x, y = float(p[0]), float(p[1])
@@ -222,7 +223,7 @@ def _match_text(pred: Action, gold: Action, rules: MatchRules) -> tuple[bool, di
     return ok, {"rule": "equal_or_f1" if ok else "miss", "f1": f1}
 
 
-def _axis(direction: Optional[str]) -> Optional[str]:
+def _axis(direction: str | None) -> str | None:
     if direction in ("up", "down"):
         return "vertical"
     if direction in ("left", "right"):
@@ -234,8 +235,8 @@ def match_action(
     pred: Action,
     gold: Action,
     elements: Sequence[UIElement] = (),
-    screen_size: Optional[tuple[int, int]] = None,
-    rules: "str | MatchRules" = "aitz",
+    screen_size: tuple[int, int] | None = None,
+    rules: str | MatchRules = "aitz",
 ) -> Verdict:
     """Judge ``pred`` against the golden action ``gold`` on a screen with golden ``elements``.
 
@@ -266,7 +267,7 @@ def match_action(
     return Verdict(True, bool(ok), details)
 
 
-def match_step(pred: Optional[Action], step: Step, rules: "str | MatchRules" = "aitz") -> Verdict:
+def match_step(pred: Action | None, step: Step, rules: str | MatchRules = "aitz") -> Verdict:
     """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step."""
     if pred is None:
         pred = invalid_action()

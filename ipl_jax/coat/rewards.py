@@ -43,7 +43,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +52,7 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.coat.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
-from ipl_jax.coat.metrics import (MatchRules, enlarge_box, finite_point, get_rules, in_box, normalise_text,
-                                  text_tokens)
+from ipl_jax.coat.metrics import MatchRules, enlarge_box, finite_point, get_rules, in_box, normalise_text, text_tokens
 
 if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
     from ipl_jax.data.records import Step
@@ -77,11 +77,13 @@ class RewardConfig:
 
     v_type: float = 0.1
     v_format: float = 0.1
-    rules: Union[str, MatchRules] = "aitz"
+    rules: str | MatchRules = "aitz"
 
     def __post_init__(self):
         if not (0.0 <= self.v_type and 0.0 <= self.v_format and self.v_type + self.v_format <= 1.0):
-            raise ValueError(f"need v_type, v_format >= 0 and v_type + v_format <= 1, got {self.v_type}, {self.v_format}")
+            raise ValueError(
+                f"need v_type, v_format >= 0 and v_type + v_format <= 1, got {self.v_type}, {self.v_format}"
+            )
         get_rules(self.rules)  # fail early on an unknown name
 
 
@@ -177,7 +179,7 @@ def _index(value, choices) -> int:
     return choices.index(value) if value in choices else -1
 
 
-def encode_actions(actions: Sequence[Optional[Action]], max_chars: int = 128, max_words: int = 32) -> PredictedActions:
+def encode_actions(actions: Sequence[Action | None], max_chars: int = 128, max_words: int = 32) -> PredictedActions:
     """Predicted actions (None or unparsed: invalid) as ``PredictedActions`` with leading shape ``[N]``.
 
     Never raises on an action's content. Reshape the result with :func:`reshape_leading` (e.g. to
@@ -185,11 +187,16 @@ def encode_actions(actions: Sequence[Optional[Action]], max_chars: int = 128, ma
     """
     n = len(actions)
     out = {
-        "type_id": np.full(n, INVALID_ID, np.int32), "has_point": np.zeros(n, bool),
-        "point": np.zeros((n, 2), np.float32), "has_text": np.zeros(n, bool),
-        "chars": np.zeros((n, max_chars), np.int32), "num_chars": np.zeros(n, np.int32),
-        "words": np.zeros((n, max_words), np.int32), "num_words": np.zeros(n, np.int32),
-        "direction": np.full(n, -1, np.int32), "button": np.full(n, -1, np.int32),
+        "type_id": np.full(n, INVALID_ID, np.int32),
+        "has_point": np.zeros(n, bool),
+        "point": np.zeros((n, 2), np.float32),
+        "has_text": np.zeros(n, bool),
+        "chars": np.zeros((n, max_chars), np.int32),
+        "num_chars": np.zeros(n, np.int32),
+        "words": np.zeros((n, max_words), np.int32),
+        "num_words": np.zeros(n, np.int32),
+        "direction": np.full(n, -1, np.int32),
+        "button": np.full(n, -1, np.int32),
     }
     for i, a in enumerate(actions):
         t = _type_id(a)
@@ -222,12 +229,18 @@ def encode_golden(
     """
     n = len(steps)
     out = {
-        "type_id": np.zeros(n, np.int32), "point": np.zeros((n, 2), np.float32),
-        "chars": np.zeros((n, max_chars), np.int32), "num_chars": np.zeros(n, np.int32),
-        "words": np.zeros((n, max_words), np.int32), "num_words": np.zeros(n, np.int32),
-        "direction": np.full(n, -1, np.int32), "button": np.full(n, -1, np.int32),
-        "boxes": np.zeros((n, max_elements, 4), np.float32), "box_mask": np.zeros((n, max_elements), bool),
-        "box_clickable": np.zeros((n, max_elements), bool), "aspect": np.ones(n, np.float32),
+        "type_id": np.zeros(n, np.int32),
+        "point": np.zeros((n, 2), np.float32),
+        "chars": np.zeros((n, max_chars), np.int32),
+        "num_chars": np.zeros(n, np.int32),
+        "words": np.zeros((n, max_words), np.int32),
+        "num_words": np.zeros(n, np.int32),
+        "direction": np.full(n, -1, np.int32),
+        "button": np.full(n, -1, np.int32),
+        "boxes": np.zeros((n, max_elements, 4), np.float32),
+        "box_mask": np.zeros((n, max_elements), bool),
+        "box_clickable": np.zeros((n, max_elements), bool),
+        "aspect": np.ones(n, np.float32),
     }
     for i, step in enumerate(steps):
         a = step.action
@@ -364,9 +377,13 @@ def exact_match(pred: PredictedActions, gold: GoldenActions, rules: MatchRules) 
     is_point = (t == CLICK_ID) | (t == LONG_PRESS_ID)
     is_text = (t == TYPE_ID) | (t == OPEN_APP_ID)
     rule_ok = jnp.where(
-        is_point, _point_exact(pred, gold, rules),
-        jnp.where(is_text, _text_exact(pred, gold, rules),
-                  jnp.where(t == SCROLL_ID, scroll_ok, jnp.where(t == PRESS_ID, press_ok, True))),
+        is_point,
+        _point_exact(pred, gold, rules),
+        jnp.where(
+            is_text,
+            _text_exact(pred, gold, rules),
+            jnp.where(t == SCROLL_ID, scroll_ok, jnp.where(t == PRESS_ID, press_ok, True)),
+        ),
     )
     return type_match & rule_ok, type_match
 

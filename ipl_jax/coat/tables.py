@@ -12,7 +12,8 @@ adds ``grounding`` (golden-click exact matches ÷ golden-click type matches) and
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ipl_jax.coat.actions import CORE_TYPES, Action
 from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, MatchRules, Verdict, get_rules, match_step
@@ -31,10 +32,10 @@ class StepResult:
     parsed: bool
     verdict: Verdict
     subsplits: tuple[str, ...] = ()
-    app: Optional[str] = None
+    app: str | None = None
 
 
-def _frac(num: int, den: int) -> Optional[float]:
+def _frac(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
@@ -48,7 +49,7 @@ def type_row(results: Sequence[StepResult]) -> dict:
     }
 
 
-def grounding_acc(results: Sequence[StepResult]) -> Optional[float]:
+def grounding_acc(results: Sequence[StepResult]) -> float | None:
     """AndroidControl grounding: golden-click exact matches ÷ golden-click type matches (None if none)."""
     clicks = [r for r in results if r.gold_type == "click" and r.verdict.type_match]
     return _frac(sum(r.verdict.exact_match for r in clicks), len(clicks))
@@ -120,7 +121,7 @@ def _meta(step: Step, episode: Episode, key: str):
 def score_steps(
     episodes: Sequence[Episode],
     predictions: Mapping[tuple[str, int], Action],
-    rules: "str | MatchRules" = "aitz",
+    rules: str | MatchRules = "aitz",
 ) -> list[StepResult]:
     """Judge every step of ``episodes`` against ``predictions[(episode_id, step_id)]`` (a missing key is a miss)."""
     rules = get_rules(rules)
@@ -149,7 +150,7 @@ def score_episodes(
     episodes: Sequence[Episode],
     predictions: Mapping[tuple[str, int], Action],
     fmt: str = "aitz",
-    rules: "str | MatchRules | None" = None,
+    rules: str | MatchRules | None = None,
 ) -> dict:
     """The metric table of ``fmt`` for predicted actions keyed by ``(episode_id, step_id)``.
 
@@ -165,14 +166,17 @@ def score_episodes(
     return table
 
 
-def _pct(v: Optional[float]) -> str:
+def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100.0 * v:6.2f}"
 
 
 def format_table(table: dict) -> str:
     """A plain-text rendering of a ``score_episodes`` table (percentages)."""
-    lines = [f"format {table.get('format', '?')}, rules {table.get('rules', '?')}: "
-             f"{table['steps']} steps in {table['episodes']} episodes", ""]
+    lines = [
+        f"format {table.get('format', '?')}, rules {table.get('rules', '?')}: "
+        f"{table['steps']} steps in {table['episodes']} episodes",
+        "",
+    ]
     lines.append(f"{'':<12}{'count':>8}{'type %':>10}{'exact %':>10}")
     type_names = [k for k, v in table.items() if isinstance(v, dict) and "exact_acc" in v and k != "total"]
     for name in type_names + ["total"]:

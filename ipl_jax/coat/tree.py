@@ -22,7 +22,7 @@ node ``n`` at level ``t`` is ``n // bt`` at level ``t-1``.
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ TURN_NAMES = ("description", "thought", "action", "grounding")
 ACTION_TURN = 3  # s3
 GROUNDING_TURN = 4  # s4
 
-IntLike = Union[int, np.ndarray, jax.Array]
+IntLike = int | np.ndarray | jax.Array
 
 
 # --------------------------------------------------------------------------------------------- index algebra
@@ -117,14 +117,14 @@ def leaf_paths(branching: Sequence[int]) -> np.ndarray:
 def flatten_level(x: jax.Array, level: int, batch_dims: int = 1) -> jax.Array:
     """Merge the ``level`` branching axes after ``batch_dims`` leading axes: [B, b1..bt, ...] -> [B, n_t, ...]."""
     lead = x.shape[:batch_dims]
-    rest = x.shape[batch_dims + level:]
-    return x.reshape(lead + (math.prod(x.shape[batch_dims:batch_dims + level]),) + rest)
+    rest = x.shape[batch_dims + level :]
+    return x.reshape(lead + (math.prod(x.shape[batch_dims : batch_dims + level]),) + rest)
 
 
 def unflatten_level(x: jax.Array, branching: Sequence[int], level: int, batch_dims: int = 1) -> jax.Array:
     """Inverse of :func:`flatten_level`: [B, n_t, ...] -> [B, b1..bt, ...]."""
     lead = x.shape[:batch_dims]
-    rest = x.shape[batch_dims + 1:]
+    rest = x.shape[batch_dims + 1 :]
     return x.reshape(lead + tuple(branching[:level]) + rest)
 
 
@@ -134,7 +134,7 @@ def leaves_below(leaf_array: jax.Array, branching: Sequence[int], level: int) ->
     leaf_array: [B, b1, b2, b3, b4, ...] -> [B, n_level, leaves_per_node(level), ...]; entry [b, n, j] is the
     j-th leaf (in leaf order) below node ``n`` of ``level``.
     """
-    rest = leaf_array.shape[1 + len(branching):]
+    rest = leaf_array.shape[1 + len(branching) :]
     return leaf_array.reshape(
         (leaf_array.shape[0], num_nodes(branching, level), leaves_per_node(branching, level)) + rest
     )
@@ -177,7 +177,7 @@ class CoaTTree:
     @property
     def branching(self) -> tuple[int, ...]:
         """(b1, b2, b3, b4), read from the level-4 token array's shape."""
-        return tuple(int(k) for k in self.tokens[-1].shape[1:1 + NUM_TURNS])
+        return tuple(int(k) for k in self.tokens[-1].shape[1 : 1 + NUM_TURNS])
 
     @property
     def turn_lengths(self) -> tuple[int, ...]:
@@ -195,7 +195,7 @@ class CoaTTree:
         branching: Sequence[int] = DEFAULT_BRANCHING,
         turn_lengths: Sequence[int] = (256, 128, 32, 32),
         pad_id: int = 0,
-    ) -> "CoaTTree":
+    ) -> CoaTTree:
         """An empty tree batch of the given shapes (tokens = ``pad_id``, lengths 0, nothing finished or valid)."""
         b = check_branching(branching)
         if len(turn_lengths) != NUM_TURNS or any(int(t) < 1 for t in turn_lengths):
@@ -210,7 +210,7 @@ class CoaTTree:
             step_valid=jnp.zeros((batch_size,), bool),
         )
 
-    def validate(self) -> "CoaTTree":
+    def validate(self) -> CoaTTree:
         """Check every field's shape and dtype against the branching; raise ValueError naming the field."""
         for name in ("tokens", "lengths", "logps", "finished"):
             if len(getattr(self, name)) != NUM_TURNS:
@@ -235,7 +235,9 @@ class CoaTTree:
         for name, kind in (("step_index", jnp.integer), ("step_valid", jnp.bool_)):
             x = getattr(self, name)
             if tuple(x.shape) != (B,) or not jnp.issubdtype(x.dtype, kind):
-                raise ValueError(f"CoaTTree.{name}: shape {tuple(x.shape)} dtype {x.dtype}, expected [{B}] {kind.__name__}")
+                raise ValueError(
+                    f"CoaTTree.{name}: shape {tuple(x.shape)} dtype {x.dtype}, expected [{B}] {kind.__name__}"
+                )
         return self
 
     def level_flat(self, name: str, level: int) -> jax.Array:

@@ -26,8 +26,9 @@ import ast
 import importlib.util
 import inspect
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import ml_collections
 
@@ -50,7 +51,7 @@ def resolve_config_path(path_or_name: str) -> tuple[Path, str | None]:
         spec, arg = spec.split(":", 1)
     candidates = [Path(spec)]
     if not Path(spec).is_absolute():
-        name = spec[len("configs/"):] if spec.startswith("configs/") else spec
+        name = spec[len("configs/") :] if spec.startswith("configs/") else spec
         if "/" not in name:
             candidates.append(CONFIG_DIR / (name if name.endswith(".py") else f"{name}.py"))
     for candidate in candidates:
@@ -115,7 +116,7 @@ def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
         body = item
         for prefix in (_OVERRIDE_PREFIX, "config."):
             if body.startswith(prefix):
-                body = body[len(prefix):]
+                body = body[len(prefix) :]
                 break
         if "=" in body:
             field, value = body.split("=", 1)
@@ -186,8 +187,12 @@ def parse_value(text: str, field_type: type, current: Any = None, *, field: str 
         if current:
             element_type = type(current[0])
             try:
-                value = [parse_value(str(v), element_type, field=field, source=source)
-                         if not isinstance(v, element_type) else v for v in value]
+                value = [
+                    parse_value(str(v), element_type, field=field, source=source)
+                    if not isinstance(v, element_type)
+                    else v
+                    for v in value
+                ]
             except ConfigError as e:
                 raise ConfigError(f"{where}: {text!r}: elements must be {element_type.__name__}: {e}") from None
         return field_type(value)

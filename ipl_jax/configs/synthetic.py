@@ -21,7 +21,8 @@ the paper's settings (γ pairs at the action and grounding turns, lr 2e-5) -3.6 
 control at the same updates -0.3 ± 2.3; γ action pairs only below thoughts that name the golden action, exact
 duplicates dropped, trees mixed in batches, lr 5e-6 (this config's IPL settings, the least harmful setting
 tried) -0.5 ± 0.4 (each seed's 95 % interval contains 0), against +0.6 ± 1.2 for continued SFT with the same
-settings and updates. No T-DPO setting tried makes the agent better than its seed on this world and model; the job therefore keeps early stopping on dev and exports the best round, which
+settings and updates. No T-DPO setting tried makes the agent better than its seed on this world and model; the
+job therefore keeps early stopping on dev and exports the best round, which
 is usually the seed. The README's "The method on the default job" has the whole table.
 """
 
@@ -53,8 +54,15 @@ def get_config(arg=None):
     # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)
     # Every WorldConfig field. The default: canonical layouts (no shuffling or jitter), no distractors, 2-6 extra
     # apps, shorter lists -- learnable in minutes on a CPU.
-    c.world = world_section(shuffle_layout=False, layout_jitter=False, n_extra_apps=(2, 6), n_distractors=(0, 0),
-                            settings_rows=(9, 12), n_contacts=(4, 8), n_results=(3, 5))
+    c.world = world_section(
+        shuffle_layout=False,
+        layout_jitter=False,
+        n_extra_apps=(2, 6),
+        n_distractors=(0, 0),
+        settings_rows=(9, 12),
+        n_contacts=(4, 8),
+        n_results=(3, 5),
+    )
 
     # ------------------------------------------------------------------ instruction evolution
     c.evolution = ml_collections.ConfigDict()

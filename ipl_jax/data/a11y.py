@@ -4,7 +4,7 @@ element a click lands on. The protos are parsed with a partial copy of the schem
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -30,16 +30,19 @@ def _a11y_forest_class():
 
     opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
     message("Rect", [(n, i, F.TYPE_INT32, opt, None) for i, n in enumerate(("left", "top", "right", "bottom"), 1)])
-    message("Node", [
-        ("bounds_in_screen", 2, F.TYPE_MESSAGE, opt, "Rect"),
-        ("class_name", 3, F.TYPE_STRING, opt, None),
-        ("content_description", 4, F.TYPE_STRING, opt, None),
-        ("text", 7, F.TYPE_STRING, opt, None),
-        ("view_id_resource_name", 10, F.TYPE_STRING, opt, None),
-        ("is_clickable", 14, F.TYPE_BOOL, opt, None),
-        ("is_long_clickable", 19, F.TYPE_BOOL, opt, None),
-        ("is_scrollable", 21, F.TYPE_BOOL, opt, None),
-    ])
+    message(
+        "Node",
+        [
+            ("bounds_in_screen", 2, F.TYPE_MESSAGE, opt, "Rect"),
+            ("class_name", 3, F.TYPE_STRING, opt, None),
+            ("content_description", 4, F.TYPE_STRING, opt, None),
+            ("text", 7, F.TYPE_STRING, opt, None),
+            ("view_id_resource_name", 10, F.TYPE_STRING, opt, None),
+            ("is_clickable", 14, F.TYPE_BOOL, opt, None),
+            ("is_long_clickable", 19, F.TYPE_BOOL, opt, None),
+            ("is_scrollable", 21, F.TYPE_BOOL, opt, None),
+        ],
+    )
     message("Tree", [("nodes", 1, F.TYPE_MESSAGE, rep, "Node")])
     message("Window", [("tree", 11, F.TYPE_MESSAGE, opt, "Tree")])
     message("Forest", [("windows", 1, F.TYPE_MESSAGE, rep, "Window")])
@@ -72,7 +75,7 @@ def a11y_elements(forest_bytes: bytes, width: int, height: int) -> tuple[UIEleme
     return tuple(out)
 
 
-def click_target(elements: Sequence[UIElement], point) -> tuple[Optional[tuple], Optional[str]]:
+def click_target(elements: Sequence[UIElement], point) -> tuple[tuple | None, str | None]:
     """(box, text) of the smallest clickable element containing ``point`` (any element if none is clickable).
 
     When that element has no text, the text of the smallest text-bearing element inside it that contains the
@@ -86,9 +89,13 @@ def click_target(elements: Sequence[UIElement], point) -> tuple[Optional[tuple],
     text = best.text
     if not text:
         inner = [
-            e for e in containing
-            if e.text and e.box[0] >= best.box[0] and e.box[1] >= best.box[1]
-            and e.box[2] <= best.box[2] and e.box[3] <= best.box[3]
+            e
+            for e in containing
+            if e.text
+            and e.box[0] >= best.box[0]
+            and e.box[1] >= best.box[1]
+            and e.box[2] <= best.box[2]
+            and e.box[3] <= best.box[3]
         ]
         if inner:
             text = min(inner, key=lambda e: box_area(e.box)).text

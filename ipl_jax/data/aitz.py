@@ -24,8 +24,9 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from ipl_jax.coat.actions import Action, format_action
 from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
@@ -72,9 +73,7 @@ def box_contains(box: Sequence[float], point: Sequence[float]) -> bool:
     return box[0] <= x <= box[2] and box[1] <= y <= box[3]
 
 
-def smallest_box_containing(
-    elements: Iterable[UIElement], point: Sequence[float]
-) -> Optional[UIElement]:
+def smallest_box_containing(elements: Iterable[UIElement], point: Sequence[float]) -> UIElement | None:
     """The element with the smallest box that contains ``point`` (x, y); the first one on ties; else None."""
     best, best_area = None, math.inf
     for el in elements:
@@ -191,7 +190,7 @@ def _action(rec: dict, elements: Sequence[UIElement], where) -> Action:
     raise DataError(*where, "result_action_type", f"unknown action code {code}")
 
 
-def _coat(rec: dict, where) -> Optional[CoaT]:
+def _coat(rec: dict, where) -> CoaT | None:
     present = {f: rec.get("coat_" + f) for f in _COAT_FIELDS if ("coat_" + f) in rec}
     if not present:
         return None
@@ -209,7 +208,7 @@ def inside(root: Path, path: Path) -> bool:
     return target == base or target.startswith(base + os.sep)
 
 
-def _resolve_image(split_dir: Path, episode_dir: Path, image_path: str) -> Optional[Path]:
+def _resolve_image(split_dir: Path, episode_dir: Path, image_path: str) -> Path | None:
     """The PNG named by ``image_path``: relative to the split directory, else by file name in the episode folder."""
     for candidate in (split_dir / image_path, episode_dir / Path(image_path).name):
         if candidate.is_file():
@@ -230,8 +229,12 @@ def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -
     if not isinstance(rec["image_path"], str):
         raise DataError(*where, "image_path", f"expected a string, got {rec['image_path']!r}")
     if not inside(split_dir.parent, split_dir / rec["image_path"]):
-        raise DataError(*where, "image_path", f"{rec['image_path']!r} points outside the dataset root "
-                        f"{split_dir.parent}; image paths must stay inside it")
+        raise DataError(
+            *where,
+            "image_path",
+            f"{rec['image_path']!r} points outside the dataset root "
+            f"{split_dir.parent}; image paths must stay inside it",
+        )
     image = _resolve_image(split_dir, file.parent, rec["image_path"])
     if image is None:
         raise DataError(*where, "image_path", f"image {rec['image_path']!r} not found")
@@ -290,9 +293,7 @@ def _episode_files(split_dir: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def _load_episode(
-    subset: str, file: Path, split_dir: Path, skip_bad: bool, skipped: list[DataError]
-) -> Optional[Episode]:
+def _load_episode(subset: str, file: Path, split_dir: Path, skip_bad: bool, skipped: list[DataError]) -> Episode | None:
     try:
         records = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -334,8 +335,7 @@ def _load_episode(
         # A skipped step's action is missing from the later steps' history: flag them.
         first_bad = min(bad_step_ids)
         steps = tuple(
-            dataclasses.replace(s, meta={**s.meta, "history_gap": True}) if s.step_id > first_bad else s
-            for s in steps
+            dataclasses.replace(s, meta={**s.meta, "history_gap": True}) if s.step_id > first_bad else s for s in steps
         )
     return Episode(
         episode_id=steps[0].episode_id,

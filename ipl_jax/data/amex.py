@@ -13,7 +13,8 @@ TASK_COMPLETE, TASK_IMPOSSIBLE), ``touch_coord`` / ``lift_coord`` as **pixel [x,
 A TAP's target is the smallest clickable element box containing the touch point.
 
 Step ids must be unique within an episode, and ``image_path`` must stay inside the dataset root (``../x.png``
-or an absolute path is a malformed record). AMEX publishes no split files. ``split=None`` reads every ``instruction_anno/*.json``; ``split="test"`` (or any
+or an absolute path is a malformed record). AMEX publishes no split files. ``split=None`` reads every
+``instruction_anno/*.json``; ``split="test"`` (or any
 name) reads ``instruction_anno/<split>/*.json`` when that folder exists; ``episode_ids`` selects episodes by
 id. ``Step.meta["app"]`` names the app of the instruction's ``Open <App>.`` sentence (the per-app columns of
 MobileIPL's AMEX table), or is None.
@@ -24,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 from ipl_jax.coat.actions import Action
 from ipl_jax.data.aitz import image_size, inside, pixel_box_to_fractions, smallest_box_containing, with_history
@@ -34,7 +36,15 @@ from ipl_jax.progress import progress
 
 # The nine apps of MobileIPL's AMEX table, lower case, as written in ``Open <App>.`` instructions.
 TEST_APPS = (
-    "gmail", "booking", "youtube music", "shein", "nbc news", "citymapper", "microsoft to do", "signal", "yelp",
+    "gmail",
+    "booking",
+    "youtube music",
+    "shein",
+    "nbc news",
+    "citymapper",
+    "microsoft to do",
+    "signal",
+    "yelp",
 )
 ACTIONS = ("TAP", "SWIPE", "TYPE", "PRESS_BACK", "PRESS_HOME", "PRESS_ENTER", "TASK_COMPLETE", "TASK_IMPOSSIBLE")
 
@@ -45,7 +55,7 @@ _KNOWN_APP = re.compile(
 _ANY_APP = re.compile(r"^\s*open\s+(?:the\s+)?([^.,;:!?]+?)(?:\s+app)?\s*[.,;:!?]", re.IGNORECASE)
 
 
-def app_of_instruction(instruction: str) -> Optional[str]:
+def app_of_instruction(instruction: str) -> str | None:
     """The app named by an ``Open <App>.`` instruction, lower case (one of ``TEST_APPS`` when it is one), else None."""
     m = _KNOWN_APP.search(instruction)
     if m is not None:
@@ -111,7 +121,7 @@ def load_elements(file: Path, width: int, height: int) -> tuple[UIElement, ...]:
     return tuple(out)
 
 
-def _resolve_screenshot(root: Path, image_path: str) -> Optional[Path]:
+def _resolve_screenshot(root: Path, image_path: str) -> Path | None:
     for candidate in (root / "screenshot" / image_path, root / image_path, root / "screenshot" / Path(image_path).name):
         if candidate.is_file():
             return candidate
@@ -149,7 +159,7 @@ def _action(step: dict, elements: Sequence[UIElement], width: int, height: int, 
             raise DataError(*where, "type_text", f"expected a string, got {text!r}")
         return Action(type="type", text=text)
     if kind.startswith("PRESS_"):
-        return Action(type="press", button=kind[len("PRESS_"):].lower())
+        return Action(type="press", button=kind[len("PRESS_") :].lower())
     if kind == "TASK_COMPLETE":
         return Action(type="stop")
     return Action(type="stop", status="impossible")
@@ -168,8 +178,11 @@ def parse_step(step: Any, file: Path, index: int, root: Path, episode_id: str, i
         raise DataError(*where, "step_id", f"expected an int, got {step_id!r}")
     width, height = _device_dim(step, where)
     if not all(inside(root, c) for c in (root / "screenshot" / image_rel, root / image_rel)):
-        raise DataError(*where, "image_path", f"{image_rel!r} points outside the dataset root {root}; image paths "
-                        f"must stay inside it")
+        raise DataError(
+            *where,
+            "image_path",
+            f"{image_rel!r} points outside the dataset root {root}; image paths must stay inside it",
+        )
     image = _resolve_screenshot(root, image_rel)
     if image is None:
         raise DataError(*where, "image_path", f"screenshot {image_rel!r} not found under {root / 'screenshot'}")
@@ -203,7 +216,7 @@ def parse_step(step: Any, file: Path, index: int, root: Path, episode_id: str, i
 # ---------------------------------------------------------------------------------------------- episodes
 
 
-def _episode_files(root: Path, split: Optional[str]) -> list[Path]:
+def _episode_files(root: Path, split: str | None) -> list[Path]:
     anno = root / "instruction_anno"
     if not anno.is_dir():
         raise FileNotFoundError(f"AMEX instruction_anno folder not found under {root}")
@@ -217,7 +230,7 @@ def _episode_files(root: Path, split: Optional[str]) -> list[Path]:
     return sorted(anno.glob("*.json"))
 
 
-def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataError]) -> Optional[Episode]:
+def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataError]) -> Episode | None:
     def bad(err: DataError):
         if not skip_bad:
             raise err
@@ -252,9 +265,15 @@ def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataErro
     unique, first_index = [], {}
     for s in steps:
         if s.step_id in first_index:
-            bad(DataError(file, s.meta["record"], "step_id",
-                          f"duplicate step_id {s.step_id} (also {first_index[s.step_id]}); step ids must be unique "
-                          f"within an episode"))
+            bad(
+                DataError(
+                    file,
+                    s.meta["record"],
+                    "step_id",
+                    f"duplicate step_id {s.step_id} (also {first_index[s.step_id]}); step ids must be unique "
+                    f"within an episode",
+                )
+            )
             bad_ids.append(s.step_id)
             continue
         first_index[s.step_id] = s.meta["record"]
@@ -279,9 +298,9 @@ def _flag_gap(step: Step) -> Step:
 
 def load_amex_with_report(
     root: str | Path,
-    split: Optional[str] = None,
+    split: str | None = None,
     skip_bad: bool = False,
-    episode_ids: Optional[Iterable[str]] = None,
+    episode_ids: Iterable[str] | None = None,
 ) -> tuple[list[Episode], list[DataError]]:
     """Load AMEX episodes; also return the malformed records that were skipped (empty unless ``skip_bad``).
 
@@ -301,9 +320,9 @@ def load_amex_with_report(
 
 def load_amex(
     root: str | Path,
-    split: Optional[str] = None,
+    split: str | None = None,
     skip_bad: bool = False,
-    episode_ids: Optional[Iterable[str]] = None,
+    episode_ids: Iterable[str] | None = None,
 ) -> list[Episode]:
     """Load AMEX episodes as steps; see ``load_amex_with_report``."""
     return load_amex_with_report(root, split, skip_bad, episode_ids)[0]

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
@@ -128,12 +127,12 @@ def parse_episode(
     index: int,
     *,
     cache_dir: Path,
-    split: Optional[str],
+    split: str | None,
     subsplits: dict,
     high_level: bool,
     keep_elements: bool,
     wanted=None,
-) -> Optional[Episode]:
+) -> Episode | None:
     """One serialized ``tf.train.Example`` as an episode, its screenshots written to ``cache_dir``.
 
     Returns None when ``wanted`` (a set of episode ids) does not hold the episode. Raises ``DataError``.
@@ -151,8 +150,9 @@ def parse_episode(
     if wanted is not None and episode_id not in wanted:
         return None
     try:
-        return _episode_from_example(ex, episode_id, file, index, cache_dir, split, subsplits, high_level,
-                                     keep_elements)
+        return _episode_from_example(
+            ex, episode_id, file, index, cache_dir, split, subsplits, high_level, keep_elements
+        )
     except DataError as err:
         err.episode_id = episode_id  # lets the loader tell "malformed" from "missing"
         raise
@@ -174,8 +174,11 @@ def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subspli
     step_texts = _feature(ex, "step_instructions", "bytes_list", where, required=False)
     trees = _feature(ex, "accessibility_trees", "bytes_list", where, required=False)
     for key, values, want in (
-        ("screenshot_widths", widths, n), ("screenshot_heights", heights, n), ("actions", actions, n - 1),
-        ("step_instructions", step_texts, n - 1), ("accessibility_trees", trees, n),
+        ("screenshot_widths", widths, n),
+        ("screenshot_heights", heights, n),
+        ("actions", actions, n - 1),
+        ("step_instructions", step_texts, n - 1),
+        ("accessibility_trees", trees, n),
     ):
         if values is not None and len(values) != want:
             raise DataError(*where, key, f"{len(values)} entries for {n} screenshots (expected {want})")
@@ -228,8 +231,13 @@ def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subspli
         episode_id=episode_id,
         instruction=goal,
         steps=with_history(steps),
-        meta={"dataset": "android_control", "split": split, "subsplits": steps[0].meta["subsplits"],
-              "file": str(file), "record": index},
+        meta={
+            "dataset": "android_control",
+            "split": split,
+            "subsplits": steps[0].meta["subsplits"],
+            "file": str(file),
+            "record": index,
+        },
     )
 
 
@@ -265,9 +273,9 @@ def shard_files(root: Path) -> list[Path]:
 def load_android_control_with_report(
     root: str | Path,
     split: str,
-    subsplit: Optional[str] = None,
+    subsplit: str | None = None,
     high_level: bool = True,
-    cache_dir: Optional[str | Path] = None,
+    cache_dir: str | Path | None = None,
     skip_bad: bool = False,
     keep_elements: bool = False,
 ) -> tuple[list[Episode], list[DataError]]:
@@ -312,8 +320,15 @@ def load_android_control_with_report(
                     continue
                 try:
                     ep = parse_episode(
-                        payload, shard, index, cache_dir=cache, split=split, subsplits=subsplits,
-                        high_level=high_level, keep_elements=keep_elements, wanted=wanted,
+                        payload,
+                        shard,
+                        index,
+                        cache_dir=cache,
+                        split=split,
+                        subsplits=subsplits,
+                        high_level=high_level,
+                        keep_elements=keep_elements,
+                        wanted=wanted,
                     )
                 except DataError as err:
                     if getattr(err, "episode_id", None) is not None:
@@ -334,7 +349,7 @@ def load_android_control_with_report(
     return episodes, skipped
 
 
-def load_android_control(root: str | Path, split: str, subsplit: Optional[str] = None, **options) -> list[Episode]:
+def load_android_control(root: str | Path, split: str, subsplit: str | None = None, **options) -> list[Episode]:
     """Load one AndroidControl split as episodes of steps; ``options`` (high_level, cache_dir, skip_bad,
     keep_elements) and the rest as in ``load_android_control_with_report``."""
     return load_android_control_with_report(root, split, subsplit, **options)[0]

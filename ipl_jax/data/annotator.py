@@ -24,12 +24,11 @@ import io
 import json
 import os
 import re
-import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from ipl_jax.coat.actions import format_grounding
 from ipl_jax.data.evolution import QA, usable_elements
@@ -62,7 +61,7 @@ class AnnotatorConfig:
     backoff_s: float = 2.0  # wait backoff_s * 2**attempt between attempts
     n_questions: int = 15
     max_image_side: int = 1344  # longer screenshots are scaled down before sending
-    max_tokens: Optional[int] = 1500
+    max_tokens: int | None = 1500
 
 
 @dataclasses.dataclass
@@ -123,13 +122,15 @@ def chat_request_body(step: Step, config: AnnotatorConfig) -> dict:
     body = {
         "model": config.model,
         "temperature": config.temperature,
-        "messages": [{
-            "role": "user",
-            "content": [
-                {"type": "text", "text": annotation_prompt(step, config.n_questions)},
-                {"type": "image_url", "image_url": {"url": image_data_url(step, config.max_image_side)}},
-            ],
-        }],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": annotation_prompt(step, config.n_questions)},
+                    {"type": "image_url", "image_url": {"url": image_data_url(step, config.max_image_side)}},
+                ],
+            }
+        ],
     }
     if config.max_tokens is not None:
         body["max_tokens"] = config.max_tokens
@@ -153,8 +154,9 @@ class _Transient(Exception):
 
 def _post_once(url: str, payload: bytes, key: str, timeout_s: float) -> str:
     """One POST; returns the reply's message text ("" when the body is not a chat completion)."""
-    req = urllib.request.Request(url, data=payload, method="POST", headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    req = urllib.request.Request(
+        url, data=payload, method="POST", headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
@@ -163,7 +165,7 @@ def _post_once(url: str, payload: bytes, key: str, timeout_s: float) -> str:
         if e.code == 429 or e.code >= 500:
             raise _Transient(f"HTTP {e.code}") from None
         raise AnnotatorError(f"annotator: HTTP {e.code} from {url}: {detail}") from None
-    except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError, ConnectionError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as e:
         raise _Transient(_scrub(str(getattr(e, "reason", e)), key)) from None
     try:
         content = json.loads(raw)["choices"][0]["message"]["content"]
@@ -185,11 +187,13 @@ def check_base_url(base_url: str) -> None:
         raise AnnotatorError(f"annotator: base_url must be an https:// URL, got {base_url!r}")
     host = parts.hostname.lower()
     if parts.scheme == "http" and not (host in LOCAL_HOSTS or host.endswith(".localhost")):
-        raise AnnotatorError(f"annotator: base_url {base_url!r} would send the API key unencrypted; use https:// "
-                             f"(plain http is accepted only for localhost)")
+        raise AnnotatorError(
+            f"annotator: base_url {base_url!r} would send the API key unencrypted; use https:// "
+            f"(plain http is accepted only for localhost)"
+        )
 
 
-def request_reply(body: dict, config: AnnotatorConfig, stats: Optional[AnnotatorStats] = None) -> Optional[str]:
+def request_reply(body: dict, config: AnnotatorConfig, stats: AnnotatorStats | None = None) -> str | None:
     """POST ``body`` to ``{base_url}/chat/completions`` with bounded retries; the reply text, or None when every
     attempt failed."""
     check_base_url(config.base_url)
@@ -214,7 +218,7 @@ def request_reply(body: dict, config: AnnotatorConfig, stats: Optional[Annotator
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 
 
-def parse_qa_reply(text: str) -> Optional[list[dict]]:
+def parse_qa_reply(text: str) -> list[dict] | None:
     """The Q&A items of a reply, or None when it is not a JSON list of objects. Never raises.
 
     Accepted shapes: a list of objects; an object holding such a list under any key; an object with parallel
@@ -230,7 +234,7 @@ def parse_qa_reply(text: str) -> Optional[list[dict]]:
             if i < 0 or j <= i:
                 continue
             try:
-                data = json.loads(c[i:j + 1])
+                data = json.loads(c[i : j + 1])
             except ValueError:
                 continue
             items = _items_of(data)
@@ -239,7 +243,7 @@ def parse_qa_reply(text: str) -> Optional[list[dict]]:
     return None
 
 
-def _items_of(data) -> Optional[list[dict]]:
+def _items_of(data) -> list[dict] | None:
     if isinstance(data, list):
         return data if all(isinstance(x, dict) for x in data) else None
     if isinstance(data, dict):
@@ -252,7 +256,7 @@ def _items_of(data) -> Optional[list[dict]]:
     return None
 
 
-def qas_from_items(step: Step, items: list[dict], model: str, stats: Optional[AnnotatorStats] = None) -> list[QA]:
+def qas_from_items(step: Step, items: list[dict], model: str, stats: AnnotatorStats | None = None) -> list[QA]:
     """QA records for the well-formed items; an item without a non-empty string question and answer is skipped."""
     out = []
     for item in items:
@@ -263,8 +267,17 @@ def qas_from_items(step: Step, items: list[dict], model: str, stats: Optional[An
             continue
         typ = str(item.get("type", "")).strip().lower()
         level, kind = TYPE_TO_LEVEL_KIND.get(typ, (2, "detail"))
-        out.append(QA(step.episode_id, step.step_id, level, kind, q.strip(), a.strip(),
-                      {"source": "annotator", "model": model, "type": typ}))
+        out.append(
+            QA(
+                step.episode_id,
+                step.step_id,
+                level,
+                kind,
+                q.strip(),
+                a.strip(),
+                {"source": "annotator", "model": model, "type": typ},
+            )
+        )
     if stats is not None:
         stats.items += len(out)
     return out

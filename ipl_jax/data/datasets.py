@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ipl_jax.data.records import Episode
 
@@ -27,7 +27,7 @@ def scoring_format(fmt: str, root) -> str:
     if fmt.startswith(TFDS_PREFIX):
         from ipl_jax.data.tfds.source import tfds_scoring_format
 
-        return tfds_scoring_format(fmt[len(TFDS_PREFIX):], root)
+        return tfds_scoring_format(fmt[len(TFDS_PREFIX) :], root)
     if fmt == "arrayrecord" or _packed_dir(root):
         from ipl_jax.data.packed.layout import read_metadata
 
@@ -43,14 +43,15 @@ def _packed_dir(root) -> bool:
         return False
 
 
-def load_dataset_with_report(root: str | Path, fmt: str, split: Optional[str],
-                             skip_bad: bool = False) -> tuple[list[Episode], list]:
+def load_dataset_with_report(
+    root: str | Path, fmt: str, split: str | None, skip_bad: bool = False
+) -> tuple[list[Episode], list]:
     """(episodes, skipped records) of one split. Without ``skip_bad`` a malformed record raises ``DataError``;
     with it, the record is left out and listed (``skipped_summary`` says how many and why)."""
     if fmt.startswith(TFDS_PREFIX):
         from ipl_jax.data.tfds.source import load_tfds_with_report
 
-        return load_tfds_with_report(fmt[len(TFDS_PREFIX):], root, split, skip_bad=skip_bad)
+        return load_tfds_with_report(fmt[len(TFDS_PREFIX) :], root, split, skip_bad=skip_bad)
     if fmt not in LOADERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}, {TFDS_PREFIX}NAME")
     if fmt != "arrayrecord" and _packed_dir(root):  # auto-detected: a directory written by `ipl-jax pack-data`
@@ -64,7 +65,7 @@ def load_dataset_with_report(root: str | Path, fmt: str, split: Optional[str],
     return getattr(importlib.import_module(module), f"{name}_with_report")(root, split, skip_bad=skip_bad)
 
 
-def load_dataset(root: str | Path, fmt: str, split: Optional[str], skip_bad: bool = False) -> list[Episode]:
+def load_dataset(root: str | Path, fmt: str, split: str | None, skip_bad: bool = False) -> list[Episode]:
     """The episodes of one split of a dataset in format ``fmt`` (imports the reader on demand).
 
     AMEX has no published splits: ``split`` None (or "all") reads every episode file.
@@ -77,12 +78,13 @@ def skipped_summary(skipped: Sequence, where: str) -> str:
     first one in full."""
     by_field = collections.Counter(getattr(e, "field", "?") for e in skipped)
     reasons = ", ".join(f"{field}: {n}" for field, n in by_field.most_common())
-    return (f"skipped {len(skipped)} malformed record{'s' * (len(skipped) != 1)} in {where} (by field: {reasons}); "
-            f"first: {skipped[0]}")
+    return (
+        f"skipped {len(skipped)} malformed record{'s' * (len(skipped) != 1)} in {where} (by field: {reasons}); "
+        f"first: {skipped[0]}"
+    )
 
 
-def dataset_steps(data: str | Path, fmt: str, split: Optional[str], limit: Optional[int] = None,
-                  skip_bad: bool = False):
+def dataset_steps(data: str | Path, fmt: str, split: str | None, limit: int | None = None, skip_bad: bool = False):
     """(episodes, their steps in order, at most ``limit``) of a dataset split."""
     episodes = load_dataset(data, fmt, split, skip_bad)
     steps = [s for ep in episodes for s in ep.steps]

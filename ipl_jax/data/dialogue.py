@@ -25,7 +25,8 @@ from the tokenizer's own chat template; this module only cuts the rendered text 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,10 @@ class CoaTPrompts:
     system: str | None = None  # None: the chat template's default system message
     describe: str = "Describe the screen: texts, buttons, icons, inputs."
     think: str = "Task: {instruction}\nDone: {history}\nThink: what I did, what the screen shows, what to do next."
-    act: str = ('Next action? One of: click <target> | long_press <target> | type "<text>" | '
-                "scroll up/down/left/right | press back/home/enter | open_app \"<app>\" | wait | stop")
+    act: str = (
+        'Next action? One of: click <target> | long_press <target> | type "<text>" | '
+        "scroll up/down/left/right | press back/home/enter | open_app \"<app>\" | wait | stop"
+    )
     ground: str = "Box of the target, as (x1,y1),(x2,y2) in 0-1000?"
     no_history: str = "nothing yet"
     history_separator: str = "; "
@@ -59,7 +62,7 @@ class CoaTPrompts:
     def history_text(self, history) -> str:
         items = [h.strip() for h in history if h and h.strip()]
         if self.max_history is not None:
-            items = items[len(items) - self.max_history:] if self.max_history > 0 else []
+            items = items[len(items) - self.max_history :] if self.max_history > 0 else []
         return self.history_separator.join(items) if items else self.no_history
 
     def think_text(self, instruction: str, history) -> str:
@@ -98,14 +101,17 @@ def coat_turn_texts(step: Step) -> dict[int, str]:
     """
     coat = step.coat
     action_text = format_action(step.action)
-    desc = (coat.screen_desc.strip() if coat else "")
+    desc = coat.screen_desc.strip() if coat else ""
     if not desc:
         texts = [e.text.strip() for e in step.elements if e.text and e.text.strip()]
         desc = ("Screen with: " + ", ".join(texts[:FALLBACK_MAX_ELEMENTS]) + ".") if texts else FALLBACK_DESCRIPTION
-    thought = (coat.action_think.strip() if coat else "")
+    thought = coat.action_think.strip() if coat else ""
     if not thought:
-        thought = ((step.step_instruction or "").strip() or (coat.action_desc.strip() if coat else "")
-                   or f"The next action is {action_text}.")
+        thought = (
+            (step.step_instruction or "").strip()
+            or (coat.action_desc.strip() if coat else "")
+            or f"The next action is {action_text}."
+        )
     out = {1: desc, 2: thought, 3: action_text}
     if needs_grounding(step.action):
         box = step.action.box
@@ -120,8 +126,12 @@ def coat_turn_texts(step: Step) -> dict[int, str]:
 
 def coat_user_prompts(step: Step, prompts: CoaTPrompts = DEFAULT_PROMPTS) -> dict[int, str]:
     """The user-turn texts {1..4} of a step (the image is added to the first included turn)."""
-    return {1: prompts.describe, 2: prompts.think_text(step.instruction, step.history), 3: prompts.act,
-            4: prompts.ground}
+    return {
+        1: prompts.describe,
+        2: prompts.think_text(step.instruction, step.history),
+        3: prompts.act,
+        4: prompts.ground,
+    }
 
 
 def _check_turns(turns: Sequence[int]) -> tuple[int, ...]:
@@ -131,8 +141,12 @@ def _check_turns(turns: Sequence[int]) -> tuple[int, ...]:
     return turns
 
 
-def coat_messages(step: Step, prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS,
-                  assistant_texts: Optional[Mapping[int, str]] = None) -> tuple[list[dict], tuple[int, ...]]:
+def coat_messages(
+    step: Step,
+    prompts: CoaTPrompts = DEFAULT_PROMPTS,
+    turns: Sequence[int] = TURNS,
+    assistant_texts: Mapping[int, str] | None = None,
+) -> tuple[list[dict], tuple[int, ...]]:
     """Chat messages of a step and the turn number of each assistant message.
 
     ``turns``: which CoaT turns to keep (dropped turns lose their prompt and reply; turn 4 is dropped anyway for
@@ -173,8 +187,10 @@ def split_rendered_chat(tok: QwenTokenizer, messages: list[dict]) -> list[str]:
         head = tok.render(messages[:i], add_generation_prompt=True)
         start, end = len(head), len(head) + len(m["content"])
         if not full.startswith(head) or full[start:end] != m["content"] or not full.startswith(IM_END, end):
-            raise ValueError(f"{tok.source}: the chat template does not render assistant message {i} as "
-                             f"'<header>TEXT<|im_end|>'; cannot locate the assistant turns")
+            raise ValueError(
+                f"{tok.source}: the chat template does not render assistant message {i} as "
+                f"'<header>TEXT<|im_end|>'; cannot locate the assistant turns"
+            )
         pieces.append(full[pos:start])
         pos = end + len(IM_END)
         pieces.append(full[start:pos])
@@ -218,9 +234,16 @@ def _pixels_for(step: Step, image_config: ImageProcessorConfig, image=None, pixe
     return preprocess_images([image], config=image_config)
 
 
-def chat_example(tok: QwenTokenizer, messages: list[dict], reply_turns: Sequence[int], pixel_values: np.ndarray,
-                 image_grid_thw: np.ndarray, merge_size: int = 2, loss_turns: Optional[Sequence[int]] = None,
-                 name: str = "") -> TrainingExample:
+def chat_example(
+    tok: QwenTokenizer,
+    messages: list[dict],
+    reply_turns: Sequence[int],
+    pixel_values: np.ndarray,
+    image_grid_thw: np.ndarray,
+    merge_size: int = 2,
+    loss_turns: Sequence[int] | None = None,
+    name: str = "",
+) -> TrainingExample:
     """Tokenise a chat whose k-th assistant message is CoaT turn ``reply_turns[k]``.
 
     The ids come from tokenising the whole rendered text at once; the per-piece tokenisation is only used to place
@@ -234,8 +257,10 @@ def chat_example(tok: QwenTokenizer, messages: list[dict], reply_turns: Sequence
     ids = tok.encode("".join(pieces))
     piece_ids = [tok.encode(p) for p in pieces]
     if sum(piece_ids, []) != ids:
-        raise ValueError(f"{name or 'chat'}: tokenising the turns separately differs from the whole text; "
-                         f"the tokenizer merges tokens across a turn boundary")
+        raise ValueError(
+            f"{name or 'chat'}: tokenising the turns separately differs from the whole text; "
+            f"the tokenizer merges tokens across a turn boundary"
+        )
     loss, turn = [], []
     for k, p in enumerate(piece_ids):
         t = reply_turns[k // 2] if k % 2 else 0
@@ -243,14 +268,25 @@ def chat_example(tok: QwenTokenizer, messages: list[dict], reply_turns: Sequence
         turn += [t] * len(p)
     rep = image_token_repeats(ids, image_grid_thw, merge_size, image_pad_id=tok.ids.image_pad)
     return TrainingExample(
-        input_ids=np.repeat(np.asarray(ids, np.int32), rep), loss_mask=np.repeat(np.asarray(loss, np.int32), rep),
-        turn_index=np.repeat(np.asarray(turn, np.int32), rep), pixel_values=np.asarray(pixel_values, np.float32),
-        image_grid_thw=np.asarray(image_grid_thw, np.int64).reshape(-1, 3), name=name)
+        input_ids=np.repeat(np.asarray(ids, np.int32), rep),
+        loss_mask=np.repeat(np.asarray(loss, np.int32), rep),
+        turn_index=np.repeat(np.asarray(turn, np.int32), rep),
+        pixel_values=np.asarray(pixel_values, np.float32),
+        image_grid_thw=np.asarray(image_grid_thw, np.int64).reshape(-1, 3),
+        name=name,
+    )
 
 
-def coat_example(step: Step, tok: QwenTokenizer, image_config: ImageProcessorConfig,
-                 prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS,
-                 loss_turns: Optional[Sequence[int]] = None, image=None, pixels=None) -> TrainingExample:
+def coat_example(
+    step: Step,
+    tok: QwenTokenizer,
+    image_config: ImageProcessorConfig,
+    prompts: CoaTPrompts = DEFAULT_PROMPTS,
+    turns: Sequence[int] = TURNS,
+    loss_turns: Sequence[int] | None = None,
+    image=None,
+    pixels=None,
+) -> TrainingExample:
     """The SFT example of a step: its CoaT dialogue with the golden replies.
 
     ``turns``: CoaT turns kept in the dialogue (others are left out entirely); ``loss_turns``: turns whose replies
@@ -262,13 +298,22 @@ def coat_example(step: Step, tok: QwenTokenizer, image_config: ImageProcessorCon
     return chat_example(tok, messages, kept, pv, grid, image_config.merge_size, loss_turns, name=_step_name(step))
 
 
-def qa_example(tok: QwenTokenizer, image_config: ImageProcessorConfig, image, question: str, answer: str,
-               system: Optional[str] = None, name: str = "", pixels=None) -> TrainingExample:
+def qa_example(
+    tok: QwenTokenizer,
+    image_config: ImageProcessorConfig,
+    image,
+    question: str,
+    answer: str,
+    system: str | None = None,
+    name: str = "",
+    pixels=None,
+) -> TrainingExample:
     """A single-turn image Q&A example (instruction evolution): user [image + question] -> assistant answer.
     The answer is turn 1."""
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
-        {"role": "assistant", "content": answer}]
+        {"role": "assistant", "content": answer},
+    ]
     if pixels is not None:
         pv, grid = np.asarray(pixels[0], np.float32), np.asarray(pixels[1], np.int64).reshape(-1, 3)
     else:
@@ -298,9 +343,15 @@ class DialogueSegments:
     name: str = ""
 
 
-def coat_segments(step: Step, tok: QwenTokenizer, image_config: ImageProcessorConfig,
-                  prompts: CoaTPrompts = DEFAULT_PROMPTS, turns: Sequence[int] = TURNS, image=None,
-                  pixels=None) -> DialogueSegments:
+def coat_segments(
+    step: Step,
+    tok: QwenTokenizer,
+    image_config: ImageProcessorConfig,
+    prompts: CoaTPrompts = DEFAULT_PROMPTS,
+    turns: Sequence[int] = TURNS,
+    image=None,
+    pixels=None,
+) -> DialogueSegments:
     """Prefix and per-turn prompt ids of a step (all four turns by default, whatever its action type: the
     sampler decides whether a sampled action needs grounding). Prompts do not depend on the replies."""
     turns = _check_turns(turns)
@@ -315,8 +366,15 @@ def coat_segments(step: Step, tok: QwenTokenizer, image_config: ImageProcessorCo
             raise ValueError(f"turn {t} prompt holds an image token; only the first turn may carry the image")
     golden = coat_turn_texts(step)
     targets = {t: np.asarray(tok.encode(golden[t] + IM_END), np.int32) for t in kept if t in golden}
-    return DialogueSegments(prefix_ids=prefix, turn_prompt_ids=prompt_ids, target_ids=targets, turns=kept,
-                            pixel_values=pv, image_grid_thw=grid, name=_step_name(step))
+    return DialogueSegments(
+        prefix_ids=prefix,
+        turn_prompt_ids=prompt_ids,
+        target_ids=targets,
+        turns=kept,
+        pixel_values=pv,
+        image_grid_thw=grid,
+        name=_step_name(step),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- fixed shapes
@@ -330,9 +388,13 @@ def smallest_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int
     return min(fitting)
 
 
-def pad_to_bucket(arrays: Mapping[str, np.ndarray], buckets: Sequence[int],
-                  pad_values: Optional[Mapping[str, Any]] = None, axis: int = 0,
-                  what: str = "length") -> tuple[dict[str, np.ndarray], int]:
+def pad_to_bucket(
+    arrays: Mapping[str, np.ndarray],
+    buckets: Sequence[int],
+    pad_values: Mapping[str, Any] | None = None,
+    axis: int = 0,
+    what: str = "length",
+) -> tuple[dict[str, np.ndarray], int]:
     """Pad every array along ``axis`` (all of one length n there) to the smallest bucket >= n.
 
     Returns (padded arrays, bucket). ``pad_values[name]`` defaults to 0.
@@ -376,16 +438,23 @@ class TrainingBatch:
         return self.pixel_values[self.patch_mask], self.image_grid_thw[self.image_mask]
 
 
-def collate(examples: Sequence[TrainingExample], token_buckets: Sequence[int], patch_buckets: Sequence[int],
-            pad_id: int, batch_size: Optional[int] = None, images_per_example: int = 1) -> TrainingBatch:
+def collate(
+    examples: Sequence[TrainingExample],
+    token_buckets: Sequence[int],
+    patch_buckets: Sequence[int],
+    pad_id: int,
+    batch_size: int | None = None,
+    images_per_example: int = 1,
+) -> TrainingBatch:
     """Stack examples into fixed shapes: T = smallest token bucket >= the longest example, P = smallest patch
     bucket >= the total patch count, B = ``batch_size`` (default: len(examples))."""
     b = len(examples) if batch_size is None else int(batch_size)
     if not examples or len(examples) > b:
         raise ValueError(f"collate: {len(examples)} examples for batch size {b}")
     longest = max(len(e) for e in examples)
-    t = smallest_bucket(longest, token_buckets, "token length of example "
-                        + next(e.name for e in examples if len(e) == longest))
+    t = smallest_bucket(
+        longest, token_buckets, "token length of example " + next(e.name for e in examples if len(e) == longest)
+    )
     ids = np.full((b, t), pad_id, np.int32)
     att = np.zeros((b, t), bool)
     loss = np.zeros((b, t), np.int32)
@@ -398,11 +467,19 @@ def collate(examples: Sequence[TrainingExample], token_buckets: Sequence[int], p
         g = e.image_grid_thw.reshape(-1, 3)
         if len(g) > images_per_example:
             raise ValueError(f"example {e.name}: {len(g)} images, more than images_per_example={images_per_example}")
-        grids[i * images_per_example:i * images_per_example + len(g)] = g
-        img_mask[i * images_per_example:i * images_per_example + len(g)] = True
+        grids[i * images_per_example : i * images_per_example + len(g)] = g
+        img_mask[i * images_per_example : i * images_per_example + len(g)] = True
     pv = np.concatenate([e.pixel_values for e in examples], axis=0)
-    padded, _ = pad_to_bucket({"pixel_values": pv, "patch_mask": np.ones(len(pv), bool)}, patch_buckets,
-                              what="patch count")
-    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=turn,
-                         pixel_values=padded["pixel_values"].astype(np.float32), patch_mask=padded["patch_mask"],
-                         image_grid_thw=grids, image_mask=img_mask)
+    padded, _ = pad_to_bucket(
+        {"pixel_values": pv, "patch_mask": np.ones(len(pv), bool)}, patch_buckets, what="patch count"
+    )
+    return TrainingBatch(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss,
+        turn_index=turn,
+        pixel_values=padded["pixel_values"].astype(np.float32),
+        patch_mask=padded["patch_mask"],
+        image_grid_thw=grids,
+        image_mask=img_mask,
+    )

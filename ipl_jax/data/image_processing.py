@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -34,8 +35,9 @@ HUB_MAX_PIXELS = 12845056
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+) -> tuple[int, int]:
     """The (height, width) an image is resized to: multiples of ``factor``, area in [min_pixels, max_pixels],
     aspect ratio kept as closely as possible. Raises ValueError for an aspect ratio above 200."""
     if height <= 0 or width <= 0:
@@ -83,12 +85,12 @@ class ImageProcessorConfig:
     def num_image_tokens(self, height: int, width: int) -> int:
         """How many ``<|image_pad|>`` tokens (merged patches) an image of that size becomes."""
         t, h, w = self.grid_for(height, width)
-        return t * h * w // (self.merge_size ** 2)
+        return t * h * w // (self.merge_size**2)
 
     # ----------------------------------------------------------------------------------------- json
 
     @staticmethod
-    def from_dict(d: dict, source: str = "<dict>") -> "ImageProcessorConfig":
+    def from_dict(d: dict, source: str = "<dict>") -> ImageProcessorConfig:
         """Read either the Hub form (``min_pixels``/``max_pixels``) or the transformers-5 form
         (``size={"shortest_edge": min, "longest_edge": max}``); explicit min/max_pixels win, as in transformers."""
         size = d.get("size") or {}
@@ -137,7 +139,7 @@ class ImageProcessorConfig:
         }
 
     @staticmethod
-    def load(path: Union[str, Path]) -> "ImageProcessorConfig":
+    def load(path: str | Path) -> ImageProcessorConfig:
         """Read ``preprocessor_config.json`` from a checkpoint directory (or the file itself)."""
         p = Path(path)
         if p.is_dir():
@@ -152,7 +154,7 @@ class ImageProcessorConfig:
             raise ValueError(f"{p}: expected a JSON object")
         return ImageProcessorConfig.from_dict(d, source=str(p))
 
-    def save(self, directory: Union[str, Path]) -> Path:
+    def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         out = d / PREPROCESSOR_CONFIG
@@ -163,7 +165,7 @@ class ImageProcessorConfig:
 # ---------------------------------------------------------------------------------------------- pixels
 
 
-def to_rgb(image: Union[Image.Image, np.ndarray]) -> Image.Image:
+def to_rgb(image: Image.Image | np.ndarray) -> Image.Image:
     """A PIL RGB image; transparency is composited onto white (as transformers does).
     numpy input must be uint8 [H, W] or [H, W, 1|3|4]."""
     if isinstance(image, np.ndarray):
@@ -194,8 +196,9 @@ def _patchify(chw: np.ndarray, cfg: ImageProcessorConfig) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(gh * gw, c * t * p * p)
 
 
-def preprocess_image(image: Union[Image.Image, np.ndarray], cfg: ImageProcessorConfig
-                     ) -> tuple[np.ndarray, tuple[int, int, int]]:
+def preprocess_image(
+    image: Image.Image | np.ndarray, cfg: ImageProcessorConfig
+) -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image -> (pixel_values float32[h*w, patch_dim], grid (1, h, w)) with h, w in patches."""
     rgb = to_rgb(image)
     rh, rw = smart_resize(rgb.height, rgb.width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
@@ -208,10 +211,15 @@ def preprocess_image(image: Union[Image.Image, np.ndarray], cfg: ImageProcessorC
     return _patchify(x, cfg), (1, rh // cfg.patch_size, rw // cfg.patch_size)
 
 
-def preprocess_images(images: Union[Image.Image, np.ndarray, Sequence[Any]],
-                      min_pixels: int | None = None, max_pixels: int | None = None, patch_size: int = 14,
-                      merge_size: int = 2, temporal_patch_size: int = 2,
-                      config: ImageProcessorConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_images(
+    images: Image.Image | np.ndarray | Sequence[Any],
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    patch_size: int = 14,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    config: ImageProcessorConfig | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Images -> (pixel_values float32[N, 3*T*p*p], image_grid_thw int64[n, 3]).
 
     N = sum over the n images of h*w (in patches). Either pass ``config`` or the individual fields
@@ -221,7 +229,10 @@ def preprocess_images(images: Union[Image.Image, np.ndarray, Sequence[Any]],
         config = ImageProcessorConfig(
             min_pixels=HUB_MIN_PIXELS if min_pixels is None else int(min_pixels),
             max_pixels=HUB_MAX_PIXELS if max_pixels is None else int(max_pixels),
-            patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size)
+            patch_size=patch_size,
+            merge_size=merge_size,
+            temporal_patch_size=temporal_patch_size,
+        )
     if isinstance(images, (Image.Image, np.ndarray)):
         images = [images]
     images = list(images)

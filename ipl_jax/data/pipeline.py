@@ -19,8 +19,9 @@ pipeline is index based (``grain.MapDataset``), so the whole position of an iter
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import grain
 
@@ -31,10 +32,10 @@ def make_dataset(
     *,
     batch_size: int,
     seed: int,
-    num_epochs: Optional[int] = 1,
+    num_epochs: int | None = 1,
     shuffle: bool = True,
     drop_remainder: bool = True,
-    batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
+    batch_fn: Callable[[Sequence[Any]], Any] | None = None,
     shard_index: int = 0,
     shard_count: int = 1,
 ) -> grain.MapDataset:
@@ -76,8 +77,13 @@ def make_iterator(
 
 
 def num_batches(
-    num_examples: int, *, batch_size: int, num_epochs: int = 1, drop_remainder: bool = True,
-    shard_index: int = 0, shard_count: int = 1,
+    num_examples: int,
+    *,
+    batch_size: int,
+    num_epochs: int = 1,
+    drop_remainder: bool = True,
+    shard_index: int = 0,
+    shard_count: int = 1,
 ) -> int:
     """How many batches ``make_dataset`` yields for a finite number of epochs."""
     per_shard = len(range(shard_index, num_examples, shard_count))

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from ipl_jax.coat.actions import Action
 
-ImageRef = Union[str, Path, bytes, Callable[[], Any]]
+ImageRef = str | Path | bytes | Callable[[], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +53,8 @@ class Step:
     action: Action
     history: tuple[str, ...] = ()
     elements: tuple[UIElement, ...] = ()
-    coat: Optional[CoaT] = None
-    step_instruction: Optional[str] = None  # AndroidControl's low-level instruction
+    coat: CoaT | None = None
+    step_instruction: str | None = None  # AndroidControl's low-level instruction
     meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def load_image(self):

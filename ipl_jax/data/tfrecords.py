@@ -7,8 +7,8 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from tfrecord.writer import TFRecordWriter
 
@@ -21,8 +21,8 @@ def masked_crc(data: bytes) -> bytes:
 
 
 def iter_tfrecords(
-    path: str | Path, compression: Optional[str] = "gzip"
-) -> Iterator[tuple[int, Optional[bytes], Optional[DataError]]]:
+    path: str | Path, compression: str | None = "gzip"
+) -> Iterator[tuple[int, bytes | None, DataError | None]]:
     """Yield ``(index, payload, None)`` for each record of a TFRecord file, verifying both checksums.
 
     A record whose data checksum fails is yielded as ``(index, None, DataError)``: the stream stays readable,

@@ -27,16 +27,27 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, Union
+from typing import Any
 
 from ipl_jax.data.image_processing import ImageProcessorConfig
-from ipl_jax.data.tokenizer import (BOX_END, BOX_START, ENDOFTEXT, IM_END, IM_START, IMAGE_PAD,
-                                    QWEN2VL_CHAT_TEMPLATE, SPECIAL_TOKENS, VIDEO_PAD, VISION_END, VISION_START)
+from ipl_jax.data.tokenizer import (
+    ENDOFTEXT,
+    IM_END,
+    IMAGE_PAD,
+    QWEN2VL_CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+)
 
 # Qwen2's pre-tokenizer split (digits one by one, letters with one leading non-letter, newlines apart).
-QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
-                           r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
+    r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 DEFAULT_VOCAB_SIZE = 1024
 DEFAULT_MIN_PIXELS = 56 * 56  # 3136: at least 2x2 merged tokens
@@ -84,8 +95,7 @@ TINY_VISION25_CONFIG = {
     "initializer_range": 0.02,
 }
 ARCHS = ("qwen2_vl", "qwen2_5_vl")
-ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id",
-             "vision_end_token_id")
+ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
 class MissingDependency(ImportError):
@@ -108,7 +118,8 @@ def _require_torch_transformers():
     except ImportError as e:
         raise MissingDependency(
             "make-tiny needs torch and transformers (install the test extra: "
-            "pip install -c constraints.txt -e '.[test]')") from e
+            "pip install -c constraints.txt -e '.[test]')"
+        ) from e
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     return torch, transformers
@@ -116,15 +127,92 @@ def _require_torch_transformers():
 
 # ---------------------------------------------------------------------------------------------- corpus
 
-_APPS = ["Settings", "Chrome", "Gmail", "Maps", "YouTube", "Play Store", "Calendar", "Camera", "Photos", "Clock",
-         "Contacts", "Messages", "Phone", "Files", "Notes", "Weather", "Music", "Amazon", "Spotify", "Calculator"]
-_WIDGETS = ["button", "icon", "search bar", "text field", "menu", "tab", "toggle", "checkbox", "link", "list item",
-            "dialog", "banner", "slider", "keyboard", "back arrow", "send button", "home icon", "more options"]
-_LABELS = ["Search", "OK", "Cancel", "Save", "Next", "Done", "Sign in", "Add to cart", "Settings", "Share",
-           "Delete", "Open", "Wi-Fi", "Bluetooth", "Display", "Battery", "Sound", "Profile", "Inbox", "Compose",
-           "Send", "New note", "Alarm", "Timer", "Contacts", "Directions", "Play", "Pause", "Cart", "Checkout"]
-_TOPICS = ["weather in Paris", "cheap flights", "pizza near me", "news today", "running shoes", "jazz music",
-           "hotel in Rome", "bus to airport", "recipe for pancakes", "football scores"]
+_APPS = [
+    "Settings",
+    "Chrome",
+    "Gmail",
+    "Maps",
+    "YouTube",
+    "Play Store",
+    "Calendar",
+    "Camera",
+    "Photos",
+    "Clock",
+    "Contacts",
+    "Messages",
+    "Phone",
+    "Files",
+    "Notes",
+    "Weather",
+    "Music",
+    "Amazon",
+    "Spotify",
+    "Calculator",
+]
+_WIDGETS = [
+    "button",
+    "icon",
+    "search bar",
+    "text field",
+    "menu",
+    "tab",
+    "toggle",
+    "checkbox",
+    "link",
+    "list item",
+    "dialog",
+    "banner",
+    "slider",
+    "keyboard",
+    "back arrow",
+    "send button",
+    "home icon",
+    "more options",
+]
+_LABELS = [
+    "Search",
+    "OK",
+    "Cancel",
+    "Save",
+    "Next",
+    "Done",
+    "Sign in",
+    "Add to cart",
+    "Settings",
+    "Share",
+    "Delete",
+    "Open",
+    "Wi-Fi",
+    "Bluetooth",
+    "Display",
+    "Battery",
+    "Sound",
+    "Profile",
+    "Inbox",
+    "Compose",
+    "Send",
+    "New note",
+    "Alarm",
+    "Timer",
+    "Contacts",
+    "Directions",
+    "Play",
+    "Pause",
+    "Cart",
+    "Checkout",
+]
+_TOPICS = [
+    "weather in Paris",
+    "cheap flights",
+    "pizza near me",
+    "news today",
+    "running shoes",
+    "jazz music",
+    "hotel in Rome",
+    "bus to airport",
+    "recipe for pancakes",
+    "football scores",
+]
 _VERBS = ["open", "find", "search for", "turn on", "turn off", "add", "delete", "share", "play", "set"]
 
 
@@ -144,29 +232,41 @@ def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0
     rnd = random.Random(seed)
     lines = scaffold_texts() + list(extra)
     for _ in range(n_lines):
-        app, widget, label, topic = (rnd.choice(_APPS), rnd.choice(_WIDGETS), rnd.choice(_LABELS),
-                                     rnd.choice(_TOPICS))
+        app, widget, label, topic = (rnd.choice(_APPS), rnd.choice(_WIDGETS), rnd.choice(_LABELS), rnd.choice(_TOPICS))
         box = sorted(rnd.random() for _ in range(2)) + sorted(rnd.random() for _ in range(2))
-        actions = [Action("click", target=f"{label} {widget}"), Action("type", text=topic),
-                   Action("scroll", direction=rnd.choice(["up", "down", "left", "right"])),
-                   Action("press", button=rnd.choice(["back", "home", "enter"])), Action("stop"),
-                   Action("long_press", target=label), Action("open_app", text=app), Action("wait")]
+        actions = [
+            Action("click", target=f"{label} {widget}"),
+            Action("type", text=topic),
+            Action("scroll", direction=rnd.choice(["up", "down", "left", "right"])),
+            Action("press", button=rnd.choice(["back", "home", "enter"])),
+            Action("stop"),
+            Action("long_press", target=label),
+            Action("open_app", text=app),
+            Action("wait"),
+        ]
         kind = rnd.randrange(6)
         if kind == 0:
-            lines.append(f"The screen shows the {app} app with a {label} {widget}, a {rnd.choice(_WIDGETS)} "
-                         f"and the text \"{rnd.choice(_LABELS)}\".")
+            lines.append(
+                f"The screen shows the {app} app with a {label} {widget}, a {rnd.choice(_WIDGETS)} "
+                f"and the text \"{rnd.choice(_LABELS)}\"."
+            )
         elif kind == 1:
             lines.append(f"{rnd.choice(_VERBS).capitalize()} {topic} in {app}.")
         elif kind == 2:
-            lines.append(f"I have opened {app}. The screen shows {label}. I need to {rnd.choice(_VERBS)} "
-                         f"{topic}, so the next action is {format_action(rnd.choice(actions))}.")
+            lines.append(
+                f"I have opened {app}. The screen shows {label}. I need to {rnd.choice(_VERBS)} "
+                f"{topic}, so the next action is {format_action(rnd.choice(actions))}."
+            )
         elif kind == 3:
             lines.append(format_action(rnd.choice(actions)))
         elif kind == 4:
             lines.append(format_grounding((box[0], box[2], box[1], box[3])))
         else:
-            lines.append(DEFAULT_PROMPTS.think_text(f"{rnd.choice(_VERBS)} {topic}",
-                                                    [format_action(rnd.choice(actions)) for _ in range(3)]))
+            lines.append(
+                DEFAULT_PROMPTS.think_text(
+                    f"{rnd.choice(_VERBS)} {topic}", [format_action(rnd.choice(actions)) for _ in range(3)]
+                )
+            )
     return lines
 
 
@@ -182,16 +282,24 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int):
     n_bpe = vocab_size - len(SPECIAL_TOKENS)
     if n_bpe < 256:
         raise ValueError(f"vocab_size {vocab_size} too small: need 256 bytes + {len(SPECIAL_TOKENS)} specials")
-    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-                        byte_fallback=False))
+    tok = Tokenizer(
+        BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=n_bpe, min_frequency=2, show_progress=False, special_tokens=[],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=n_bpe,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     # the special tokens must never be learnt as text pieces: take them out of the corpus
     cleaned = []
     for line in corpus:
@@ -209,18 +317,23 @@ def write_tokenizer(tok, out_dir: Path) -> dict[str, int]:
     transformers = _require_transformers()
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "Qwen2Tokenizer",
-        "bos_token": None,
-        "eos_token": IM_END,
-        "pad_token": ENDOFTEXT,
-        "unk_token": None,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 32768,
-        "split_special_tokens": False,
-        "errors": "replace",
-    }, indent=2))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "Qwen2Tokenizer",
+                "bos_token": None,
+                "eos_token": IM_END,
+                "pad_token": ENDOFTEXT,
+                "unk_token": None,
+                "add_prefix_space": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": 32768,
+                "split_special_tokens": False,
+                "errors": "replace",
+            },
+            indent=2,
+        )
+    )
     hf = transformers.AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)
     hf.chat_template = QWEN2VL_CHAT_TEMPLATE
     hf.save_pretrained(str(out_dir))
@@ -244,8 +357,9 @@ def _default_mrope_section(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int],
-                      arch: str = "qwen2_vl") -> dict:
+def build_config_dict(
+    model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int], arch: str = "qwen2_vl"
+) -> dict:
     """The nested Qwen2VLConfig (``arch="qwen2_5_vl"``: Qwen2_5_VLConfig) kwargs for our tiny defaults updated by
     ``model_overrides``.
 
@@ -283,8 +397,9 @@ def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids
         rope["rope_type"] = "default"
     text.update(text_over)
     if text["hidden_size"] % text["num_attention_heads"]:
-        raise ValueError(f"hidden_size {text['hidden_size']} not divisible by num_attention_heads "
-                         f"{text['num_attention_heads']}")
+        raise ValueError(
+            f"hidden_size {text['hidden_size']} not divisible by num_attention_heads {text['num_attention_heads']}"
+        )
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     if not explicit_section:
         rope["mrope_section"] = _default_mrope_section(head_dim)
@@ -302,8 +417,12 @@ def build_config_dict(model_overrides: dict | None, vocab_size: int, special_ids
     vision["out_hidden_size" if qwen25 else "hidden_size"] = text["hidden_size"]
     if vision[width] % vision["num_heads"]:
         raise ValueError(f"vision {width} {vision[width]} not divisible by num_heads {vision['num_heads']}")
-    want = {"image_token_id": special_ids[IMAGE_PAD], "video_token_id": special_ids[VIDEO_PAD],
-            "vision_start_token_id": special_ids[VISION_START], "vision_end_token_id": special_ids[VISION_END]}
+    want = {
+        "image_token_id": special_ids[IMAGE_PAD],
+        "video_token_id": special_ids[VIDEO_PAD],
+        "vision_start_token_id": special_ids[VISION_START],
+        "vision_end_token_id": special_ids[VISION_END],
+    }
     for k, v in want.items():
         if k in root and int(root[k]) != v:
             raise ValueError(f"model override {k}={root[k]} does not match the tokenizer's id {v}")
@@ -320,7 +439,7 @@ def _randomise_and_scale(model, seed: int, scale: float | None, random_biases: b
     gen = torch.Generator().manual_seed(seed + 1)
     norm_types = (torch.nn.LayerNorm,)
     with torch.no_grad():
-        for mod_name, module in model.named_modules():
+        for module in model.modules():
             is_norm = isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
             for p_name, p in module.named_parameters(recurse=False):
                 if is_norm:
@@ -334,11 +453,18 @@ def _randomise_and_scale(model, seed: int, scale: float | None, random_biases: b
                     p.mul_(float(scale))
 
 
-def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None = None,
-                         vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None, seed: int = 0,
-                         scale: float | None = None, min_pixels: int = DEFAULT_MIN_PIXELS,
-                         max_pixels: int = DEFAULT_MAX_PIXELS, random_biases: bool = True,
-                         arch: str = "qwen2_vl") -> Path:
+def make_tiny_checkpoint(
+    out_dir: str | Path,
+    model_overrides: dict | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    corpus: list[str] | None = None,
+    seed: int = 0,
+    scale: float | None = None,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    random_biases: bool = True,
+    arch: str = "qwen2_vl",
+) -> Path:
     """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
 
     ``vocab_size`` is the model's embedding size; the tokenizer (BPE + 14 specials) is trained to at most that.
@@ -360,11 +486,16 @@ def make_tiny_checkpoint(out_dir: Union[str, Path], model_overrides: dict | None
     model = getattr(transformers, prefix + "ForConditionalGeneration")(config).to(torch.float32).eval()
     _randomise_and_scale(model, seed, scale, random_biases, cfg_kwargs["text_config"]["initializer_range"])
     model.generation_config = transformers.GenerationConfig(
-        bos_token_id=special_ids[ENDOFTEXT], eos_token_id=[special_ids[IM_END], special_ids[ENDOFTEXT]],
-        pad_token_id=special_ids[ENDOFTEXT])
+        bos_token_id=special_ids[ENDOFTEXT],
+        eos_token_id=[special_ids[IM_END], special_ids[ENDOFTEXT]],
+        pad_token_id=special_ids[ENDOFTEXT],
+    )
     model.save_pretrained(str(out), safe_serialization=True)
-    ImageProcessorConfig(min_pixels=min_pixels, max_pixels=max_pixels,
-                         patch_size=cfg_kwargs["vision_config"]["patch_size"],
-                         merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
-                         temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"]).save(out)
+    ImageProcessorConfig(
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=cfg_kwargs["vision_config"]["patch_size"],
+        merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
+        temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"],
+    ).save(out)
     return out

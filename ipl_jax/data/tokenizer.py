@@ -18,16 +18,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 
 # Qwen2-VL's special tokens, in the order of their ids in the real vocabulary (151643 ... 151656).
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 )
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
@@ -112,25 +124,36 @@ class QwenTokenizer:
             found[tok] = vocab[tok]
             pieces = hf.encode(tok, add_special_tokens=False)
             if list(pieces) != [vocab[tok]]:
-                raise ValueError(f"{source}: special token {tok} is not kept whole by the tokenizer "
-                                 f"(it encodes to {list(pieces)})")
+                raise ValueError(
+                    f"{source}: special token {tok} is not kept whole by the tokenizer (it encodes to {list(pieces)})"
+                )
         required = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD, BOX_START, BOX_END)
         missing = [t for t in required if t not in found]
         if missing:
             raise ValueError(f"{source}: tokenizer lacks the Qwen2-VL special tokens {missing}")
         if getattr(hf, "chat_template", None) in (None, ""):
-            raise ValueError(f"{source}: tokenizer has no chat template (chat_template.jinja / .json or "
-                             f"tokenizer_config.json 'chat_template')")
+            raise ValueError(
+                f"{source}: tokenizer has no chat template (chat_template.jinja / .json or "
+                f"tokenizer_config.json 'chat_template')"
+            )
         pad = hf.pad_token_id if hf.pad_token_id is not None else found[ENDOFTEXT]
         eos = [found[IM_END]]
         for e in list(generation_eos) + [found[ENDOFTEXT]]:
             if int(e) not in eos:
                 eos.append(int(e))
         self.ids = SpecialIds(
-            endoftext=found[ENDOFTEXT], im_start=found[IM_START], im_end=found[IM_END],
-            vision_start=found[VISION_START], vision_end=found[VISION_END], image_pad=found[IMAGE_PAD],
-            video_pad=found[VIDEO_PAD], box_start=found[BOX_START], box_end=found[BOX_END], pad=int(pad),
-            eos=tuple(eos))
+            endoftext=found[ENDOFTEXT],
+            im_start=found[IM_START],
+            im_end=found[IM_END],
+            vision_start=found[VISION_START],
+            vision_end=found[VISION_END],
+            image_pad=found[IMAGE_PAD],
+            video_pad=found[VIDEO_PAD],
+            box_start=found[BOX_START],
+            box_end=found[BOX_END],
+            pad=int(pad),
+            eos=tuple(eos),
+        )
 
     # ------------------------------------------------------------------------------------------- text
 
@@ -151,8 +174,9 @@ class QwenTokenizer:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False, **template_kwargs) -> str:
         """The chat as text through the checkpoint's own chat template."""
-        out = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                          **template_kwargs)
+        out = self.hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
         if not isinstance(out, str):
             raise TypeError(f"{self.source}: chat template rendered {type(out).__name__}, expected str")
         return out
@@ -164,8 +188,7 @@ class QwenTokenizer:
         return expand_image_tokens(ids, image_grid_thw, merge_size, image_pad_id=self.ids.image_pad)
 
 
-def image_token_repeats(ids: Sequence[int], image_grid_thw, merge_size: int = 2, *,
-                        image_pad_id: int) -> np.ndarray:
+def image_token_repeats(ids: Sequence[int], image_grid_thw, merge_size: int = 2, *, image_pad_id: int) -> np.ndarray:
     """int64[T]: how many copies each token becomes (1, or t*h*w/merge_size**2 for the k-th ``<|image_pad|>``).
 
     ``image_grid_thw``: int[n, 3], one row per ``<|image_pad|>`` in order. Use with ``np.repeat`` to expand
@@ -177,15 +200,14 @@ def image_token_repeats(ids: Sequence[int], image_grid_thw, merge_size: int = 2,
     if len(where) != len(grids):
         raise ValueError(f"expand_image_tokens: {len(where)} <|image_pad|> tokens but {len(grids)} image grids")
     per_image = grids.prod(axis=1)
-    if np.any(per_image % (merge_size ** 2)):
+    if np.any(per_image % (merge_size**2)):
         raise ValueError(f"expand_image_tokens: grids {grids.tolist()} not divisible by merge_size**2")
     repeats = np.ones(len(ids), dtype=np.int64)
-    repeats[where] = per_image // (merge_size ** 2)
+    repeats[where] = per_image // (merge_size**2)
     return repeats
 
 
-def expand_image_tokens(ids: Sequence[int], image_grid_thw, merge_size: int = 2, *,
-                        image_pad_id: int) -> np.ndarray:
+def expand_image_tokens(ids: Sequence[int], image_grid_thw, merge_size: int = 2, *, image_pad_id: int) -> np.ndarray:
     """int32[T] -> int32[T'] with each ``<|image_pad|>`` repeated t*h*w/merge_size**2 times (in order)."""
     ids = np.asarray(ids, dtype=np.int32).reshape(-1)
     return np.repeat(ids, image_token_repeats(ids, image_grid_thw, merge_size, image_pad_id=image_pad_id))
@@ -222,7 +244,7 @@ def _separate_chat_template(directory: Path) -> str | None:
     return None
 
 
-def load_tokenizer(path: Union[str, Path]) -> QwenTokenizer:
+def load_tokenizer(path: str | Path) -> QwenTokenizer:
     """Load tokenizer + chat template from a local checkpoint directory (never from a hub)."""
     directory = Path(path)
     if not directory.is_dir():

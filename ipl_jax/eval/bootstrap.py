@@ -10,8 +10,8 @@ within itself and combined as the mean of their accuracies (the job's "mean of t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -44,9 +44,14 @@ def _paired_arrays(base: Mapping[str, tuple[int, int]], other: Mapping[str, tupl
     return a[:, 0], b[:, 0], a[:, 1]
 
 
-def paired_gain_interval(base_splits: Sequence[Mapping[str, tuple[int, int]]],
-                         other_splits: Sequence[Mapping[str, tuple[int, int]]], *, n_boot: int = 2000,
-                         level: float = 0.95, seed: int = 0) -> dict:
+def paired_gain_interval(
+    base_splits: Sequence[Mapping[str, tuple[int, int]]],
+    other_splits: Sequence[Mapping[str, tuple[int, int]]],
+    *,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict:
     """Gain of ``other`` over ``base`` in the mean (over splits) of total step accuracy, with a percentile
     bootstrap interval.
 
@@ -66,5 +71,11 @@ def paired_gain_interval(base_splits: Sequence[Mapping[str, tuple[int, int]]],
     k = len(base_splits)
     point, gains = point / k, gains / k
     lo, hi = np.quantile(gains, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return {"gain": float(point), "low": float(lo), "high": float(hi), "width": float(hi - lo),
-            "level": level, "n_boot": int(n_boot)}
+    return {
+        "gain": float(point),
+        "low": float(lo),
+        "high": float(hi),
+        "width": float(hi - lo),
+        "level": level,
+        "n_boot": int(n_boot),
+    }

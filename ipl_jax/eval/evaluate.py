@@ -29,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,22 +45,28 @@ from ipl_jax.coat.actions import (
     invalid_action,
     parse_action,
 )
-from ipl_jax.data.datasets import LOADERS, load_dataset  # noqa: F401  (re-exported: `score` reads datasets)
-from ipl_jax.data.records import DataError, Episode, Step
 from ipl_jax.coat.metrics import DEFAULT_RULES
 from ipl_jax.coat.tables import score_episodes
+from ipl_jax.data.datasets import LOADERS, load_dataset  # noqa: F401  (re-exported: `score` reads datasets)
+from ipl_jax.data.records import DataError, Episode, Step
 
 if TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.sampling import SamplerConfig
 
-__all__ = ["score_episodes", "load_predictions", "prediction_to_action", "load_dataset", "EvalConfig",
-           "evaluate_policy"]
+__all__ = [
+    "score_episodes",
+    "load_predictions",
+    "prediction_to_action",
+    "load_dataset",
+    "EvalConfig",
+    "evaluate_policy",
+]
 
 # ------------------------------------------------------------------------------------------ predictions
 
 
-def split_prediction_text(text: str) -> tuple[str, Optional[str]]:
+def split_prediction_text(text: str) -> tuple[str, str | None]:
     """(action text, grounding text or None) of a raw prediction string; see the module docstring."""
     i = text.find(BOX_START)
     if i >= 0:
@@ -68,14 +75,14 @@ def split_prediction_text(text: str) -> tuple[str, Optional[str]]:
     return head, (rest if sep and rest.strip() else None)
 
 
-def _fraction(v: Any) -> Optional[float]:
+def _fraction(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     v = float(v)
     return v if math.isfinite(v) and 0.0 <= v <= 1.0 else None
 
 
-def _fractions(v: Any, n: int) -> Optional[tuple[float, ...]]:
+def _fractions(v: Any, n: int) -> tuple[float, ...] | None:
     if not isinstance(v, (list, tuple)) or len(v) != n:
         return None
     out = tuple(_fraction(x) for x in v)
@@ -102,7 +109,9 @@ def structured_action(d: dict) -> Action:
             point = None
         if point is None:
             return invalid_action()
-        return Action(type=t, point=point, box=box, target=d.get("target") if isinstance(d.get("target"), str) else None)
+        return Action(
+            type=t, point=point, box=box, target=d.get("target") if isinstance(d.get("target"), str) else None
+        )
     if t in ("type", "open_app"):
         text = d.get("text")
         return Action(type=t, text=text) if isinstance(text, str) else invalid_action()
@@ -160,7 +169,9 @@ def load_predictions(path: str | Path) -> dict[tuple[str, int], Action]:
                 raise DataError(*where, "step_id", f"expected an int, got {step!r}")
             key = (str(ep), step)
             if key in out:
-                raise DataError(*where, "step_id", f"episode {key[0]!r} step {step} already given on line {seen_at[key]}")
+                raise DataError(
+                    *where, "step_id", f"episode {key[0]!r} step {step} already given on line {seen_at[key]}"
+                )
             out[key] = prediction_to_action(rec["prediction"])
             seen_at[key] = n
     return out
@@ -183,11 +194,11 @@ class EvalConfig:
     policy's accuracy comes from reading the screen rather than from the instruction and the action history.
     """
 
-    sampler: "SamplerConfig"
-    image_config: "ImageProcessorConfig"
+    sampler: SamplerConfig
+    image_config: ImageProcessorConfig
     batch_size: int = 8
     fmt: str = "aitz"
-    rules: Optional[str] = None
+    rules: str | None = None
     seed: int = 0
     blank_screens: bool = False
 
@@ -197,6 +208,7 @@ BLANK_GREY = (128, 128, 128)
 
 def blank_screen(step: Step) -> Step:
     """``step`` with its screenshot replaced by a uniform grey image of the same size (loaded lazily)."""
+
     def image():
         from PIL import Image
 
@@ -218,8 +230,9 @@ def _as_episodes(steps_or_episodes: Sequence[Any]) -> list[Episode]:
     return [Episode(episode_id=k, instruction=v[0].instruction, steps=tuple(v)) for k, v in groups.items()]
 
 
-def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: EvalConfig,
-                    mesh=None) -> tuple[list[dict], dict]:
+def evaluate_policy(
+    params: dict, cfg, tokenizer, steps: Sequence[Any], config: EvalConfig, mesh=None
+) -> tuple[list[dict], dict]:
     """Greedy CoaT decoding of every step, parsed with ``parse_action`` and scored with ``score_episodes``.
 
     steps: Steps (grouped into episodes by id, for episode success / goal progress) or Episodes.
@@ -244,8 +257,9 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
     if not flat:
         return records, score_episodes(episodes, predictions, config.fmt, rule_set)
     batch_size = min(int(config.batch_size), len(flat))
-    batches = iter_sampled_batches(params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed,
-                                   batch_size, mesh)
+    batches = iter_sampled_batches(
+        params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed, batch_size, mesh
+    )
     for batch in progress(batches, total=-(-len(flat) // batch_size), desc="evaluation", unit="batch"):
         texts = turn_texts(batch.tree, tokenizer)
         finished = [np.asarray(f).reshape(len(batch.steps), -1) for f in batch.tree.finished]
@@ -256,11 +270,17 @@ def evaluate_policy(params: dict, cfg, tokenizer, steps: Sequence[Any], config: 
             key = (str(step.episode_id), int(step.step_id))
             predictions[key] = action
             verdict = match_step(action, step, rule_set)
-            records.append({
-                "episode_id": key[0], "step_id": key[1],
-                "prediction": {"action": turns[2], "grounding": turns[3]},
-                "turns": turns, "finished": [bool(finished[t][row, 0]) for t in range(4)],
-                "action": action.to_json(), "golden": step.action.to_json(),
-                "type_match": bool(verdict.type_match), "exact_match": bool(verdict.exact_match),
-            })
+            records.append(
+                {
+                    "episode_id": key[0],
+                    "step_id": key[1],
+                    "prediction": {"action": turns[2], "grounding": turns[3]},
+                    "turns": turns,
+                    "finished": [bool(finished[t][row, 0]) for t in range(4)],
+                    "action": action.to_json(),
+                    "golden": step.action.to_json(),
+                    "type_match": bool(verdict.type_match),
+                    "exact_match": bool(verdict.exact_match),
+                }
+            )
     return records, score_episodes(episodes, predictions, config.fmt, rule_set)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 
 from ipl_jax.coat.tree import NUM_TURNS
-from ipl_jax.rl.rollout import (RolloutConfig, WorldTask, replicate, rollout, rollout_summary,
-                                split_world_tasks)
+from ipl_jax.rl.rollout import RolloutConfig, WorldTask, replicate, rollout, rollout_summary, split_world_tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +42,23 @@ class OnlineEvalConfig:
 
 
 def _episode_record(tr) -> dict:
-    return {"name": tr.task.name, "family": tr.task.task.family, "instruction": tr.task.task.instruction,
-            "success": bool(tr.success), "stopped": bool(tr.stopped), "truncated": bool(tr.truncated),
-            "steps": tr.num_steps, "step_limit": tr.task.step_limit,
-            "actions": [s.texts[2] for s in tr.steps], "rewards": [round(float(s.reward), 4) for s in tr.steps]}
+    return {
+        "name": tr.task.name,
+        "family": tr.task.task.family,
+        "instruction": tr.task.task.instruction,
+        "success": bool(tr.success),
+        "stopped": bool(tr.stopped),
+        "truncated": bool(tr.truncated),
+        "steps": tr.num_steps,
+        "step_limit": tr.task.step_limit,
+        "actions": [s.texts[2] for s in tr.steps],
+        "rewards": [round(float(s.reward), 4) for s in tr.steps],
+    }
 
 
-def online_eval(params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig,
-                mesh=None) -> dict:
+def online_eval(
+    params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig, mesh=None
+) -> dict:
     """Play every task (``samples_per_task`` times) and summarise.
 
     Returns {"success_rate", "mean_steps", "mean_steps_success", "truncated_rate", "wrong_stop_rate",
@@ -60,16 +68,23 @@ def online_eval(params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], 
     if not world_tasks:
         raise ValueError("online_eval: no tasks")
     t = float(config.temperature)
-    rcfg = dataclasses.replace(config.rollout, keep_prompts=False,
-                               sampler=config.rollout.sampler.replace(temperature=(t,) * NUM_TURNS))
+    rcfg = dataclasses.replace(
+        config.rollout, keep_prompts=False, sampler=config.rollout.sampler.replace(temperature=(t,) * NUM_TURNS)
+    )
     tasks = replicate(world_tasks, config.samples_per_task) if config.samples_per_task > 1 else list(world_tasks)
     trajs = rollout(params, cfg, tokenizer, tasks, rng, rcfg, mesh)
     out = rollout_summary(trajs)
     fams = defaultdict(list)
     for tr in trajs:
         fams[tr.task.task.family].append(tr)
-    out["by_family"] = {f: {"episodes": len(v), "success_rate": float(np.mean([tr.success for tr in v])),
-                            "mean_steps": float(np.mean([tr.num_steps for tr in v]))} for f, v in sorted(fams.items())}
+    out["by_family"] = {
+        f: {
+            "episodes": len(v),
+            "success_rate": float(np.mean([tr.success for tr in v])),
+            "mean_steps": float(np.mean([tr.num_steps for tr in v])),
+        }
+        for f, v in sorted(fams.items())
+    }
     if config.keep_episodes:
         out["episodes_detail"] = [_episode_record(tr) for tr in trajs]
     return out
@@ -78,29 +93,45 @@ def online_eval(params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], 
 # ------------------------------------------------------------------------------------------------ job wiring
 
 
-def job_world_tasks(config: ml_collections.ConfigDict, split: str, n: Optional[int] = None,
-                    max_steps: int = 25, step_factor: float = 2.0) -> list[WorldTask]:
+def job_world_tasks(
+    config: ml_collections.ConfigDict, split: str, n: int | None = None, max_steps: int = 25, step_factor: float = 2.0
+) -> list[WorldTask]:
     """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
     the job's data stage generated (``n`` default: the split's episode count in the config)."""
     from ipl_jax.data.synthetic.config import world_config
 
     if config.data.format != "synthetic":
-        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is "
-                         f"{config.data.format!r})")
+        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {config.data.format!r})")
     if n is None:
-        n = int(config.data.train_episodes if split == "train" else
-                config.data.dev_episodes if split == config.data.dev_split else config.data.test_episodes)
-    return split_world_tasks(split, n, seed=int(config.seed), config=world_config(config.world),
-                             max_steps=max_steps, step_factor=step_factor)
+        n = int(
+            config.data.train_episodes
+            if split == "train"
+            else config.data.dev_episodes
+            if split == config.data.dev_split
+            else config.data.test_episodes
+        )
+    return split_world_tasks(
+        split, n, seed=int(config.seed), config=world_config(config.world), max_steps=max_steps, step_factor=step_factor
+    )
 
 
-def online_config(config: ml_collections.ConfigDict, tokenizer, image_config, batch_size: Optional[int] = None,
-                  temperature: float = 0.0, samples_per_task: int = 1) -> OnlineEvalConfig:
+def online_config(
+    config: ml_collections.ConfigDict,
+    tokenizer,
+    image_config,
+    batch_size: int | None = None,
+    temperature: float = 0.0,
+    samples_per_task: int = 1,
+) -> OnlineEvalConfig:
     """The job's online-evaluation settings: its sampler (budgets, buckets, ids), greedy by default, the leaf
     reward of ``config.reward`` as the step reward, ``config.eval.batch_size`` worlds per call."""
     from ipl_jax.eval.trees import reward_config, sampler_config
 
     bs = int(batch_size or config.eval.batch_size)
-    rc = RolloutConfig(sampler=sampler_config(config, tokenizer, greedy=True), image_config=image_config,
-                       batch_size=bs, reward=reward_config(config))
+    rc = RolloutConfig(
+        sampler=sampler_config(config, tokenizer, greedy=True),
+        image_config=image_config,
+        batch_size=bs,
+        reward=reward_config(config),
+    )
     return OnlineEvalConfig(rollout=rc, temperature=temperature, samples_per_task=samples_per_task)

@@ -26,6 +26,7 @@ def load_policy(checkpoint: str, mesh: bool = False):
         shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), the_mesh)
     params, cfg = load_params(str(directory), shardings=shardings)
     tokenizer = load_tokenizer(directory)
-    image_config = (ImageProcessorConfig.load(directory) if (directory / PREPROCESSOR_CONFIG).is_file()
-                    else ImageProcessorConfig())
+    image_config = (
+        ImageProcessorConfig.load(directory) if (directory / PREPROCESSOR_CONFIG).is_file() else ImageProcessorConfig()
+    )
     return params, cfg, tokenizer, image_config, the_mesh

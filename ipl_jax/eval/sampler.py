@@ -7,22 +7,41 @@ names are re-exported here.
 
 from __future__ import annotations
 
-from ipl_jax.sampling import (SampledBatch, SamplerConfig, StepPrompts, TreePrompts, greedy_config,  # noqa: F401
-                              iter_sampled_batches, pack_tree_prompts, sample_tree, sample_tree_no_sharing,
-                              step_prompts)
-
 from ipl_jax.data.datasets import dataset_steps  # noqa: F401  (re-exported for callers of this module)
 from ipl_jax.eval.policy import load_policy  # noqa: F401
+from ipl_jax.sampling import (  # noqa: F401
+    SampledBatch,
+    SamplerConfig,
+    StepPrompts,
+    TreePrompts,
+    greedy_config,
+    iter_sampled_batches,
+    pack_tree_prompts,
+    sample_tree,
+    sample_tree_no_sharing,
+    step_prompts,
+)
 
 
-def sample_records(params, cfg, tokenizer, image_config, steps, config: SamplerConfig, seed: int, batch_size: int,
-                   mesh=None, rules: str = "aitz", discount: float = 0.95) -> tuple[list[dict], dict]:
+def sample_records(
+    params,
+    cfg,
+    tokenizer,
+    image_config,
+    steps,
+    config: SamplerConfig,
+    seed: int,
+    batch_size: int,
+    mesh=None,
+    rules: str = "aitz",
+    discount: float = 0.95,
+) -> tuple[list[dict], dict]:
     """One CoaT-tree per step (``iter_sampled_batches``), its leaves scored against the golden action with the
     rule set ``rules`` and the values backed up with ``discount``; returns (one ``tree_record`` per step, the
     α/β/γ counts)."""
     from ipl_jax.coat.rewards import RewardConfig
-    from ipl_jax.progress import progress
     from ipl_jax.eval.trees import score_tree_batch
+    from ipl_jax.progress import progress
     from ipl_jax.sampling.tree_records import leaf_actions, tree_record, turn_texts
 
     reward_config = RewardConfig(rules=rules)

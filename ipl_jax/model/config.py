@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Any
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
@@ -86,9 +86,9 @@ class TextConfig:
     mrope_section: tuple[int, int, int] = (16, 24, 24)
     max_position_embeddings: int = 32768
     hidden_act: str = "silu"
-    bos_token_id: Optional[int] = 151643
+    bos_token_id: int | None = 151643
     eos_token_id: tuple[int, ...] = (151645,)
-    pad_token_id: Optional[int] = None
+    pad_token_id: int | None = None
 
     @property
     def head_dim(self) -> int:
@@ -136,27 +136,32 @@ class Qwen2VLConfig:
         if sum(t.mrope_section) * 2 != t.head_dim:
             raise ValueError(f"mrope_section {t.mrope_section} must sum to head_dim/2 = {t.head_dim // 2}")
         if v.embed_dim % v.num_heads or v.head_dim % 4:
-            raise ValueError(f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim "
-                             "divisible by 4")
+            raise ValueError(
+                f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim divisible by 4"
+            )
         if v.hidden_size != t.hidden_size:
             raise ValueError(f"vision hidden_size {v.hidden_size} must equal the text hidden_size {t.hidden_size}")
         if self.model_type not in _ARCH_VISION_ACT:
             raise ValueError(f"model_type must be one of {tuple(_ARCH_VISION_ACT)}, got {self.model_type!r}")
         if v.hidden_act != _ARCH_VISION_ACT[self.model_type]:
-            raise ValueError(f"unsupported vision hidden_act {v.hidden_act!r} for {self.model_type} "
-                             f"(only {_ARCH_VISION_ACT[self.model_type]})")
+            raise ValueError(
+                f"unsupported vision hidden_act {v.hidden_act!r} for {self.model_type} "
+                f"(only {_ARCH_VISION_ACT[self.model_type]})"
+            )
         if self.model_type == "qwen2_5_vl":
             if v.window_tokens < 1:
-                raise ValueError(f"vision window_size {v.window_size} must be at least spatial_merge_size * "
-                                 f"patch_size = {v.spatial_merge_size * v.patch_size}")
+                raise ValueError(
+                    f"vision window_size {v.window_size} must be at least spatial_merge_size * "
+                    f"patch_size = {v.spatial_merge_size * v.patch_size}"
+                )
 
-    def replace(self, **kw) -> "Qwen2VLConfig":
+    def replace(self, **kw) -> Qwen2VLConfig:
         return dataclasses.replace(self, **kw)
 
     # ------------------------------------------------------------------ HF config.json I/O
 
     @staticmethod
-    def from_hf_dict(d: dict[str, Any], **overrides) -> "Qwen2VLConfig":
+    def from_hf_dict(d: dict[str, Any], **overrides) -> Qwen2VLConfig:
         """Builds a config from a Hugging Face ``config.json`` dict (flat Hub or nested v5 layout)."""
         if not isinstance(d, dict):
             raise ValueError(f"config must be a dict, got {type(d).__name__}")
@@ -245,7 +250,7 @@ class Qwen2VLConfig:
         return Qwen2VLConfig(**kw)
 
     @staticmethod
-    def from_dir(path: str | os.PathLike, **overrides) -> "Qwen2VLConfig":
+    def from_dir(path: str | os.PathLike, **overrides) -> Qwen2VLConfig:
         """Reads ``<path>/config.json`` (or ``path`` itself when it is a file)."""
         p = os.fspath(path)
         file = os.path.join(p, "config.json") if os.path.isdir(p) else p
@@ -310,12 +315,21 @@ class Qwen2VLConfig:
             text["model_type"] = "qwen2_5_vl_text"
             for k in ("embed_dim", "mlp_ratio"):
                 del vision[k]
-            vision.update(model_type="qwen2_5_vl_vision", hidden_size=v.embed_dim, out_hidden_size=v.hidden_size,
-                          intermediate_size=v.mlp_dim, window_size=v.window_size,
-                          fullatt_block_indexes=list(v.fullatt_block_indexes), tokens_per_second=v.tokens_per_second)
+            vision.update(
+                model_type="qwen2_5_vl_vision",
+                hidden_size=v.embed_dim,
+                out_hidden_size=v.hidden_size,
+                intermediate_size=v.mlp_dim,
+                window_size=v.window_size,
+                fullatt_block_indexes=list(v.fullatt_block_indexes),
+                tokens_per_second=v.tokens_per_second,
+            )
         return {
-            "architectures": ["Qwen2_5_VLForConditionalGeneration" if self.model_type == "qwen2_5_vl"
-                              else "Qwen2VLForConditionalGeneration"],
+            "architectures": [
+                "Qwen2_5_VLForConditionalGeneration"
+                if self.model_type == "qwen2_5_vl"
+                else "Qwen2VLForConditionalGeneration"
+            ],
             "model_type": self.model_type,
             "text_config": text,
             "vision_config": vision,
@@ -334,7 +348,10 @@ def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
     if root not in (None, "qwen2_vl", "qwen2_5_vl"):
         raise ValueError(f"model_type {root!r} is neither qwen2_vl nor qwen2_5_vl")
     archs = d.get("architectures") or ()
-    if (root == "qwen2_5_vl" or any(str(a).startswith("Qwen2_5_VL") for a in archs)
-            or vis.get("model_type") in ("qwen2_5_vl", "qwen2_5_vl_vision")):
+    if (
+        root == "qwen2_5_vl"
+        or any(str(a).startswith("Qwen2_5_VL") for a in archs)
+        or vis.get("model_type") in ("qwen2_5_vl", "qwen2_5_vl_vision")
+    ):
         return "qwen2_5_vl"
     return "qwen2_vl"

@@ -22,7 +22,7 @@ sampler's decode loop, where the cache is a loop carry, the single scatter happe
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,14 +63,22 @@ def init_cache(cfg: Qwen2VLConfig, batch: int, size: int) -> KVCache:
 
 def repeat_cache(cache: KVCache, k: int) -> KVCache:
     """Each row repeated k times contiguously: rows [a, b] -> [a, a, .., b, b, ..] (B -> B*k)."""
-    return KVCache(k=jnp.repeat(cache.k, k, axis=1), v=jnp.repeat(cache.v, k, axis=1),
-                   length=jnp.repeat(cache.length, k), next_pos=jnp.repeat(cache.next_pos, k))
+    return KVCache(
+        k=jnp.repeat(cache.k, k, axis=1),
+        v=jnp.repeat(cache.v, k, axis=1),
+        length=jnp.repeat(cache.length, k),
+        next_pos=jnp.repeat(cache.next_pos, k),
+    )
 
 
 def select_rows(cache: KVCache, idx: jnp.ndarray) -> KVCache:
     """Rows ``idx`` (int32[B']) of the cache, in that order (duplicates allowed)."""
-    return KVCache(k=jnp.take(cache.k, idx, axis=1), v=jnp.take(cache.v, idx, axis=1),
-                   length=jnp.take(cache.length, idx), next_pos=jnp.take(cache.next_pos, idx))
+    return KVCache(
+        k=jnp.take(cache.k, idx, axis=1),
+        v=jnp.take(cache.v, idx, axis=1),
+        length=jnp.take(cache.length, idx),
+        next_pos=jnp.take(cache.next_pos, idx),
+    )
 
 
 def grow_cache(cache: KVCache, size: int) -> KVCache:
@@ -107,8 +115,9 @@ def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new
         old_mask = jnp.arange(s)[None, :] < cache.length[:, None]  # [B, S]
 
         def attend(q, k, v, layer):
-            return two_block_attention(q, _layer(cache.k, layer), _layer(cache.v, layer), old_mask, k, v, new_mask,
-                                       chunk)
+            return two_block_attention(
+                q, _layer(cache.k, layer), _layer(cache.v, layer), old_mask, k, v, new_mask, chunk
+            )
     else:
         attend = self_attention(cfg, new_mask)
     hidden, (k_new, v_new) = decoder_stack(params, cfg, x, positions, attend, kv_dtype=cache.k.dtype)
@@ -117,9 +126,11 @@ def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new
     slots = jnp.where(valid, cache.length[:, None] + rank, s)  # slot s (out of range) drops a pad
     rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
     n_new = jnp.sum(valid.astype(jnp.int32), axis=1)
-    return hidden, cache.replace(k=cache.k.at[:, rows, slots].set(k_new, mode="drop"),
-                                 v=cache.v.at[:, rows, slots].set(v_new, mode="drop"),
-                                 length=jnp.minimum(cache.length + n_new, s))
+    return hidden, cache.replace(
+        k=cache.k.at[:, rows, slots].set(k_new, mode="drop"),
+        v=cache.v.at[:, rows, slots].set(v_new, mode="drop"),
+        length=jnp.minimum(cache.length + n_new, s),
+    )
 
 
 def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, all_logits: bool):
@@ -129,8 +140,9 @@ def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, a
     b, t = ids.shape
     x = embed_tokens(params, cfg, ids, feats)
     mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
-    hidden, cache = _run_and_write(params, cfg, init_cache(cfg, b, cache_size), x, jnp.asarray(inputs.positions),
-                                   mask, valid, read_cache=False)
+    hidden, cache = _run_and_write(
+        params, cfg, init_cache(cfg, b, cache_size), x, jnp.asarray(inputs.positions), mask, valid, read_cache=False
+    )
     n = jnp.sum(valid.astype(jnp.int32), axis=1)
     cache = cache.replace(next_pos=n + jnp.asarray(inputs.rope_deltas).astype(jnp.int32))
     if all_logits:
@@ -149,9 +161,17 @@ def prefill(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: i
     return _prefill(params, cfg, inputs, cache_size, all_logits)
 
 
-def append_tokens(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: jnp.ndarray, valid_mask: jnp.ndarray,
-                  positions: Optional[jnp.ndarray] = None, attention_mask: Optional[jnp.ndarray] = None,
-                  image_features: Optional[jnp.ndarray] = None, logits: bool = True):
+def append_tokens(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    cache: KVCache,
+    input_ids: jnp.ndarray,
+    valid_mask: jnp.ndarray,
+    positions: jnp.ndarray | None = None,
+    attention_mask: jnp.ndarray | None = None,
+    image_features: jnp.ndarray | None = None,
+    logits: bool = True,
+):
     """``extend`` unjitted, for callers tracing their own loop (the sampler): with the cache a loop carry, the
     append scatters in place. ``logits=False`` skips the lm_head and returns (None, cache)."""
     ids = jnp.asarray(input_ids)
@@ -178,9 +198,16 @@ def append_tokens(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: j
 
 
 @functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
-def extend(params: dict, cfg: Qwen2VLConfig, cache: KVCache, input_ids: jnp.ndarray, valid_mask: jnp.ndarray,
-           positions: Optional[jnp.ndarray] = None, attention_mask: Optional[jnp.ndarray] = None,
-           image_features: Optional[jnp.ndarray] = None):
+def extend(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    cache: KVCache,
+    input_ids: jnp.ndarray,
+    valid_mask: jnp.ndarray,
+    positions: jnp.ndarray | None = None,
+    attention_mask: jnp.ndarray | None = None,
+    image_features: jnp.ndarray | None = None,
+):
     """Appends T tokens per row to the cache (donated) and returns (logits f32[B, T, V], new cache).
 
     input_ids: int32[B, T]; valid_mask: bool[B, T] (pads may sit anywhere; they are not written).
@@ -203,8 +230,9 @@ def decode_step(params: dict, cfg: Qwen2VLConfig, cache: KVCache, tokens: jnp.nd
 MAX_EOS_IDS = 8
 
 
-def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, eos: jnp.ndarray, pad_id: jnp.ndarray,
-            max_new_tokens: int):
+def _greedy(
+    params, cfg: Qwen2VLConfig, inputs: ModelInputs, eos: jnp.ndarray, pad_id: jnp.ndarray, max_new_tokens: int
+):
     t = inputs.input_ids.shape[1]
     logits, cache = _prefill(params, cfg, inputs, t + max_new_tokens, False)
     b = logits.shape[0]
@@ -235,8 +263,14 @@ def _greedy(params, cfg: Qwen2VLConfig, inputs: ModelInputs, eos: jnp.ndarray, p
 greedy_generate_jit = jax.jit(_greedy, static_argnums=(1,), static_argnames=("max_new_tokens",))
 
 
-def greedy_generate(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, max_new_tokens: int,
-                    eos_ids: Sequence[int] = (), pad_id: Optional[int] = None):
+def greedy_generate(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    inputs: ModelInputs,
+    max_new_tokens: int,
+    eos_ids: Sequence[int] = (),
+    pad_id: int | None = None,
+):
     """Greedy decoding: prefill, then one cached step per token inside a ``lax.while_loop`` (jitted; the end
     ids and pad id are traced values, so changing them does not recompile; ``max_new_tokens`` is static).
 

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from flax import struct
@@ -37,7 +37,7 @@ class ModelInputs:
     attention_mask: np.ndarray
     positions: np.ndarray
     rope_deltas: np.ndarray
-    vision: Optional[VisionInputs] = None
+    vision: VisionInputs | None = None
 
 
 def pick_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int:
@@ -73,8 +73,9 @@ def vision_segment_ids(grid_thw: np.ndarray) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0,), np.int32)
 
 
-def get_rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, image_grid_thw: Optional[np.ndarray],
-                   cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndarray]:
+def get_rope_index(
+    input_ids: np.ndarray, attention_mask: np.ndarray, image_grid_thw: np.ndarray | None, cfg: Qwen2VLConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """M-RoPE positions int32[3, B, T] and deltas int32[B], as transformers 5 computes them.
 
     Only tokens with mask 1 are counted; masked slots get position 0. Each run of consecutive image-pad
@@ -111,8 +112,10 @@ def get_rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, image_grid
                 gi += 1
                 lh, lw = gh // m, gw // m
                 if gt * lh * lw != n:
-                    raise ValueError(f"batch row {r}: an image-token run has {n} tokens but its grid "
-                                     f"{[gt, gh, gw]} gives {gt * lh * lw}")
+                    raise ValueError(
+                        f"batch row {r}: an image-token run has {n} tokens but its grid "
+                        f"{[gt, gh, gw]} gives {gt * lh * lw}"
+                    )
                 tt, hh, ww = np.meshgrid(np.arange(gt), np.arange(lh), np.arange(lw), indexing="ij")
                 pieces.append(np.stack([tt.ravel() + cur, hh.ravel() + cur, ww.ravel() + cur]))
                 cur += max(gh, gw) // m
@@ -125,8 +128,12 @@ def get_rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, image_grid
     return positions.astype(np.int32), deltas.astype(np.int32)
 
 
-def prepare_vision(cfg: Qwen2VLConfig, pixel_values: np.ndarray, image_grid_thw: np.ndarray,
-                   patch_buckets: Sequence[int] = DEFAULT_PATCH_BUCKETS) -> VisionInputs:
+def prepare_vision(
+    cfg: Qwen2VLConfig,
+    pixel_values: np.ndarray,
+    image_grid_thw: np.ndarray,
+    patch_buckets: Sequence[int] = DEFAULT_PATCH_BUCKETS,
+) -> VisionInputs:
     """Pads the packed patches of all images to a bucket. pixel_values: f32[N, patch_dim]; image_grid_thw:
     int[n, 3] with sum(t*h*w) = N."""
     v = cfg.vision
@@ -160,8 +167,8 @@ def _as_batch(input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray]:
             ids = np.zeros((len(rows), t), np.int64)
             mask = np.zeros((len(rows), t), bool)
             for i, r in enumerate(rows):
-                ids[i, :len(r)] = r
-                mask[i, :len(r)] = True
+                ids[i, : len(r)] = r
+                mask[i, : len(r)] = True
             return ids, mask
     ids = np.asarray(input_ids, dtype=np.int64)
     if ids.ndim == 1:
@@ -174,9 +181,17 @@ def _as_batch(input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def prepare_inputs(cfg: Qwen2VLConfig, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
-                   *, text_buckets: Sequence[int] = DEFAULT_TEXT_BUCKETS,
-                   patch_buckets: Sequence[int] = DEFAULT_PATCH_BUCKETS, pad_id: int = 0) -> ModelInputs:
+def prepare_inputs(
+    cfg: Qwen2VLConfig,
+    input_ids,
+    attention_mask=None,
+    pixel_values=None,
+    image_grid_thw=None,
+    *,
+    text_buckets: Sequence[int] = DEFAULT_TEXT_BUCKETS,
+    patch_buckets: Sequence[int] = DEFAULT_PATCH_BUCKETS,
+    pad_id: int = 0,
+) -> ModelInputs:
     """HF-style inputs -> ModelInputs (numpy arrays; ``jax.device_put`` them or pass them to a jitted function).
 
     input_ids: int[B, T] or a list of 1-D token sequences; attention_mask: {0,1}[B, T] or None (all valid);
@@ -208,5 +223,4 @@ def prepare_inputs(cfg: Qwen2VLConfig, input_ids, attention_mask=None, pixel_val
     out_mask[:, :t] = mask
     out_pos = np.zeros((3, b, tb), np.int32)
     out_pos[:, :, :t] = positions
-    return ModelInputs(input_ids=out_ids, attention_mask=out_mask, positions=out_pos, rope_deltas=deltas,
-                       vision=vision)
+    return ModelInputs(input_ids=out_ids, attention_mask=out_mask, positions=out_pos, rope_deltas=deltas, vision=vision)

@@ -70,8 +70,7 @@ def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
     return out.reshape((out.shape[0], n * query_chunk) + out.shape[3:])[:, :t]
 
 
-def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
-              query_chunk: int = 0) -> jnp.ndarray:
+def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
     """Masked softmax attention with grouped key/value heads.
 
     q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] with Hq a multiple of Hkv (query head h reads KV head h // (Hq/Hkv),
@@ -86,10 +85,17 @@ def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
     return _chunked(lambda qc, mc: _attention_dense(qc, k, v, mc), q, mask, query_chunk)
 
 
-def segment_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, q_segments: jnp.ndarray,
-                      k_segments: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
+def segment_attention(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    q_segments: jnp.ndarray,
+    k_segments: jnp.ndarray,
+    query_chunk: int = 0,
+) -> jnp.ndarray:
     """Block-diagonal attention: query t attends key s iff their segment ids are equal. q_segments:
     int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time."""
+
     def fn(qc, seg):
         return _attention_dense(qc, k, v, seg[:, :, None] == k_segments[:, None, :])
 
@@ -100,7 +106,7 @@ def _two_block_dense(q, k_old, v_old, old_mask, k_new, v_new, new_mask):
     r, t, hq, d = q.shape
     hkv = k_new.shape[2]
     qg = q.reshape(r, t, hkv, hq // hkv, d)
-    scale = jnp.asarray(d ** -0.5, q.dtype)
+    scale = jnp.asarray(d**-0.5, q.dtype)
     if t == 1:  # one new token (decoding): multiply-and-reduce reads the cache in its stored layout, no transpose
         s_old = jnp.sum(qg[:, 0, None, :, :, :] * k_old.astype(q.dtype)[:, :, :, None, :], axis=-1)  # [R,S,k,g]
         s_old = jnp.transpose(s_old, (0, 2, 3, 1))[:, :, :, None, :] * scale  # [R, k, g, 1, S]
@@ -121,9 +127,16 @@ def _two_block_dense(q, k_old, v_old, old_mask, k_new, v_new, new_mask):
     return out.reshape(r, t, hq, d)
 
 
-def two_block_attention(q: jnp.ndarray, k_old: jnp.ndarray, v_old: jnp.ndarray, old_mask: jnp.ndarray,
-                        k_new: jnp.ndarray, v_new: jnp.ndarray, new_mask: jnp.ndarray,
-                        query_chunk: int = 0) -> jnp.ndarray:
+def two_block_attention(
+    q: jnp.ndarray,
+    k_old: jnp.ndarray,
+    v_old: jnp.ndarray,
+    old_mask: jnp.ndarray,
+    k_new: jnp.ndarray,
+    v_new: jnp.ndarray,
+    new_mask: jnp.ndarray,
+    query_chunk: int = 0,
+) -> jnp.ndarray:
     """``attention`` over two key blocks — a KV cache and the new tokens — with one joint softmax, without
     concatenating them (so a cache is only read, never copied).
 
@@ -131,5 +144,6 @@ def two_block_attention(q: jnp.ndarray, k_old: jnp.ndarray, v_old: jnp.ndarray, 
     every query); k_new, v_new: [R, T, Hkv, D]; new_mask: bool[R, T, T]. Same head grouping, masking and float32
     softmax as ``attention``; returns [R, T, Hq, D] in q's dtype.
     """
-    return _chunked(lambda qc, mc: _two_block_dense(qc, k_old, v_old, old_mask, k_new, v_new, mc), q, new_mask,
-                    query_chunk)
+    return _chunked(
+        lambda qc, mc: _two_block_dense(qc, k_old, v_old, old_mask, k_new, v_new, mc), q, new_mask, query_chunk
+    )

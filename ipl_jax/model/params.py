@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -64,44 +64,86 @@ def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     h, lt, i_dim = t.hidden_size, t.num_hidden_layers, t.intermediate_size
     dq, dkv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
     me = v.merge_factor * e
-    out: list[ParamEntry] = [ParamEntry(("visual", "patch_embed", "kernel"), (v.patch_dim, e), "normal",
-                                        "visual.patch_embed.proj.weight", "conv")]
+    out: list[ParamEntry] = [
+        ParamEntry(
+            ("visual", "patch_embed", "kernel"), (v.patch_dim, e), "normal", "visual.patch_embed.proj.weight", "conv"
+        )
+    ]
     vb = "visual.blocks.{i}."
     qwen25 = cfg.model_type == "qwen2_5_vl"  # RMSNorms (no bias) and a SwiGLU MLP (with biases)
     for n in ("norm1", "norm2"):
         out.append(ParamEntry(("visual", "blocks", n, "scale"), (lv, e), "ones", vb + n + ".weight"))
         if not qwen25:
             out.append(ParamEntry(("visual", "blocks", n, "bias"), (lv, e), "zeros", vb + n + ".bias"))
-    mlp = ((("mlp", "gate_proj", e, m), ("mlp", "up_proj", e, m), ("mlp", "down_proj", m, e)) if qwen25
-           else (("mlp", "fc1", e, m), ("mlp", "fc2", m, e)))
+    mlp = (
+        (("mlp", "gate_proj", e, m), ("mlp", "up_proj", e, m), ("mlp", "down_proj", m, e))
+        if qwen25
+        else (("mlp", "fc1", e, m), ("mlp", "fc2", m, e))
+    )
     for sub, name, din, dout in (("attn", "qkv", e, 3 * e), ("attn", "proj", e, e)) + mlp:
-        out += [ParamEntry(("visual", "blocks", sub, name, "kernel"), (lv, din, dout), "normal",
-                           f"{vb}{sub}.{name}.weight", "linear"),
-                ParamEntry(("visual", "blocks", sub, name, "bias"), (lv, dout), "zeros", f"{vb}{sub}.{name}.bias")]
+        out += [
+            ParamEntry(
+                ("visual", "blocks", sub, name, "kernel"),
+                (lv, din, dout),
+                "normal",
+                f"{vb}{sub}.{name}.weight",
+                "linear",
+            ),
+            ParamEntry(("visual", "blocks", sub, name, "bias"), (lv, dout), "zeros", f"{vb}{sub}.{name}.bias"),
+        ]
     out.append(ParamEntry(("visual", "merger", "ln_q", "scale"), (e,), "ones", "visual.merger.ln_q.weight"))
     if not qwen25:
         out.append(ParamEntry(("visual", "merger", "ln_q", "bias"), (e,), "zeros", "visual.merger.ln_q.bias"))
     for idx, din, dout in ((0, me, me), (2, me, v.hidden_size)):
-        out += [ParamEntry(("visual", "merger", f"mlp_{idx}", "kernel"), (din, dout), "normal",
-                           f"visual.merger.mlp.{idx}.weight", "linear"),
-                ParamEntry(("visual", "merger", f"mlp_{idx}", "bias"), (dout,), "zeros",
-                           f"visual.merger.mlp.{idx}.bias")]
+        out += [
+            ParamEntry(
+                ("visual", "merger", f"mlp_{idx}", "kernel"),
+                (din, dout),
+                "normal",
+                f"visual.merger.mlp.{idx}.weight",
+                "linear",
+            ),
+            ParamEntry(("visual", "merger", f"mlp_{idx}", "bias"), (dout,), "zeros", f"visual.merger.mlp.{idx}.bias"),
+        ]
 
-    out.append(ParamEntry(("model", "embed_tokens", "embedding"), (t.vocab_size, h), "normal",
-                          "model.embed_tokens.weight"))
+    out.append(
+        ParamEntry(("model", "embed_tokens", "embedding"), (t.vocab_size, h), "normal", "model.embed_tokens.weight")
+    )
     tl = "model.layers.{i}."
     for n in ("input_layernorm", "post_attention_layernorm"):
         out.append(ParamEntry(("model", "layers", n, "scale"), (lt, h), "ones", tl + n + ".weight"))
     for name, dout in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
-        out += [ParamEntry(("model", "layers", "self_attn", name, "kernel"), (lt, h, dout), "normal",
-                           f"{tl}self_attn.{name}.weight", "linear"),
-                ParamEntry(("model", "layers", "self_attn", name, "bias"), (lt, dout), "zeros",
-                           f"{tl}self_attn.{name}.bias")]
-    out.append(ParamEntry(("model", "layers", "self_attn", "o_proj", "kernel"), (lt, dq, h), "normal",
-                          f"{tl}self_attn.o_proj.weight", "linear"))
+        out += [
+            ParamEntry(
+                ("model", "layers", "self_attn", name, "kernel"),
+                (lt, h, dout),
+                "normal",
+                f"{tl}self_attn.{name}.weight",
+                "linear",
+            ),
+            ParamEntry(
+                ("model", "layers", "self_attn", name, "bias"), (lt, dout), "zeros", f"{tl}self_attn.{name}.bias"
+            ),
+        ]
+    out.append(
+        ParamEntry(
+            ("model", "layers", "self_attn", "o_proj", "kernel"),
+            (lt, dq, h),
+            "normal",
+            f"{tl}self_attn.o_proj.weight",
+            "linear",
+        )
+    )
     for name, din, dout in (("gate_proj", h, i_dim), ("up_proj", h, i_dim), ("down_proj", i_dim, h)):
-        out.append(ParamEntry(("model", "layers", "mlp", name, "kernel"), (lt, din, dout), "normal",
-                              f"{tl}mlp.{name}.weight", "linear"))
+        out.append(
+            ParamEntry(
+                ("model", "layers", "mlp", name, "kernel"),
+                (lt, din, dout),
+                "normal",
+                f"{tl}mlp.{name}.weight",
+                "linear",
+            )
+        )
     out.append(ParamEntry(("model", "norm", "scale"), (h,), "ones", "model.norm.weight"))
     if not cfg.tie_word_embeddings:
         out.append(ParamEntry(("lm_head", "kernel"), (h, t.vocab_size), "normal", "lm_head.weight", "linear"))

@@ -40,17 +40,20 @@ def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRI
         n = g[0] * (g[1] // v.spatial_merge_size) * (g[2] // v.spatial_merge_size)
         return [cfg.vision_start_token_id] + [cfg.image_token_id] * n + [cfg.vision_end_token_id]
 
-    rows = [text(text_len) + image(grids[0]) + text(3) + image(grids[1]) + text(4),
-            text(text_len // 2) + image(grids[1]) + text(2)]
+    rows = [
+        text(text_len) + image(grids[0]) + text(3) + image(grids[1]) + text(4),
+        text(text_len // 2) + image(grids[1]) + text(2),
+    ]
     used = [grids[0], grids[1], grids[1]]
     pixel_values = np.concatenate(
-        [rng.standard_normal((g[0] * g[1] * g[2], v.patch_dim)).astype(np.float32) for g in used])
+        [rng.standard_normal((g[0] * g[1] * g[2], v.patch_dim)).astype(np.float32) for g in used]
+    )
     t = max(len(r) for r in rows)
     ids = np.zeros((2, t), np.int64)
     mask = np.zeros((2, t), np.int64)
     for i, r in enumerate(rows):
-        ids[i, t - len(r):] = r
-        mask[i, t - len(r):] = 1
+        ids[i, t - len(r) :] = r
+        mask[i, t - len(r) :] = 1
     return ids, mask, pixel_values, np.asarray(used, np.int64)
 
 
@@ -70,13 +73,19 @@ def compare(model_dir: str, seed: int = 0) -> dict:
     ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed), WINDOW_GRIDS if qwen25 else DEFAULT_GRIDS)
 
     ref_cls = Qwen2_5_VLForConditionalGeneration if qwen25 else Qwen2VLForConditionalGeneration
-    ref_model = ref_cls.from_pretrained(
-        model_dir, attn_implementation="eager", dtype=torch.float32).eval()
+    ref_model = ref_cls.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
-        ref = ref_model(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                        pixel_values=torch.as_tensor(pv), image_grid_thw=torch.as_tensor(grids),
-                        mm_token_type_ids=torch.as_tensor((ids == cfg.image_token_id).astype(np.int64))
-                        ).logits.float().numpy()
+        ref = (
+            ref_model(
+                input_ids=torch.as_tensor(ids),
+                attention_mask=torch.as_tensor(mask),
+                pixel_values=torch.as_tensor(pv),
+                image_grid_thw=torch.as_tensor(grids),
+                mm_token_type_ids=torch.as_tensor((ids == cfg.image_token_id).astype(np.int64)),
+            )
+            .logits.float()
+            .numpy()
+        )
 
     t = ids.shape[1]
     inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(t,), patch_buckets=(len(pv),))

@@ -6,8 +6,8 @@ are then cast to the activation dtype before rotation (as transformers does); th
 
 from __future__ import annotations
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 
 from ipl_jax.model.config import TextConfig, VisionConfig
 

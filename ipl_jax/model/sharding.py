@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import KVCache
@@ -124,8 +125,13 @@ def inputs_shardings(inputs, mesh: Mesh):
 
     rep = NamedSharding(mesh, P())
     vision = None if inputs.vision is None else jax.tree.map(lambda _: rep, inputs.vision)
-    return ModelInputs(input_ids=one(inputs.input_ids, 0), attention_mask=one(inputs.attention_mask, 0),
-                       positions=one(inputs.positions, 1), rope_deltas=one(inputs.rope_deltas, 0), vision=vision)
+    return ModelInputs(
+        input_ids=one(inputs.input_ids, 0),
+        attention_mask=one(inputs.attention_mask, 0),
+        positions=one(inputs.positions, 1),
+        rope_deltas=one(inputs.rope_deltas, 0),
+        vision=vision,
+    )
 
 
 def cache_shardings(cfg: Qwen2VLConfig, mesh: Mesh, batch: int, size: int):

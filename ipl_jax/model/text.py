@@ -16,7 +16,7 @@ the batch, like transformers' ``masked_scatter``); padding must therefore never 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,9 @@ from ipl_jax.model.rope import apply_rotary, text_cos_sin
 from ipl_jax.model.vision import encode_images_unjitted
 
 
-def embed_tokens(params: dict, cfg: Qwen2VLConfig, input_ids: jnp.ndarray,
-                 image_features: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+def embed_tokens(
+    params: dict, cfg: Qwen2VLConfig, input_ids: jnp.ndarray, image_features: jnp.ndarray | None = None
+) -> jnp.ndarray:
     """Token embeddings with image features scattered into image-pad slots.
 
     input_ids: int32[B, T]; image_features: f32[N, hidden] or None. The k-th image-pad token (row-major)
@@ -57,8 +58,9 @@ def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
     return causal[None] & attention_spec.astype(bool)[:, None, :]
 
 
-def decoder_layer(lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray,
-                  attend: Callable, kv_dtype=None):
+def decoder_layer(
+    lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray, attend: Callable, kv_dtype=None
+):
     """One Qwen2 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual).
 
     lp: the layer's parameters; x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D] (``text_cos_sin``).
@@ -89,8 +91,15 @@ def decoder_layer(lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray
     return x + h, (k, v)
 
 
-def decoder_stack(params: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, positions: jnp.ndarray, attend: Callable,
-                  kv_dtype=None, remat: bool = False):
+def decoder_stack(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    x: jnp.ndarray,
+    positions: jnp.ndarray,
+    attend: Callable,
+    kv_dtype=None,
+    remat: bool = False,
+):
     """Runs every decoder layer (one ``lax.scan`` over the stacked layer parameters) and the final norm.
 
     x: dtype[B, T, hidden]; positions: int32[3, B, T] (M-RoPE rows T, H, W).
@@ -139,9 +148,15 @@ def _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_fea
 
 
 @functools.partial(jax.jit, static_argnums=(1,), static_argnames=("remat",))
-def forward_hidden(params: dict, cfg: Qwen2VLConfig, input_ids: jnp.ndarray, positions: jnp.ndarray,
-                   attention_spec: jnp.ndarray, image_features: Optional[jnp.ndarray] = None,
-                   remat: bool = False) -> jnp.ndarray:
+def forward_hidden(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    input_ids: jnp.ndarray,
+    positions: jnp.ndarray,
+    attention_spec: jnp.ndarray,
+    image_features: jnp.ndarray | None = None,
+    remat: bool = False,
+) -> jnp.ndarray:
     """Final-norm hidden states dtype[B, T, hidden].
 
     input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE rows T, H, W); attention_spec: bool[B, T]
@@ -152,16 +167,23 @@ def forward_hidden(params: dict, cfg: Qwen2VLConfig, input_ids: jnp.ndarray, pos
 
 
 @functools.partial(jax.jit, static_argnums=(1,), static_argnames=("remat",))
-def forward(params: dict, cfg: Qwen2VLConfig, input_ids: jnp.ndarray, positions: jnp.ndarray,
-            attention_spec: jnp.ndarray, image_features: Optional[jnp.ndarray] = None,
-            remat: bool = False) -> jnp.ndarray:
+def forward(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    input_ids: jnp.ndarray,
+    positions: jnp.ndarray,
+    attention_spec: jnp.ndarray,
+    image_features: jnp.ndarray | None = None,
+    remat: bool = False,
+) -> jnp.ndarray:
     """Logits f32[B, T, V]; arguments as in ``forward_hidden``."""
     hidden = _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features, remat)
     return logits_from_hidden(params, cfg, hidden)
 
 
-def token_log_probs(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray, targets: jnp.ndarray,
-                    chunk: int = 128) -> jnp.ndarray:
+def token_log_probs(
+    params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray, targets: jnp.ndarray, chunk: int = 128
+) -> jnp.ndarray:
     """log p(targets) f32[B, T] from hidden [B, T, hidden], materialising logits for ``chunk`` positions at a
     time (T must be a multiple of ``chunk`` or smaller than it). targets: int32[B, T]."""
     b, t, h = hidden.shape

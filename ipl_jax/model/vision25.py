@@ -73,12 +73,11 @@ def _block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
     x = x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
     h = rms_norm(bp["norm2"], x, _NORM_EPS)
     mp = bp["mlp"]
-    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype),
-              dtype)
+    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
     return x + h
 
 
-def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: "VisionInputs") -> jnp.ndarray:
+def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
     """ViT + merger of Qwen2.5-VL. Returns f32[P // merge_factor, hidden] in the input's merged-token order
     (images first, pad rows at the end, as ``vision.encode_images``)."""
     v = cfg.vision
@@ -126,7 +125,7 @@ def window_index_host(grid_thw, cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndar
         for s in range(t):
             for r in range(0, gh, ws):
                 for c in range(0, gw, ws):
-                    win = grid[s, r:r + ws, c:c + ws].ravel()
+                    win = grid[s, r : r + ws, c : c + ws].ravel()
                     index.append(win)
                     cu.append(cu[-1] + win.size * mf)
         base += t * gh * gw

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.params import ParamEntry, get_path, param_layout, set_path
-from ipl_jax.model.params import init_params, param_shapes  # noqa: F401  (re-exported: weights I/O + init in one place)
+from ipl_jax.model.params import ParamEntry, get_path, init_params, param_layout, param_shapes, set_path  # noqa: F401  (re-exported: weights I/O + init in one place)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,9 +33,9 @@ def canonical_name(name: str) -> str:
     """Maps in-memory transformers>=4.52 names to on-disk names: model.language_model.* -> model.*,
     model.visual.* -> visual.*."""
     if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model."):]
+        return "model." + name[len("model.language_model.") :]
     if name.startswith("model.visual."):
-        return name[len("model."):]
+        return name[len("model.") :]
     return name
 
 
@@ -129,8 +129,9 @@ def _leaf_reader(src: _TensorSource, ent: ParamEntry, name_fmt: str, dtype) -> C
     return read
 
 
-def load_params(model_dir: str, cfg: Optional[Qwen2VLConfig] = None, shardings: Any = None,
-                dtype: Any = None) -> tuple[dict, Qwen2VLConfig]:
+def load_params(
+    model_dir: str, cfg: Qwen2VLConfig | None = None, shardings: Any = None, dtype: Any = None
+) -> tuple[dict, Qwen2VLConfig]:
     """Loads a Hugging Face Qwen2-VL checkpoint.
 
     model_dir: directory with config.json and safetensors. cfg: overrides the config read from the directory.
@@ -175,8 +176,9 @@ def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
         if tuple(leaf.shape) != ent.shape:
             raise ValueError(f"param {ent.key} has shape {tuple(leaf.shape)}, config implies {ent.shape}")
         full = np.asarray(jax.device_get(leaf))
-        items = ([(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked
-                 else [(ent.hf_name, full)])
+        items = (
+            [(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked else [(ent.hf_name, full)]
+        )
         for name, a in items:
             if ent.transform == "linear":
                 a = a.T

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import ml_collections
 
@@ -46,10 +46,17 @@ VARIANTS = {
     "k3": {"sampler.branching": (3, 3, 3, 1)},
     "k4": {"sampler.branching": (4, 4, 4, 1)},
 }
-LABELS = {"seed": "seed policy (no IPL)", "tdpo": "T-DPO (full)", "continued_sft": "continued SFT (control)",
-          "naive_dpo": "naive DPO",
-          "no_negatives": "IPL w/o negatives", "no_evolution": "w/o instr. evolution", "k2": "K = 2", "k3": "K = 3",
-          "k4": "K = 4"}
+LABELS = {
+    "seed": "seed policy (no IPL)",
+    "tdpo": "T-DPO (full)",
+    "continued_sft": "continued SFT (control)",
+    "naive_dpo": "naive DPO",
+    "no_negatives": "IPL w/o negatives",
+    "no_evolution": "w/o instr. evolution",
+    "k2": "K = 2",
+    "k3": "K = 3",
+    "k4": "K = 4",
+}
 SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
 SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
 
@@ -90,16 +97,20 @@ def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[st
 def _episode_counts(wd_root: Path, round_dir: str, splits: Sequence[str]) -> list[dict]:
     from ipl_jax.eval.bootstrap import episode_counts, read_predictions
 
-    return [episode_counts(read_predictions(wd_root / "eval" / round_dir / f"{s}.predictions.jsonl"))
-            for s in splits]
+    return [episode_counts(read_predictions(wd_root / "eval" / round_dir / f"{s}.predictions.jsonl")) for s in splits]
 
 
 def _mean_total(metrics: dict, splits: Sequence[str]) -> float:
     return float(sum(float(metrics[s]["total"]["exact_acc"] or 0.0) for s in splits) / len(splits))
 
 
-def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variants: Sequence[str],
-                 echo=print, extra_variants: dict | None = None) -> dict:
+def run_ablation(
+    config: ml_collections.ConfigDict,
+    workdir: str | Path,
+    variants: Sequence[str],
+    echo=print,
+    extra_variants: dict | None = None,
+) -> dict:
     """The base job once, then each variant's round(s) from its seed. ``extra_variants``: more named variants
     (name -> {"section.field": value}) besides ``VARIANTS`` (for studies of the method's switches)."""
     from ipl_jax.eval.bootstrap import paired_gain_interval
@@ -112,17 +123,27 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variant
     base = run_job(config, root / "base", stop_after="eval_seed", echo=echo)
     base_eval = base.summary("eval_seed")
     seed_counts = _episode_counts(base.root, "round_0", splits)
-    rows = [{"variant": "seed", "label": LABELS["seed"], "metrics": base_eval["metrics"], "pairs": 0,
-             "blank": base_eval.get("blank"), "trees": base.summary("seed")["trees"], "seconds": 0.0,
-             "mean_total": _mean_total(base_eval["metrics"], splits)}]
+    rows = [
+        {
+            "variant": "seed",
+            "label": LABELS["seed"],
+            "metrics": base_eval["metrics"],
+            "pairs": 0,
+            "blank": base_eval.get("blank"),
+            "trees": base.summary("seed")["trees"],
+            "seconds": 0.0,
+            "mean_total": _mean_total(base_eval["metrics"], splits),
+        }
+    ]
     done: dict[str, dict] = {}
     for name in variants:
         vc = variant_config(config, name, known)
         key = _ipl_key(vc)
         if key in done:
             echo(f"== {name}: same settings as {done[key]['variant']}; reusing its result ==")
-            rows.append({**done[key], "variant": name, "label": LABELS.get(name, name),
-                         "same_as": done[key]["variant"]})
+            rows.append(
+                {**done[key], "variant": name, "label": LABELS.get(name, name), "same_as": done[key]["variant"]}
+            )
             continue
         echo(f"== variant {name} ==")
         wd = Workdir(root / "variants" / name, echo=echo)
@@ -131,18 +152,23 @@ def run_ablation(config: ml_collections.ConfigDict, workdir: str | Path, variant
         else:
             _share(base, wd, SHARED_DIRS, SHARED_STAGES)
         run_job(vc, wd.root, stop_after="rounds", echo=echo)
-        last = max((int(p.name.split("_")[1].split(".")[0]) for p in wd.path("stages").glob("round_*.done")),
-                   default=0)
+        last = max((int(p.name.split("_")[1].split(".")[0]) for p in wd.path("stages").glob("round_*.done")), default=0)
         summaries = [wd.summary(f"round_{r}") for r in range(1, last + 1)]
         final = summaries[-1]
-        row = {"variant": name, "label": LABELS.get(name, name), "metrics": final["metrics"], "rounds": last,
-               "blank": final.get("blank"), "pairs": sum(s["record"]["pairs"] for s in summaries),
-               "pairs_by_turn": summaries[0]["record"].get("pairs_by_turn"),
-               "pair_counts": summaries[0]["record"].get("pair_counts"),
-               "updates": sum(int(s["record"]["train"].get("steps", 0)) for s in summaries),
-               "trees": summaries[0]["record"]["classes"],
-               "seconds": round(sum(s["seconds"] for s in summaries), 1),
-               "mean_total": _mean_total(final["metrics"], splits)}
+        row = {
+            "variant": name,
+            "label": LABELS.get(name, name),
+            "metrics": final["metrics"],
+            "rounds": last,
+            "blank": final.get("blank"),
+            "pairs": sum(s["record"]["pairs"] for s in summaries),
+            "pairs_by_turn": summaries[0]["record"].get("pairs_by_turn"),
+            "pair_counts": summaries[0]["record"].get("pair_counts"),
+            "updates": sum(int(s["record"]["train"].get("steps", 0)) for s in summaries),
+            "trees": summaries[0]["record"]["classes"],
+            "seconds": round(sum(s["seconds"] for s in summaries), 1),
+            "mean_total": _mean_total(final["metrics"], splits),
+        }
         variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
         if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
             row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
@@ -158,8 +184,12 @@ def format_ablation(result: dict) -> str:
     blocks = []
     rows = [{**r, "variant": r.get("label", r["variant"])} for r in result["rows"]]
     for split in result["splits"]:
-        blocks.append(f"step accuracy (%) on {split}, after {result['rounds']} IPL round(s)\n"
-                      + report.ablation_table(rows, split))
-    blocks.append(f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
-                  f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows))
+        blocks.append(
+            f"step accuracy (%) on {split}, after {result['rounds']} IPL round(s)\n"
+            + report.ablation_table(rows, split)
+        )
+    blocks.append(
+        f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
+        f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows)
+    )
     return "\n\n".join(blocks)

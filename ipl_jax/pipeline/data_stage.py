@@ -11,8 +11,8 @@ from __future__ import annotations
 import collections
 import random
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import ml_collections
 
@@ -64,13 +64,22 @@ def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
         episodes = generate_split(split, episodes_for(config, split), seed=int(config.seed), config=world)
         if (root / split).exists():  # what an interrupted attempt left: never mix its episodes with these
             shutil.rmtree(root / split)
-        write_aitz_split(progress(episodes, desc=f"data {split}", unit="episode"), root, split,
-                         compress_level=int(config.data.png_level))
+        write_aitz_split(
+            progress(episodes, desc=f"data {split}", unit="episode"),
+            root,
+            split,
+            compress_level=int(config.data.png_level),
+        )
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
-        summary["splits"][split] = {"episodes": len(episodes), "steps": sum(types.values()),
-                                    "action_types": dict(sorted(types.items()))}
-        wd.echo(f"  {split}: {len(episodes)} episodes, {sum(types.values())} steps "
-                f"({', '.join(f'{k} {v}' for k, v in sorted(types.items()))})")
+        summary["splits"][split] = {
+            "episodes": len(episodes),
+            "steps": sum(types.values()),
+            "action_types": dict(sorted(types.items())),
+        }
+        wd.echo(
+            f"  {split}: {len(episodes)} episodes, {sum(types.values())} steps "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(types.items()))})"
+        )
     if packed:
         from ipl_jax.data.packed import pack_dataset
 
@@ -144,8 +153,12 @@ def evolve(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence
     if not config.evolution.enabled:
         write_qas_jsonl(path, [])
         return {"enabled": False, "generated": 0, "kept": 0, "path": str(path)}
-    raw = evolve_steps(progress(train_steps, desc="evolution", unit="screen"), seed=int(config.seed),
-                       levels=tuple(config.evolution.levels), per_step=int(config.evolution.per_step))
+    raw = evolve_steps(
+        progress(train_steps, desc="evolution", unit="screen"),
+        seed=int(config.seed),
+        levels=tuple(config.evolution.levels),
+        per_step=int(config.evolution.per_step),
+    )
     kept, counts = filter_qas(raw)
     cap = int(config.evolution.max_items)
     if cap and len(kept) > cap:
@@ -156,9 +169,18 @@ def evolve(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence
     by_level = collections.Counter(q.level for q in kept)
     by_kind = collections.Counter(q.kind for q in kept)
     dropped = {k: v for k, v in counts.items() if k != "kept" and v}
-    wd.echo(f"  {len(raw)} Q&A generated on {len(train_steps)} screens, {counts['kept']} pass the filter "
-            f"(dropped: {dropped or 'none'}), {len(kept)} used; by level "
-            + ", ".join(f"L{k} {v}" for k, v in sorted(by_level.items())))
-    return {"enabled": True, "generated": len(raw), "passed_filter": counts["kept"], "kept": len(kept),
-            "filter": counts, "by_level": {str(k): v for k, v in sorted(by_level.items())},
-            "by_kind": dict(sorted(by_kind.items())), "path": str(path)}
+    wd.echo(
+        f"  {len(raw)} Q&A generated on {len(train_steps)} screens, {counts['kept']} pass the filter "
+        f"(dropped: {dropped or 'none'}), {len(kept)} used; by level "
+        + ", ".join(f"L{k} {v}" for k, v in sorted(by_level.items()))
+    )
+    return {
+        "enabled": True,
+        "generated": len(raw),
+        "passed_filter": counts["kept"],
+        "kept": len(kept),
+        "filter": counts,
+        "by_level": {str(k): v for k, v in sorted(by_level.items())},
+        "by_kind": dict(sorted(by_kind.items())),
+        "path": str(path),
+    }

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 import ml_collections
@@ -74,12 +74,18 @@ def model_config_dict(config: ml_collections.ConfigDict, special_ids: dict) -> d
 
     m = config.model
     overrides = {
-        "text_config": {"hidden_size": int(m.hidden_size), "intermediate_size": int(m.intermediate_size),
-                        "num_hidden_layers": int(m.num_hidden_layers),
-                        "num_attention_heads": int(m.num_attention_heads),
-                        "num_key_value_heads": int(m.num_key_value_heads)},
-        "vision_config": {"depth": int(m.vision_depth), "embed_dim": int(m.vision_embed_dim),
-                          "num_heads": int(m.vision_num_heads)},
+        "text_config": {
+            "hidden_size": int(m.hidden_size),
+            "intermediate_size": int(m.intermediate_size),
+            "num_hidden_layers": int(m.num_hidden_layers),
+            "num_attention_heads": int(m.num_attention_heads),
+            "num_key_value_heads": int(m.num_key_value_heads),
+        },
+        "vision_config": {
+            "depth": int(m.vision_depth),
+            "embed_dim": int(m.vision_embed_dim),
+            "num_heads": int(m.vision_num_heads),
+        },
         "tie_word_embeddings": bool(m.tie_word_embeddings),
     }
     return build_config_dict(overrides, int(m.vocab_size), special_ids)
@@ -127,12 +133,19 @@ def load_policy(directory: Path, mesh=None) -> Policy:
 
         shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
     params, cfg = load_params(str(directory), shardings=shardings)
-    return Policy(params=params, cfg=cfg, tokenizer=load_tokenizer(directory),
-                  image_config=ImageProcessorConfig.load(directory), source=str(directory), mesh=mesh)
+    return Policy(
+        params=params,
+        cfg=cfg,
+        tokenizer=load_tokenizer(directory),
+        image_config=ImageProcessorConfig.load(directory),
+        source=str(directory),
+        mesh=mesh,
+    )
 
 
-def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step],
-                        qas: Sequence) -> dict:
+def build_initial_model(
+    config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence
+) -> dict:
     """Stage 3: ``WORKDIR/model/init`` -- a copy of ``config.model.checkpoint``, or a new tokenizer trained on
     the data plus a freshly initialised model."""
     out = wd.path("model", "init")
@@ -145,8 +158,8 @@ def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_st
         write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
-    from ipl_jax.model import Qwen2VLConfig, init_params
     from ipl_jax.data.tiny import train_tokenizer, write_tokenizer
+    from ipl_jax.model import Qwen2VLConfig, init_params
 
     corpus = tokenizer_corpus(train_steps, qas)
     tok_dir = wd.dir("model", "tokenizer")
@@ -155,8 +168,9 @@ def build_initial_model(config: ml_collections.ConfigDict, wd: Workdir, train_st
     params = init_params(cfg, jax.random.PRNGKey(int(config.seed)))
     write_policy_dir(out, params, cfg, tok_dir, image_config_from(config))
     n = count_params(params)
-    wd.echo(f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "
-            f"{n / 1e6:.2f} M parameters ({cfg.text.num_hidden_layers} layers x {cfg.text.hidden_size}, "
-            f"vision {cfg.vision.depth} x {cfg.vision.embed_dim})")
-    return {"source": "fresh", "parameters": n, "vocab": max(special_ids.values()) + 1,
-            "corpus_lines": len(corpus)}
+    wd.echo(
+        f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "
+        f"{n / 1e6:.2f} M parameters ({cfg.text.num_hidden_layers} layers x {cfg.text.hidden_size}, "
+        f"vision {cfg.vision.depth} x {cfg.vision.embed_dim})"
+    )
+    return {"source": "fresh", "parameters": n, "vocab": max(special_ids.values()) + 1, "corpus_lines": len(corpus)}

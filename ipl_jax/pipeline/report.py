@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ipl_jax.viz.plots import TYPE_ROWS
 
 
 def results_round(round_index: int, metrics: dict, trees: dict, pairs: int, seconds: float, **extra) -> dict:
     """One entry of ``results.json["rounds"]``."""
-    return {"round": int(round_index), "metrics": metrics,
-            "trees": {k: float(trees.get(k, 0.0)) for k in ("alpha", "beta", "gamma")},
-            "pairs": int(pairs), "seconds": round(float(seconds), 2), **extra}
+    return {
+        "round": int(round_index),
+        "metrics": metrics,
+        "trees": {k: float(trees.get(k, 0.0)) for k in ("alpha", "beta", "gamma")},
+        "pairs": int(pairs),
+        "seconds": round(float(seconds), 2),
+        **extra,
+    }
 
 
-def _pct(v: Optional[float]) -> str:
+def _pct(v: float | None) -> str:
     return "   -  " if v is None else f"{100.0 * v:6.2f}"
 
 
 def round_table(rounds: Sequence[dict], split: str) -> str:
     """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts."""
-    head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}"
-                                    for r in rounds)
+    head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}" for r in rounds)
     lines = [head, "-" * len(head)]
     for row in TYPE_ROWS + ("total",):
         cells = []
@@ -53,8 +57,10 @@ def ablation_table(rows: Sequence[dict], split: str) -> str:
 def ablation_summary(rows: Sequence[dict]) -> str:
     """One line per variant: mean total match, gain [95 % interval], blank-screen total match, α/β/γ shares,
     updates, pairs by class (β/γ) and by turn (1..4)."""
-    head = (f"{'variant':<26}{'total':>7}{'gain [95% CI]':>22}{'blank':>7}{'α/β/γ %':>14}{'updates':>8}"
-            f"{'pairs β/γ':>11}  pairs by turn")
+    head = (
+        f"{'variant':<26}{'total':>7}{'gain [95% CI]':>22}{'blank':>7}{'α/β/γ %':>14}{'updates':>8}"
+        f"{'pairs β/γ':>11}  pairs by turn"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         g = r.get("gain")
@@ -65,8 +71,10 @@ def ablation_summary(rows: Sequence[dict]) -> str:
         shares = "/".join(f"{100 * float(trees.get(k, 0.0)):.0f}" for k in ("alpha", "beta", "gamma"))
         pc = (r.get("pair_counts") or {}).get("by_class") or {}
         by_turn = r.get("pairs_by_turn") or []
-        lines.append(f"{r['variant']:<26}{_pct(r.get('mean_total')):>7}{gain:>22}"
-                     f"{_pct(sum(b) / len(b) if b else None):>7}{shares:>14}{r.get('updates', 0):>8}"
-                     f"{str(pc.get('beta', 0)) + '/' + str(pc.get('gamma', 0)):>11}  "
-                     f"{'/'.join(str(x) for x in by_turn[1:]) if by_turn else '-'}")
+        lines.append(
+            f"{r['variant']:<26}{_pct(r.get('mean_total')):>7}{gain:>22}"
+            f"{_pct(sum(b) / len(b) if b else None):>7}{shares:>14}{r.get('updates', 0):>8}"
+            f"{str(pc.get('beta', 0)) + '/' + str(pc.get('gamma', 0)):>11}  "
+            f"{'/'.join(str(x) for x in by_turn[1:]) if by_turn else '-'}"
+        )
     return "\n".join(lines)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 import ml_collections
@@ -47,16 +47,28 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
 def eval_config(policy: Policy, config: ml_collections.ConfigDict, blank_screens: bool = False):
     """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
     from ipl_jax.eval.evaluate import EvalConfig
-    from ipl_jax.pipeline.data_stage import scoring_format
     from ipl_jax.eval.trees import sampler_config
+    from ipl_jax.pipeline.data_stage import scoring_format
 
-    return EvalConfig(sampler=sampler_config(config, policy.tokenizer), image_config=policy.image_config,
-                      batch_size=int(config.eval.batch_size), fmt=scoring_format(config), seed=int(config.seed),
-                      blank_screens=blank_screens)
+    return EvalConfig(
+        sampler=sampler_config(config, policy.tokenizer),
+        image_config=policy.image_config,
+        batch_size=int(config.eval.batch_size),
+        fmt=scoring_format(config),
+        seed=int(config.seed),
+        blank_screens=blank_screens,
+    )
 
 
-def evaluate_splits(policy: Policy, splits: dict[str, list[Episode]], names: Sequence[str],
-                    config: ml_collections.ConfigDict, out_dir: Path, echo=print, blank_screens: bool = False) -> dict:
+def evaluate_splits(
+    policy: Policy,
+    splits: dict[str, list[Episode]],
+    names: Sequence[str],
+    config: ml_collections.ConfigDict,
+    out_dir: Path,
+    echo=print,
+    blank_screens: bool = False,
+) -> dict:
     """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
     (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.
     predictions.jsonl`` with ``blank_screens``: every screenshot replaced by a grey image)."""
@@ -74,13 +86,16 @@ def evaluate_splits(policy: Policy, splits: dict[str, list[Episode]], names: Seq
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         tables[name] = table
-        echo(f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
-             f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps ({time.perf_counter() - t0:.1f} s)")
+        echo(
+            f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
+            f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps ({time.perf_counter() - t0:.1f} s)"
+        )
     return tables
 
 
-def evaluate_policy_splits(policy: Policy, splits: dict[str, list[Episode]], config: ml_collections.ConfigDict,
-                           out_dir: Path, echo=print) -> dict:
+def evaluate_policy_splits(
+    policy: Policy, splits: dict[str, list[Episode]], config: ml_collections.ConfigDict, out_dir: Path, echo=print
+) -> dict:
     """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``config.eval.blank_splits`` with
     blank screenshots: how much accuracy comes from reading the screen) and ``dev`` (the early-stopping signal)."""
     test = list(config.data.test_splits)
@@ -96,8 +111,9 @@ def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_col
     from ipl_jax.eval.evaluate import evaluate_policy
 
     episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
-    _, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config),
-                               policy.mesh)
+    _, table = evaluate_policy(
+        policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config), policy.mesh
+    )
     return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}
 
 
@@ -158,8 +174,7 @@ class IPLSettings:
         for f in ("rounds", "batch_size", "max_pairs_per_batch"):
             if getattr(self, f) < 1:
                 bad(f, "must be >= 1")
-        for f in ("warmup_steps", "steps_per_round", "max_pairs_per_tree", "max_gamma_pairs_per_tree",
-                  "lora_rank"):
+        for f in ("warmup_steps", "steps_per_round", "max_pairs_per_tree", "max_gamma_pairs_per_tree", "lora_rank"):
             if getattr(self, f) < 0:
                 bad(f, "must be >= 0")
 
@@ -193,11 +208,15 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
     from ipl_jax.preference.tdpo import TDPOConfig
 
     s = ipl_settings(config)
-    return TDPOConfig(model=cfg, dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind,
-                                               sft_norm=s.sft_norm),
-                      objective="positive_sft" if s.method == "no_negatives" else "tdpo",
-                      learning_rate=s.lr(round_index), schedule=s.schedule, warmup_steps=s.warmup_steps,
-                      grad_clip_norm=float(config.sft.grad_clip))
+    return TDPOConfig(
+        model=cfg,
+        dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
+        objective="positive_sft" if s.method == "no_negatives" else "tdpo",
+        learning_rate=s.lr(round_index),
+        schedule=s.schedule,
+        warmup_steps=s.warmup_steps,
+        grad_clip_norm=float(config.sft.grad_clip),
+    )
 
 
 def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
@@ -209,20 +228,31 @@ def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index:
 
     s = ipl_settings(config)
     k = max(int(b) for b in config.sampler.branching)
-    packing = PackingConfig(rows=s.batch_size, max_continuations=k + 1, max_pairs=s.max_pairs_per_batch,
-                            text_buckets=s.text_buckets,
-                            patch_buckets=tuple(int(p) * s.batch_size for p in config.buckets.patches),
-                            pad_id=int(tokenizer.ids.pad))
-    pairs = PairConfig(max_beta_pairs_per_tree_turn=s.max_pairs_per_tree,
-                       max_gamma_pairs_per_tree_turn=0 if s.gamma_pairs == "none" else s.gamma_cap,
-                       gamma_action_pairs=s.gamma_pairs in ("paper", "consistent"),
-                       gamma_grounding_pairs=s.gamma_pairs != "none", turns=s.pair_turns)
+    packing = PackingConfig(
+        rows=s.batch_size,
+        max_continuations=k + 1,
+        max_pairs=s.max_pairs_per_batch,
+        text_buckets=s.text_buckets,
+        patch_buckets=tuple(int(p) * s.batch_size for p in config.buckets.patches),
+        pad_id=int(tokenizer.ids.pad),
+    )
+    pairs = PairConfig(
+        max_beta_pairs_per_tree_turn=s.max_pairs_per_tree,
+        max_gamma_pairs_per_tree_turn=0 if s.gamma_pairs == "none" else s.gamma_cap,
+        gamma_action_pairs=s.gamma_pairs in ("paper", "consistent"),
+        gamma_grounding_pairs=s.gamma_pairs != "none",
+        turns=s.pair_turns,
+    )
     tdpo = tdpo_config(config, cfg, round_index)
-    return RoundConfig(tdpo=tdpo, packing=packing, pairs=pairs,
-                       pair_mode="naive" if s.method == "naive_dpo" else "tdpo",
-                       selection=SelectionConfig(dedup=s.dedup, type_balance=s.type_balance, mix_trees=s.mix_trees),
-                       train_on="golden" if s.method == "continued_sft" else "pairs",
-                       gamma_consistent_only=s.gamma_pairs == "consistent")
+    return RoundConfig(
+        tdpo=tdpo,
+        packing=packing,
+        pairs=pairs,
+        pair_mode="naive" if s.method == "naive_dpo" else "tdpo",
+        selection=SelectionConfig(dedup=s.dedup, type_balance=s.type_balance, mix_trees=s.mix_trees),
+        train_on="golden" if s.method == "continued_sft" else "pairs",
+        gamma_consistent_only=s.gamma_pairs == "consistent",
+    )
 
 
 def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, round_index: int) -> list[Step]:
@@ -278,8 +308,14 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
     return update
 
 
-def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, start: Path,
-              train_steps: Sequence[Step], dev_episodes: Sequence[Episode]) -> dict:
+def run_round(
+    config: ml_collections.ConfigDict,
+    wd: Workdir,
+    round_index: int,
+    start: Path,
+    train_steps: Sequence[Step],
+    dev_episodes: Sequence[Episode],
+) -> dict:
     """One IPL round from the policy directory ``start``; writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few
     sampled trees for the viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev``
     (the new policy's dev accuracy) and ``policy``."""
@@ -301,7 +337,7 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
 
     def sample(params, _n, rng):
         current = dataclasses.replace(policy, params=params)
-        seed = int(jax.random.randint(rng, (), 0, 2 ** 31 - 1))
+        seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
         for batch in iter_tree_batches(current, steps, sconfig, seed, int(config.sampler.batch_size)):
             sampled = sampled_trees(batch, policy.tokenizer)
             pending[id(sampled)] = (batch, turn_texts(batch.tree, policy.tokenizer))
@@ -312,8 +348,9 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
         actions, scores = score_batch(batch, texts, config)
         for row, step in enumerate(batch.steps):
             if len(kept_trees) < n_view and bool(batch.tree.step_valid[row]):
-                kept_trees.append((tree_record(batch.tree, row, texts, actions, scores, step,
-                                               float(config.reward.discount)), step))
+                kept_trees.append(
+                    (tree_record(batch.tree, row, texts, actions, scores, step, float(config.reward.discount)), step)
+                )
         return round_scores(batch, texts, actions, scores)
 
     golden = golden_update_fn(config, policy, steps, rcfg) if rcfg.train_on == "golden" else None
@@ -321,20 +358,25 @@ def run_round(config: ml_collections.ConfigDict, wd: Workdir, round_index: int, 
     if s.lora_rank > 0:
         from ipl_jax.training.lora import LoraConfig
 
-        state = init_state(policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank)))
+        state = init_state(
+            policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank))
+        )
     else:
         state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=VISION_REGEX if s.freeze_vision else None)
-    state, record = ipl_round(state, rcfg, RoundStages(sample=sample, score=score, golden_update=golden),
-                              round_index, rng, mesh=policy.mesh)
+    state, record = ipl_round(
+        state, rcfg, RoundStages(sample=sample, score=score, golden_update=golden), round_index, rng, mesh=policy.mesh
+    )
     params = model_params(state.params, state.frozen)
     del state
     t0 = time.perf_counter()
     record["dev"] = dev_accuracy(dataclasses.replace(policy, params=params), dev_episodes, config)
     record["seconds"]["evaluate"] = time.perf_counter() - t0
-    wd.echo(f"  round {round_index}: {record['pairs']} pairs, classes α {record['classes']['alpha']:.2f} "
-            f"β {record['classes']['beta']:.2f} γ {record['classes']['gamma']:.2f}, "
-            f"loss {record['train'].get('loss', float('nan')):.4f}, dev step accuracy "
-            f"{record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s")
+    wd.echo(
+        f"  round {round_index}: {record['pairs']} pairs, classes α {record['classes']['alpha']:.2f} "
+        f"β {record['classes']['beta']:.2f} γ {record['classes']['gamma']:.2f}, "
+        f"loss {record['train'].get('loss', float('nan')):.4f}, dev step accuracy "
+        f"{record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s"
+    )
     write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
     write_trees(out_dir, kept_trees, f"IPL round {round_index}: trees sampled with the round's starting policy")
     write_json(out_dir / "round.json", record)

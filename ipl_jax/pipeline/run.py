@@ -40,13 +40,17 @@ def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None
         stored = read_json(path)
         diff = sorted(_diff_keys(stored, current))
         if diff and not any(wd.path("stages").glob("*.done")):
-            wd.echo(f"no stage had finished in {wd.root}: recording the new config (fields changed: "
-                    f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''})")
+            wd.echo(
+                f"no stage had finished in {wd.root}: recording the new config (fields changed: "
+                f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''})"
+            )
             write_json(path, current)
         elif diff:
-            raise UsageError(f"{wd.root} was made with a different config (fields differ: "
-                             f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
-                             f"config to resume, or use a new --workdir")
+            raise UsageError(
+                f"{wd.root} was made with a different config (fields differ: "
+                f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
+                f"config to resume, or use a new --workdir"
+            )
     else:
         write_json(path, current)
 
@@ -79,10 +83,14 @@ class Job:
         if c.data.format == "synthetic":
             wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd))
         else:
+
             def read():  # inside the stage: a malformed record leaves it unfinished (and the config unpinned)
                 loaded["splits"] = data_stage.load_splits(c, wd)
-                return {"root": str(c.data.root), "format": c.data.format,
-                        "episodes": {k: len(v) for k, v in loaded["splits"].items()}}
+                return {
+                    "root": str(c.data.root),
+                    "format": c.data.format,
+                    "episodes": {k: len(v) for k, v in loaded["splits"].items()},
+                }
 
             wd.run_stage("data", read)
         self.splits = loaded.get("splits") or data_stage.load_splits(c, wd)
@@ -97,12 +105,14 @@ class Job:
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
 
     def model(self) -> None:
-        self.wd.run_stage("model", lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps,
-                                                                           self.qas))
+        self.wd.run_stage(
+            "model", lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas)
+        )
 
     def sft(self) -> None:
-        self.sft_summary = self.wd.run_stage("sft", lambda: sft_stage.run_sft(self.config, self.wd,
-                                                                              self.train_steps, self.qas))
+        self.sft_summary = self.wd.run_stage(
+            "sft", lambda: sft_stage.run_sft(self.config, self.wd, self.train_steps, self.qas)
+        )
 
     # ----------------------------------------------------------------------------------------------- seed
 
@@ -116,8 +126,13 @@ class Job:
         paths = sft_stage.candidate_policies(self.sft_summary)
         steps = sample_steps(self.train_steps, int(c.seed_selection.steps), int(c.seed))
         mesh = model_stage.job_mesh(c)
-        scores, kind = score_candidates([(p.name, model_stage.load_policy(p, mesh)) for p in paths], steps, c,
-                                        embedder=c.seed_selection.embedder, echo=wd.echo)
+        scores, kind = score_candidates(
+            [(p.name, model_stage.load_policy(p, mesh)) for p in paths],
+            steps,
+            c,
+            embedder=c.seed_selection.embedder,
+            echo=wd.echo,
+        )
         chosen = choose(scores, float(c.seed_selection.diversity_weight))
         for line in format_scores(scores, chosen).splitlines():
             wd.echo("  " + line)
@@ -125,16 +140,22 @@ class Job:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(paths[chosen], target)
-        return {"candidates": [s.to_json() for s in scores], "chosen": paths[chosen].name, "embedder": kind,
-                "steps": len(steps), "policy": str(target),
-                "trees": {k: getattr(scores[chosen], k) for k in ("alpha", "beta", "gamma")}}
+        return {
+            "candidates": [s.to_json() for s in scores],
+            "chosen": paths[chosen].name,
+            "embedder": kind,
+            "steps": len(steps),
+            "policy": str(target),
+            "trees": {k: getattr(scores[chosen], k) for k in ("alpha", "beta", "gamma")},
+        }
 
     def eval_seed(self) -> None:
         def run():
             policy = model_stage.load_policy(self.wd.path("seed"), model_stage.job_mesh(self.config))
             t0 = time.perf_counter()
-            out = rounds.evaluate_policy_splits(policy, self.splits, self.config, self.wd.dir("eval", "round_0"),
-                                                echo=self.wd.echo)
+            out = rounds.evaluate_policy_splits(
+                policy, self.splits, self.config, self.wd.dir("eval", "round_0"), echo=self.wd.echo
+            )
             out["dev"] = rounds.dev_accuracy(policy, self.dev, self.config)
             out["eval_seconds"] = time.perf_counter() - t0
             return out
@@ -152,25 +173,36 @@ class Job:
         best = float(self.seed_eval["dev"]["step_accuracy"])
         self.round_summaries = []
         for r in range(1, int(c.ipl.rounds) + 1):
+
             def run(r=r, start=start):
                 t0 = time.perf_counter()
                 record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
                 train_seconds = time.perf_counter() - t0
                 policy = model_stage.load_policy(Path(record["policy"]), model_stage.job_mesh(c))
-                evaluation = rounds.evaluate_policy_splits(policy, self.splits, c, wd.dir("eval", f"round_{r}"),
-                                                           echo=wd.echo)
+                evaluation = rounds.evaluate_policy_splits(
+                    policy, self.splits, c, wd.dir("eval", f"round_{r}"), echo=wd.echo
+                )
                 return {"record": record, **evaluation, "round_seconds": train_seconds}
 
             summary = wd.run_stage(f"round_{r}", run)
             self.round_summaries.append(summary)
-            wd.log_metrics({"stage": "ipl", "round": r, "pairs": summary["record"]["pairs"],
-                            "classes": summary["record"]["classes"], "dev": summary["record"]["dev"]})
+            wd.log_metrics(
+                {
+                    "stage": "ipl",
+                    "round": r,
+                    "pairs": summary["record"]["pairs"],
+                    "classes": summary["record"]["classes"],
+                    "dev": summary["record"]["dev"],
+                }
+            )
             self.print_rounds()
             start = Path(summary["record"]["policy"])
             acc = float(summary["record"]["dev"]["step_accuracy"])
             if bool(c.ipl.early_stop) and acc <= best:
-                wd.echo(f"  early stop: round {r} dev step accuracy {100 * acc:.2f}% does not beat the best "
-                        f"({100 * best:.2f}%)")
+                wd.echo(
+                    f"  early stop: round {r} dev step accuracy {100 * acc:.2f}% does not beat the best "
+                    f"({100 * best:.2f}%)"
+                )
                 break
             best = max(best, acc)
 
@@ -178,15 +210,35 @@ class Job:
 
     def results(self) -> dict:
         seed_trees = self.seed_summary["trees"]
-        blank = ({"blank": self.seed_eval["blank"]} if "blank" in self.seed_eval else {})
-        out = [report.results_round(0, self.seed_eval["metrics"], seed_trees, 0, self.seed_eval["seconds"],
-                                    dev=self.seed_eval["dev"], **blank)]
+        blank = {"blank": self.seed_eval["blank"]} if "blank" in self.seed_eval else {}
+        out = [
+            report.results_round(
+                0,
+                self.seed_eval["metrics"],
+                seed_trees,
+                0,
+                self.seed_eval["seconds"],
+                dev=self.seed_eval["dev"],
+                **blank,
+            )
+        ]
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
             extra = {"blank": s["blank"]} if "blank" in s else {}
-            out.append(report.results_round(rec["round"], s["metrics"], rec["classes"], rec["pairs"],
-                                            s["seconds"], dev=rec["dev"], pairs_by_turn=rec.get("pairs_by_turn"),
-                                            pair_counts=rec.get("pair_counts"), train=rec.get("train"), **extra))
+            out.append(
+                report.results_round(
+                    rec["round"],
+                    s["metrics"],
+                    rec["classes"],
+                    rec["pairs"],
+                    s["seconds"],
+                    dev=rec["dev"],
+                    pairs_by_turn=rec.get("pairs_by_turn"),
+                    pair_counts=rec.get("pair_counts"),
+                    train=rec.get("train"),
+                    **extra,
+                )
+            )
         return {"rounds": out}
 
     def print_rounds(self) -> None:
@@ -212,8 +264,13 @@ class Job:
         write_json(wd.path("results.json"), res)
         plot = plot_step_accuracy(rounds_, self.test_names[0], wd.path("step_accuracy.png"))
         viewer = self._viewer()
-        return {"export": str(target), "exported_round": best["round"], "plot": str(plot), "viewer": viewer,
-                "results": str(wd.path("results.json"))}
+        return {
+            "export": str(target),
+            "exported_round": best["round"],
+            "plot": str(plot),
+            "viewer": viewer,
+            "results": str(wd.path("results.json")),
+        }
 
     def _viewer(self):
         """The tree viewer page of the last round (a few trees sampled in it) as ``WORKDIR/trees.html``."""
@@ -224,8 +281,9 @@ class Job:
         return str(shutil.copyfile(page, self.wd.path("trees.html")))
 
 
-def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None,
-            echo=print) -> Workdir:
+def run_job(
+    config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None, echo=print
+) -> Workdir:
     """Run (or resume) the job in ``workdir``; returns its Workdir. The config is checked first
     (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched)."""
     validate_config(config)
@@ -239,6 +297,8 @@ def run_job(config: ml_collections.ConfigDict, workdir: str | Path, stop_after: 
     if stop_after is None:
         job.print_rounds()
         total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")
-        wd.echo(f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "
-                f"this invocation {time.perf_counter() - job.t_start:.0f} s)")
+        wd.echo(
+            f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "
+            f"this invocation {time.perf_counter() - job.t_start:.0f} s)"
+        )
     return wd

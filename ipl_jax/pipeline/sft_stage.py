@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jax
 import ml_collections
@@ -57,8 +57,14 @@ def make_example_fn(tokenizer, image_config):
     def example(item: SFTItem):
         if item.qa is None:
             return coat_example(item.step, tokenizer, image_config)
-        return qa_example(tokenizer, image_config, item.step.load_image(), item.qa.question, item.qa.answer,
-                          name=f"qa {item.qa.episode_id}/{item.qa.step_id}/{item.qa.kind}")
+        return qa_example(
+            tokenizer,
+            image_config,
+            item.step.load_image(),
+            item.qa.question,
+            item.qa.answer,
+            name=f"qa {item.qa.episode_id}/{item.qa.step_id}/{item.qa.kind}",
+        )
 
     return example
 
@@ -88,11 +94,15 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     def batch_fn(examples):
         examples = list(examples)
         longest = max(len(e) for e in examples)
-        t = smallest_bucket(longest, token_buckets, "token length of example "
-                            + next(e.name for e in examples if len(e) == longest))
-        parts = [sft_model_batch(cfg, collate(examples[i * micro:(i + 1) * micro], (t,), patches,
-                                              tokenizer.ids.pad, batch_size=micro))
-                 for i in range(n_micro)]
+        t = smallest_bucket(
+            longest, token_buckets, "token length of example " + next(e.name for e in examples if len(e) == longest)
+        )
+        parts = [
+            sft_model_batch(
+                cfg, collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro)
+            )
+            for i in range(n_micro)
+        ]
         return parts[0] if n_micro == 1 else stack_microbatches(parts)
 
     return batch_fn
@@ -122,8 +132,8 @@ def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.Config
 def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
     """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``; the last
     ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
-    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
+    from ipl_jax.training.checkpoint import Checkpointer
     from ipl_jax.training.sft import make_qwen2vl_sft_step, sft_batch_shardings
     from ipl_jax.training.state import model_params, state_from_config
     from ipl_jax.training.step import train_loop
@@ -134,9 +144,14 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     init = load_policy(wd.path("model", "init"), mesh)
     items = sft_items(train_steps, qas)
     bs, steps = int(config.sft.batch_size), int(config.sft.steps)
-    dataset = make_dataset(items, make_example_fn(init.tokenizer, init.image_config), batch_size=bs,
-                           seed=int(config.seed), num_epochs=None,
-                           batch_fn=make_batch_fn(init.cfg, init.tokenizer, config))
+    dataset = make_dataset(
+        items,
+        make_example_fn(init.tokenizer, init.image_config),
+        batch_size=bs,
+        seed=int(config.seed),
+        num_epochs=None,
+        batch_fn=make_batch_fn(init.cfg, init.tokenizer, config),
+    )
     iterator = make_iterator(dataset, num_threads=int(config.data.loader_threads), prefetch_buffer_size=4)
 
     train_cfg = sft_train_config(config)
@@ -155,8 +170,15 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         state_sh = sft_state_shardings(state, optimizer, mesh)
         state = jax.device_put(state, state_sh)
         batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
-        step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro, mesh=mesh,
-                                        state_shardings=state_sh, batch_shardings=batch_sh)
+        step_fn = make_qwen2vl_sft_step(
+            init.cfg,
+            optimizer,
+            schedule,
+            grad_accum_steps=n_micro,
+            mesh=mesh,
+            state_shardings=state_sh,
+            batch_shardings=batch_sh,
+        )
 
     counter = {"tokens": 0.0}
 
@@ -176,9 +198,16 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
 
     metadata = {"stage": "sft", "items": len(items), "batch_size": bs}
     try:
-        state, history = train_loop(state, counted_step, iterator, steps, checkpointer=ckpt,
-                                    data_state_fn=lambda: iterator_state(iterator), metadata=metadata,
-                                    on_metrics=on_metrics)
+        state, history = train_loop(
+            state,
+            counted_step,
+            iterator,
+            steps,
+            checkpointer=ckpt,
+            data_state_fn=lambda: iterator_state(iterator),
+            metadata=metadata,
+            on_metrics=on_metrics,
+        )
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
@@ -189,23 +218,30 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     for step in ckpt.all_steps()[-keep:]:
         restored, _, _ = ckpt.restore(state, step=step)
         params = model_params(restored.params, restored.frozen)
-        out = write_policy_dir(cand_root / f"step_{step:06d}", params, init.cfg, wd.path("model", "init"),
-                               init.image_config)
+        out = write_policy_dir(
+            cand_root / f"step_{step:06d}", params, init.cfg, wd.path("model", "init"), init.image_config
+        )
         candidates.append(str(out))
     ckpt.close()
     losses = [h["loss"] for h in history]
-    return {"steps": steps, "items": len(items), "coat_items": len(train_steps), "qa_items": len(qas),
-            "final_loss": losses[-1] if losses else None,
-            "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
-            "train_seconds": round(seconds, 2), "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
-            "candidates": candidates}
+    return {
+        "steps": steps,
+        "items": len(items),
+        "coat_items": len(train_steps),
+        "qa_items": len(qas),
+        "final_loss": losses[-1] if losses else None,
+        "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
+        "train_seconds": round(seconds, 2),
+        "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
+        "candidates": candidates,
+    }
 
 
 def sft_state_shardings(state, optimizer, mesh):
     """NamedShardings of an SFT TrainState: params by the model's partition rules (LoRA adapters follow their
     base kernels), optimizer moments like their params, the rest replicated."""
-    from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
+    from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.training.state import train_state_shardings
 
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}

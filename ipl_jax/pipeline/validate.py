@@ -13,7 +13,6 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional
 
 import ml_collections
 
@@ -116,8 +115,9 @@ def check_safetensors(path: Path, flag: str) -> None:
             names = list(f.keys())
     except Exception as e:  # safetensors raises its own error type (and OSError) for a broken file
         reason = " ".join(str(e).split()) or type(e).__name__
-        raise UsageError(f"{flag} {path}: not a valid safetensors file ({reason}); re-download or re-export "
-                         f"the model") from None
+        raise UsageError(
+            f"{flag} {path}: not a valid safetensors file ({reason}); re-download or re-export the model"
+        ) from None
     if not names:
         raise UsageError(f"{flag} {path}: a safetensors file without tensors; re-download or re-export the model")
 
@@ -165,7 +165,7 @@ def _nonneg(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def validate_config(config: ml_collections.ConfigDict, n_devices: Optional[int] = None) -> None:
+def validate_config(config: ml_collections.ConfigDict, n_devices: int | None = None) -> None:
     """Check a job config's values, its dataset and its starting checkpoint before any stage runs.
 
     n_devices: the devices the mesh spans (default: ``jax.device_count()``). Raises ``UsageError``.
@@ -179,8 +179,9 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: Optional[int] 
     _check(config, "sft.steps", _nonneg_int, "must be >= 0")
     _check(config, "sft.batch_size", _positive_int, "must be >= 1")
     _check(config, "sft.micro_batch_size", _nonneg_int, "must be >= 0 (0: no micro-batches)")
-    _check(config, "sft.micro_batch_size",
-           lambda m: m == 0 or config.sft.batch_size % m == 0, "must divide sft.batch_size")
+    _check(
+        config, "sft.micro_batch_size", lambda m: m == 0 or config.sft.batch_size % m == 0, "must divide sft.batch_size"
+    )
     _check(config, "sft.learning_rate", _positive, "must be > 0")
     _check(config, "sft.warmup_steps", _nonneg_int, "must be >= 0")
     _check(config, "sft.weight_decay", _nonneg, "must be >= 0")
@@ -190,8 +191,12 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: Optional[int] 
     _check(config, "sft.schedule", lambda v: v in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}")
     _check(config, "seed_selection.steps", _positive_int, "must be >= 1")
     _check(config, "seed_selection.embedder", lambda v: v in EMBEDDERS, f"must be one of {', '.join(EMBEDDERS)}")
-    _check(config, "sampler.branching", lambda b: len(b) == 4 and all(_positive_int(x) for x in b),
-           "must be four integers >= 1 (children per node at each CoaT turn)")
+    _check(
+        config,
+        "sampler.branching",
+        lambda b: len(b) == 4 and all(_positive_int(x) for x in b),
+        "must be four integers >= 1 (children per node at each CoaT turn)",
+    )
     _check(config, "sampler.temperature", _nonneg, "must be >= 0")
     _check(config, "sampler.top_p", lambda v: _positive(v) and v <= 1, "must be in (0, 1]")
     _check(config, "sampler.top_k", _nonneg_int, "must be >= 0 (0: off)")
@@ -213,8 +218,7 @@ def known_format(fmt: str) -> bool:
 def _check_data(config) -> None:
     from ipl_jax.data.datasets import LOADERS
 
-    _check(config, "data.format", known_format,
-           f"must be one of synthetic, {', '.join(LOADERS)} or {TFDS_PREFIX}NAME")
+    _check(config, "data.format", known_format, f"must be one of synthetic, {', '.join(LOADERS)} or {TFDS_PREFIX}NAME")
     for f in ("train_episodes", "test_episodes"):
         _check(config, f"data.{f}", _positive_int, "must be >= 1")
     _check(config, "data.dev_episodes", _nonneg_int, "must be >= 0")
@@ -233,13 +237,17 @@ def _check_sources(config) -> None:
         return
     fmt, root = str(data.format), str(data.root)
     if fmt in PUBLISHED and not root and not checkpoint:
-        raise UsageError(f"config.data.root and config.model.checkpoint are empty: a job on {fmt} data reads its "
-                         f"dataset from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
-                         f"--config.model.checkpoint=DIR (see README: Datasets)")
+        raise UsageError(
+            f"config.data.root and config.model.checkpoint are empty: a job on {fmt} data reads its "
+            f"dataset from disk and starts from a Hugging Face checkpoint; pass --config.data.root=DIR "
+            f"--config.model.checkpoint=DIR (see README: Datasets)"
+        )
     if fmt in PUBLISHED and not checkpoint:
-        raise UsageError(f"config.model.checkpoint is empty: a job on {fmt} data starts from a Hugging Face "
-                         f"checkpoint; pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct "
-                         f"download)")
+        raise UsageError(
+            f"config.model.checkpoint is empty: a job on {fmt} data starts from a Hugging Face "
+            f"checkpoint; pass --config.model.checkpoint=DIR (e.g. a local Qwen2-VL-7B-Instruct "
+            f"download)"
+        )
     if fmt != "synthetic" and not fmt.startswith(TFDS_PREFIX):
         _check_root(data, fmt, root)
     if checkpoint:
@@ -257,32 +265,34 @@ def _packed(p: Path) -> bool:
 
 def _check_root(data, fmt: str, root: str) -> None:
     if not root:
-        raise UsageError(f"config.data.root is empty: the {fmt} job reads its dataset from disk; pass "
-                         f"--config.data.root=DIR (see README: Datasets)")
+        raise UsageError(
+            f"config.data.root is empty: the {fmt} job reads its dataset from disk; pass "
+            f"--config.data.root=DIR (see README: Datasets)"
+        )
     p = Path(root)
     if not p.is_dir():
-        raise UsageError(f"config.data.root={root!r}: no such directory; pass --config.data.root=DIR holding the "
-                         f"{fmt} dataset (see README: Datasets)")
+        raise UsageError(
+            f"config.data.root={root!r}: no such directory; pass --config.data.root=DIR holding the "
+            f"{fmt} dataset (see README: Datasets)"
+        )
     if fmt not in PUBLISHED or _packed(p):
         return
     if fmt == "aitz":
         splits = ["train"] + ([data.dev_split] if data.dev_split else []) + list(data.test_splits)
         missing = [s for s in dict.fromkeys(splits) if not (p / s).is_dir()]
         if missing:
-            raise UsageError(f"config.data.root={root!r}: no split folder {', '.join(missing)} (AITZ layout: "
-                             f"ROOT/<split>/<subset>/<episode>/; see README: Datasets)")
+            raise UsageError(
+                f"config.data.root={root!r}: no split folder {', '.join(missing)} (AITZ layout: "
+                f"ROOT/<split>/<subset>/<episode>/; see README: Datasets)"
+            )
     elif fmt == "amex" and not (p / "instruction_anno").is_dir():
-        raise UsageError(f"config.data.root={root!r}: no instruction_anno/ folder (AMEX layout; see README: "
-                         f"Datasets)")
+        raise UsageError(f"config.data.root={root!r}: no instruction_anno/ folder (AMEX layout; see README: Datasets)")
     elif fmt == "androidcontrol" and not (p / "splits.json").is_file():
-        raise UsageError(f"config.data.root={root!r}: no splits.json (AndroidControl layout; see README: "
-                         f"Datasets)")
+        raise UsageError(f"config.data.root={root!r}: no splits.json (AndroidControl layout; see README: Datasets)")
 
 
 def _check_ipl(config) -> None:
-    try:
-        config.ipl
-    except (KeyError, AttributeError):
+    if "ipl" not in config:
         return
     from ipl_jax.pipeline.rounds import ipl_settings
 
@@ -301,22 +311,24 @@ def batch_axis_size(config, n_devices: int) -> int:
     """How many ways the mesh splits a batch: the size of its ``data`` x ``fsdp`` axes on ``n_devices``."""
     shape = [int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)]
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-        raise UsageError(f"config.mesh (data, fsdp, tensor) = {tuple(shape)}: sizes must be >= 1, with at most one "
-                         f"-1 (all remaining devices)")
+        raise UsageError(
+            f"config.mesh (data, fsdp, tensor) = {tuple(shape)}: sizes must be >= 1, with at most one "
+            f"-1 (all remaining devices)"
+        )
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         shape[shape.index(-1)] = n_devices // known if n_devices % known == 0 else 0
     if math.prod(shape) != n_devices:
-        raise UsageError(f"config.mesh (data, fsdp, tensor) = ({config.mesh.data}, {config.mesh.fsdp}, "
-                         f"{config.mesh.tensor}) does not fit {n_devices} devices; set --config.mesh.data etc. so "
-                         f"that their product is {n_devices}")
+        raise UsageError(
+            f"config.mesh (data, fsdp, tensor) = ({config.mesh.data}, {config.mesh.fsdp}, "
+            f"{config.mesh.tensor}) does not fit {n_devices} devices; set --config.mesh.data etc. so "
+            f"that their product is {n_devices}"
+        )
     return shape[0] * shape[1]
 
 
-def _check_mesh(config, n_devices: Optional[int]) -> None:
-    try:
-        config.mesh
-    except (KeyError, AttributeError):
+def _check_mesh(config, n_devices: int | None) -> None:
+    if "mesh" not in config:
         return
     if n_devices is None:
         import jax
@@ -326,11 +338,16 @@ def _check_mesh(config, n_devices: Optional[int]) -> None:
         return  # one device: the job runs without a mesh
     ways = batch_axis_size(config, n_devices)
     micro = int(config.sft.micro_batch_size)
-    batches = {("sft.micro_batch_size" if micro else "sft.batch_size"): micro or int(config.sft.batch_size),
-               "sampler.batch_size": int(config.sampler.batch_size), "ipl.batch_size": int(config.ipl.batch_size),
-               "eval.batch_size": int(config.eval.batch_size)}
+    batches = {
+        ("sft.micro_batch_size" if micro else "sft.batch_size"): micro or int(config.sft.batch_size),
+        "sampler.batch_size": int(config.sampler.batch_size),
+        "ipl.batch_size": int(config.ipl.batch_size),
+        "eval.batch_size": int(config.eval.batch_size),
+    }
     for field, size in batches.items():
         if size % ways:
-            raise UsageError(f"config.{field}={size}: not divisible by the mesh's batch axes (data x fsdp = {ways} "
-                             f"on {n_devices} devices), so every device would hold the whole batch; use a multiple "
-                             f"of {ways}")
+            raise UsageError(
+                f"config.{field}={size}: not divisible by the mesh's batch axes (data x fsdp = {ways} "
+                f"on {n_devices} devices), so every device would hold the whole batch; use a multiple "
+                f"of {ways}"
+            )

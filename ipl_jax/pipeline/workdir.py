@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 def _json_default(o):
@@ -73,7 +74,7 @@ class Workdir:
     def is_done(self, stage: str) -> bool:
         return self.marker(stage).is_file()
 
-    def summary(self, stage: str) -> Optional[dict]:
+    def summary(self, stage: str) -> dict | None:
         """The summary a finished stage recorded in its marker (None when it has not finished)."""
         return read_json(self.marker(stage)) if self.is_done(stage) else None
 
@@ -105,8 +106,7 @@ class Workdir:
     # ------------------------------------------------------------------------------------------------- logs
 
     def log_stage(self, stage: str, event: str, **fields) -> None:
-        self.append_jsonl("stage_log.jsonl", {"time": round(time.time(), 3), "stage": stage, "event": event,
-                                              **fields})
+        self.append_jsonl("stage_log.jsonl", {"time": round(time.time(), 3), "stage": stage, "event": event, **fields})
 
     def log_metrics(self, record: dict) -> None:
         self.append_jsonl("metrics.jsonl", {"time": round(time.time(), 3), **record})

@@ -5,13 +5,12 @@ pointing into it; the naive-DPO baseline's whole-trajectory pairs likewise."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from ipl_jax.preference.packing import PairRef, PrefixGroup
-
 
 # ------------------------------------------------------------------------------------ groups from CoaT-trees
 
@@ -46,7 +45,7 @@ class GroupedPairs:
     skipped: int = 0
     pairs_by_turn: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(5, np.int64))
 
-    def extend(self, other: "GroupedPairs") -> "GroupedPairs":
+    def extend(self, other: GroupedPairs) -> GroupedPairs:
         offset = len(self.groups)
         self.groups.extend(other.groups)
         self.pairs.extend(dataclasses.replace(p, group=p.group + offset) for p in other.pairs)
@@ -70,7 +69,7 @@ class _GroupBuilder:
             self._conts.append({})
         return self._index[key]
 
-    def continuation(self, g: int, ids: np.ndarray, scored: Optional[np.ndarray] = None) -> int:
+    def continuation(self, g: int, ids: np.ndarray, scored: np.ndarray | None = None) -> int:
         ids = np.asarray(ids, np.int32)
         key = (ids.tobytes(), None if scored is None else np.asarray(scored, bool).tobytes())
         seen = self._conts[g]
@@ -80,14 +79,18 @@ class _GroupBuilder:
             conts = group.continuations + (ids,)
             masks = None
             if scored is not None or group.scored is not None:
-                old = group.scored if group.scored is not None else tuple(np.ones(len(c), bool)
-                                                                           for c in group.continuations)
+                old = (
+                    group.scored
+                    if group.scored is not None
+                    else tuple(np.ones(len(c), bool) for c in group.continuations)
+                )
                 masks = old + (np.ones(ids.size, bool) if scored is None else np.asarray(scored, bool),)
             self.out.groups[g] = dataclasses.replace(group, continuations=conts, scored=masks)
         return seen[key]
 
-    def pair(self, g: int, pos: int, neg: int, turn: int, pos_type: int = -1, gap: float = 0.0,
-             tree_class: int = -1) -> None:
+    def pair(
+        self, g: int, pos: int, neg: int, turn: int, pos_type: int = -1, gap: float = 0.0, tree_class: int = -1
+    ) -> None:
         self.out.pairs.append(PairRef(g, pos, neg, turn, pos_type, gap, tree_class))
         self.out.pairs_by_turn[turn] += 1
 
@@ -113,24 +116,27 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=No
     b = _GroupBuilder()
     for k in np.flatnonzero(pt.valid):
         row, turn = int(pt.batch_row[k]), int(pt.turn[k])
-        pos = pt.positive_tokens[k, :pt.positive_lengths[k]]
-        neg = pt.negative_tokens[k, :pt.negative_lengths[k]]
+        pos = pt.positive_tokens[k, : pt.positive_lengths[k]]
+        neg = pt.negative_tokens[k, : pt.negative_lengths[k]]
         if pos.size == 0 or neg.size == 0 or np.array_equal(pos, neg):
             b.out.skipped += 1
             continue
-        path = tuple(int(x) for x in pt.prefix_path[k, :turn - 1])
-        texts = [pt.prefix_tokens[level][k, :pt.prefix_lengths[k, level]] for level in range(turn - 1)]
+        path = tuple(int(x) for x in pt.prefix_path[k, : turn - 1])
+        texts = [pt.prefix_tokens[level][k, : pt.prefix_lengths[k, level]] for level in range(turn - 1)]
         step = steps[row]
 
-        def make(step=step, texts=texts, row=row, turn=turn, path=path):
+        def make(step=step, texts=texts, row=row, turn=turn, path=path, k=k):
             ids, _ = _step_prefix(step, turn, texts)
-            return PrefixGroup(prefix_ids=ids, continuations=(), pixel_values=step.pixel_values,
-                               image_grid_thw=step.image_grid_thw,
-                               name=f"{name}step {int(pt.step_index[k])} (row {row}) turn {turn} prefix nodes {path}")
+            return PrefixGroup(
+                prefix_ids=ids,
+                continuations=(),
+                pixel_values=step.pixel_values,
+                image_grid_thw=step.image_grid_thw,
+                name=f"{name}step {int(pt.step_index[k])} (row {row}) turn {turn} prefix nodes {path}",
+            )
 
         g = b.group((row, turn, path), make)
-        meta = () if meta_arrays is None else (int(meta_arrays[0][k]), float(meta_arrays[1][k]),
-                                                int(meta_arrays[2][k]))
+        meta = () if meta_arrays is None else (int(meta_arrays[0][k]), float(meta_arrays[1][k]), int(meta_arrays[2][k]))
         b.pair(g, b.continuation(g, pos), b.continuation(g, neg), turn, *meta)
     return b.out
 
@@ -152,19 +158,26 @@ def naive_pair_groups(steps: Sequence, naive_tokens: dict, with_grounding: np.nd
         conts = []
         for side, name_ in enumerate(("chosen", "rejected")):
             n_turns = 4 if with_grounding[row, side] else 3
-            texts = [nt[f"{name_}_tokens"][level][row, :nt[f"{name_}_lengths"][row, level]] for level in range(4)]
+            texts = [nt[f"{name_}_tokens"][level][row, : nt[f"{name_}_lengths"][row, level]] for level in range(4)]
             full, scored = _full_path(step, texts, n_turns)
             start = len(step.prefix_ids)
             conts.append((full[start:], scored[start:]))
-        if conts[0][0].size == 0 or conts[1][0].size == 0 or (
-                np.array_equal(conts[0][0], conts[1][0]) and np.array_equal(conts[0][1], conts[1][1])):
+        if (
+            conts[0][0].size == 0
+            or conts[1][0].size == 0
+            or (np.array_equal(conts[0][0], conts[1][0]) and np.array_equal(conts[0][1], conts[1][1]))
+        ):
             b.out.skipped += 1
             continue
 
         def make(step=step, row=row):
-            return PrefixGroup(prefix_ids=np.asarray(step.prefix_ids, np.int32), continuations=(),
-                               pixel_values=step.pixel_values, image_grid_thw=step.image_grid_thw,
-                               name=f"{name}naive row {row}")
+            return PrefixGroup(
+                prefix_ids=np.asarray(step.prefix_ids, np.int32),
+                continuations=(),
+                pixel_values=step.pixel_values,
+                image_grid_thw=step.image_grid_thw,
+                name=f"{name}naive row {row}",
+            )
 
         g = b.group(row, make)
         b.pair(g, b.continuation(g, *conts[0]), b.continuation(g, *conts[1]), 0)

@@ -117,9 +117,10 @@ def tdpo_loss(
     return loss, metrics
 
 
-def positive_sft_loss(policy_pos: jax.Array, pos_tokens: jax.Array, valid: jax.Array,
-                      norm: str = "token") -> tuple[jax.Array, dict]:
-    """"IPL without negatives": the NLL of the positive continuations only (``positive_nll``'s normalisation)."""
+def positive_sft_loss(
+    policy_pos: jax.Array, pos_tokens: jax.Array, valid: jax.Array, norm: str = "token"
+) -> tuple[jax.Array, dict]:
+    """ "IPL without negatives": the NLL of the positive continuations only (``positive_nll``'s normalisation)."""
     nll = _masked_mean(positive_nll(policy_pos, pos_tokens, norm), valid)
     return nll, {"loss": nll, "sft_nll": nll, "pairs": jnp.sum(valid.astype(jnp.float32))}
 
@@ -160,8 +161,11 @@ def grpo_loss(
     kl = k3_kl(policy_logps, ref_logps)
     per_token = -(surrogate - kl_beta * kl)
     loss = _masked_mean(per_token, mask)
-    return loss, {"loss": loss, "kl": _masked_mean(kl, mask), "clip_frac": _masked_mean(
-        (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32), mask)}
+    return loss, {
+        "loss": loss,
+        "kl": _masked_mean(kl, mask),
+        "clip_frac": _masked_mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32), mask),
+    }
 
 
 def dast_length_reward(lengths: jax.Array, correct: jax.Array, max_length: float, p: float = 0.5) -> jax.Array:

@@ -31,7 +31,7 @@ Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots pe
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +39,13 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.inputs import (DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, get_rope_index, pick_bucket,
-                                  prepare_vision)
+from ipl_jax.model.inputs import (
+    DEFAULT_PATCH_BUCKETS,
+    DEFAULT_TEXT_BUCKETS,
+    get_rope_index,
+    pick_bucket,
+    prepare_vision,
+)
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import VisionInputs, encode_images_unjitted
 
@@ -64,9 +69,9 @@ class PrefixGroup:
 
     prefix_ids: np.ndarray
     continuations: tuple
-    pixel_values: Optional[np.ndarray] = None
-    image_grid_thw: Optional[np.ndarray] = None
-    scored: Optional[tuple] = None
+    pixel_values: np.ndarray | None = None
+    image_grid_thw: np.ndarray | None = None
+    scored: tuple | None = None
     name: str = ""
 
     def scored_mask(self, i: int) -> np.ndarray:
@@ -139,7 +144,7 @@ class PackedBatch:
     segment_ids: jax.Array
     target_ids: jax.Array
     score_slot: jax.Array
-    vision: Optional[VisionInputs]
+    vision: VisionInputs | None
     pair_pos: jax.Array
     pair_neg: jax.Array
     pair_valid: jax.Array
@@ -160,7 +165,7 @@ class PackedBatch:
     def num_pairs(self) -> int:
         return int(np.sum(np.asarray(self.pair_valid)))
 
-    def with_reference(self, ref_pos, ref_neg) -> "PackedBatch":
+    def with_reference(self, ref_pos, ref_neg) -> PackedBatch:
         return self.replace(ref_pos=jnp.asarray(ref_pos, jnp.float32), ref_neg=jnp.asarray(ref_neg, jnp.float32))
 
 
@@ -187,8 +192,9 @@ def check_group(cfg: Qwen2VLConfig, group: PrefixGroup, index: int = 0) -> None:
         if np.any(c == cfg.image_token_id):
             raise ValueError(f"{name}: continuation {i} holds an image token")
         if group.scored is not None and np.asarray(group.scored[i]).shape != c.shape:
-            raise ValueError(f"{name}: score mask {i} has shape {np.asarray(group.scored[i]).shape}, "
-                             f"expected {c.shape}")
+            raise ValueError(
+                f"{name}: score mask {i} has shape {np.asarray(group.scored[i]).shape}, expected {c.shape}"
+            )
     if (group.pixel_values is None) != (group.image_grid_thw is None):
         raise ValueError(f"{name}: give both pixel_values and image_grid_thw, or neither")
 
@@ -203,8 +209,13 @@ def _row(cfg: Qwen2VLConfig, group: PrefixGroup, index: int):
         raise ValueError(f"{_group_name(group, index)}: {e}") from e
     pos = pos[:, 0]  # [3, L]
     last_tok, last_pos = prefix[-1], int(pos[0, -1])
-    ids, positions, segs, targets, slots = [prefix[:-1]], [pos[:, :-1]], [np.zeros(prefix.size - 1)], \
-        [np.zeros(prefix.size - 1)], [np.full(prefix.size - 1, -1)]
+    ids, positions, segs, targets, slots = (
+        [prefix[:-1]],
+        [pos[:, :-1]],
+        [np.zeros(prefix.size - 1)],
+        [np.zeros(prefix.size - 1)],
+        [np.full(prefix.size - 1, -1)],
+    )
     for i, c in enumerate(group.continuations):
         c = np.asarray(c, np.int64)
         n = c.size
@@ -217,8 +228,9 @@ def _row(cfg: Qwen2VLConfig, group: PrefixGroup, index: int):
     return cat(ids), np.concatenate(positions, axis=1).astype(np.int32), cat(segs), cat(targets), cat(slots)
 
 
-def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef],
-                packing: PackingConfig) -> PackedBatch:
+def pack_groups(
+    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef], packing: PackingConfig
+) -> PackedBatch:
     """One PackedBatch (numpy arrays) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
 
     Pair ``group`` indices refer to positions in ``groups``. T is the smallest text bucket that fits the longest
@@ -236,13 +248,15 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
     for g, group in enumerate(groups):
         check_group(cfg, group, g)
         if len(group.continuations) > M:
-            raise ValueError(f"{_group_name(group, g)}: {len(group.continuations)} continuations exceed "
-                             f"max_continuations={M}")
+            raise ValueError(
+                f"{_group_name(group, g)}: {len(group.continuations)} continuations exceed max_continuations={M}"
+            )
     rows = [_row(cfg, group, g) for g, group in enumerate(groups)]
     lengths = [len(r[0]) for r in rows]
     g_long = int(np.argmax(lengths))
-    T = pick_bucket(lengths[g_long], packing.text_buckets,
-                    f"packed row length of {_group_name(groups[g_long], g_long)}")
+    T = pick_bucket(
+        lengths[g_long], packing.text_buckets, f"packed row length of {_group_name(groups[g_long], g_long)}"
+    )
     input_ids = np.full((B, T), packing.pad_id, np.int32)
     positions = np.zeros((3, B, T), np.int32)
     segment_ids = np.full((B, T), PAD_SEGMENT, np.int32)
@@ -250,8 +264,13 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
     score_slot = np.full((B, T), -1, np.int32)
     for b, (ids, pos, seg, tgt, slot) in enumerate(rows):
         n = ids.size
-        input_ids[b, :n], positions[:, b, :n], segment_ids[b, :n], target_ids[b, :n], score_slot[b, :n] = \
-            ids, pos, seg, tgt, slot
+        input_ids[b, :n], positions[:, b, :n], segment_ids[b, :n], target_ids[b, :n], score_slot[b, :n] = (
+            ids,
+            pos,
+            seg,
+            tgt,
+            slot,
+        )
 
     vision = _row_vision(cfg, groups, B, packing.patch_buckets)
 
@@ -264,18 +283,32 @@ def pack_groups(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequen
             raise ValueError(f"pair {k}: group {pr.group} out of range (have {len(groups)})")
         n_cont = len(groups[pr.group].continuations)
         if not (0 <= pr.pos < n_cont and 0 <= pr.neg < n_cont) or pr.pos == pr.neg:
-            raise ValueError(f"pair {k} of {_group_name(groups[pr.group], pr.group)}: continuations "
-                             f"({pr.pos}, {pr.neg}) must be two different indices below {n_cont}")
+            raise ValueError(
+                f"pair {k} of {_group_name(groups[pr.group], pr.group)}: continuations "
+                f"({pr.pos}, {pr.neg}) must be two different indices below {n_cont}"
+            )
         pair_pos[k], pair_neg[k] = pr.group * M + pr.pos, pr.group * M + pr.neg
         pair_valid[k], pair_turn[k] = True, pr.turn
-    return PackedBatch(input_ids=input_ids, positions=positions, segment_ids=segment_ids, target_ids=target_ids,
-                       score_slot=score_slot, vision=vision, pair_pos=pair_pos, pair_neg=pair_neg,
-                       pair_valid=pair_valid, pair_turn=pair_turn, ref_pos=np.zeros((P,), np.float32),
-                       ref_neg=np.zeros((P,), np.float32), max_continuations=M)
+    return PackedBatch(
+        input_ids=input_ids,
+        positions=positions,
+        segment_ids=segment_ids,
+        target_ids=target_ids,
+        score_slot=score_slot,
+        vision=vision,
+        pair_pos=pair_pos,
+        pair_neg=pair_neg,
+        pair_valid=pair_valid,
+        pair_turn=pair_turn,
+        ref_pos=np.zeros((P,), np.float32),
+        ref_neg=np.zeros((P,), np.float32),
+        max_continuations=M,
+    )
 
 
-def _row_vision(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], rows: int,
-                patch_buckets: Sequence[int]) -> Optional[VisionInputs]:
+def _row_vision(
+    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], rows: int, patch_buckets: Sequence[int]
+) -> VisionInputs | None:
     """Per-row padded patches [B, Pr, ...] (padding rows: no patches, segment -1), or None without images."""
     if all(g.pixel_values is None for g in groups):
         return None
@@ -297,8 +330,9 @@ def _row_vision(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], rows: int,
     return VisionInputs(patches=patches, pos_hw=pos_hw, segment_ids=segment_ids)
 
 
-def pack_round(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef],
-               packing: PackingConfig) -> list[PackedBatch]:
+def pack_round(
+    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef], packing: PackingConfig
+) -> list[PackedBatch]:
     """All groups of a round, in order, into as few batches as the row and pair capacities allow.
 
     Groups are taken in order; a batch is closed when the next group would overflow its rows or pair slots.
@@ -334,8 +368,7 @@ def pack_round(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequenc
     return batches
 
 
-def unpack_groups(groups: Sequence[PrefixGroup], pairs: Sequence[PairRef]) -> tuple[list[PrefixGroup],
-                                                                                 list[PairRef]]:
+def unpack_groups(groups: Sequence[PrefixGroup], pairs: Sequence[PairRef]) -> tuple[list[PrefixGroup], list[PairRef]]:
     """The unpacked layout: one group (row) per (prefix, continuation), the prefix repeated for each.
 
     A pair then compares slot 0 of two rows; ``pack_groups`` / ``pack_round`` handle it like any other batch
@@ -346,8 +379,9 @@ def unpack_groups(groups: Sequence[PrefixGroup], pairs: Sequence[PairRef]) -> tu
         for i, c in enumerate(group.continuations):
             index[(g, i)] = len(out_groups)
             scored = None if group.scored is None else (group.scored[i],)
-            out_groups.append(dataclasses.replace(group, continuations=(c,), scored=scored,
-                                                  name=f"{_group_name(group, g)}/cont {i}"))
+            out_groups.append(
+                dataclasses.replace(group, continuations=(c,), scored=scored, name=f"{_group_name(group, g)}/cont {i}")
+            )
     return out_groups, [PairUnpacked(index[(p.group, p.pos)], index[(p.group, p.neg)], p.turn) for p in pairs]
 
 
@@ -360,8 +394,9 @@ class PairUnpacked:
     turn: int = 0
 
 
-def pack_unpacked(cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairUnpacked],
-                  packing: PackingConfig) -> list[PackedBatch]:
+def pack_unpacked(
+    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairUnpacked], packing: PackingConfig
+) -> list[PackedBatch]:
     """Batches of the unpacked layout: each pair's two rows go in the same batch; rows shared by several pairs
     of one batch are laid out once. ``packing.max_continuations`` may be 1."""
     batches: list[PackedBatch] = []
@@ -436,8 +471,9 @@ def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -
     return feats.reshape(b * n, h)[index]
 
 
-def packed_token_logps(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False,
-                       chunk: int = 128) -> jax.Array:
+def packed_token_logps(
+    params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128
+) -> jax.Array:
     """log p(target_ids) f32[B, T] of every position of a packed batch (0-information where nothing is
     predicted; mask with ``score_slot``). Traceable; call inside a jitted function."""
     feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision)
@@ -452,8 +488,9 @@ def slot_one_hot(batch: PackedBatch) -> jax.Array:
     return (jnp.asarray(batch.score_slot)[..., None] == m).astype(jnp.float32)
 
 
-def continuation_logps(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False,
-                       chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+def continuation_logps(
+    params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128
+) -> tuple[jax.Array, jax.Array]:
     """Summed log-probs f32[B, M] of every continuation slot (over its scored tokens only, closing
     ``<|im_end|>`` included) and their token counts f32[B, M] (0 for empty slots)."""
     logp = packed_token_logps(params, cfg, batch, remat=remat, chunk=chunk)

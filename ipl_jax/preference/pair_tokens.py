@@ -14,7 +14,6 @@ from flax import struct
 from ipl_jax.coat import tree as tree_lib
 from ipl_jax.preference.pairs import BETA, PairBatch, classify_trees, is_one
 
-
 # ------------------------------------------------------------------------------------------------- tokens
 
 
@@ -78,7 +77,8 @@ def gather_pair_tokens(
     """
     B = tree.batch_size
     for name, x, ndim in (
-        ("golden_action_ids", golden_action_ids, 2), ("golden_grounding_ids", golden_grounding_ids, 2),
+        ("golden_action_ids", golden_action_ids, 2),
+        ("golden_grounding_ids", golden_grounding_ids, 2),
         ("golden_action_lengths", golden_action_lengths, 1),
         ("golden_grounding_lengths", golden_grounding_lengths, 1),
     ):
@@ -124,7 +124,7 @@ def gather_pair_tokens(
     for t in range(1, depth + 1):
         for lvl in range(1, depth):
             if lvl < t:
-                divisor[t, lvl - 1] = int(np.prod(branching[lvl:t - 1]))
+                divisor[t, lvl - 1] = int(np.prod(branching[lvl : t - 1]))
     div = jnp.asarray(divisor)[turn]  # [P, 3]
     levels = jnp.arange(1, depth, dtype=jnp.int32)
     in_prefix = valid[:, None] & (levels[None, :] < turn[:, None])
@@ -151,8 +151,9 @@ def gather_pair_tokens(
         negative_tokens=jnp.where(valid[:, None], neg_tok, pad_id),
         negative_lengths=jnp.where(valid, neg_len, 0),
         negative_logps=jnp.where(valid[:, None], neg_lp, 0.0),
-        same_text=valid & (pos_len == neg_len) & jnp.all(
-            (pos_tok == neg_tok) | (jnp.arange(width)[None, :] >= pos_len[:, None]), axis=1),
+        same_text=valid
+        & (pos_len == neg_len)
+        & jnp.all((pos_tok == neg_tok) | (jnp.arange(width)[None, :] >= pos_len[:, None]), axis=1),
     )
 
 
@@ -173,9 +174,7 @@ class NaiveDPOPairs:
 
 
 @functools.partial(jax.jit, static_argnames=("one_tolerance",))
-def naive_dpo_pairs(
-    leaf_values: jax.Array, step_valid: jax.Array, one_tolerance: float = 1e-6
-) -> NaiveDPOPairs:
+def naive_dpo_pairs(leaf_values: jax.Array, step_valid: jax.Array, one_tolerance: float = 1e-6) -> NaiveDPOPairs:
     """Chosen = the first value-1 leaf; rejected = the lowest-valued leaf (first among ties) [choice].
 
     leaf_values: f32[B, b1, b2, b3, b4]; step_valid: bool[B].

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -77,7 +77,7 @@ class PairConfig:
             raise ValueError("PairConfig: tolerances out of range")
 
 
-def action_type_id(action: Union[Action, str, None]) -> int:
+def action_type_id(action: Action | str | None) -> int:
     """The integer type code used by ``leaf_types`` / ``golden_types``: index into ACTION_TYPES, -1 if invalid."""
     if action is None:
         return INVALID_TYPE
@@ -97,7 +97,7 @@ def is_one(values: jax.Array, one_tolerance: float = 1e-6) -> jax.Array:
 
 
 def classify_trees(
-    leaf_values: jax.Array, step_valid: Optional[jax.Array] = None, one_tolerance: float = 1e-6
+    leaf_values: jax.Array, step_valid: jax.Array | None = None, one_tolerance: float = 1e-6
 ) -> jax.Array:
     """Class of each tree: ALPHA (every leaf = 1), BETA (some = 1, some ≠ 1), GAMMA (none = 1), NO_TREE (padding).
 
@@ -254,9 +254,17 @@ def _beta_block(node_values, leaf_types, classes, branching, turn, config):
     neg = jnp.broadcast_to(parent * K + jnp.arange(K, dtype=jnp.int32)[None, None, None, :], shape)
     flat = lambda x: jnp.broadcast_to(x, shape).reshape(B, -1)
     return dict(
-        mask=flat(mask), tier=flat(leads_to_one[..., None].astype(jnp.int32)), group=flat(pos_type[..., None]),
-        gap=flat(gap), prefix=flat(parent), pos=flat(pos), neg=flat(neg), golden=flat(False),
-        pos_v=flat(v[:, :, :, None]), neg_v=flat(v[:, :, None, :]), ptype=flat(pos_type[..., None]),
+        mask=flat(mask),
+        tier=flat(leads_to_one[..., None].astype(jnp.int32)),
+        group=flat(pos_type[..., None]),
+        gap=flat(gap),
+        prefix=flat(parent),
+        pos=flat(pos),
+        neg=flat(neg),
+        golden=flat(False),
+        pos_v=flat(v[:, :, :, None]),
+        neg_v=flat(v[:, :, None, :]),
+        ptype=flat(pos_type[..., None]),
     )
 
 
@@ -268,10 +276,16 @@ def _gamma_block(node_values, classes, golden_types, branching, turn, eligible, 
     node = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
     mask = (classes == GAMMA)[:, None] & eligible & ~is_one(v, config.one_tolerance)
     return dict(
-        mask=mask, tier=jnp.zeros((B, n), jnp.int32),
+        mask=mask,
+        tier=jnp.zeros((B, n), jnp.int32),
         group=tree_lib.ancestor_index(node, branching, turn, 2),  # spread over the level-2 prefix (thought)
-        gap=1.0 - v, prefix=tree_lib.parent_index(node, branching, turn), pos=jnp.full((B, n), -1, jnp.int32),
-        neg=node, golden=jnp.ones((B, n), bool), pos_v=jnp.ones((B, n), jnp.float32), neg_v=v,
+        gap=1.0 - v,
+        prefix=tree_lib.parent_index(node, branching, turn),
+        pos=jnp.full((B, n), -1, jnp.int32),
+        neg=node,
+        golden=jnp.ones((B, n), bool),
+        pos_v=jnp.ones((B, n), jnp.float32),
+        neg_v=v,
         ptype=jnp.broadcast_to(golden_types[:, None], (B, n)),
     )
 
@@ -295,8 +309,9 @@ def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_
     action_ok = ~same_click
     if thought_allows_gamma is not None:
         if tuple(thought_allows_gamma.shape) != (B,) + branching[:2]:
-            raise ValueError(f"thought_allows_gamma: shape {tuple(thought_allows_gamma.shape)}, "
-                             f"expected {(B,) + branching[:2]}")
+            raise ValueError(
+                f"thought_allows_gamma: shape {tuple(thought_allows_gamma.shape)}, expected {(B,) + branching[:2]}"
+            )
         allowed = jnp.repeat(thought_allows_gamma.reshape(B, -1).astype(bool), branching[2], axis=1)
         action_ok = action_ok & allowed
     return action_ok, jnp.repeat(same_click, branching[3], axis=1)
@@ -316,11 +331,11 @@ def extract_pairs(
     golden_types: jax.Array,
     step_valid: jax.Array,
     *,
-    step_index: Optional[jax.Array] = None,
-    action_text_matches_golden: Optional[jax.Array] = None,
-    thought_allows_gamma: Optional[jax.Array] = None,
+    step_index: jax.Array | None = None,
+    action_text_matches_golden: jax.Array | None = None,
+    thought_allows_gamma: jax.Array | None = None,
     config: PairConfig = PairConfig(),
-    capacity: Optional[int] = None,
+    capacity: int | None = None,
 ) -> PairBatch:
     """β and γ preference pairs of a batch of scored CoaT-trees, padded to a fixed capacity.
 
@@ -342,9 +357,13 @@ def extract_pairs(
     step_valid = jnp.asarray(step_valid, bool)
     classes = classify_trees(node_values[-1], step_valid, config.one_tolerance)
     step_index = jnp.arange(B, dtype=jnp.int32) if step_index is None else jnp.asarray(step_index, jnp.int32)
-    action_ok, grounding_ok = _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden,
-                                                 None if thought_allows_gamma is None
-                                                 else jnp.asarray(thought_allows_gamma, bool))
+    action_ok, grounding_ok = _gamma_eligibility(
+        leaf_types,
+        golden_types,
+        branching,
+        action_text_matches_golden,
+        None if thought_allows_gamma is None else jnp.asarray(thought_allows_gamma, bool),
+    )
 
     beta_cap, gamma_cap = config.max_beta_pairs_per_tree_turn, config.max_gamma_pairs_per_tree_turn
     blocks = []  # (turn, tree class, cap, candidate fields) in output order
@@ -354,9 +373,18 @@ def extract_pairs(
         if branching[t - 1] > 1 and beta_cap > 0:
             blocks.append((t, BETA, beta_cap, _beta_block(node_values, leaf_types, classes, branching, t, config)))
         if gamma_cap > 0 and t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
-            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, action_ok, config)))
+            blocks.append(
+                (t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, action_ok, config))
+            )
         if gamma_cap > 0 and t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
-            blocks.append((t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, grounding_ok, config)))
+            blocks.append(
+                (
+                    t,
+                    GAMMA,
+                    gamma_cap,
+                    _gamma_block(node_values, classes, golden_types, branching, t, grounding_ok, config),
+                )
+            )
     if not blocks:
         raise ValueError("extract_pairs: the config and branching allow no pairs at all")
     if capacity is None:
@@ -376,7 +404,8 @@ def extract_pairs(
     taken = taken.reshape(B, nb, slot_cap) & (jnp.arange(slot_cap)[None, None, :] < block_cap[None, :, None])
     pick = {k: jnp.take_along_axis(x, chosen, axis=1).reshape(-1) for k, x in stacked.items() if k != "mask"}
     per_block = lambda values: jnp.broadcast_to(
-        jnp.asarray(values, jnp.int32)[None, :, None], (B, nb, slot_cap)).reshape(-1)
+        jnp.asarray(values, jnp.int32)[None, :, None], (B, nb, slot_cap)
+    ).reshape(-1)
     turn_all = per_block([t for t, *_ in blocks])
     class_all = per_block([c for _, c, *_ in blocks])
     rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None, None], (B, nb, slot_cap)).reshape(-1)

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ipl_jax.preference import grouping
+from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
-from ipl_jax.preference import pair_tokens
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packing import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
@@ -86,7 +86,7 @@ class RoundStages:
 
     sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
     score: Callable[[SampledTrees], TreeScores]
-    golden_update: Optional[Callable[[Any, int, jax.Array], tuple]] = None
+    golden_update: Callable[[Any, int, jax.Array], tuple] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +128,9 @@ def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, 
         rows = np.arange(tree.batch_size)
         chosen = leaf_types[rows, np.asarray(naive.chosen_leaf)]
         rejected = leaf_types[rows, np.asarray(naive.rejected_leaf)]
-        grounding = np.stack([np.isin(chosen, pairs_lib.CLICK_LIKE_TYPES),
-                              np.isin(rejected, pairs_lib.CLICK_LIKE_TYPES)], axis=1)
+        grounding = np.stack(
+            [np.isin(chosen, pairs_lib.CLICK_LIKE_TYPES), np.isin(rejected, pairs_lib.CLICK_LIKE_TYPES)], axis=1
+        )
         return grouping.naive_pair_groups(sampled.steps, toks, grounding, name), counts
     match = scores.action_text_matches_golden
     allows = None
@@ -137,14 +138,29 @@ def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, 
         if scores.thought_names_golden is None:
             raise ValueError("round_pairs: gamma_consistent_only needs TreeScores.thought_names_golden")
         allows = jnp.asarray(scores.thought_names_golden, bool)
-    pb = pairs_lib.extract_pairs(node_values, jnp.asarray(scores.leaf_types, jnp.int32),
-                                 jnp.asarray(scores.golden_types, jnp.int32), step_valid,
-                                 step_index=jnp.asarray(tree.step_index, jnp.int32),
-                                 action_text_matches_golden=None if match is None else jnp.asarray(match, bool),
-                                 thought_allows_gamma=allows, config=config.pairs)
-    pt = pair_tokens.gather_pair_tokens(tree, pb, *(jnp.asarray(x, jnp.int32) for x in (
-        sampled.golden_action_ids, sampled.golden_grounding_ids, sampled.golden_action_lengths,
-        sampled.golden_grounding_lengths)))
+    pb = pairs_lib.extract_pairs(
+        node_values,
+        jnp.asarray(scores.leaf_types, jnp.int32),
+        jnp.asarray(scores.golden_types, jnp.int32),
+        step_valid,
+        step_index=jnp.asarray(tree.step_index, jnp.int32),
+        action_text_matches_golden=None if match is None else jnp.asarray(match, bool),
+        thought_allows_gamma=allows,
+        config=config.pairs,
+    )
+    pt = pair_tokens.gather_pair_tokens(
+        tree,
+        pb,
+        *(
+            jnp.asarray(x, jnp.int32)
+            for x in (
+                sampled.golden_action_ids,
+                sampled.golden_grounding_ids,
+                sampled.golden_action_lengths,
+                sampled.golden_grounding_lengths,
+            )
+        ),
+    )
     grouped = grouping.tree_pair_groups(sampled.steps, pt, name, pair_batch=pb)
     grouped.skipped += int(pb.dropped)
     return grouped, counts
@@ -157,8 +173,7 @@ def json_safe(d: Mapping) -> dict:
         if isinstance(v, Mapping):
             out[k] = json_safe(v)
         elif isinstance(v, (list, tuple)):
-            out[k] = [float(x) if isinstance(x, (float, np.floating)) else x for x in v
-                      if not isinstance(x, Mapping)]
+            out[k] = [float(x) if isinstance(x, (float, np.floating)) else x for x in v if not isinstance(x, Mapping)]
         elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
             out[k] = int(v)
         elif isinstance(v, (np.floating, float)):
@@ -182,8 +197,9 @@ def pair_counts(grouped: grouping.GroupedPairs) -> dict:
     return {"by_class": by_class, "by_type": dict(sorted(by_type.items()))}
 
 
-def ipl_round(state: state_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *,
-              mesh=None) -> tuple[state_lib.TrainState, dict]:
+def ipl_round(
+    state: state_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *, mesh=None
+) -> tuple[state_lib.TrainState, dict]:
     """One round from ``state`` (π(n-1), also the frozen reference). Returns (π(n)'s state, the round record).
 
     The record: round, classes (``pairs.tree_class_shares``), pairs_by_turn ([whole-trajectory, turn 1..4]),
@@ -203,10 +219,17 @@ def ipl_round(state: state_lib.TrainState, config: RoundConfig, stages: RoundSta
     grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
     t1 = time.perf_counter()
     batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing)
-    record = {"round": round_index, "classes": pairs_lib.tree_class_shares(counts),
-              "pairs_by_turn": [int(x) for x in grouped.pairs_by_turn], "pairs": len(grouped.pairs),
-              "pair_counts": pair_counts(grouped), "skipped_pairs": int(grouped.skipped), "dropped": dropped,
-              "groups": len(grouped.groups), "batches": len(batches)}
+    record = {
+        "round": round_index,
+        "classes": pairs_lib.tree_class_shares(counts),
+        "pairs_by_turn": [int(x) for x in grouped.pairs_by_turn],
+        "pairs": len(grouped.pairs),
+        "pair_counts": pair_counts(grouped),
+        "skipped_pairs": int(grouped.skipped),
+        "dropped": dropped,
+        "groups": len(grouped.groups),
+        "batches": len(batches),
+    }
     if config.train_on == "golden":
         if stages.golden_update is None:
             raise ValueError("ipl_round: train_on='golden' needs RoundStages.golden_update")
@@ -226,6 +249,5 @@ def ipl_round(state: state_lib.TrainState, config: RoundConfig, stages: RoundSta
         check_finite(step_metrics, int(state.step))
     record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
     t3 = time.perf_counter()
-    record["seconds"] = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2,
-                         "total": t3 - t0}
+    record["seconds"] = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2, "total": t3 - t0}
     return state, json_safe(record)

@@ -46,8 +46,9 @@ def _with_pairs(grouped: GroupedPairs, pairs: list[PairRef], skipped: int = 0) -
     by_turn = np.zeros_like(grouped.pairs_by_turn)
     for p in pairs:
         by_turn[p.turn] += 1
-    return GroupedPairs(groups=list(grouped.groups), pairs=pairs, skipped=grouped.skipped + skipped,
-                        pairs_by_turn=by_turn)
+    return GroupedPairs(
+        groups=list(grouped.groups), pairs=pairs, skipped=grouped.skipped + skipped, pairs_by_turn=by_turn
+    )
 
 
 def drop_duplicates(grouped: GroupedPairs) -> tuple[GroupedPairs, int]:
@@ -55,9 +56,11 @@ def drop_duplicates(grouped: GroupedPairs) -> tuple[GroupedPairs, int]:
     seen, kept = set(), []
     for p in grouped.pairs:
         g = grouped.groups[p.group]
-        key = (np.asarray(g.prefix_ids, np.int32).tobytes(),
-               np.asarray(g.continuations[p.pos], np.int32).tobytes(),
-               np.asarray(g.continuations[p.neg], np.int32).tobytes())
+        key = (
+            np.asarray(g.prefix_ids, np.int32).tobytes(),
+            np.asarray(g.continuations[p.pos], np.int32).tobytes(),
+            np.asarray(g.continuations[p.neg], np.int32).tobytes(),
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -91,10 +94,15 @@ def mix_groups(grouped: GroupedPairs, seed: int) -> GroupedPairs:
     perm = np.random.default_rng(seed).permutation(len(grouped.groups))
     new_index = np.empty_like(perm)
     new_index[perm] = np.arange(len(perm))
-    pairs = sorted((dataclasses.replace(p, group=int(new_index[p.group])) for p in grouped.pairs),
-                   key=lambda p: p.group)
-    return GroupedPairs(groups=[grouped.groups[i] for i in perm], pairs=pairs, skipped=grouped.skipped,
-                        pairs_by_turn=grouped.pairs_by_turn.copy())
+    pairs = sorted(
+        (dataclasses.replace(p, group=int(new_index[p.group])) for p in grouped.pairs), key=lambda p: p.group
+    )
+    return GroupedPairs(
+        groups=[grouped.groups[i] for i in perm],
+        pairs=pairs,
+        skipped=grouped.skipped,
+        pairs_by_turn=grouped.pairs_by_turn.copy(),
+    )
 
 
 def select_round_pairs(grouped: GroupedPairs, config: SelectionConfig, seed: int) -> tuple[GroupedPairs, dict]:

@@ -22,20 +22,20 @@ positive continuations only).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
+from ipl_jax.preference.packing import PackedBatch
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
-from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.preference.packing import PackedBatch
 
 OBJECTIVES = ("tdpo", "positive_sft")
 
@@ -73,7 +73,7 @@ class TDPOConfig:
     eps: float = 1e-8
     remat: bool = False  # rematerialise decoder layers in the backward pass
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
-    compute_dtype: Optional[str] = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
+    compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -84,8 +84,18 @@ class TDPOConfig:
     def optimizer_section(self) -> ml_collections.ConfigDict:
         """The ``optimizer`` section ``training.optimizer.make_optimizer`` / ``make_schedule`` read."""
         c = state_lib.default_train_config().optimizer
-        for key in ("learning_rate", "schedule", "warmup_steps", "total_steps", "end_lr_ratio", "weight_decay",
-                    "grad_clip_norm", "b1", "b2", "eps"):
+        for key in (
+            "learning_rate",
+            "schedule",
+            "warmup_steps",
+            "total_steps",
+            "end_lr_ratio",
+            "weight_decay",
+            "grad_clip_norm",
+            "b1",
+            "b2",
+            "eps",
+        ):
             c[key] = getattr(self, key)
         return c
 
@@ -154,16 +164,25 @@ def batch_shardings(batch: PackedBatch, mesh):
     rep = NamedSharding(mesh, PartitionSpec())
     rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))  # noqa: E731
     return batch.replace(
-        input_ids=rows(batch.input_ids), positions=rows(batch.positions, 1), segment_ids=rows(batch.segment_ids),
-        target_ids=rows(batch.target_ids), score_slot=rows(batch.score_slot),
+        input_ids=rows(batch.input_ids),
+        positions=rows(batch.positions, 1),
+        segment_ids=rows(batch.segment_ids),
+        target_ids=rows(batch.target_ids),
+        score_slot=rows(batch.score_slot),
         vision=None if batch.vision is None else jax.tree.map(rows, batch.vision),
-        pair_pos=rep, pair_neg=rep, pair_valid=rep, pair_turn=rep, ref_pos=rep, ref_neg=rep)
+        pair_pos=rep,
+        pair_neg=rep,
+        pair_valid=rep,
+        pair_turn=rep,
+        ref_pos=rep,
+        ref_neg=rep,
+    )
 
 
 def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.TrainState:
     """TrainState shardings: params (and Adam moments) by the model's partition rules, the rest replicated."""
-    from ipl_jax.training.lora import LoraParams, lora_shardings
     from ipl_jax.model.sharding import param_shardings
+    from ipl_jax.training.lora import LoraParams, lora_shardings
 
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
     if isinstance(state.params, LoraParams):
@@ -183,8 +202,9 @@ def _tree_key(tree) -> tuple:
 _STEP_CACHE: dict = {}
 
 
-def make_tdpo_step(config: TDPOConfig, *, mesh=None, state: Optional[state_lib.TrainState] = None,
-                   batch: Optional[PackedBatch] = None):
+def make_tdpo_step(
+    config: TDPOConfig, *, mesh=None, state: state_lib.TrainState | None = None, batch: PackedBatch | None = None
+):
     """The jitted ``step(state, batch) -> (state, metrics)`` (state donated). Under a ``mesh`` an example
     ``state`` and ``batch`` fix the shardings.
 
@@ -196,8 +216,11 @@ def make_tdpo_step(config: TDPOConfig, *, mesh=None, state: Optional[state_lib.T
     if mesh is not None:
         if state is None or batch is None:
             raise ValueError("make_tdpo_step: a mesh needs an example state and batch")
-        kwargs.update(mesh=mesh, state_shardings=state_shardings(state, optimizer, mesh),
-                      batch_shardings=batch_shardings(batch, mesh))
+        kwargs.update(
+            mesh=mesh,
+            state_shardings=state_shardings(state, optimizer, mesh),
+            batch_shardings=batch_shardings(batch, mesh),
+        )
     return step_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
 
 
@@ -277,8 +300,15 @@ def epoch_order(rng, n: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
 
-_MEAN_KEYS = ("loss", "pref_loss", "sft_nll", "reward_margin", "reward_accuracy", "chosen_logratio",
-              "rejected_logratio")
+_MEAN_KEYS = (
+    "loss",
+    "pref_loss",
+    "sft_nll",
+    "reward_margin",
+    "reward_accuracy",
+    "chosen_logratio",
+    "rejected_logratio",
+)
 
 
 def summarize_steps(per_step: Sequence[Mapping[str, float]]) -> dict:
@@ -295,8 +325,9 @@ def summarize_steps(per_step: Sequence[Mapping[str, float]]) -> dict:
     return out
 
 
-def train_round(state: state_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *,
-                mesh=None) -> tuple[state_lib.TrainState, dict]:
+def train_round(
+    state: state_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *, mesh=None
+) -> tuple[state_lib.TrainState, dict]:
     """One epoch of T-DPO over the round's batches, in an order drawn from ``rng``.
 
     state: TrainState (donated step by step: do not reuse the passed-in state); ref_params: the frozen reference

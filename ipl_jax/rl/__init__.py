@@ -15,6 +15,19 @@ from ipl_jax.rl.grpo import GRPOBatch, GRPOConfig, grpo_round, grpo_step
 from ipl_jax.rl.ppo import PPOBatch, PPOConfig, PPOState, init_ppo_state, ppo_round, ppo_step
 from ipl_jax.rl.rollout import RolloutConfig, WorldTask, rollout_summary, split_world_tasks
 
-__all__ = ["GRPOBatch", "GRPOConfig", "grpo_round", "grpo_step", "PPOBatch", "PPOConfig", "PPOState",
-           "init_ppo_state", "ppo_round", "ppo_step", "RolloutConfig", "WorldTask", "rollout_summary",
-           "split_world_tasks"]  # the episode player is ``rl.rollout.rollout`` (the module keeps its name)
+__all__ = [
+    "GRPOBatch",
+    "GRPOConfig",
+    "grpo_round",
+    "grpo_step",
+    "PPOBatch",
+    "PPOConfig",
+    "PPOState",
+    "init_ppo_state",
+    "ppo_round",
+    "ppo_step",
+    "RolloutConfig",
+    "WorldTask",
+    "rollout_summary",
+    "split_world_tasks",
+]  # the episode player is ``rl.rollout.rollout`` (the module keeps its name)

@@ -46,8 +46,15 @@ def stream_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: fl
     return adv, (adv + v) * m
 
 
-def asymmetric_gae(step_rewards: jax.Array, terminal_reward: jax.Array, values: jax.Array, mask: jax.Array,
-                   gamma_dense: float = 0.5, lam: float = 1.0, gamma_terminal: float = 1.0):
+def asymmetric_gae(
+    step_rewards: jax.Array,
+    terminal_reward: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    gamma_dense: float = 0.5,
+    lam: float = 1.0,
+    gamma_terminal: float = 1.0,
+):
     """Step-level GAE with asymmetric discounting.
 
     step_rewards: f32[B, S]; terminal_reward: f32[B]; values: f32[B, S, 2] (terminal head, dense head);
@@ -63,8 +70,13 @@ def asymmetric_gae(step_rewards: jax.Array, terminal_reward: jax.Array, values: 
     return a_t + a_d, jnp.stack([g_t, g_d], axis=-1)
 
 
-def stream_returns(step_rewards: jax.Array, terminal_reward: jax.Array, mask: jax.Array, gamma_dense: float = 0.5,
-                   gamma_terminal: float = 1.0) -> jax.Array:
+def stream_returns(
+    step_rewards: jax.Array,
+    terminal_reward: jax.Array,
+    mask: jax.Array,
+    gamma_dense: float = 0.5,
+    gamma_terminal: float = 1.0,
+) -> jax.Array:
     """Realised returns of both streams f32[B, S, 2] (λ = 1 with zero values); their sum is
     ``losses.dense_returns`` when ``gamma_terminal`` is 1."""
     zeros = jnp.zeros(jnp.shape(step_rewards) + (2,), jnp.float32)
@@ -106,8 +118,12 @@ def nearest_siblings(thumbs: jax.Array, group: jax.Array, trajectory: jax.Array,
     sibling (or invalid) gets has = False, index 0, distance 0.
     """
     d = screen_distance(thumbs[:, None, :], thumbs[None, :, :])
-    ok = ((group[:, None] == group[None, :]) & (trajectory[:, None] != trajectory[None, :])
-          & valid[:, None] & valid[None, :])
+    ok = (
+        (group[:, None] == group[None, :])
+        & (trajectory[:, None] != trajectory[None, :])
+        & valid[:, None]
+        & valid[None, :]
+    )
     d = jnp.where(ok, d, jnp.inf)
     index = jnp.argmin(d, axis=1).astype(jnp.int32)
     has = jnp.any(ok, axis=1)

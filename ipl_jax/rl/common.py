@@ -3,7 +3,7 @@ seeds from keys, and round metric summaries."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ def answer_length(c: Completion, uses_grounding: bool, style: str) -> int:
     """Generated tokens of the answer (the DAST length): every turn of the row, s4 only with grounding."""
     if style == "think_answer":
         return len(c.turns[0])
-    return sum(len(t) for t in c.turns[:4 if uses_grounding else 3])
+    return sum(len(t) for t in c.turns[: 4 if uses_grounding else 3])
 
 
 def sequence_weights(rows: Rows, norm: str) -> jax.Array:
@@ -52,7 +52,7 @@ def sequence_weights(rows: Rows, norm: str) -> jax.Array:
     raise ValueError(f"unknown length normalisation {norm!r}; expected 'token' or 'sequence'")
 
 
-def reference_logps(ref_params, cfg, rows: Rows, chunk: int, compute_dtype: Optional[str]) -> jax.Array:
+def reference_logps(ref_params, cfg, rows: Rows, chunk: int, compute_dtype: str | None) -> jax.Array:
     """The frozen reference's per-token log-probs f32[R, T] (its own jitted program, no gradient)."""
     if compute_dtype is not None:
         ref_params = state_lib.cast_floating(ref_params, compute_dtype)

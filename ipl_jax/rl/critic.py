@@ -18,8 +18,6 @@ zero, so a fresh critic predicts 0 and GiGPPO starts equal to PPO.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 
@@ -39,12 +37,16 @@ def init_critic(policy_params: dict, cfg: Qwen2VLConfig, rng, sibling_width: int
     return {
         "model": jax.tree.map(lambda x: jnp.array(x, copy=True), policy_params),
         "head": {"kernel": jnp.zeros((h, VALUE_STREAMS), jnp.float32), "bias": jnp.zeros((VALUE_STREAMS,))},
-        "sibling": {"w1": w1 / jnp.sqrt(h + SIBLING_FEATURES), "b1": jnp.zeros((sibling_width,)),
-                    "w2": jnp.zeros((sibling_width, VALUE_STREAMS)), "b2": jnp.zeros((VALUE_STREAMS,))},
+        "sibling": {
+            "w1": w1 / jnp.sqrt(h + SIBLING_FEATURES),
+            "b1": jnp.zeros((sibling_width,)),
+            "w2": jnp.zeros((sibling_width, VALUE_STREAMS)),
+            "b2": jnp.zeros((VALUE_STREAMS,)),
+        },
     }
 
 
-def value_from_hidden(critic: dict, h: jax.Array, sibling: Optional[jax.Array]) -> jax.Array:
+def value_from_hidden(critic: dict, h: jax.Array, sibling: jax.Array | None) -> jax.Array:
     """f32[R, 2] from state summaries h f32[R, H] and, with GiGPPO, sibling features f32[R, 4]."""
     v = h @ critic["head"]["kernel"] + critic["head"]["bias"]
     if sibling is not None:
@@ -54,12 +56,14 @@ def value_from_hidden(critic: dict, h: jax.Array, sibling: Optional[jax.Array]) 
     return v
 
 
-def critic_values(critic: dict, cfg: Qwen2VLConfig, rows: Rows, sibling: Optional[jax.Array] = None,
-                  remat: bool = False) -> jax.Array:
+def critic_values(
+    critic: dict, cfg: Qwen2VLConfig, rows: Rows, sibling: jax.Array | None = None, remat: bool = False
+) -> jax.Array:
     """Values f32[R, 2] (terminal, dense) of the states in ``rows`` (``rl.sampling.state_row_spec`` rows)."""
     h = last_hidden(critic["model"], cfg, rows, remat)
     return value_from_hidden(critic, h, sibling)
 
 
-critic_values_jit = jax.jit(lambda c, cfg, rows, sib: jax.lax.stop_gradient(critic_values(c, cfg, rows, sib)),
-                            static_argnums=(1,))
+critic_values_jit = jax.jit(
+    lambda c, cfg, rows, sib: jax.lax.stop_gradient(critic_values(c, cfg, rows, sib)), static_argnums=(1,)
+)

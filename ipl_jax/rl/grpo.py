@@ -18,7 +18,7 @@ that matches a T-DPO round's leaves (``rl.budget``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,14 +63,15 @@ class GRPOConfig:
     length_norm: str = "sequence"
     updates_per_batch: int = 1
     prompts_per_batch: int = 4
-    optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(learning_rate=1e-6,
-                                                                                 schedule="constant")
+    optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
+        learning_rate=1e-6, schedule="constant"
+    )
     rows: RowConfig = RowConfig()
     prompts: CoaTPrompts = DEFAULT_PROMPTS
-    max_history: Optional[int] = None  # think/answer prompt: keep the last N previous actions
+    max_history: int | None = None  # think/answer prompt: keep the last N previous actions
     logp_chunk: int = 128
     remat: bool = False
-    compute_dtype: Optional[str] = None
+    compute_dtype: str | None = None
 
     def __post_init__(self):
         if self.style not in rewards_lib.STYLES:
@@ -89,8 +90,8 @@ class GRPOBatch:
 
     rows: Rows
     advantages: jax.Array
-    old_logps: Optional[jax.Array] = None
-    ref_logps: Optional[jax.Array] = None
+    old_logps: jax.Array | None = None
+    ref_logps: jax.Array | None = None
 
 
 # ------------------------------------------------------------------------------------------------ the step
@@ -101,8 +102,7 @@ def grpo_objective(params, batch: GRPOBatch, config: GRPOConfig):
     logps = row_token_logps(params, config.model, batch.rows, remat=config.remat, chunk=config.logp_chunk)
     old = jax.lax.stop_gradient(logps) if batch.old_logps is None else batch.old_logps
     weights = common.sequence_weights(batch.rows, config.length_norm)
-    loss, m = losses.grpo_loss(logps, old, batch.ref_logps, batch.advantages, weights, config.clip_eps,
-                               config.kl_beta)
+    loss, m = losses.grpo_loss(logps, old, batch.ref_logps, batch.advantages, weights, config.clip_eps, config.kl_beta)
     m = dict(m)
     m["completions"] = jnp.sum(batch.rows.row_valid.astype(jnp.float32))
     return loss, m
@@ -115,14 +115,18 @@ def make_grpo_update(config: GRPOConfig):
     """The jitted ``update(state, batch) -> (state, metrics)`` (state donated): one optimizer step on
     ``grpo_objective``. metrics: loss, kl, clip_frac, completions, grad_norm, lr."""
     if config not in _STEP_CACHE:
+
         def loss_fn(params, batch, rng):
             del rng  # no dropout in the model
             return grpo_objective(params, batch, config)
 
         _STEP_CACHE[config] = step_lib.make_train_step(
-            loss_fn, optimizer_lib.make_optimizer(config.optimizer),
-            schedule=optimizer_lib.make_schedule(config.optimizer), weight_key="completions",
-            compute_dtype=config.compute_dtype)
+            loss_fn,
+            optimizer_lib.make_optimizer(config.optimizer),
+            schedule=optimizer_lib.make_schedule(config.optimizer),
+            weight_key="completions",
+            compute_dtype=config.compute_dtype,
+        )
     return _STEP_CACHE[config]
 
 
@@ -142,12 +146,14 @@ def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, co
     del rng
     cfg = config.model
     if batch.ref_logps is None:
-        batch = batch.replace(ref_logps=common.reference_logps(ref_params, cfg, batch.rows, config.logp_chunk,
-                                                               config.compute_dtype))
+        batch = batch.replace(
+            ref_logps=common.reference_logps(ref_params, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
+        )
     if config.updates_per_batch > 1 and batch.old_logps is None:
         current = state_lib.model_params(state.params, state.frozen)
-        batch = batch.replace(old_logps=common.reference_logps(current, cfg, batch.rows, config.logp_chunk,
-                                                               config.compute_dtype))
+        batch = batch.replace(
+            old_logps=common.reference_logps(current, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
+        )
     update = make_grpo_update(config)
     metrics = {}
     for _ in range(config.updates_per_batch):
@@ -162,12 +168,14 @@ def _prompts(steps, tokenizer, image_config, config: GRPOConfig):
     cfg = config.model
     if config.style == "coat":
         return [step_prompts(s, tokenizer, image_config, cfg, config.prompts) for s in steps]
-    return [rl_sampling.think_answer_prompt(s, tokenizer, image_config, cfg, max_history=config.max_history)
-            for s in steps]
+    return [
+        rl_sampling.think_answer_prompt(s, tokenizer, image_config, cfg, max_history=config.max_history) for s in steps
+    ]
 
 
-def sample_batch(params, steps: Sequence, tokenizer, image_config, sampler: SamplerConfig, seed,
-                 config: GRPOConfig, mesh=None):
+def sample_batch(
+    params, steps: Sequence, tokenizer, image_config, sampler: SamplerConfig, seed, config: GRPOConfig, mesh=None
+):
     """Sample, parse and score G completions for each of ``steps`` (at most ``prompts_per_batch``).
 
     Returns (GRPOBatch, info): info holds the rewards (``UIR1Rewards`` [B, G]), the parsed actions and
@@ -176,8 +184,9 @@ def sample_batch(params, steps: Sequence, tokenizer, image_config, sampler: Samp
     steps = list(steps)
     items = _prompts(steps, tokenizer, image_config, config)
     if config.style == "coat":
-        groups = rl_sampling.sample_coat_groups(params, config.model, items,
-                                                rl_sampling.coat_group_config(sampler, g), seed, b, mesh)
+        groups = rl_sampling.sample_coat_groups(
+            params, config.model, items, rl_sampling.coat_group_config(sampler, g), seed, b, mesh
+        )
         max_len = float(sum(sampler.max_turn_tokens))
     else:
         groups = rl_sampling.sample_single_turn(params, config.model, items, g, sampler, seed, b)
@@ -190,8 +199,11 @@ def sample_batch(params, steps: Sequence, tokenizer, image_config, sampler: Samp
             actions.append(action)
             fmt.append(ok)
             lengths.append(common.answer_length(c, grounded, config.style))
-            specs.append(rl_sampling.coat_row_spec(item, c, grounded, i) if config.style == "coat"
-                         else rl_sampling.single_turn_row_spec(item, c, i))
+            specs.append(
+                rl_sampling.coat_row_spec(item, c, grounded, i)
+                if config.style == "coat"
+                else rl_sampling.single_turn_row_spec(item, c, i)
+            )
     actions += [None] * (pad * g)  # padding prompts: invalid actions, masked below
     fmt += [False] * (pad * g)
     lengths += [0] * (pad * g)
@@ -201,18 +213,21 @@ def sample_batch(params, steps: Sequence, tokenizer, image_config, sampler: Samp
     r = rewards_lib.uir1_rewards(pred, jnp.asarray(np.reshape(fmt, (b, g))), golden, config.reward)
     r = rewards_lib.group_rewards(r, jnp.asarray(np.reshape(lengths, (b, g))), max_len, config.reward.dast)
     adv = rewards_lib.safe_group_advantages(r.total, jnp.asarray(valid), config.adv_eps)
-    rows = build_rows(config.model, specs, [(it.pixel_values, it.image_grid_thw) for it in items], b * g,
-                      config.rows)
+    rows = build_rows(config.model, specs, [(it.pixel_values, it.image_grid_thw) for it in items], b * g, config.rows)
     batch = GRPOBatch(rows=rows, advantages=adv.reshape(-1))
-    return batch, {"rewards": r, "actions": actions[:len(steps) * g], "valid": valid,
-                   "completions": len(steps) * g}
+    return batch, {"rewards": r, "actions": actions[: len(steps) * g], "valid": valid, "completions": len(steps) * g}
 
 
 def _reward_metrics(r: rewards_lib.UIR1Rewards, valid: np.ndarray, adv) -> dict:
     v = np.asarray(valid, bool)
     out = {}
-    names = {"reward": "total", "reward_type": "r_type", "reward_coord": "r_coord", "reward_format": "r_format",
-             "reward_length": "r_length"}
+    names = {
+        "reward": "total",
+        "reward_type": "r_type",
+        "reward_coord": "r_coord",
+        "reward_format": "r_format",
+        "reward_length": "r_length",
+    }
     for key, field in names.items():
         out[key] = float(np.mean(np.asarray(getattr(r, field))[v]))
     out["correct"] = float(np.mean(np.asarray(r.correct)[v]))
@@ -222,8 +237,18 @@ def _reward_metrics(r: rewards_lib.UIR1Rewards, valid: np.ndarray, adv) -> dict:
     return out
 
 
-def grpo_round(state: state_lib.TrainState, ref_params, steps: Sequence, rng, config: GRPOConfig, *, tokenizer,
-               image_config, sampler: SamplerConfig, mesh=None) -> tuple[state_lib.TrainState, dict]:
+def grpo_round(
+    state: state_lib.TrainState,
+    ref_params,
+    steps: Sequence,
+    rng,
+    config: GRPOConfig,
+    *,
+    tokenizer,
+    image_config,
+    sampler: SamplerConfig,
+    mesh=None,
+) -> tuple[state_lib.TrainState, dict]:
     """One GRPO pass over ``steps`` (golden ``Step``s): for each batch of ``prompts_per_batch`` steps, sample G
     completions with the current policy, score them and take ``grpo_step``.
 
@@ -242,8 +267,9 @@ def grpo_round(state: state_lib.TrainState, ref_params, steps: Sequence, rng, co
     for i, start in enumerate(range(0, len(steps), b)):
         key = jax.random.fold_in(jnp.asarray(rng), i)
         policy = state_lib.model_params(state.params, state.frozen)
-        batch, info = sample_batch(policy, steps[start:start + b], tokenizer, image_config, sampler,
-                                   common.key_seed(key), config, mesh)
+        batch, info = sample_batch(
+            policy, steps[start : start + b], tokenizer, image_config, sampler, common.key_seed(key), config, mesh
+        )
         del policy
         state, m = grpo_step(state, ref_params, batch, key, config)
         rec = common.host_metrics(m)

@@ -18,7 +18,6 @@ back to these defaults when the section is absent.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import ml_collections
 
@@ -69,7 +68,7 @@ def _section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config.rl if "rl" in config else rl_section()
 
 
-def round_budget(config: ml_collections.ConfigDict, n_train_steps: Optional[int] = None) -> int:
+def round_budget(config: ml_collections.ConfigDict, n_train_steps: int | None = None) -> int:
     """Sampled completions of one T-DPO round of the job: its round's steps x the tree's leaves."""
     n = int(config.ipl.steps_per_round)
     if float(config.ipl.round_fraction) > 0:
@@ -90,37 +89,58 @@ def grpo_prompts(budget: int, group_size: int) -> int:
 
 def _rows(config: ml_collections.ConfigDict, rows_per_batch: int, pad_id: int) -> RowConfig:
     per_image = tuple(int(p) for p in config.buckets.patches)
-    return RowConfig(text_buckets=tuple(int(b) for b in _section(config).row_buckets),
-                     patch_buckets=tuple(sorted({p * n for p in per_image for n in (1, rows_per_batch)})),
-                     pad_id=int(pad_id))
+    return RowConfig(
+        text_buckets=tuple(int(b) for b in _section(config).row_buckets),
+        patch_buckets=tuple(sorted({p * n for p in per_image for n in (1, rows_per_batch)})),
+        pad_id=int(pad_id),
+    )
 
 
 def grpo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int) -> GRPOConfig:
     """``GRPOConfig`` of the job (its ``rl.grpo`` section, the reward rules of its data format)."""
     g = _section(config).grpo
     b = int(g.prompts_per_batch)
-    return GRPOConfig(model=cfg, group_size=int(g.group_size), style=str(g.style),
-                      reward=UIR1RewardConfig(rules=_rules(config), dast=bool(g.dast)), clip_eps=float(g.clip_eps),
-                      kl_beta=float(g.kl_beta), length_norm=str(g.length_norm),
-                      updates_per_batch=int(g.updates_per_batch), prompts_per_batch=b,
-                      optimizer=OptimizerSettings(learning_rate=float(g.learning_rate), schedule="constant",
-                                                  grad_clip_norm=float(config.sft.grad_clip)),
-                      rows=_rows(config, b, pad_id))
+    return GRPOConfig(
+        model=cfg,
+        group_size=int(g.group_size),
+        style=str(g.style),
+        reward=UIR1RewardConfig(rules=_rules(config), dast=bool(g.dast)),
+        clip_eps=float(g.clip_eps),
+        kl_beta=float(g.kl_beta),
+        length_norm=str(g.length_norm),
+        updates_per_batch=int(g.updates_per_batch),
+        prompts_per_batch=b,
+        optimizer=OptimizerSettings(
+            learning_rate=float(g.learning_rate), schedule="constant", grad_clip_norm=float(config.sft.grad_clip)
+        ),
+        rows=_rows(config, b, pad_id),
+    )
 
 
 def ppo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int, gigppo: bool = False) -> PPOConfig:
     """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic."""
     p = _section(config).ppo
     m = int(p.minibatch_rows)
-    return PPOConfig(model=cfg, gigppo=gigppo, gamma_dense=float(p.gamma_dense), lam=float(p.lam),
-                     kl_coef=float(p.kl_coef), value_clip=float(p.value_clip), critic_warmup=int(p.critic_warmup),
-                     policy_updates=int(p.policy_updates), tasks_per_batch=int(p.tasks_per_batch),
-                     trajectories_per_task=int(p.trajectories_per_task), minibatch_rows=m,
-                     policy_optimizer=OptimizerSettings(learning_rate=float(p.policy_learning_rate),
-                                                        schedule="constant", weight_decay=0.01),
-                     critic_optimizer=OptimizerSettings(learning_rate=float(p.critic_learning_rate),
-                                                        schedule="constant", weight_decay=0.01),
-                     rows=_rows(config, m, pad_id))
+    return PPOConfig(
+        model=cfg,
+        gigppo=gigppo,
+        gamma_dense=float(p.gamma_dense),
+        lam=float(p.lam),
+        kl_coef=float(p.kl_coef),
+        value_clip=float(p.value_clip),
+        critic_warmup=int(p.critic_warmup),
+        policy_updates=int(p.policy_updates),
+        tasks_per_batch=int(p.tasks_per_batch),
+        trajectories_per_task=int(p.trajectories_per_task),
+        minibatch_rows=m,
+        policy_optimizer=OptimizerSettings(
+            learning_rate=float(p.policy_learning_rate), schedule="constant", weight_decay=0.01
+        ),
+        critic_optimizer=OptimizerSettings(
+            learning_rate=float(p.critic_learning_rate), schedule="constant", weight_decay=0.01
+        ),
+        rows=_rows(config, m, pad_id),
+    )
 
 
 def rollout_config(config: ml_collections.ConfigDict, sampler, image_config, reward) -> RolloutConfig:
@@ -128,9 +148,14 @@ def rollout_config(config: ml_collections.ConfigDict, sampler, image_config, rew
     ``reward`` = its leaf ``RewardConfig`` (``eval.trees.reward_config``)."""
     p = _section(config).ppo
     worlds = int(p.tasks_per_batch) * int(p.trajectories_per_task)
-    return RolloutConfig(sampler=sampler_for_batch(config, sampler, worlds), image_config=image_config,
-                         batch_size=worlds, reward=reward,
-                         step_reward=str(p.step_reward), success_reward=float(p.success_reward))
+    return RolloutConfig(
+        sampler=sampler_for_batch(config, sampler, worlds),
+        image_config=image_config,
+        batch_size=worlds,
+        reward=reward,
+        step_reward=str(p.step_reward),
+        success_reward=float(p.success_reward),
+    )
 
 
 def sampler_for_batch(config: ml_collections.ConfigDict, sampler, batch_size: int):

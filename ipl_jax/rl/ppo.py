@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -69,26 +69,29 @@ class PPOConfig:
     normalize_advantages: bool = True
     length_norm: str = "sequence"
     policy_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
-        learning_rate=1e-6, schedule="constant", weight_decay=0.01)
+        learning_rate=1e-6, schedule="constant", weight_decay=0.01
+    )
     critic_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
-        learning_rate=1e-4, schedule="constant", weight_decay=0.01)
+        learning_rate=1e-4, schedule="constant", weight_decay=0.01
+    )
     critic_freeze_vision: bool = True
     sibling_width: int = 64
     rows: RowConfig = RowConfig()
     logp_chunk: int = 128
     remat: bool = False
-    compute_dtype: Optional[str] = None
+    compute_dtype: str | None = None
 
     def __post_init__(self):
-        for f in ("policy_updates", "critic_updates", "tasks_per_batch", "trajectories_per_task",
-                  "minibatch_rows"):
+        for f in ("policy_updates", "critic_updates", "tasks_per_batch", "trajectories_per_task", "minibatch_rows"):
             if getattr(self, f) < 1:
                 raise ValueError(f"PPOConfig.{f} must be >= 1, got {getattr(self, f)}")
         if self.critic_warmup < 0:
             raise ValueError(f"PPOConfig.critic_warmup must be >= 0, got {self.critic_warmup}")
         if self.gigppo and self.trajectories_per_task < 2:
-            raise ValueError("PPOConfig.gigppo needs trajectories_per_task >= 2 (siblings come from concurrent "
-                             "trajectories of the same task)")
+            raise ValueError(
+                "PPOConfig.gigppo needs trajectories_per_task >= 2 (siblings come from concurrent "
+                "trajectories of the same task)"
+            )
 
     @property
     def worlds_per_batch(self) -> int:
@@ -117,20 +120,24 @@ class PPOBatch:
     returns: jax.Array
     old_values: jax.Array
     sibling: jax.Array
-    old_logps: Optional[jax.Array] = None
-    ref_logps: Optional[jax.Array] = None
+    old_logps: jax.Array | None = None
+    ref_logps: jax.Array | None = None
 
 
-def init_ppo_state(policy_params, config: PPOConfig, rng, *, policy_freeze_regex: Optional[str] = None) -> PPOState:
+def init_ppo_state(policy_params, config: PPOConfig, rng, *, policy_freeze_regex: str | None = None) -> PPOState:
     """Policy and critic TrainStates; the critic is a copy of the policy with a fresh head (``rl.critic``).
     ``policy_params`` are taken by the policy state (donated by its updates: do not reuse them)."""
     rng_p, rng_c, rng_init = jax.random.split(jnp.asarray(rng), 3)
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
-    pstate = state_lib.create_train_state(policy_params, optimizer_lib.make_optimizer(config.policy_optimizer),
-                                          rng_p, freeze_regex=policy_freeze_regex)
+    pstate = state_lib.create_train_state(
+        policy_params, optimizer_lib.make_optimizer(config.policy_optimizer), rng_p, freeze_regex=policy_freeze_regex
+    )
     cstate = state_lib.create_train_state(
-        critic, optimizer_lib.make_optimizer(config.critic_optimizer), rng_c,
-        freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None)
+        critic,
+        optimizer_lib.make_optimizer(config.critic_optimizer),
+        rng_c,
+        freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None,
+    )
     return PPOState(policy=pstate, critic=cstate)
 
 
@@ -143,15 +150,18 @@ def policy_objective(params, batch: PPOBatch, config: PPOConfig):
     logps = row_token_logps(params, config.model, rows, remat=config.remat, chunk=config.logp_chunk)
     w = common.sequence_weights(rows, config.length_norm)
     adv = jnp.broadcast_to(batch.advantages[:, None], logps.shape)
-    pg = losses.ppo_dual_clip_loss(logps, batch.old_logps, adv, w, config.eps_low, config.eps_high,
-                                   config.dual_clip)
+    pg = losses.ppo_dual_clip_loss(logps, batch.old_logps, adv, w, config.eps_low, config.eps_high, config.dual_clip)
     kl_tok = losses.k3_kl(logps, batch.ref_logps)
     denom = jnp.maximum(jnp.sum(w), 1e-9)
     kl = jnp.sum(kl_tok * w) / denom
     ratio = jnp.exp(logps - batch.old_logps)
     clipped = ((ratio < 1.0 - config.eps_low) | (ratio > 1.0 + config.eps_high)).astype(jnp.float32)
-    metrics = {"policy_loss": pg, "kl": kl, "clip_frac": jnp.sum(clipped * w) / denom,
-               "actions": jnp.sum(rows.row_valid.astype(jnp.float32))}
+    metrics = {
+        "policy_loss": pg,
+        "kl": kl,
+        "clip_frac": jnp.sum(clipped * w) / denom,
+        "actions": jnp.sum(rows.row_valid.astype(jnp.float32)),
+    }
     return pg + config.kl_coef * kl, metrics
 
 
@@ -163,8 +173,11 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
     loss = losses.clipped_value_loss(v, batch.old_values, batch.returns, mask, config.value_clip)
     err = jnp.where(mask, v - batch.returns, 0.0)
     n = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
-    return loss, {"value_loss": loss, "value_mae": jnp.sum(jnp.abs(err)) / n,
-                  "states": jnp.sum(batch.critic_rows.row_valid.astype(jnp.float32))}
+    return loss, {
+        "value_loss": loss,
+        "value_mae": jnp.sum(jnp.abs(err)) / n,
+        "states": jnp.sum(batch.critic_rows.row_valid.astype(jnp.float32)),
+    }
 
 
 _CACHE: dict = {}
@@ -173,11 +186,18 @@ _CACHE: dict = {}
 def _update(kind: str, config: PPOConfig):
     key = (kind, config)
     if key not in _CACHE:
-        objective, settings, weight = ((policy_objective, config.policy_optimizer, "actions") if kind == "policy"
-                                       else (critic_objective, config.critic_optimizer, "states"))
+        objective, settings, weight = (
+            (policy_objective, config.policy_optimizer, "actions")
+            if kind == "policy"
+            else (critic_objective, config.critic_optimizer, "states")
+        )
         _CACHE[key] = step_lib.make_train_step(
-            lambda params, batch, rng: objective(params, batch, config), optimizer_lib.make_optimizer(settings),
-            schedule=optimizer_lib.make_schedule(settings), weight_key=weight, compute_dtype=config.compute_dtype)
+            lambda params, batch, rng: objective(params, batch, config),
+            optimizer_lib.make_optimizer(settings),
+            schedule=optimizer_lib.make_schedule(settings),
+            weight_key=weight,
+            compute_dtype=config.compute_dtype,
+        )
     return _CACHE[key]
 
 
@@ -193,21 +213,29 @@ def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfi
     critic = state.critic
     for _ in range(config.critic_updates):
         critic, m = _update("critic", config)(critic, batch)
-        metrics.update({("critic_grad_norm" if k == "grad_norm" else k): v for k, v in m.items()
-                        if k not in ("loss", "lr")})
+        metrics.update(
+            {("critic_grad_norm" if k == "grad_norm" else k): v for k, v in m.items() if k not in ("loss", "lr")}
+        )
     policy = state.policy
     if not warm:
         if batch.ref_logps is None:
-            batch = batch.replace(ref_logps=common.reference_logps(ref_params, cfg, batch.policy_rows,
-                                                                   config.logp_chunk, config.compute_dtype))
+            batch = batch.replace(
+                ref_logps=common.reference_logps(
+                    ref_params, cfg, batch.policy_rows, config.logp_chunk, config.compute_dtype
+                )
+            )
         if batch.old_logps is None:
             current = state_lib.model_params(policy.params, policy.frozen)
-            batch = batch.replace(old_logps=common.reference_logps(current, cfg, batch.policy_rows,
-                                                                   config.logp_chunk, config.compute_dtype))
+            batch = batch.replace(
+                old_logps=common.reference_logps(
+                    current, cfg, batch.policy_rows, config.logp_chunk, config.compute_dtype
+                )
+            )
         for _ in range(config.policy_updates):
             policy, m = _update("policy", config)(policy, batch)
-            metrics.update({("policy_grad_norm" if k == "grad_norm" else k): v for k, v in m.items()
-                            if k not in ("loss", "lr")})
+            metrics.update(
+                {("policy_grad_norm" if k == "grad_norm" else k): v for k, v in m.items() if k not in ("loss", "lr")}
+            )
     metrics["warmup"] = jnp.float32(warm)
     return PPOState(policy=policy, critic=critic), metrics
 
@@ -265,36 +293,49 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     rewards = np.zeros((e, s_max), np.float32)
     mask = np.zeros((e, s_max), bool)
     for j, tr in enumerate(trajs):
-        rewards[j, :tr.num_steps], mask[j, :tr.num_steps] = tr.step_rewards, True
+        rewards[j, : tr.num_steps], mask[j, : tr.num_steps] = tr.step_rewards, True
     terminal = np.asarray([tr.terminal_reward for tr in trajs], np.float32)
-    realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, config.gamma_dense,
-                                                 config.gamma_terminal))[st.traj, st.t]
+    realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, config.gamma_dense, config.gamma_terminal))[
+        st.traj, st.t
+    ]
     sibling = np.zeros((n, adv_lib.SIBLING_FEATURES), np.float32)
     if config.gigppo:
         thumbs = np.stack([r.thumb for r in st.records])
         group = st.traj // config.trajectories_per_task
-        idx, dist, has = adv_lib.nearest_siblings(jnp.asarray(thumbs), jnp.asarray(group), jnp.asarray(st.traj),
-                                                  jnp.ones(n, bool))
+        idx, dist, has = adv_lib.nearest_siblings(
+            jnp.asarray(thumbs), jnp.asarray(group), jnp.asarray(st.traj), jnp.ones(n, bool)
+        )
         sibling = np.asarray(adv_lib.sibling_features(jnp.asarray(realised), idx, dist, has))
     critic_params = state_lib.model_params(state.critic.params, state.critic.frozen)
     rows, values = [], []
     for sel in _minibatches(n, m):
         r = _critic_rows(config, [st.records[i] for i in sel], end_id)
         sib = jnp.asarray(_pad(sibling[sel], m)) if config.gigppo else None
-        values.append(np.asarray(critic_lib.critic_values_jit(critic_params, config.model, r, sib))[:len(sel)])
+        values.append(np.asarray(critic_lib.critic_values_jit(critic_params, config.model, r, sib))[: len(sel)])
         rows.append(r)
     values = np.concatenate(values)
     grid = np.zeros((e, s_max, 2), np.float32)
     grid[st.traj, st.t] = values
-    adv, ret = adv_lib.asymmetric_gae(rewards, terminal, grid, mask, config.gamma_dense, config.lam,
-                                      config.gamma_terminal)
+    adv, ret = adv_lib.asymmetric_gae(
+        rewards, terminal, grid, mask, config.gamma_dense, config.lam, config.gamma_terminal
+    )
     if config.normalize_advantages:
         adv = adv_lib.normalise_advantages(adv, mask)
     return st, rows, np.asarray(adv)[st.traj, st.t], np.asarray(ret)[st.traj, st.t], values, sibling
 
 
-def ppo_round(state: PPOState, ref_params, world_tasks: Sequence, rng, config: PPOConfig, *, tokenizer,
-              rollout_config: RolloutConfig, env_steps: int, mesh=None) -> tuple[PPOState, dict]:
+def ppo_round(
+    state: PPOState,
+    ref_params,
+    world_tasks: Sequence,
+    rng,
+    config: PPOConfig,
+    *,
+    tokenizer,
+    rollout_config: RolloutConfig,
+    env_steps: int,
+    mesh=None,
+) -> tuple[PPOState, dict]:
     """Online PPO (GiGPPO with ``config.gigppo``) until ``env_steps`` environment steps are spent.
 
     world_tasks: the training tasks (``rl.rollout.WorldTask``), visited in an order drawn from ``rng``,
@@ -313,7 +354,8 @@ def ppo_round(state: PPOState, ref_params, world_tasks: Sequence, rng, config: P
     rcfg = dataclasses.replace(rollout_config, batch_size=config.worlds_per_batch, keep_prompts=True)
     end_id = int(rcfg.sampler.eos_ids[0])
     order = np.random.default_rng(common.key_seed(jax.random.fold_in(jnp.asarray(rng), 0))).permutation(
-        len(world_tasks))
+        len(world_tasks)
+    )
     used, b, cursor = 0, 0, 0
     all_trajs, per_update, per_batch = [], [], []
     p0, c0 = int(state.policy.step), int(state.critic.step)
@@ -322,28 +364,43 @@ def ppo_round(state: PPOState, ref_params, world_tasks: Sequence, rng, config: P
         cursor += config.tasks_per_batch
         key = jax.random.fold_in(jnp.asarray(rng), b + 1)
         policy = state_lib.model_params(state.policy.params, state.policy.frozen)
-        trajs = rollout(policy, config.model, tokenizer, replicate(chunk, config.trajectories_per_task), key, rcfg,
-                        mesh)
+        trajs = rollout(
+            policy, config.model, tokenizer, replicate(chunk, config.trajectories_per_task), key, rcfg, mesh
+        )
         del policy
         st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
         m = config.minibatch_rows
         for k, sel in enumerate(_minibatches(len(st.records), m)):
-            batch = PPOBatch(policy_rows=_policy_rows(config, [st.records[i] for i in sel]), critic_rows=crows[k],
-                             advantages=jnp.asarray(_pad(adv[sel], m)), returns=jnp.asarray(_pad(ret[sel], m)),
-                             old_values=jnp.asarray(_pad(values[sel], m)), sibling=jnp.asarray(_pad(sibling[sel], m)))
+            batch = PPOBatch(
+                policy_rows=_policy_rows(config, [st.records[i] for i in sel]),
+                critic_rows=crows[k],
+                advantages=jnp.asarray(_pad(adv[sel], m)),
+                returns=jnp.asarray(_pad(ret[sel], m)),
+                old_values=jnp.asarray(_pad(values[sel], m)),
+                sibling=jnp.asarray(_pad(sibling[sel], m)),
+            )
             state, metrics = ppo_step(state, ref_params, batch, key, config)
             rec = common.host_metrics(metrics)
-            step_lib.check_finite({"loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
-                                   "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0)},
-                                  int(state.critic.step))
+            step_lib.check_finite(
+                {
+                    "loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
+                    "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0),
+                },
+                int(state.critic.step),
+            )
             per_update.append(rec)
         summary = rollout_summary(trajs)
         used += summary["env_steps"]
         per_batch.append(summary)
         all_trajs.extend(trajs)
         b += 1
-    out = {"train_episodes": rollout_summary(all_trajs), "env_steps": used, "rollout_batches": b,
-           "updates": int(state.policy.step) - p0, "critic_updates": int(state.critic.step) - c0,
-           "per_batch": per_batch}
+    out = {
+        "train_episodes": rollout_summary(all_trajs),
+        "env_steps": used,
+        "rollout_batches": b,
+        "updates": int(state.policy.step) - p0,
+        "critic_updates": int(state.critic.step) - c0,
+        "per_batch": per_batch,
+    }
     out.update({k: v for k, v in common.mean_metrics(per_update, "states").items() if k != "steps"})
     return state, out

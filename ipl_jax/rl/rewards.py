@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,7 @@ class UIR1RewardConfig:
     click_radius: distance bound (screen fractions) for goldens without a box. dast: add the DAST length reward.
     """
 
-    rules: Union[str, MatchRules] = "aitz"
+    rules: str | MatchRules = "aitz"
     click_radius: float = 0.14
     dast: bool = False
 
@@ -91,8 +91,9 @@ def encode_uir1_golden(steps: Sequence, max_elements: int = 16) -> UIR1Golden:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def uir1_rewards(pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golden,
-                 config: UIR1RewardConfig = UIR1RewardConfig()) -> UIR1Rewards:
+def uir1_rewards(
+    pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golden, config: UIR1RewardConfig = UIR1RewardConfig()
+) -> UIR1Rewards:
     """The rule reward of predictions [...] against goldens [...prefix] (the golden shape a prefix of the
     predictions'). format_ok: bool[...]. DAST is added by ``group_rewards``, not here (r_length = 0)."""
     exact, type_match = exact_match(pred, golden.gold, get_rules(config.rules))
@@ -112,8 +113,14 @@ def uir1_rewards(pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golde
     r_coord = coord.astype(jnp.float32)
     r_format = jnp.asarray(format_ok, bool).astype(jnp.float32)
     zero = jnp.zeros_like(r_type)
-    return UIR1Rewards(r_type=r_type, r_coord=r_coord, r_format=r_format, r_length=zero,
-                       total=r_type + r_coord + r_format, correct=coord)
+    return UIR1Rewards(
+        r_type=r_type,
+        r_coord=r_coord,
+        r_format=r_format,
+        r_length=zero,
+        total=r_type + r_coord + r_format,
+        correct=coord,
+    )
 
 
 def group_rewards(rewards: UIR1Rewards, lengths: jax.Array, max_length: float, dast: bool) -> UIR1Rewards:
@@ -122,13 +129,15 @@ def group_rewards(rewards: UIR1Rewards, lengths: jax.Array, max_length: float, d
     if not dast:
         return rewards
     p = jnp.mean(rewards.correct.astype(jnp.float32), axis=-1)  # c / N per group
-    r_len = jax.vmap(lambda l, c, pp: losses.dast_length_reward(l, c, max_length, pp))(
-        jnp.asarray(lengths, jnp.float32), rewards.correct, p)
+    r_len = jax.vmap(lambda n, c, pp: losses.dast_length_reward(n, c, max_length, pp))(
+        jnp.asarray(lengths, jnp.float32), rewards.correct, p
+    )
     return rewards.replace(r_length=r_len, total=rewards.total + r_len)
 
 
-def safe_group_advantages(rewards: jax.Array, valid: Optional[jax.Array] = None, eps: float = 1e-4,
-                          min_std: float = 1e-6) -> jax.Array:
+def safe_group_advantages(
+    rewards: jax.Array, valid: jax.Array | None = None, eps: float = 1e-4, min_std: float = 1e-6
+) -> jax.Array:
     """``losses.group_advantages`` that never returns NaN: a group whose valid rewards are all equal (std below
     ``min_std``), hold a non-finite value, or has fewer than two valid samples gets advantage 0; invalid samples
     get 0 and do not enter the mean / std. rewards: f32[G, N]; valid: bool[G, N] (default all)."""
@@ -149,8 +158,11 @@ def safe_group_advantages(rewards: jax.Array, valid: Optional[jax.Array] = None,
 
 _THINK_ANSWER = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_COORD = re.compile(r"<\|box_start\|>.*?<\|box_end\|>|\(\s*-?\d+(?:\.\d+)?\s*,\s*-?\d+(?:\.\d+)?\s*\)"
-                    r"(?:\s*,?\s*\(\s*-?\d+(?:\.\d+)?\s*,\s*-?\d+(?:\.\d+)?\s*\))?", re.DOTALL)
+_COORD = re.compile(
+    r"<\|box_start\|>.*?<\|box_end\|>|\(\s*-?\d+(?:\.\d+)?\s*,\s*-?\d+(?:\.\d+)?\s*\)"
+    r"(?:\s*,?\s*\(\s*-?\d+(?:\.\d+)?\s*,\s*-?\d+(?:\.\d+)?\s*\))?",
+    re.DOTALL,
+)
 
 
 def think_answer_format_ok(text: str) -> bool:
@@ -169,11 +181,11 @@ def parse_think_answer(text: str) -> tuple[Action, bool]:
         return invalid_action(), False
     answer = m.group(1).strip()
     coord = _COORD.search(answer)
-    action_text = (answer[:coord.start()] + " " + answer[coord.end():]).strip() if coord else answer
+    action_text = (answer[: coord.start()] + " " + answer[coord.end() :]).strip() if coord else answer
     return parse_action(action_text, answer if coord else None), think_answer_format_ok(text)
 
 
-def coat_format_ok(s3: str, s4: Optional[str], finished: Sequence[bool]) -> bool:
+def coat_format_ok(s3: str, s4: str | None, finished: Sequence[bool]) -> bool:
     """The CoaT format reward: the turns that make the action ended with their end-of-turn token (s1, s2, s3,
     and s4 for click / long_press), the action turn parses, and for click / long_press the grounding parses."""
     a = parse_action_text(s3)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -71,15 +71,22 @@ def expert_steps(world_seed: int, task: Task, config: WorldConfig, cap: int = MA
     return cap
 
 
-def world_task(world_seed: int, task: Task, config: WorldConfig, name: str, max_steps: int = MAX_STEPS,
-               step_factor: float = 2.0) -> WorldTask:
+def world_task(
+    world_seed: int, task: Task, config: WorldConfig, name: str, max_steps: int = MAX_STEPS, step_factor: float = 2.0
+) -> WorldTask:
     """A ``WorldTask`` whose step limit is ``min(max_steps, ceil(step_factor · expert steps))``."""
     limit = min(int(max_steps), int(math.ceil(step_factor * expert_steps(world_seed, task, config, max_steps))))
     return WorldTask(world_seed=int(world_seed), task=task, config=config, step_limit=max(1, limit), name=name)
 
 
-def split_world_tasks(split: str, n: int, seed: int = 0, config: Optional[WorldConfig] = None,
-                      max_steps: int = MAX_STEPS, step_factor: float = 2.0) -> list[WorldTask]:
+def split_world_tasks(
+    split: str,
+    n: int,
+    seed: int = 0,
+    config: WorldConfig | None = None,
+    max_steps: int = MAX_STEPS,
+    step_factor: float = 2.0,
+) -> list[WorldTask]:
     """The first ``n`` episodes of a synthetic split as live tasks: the same world seeds, tasks and world
     config as ``data.synthetic.generate_split(split, n, seed, config)``'s episodes (held-out splits included)."""
     cfg = split_config(split, config)
@@ -127,7 +134,7 @@ class StepRecord:
     action, the expert's action, the step reward, the screen thumbnail, where the world was."""
 
     t: int
-    prompt: Optional[StepPrompts]
+    prompt: StepPrompts | None
     completion: Completion
     texts: list
     action: Action
@@ -161,9 +168,17 @@ class Trajectory:
 
 def _step_of(world, wt: WorldTask, t: int, history: Sequence[str]) -> Step:
     screen = world.screen
-    return Step(episode_id=wt.name, step_id=t, instruction=wt.task.instruction, image=screen.painter(),
-                screen_size=screen.size, action=expert_decision(world, wt.task).action, history=tuple(history),
-                elements=screen.elements, meta={"app": screen.app, "page": screen.page})
+    return Step(
+        episode_id=wt.name,
+        step_id=t,
+        instruction=wt.task.instruction,
+        image=screen.painter(),
+        screen_size=screen.size,
+        action=expert_decision(world, wt.task).action,
+        history=tuple(history),
+        elements=screen.elements,
+        meta={"app": screen.app, "page": screen.page},
+    )
 
 
 def _step_rewards(actions, fmt, steps, config: RolloutConfig, n: int) -> np.ndarray:
@@ -176,22 +191,30 @@ def _step_rewards(actions, fmt, steps, config: RolloutConfig, n: int) -> np.ndar
     else:
         ok = np.asarray(list(fmt) + [False] * pad)
         r = rewards_lib.uir1_rewards(pred, ok, rewards_lib.encode_uir1_golden(golden_steps)).total / 3.0
-    return np.asarray(r, np.float32)[:len(actions)]
+    return np.asarray(r, np.float32)[: len(actions)]
 
 
-def act(params: dict, cfg: Qwen2VLConfig, items: Sequence[StepPrompts], steps: Sequence[Step], seed,
-        config: RolloutConfig, mesh=None) -> list[Completion]:
+def act(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    items: Sequence[StepPrompts],
+    steps: Sequence[Step],
+    seed,
+    config: RolloutConfig,
+    mesh=None,
+) -> list[Completion]:
     """One completion per prompt: the tree sampler with branching (1, 1, 1, 1) on a batch padded to
     ``config.batch_size`` rows. ``steps`` (the prompts' golden steps) are not read by the policy; they are part
     of the signature so that a scripted stand-in (tests) can play the expert."""
     del steps
     packed = pack_tree_prompts(cfg, list(items), config.sampler, seed, batch_size=config.batch_size)
     tree = jax.device_get(sample_tree(params, cfg, packed, config.sampler, mesh))
-    return [g[0] for g in tree_completions(tree, config.batch_size, 1)[:len(items)]]
+    return [g[0] for g in tree_completions(tree, config.batch_size, 1)[: len(items)]]
 
 
-def rollout(params: dict, cfg: Qwen2VLConfig, tokenizer, world_tasks: Sequence[WorldTask], rng,
-            config: RolloutConfig, mesh=None) -> list[Trajectory]:
+def rollout(
+    params: dict, cfg: Qwen2VLConfig, tokenizer, world_tasks: Sequence[WorldTask], rng, config: RolloutConfig, mesh=None
+) -> list[Trajectory]:
     """Play every task of ``world_tasks`` to its end, ``config.batch_size`` worlds at a time.
 
     params: the policy; rng: a raw key (the sampling seed). Returns one ``Trajectory`` per task, in order.
@@ -199,8 +222,11 @@ def rollout(params: dict, cfg: Qwen2VLConfig, tokenizer, world_tasks: Sequence[W
     seed = common.key_seed(rng)
     out = []
     for start in range(0, len(world_tasks), config.batch_size):
-        out.extend(_rollout_batch(params, cfg, tokenizer, list(world_tasks[start:start + config.batch_size]),
-                                  seed, config, mesh))
+        out.extend(
+            _rollout_batch(
+                params, cfg, tokenizer, list(world_tasks[start : start + config.batch_size]), seed, config, mesh
+            )
+        )
     return out
 
 
@@ -217,8 +243,10 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
     while active:
         steps = [_step_of(worlds[i], tasks[i], t, histories[i]) for i in active]
         images = [worlds[i].screen.image for i in active]
-        items = [step_prompts(s, tokenizer, config.image_config, cfg, config.prompts, image=img)
-                 for s, img in zip(steps, images)]
+        items = [
+            step_prompts(s, tokenizer, config.image_config, cfg, config.prompts, image=img)
+            for s, img in zip(steps, images)
+        ]
         comps = act(params, cfg, items, steps, seed, config, mesh)
         parsed = [common.parse_completion(tokenizer, c, "coat") for c in comps]
         actions = [a for a, _, _ in parsed]
@@ -228,11 +256,20 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
             world, traj, action = worlds[i], trajs[i], actions[k]
             screen = world.screen
             reward = float(r[k]) if action.parsed else 0.0
-            traj.steps.append(StepRecord(
-                t=t, prompt=items[k] if config.keep_prompts else None, completion=comps[k],
-                texts=common.completion_texts(tokenizer, comps[k]), action=action, golden=steps[k].action,
-                reward=reward, thumb=screen_thumbnail(images[k], config.thumb_size), app=screen.app,
-                page=screen.page))
+            traj.steps.append(
+                StepRecord(
+                    t=t,
+                    prompt=items[k] if config.keep_prompts else None,
+                    completion=comps[k],
+                    texts=common.completion_texts(tokenizer, comps[k]),
+                    action=action,
+                    golden=steps[k].action,
+                    reward=reward,
+                    thumb=screen_thumbnail(images[k], config.thumb_size),
+                    app=screen.app,
+                    page=screen.page,
+                )
+            )
             if action.parsed:  # an unparsable completion is a no-op: the world is not touched
                 _, done = world.step(action)
                 histories[i].append(format_action(action))

@@ -19,7 +19,7 @@ so no row is ever fully masked (a fully masked attention row would give NaN).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,7 @@ class Rows:
     positions: jax.Array
     targets: jax.Array
     target_mask: jax.Array
-    vision: Optional[VisionInputs]
+    vision: VisionInputs | None
     feature_index: jax.Array
     row_valid: jax.Array
 
@@ -79,8 +79,9 @@ class Rows:
         return int(self.input_ids.shape[0])
 
 
-def build_rows(cfg: Qwen2VLConfig, specs: Sequence[RowSpec], images: Sequence[tuple], n_rows: int,
-               config: RowConfig = RowConfig()) -> Rows:
+def build_rows(
+    cfg: Qwen2VLConfig, specs: Sequence[RowSpec], images: Sequence[tuple], n_rows: int, config: RowConfig = RowConfig()
+) -> Rows:
     """Host side: ``specs`` (at most ``n_rows``; padded with copies of the first) and the U ``images``
     ((pixel_values f32[N, patch_dim], grid int[1, 3]) each) -> ``Rows`` (numpy leaves)."""
     specs = list(specs)
@@ -102,7 +103,7 @@ def build_rows(cfg: Qwen2VLConfig, specs: Sequence[RowSpec], images: Sequence[tu
     mask = np.zeros((n_rows, t), bool)
     gen = np.zeros((n_rows, t), bool)
     for r, (q, g) in enumerate(zip(seqs, gens)):
-        ids[r, :len(q)], mask[r, :len(q)], gen[r, :len(q)] = q, True, g
+        ids[r, : len(q)], mask[r, : len(q)], gen[r, : len(q)] = q, True, g
     target_mask = np.zeros_like(gen)
     target_mask[:, :-1] = gen[:, 1:]
     target_mask &= valid[:, None]
@@ -119,12 +120,24 @@ def build_rows(cfg: Qwen2VLConfig, specs: Sequence[RowSpec], images: Sequence[tu
     pos = 0
     for s in specs:
         k = n_tok[s.image]
-        index[pos:pos + k] = offsets[s.image] + np.arange(k)
+        index[pos : pos + k] = offsets[s.image] + np.arange(k)
         pos += k
-    vision = prepare_vision(cfg, np.concatenate([np.asarray(p, np.float32) for p, _ in images]),
-                            np.concatenate(grids), patch_buckets=config.patch_buckets)
-    return Rows(input_ids=ids, attention_mask=mask, positions=positions, targets=targets, target_mask=target_mask,
-                vision=vision, feature_index=index, row_valid=valid)
+    vision = prepare_vision(
+        cfg,
+        np.concatenate([np.asarray(p, np.float32) for p, _ in images]),
+        np.concatenate(grids),
+        patch_buckets=config.patch_buckets,
+    )
+    return Rows(
+        input_ids=ids,
+        attention_mask=mask,
+        positions=positions,
+        targets=targets,
+        target_mask=target_mask,
+        vision=vision,
+        feature_index=index,
+        row_valid=valid,
+    )
 
 
 def row_hidden(params: dict, cfg: Qwen2VLConfig, rows: Rows, remat: bool = False) -> jax.Array:
@@ -140,8 +153,9 @@ def _chunk(t: int, chunk: int) -> int:
     return c if t % c == 0 else t
 
 
-def row_token_logps(params: dict, cfg: Qwen2VLConfig, rows: Rows, *, remat: bool = False,
-                    chunk: int = 128) -> jax.Array:
+def row_token_logps(
+    params: dict, cfg: Qwen2VLConfig, rows: Rows, *, remat: bool = False, chunk: int = 128
+) -> jax.Array:
     """log π(next token) f32[R, T], 0 where ``target_mask`` is False."""
     hidden = row_hidden(params, cfg, rows, remat)
     lp = token_log_probs(params, cfg, hidden, rows.targets, chunk=_chunk(rows.input_ids.shape[1], chunk))
@@ -155,8 +169,9 @@ def last_hidden(params: dict, cfg: Qwen2VLConfig, rows: Rows, remat: bool = Fals
     return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
 
-_logps_jit = jax.jit(lambda p, c, r, ch: jax.lax.stop_gradient(row_token_logps(p, c, r, chunk=ch)),
-                     static_argnums=(1, 3))
+_logps_jit = jax.jit(
+    lambda p, c, r, ch: jax.lax.stop_gradient(row_token_logps(p, c, r, chunk=ch)), static_argnums=(1, 3)
+)
 
 
 def frozen_token_logps(params: dict, cfg: Qwen2VLConfig, rows: Rows, chunk: int = 128) -> jax.Array:

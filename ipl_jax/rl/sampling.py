@@ -12,7 +12,7 @@ Both return ``Completion`` records (host numpy) that ``rl.rows`` turns into trai
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +31,12 @@ from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
 
 # UI-R1's prompt, in our words and our action forms (the answer is parsed by ``rewards.parse_think_answer``).
-UIR1_PROMPT = ("Task: {instruction}\nDone: {history}\nWhat is the next action on this screen? Think first, then "
-               "answer as <think>...</think><answer>action</answer>. The action is one of: click <target> (x,y) | "
-               'type "<text>" | scroll up/down/left/right | press back/home/enter | open_app "<app>" | wait | stop; '
-               "(x,y) is the tap point, integers in 0-1000.")
+UIR1_PROMPT = (
+    "Task: {instruction}\nDone: {history}\nWhat is the next action on this screen? Think first, then "
+    "answer as <think>...</think><answer>action</answer>. The action is one of: click <target> (x,y) | "
+    'type "<text>" | scroll up/down/left/right | press back/home/enter | open_app "<app>" | wait | stop; '
+    "(x,y) is the tap point, integers in 0-1000."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +64,20 @@ class Completion:
         return int(sum(len(t) for t in self.turns))
 
 
-def think_answer_prompt(step: Step, tokenizer, image_config: ImageProcessorConfig, cfg: Qwen2VLConfig,
-                        template: str = UIR1_PROMPT, max_history: Optional[int] = None, image=None,
-                        pixels=None) -> SingleTurnPrompt:
+def think_answer_prompt(
+    step: Step,
+    tokenizer,
+    image_config: ImageProcessorConfig,
+    cfg: Qwen2VLConfig,
+    template: str = UIR1_PROMPT,
+    max_history: int | None = None,
+    image=None,
+    pixels=None,
+) -> SingleTurnPrompt:
     """A step as UI-R1's single-turn prompt (rendered by the tokenizer's chat template)."""
     history = [h.strip() for h in step.history if h and h.strip()]
     if max_history is not None:
-        history = history[len(history) - max_history:] if max_history > 0 else []
+        history = history[len(history) - max_history :] if max_history > 0 else []
     text = template.format(instruction=step.instruction.strip(), history="; ".join(history) or "nothing yet")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     if pixels is None:
@@ -76,8 +85,12 @@ def think_answer_prompt(step: Step, tokenizer, image_config: ImageProcessorConfi
     pv, grid = np.asarray(pixels[0], np.float32), np.asarray(pixels[1], np.int64).reshape(-1, 3)
     ids = tokenizer.encode(tokenizer.render(messages, add_generation_prompt=True))
     prefix = tokenizer.expand_image_tokens(ids, grid, image_config.merge_size)
-    return SingleTurnPrompt(prefix_ids=np.asarray(prefix, np.int32), pixel_values=pv, image_grid_thw=grid,
-                            uid=step_uid(step.episode_id, step.step_id))
+    return SingleTurnPrompt(
+        prefix_ids=np.asarray(prefix, np.int32),
+        pixel_values=pv,
+        image_grid_thw=grid,
+        uid=step_uid(step.episode_id, step.step_id),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- CoaT groups
@@ -99,22 +112,33 @@ def tree_completions(tree, b: int, g: int) -> list[list[Completion]]:
         row = []
         for j in range(g):
             n = [int(lens[t][i, j]) for t in range(NUM_TURNS)]
-            row.append(Completion(turns=tuple(toks[t][i, j, :n[t]] for t in range(NUM_TURNS)),
-                                  logps=tuple(lps[t][i, j, :n[t]] for t in range(NUM_TURNS)),
-                                  finished=tuple(bool(fins[t][i, j]) for t in range(NUM_TURNS))))
+            row.append(
+                Completion(
+                    turns=tuple(toks[t][i, j, : n[t]] for t in range(NUM_TURNS)),
+                    logps=tuple(lps[t][i, j, : n[t]] for t in range(NUM_TURNS)),
+                    finished=tuple(bool(fins[t][i, j]) for t in range(NUM_TURNS)),
+                )
+            )
         out.append(row)
     return out
 
 
-def sample_coat_groups(params: dict, cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: SamplerConfig,
-                       seed, batch_size: int, mesh=None) -> list[list[Completion]]:
+def sample_coat_groups(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    items: Sequence[StepPrompts],
+    config: SamplerConfig,
+    seed,
+    batch_size: int,
+    mesh=None,
+) -> list[list[Completion]]:
     """G = ``config.branching[0]`` four-turn completions for each of ``items`` (at most ``batch_size``; the batch
     is padded to ``batch_size`` rows so every call has one shape). Returns [len(items)][G] completions."""
     if tuple(config.branching[1:]) != (1, 1, 1):
         raise ValueError(f"sample_coat_groups: branching must be (G, 1, 1, 1), got {config.branching}")
     packed = pack_tree_prompts(cfg, list(items), config, seed, batch_size=batch_size)
     tree = jax.device_get(sample_tree(params, cfg, packed, config, mesh))
-    return tree_completions(tree, batch_size, config.branching[0])[:len(items)]
+    return tree_completions(tree, batch_size, config.branching[0])[: len(items)]
 
 
 def coat_row_spec(item: StepPrompts, c: Completion, with_grounding: bool, image: int) -> RowSpec:
@@ -128,31 +152,53 @@ def coat_row_spec(item: StepPrompts, c: Completion, with_grounding: bool, image:
 def state_row_spec(item: StepPrompts, end_id: int, image: int) -> RowSpec:
     """The critic's view of a state: the CoaT chat with an empty description, up to the thought turn's header —
     screenshot, instruction and action history, nothing the policy sampled."""
-    return RowSpec(segments=((item.prefix_ids, False), (np.asarray([end_id], np.int32), False),
-                             (item.turn_prompt_ids[0], False)), image=image)
+    return RowSpec(
+        segments=((item.prefix_ids, False), (np.asarray([end_id], np.int32), False), (item.turn_prompt_ids[0], False)),
+        image=image,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- one-turn groups
 
 
-def _sample_single_turn(params, cfg, prefix: ModelInputs, keys, temperature, group: int, budget: int,
-                        config: SamplerConfig):
+def _sample_single_turn(
+    params, cfg, prefix: ModelInputs, keys, temperature, group: int, budget: int, config: SamplerConfig
+):
     b = prefix.input_ids.shape[0]
     size = prefix.input_ids.shape[1] + budget
     cache, feed = prefill_context(params, cfg, prefix, size)
     cache, feed = fan_out(cache, feed, group, size)
     nk = node_keys(keys, (group, 1, 1, 1), 1).reshape(-1, 2)
-    tok, n, lp, fin, _, _ = sample_turn(params, cfg, cache, feed, nk, budget, temperature, config.top_k,
-                                        config.top_p, config.eos_ids, config.pad_id, config.early_exit,
-                                        config.suppress_ids)
+    tok, n, lp, fin, _, _ = sample_turn(
+        params,
+        cfg,
+        cache,
+        feed,
+        nk,
+        budget,
+        temperature,
+        config.top_k,
+        config.top_p,
+        config.eos_ids,
+        config.pad_id,
+        config.early_exit,
+        config.suppress_ids,
+    )
     return tok.reshape(b, group, budget), n.reshape(b, group), lp.reshape(b, group, budget), fin.reshape(b, group)
 
 
 _single_turn_jit = jax.jit(_sample_single_turn, static_argnums=(1, 5, 6, 7))
 
 
-def sample_single_turn(params: dict, cfg: Qwen2VLConfig, items: Sequence[SingleTurnPrompt], group_size: int,
-                       config: SamplerConfig, seed, batch_size: int) -> list[list[Completion]]:
+def sample_single_turn(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    items: Sequence[SingleTurnPrompt],
+    group_size: int,
+    config: SamplerConfig,
+    seed,
+    batch_size: int,
+) -> list[list[Completion]]:
     """G one-turn completions of at most ``config.max_turn_tokens[0]`` tokens for each prompt, at
     ``config.temperature[0]``; the prefix padded to ``config.prefix_buckets``. Returns [len(items)][G]."""
     items = list(items)
@@ -163,16 +209,38 @@ def sample_single_turn(params: dict, cfg: Qwen2VLConfig, items: Sequence[SingleT
     ids = np.full((batch_size, p), config.pad_id, np.int32)
     mask = np.zeros((batch_size, p), bool)
     for i, r in enumerate(rows):
-        ids[i, :len(r.prefix_ids)], mask[i, :len(r.prefix_ids)] = r.prefix_ids, True
-    prefix = prepare_inputs(cfg, ids, mask, np.concatenate([r.pixel_values for r in rows]),
-                            np.concatenate([r.image_grid_thw for r in rows]), text_buckets=(p,),
-                            patch_buckets=config.patch_buckets, pad_id=config.pad_id)
+        ids[i, : len(r.prefix_ids)], mask[i, : len(r.prefix_ids)] = r.prefix_ids, True
+    prefix = prepare_inputs(
+        cfg,
+        ids,
+        mask,
+        np.concatenate([r.pixel_values for r in rows]),
+        np.concatenate([r.image_grid_thw for r in rows]),
+        text_buckets=(p,),
+        patch_buckets=config.patch_buckets,
+        pad_id=config.pad_id,
+    )
     keys = jnp.asarray(step_keys(seed, [r.uid for r in rows]))
     temperature = jnp.asarray(config.temperature[0], jnp.float32)
-    tok, n, lp, fin = jax.device_get(_single_turn_jit(params, cfg, prefix, keys, temperature, int(group_size),
-                                                      int(config.max_turn_tokens[0]), config.compile_key()))
-    return [[Completion(turns=(tok[i, j, :n[i, j]],), logps=(lp[i, j, :n[i, j]],), finished=(bool(fin[i, j]),))
-             for j in range(group_size)] for i in range(len(items))]
+    tok, n, lp, fin = jax.device_get(
+        _single_turn_jit(
+            params,
+            cfg,
+            prefix,
+            keys,
+            temperature,
+            int(group_size),
+            int(config.max_turn_tokens[0]),
+            config.compile_key(),
+        )
+    )
+    return [
+        [
+            Completion(turns=(tok[i, j, : n[i, j]],), logps=(lp[i, j, : n[i, j]],), finished=(bool(fin[i, j]),))
+            for j in range(group_size)
+        ]
+        for i in range(len(items))
+    ]
 
 
 def single_turn_row_spec(item: SingleTurnPrompt, c: Completion, image: int) -> RowSpec:

@@ -22,7 +22,20 @@ from ipl_jax.sampling.token_sampling import filter_logits, sample_tokens
 from ipl_jax.sampling.tree_sampler import sample_tree, trace_count
 
 __all__ = [
-    "SampledBatch", "iter_sampled_batches", "SamplerConfig", "greedy_config", "node_keys", "step_keys", "step_uid",
-    "sample_tree_no_sharing", "StepPrompts", "TreePrompts", "pack_tree_prompts", "step_prompts", "filter_logits",
-    "sample_tokens", "sample_tree", "trace_count",
+    "SampledBatch",
+    "iter_sampled_batches",
+    "SamplerConfig",
+    "greedy_config",
+    "node_keys",
+    "step_keys",
+    "step_uid",
+    "sample_tree_no_sharing",
+    "StepPrompts",
+    "TreePrompts",
+    "pack_tree_prompts",
+    "step_prompts",
+    "filter_logits",
+    "sample_tokens",
+    "sample_tree",
+    "trace_count",
 ]

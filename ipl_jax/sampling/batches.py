@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 
@@ -31,19 +31,27 @@ class SampledBatch:
         return int(sum(bool(v) for v in self.tree.step_valid))
 
 
-def iter_sampled_batches(params: dict, cfg: Qwen2VLConfig, tokenizer, image_config: ImageProcessorConfig,
-                         steps: Sequence[Step], config: SamplerConfig, seed, batch_size: int,
-                         mesh: Optional[jax.sharding.Mesh] = None) -> Iterator[SampledBatch]:
+def iter_sampled_batches(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    tokenizer,
+    image_config: ImageProcessorConfig,
+    steps: Sequence[Step],
+    config: SamplerConfig,
+    seed,
+    batch_size: int,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Iterator[SampledBatch]:
     """Sample one tree per step, ``batch_size`` steps per call of the jitted sampler."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     steps = list(steps)
     for start in range(0, len(steps), batch_size):
-        chunk = steps[start:start + batch_size]
+        chunk = steps[start : start + batch_size]
         items: list[StepPrompts] = [step_prompts(s, tokenizer, image_config, cfg) for s in chunk]
-        packed = pack_tree_prompts(cfg, items, config, seed, step_index=range(start, start + len(chunk)),
-                                   batch_size=batch_size)
+        packed = pack_tree_prompts(
+            cfg, items, config, seed, step_index=range(start, start + len(chunk)), batch_size=batch_size
+        )
         tree = jax.device_get(sample_tree(params, cfg, packed, config, mesh))
         pad = batch_size - len(chunk)
-        yield SampledBatch(tree=tree, steps=chunk + [chunk[-1]] * pad, prompts=items + [items[-1]] * pad,
-                           start=start)
+        yield SampledBatch(tree=tree, steps=chunk + [chunk[-1]] * pad, prompts=items + [items[-1]] * pad, start=start)

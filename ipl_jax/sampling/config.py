@@ -18,10 +18,10 @@ Every value the method leaves open is a field here ([choice] marks our defaults)
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, pick_bucket
 from ipl_jax.coat.tree import DEFAULT_BRANCHING, NUM_TURNS, check_branching
+from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, pick_bucket
 
 DEFAULT_TURN_TOKENS = (256, 128, 32, 32)
 DEFAULT_TEMPERATURE = (1.0, 1.0, 1.0, 0.0)
@@ -89,11 +89,11 @@ class SamplerConfig:
         if not self.eos_ids:
             raise ValueError("SamplerConfig.eos_ids is empty: give the end-of-turn id(s) (<|im_end|> first)")
 
-    def replace(self, **kw) -> "SamplerConfig":
+    def replace(self, **kw) -> SamplerConfig:
         return dataclasses.replace(self, **kw)
 
     @staticmethod
-    def for_tokenizer(tokenizer, **kw) -> "SamplerConfig":
+    def for_tokenizer(tokenizer, **kw) -> SamplerConfig:
         """A config with the tokenizer's ids filled in: eos (``<|im_end|>`` first), pad, and the image / video
         placeholders suppressed. ``tokenizer``: ``ipl_jax.data.tokenizer.QwenTokenizer``; ``kw``: other fields."""
         ids = tokenizer.ids
@@ -106,13 +106,13 @@ class SamplerConfig:
     def greedy(self) -> bool:
         return all(t == 0 for t in self.temperature)
 
-    def compile_key(self) -> "SamplerConfig":
+    def compile_key(self) -> SamplerConfig:
         """This config with the temperatures blanked: the jitted samplers take the temperatures as a traced
         f32[4] argument, so configurations that differ only in temperature (greedy evaluation vs sampling, a
         temperature sweep) share one compilation."""
         return dataclasses.replace(self, temperature=(1.0,) * NUM_TURNS)
 
-    def cache_size(self, prefix_len: int, prompt_lens: Sequence[int], upto_turn: Optional[int] = None) -> int:
+    def cache_size(self, prefix_len: int, prompt_lens: Sequence[int], upto_turn: int | None = None) -> int:
         """KV slots a row needs through turn ``upto_turn`` (default 4): prefix + Σ (prompt + turn budget).
 
         prompt_lens: the (bucketed) lengths of the turn-2, -3, -4 prompts.

@@ -16,8 +16,6 @@ logits they produce equal trees; they differ only in how a node's context reache
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -54,8 +52,15 @@ def prefill_context(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache
     return cache, feed
 
 
-def extend_prompt(params: dict, cfg: Qwen2VLConfig, cache: KVCache, pending: jax.Array, pending_valid: jax.Array,
-                  prompt_ids: jax.Array, prompt_lengths: jax.Array):
+def extend_prompt(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    cache: KVCache,
+    pending: jax.Array,
+    pending_valid: jax.Array,
+    prompt_ids: jax.Array,
+    prompt_lengths: jax.Array,
+):
     """Writes each row's pending token (the previous turn's last token, when not yet in the cache) and its
     prompt except the prompt's last token; returns (cache, feed int32[R] = the prompt's last token).
 
@@ -70,9 +75,21 @@ def extend_prompt(params: dict, cfg: Qwen2VLConfig, cache: KVCache, pending: jax
     return cache, feed
 
 
-def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Array, keys: jax.Array, budget: int,
-                temperature, top_k: int, top_p: float, eos_ids: tuple, pad_id: int, early_exit: bool = True,
-                suppress_ids: tuple = ()):
+def sample_turn(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    cache: KVCache,
+    feed: jax.Array,
+    keys: jax.Array,
+    budget: int,
+    temperature,
+    top_k: int,
+    top_p: float,
+    eos_ids: tuple,
+    pad_id: int,
+    early_exit: bool = True,
+    suppress_ids: tuple = (),
+):
     """Samples one turn for every row: at most ``budget`` tokens; a row stops after its first eos token (kept).
 
     cache: each row's context but its last token; feed: int32[R] that last token; keys: uint32[R, 2] node
@@ -84,8 +101,16 @@ def sample_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed: jax.Arra
     """
     r = feed.shape[0]
     eos = jnp.asarray(eos_ids, jnp.int32)
-    state0 = (jnp.int32(0), feed, jnp.ones((r,), bool), cache, jnp.zeros((r,), bool), jnp.zeros((r,), jnp.int32),
-              jnp.full((r, budget), pad_id, jnp.int32), jnp.zeros((r, budget), jnp.float32))
+    state0 = (
+        jnp.int32(0),
+        feed,
+        jnp.ones((r,), bool),
+        cache,
+        jnp.zeros((r,), bool),
+        jnp.zeros((r,), jnp.int32),
+        jnp.full((r, budget), pad_id, jnp.int32),
+        jnp.zeros((r, budget), jnp.float32),
+    )
 
     def cond(state):
         i, _, _, _, done, _, _, _ = state
@@ -115,7 +140,7 @@ def last_tokens(tokens: jax.Array, lengths: jax.Array, pad_id: int) -> jax.Array
     return jnp.where(lengths > 0, tok, pad_id)
 
 
-def constrain_rows(x, mesh: Optional[jax.sharding.Mesh], cfg: Optional[Qwen2VLConfig] = None):
+def constrain_rows(x, mesh: jax.sharding.Mesh | None, cfg: Qwen2VLConfig | None = None):
     """Under a mesh, pin the row (batch) axis of a cache / row array to ('data', 'fsdp'); identity otherwise."""
     if mesh is None:
         return x

@@ -13,7 +13,7 @@ Keys are raw ``uint32[..., 2]`` threefry key data (``jax.random.PRNGKey`` form),
 from __future__ import annotations
 
 import zlib
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +25,10 @@ from ipl_jax.coat.tree import num_nodes, unflatten_node_index
 def step_uid(episode_id: str, step_id: int) -> int:
     """A stable 31-bit id of a step (CRC-32 of ``episode_id``, NUL, ``step_id``), independent of Python's hash
     seed and of the step's position in any list."""
-    return zlib.crc32(f"{episode_id}\x00{int(step_id)}".encode("utf-8")) & 0x7FFFFFFF
+    return zlib.crc32(f"{episode_id}\x00{int(step_id)}".encode()) & 0x7FFFFFFF
 
 
-def base_key(seed: Union[int, jax.Array]) -> jax.Array:
+def base_key(seed: int | jax.Array) -> jax.Array:
     """uint32[2] raw key data from an int seed (or a raw key passed through)."""
     if isinstance(seed, (int, np.integer)):
         return jax.random.PRNGKey(int(seed))
@@ -40,7 +40,7 @@ def base_key(seed: Union[int, jax.Array]) -> jax.Array:
     return key
 
 
-def step_keys(seed: Union[int, jax.Array], uids: Sequence[int]) -> np.ndarray:
+def step_keys(seed: int | jax.Array, uids: Sequence[int]) -> np.ndarray:
     """uint32[B, 2]: the step key of each uid (see ``step_uid``)."""
     key = base_key(seed)
     uids = jnp.asarray(np.asarray(uids, dtype=np.int64).reshape(-1).astype(np.uint32))
@@ -64,6 +64,6 @@ def node_keys(keys: jax.Array, branching: Sequence[int], level: int) -> jax.Arra
     return jax.vmap(per_step, in_axes=(0, None))(keys, jnp.arange(n, dtype=jnp.int32))
 
 
-def position_keys(keys: jax.Array, position: Union[int, jax.Array]) -> jax.Array:
+def position_keys(keys: jax.Array, position: int | jax.Array) -> jax.Array:
     """uint32[R, 2]: each node key folded with the token index ``position``."""
     return jax.vmap(lambda k: jax.random.fold_in(k, position))(keys)

@@ -15,26 +15,37 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, flatten_node_index, num_nodes, unflatten_node_index
 from ipl_jax.model import VisionInputs, encode_images, extend, init_cache
-from ipl_jax.model.decode import last_valid_index
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.decode import last_valid_index
 from ipl_jax.model.inputs import get_rope_index, prepare_vision
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.decoding import sample_turn
 from ipl_jax.sampling.keys import node_keys, step_keys
 from ipl_jax.sampling.prompts import StepPrompts
-from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, flatten_node_index, num_nodes, unflatten_node_index
 
 
 @functools.partial(jax.jit, static_argnums=(1, 7, 8))
-def _scratch_level(params, cfg: Qwen2VLConfig, ids, mask, positions, vision_rows: VisionInputs, gather,
-                   config: SamplerConfig, level: int, keys, temperature):
+def _scratch_level(
+    params,
+    cfg: Qwen2VLConfig,
+    ids,
+    mask,
+    positions,
+    vision_rows: VisionInputs,
+    gather,
+    config: SamplerConfig,
+    level: int,
+    keys,
+    temperature,
+):
     """Prefill each row's context (all but its last token, with its own image encoding) into a fresh cache,
     then sample the level's turn. ids/mask: [R, L]; positions: int32[3, R, L]; vision_rows: VisionInputs with a
     leading row axis; gather: int32[n_img] rows of the flattened per-row features, in image-token order."""
@@ -47,14 +58,27 @@ def _scratch_level(params, cfg: Qwen2VLConfig, ids, mask, positions, vision_rows
     head = mask & (jnp.arange(length)[None, :] != last[:, None])
     cache = init_cache(cfg, r, length + budget)
     _, cache = extend(params, cfg, cache, ids, head, positions=positions, image_features=feats)
-    tok, n, lp, fin, _, _ = sample_turn(params, cfg, cache, feed, keys, budget, temperature,
-                                        config.top_k, config.top_p, config.eos_ids, config.pad_id,
-                                        config.early_exit, config.suppress_ids)
+    tok, n, lp, fin, _, _ = sample_turn(
+        params,
+        cfg,
+        cache,
+        feed,
+        keys,
+        budget,
+        temperature,
+        config.top_k,
+        config.top_p,
+        config.eos_ids,
+        config.pad_id,
+        config.early_exit,
+        config.suppress_ids,
+    )
     return tok, n, lp, fin
 
 
-def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig,
-                length: int):
+def _pack_level(
+    cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig, length: int
+):
     """Host packing of one level's contexts (padded to ``length``): ids/mask, M-RoPE positions, per-row vision
     inputs and the gather order of the per-row image features."""
     r = len(contexts)
@@ -63,8 +87,8 @@ def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[Ste
     ids = np.full((r, length), config.pad_id, np.int32)
     mask = np.zeros((r, length), bool)
     for i, c in enumerate(contexts):
-        ids[i, :len(c)] = c
-        mask[i, :len(c)] = True
+        ids[i, : len(c)] = c
+        mask[i, : len(c)] = True
     grids = np.concatenate([s.image_grid_thw.reshape(-1, 3) for s in images])
     positions, _ = get_rope_index(ids, mask, grids, cfg)
     m = cfg.vision.merge_factor
@@ -77,9 +101,15 @@ def _pack_level(cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[Ste
     return ids, mask, positions, vision, gather.astype(np.int32)
 
 
-def sample_tree_no_sharing(params: dict, cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: SamplerConfig,
-                           seed, step_index: Optional[Sequence[int]] = None,
-                           batch_size: Optional[int] = None) -> CoaTTree:
+def sample_tree_no_sharing(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    items: Sequence[StepPrompts],
+    config: SamplerConfig,
+    seed,
+    step_index: Sequence[int] | None = None,
+    batch_size: int | None = None,
+) -> CoaTTree:
     """The tree ``sample_tree(params, cfg, pack_tree_prompts(cfg, items, config, seed, step_index, batch_size),
     config)`` would sample, computed without any prefix sharing (see the module docstring)."""
     items = list(items)
@@ -113,14 +143,29 @@ def sample_tree_no_sharing(params: dict, cfg: Qwen2VLConfig, items: Sequence[Ste
         bound = prefix_len + sum(config.max_turn_tokens[u - 1] + prompt_lens[u - 1] for u in range(1, t))
         ids, mask, positions, vision, gather = _pack_level(cfg, contexts, images, config, bound)
         level_keys = node_keys(keys, br, t).reshape(-1, 2)
-        tok, ln, lp, fin = _scratch_level(params, cfg, ids, mask, positions, vision, gather, config.compile_key(), t,
-                                          level_keys, jnp.float32(config.temperature[t - 1]))
+        tok, ln, lp, fin = _scratch_level(
+            params,
+            cfg,
+            ids,
+            mask,
+            positions,
+            vision,
+            gather,
+            config.compile_key(),
+            t,
+            level_keys,
+            jnp.float32(config.temperature[t - 1]),
+        )
         shape = (b,) + br[:t]
         tokens.append(np.asarray(tok).reshape(shape + (-1,)))
         lengths.append(np.asarray(ln).reshape(shape))
         logps.append(np.asarray(lp).reshape(shape + (-1,)))
         finished.append(np.asarray(fin).reshape(shape))
-    return CoaTTree(tokens=tuple(jnp.asarray(x) for x in tokens), lengths=tuple(jnp.asarray(x) for x in lengths),
-                    logps=tuple(jnp.asarray(x) for x in logps), finished=tuple(jnp.asarray(x) for x in finished),
-                    step_index=jnp.asarray(index, jnp.int32), step_valid=jnp.asarray(np.arange(b) < n))
-
+    return CoaTTree(
+        tokens=tuple(jnp.asarray(x) for x in tokens),
+        lengths=tuple(jnp.asarray(x) for x in lengths),
+        logps=tuple(jnp.asarray(x) for x in logps),
+        finished=tuple(jnp.asarray(x) for x in finished),
+        step_index=jnp.asarray(index, jnp.int32),
+        step_valid=jnp.asarray(np.arange(b) < n),
+    )

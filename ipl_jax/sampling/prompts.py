@@ -17,7 +17,7 @@ config's buckets (``TreePrompts``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from flax import struct
@@ -46,21 +46,34 @@ class StepPrompts:
     uid: int = 0
 
 
-def step_prompts(step: Step, tokenizer, image_config: ImageProcessorConfig, cfg: Qwen2VLConfig,
-                 prompts: CoaTPrompts = DEFAULT_PROMPTS, image=None, pixels=None) -> StepPrompts:
+def step_prompts(
+    step: Step,
+    tokenizer,
+    image_config: ImageProcessorConfig,
+    cfg: Qwen2VLConfig,
+    prompts: CoaTPrompts = DEFAULT_PROMPTS,
+    image=None,
+    pixels=None,
+) -> StepPrompts:
     """A ``Step`` -> its ``StepPrompts`` (loads and preprocesses the screenshot unless ``image`` (PIL) or
     ``pixels`` ((pixel_values, grid)) is given). ``cfg`` is checked against the image processor's merge size."""
     if cfg.vision.spatial_merge_size != image_config.merge_size:
-        raise ValueError(f"image processor merge size {image_config.merge_size} != model spatial_merge_size "
-                         f"{cfg.vision.spatial_merge_size}")
+        raise ValueError(
+            f"image processor merge size {image_config.merge_size} != model spatial_merge_size "
+            f"{cfg.vision.spatial_merge_size}"
+        )
     seg = coat_segments(step, tokenizer, image_config, prompts, image=image, pixels=pixels)
     turns = tuple(np.asarray(seg.turn_prompt_ids[t], np.int32) for t in (2, 3, 4))
     for t, ids in zip((2, 3, 4), turns):
         if ids.size == 0:
             raise ValueError(f"step {seg.name}: the turn-{t} prompt is empty")
-    return StepPrompts(prefix_ids=np.asarray(seg.prefix_ids, np.int32), turn_prompt_ids=turns,  # type: ignore
-                       pixel_values=seg.pixel_values, image_grid_thw=np.asarray(seg.image_grid_thw, np.int64),
-                       uid=step_uid(step.episode_id, step.step_id))
+    return StepPrompts(
+        prefix_ids=np.asarray(seg.prefix_ids, np.int32),
+        turn_prompt_ids=turns,  # type: ignore
+        pixel_values=seg.pixel_values,
+        image_grid_thw=np.asarray(seg.image_grid_thw, np.int64),
+        uid=step_uid(step.episode_id, step.step_id),
+    )
 
 
 @struct.dataclass
@@ -85,8 +98,14 @@ class TreePrompts:
         return int(self.step_index.shape[0])
 
 
-def pack_tree_prompts(cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: SamplerConfig, seed,
-                      step_index: Optional[Sequence[int]] = None, batch_size: Optional[int] = None) -> TreePrompts:
+def pack_tree_prompts(
+    cfg: Qwen2VLConfig,
+    items: Sequence[StepPrompts],
+    config: SamplerConfig,
+    seed,
+    step_index: Sequence[int] | None = None,
+    batch_size: int | None = None,
+) -> TreePrompts:
     """Pads ``items`` to ``batch_size`` rows (repeating the last step, marked invalid) and to the buckets of
     ``config``; step keys come from ``seed`` (int or uint32[2] key data) and each step's uid."""
     items = list(items)
@@ -108,12 +127,20 @@ def pack_tree_prompts(cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: 
     ids = np.full((b, prefix_len), config.pad_id, np.int32)
     mask = np.zeros((b, prefix_len), bool)
     for i, r in enumerate(rows):
-        ids[i, :len(r.prefix_ids)] = r.prefix_ids
-        mask[i, :len(r.prefix_ids)] = True
+        ids[i, : len(r.prefix_ids)] = r.prefix_ids
+        mask[i, : len(r.prefix_ids)] = True
     pixel_values = np.concatenate([r.pixel_values for r in rows], axis=0)
     grids = np.concatenate([r.image_grid_thw.reshape(-1, 3) for r in rows], axis=0)
-    prefix = prepare_inputs(cfg, ids, mask, pixel_values, grids, text_buckets=(prefix_len,),
-                            patch_buckets=config.patch_buckets, pad_id=config.pad_id)
+    prefix = prepare_inputs(
+        cfg,
+        ids,
+        mask,
+        pixel_values,
+        grids,
+        text_buckets=(prefix_len,),
+        patch_buckets=config.patch_buckets,
+        pad_id=config.pad_id,
+    )
 
     prompt_ids, lengths = [], np.zeros((b, 3), np.int32)
     for t in range(3):
@@ -123,10 +150,14 @@ def pack_tree_prompts(cfg: Qwen2VLConfig, items: Sequence[StepPrompts], config: 
             p = np.asarray(r.turn_prompt_ids[t], np.int32)
             if p.size == 0:
                 raise ValueError(f"pack_tree_prompts: step row {i} has an empty turn-{t + 2} prompt")
-            arr[i, :p.size] = p
+            arr[i, : p.size] = p
             lengths[i, t] = p.size
         prompt_ids.append(arr)
-    return TreePrompts(prefix=prefix, turn_prompt_ids=tuple(prompt_ids), turn_prompt_lengths=lengths,
-                       step_keys=step_keys(seed, [r.uid for r in rows]),
-                       step_index=np.asarray(index, np.int32),
-                       step_valid=np.arange(b) < n)
+    return TreePrompts(
+        prefix=prefix,
+        turn_prompt_ids=tuple(prompt_ids),
+        turn_prompt_lengths=lengths,
+        step_keys=step_keys(seed, [r.uid for r in rows]),
+        step_index=np.asarray(index, np.int32),
+        step_valid=np.arange(b) < n,
+    )

@@ -41,8 +41,9 @@ def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float =
     return jnp.where(x >= threshold[:, None], x, NEG_INF)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0,
-                  suppress_ids: tuple = ()):
+def sample_tokens(
+    logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0, suppress_ids: tuple = ()
+):
     """One token per row.
 
     logits: f32[R, V]; keys: uint32[R, 2] (one key per row); temperature: float or f32 scalar, may be traced

@@ -14,14 +14,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ipl_jax.coat.actions import Action, format_action, parse_action
+from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
-from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index
 
 CLASS_NAMES = {0: "alpha", 1: "beta", 2: "gamma", -1: "padding"}
 
@@ -29,9 +29,9 @@ CLASS_NAMES = {0: "alpha", 1: "beta", 2: "gamma", -1: "padding"}
 def decode_turn(tokenizer, ids, length: int) -> str:
     """One node's text: its valid tokens decoded with special tokens kept (the grounding's box tokens), a
     closing ``<|im_end|>`` removed."""
-    text = tokenizer.decode([int(i) for i in np.asarray(ids)[:int(length)]])
+    text = tokenizer.decode([int(i) for i in np.asarray(ids)[: int(length)]])
     if text.endswith(IM_END):
-        text = text[:-len(IM_END)]
+        text = text[: -len(IM_END)]
     return text.strip()
 
 
@@ -68,10 +68,17 @@ class TreeScores:
     classes: np.ndarray
 
 
-def tree_record(tree, row: int, texts: Sequence[np.ndarray], actions: np.ndarray, scores: TreeScores, step: Step,
-                discount: float = 0.95) -> dict:
+def tree_record(
+    tree,
+    row: int,
+    texts: Sequence[np.ndarray],
+    actions: np.ndarray,
+    scores: TreeScores,
+    step: Step,
+    discount: float = 0.95,
+) -> dict:
     """Tree ``row`` of a batch as a nested JSON-ready dict (see the module docstring)."""
-    br = tuple(int(k) for k in np.asarray(tree.tokens[-1]).shape[1:1 + NUM_TURNS])
+    br = tuple(int(k) for k in np.asarray(tree.tokens[-1]).shape[1 : 1 + NUM_TURNS])
     lens = [np.asarray(x) for x in tree.lengths]
     logps = [np.asarray(x) for x in tree.logps]
     fins = [np.asarray(x) for x in tree.finished]
@@ -79,9 +86,15 @@ def tree_record(tree, row: int, texts: Sequence[np.ndarray], actions: np.ndarray
     def node(path: tuple) -> dict:
         t = len(path)
         idx = (row,) + path
-        rec = {"turn": t, "index": int(path[-1]), "text": str(texts[t - 1][idx]),
-               "num_tokens": int(lens[t - 1][idx]), "finished": bool(fins[t - 1][idx]),
-               "logp": float(np.sum(logps[t - 1][idx])), "value": float(scores.node_values[t - 1][idx])}
+        rec = {
+            "turn": t,
+            "index": int(path[-1]),
+            "text": str(texts[t - 1][idx]),
+            "num_tokens": int(lens[t - 1][idx]),
+            "finished": bool(fins[t - 1][idx]),
+            "logp": float(np.sum(logps[t - 1][idx])),
+            "value": float(scores.node_values[t - 1][idx]),
+        }
         if t == NUM_TURNS:
             a: Action = actions[idx]
             rec["action"] = a.to_json()
@@ -93,9 +106,14 @@ def tree_record(tree, row: int, texts: Sequence[np.ndarray], actions: np.ndarray
 
     level1 = scores.node_values[0][row]
     return {
-        "episode_id": str(step.episode_id), "step_id": int(step.step_id), "instruction": step.instruction,
-        "history": list(step.history), "golden": step.action.to_json(), "golden_text": format_action(step.action),
-        "branching": list(br), "class": CLASS_NAMES[int(scores.classes[row])],
+        "episode_id": str(step.episode_id),
+        "step_id": int(step.step_id),
+        "instruction": step.instruction,
+        "history": list(step.history),
+        "golden": step.action.to_json(),
+        "golden_text": format_action(step.action),
+        "branching": list(br),
+        "class": CLASS_NAMES[int(scores.classes[row])],
         "root_value": float(discount * np.mean(level1)),
         "leaf_values": [float(v) for v in scores.leaf_values[row].reshape(-1)],
         "children": [node((k,)) for k in range(br[0])],

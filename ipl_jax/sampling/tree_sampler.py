@@ -24,8 +24,6 @@ or at its budget; the decode loop is a ``lax.while_loop`` that exits early once 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,13 +34,19 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import grow_cache
 from ipl_jax.model.sharding import batch_spec, inputs_shardings
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.sampling.decoding import (constrain_rows, extend_prompt, fan_out, last_tokens, prefill_context,
-                                      sample_turn)
+from ipl_jax.sampling.decoding import constrain_rows, extend_prompt, fan_out, last_tokens, prefill_context, sample_turn
 from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
 
-def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, temperature: jax.Array,
-                 config: SamplerConfig, mesh: Optional[jax.sharding.Mesh]) -> CoaTTree:
+
+def _sample_tree(
+    params: dict,
+    cfg: Qwen2VLConfig,
+    prompts: TreePrompts,
+    temperature: jax.Array,
+    config: SamplerConfig,
+    mesh: jax.sharding.Mesh | None,
+) -> CoaTTree:
     br = config.branching
     b = prompts.step_index.shape[0]
     prefix_len = prompts.prefix.input_ids.shape[1]
@@ -63,17 +67,34 @@ def _sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, tempera
         cache = constrain_rows(cache, mesh, cfg)
         keys = node_keys(jnp.asarray(prompts.step_keys), br, t).reshape(-1, 2)
         tok, n, lp, fin, cache, pending_valid = sample_turn(
-            params, cfg, cache, feed, keys, config.max_turn_tokens[t - 1], temperature[t - 1],
-            config.top_k, config.top_p, config.eos_ids, config.pad_id, config.early_exit, config.suppress_ids)
+            params,
+            cfg,
+            cache,
+            feed,
+            keys,
+            config.max_turn_tokens[t - 1],
+            temperature[t - 1],
+            config.top_k,
+            config.top_p,
+            config.eos_ids,
+            config.pad_id,
+            config.early_exit,
+            config.suppress_ids,
+        )
         pending = last_tokens(tok, n, config.pad_id)
         shape = (b,) + br[:t]
         tokens.append(tok.reshape(shape + (-1,)))
         lengths.append(n.reshape(shape))
         logps.append(lp.reshape(shape + (-1,)))
         finished.append(fin.reshape(shape))
-    return CoaTTree(tokens=tuple(tokens), lengths=tuple(lengths), logps=tuple(logps), finished=tuple(finished),
-                    step_index=jnp.asarray(prompts.step_index, jnp.int32),
-                    step_valid=jnp.asarray(prompts.step_valid, bool))
+    return CoaTTree(
+        tokens=tuple(tokens),
+        lengths=tuple(lengths),
+        logps=tuple(logps),
+        finished=tuple(finished),
+        step_index=jnp.asarray(prompts.step_index, jnp.int32),
+        step_valid=jnp.asarray(prompts.step_valid, bool),
+    )
 
 
 _sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
@@ -85,7 +106,7 @@ def trace_count() -> int:
     return _sample_tree_jit._cache_size()
 
 
-def place_prompts(prompts: TreePrompts, mesh: Optional[jax.sharding.Mesh]) -> TreePrompts:
+def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreePrompts:
     """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, the
     packed image patches replicated. Without a mesh the arrays are returned unchanged."""
     if mesh is None:
@@ -95,13 +116,19 @@ def place_prompts(prompts: TreePrompts, mesh: Optional[jax.sharding.Mesh]) -> Tr
         return jax.device_put(a, NamedSharding(mesh, batch_spec(mesh, np.shape(a), axis)))
 
     prefix = jax.tree.map(jax.device_put, prompts.prefix, inputs_shardings(prompts.prefix, mesh))
-    return TreePrompts(prefix=prefix, turn_prompt_ids=tuple(rows(p) for p in prompts.turn_prompt_ids),
-                       turn_prompt_lengths=rows(prompts.turn_prompt_lengths), step_keys=rows(prompts.step_keys),
-                       step_index=rows(prompts.step_index), step_valid=rows(prompts.step_valid))
+    return TreePrompts(
+        prefix=prefix,
+        turn_prompt_ids=tuple(rows(p) for p in prompts.turn_prompt_ids),
+        turn_prompt_lengths=rows(prompts.turn_prompt_lengths),
+        step_keys=rows(prompts.step_keys),
+        step_index=rows(prompts.step_index),
+        step_valid=rows(prompts.step_valid),
+    )
 
 
-def sample_tree(params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, config: SamplerConfig,
-                mesh: Optional[jax.sharding.Mesh] = None) -> CoaTTree:
+def sample_tree(
+    params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, config: SamplerConfig, mesh: jax.sharding.Mesh | None = None
+) -> CoaTTree:
     """Samples B CoaT-trees with prefix sharing; returns a ``CoaTTree`` (level t arrays [B, b1..bt, T_t]).
 
     params: the model's parameter tree (already placed, e.g. by ``load_params(..., shardings=...)`` under a

@@ -25,7 +25,8 @@ Saving is asynchronous by default: ``wait()`` blocks until the last save is on d
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -39,8 +40,9 @@ _BYTES_TAG = "__utf8_bytes__"
 class Checkpointer:
     """Save / restore TrainStates (+ data-iterator state + run metadata) in ``directory``."""
 
-    def __init__(self, directory: str | os.PathLike, *, save_every: int = 100, keep: int | None = 3,
-                 async_save: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, *, save_every: int = 100, keep: int | None = 3, async_save: bool = True
+    ):
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -64,8 +66,15 @@ class Checkpointer:
 
     # ------------------------------------------------------------------------------------------------- save
 
-    def save(self, step: int, state, *, data_state: Any = None, metadata: Mapping[str, Any] | None = None,
-             force: bool = False) -> bool:
+    def save(
+        self,
+        step: int,
+        state,
+        *,
+        data_state: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
         """Save if ``step`` is a multiple of ``save_every`` (or ``force``); returns whether a save started.
 
         A step that already has a checkpoint is not saved again (e.g. the final save of a resumed run).
@@ -128,7 +137,8 @@ class Checkpointer:
         """
         step = self._step_or_latest(step)
         restored = self._manager.restore(
-            int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+            int(step), args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+        )
         state, meta = restored["state"], dict(restored["meta"])
         trainable, frozen = state["params"], state.get("frozen") or {}
         if "lora_scale" in meta:

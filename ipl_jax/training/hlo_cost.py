@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Optional
 
 _HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -29,8 +28,15 @@ _CALLEES = re.compile(r"\b(calls|to_apply|body|true_computation|false_computatio
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 _GEMM_TARGETS = ("gemm", "matmul")
-_NO_FLOP_TARGETS = ("AllocateBuffer", "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost",
-                    "MoveToDevice", "annotate_device_placement")
+_NO_FLOP_TARGETS = (
+    "AllocateBuffer",
+    "Sharding",
+    "SPMDFullToShardShape",
+    "SPMDShardToFullShape",
+    "MoveToHost",
+    "MoveToDevice",
+    "annotate_device_placement",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,20 +52,20 @@ class HloCost:
 @dataclasses.dataclass
 class _Instr:
     name: str
-    shape: Optional[tuple]  # array result shape, None for tuples / tokens
+    shape: tuple | None  # array result shape, None for tuples / tokens
     op: str
     rest: str  # from the opcode's "(" on
     root: bool = False
 
 
-def _shape(type_text: str) -> Optional[tuple]:
+def _shape(type_text: str) -> tuple | None:
     m = _ARRAY.match(type_text.strip())
     if not m:
         return None
     return tuple(int(d) for d in m.group(2).split(",") if d)
 
 
-def _first_array_in_tuple(type_text: str) -> Optional[tuple]:
+def _first_array_in_tuple(type_text: str) -> tuple | None:
     text = type_text.strip()
     if text.startswith("("):
         text = text[1:]
@@ -71,7 +77,7 @@ def parse_computations(hlo_text: str) -> tuple[dict, str]:
     """{computation name: [_Instr]} and the entry computation's name."""
     comps: dict[str, list] = {}
     entry = ""
-    current: Optional[list] = None
+    current: list | None = None
     for line in hlo_text.splitlines():
         head = _HEADER.match(line)
         if head:
@@ -98,7 +104,7 @@ def parse_computations(hlo_text: str) -> tuple[dict, str]:
         shape = _shape(type_text)
         if shape is None and op.group(1) == "custom-call":
             shape = _first_array_in_tuple(type_text)
-        current.append(_Instr(name=name, shape=shape, op=op.group(1), rest=body[op.end() - 2:], root=is_root))
+        current.append(_Instr(name=name, shape=shape, op=op.group(1), rest=body[op.end() - 2 :], root=is_root))
     return comps, entry
 
 
@@ -143,7 +149,7 @@ def _conv_flops(ins: _Instr, shapes: dict) -> float:
     return 2.0 * math.prod(ins.shape) * win * feat / (int(groups.group(1)) if groups else 1)
 
 
-def _gemm_flops(ins: _Instr, shapes: dict) -> Optional[float]:
+def _gemm_flops(ins: _Instr, shapes: dict) -> float | None:
     ops = _operands(ins.rest)
     m = re.search(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]', ins.rest)
     lhs = shapes.get(ops[0]) if ops else None
@@ -153,7 +159,7 @@ def _gemm_flops(ins: _Instr, shapes: dict) -> Optional[float]:
     return 2.0 * math.prod(ins.shape) * math.prod(lhs[d] for d in dims)
 
 
-def _condition_bound(instrs: list) -> Optional[int]:
+def _condition_bound(instrs: list) -> int | None:
     """N when a loop condition's root is ``compare(counter, constant N), direction=LT`` (a scan's loop)."""
     root = next((i for i in instrs if i.root), None)
     if root is None or root.op != "compare" or "direction=LT" not in root.rest:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,8 +101,9 @@ def select_targets(base_params, targets: Sequence[str]) -> list[str]:
             raise ValueError(f"LoRA target {pattern!r} matches no parameter (paths look like: {sample}, ...)")
         for p in hits:
             if paths[p].ndim < 2:
-                raise ValueError(f"LoRA target {pattern!r} matches {p} with shape {paths[p].shape}; "
-                                 "need [..., in, out]")
+                raise ValueError(
+                    f"LoRA target {pattern!r} matches {p} with shape {paths[p].shape}; need [..., in, out]"
+                )
             if p not in chosen:
                 chosen.append(p)
     return chosen

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import optax
@@ -115,6 +116,14 @@ def make_optimizer(settings) -> optax.GradientTransformation:
     parts = []
     if s.grad_clip_norm > 0:
         parts.append(optax.clip_by_global_norm(s.grad_clip_norm))
-    parts.append(optax.adamw(make_schedule(s), b1=s.b1, b2=s.b2, eps=s.eps, weight_decay=s.weight_decay,
-                             mask=lambda params: decay_mask(params, s.no_decay_regex)))
+    parts.append(
+        optax.adamw(
+            make_schedule(s),
+            b1=s.b1,
+            b2=s.b2,
+            eps=s.eps,
+            weight_decay=s.weight_decay,
+            mask=lambda params: decay_mask(params, s.no_decay_regex),
+        )
+    )
     return optax.chain(*parts)

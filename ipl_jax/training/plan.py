@@ -25,7 +25,7 @@ import math
 import os
 import re
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -48,26 +48,70 @@ from ipl_jax.training.optimizer import make_optimizer, make_schedule
 from ipl_jax.training.state import VISION_REGEX, create_train_state
 
 PROGRAMS = ("sft", "tdpo", "prefill", "decode")
-DTYPES = {"cpu": ("float32", "bfloat16", "float16"), "gpu": ("float32", "bfloat16", "float16"),
-          "tpu": ("float32", "bfloat16")}
+DTYPES = {
+    "cpu": ("float32", "bfloat16", "float16"),
+    "gpu": ("float32", "bfloat16", "float16"),
+    "tpu": ("float32", "bfloat16"),
+}
 GB = 1e9
 
-_SPECIAL = dict(bos_token_id=151643, eos_token_id=151645, vision_start_token_id=151652, vision_end_token_id=151653,
-                image_token_id=151655, video_token_id=151656)
-_TEXT = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-             rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}, use_sliding_window=False)
-_VISION = dict(depth=32, embed_dim=1280, hidden_act="quick_gelu", mlp_ratio=4, num_heads=16, in_chans=3,
-               patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+_SPECIAL = dict(
+    bos_token_id=151643,
+    eos_token_id=151645,
+    vision_start_token_id=151652,
+    vision_end_token_id=151653,
+    image_token_id=151655,
+    video_token_id=151656,
+)
+_TEXT = dict(
+    hidden_act="silu",
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+    use_sliding_window=False,
+)
+_VISION = dict(
+    depth=32,
+    embed_dim=1280,
+    hidden_act="quick_gelu",
+    mlp_ratio=4,
+    num_heads=16,
+    in_chans=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
 # The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout.
 ARCHITECTURES = {
-    "qwen2-vl-2b": dict(architectures=["Qwen2VLForConditionalGeneration"], model_type="qwen2_vl", vocab_size=151936,
-                        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                        num_key_value_heads=2, tie_word_embeddings=True, **_TEXT, **_SPECIAL,
-                        vision_config=dict(_VISION, hidden_size=1536)),
-    "qwen2-vl-7b": dict(architectures=["Qwen2VLForConditionalGeneration"], model_type="qwen2_vl", vocab_size=152064,
-                        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                        num_key_value_heads=4, tie_word_embeddings=False, **_TEXT, **_SPECIAL,
-                        vision_config=dict(_VISION, hidden_size=3584)),
+    "qwen2-vl-2b": dict(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        model_type="qwen2_vl",
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        **_TEXT,
+        **_SPECIAL,
+        vision_config=dict(_VISION, hidden_size=1536),
+    ),
+    "qwen2-vl-7b": dict(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        model_type="qwen2_vl",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        **_TEXT,
+        **_SPECIAL,
+        vision_config=dict(_VISION, hidden_size=3584),
+    ),
 }
 _CONFIG_ARCH = ((r"qwen2vl_2b", "qwen2-vl-2b"), (r"qwen2vl_7b", "qwen2-vl-7b"))
 _KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -101,15 +145,31 @@ def model_config(config, config_name: str = "", arch: str = "auto") -> tuple[str
     t_sec, h_sec = half // 4, (half - half // 4) // 2
     vocab = int(m.vocab_size)
     return "config.model", Qwen2VLConfig(
-        vision=VisionConfig(depth=int(m.vision_depth), embed_dim=int(m.vision_embed_dim),
-                            num_heads=int(m.vision_num_heads), hidden_size=int(m.hidden_size)),
-        text=TextConfig(vocab_size=vocab, hidden_size=int(m.hidden_size), intermediate_size=int(m.intermediate_size),
-                        num_hidden_layers=int(m.num_hidden_layers), num_attention_heads=int(m.num_attention_heads),
-                        num_key_value_heads=int(m.num_key_value_heads),
-                        mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
-                        eos_token_id=(vocab - 1,), bos_token_id=0, pad_token_id=0, rms_norm_eps=1e-6),
-        tie_word_embeddings=bool(m.tie_word_embeddings), image_token_id=vocab - 4, video_token_id=vocab - 3,
-        vision_start_token_id=vocab - 6, vision_end_token_id=vocab - 5)
+        vision=VisionConfig(
+            depth=int(m.vision_depth),
+            embed_dim=int(m.vision_embed_dim),
+            num_heads=int(m.vision_num_heads),
+            hidden_size=int(m.hidden_size),
+        ),
+        text=TextConfig(
+            vocab_size=vocab,
+            hidden_size=int(m.hidden_size),
+            intermediate_size=int(m.intermediate_size),
+            num_hidden_layers=int(m.num_hidden_layers),
+            num_attention_heads=int(m.num_attention_heads),
+            num_key_value_heads=int(m.num_key_value_heads),
+            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
+            eos_token_id=(vocab - 1,),
+            bos_token_id=0,
+            pad_token_id=0,
+            rms_norm_eps=1e-6,
+        ),
+        tie_word_embeddings=bool(m.tie_word_embeddings),
+        image_token_id=vocab - 4,
+        video_token_id=vocab - 3,
+        vision_start_token_id=vocab - 6,
+        vision_end_token_id=vocab - 5,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,31 +191,44 @@ class JobShapes:
     branching: tuple
 
     @staticmethod
-    def from_config(config) -> "JobShapes":
+    def from_config(config) -> JobShapes:
         branching = tuple(int(b) for b in config.sampler.branching)
         turns = tuple(int(t) for t in config.buckets.max_turn_tokens)
         micro = int(config.sft.micro_batch_size) or int(config.sft.batch_size)
-        return JobShapes(tdpo_rows=int(config.ipl.batch_size), tdpo_length=max(int(t) for t in config.ipl.text_buckets),
-                         tdpo_slots=max(branching) + 1, tdpo_pairs=int(config.ipl.max_pairs_per_batch),
-                         image_patches=max(int(p) for p in config.buckets.patches),
-                         sft_batch=int(config.sft.batch_size),
-                         sft_micro=micro, sft_length=max(int(t) for t in config.buckets.tokens),
-                         sampler_batch=int(config.sampler.batch_size),
-                         prefix_length=max(int(t) for t in config.sampler.prefix_buckets),
-                         prompt_length=max(int(t) for t in config.sampler.prompt_buckets), turn_tokens=turns,
-                         branching=branching)
+        return JobShapes(
+            tdpo_rows=int(config.ipl.batch_size),
+            tdpo_length=max(int(t) for t in config.ipl.text_buckets),
+            tdpo_slots=max(branching) + 1,
+            tdpo_pairs=int(config.ipl.max_pairs_per_batch),
+            image_patches=max(int(p) for p in config.buckets.patches),
+            sft_batch=int(config.sft.batch_size),
+            sft_micro=micro,
+            sft_length=max(int(t) for t in config.buckets.tokens),
+            sampler_batch=int(config.sampler.batch_size),
+            prefix_length=max(int(t) for t in config.sampler.prefix_buckets),
+            prompt_length=max(int(t) for t in config.sampler.prompt_buckets),
+            turn_tokens=turns,
+            branching=branching,
+        )
 
     def batch_axes_check(self, batch_devices: int) -> None:
         """PlanError when a batch does not divide the mesh's batch axes (data x fsdp)."""
-        for field, value in (("ipl.batch_size", self.tdpo_rows), ("sft.micro_batch_size", self.sft_micro),
-                             ("sampler.batch_size", self.sampler_batch)):
+        for field, value in (
+            ("ipl.batch_size", self.tdpo_rows),
+            ("sft.micro_batch_size", self.sft_micro),
+            ("sampler.batch_size", self.sampler_batch),
+        ):
             if value % batch_devices:
-                raise PlanError(f"config.{field}={value} does not divide over the mesh's batch axes data x fsdp = "
-                                f"{batch_devices} (valid: a multiple of {batch_devices}, or a mesh with fewer "
-                                "data x fsdp devices)")
+                raise PlanError(
+                    f"config.{field}={value} does not divide over the mesh's batch axes data x fsdp = "
+                    f"{batch_devices} (valid: a multiple of {batch_devices}, or a mesh with fewer "
+                    "data x fsdp devices)"
+                )
         if self.sft_batch % self.sft_micro:
-            raise PlanError(f"config.sft.micro_batch_size={self.sft_micro} does not divide sft.batch_size="
-                            f"{self.sft_batch} (valid: a divisor of {self.sft_batch})")
+            raise PlanError(
+                f"config.sft.micro_batch_size={self.sft_micro} does not divide sft.batch_size="
+                f"{self.sft_batch} (valid: a divisor of {self.sft_batch})"
+            )
 
 
 def parse_mesh(text: str) -> dict:
@@ -164,13 +237,15 @@ def parse_mesh(text: str) -> dict:
     for part in text.split(","):
         name, _, value = part.partition("=")
         if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
-            raise PlanError(f"--mesh {text!r}: expected AXIS=SIZE,... with axes {', '.join(AXES)} and sizes >= 1 "
-                            "(e.g. data=1,fsdp=8,tensor=1)")
+            raise PlanError(
+                f"--mesh {text!r}: expected AXIS=SIZE,... with axes {', '.join(AXES)} and sizes >= 1 "
+                "(e.g. data=1,fsdp=8,tensor=1)"
+            )
         out[name.strip()] = int(value)
     return out
 
 
-def mesh_shape(config, mesh_arg: Optional[dict], n_devices: int) -> tuple[int, int, int]:
+def mesh_shape(config, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor): ``mesh_arg`` or ``config.mesh`` (-1 = the remaining devices), checked against
     ``n_devices``."""
     source = mesh_arg or {a: int(config.mesh[a]) for a in AXES}
@@ -184,8 +259,10 @@ def mesh_shape(config, mesh_arg: Optional[dict], n_devices: int) -> tuple[int, i
         shape[shape.index(-1)] = n_devices // known
     if math.prod(shape) != n_devices:
         spec = ",".join(f"{a}={s}" for a, s in zip(AXES, shape))
-        raise PlanError(f"mesh {spec} needs {math.prod(shape)} devices but there are {n_devices} (valid: sizes "
-                        f"whose product is {n_devices}, e.g. data=1,fsdp={n_devices},tensor=1)")
+        raise PlanError(
+            f"mesh {spec} needs {math.prod(shape)} devices but there are {n_devices} (valid: sizes "
+            f"whose product is {n_devices}, e.g. data=1,fsdp={n_devices},tensor=1)"
+        )
     return tuple(shape)
 
 
@@ -195,33 +272,56 @@ _S = jax.ShapeDtypeStruct
 
 
 def _vision(cfg: Qwen2VLConfig, lead: tuple, patches: int) -> VisionInputs:
-    return VisionInputs(patches=_S(lead + (patches, cfg.vision.patch_dim), jnp.float32),
-                        pos_hw=_S(lead + (patches, 2), jnp.int32), segment_ids=_S(lead + (patches,), jnp.int32))
+    return VisionInputs(
+        patches=_S(lead + (patches, cfg.vision.patch_dim), jnp.float32),
+        pos_hw=_S(lead + (patches, 2), jnp.int32),
+        segment_ids=_S(lead + (patches,), jnp.int32),
+    )
 
 
 def tdpo_batch(cfg: Qwen2VLConfig, s: JobShapes) -> PackedBatch:
     b, t, p = s.tdpo_rows, s.tdpo_length, s.tdpo_pairs
     i32 = lambda *shape: _S(shape, jnp.int32)  # noqa: E731
-    return PackedBatch(input_ids=i32(b, t), positions=i32(3, b, t), segment_ids=i32(b, t), target_ids=i32(b, t),
-                       score_slot=i32(b, t), vision=_vision(cfg, (b,), s.image_patches), pair_pos=i32(p),
-                       pair_neg=i32(p), pair_valid=_S((p,), jnp.bool_), pair_turn=i32(p),
-                       ref_pos=_S((p,), jnp.float32), ref_neg=_S((p,), jnp.float32), max_continuations=s.tdpo_slots)
+    return PackedBatch(
+        input_ids=i32(b, t),
+        positions=i32(3, b, t),
+        segment_ids=i32(b, t),
+        target_ids=i32(b, t),
+        score_slot=i32(b, t),
+        vision=_vision(cfg, (b,), s.image_patches),
+        pair_pos=i32(p),
+        pair_neg=i32(p),
+        pair_valid=_S((p,), jnp.bool_),
+        pair_turn=i32(p),
+        ref_pos=_S((p,), jnp.float32),
+        ref_neg=_S((p,), jnp.float32),
+        max_continuations=s.tdpo_slots,
+    )
 
 
 def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
     accum = s.sft_batch // s.sft_micro
     lead = (accum,) if accum > 1 else ()
     b, t = s.sft_micro, s.sft_length
-    return {"input_ids": _S(lead + (b, t), jnp.int32), "attention_mask": _S(lead + (b, t), jnp.bool_),
-            "loss_mask": _S(lead + (b, t), jnp.int32), "positions": _S(lead + (3, b, t), jnp.int32),
-            "vision": _vision(cfg, lead, b * s.image_patches)}
+    return {
+        "input_ids": _S(lead + (b, t), jnp.int32),
+        "attention_mask": _S(lead + (b, t), jnp.bool_),
+        "loss_mask": _S(lead + (b, t), jnp.int32),
+        "positions": _S(lead + (3, b, t), jnp.int32),
+        "vision": _vision(cfg, lead, b * s.image_patches),
+    }
 
 
 def sampler_config(cfg: Qwen2VLConfig, config, s: JobShapes) -> SamplerConfig:
     eos = tuple(cfg.text.eos_token_id) or (cfg.text.vocab_size - 1,)
-    return SamplerConfig(branching=s.branching, max_turn_tokens=s.turn_tokens, eos_ids=eos,
-                         top_k=int(config.sampler.get("top_k", 0)), top_p=float(config.sampler.get("top_p", 1.0)),
-                         suppress_ids=(cfg.image_token_id, cfg.video_token_id))
+    return SamplerConfig(
+        branching=s.branching,
+        max_turn_tokens=s.turn_tokens,
+        eos_ids=eos,
+        top_k=int(config.sampler.get("top_k", 0)),
+        top_p=float(config.sampler.get("top_p", 1.0)),
+        suppress_ids=(cfg.image_token_id, cfg.video_token_id),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -235,7 +335,7 @@ class PlanSettings:
 
     compute_dtype: str = "bfloat16"
     remat: bool = True
-    frozen_dtype: Optional[str] = None
+    frozen_dtype: str | None = None
     programs: tuple = PROGRAMS
 
 
@@ -279,11 +379,19 @@ def _measure(name: str, shapes: str, jitted, args: tuple, mesh, inputs: dict) ->
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, (list, tuple)) else (xla or {})
     cost = hlo_flops(compiled.as_text())
-    return ProgramPlan(name=name, shapes=shapes, arguments=int(mem.argument_size_in_bytes),
-                       outputs=int(mem.output_size_in_bytes), aliased=int(mem.alias_size_in_bytes),
-                       temporaries=int(mem.temp_size_in_bytes), flops=cost.flops,
-                       xla_flops=float(xla.get("flops", 0.0)),
-                       unknown_loops=cost.unknown_loops, compile_s=round(seconds, 2), inputs=inputs)
+    return ProgramPlan(
+        name=name,
+        shapes=shapes,
+        arguments=int(mem.argument_size_in_bytes),
+        outputs=int(mem.output_size_in_bytes),
+        aliased=int(mem.alias_size_in_bytes),
+        temporaries=int(mem.temp_size_in_bytes),
+        flops=cost.flops,
+        xla_flops=float(xla.get("flops", 0.0)),
+        unknown_loops=cost.unknown_loops,
+        compile_s=round(seconds, 2),
+        inputs=inputs,
+    )
 
 
 def _state_kwargs(settings: PlanSettings, lora_rank: int, freeze_vision: bool) -> dict:
@@ -294,19 +402,25 @@ def _state_kwargs(settings: PlanSettings, lora_rank: int, freeze_vision: bool) -
 
 
 def _state_inputs(state, state_sh) -> dict:
-    return {"trainable": _per_device_bytes(state.params, state_sh.params),
-            "optimizer": _per_device_bytes(state.opt_state, state_sh.opt_state),
-            "frozen": _per_device_bytes(state.frozen, state_sh.frozen)}
+    return {
+        "trainable": _per_device_bytes(state.params, state_sh.params),
+        "optimizer": _per_device_bytes(state.opt_state, state_sh.opt_state),
+        "frozen": _per_device_bytes(state.frozen, state_sh.frozen),
+    }
 
 
-def _compute(settings: PlanSettings) -> Optional[str]:
+def _compute(settings: PlanSettings) -> str | None:
     return None if settings.compute_dtype == "float32" else settings.compute_dtype
 
 
 def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
     mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32")
-    tcfg = tdpo_lib.TDPOConfig(model=mcfg, remat=settings.remat, compute_dtype=_compute(settings),
-                               learning_rate=float(config.ipl.learning_rate))
+    tcfg = tdpo_lib.TDPOConfig(
+        model=mcfg,
+        remat=settings.remat,
+        compute_dtype=_compute(settings),
+        learning_rate=float(config.ipl.learning_rate),
+    )
     lora = int(config.ipl.get("lora_rank", 0))
     kw = _state_kwargs(settings, lora, bool(config.ipl.get("freeze_vision", True)))
     state = jax.eval_shape(lambda p, k: tdpo_lib.init_state(p, tcfg, k, **kw), param_shapes(mcfg), _KEY)
@@ -315,9 +429,12 @@ def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSett
     state_sh = tdpo_lib.state_shardings(state, tcfg.optimizer(), mesh)
     batch_sh = tdpo_lib.batch_shardings(batch, mesh)
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
-    shapes = (f"{s.tdpo_rows} rows x {s.tdpo_length} tokens, {s.tdpo_slots} continuation slots/row, "
-              f"{s.tdpo_pairs} pair slots, {s.image_patches} patches/row"
-              + (f", LoRA r={lora}" if lora else ", full weights") + (", ViT frozen" if kw.get("freeze_regex") else ""))
+    shapes = (
+        f"{s.tdpo_rows} rows x {s.tdpo_length} tokens, {s.tdpo_slots} continuation slots/row, "
+        f"{s.tdpo_pairs} pair slots, {s.image_patches} patches/row"
+        + (f", LoRA r={lora}" if lora else ", full weights")
+        + (", ViT frozen" if kw.get("freeze_regex") else "")
+    )
     return _measure("tdpo", shapes, step.jitted, (state, batch), mesh, inputs)
 
 
@@ -331,13 +448,24 @@ def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSetti
     accum = s.sft_batch // s.sft_micro
     state_sh = tdpo_lib.state_shardings(state, optimizer, mesh)
     batch_sh = sft_lib.sft_batch_shardings(batch, mesh, grad_accum=accum > 1)
-    step = sft_lib.make_qwen2vl_sft_step(mcfg, optimizer, schedule, remat=settings.remat, grad_accum_steps=accum,
-                                         compute_dtype=_compute(settings), mesh=mesh, state_shardings=state_sh,
-                                         batch_shardings=batch_sh)
+    step = sft_lib.make_qwen2vl_sft_step(
+        mcfg,
+        optimizer,
+        schedule,
+        remat=settings.remat,
+        grad_accum_steps=accum,
+        compute_dtype=_compute(settings),
+        mesh=mesh,
+        state_shardings=state_sh,
+        batch_shardings=batch_sh,
+    )
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
-    shapes = (f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
-              f"{s.sft_micro * s.image_patches} patches/micro-batch"
-              + (f", LoRA r={lora}" if lora else ", full weights") + (", ViT frozen" if kw.get("freeze_regex") else ""))
+    shapes = (
+        f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
+        f"{s.sft_micro * s.image_patches} patches/micro-batch"
+        + (f", LoRA r={lora}" if lora else ", full weights")
+        + (", ViT frozen" if kw.get("freeze_regex") else "")
+    )
     return _measure("sft", shapes, step.jitted, (state, batch), mesh, inputs)
 
 
@@ -351,12 +479,19 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
     b, t = s.sampler_batch, s.prefix_length
     size = sampler.cache_size(t, (s.prompt_length,) * 3, upto_turn=1)
     params = param_shapes(scfg)
-    inputs = ModelInputs(input_ids=_S((b, t), jnp.int32), attention_mask=_S((b, t), jnp.bool_),
-                         positions=_S((3, b, t), jnp.int32), rope_deltas=_S((b,), jnp.int32),
-                         vision=_vision(scfg, (), b * s.image_patches))
+    inputs = ModelInputs(
+        input_ids=_S((b, t), jnp.int32),
+        attention_mask=_S((b, t), jnp.bool_),
+        positions=_S((3, b, t), jnp.int32),
+        rope_deltas=_S((b,), jnp.int32),
+        vision=_vision(scfg, (), b * s.image_patches),
+    )
     p_sh, in_sh = param_shardings(params, mesh), inputs_shardings(inputs, mesh)
-    fn = jax.jit(lambda p, x: prefill_context(p, scfg, x, size), in_shardings=(p_sh, in_sh),
-                 out_shardings=(cache_shardings(scfg, mesh, b, size), _row_sharding(mesh, (b,))))
+    fn = jax.jit(
+        lambda p, x: prefill_context(p, scfg, x, size),
+        in_shardings=(p_sh, in_sh),
+        out_shardings=(cache_shardings(scfg, mesh, b, size), _row_sharding(mesh, (b,))),
+    )
     parts = {"weights": _per_device_bytes(params, p_sh), "batch": _per_device_bytes(inputs, in_sh)}
     shapes = f"{b} trees x {t} prefix tokens, {b * s.image_patches} patches, cache {size} slots"
     return _measure("prefill", shapes, fn, (params, inputs), mesh, parts)
@@ -376,11 +511,28 @@ def plan_decode(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSe
     rep = NamedSharding(mesh, PartitionSpec())
 
     def step(p, c, feed, keys, temperature):
-        return sample_turn(p, scfg, c, feed, keys, 1, temperature, sampler.top_k, sampler.top_p, sampler.eos_ids,
-                           sampler.pad_id, True, sampler.suppress_ids)
+        return sample_turn(
+            p,
+            scfg,
+            c,
+            feed,
+            keys,
+            1,
+            temperature,
+            sampler.top_k,
+            sampler.top_p,
+            sampler.eos_ids,
+            sampler.pad_id,
+            True,
+            sampler.suppress_ids,
+        )
 
-    fn = jax.jit(step, in_shardings=(p_sh, c_sh, row, row2, rep), donate_argnums=(1,),
-                 out_shardings=(row2, row, row2, row, c_sh, row))
+    fn = jax.jit(
+        step,
+        in_shardings=(p_sh, c_sh, row, row2, rep),
+        donate_argnums=(1,),
+        out_shardings=(row2, row, row2, row, c_sh, row),
+    )
     args = (params, cache, _S((rows,), jnp.int32), _S((rows, 2), jnp.uint32), _S((), jnp.float32))
     parts = {"weights": _per_device_bytes(params, p_sh), "kv_cache": _per_device_bytes(cache, c_sh)}
     shapes = f"{rows} rows (level 4), cache {size} slots, one token"
@@ -409,8 +561,9 @@ def validate(config, settings: PlanSettings, shape: Sequence[int], platform: str
     return shapes
 
 
-def plan_job(config, cfg: Qwen2VLConfig, mesh, settings: PlanSettings = PlanSettings(),
-             on_program=None) -> list[ProgramPlan]:
+def plan_job(
+    config, cfg: Qwen2VLConfig, mesh, settings: PlanSettings = PlanSettings(), on_program=None
+) -> list[ProgramPlan]:
     """Plans of ``settings.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after
     each compile."""
     shapes = validate(config, settings, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
@@ -425,7 +578,7 @@ def plan_job(config, cfg: Qwen2VLConfig, mesh, settings: PlanSettings = PlanSett
 # ------------------------------------------------------------------------------------------------ output
 
 
-def format_table(plans: Sequence[ProgramPlan], header: str, budget_gb: Optional[float] = None) -> str:
+def format_table(plans: Sequence[ProgramPlan], header: str, budget_gb: float | None = None) -> str:
     """The plan as a text table, per device: memory in GB (1e9 bytes; MB when every total is below 1 GB) and
     matmul TFLOP (GFLOP) per step."""
     big = max((p.total for p in plans), default=0) >= GB
@@ -444,13 +597,23 @@ def format_table(plans: Sequence[ProgramPlan], header: str, budget_gb: Optional[
     lines.append("")
     for p in plans:
         parts = ", ".join(f"{k} {v / scale:.2f}" for k, v in p.inputs.items())
-        lines.append(f"{p.name}: {p.shapes}; args by part ({unit}): {parts}"
-                     + (f"; {p.unknown_loops} loop(s) of unknown trip count counted once" if p.unknown_loops else ""))
+        lines.append(
+            f"{p.name}: {p.shapes}; args by part ({unit}): {parts}"
+            + (f"; {p.unknown_loops} loop(s) of unknown trip count counted once" if p.unknown_loops else "")
+        )
     return "\n".join(lines)
 
 
 def describe(cfg: Qwen2VLConfig) -> dict:
     t, v = cfg.text, cfg.vision
-    return {"params": count_params(param_shapes(cfg)), "layers": t.num_hidden_layers, "hidden": t.hidden_size,
-            "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads, "vocab": t.vocab_size,
-            "vision_depth": v.depth, "vision_dim": v.embed_dim, "tied": cfg.tie_word_embeddings}
+    return {
+        "params": count_params(param_shapes(cfg)),
+        "layers": t.num_hidden_layers,
+        "hidden": t.hidden_size,
+        "heads": t.num_attention_heads,
+        "kv_heads": t.num_key_value_heads,
+        "vocab": t.vocab_size,
+        "vision_depth": v.depth,
+        "vision_dim": v.embed_dim,
+        "tied": cfg.tie_word_embeddings,
+    }

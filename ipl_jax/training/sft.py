@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,7 @@ def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
     Log-probs come from the final hidden states ``chunk`` positions at a time (``model.token_log_probs``), so the
     full [B, T, V] logits are never materialised. ``remat`` rematerialises decoder layers in the backward pass.
     """
+
     def loss_fn(params, batch, rng):
         del rng  # Qwen2-VL has no dropout
         feats = encode_images(params, cfg, batch["vision"]) if "vision" in batch else None
@@ -145,5 +147,6 @@ def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool = False,
     metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step``. For bf16 compute pass
     ``compute_dtype=jnp.bfloat16`` together with a ``cfg`` whose ``dtype`` is 'bfloat16'.
     """
-    return make_train_step(qwen2vl_sft_loss(cfg, remat=remat, chunk=chunk), optimizer, schedule=schedule,
-                           weight_key="tokens", **kwargs)
+    return make_train_step(
+        qwen2vl_sft_loss(cfg, remat=remat, chunk=chunk), optimizer, schedule=schedule, weight_key="tokens", **kwargs
+    )

@@ -15,7 +15,8 @@ written, and saves through ``checkpoint.Checkpointer``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,14 +91,13 @@ def make_train_step(
             rngs = jax.random.split(step_rng, accum)
 
             def micro(carry, xs):
-                g_sum, = carry
+                (g_sum,) = carry
                 mb, r = xs
                 g, (loss, weight, metrics) = grad_fn(state.params, state.frozen, mb, r)
                 g_sum = jax.tree.map(jnp.add, g_sum, g)
                 return (g_sum,), (loss, weight, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()})
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32 if _is_float(p) else p.dtype),
-                                 state.params)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32 if _is_float(p) else p.dtype), state.params)
             (grads,), (losses, weights, metrics) = jax.lax.scan(micro, (zeros,), (batch, rngs))
             total_w = jnp.sum(weights)
             safe = jnp.where(total_w > 0, total_w, 1.0)
@@ -189,8 +189,13 @@ def train_loop(
             if on_metrics is not None:
                 on_metrics(step, metrics)
             if checkpointer is not None:
-                checkpointer.save(step, state, data_state=data_state_fn() if data_state_fn else None,
-                                  metadata=metadata, force=step == num_steps)
+                checkpointer.save(
+                    step,
+                    state,
+                    data_state=data_state_fn() if data_state_fn else None,
+                    metadata=metadata,
+                    force=step == num_steps,
+                )
     finally:
         if checkpointer is not None:
             checkpointer.wait()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 TURN_NAMES = {1: "s1 description", 2: "s2 thought", 3: "s3 action", 4: "s4 grounding"}
 
@@ -50,9 +50,11 @@ def _node_html(node: dict) -> str:
     t = node["turn"]
     esc = html.escape
     badge = "" if node.get("finished", True) else ' <span class="cut">[cut at budget]</span>'
-    head = (f'<span class="node" style="background:{value_colour(node["value"])}">'
-            f'{esc(TURN_NAMES.get(t, str(t)))} #{node["index"]} · v={node["value"]:.3f}</span> '
-            f'<span class="small">{node["num_tokens"]} tok · logp {node["logp"]:.2f}</span>{badge}')
+    head = (
+        f'<span class="node" style="background:{value_colour(node["value"])}">'
+        f'{esc(TURN_NAMES.get(t, str(t)))} #{node["index"]} · v={node["value"]:.3f}</span> '
+        f'<span class="small">{node["num_tokens"]} tok · logp {node["logp"]:.2f}</span>{badge}'
+    )
     body = f'<div class="text">{esc(node["text"]) or "<i>(empty)</i>"}</div>'
     if "children" not in node:
         mark = " ✓" if node.get("exact") else ""
@@ -62,35 +64,40 @@ def _node_html(node: dict) -> str:
     return f"<li><details open><summary>{head}</summary>{body}<ul>{kids}</ul></details></li>"
 
 
-def tree_section(record: dict, image_uri: Optional[str] = None) -> str:
+def tree_section(record: dict, image_uri: str | None = None) -> str:
     """One step's section: screenshot, metadata and the tree."""
     esc = html.escape
     cls = record.get("class", "")
     history = "; ".join(record.get("history") or []) or "(none)"
     img = f'<img src="{image_uri}" alt="screenshot">' if image_uri else ""
-    meta = (f'<div class="meta"><b>step</b>{esc(str(record["episode_id"]))} / {record["step_id"]}<br>'
-            f'<b>instruction</b>{esc(record.get("instruction", ""))}<br><b>history</b>{esc(history)}<br>'
-            f'<b>golden</b><code>{esc(record.get("golden_text", ""))}</code><br>'
-            f'<b>class</b><span class="class-{esc(cls)}">{esc(cls)}</span> · root value '
-            f'{record.get("root_value", 0.0):.3f} · branching {record.get("branching")}</div>')
+    meta = (
+        f'<div class="meta"><b>step</b>{esc(str(record["episode_id"]))} / {record["step_id"]}<br>'
+        f'<b>instruction</b>{esc(record.get("instruction", ""))}<br><b>history</b>{esc(history)}<br>'
+        f'<b>golden</b><code>{esc(record.get("golden_text", ""))}</code><br>'
+        f'<b>class</b><span class="class-{esc(cls)}">{esc(cls)}</span> · root value '
+        f'{record.get("root_value", 0.0):.3f} · branching {record.get("branching")}</div>'
+    )
     kids = "".join(_node_html(c) for c in record.get("children", []))
     return f"<section>{img}<div>{meta}<ul>{kids}</ul></div></section>"
 
 
-def render_html(records: Sequence[dict], image_uris: Optional[Sequence[Optional[str]]] = None,
-                title: str = "CoaT-trees") -> str:
+def render_html(
+    records: Sequence[dict], image_uris: Sequence[str | None] | None = None, title: str = "CoaT-trees"
+) -> str:
     """The whole page for ``records`` (``sampling.tree_records.tree_record`` dicts) and optional image URIs."""
     uris = list(image_uris) if image_uris is not None else [None] * len(records)
     if len(uris) != len(records):
         raise ValueError(f"render_html: {len(records)} records but {len(uris)} images")
     sections = "\n".join(tree_section(r, u) for r, u in zip(records, uris))
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-            f'<p class="small">{len(records)} trees. Node colour = value (red 0, green 1).</p>\n'
-            f"{sections}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f'<p class="small">{len(records)} trees. Node colour = value (red 0, green 1).</p>\n'
+        f"{sections}\n</body></html>\n"
+    )
 
 
-def write_html(path, records: Sequence[dict], images: Optional[Sequence] = None, title: str = "CoaT-trees") -> Path:
+def write_html(path, records: Sequence[dict], images: Sequence | None = None, title: str = "CoaT-trees") -> Path:
     """Write the viewer page; ``images``: PIL images (or None) aligned with ``records``."""
     uris = None if images is None else [None if im is None else image_data_uri(im) for im in images]
     out = Path(path)

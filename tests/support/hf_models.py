@@ -7,8 +7,18 @@ import numpy as np
 from support import EOS, FIRST_TEXT_ID, IMAGE, VIDEO, VISION_END, VISION_START
 
 
-def tiny_hf_config(*, tie: bool = False, heads: int = 4, kv_heads: int = 2, vocab: int = 1000, hidden: int = 64,
-                   layers: int = 2, vision_embed: int = 32, vision_depth: int = 2, vision_heads: int = 2):
+def tiny_hf_config(
+    *,
+    tie: bool = False,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 1000,
+    hidden: int = 64,
+    layers: int = 2,
+    vision_embed: int = 32,
+    vision_depth: int = 2,
+    vision_heads: int = 2,
+):
     """A transformers ``Qwen2VLConfig`` (nested v5 form) for a tiny random model."""
     from transformers import Qwen2VLConfig
 
@@ -18,14 +28,27 @@ def tiny_hf_config(*, tie: bool = False, heads: int = 4, kv_heads: int = 2, voca
     h_sec = (half - t_sec) // 2
     mrope = [t_sec, h_sec, half - t_sec - h_sec]
     return Qwen2VLConfig(
-        text_config=dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=EOS, pad_token_id=0,
-                         rope_parameters={"rope_type": "default", "mrope_section": mrope, "rope_theta": 10000.0}),
-        vision_config=dict(depth=vision_depth, embed_dim=vision_embed, hidden_size=hidden, num_heads=vision_heads,
-                           mlp_ratio=2),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END, tie_word_embeddings=tie,
+        text_config=dict(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=EOS,
+            pad_token_id=0,
+            rope_parameters={"rope_type": "default", "mrope_section": mrope, "rope_theta": 10000.0},
+        ),
+        vision_config=dict(
+            depth=vision_depth, embed_dim=vision_embed, hidden_size=hidden, num_heads=vision_heads, mlp_ratio=2
+        ),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie,
     )
 
 
@@ -58,11 +81,14 @@ def random_image(rng: np.random.Generator, grid_hw: tuple[int, int], patch_dim: 
     return rng.standard_normal((h * w, patch_dim)).astype(np.float32), [1, h, w]
 
 
-def sample_tokens(rng: np.random.Generator, n_text_before: int, grids: list, n_text_after: int, vocab: int,
-                  merge: int = 2) -> list[int]:
+def sample_tokens(
+    rng: np.random.Generator, n_text_before: int, grids: list, n_text_after: int, vocab: int, merge: int = 2
+) -> list[int]:
     """[text..., (<vs> <img>*n <ve> text...)*, text...] with random text ids."""
+
     def text(n):
         return list(rng.integers(FIRST_TEXT_ID, vocab, size=n))
+
     ids = text(n_text_before)
     for g in grids:
         n = g[0] * (g[1] // merge) * (g[2] // merge)
@@ -76,8 +102,8 @@ def left_pad(rows: list[list[int]], pad: int = 0):
     ids = np.full((len(rows), t), pad, np.int64)
     mask = np.zeros((len(rows), t), np.int64)
     for i, r in enumerate(rows):
-        ids[i, t - len(r):] = r
-        mask[i, t - len(r):] = 1
+        ids[i, t - len(r) :] = r
+        mask[i, t - len(r) :] = 1
     return ids, mask
 
 
@@ -100,11 +126,17 @@ def hf_greedy(model, ids, mask, pixel_values, grids, max_new_tokens: int):
 
     with torch.no_grad():
         out = model.generate(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-            pixel_values=torch.as_tensor(pixel_values), image_grid_thw=torch.as_tensor(np.asarray(grids)),
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.as_tensor(mask),
+            pixel_values=torch.as_tensor(pixel_values),
+            image_grid_thw=torch.as_tensor(np.asarray(grids)),
             mm_token_type_ids=torch.as_tensor((np.asarray(ids) == IMAGE).astype(np.int64)),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[:, np.asarray(ids).shape[1]:].numpy()
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[:, np.asarray(ids).shape[1] :].numpy()
 
 
 def save_tiny(out_dir, seed: int = 0, **config_kw):

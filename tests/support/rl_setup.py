@@ -11,10 +11,10 @@ MIN_PIXELS = MAX_PIXELS = 56 * 112
 
 
 def make_tokenizer(directory):
+    from pathlib import Path
+
     from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
     from ipl_jax.data.tokenizer import load_tokenizer
-
-    from pathlib import Path
 
     directory = Path(directory)
     write_tokenizer(train_tokenizer(default_corpus(n_lines=300), 600), directory)
@@ -49,9 +49,15 @@ def image_config():
 def sampler_config(tokenizer, branching=(1, 1, 1, 1), temperature=1.0):
     from ipl_jax.sampling.config import SamplerConfig
 
-    return SamplerConfig.for_tokenizer(tokenizer, branching=branching, max_turn_tokens=TURN_TOKENS,
-                                       temperature=temperature, prefix_buckets=(96, 128, 256), prompt_buckets=(64, 96),
-                                       patch_buckets=(256, 512))
+    return SamplerConfig.for_tokenizer(
+        tokenizer,
+        branching=branching,
+        max_turn_tokens=TURN_TOKENS,
+        temperature=temperature,
+        prefix_buckets=(96, 128, 256),
+        prompt_buckets=(64, 96),
+        patch_buckets=(256, 512),
+    )
 
 
 def golden_steps(n_episodes: int = 2, seed: int = 0):

@@ -15,11 +15,23 @@ def tiny_config():
 
     return Qwen2VLConfig(
         vision=VisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
-        text=TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, mrope_section=(2, 3, 3),
-                        rope_theta=10000.0, eos_token_id=(EOS,)),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END)
+        text=TextConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            mrope_section=(2, 3, 3),
+            rope_theta=10000.0,
+            eos_token_id=(EOS,),
+        ),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+    )
 
 
 def tiny_params(cfg, seed: int = 0, std: float = 0.3, eos_boost: float = 3.0):
@@ -45,5 +57,6 @@ def random_step(rng: np.random.Generator, cfg, uid: int, n_text: int, prompt_len
     text = lambda n: list(rng.integers(FIRST_TEXT_ID, VOCAB, n))  # noqa: E731
     prefix = np.asarray(text(3) + [VISION_START] + [IMAGE] * n_img + [VISION_END] + text(n_text), np.int32)
     turns = tuple(np.asarray(text(k), np.int32) for k in prompt_lens)
-    return StepPrompts(prefix_ids=prefix, turn_prompt_ids=turns, pixel_values=pv,
-                       image_grid_thw=np.asarray([grid], np.int64), uid=uid)
+    return StepPrompts(
+        prefix_ids=prefix, turn_prompt_ids=turns, pixel_values=pv, image_grid_thw=np.asarray([grid], np.int64), uid=uid
+    )

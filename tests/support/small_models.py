@@ -17,10 +17,23 @@ IMG, VS, VE = 60, 62, 63
 def tiny_cfg():
     return Qwen2VLConfig(
         vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
-        text=TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, mrope_section=(1, 1, 2), bos_token_id=1,
-                        eos_token_id=(2,), pad_token_id=0),
-        image_token_id=IMG, video_token_id=61, vision_start_token_id=VS, vision_end_token_id=VE)
+        text=TextConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mrope_section=(1, 1, 2),
+            bos_token_id=1,
+            eos_token_id=(2,),
+            pad_token_id=0,
+        ),
+        image_token_id=IMG,
+        video_token_id=61,
+        vision_start_token_id=VS,
+        vision_end_token_id=VE,
+    )
 
 
 def tiny_params(cfg, seed=0):
@@ -53,19 +66,26 @@ def tiny_training_batch(cfg, seed, b=4, t=32, patch_bucket=96, empty_rows=0):
         h, w = 4, int(rng.choice([4, 6]))
         n_img = h * w // 4
         row = [*rng.integers(3, 59, 3), 62, *[60] * n_img, 63, *rng.integers(3, 59, int(rng.integers(4, 12)))]
-        ids[r, :len(row)], att[r, :len(row)] = row, True
-        loss[r, len(row) - int(rng.integers(2, 6)):len(row)] = 1
+        ids[r, : len(row)], att[r, : len(row)] = row, True
+        loss[r, len(row) - int(rng.integers(2, 6)) : len(row)] = 1
         grids.append([1, h, w])
         pixels.append(rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32))
     pv = np.concatenate(pixels)
     padded = np.zeros((patch_bucket, pv.shape[1]), np.float32)
-    padded[:len(pv)] = pv
+    padded[: len(pv)] = pv
     patch_mask = np.arange(patch_bucket) < len(pv)
     grid_arr = np.zeros((b, 3), np.int64)
-    grid_arr[:len(grids)] = grids
-    return TrainingBatch(input_ids=ids, attention_mask=att, loss_mask=loss, turn_index=loss.copy(),
-                         pixel_values=padded, patch_mask=patch_mask, image_grid_thw=grid_arr,
-                         image_mask=np.arange(b) < len(grids))
+    grid_arr[: len(grids)] = grids
+    return TrainingBatch(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss,
+        turn_index=loss.copy(),
+        pixel_values=padded,
+        patch_mask=patch_mask,
+        image_grid_thw=grid_arr,
+        image_mask=np.arange(b) < len(grids),
+    )
 
 
 def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
@@ -77,12 +97,21 @@ def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
         h, w = 4, int(rng.choice([4, 6]))
         n_img = h * w // 4
         prefix = [*rng.integers(3, 59, 2), VS, *[IMG] * n_img, VE, *rng.integers(3, 59, int(rng.integers(2, 7)))]
-        cs = tuple(np.asarray(rng.integers(3, 59, int(rng.integers(1, 5))), np.int32)
-                   for _ in range(conts[g % len(conts)]))
+        cs = tuple(
+            np.asarray(rng.integers(3, 59, int(rng.integers(1, 5))), np.int32) for _ in range(conts[g % len(conts)])
+        )
         scored = None
         if g in scored_groups:
             scored = tuple(rng.random(len(c)) < 0.6 for c in cs)
         pv = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
-        groups.append(PK.PrefixGroup(prefix_ids=np.asarray(prefix, np.int32), continuations=cs, pixel_values=pv,
-                                     image_grid_thw=np.array([[1, h, w]]), scored=scored, name=f"g{g}"))
+        groups.append(
+            PK.PrefixGroup(
+                prefix_ids=np.asarray(prefix, np.int32),
+                continuations=cs,
+                pixel_values=pv,
+                image_grid_thw=np.array([[1, h, w]]),
+                scored=scored,
+                name=f"g{g}",
+            )
+        )
     return groups

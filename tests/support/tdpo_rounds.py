@@ -37,7 +37,8 @@ def mesh_round(mesh):
     config = ipl.TDPOConfig(model=cfg, **MESH_TDPO)
     _, _, batches = round_batches(cfg, seed=12)
     state = ipl.init_state(tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
-    state, m = ipl.train_round(state, tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5), config,
-                               mesh=mesh)
+    state, m = ipl.train_round(
+        state, tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(5), config, mesh=mesh
+    )
     leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
     return [s["loss"] for s in m["per_step"]], str(getattr(leaf.sharding, "spec", "")), np.asarray(leaf)

@@ -6,37 +6,56 @@ from __future__ import annotations
 import difflib
 import re
 import string
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from ipl_jax.coat.actions import BOX_END, BOX_START
 from ipl_jax.data.evolution.qa import MAX_ANSWER_CHARS, MAX_ANSWER_WORDS, MIN_ANSWER_CHARS, QA
 from ipl_jax.data.evolution.screen import clean_text
 
-FILTER_REASONS = ("empty", "bad_box", "justifies_action", "multiple_actions", "too_short", "too_long",
-                  "duplicate", "near_duplicate")
+FILTER_REASONS = (
+    "empty",
+    "bad_box",
+    "justifies_action",
+    "multiple_actions",
+    "too_short",
+    "too_long",
+    "duplicate",
+    "near_duplicate",
+)
 
 # Phrases with which an annotator justifies the action it was handed instead of reading the screen.
-_JUSTIFY_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
-    r"\bsince\b[^.]{0,80}\bnext action\b",
-    r"\bmatch(?:es|ed|ing)?\s+(?:with\s+)?the\s+annotat",
-    r"\b(?:the|this|given|provided)\s+annotation\b",
-    r"\baccording to the annotat",
-    r"\bannotated (?:next )?action\b",
-    r"\bas the next action is\b",
-    r"\b(?:provided|given|golden|ground[- ]truth|required)\s+(?:next\s+)?action\b",
-    r"\bthe next action is\b[^.]{0,80}\b(?:therefore|so|thus)\b",
-    r"\btherefore,?\s+the next action\b",
-)]
+_JUSTIFY_PATTERNS = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bsince\b[^.]{0,80}\bnext action\b",
+        r"\bmatch(?:es|ed|ing)?\s+(?:with\s+)?the\s+annotat",
+        r"\b(?:the|this|given|provided)\s+annotation\b",
+        r"\baccording to the annotat",
+        r"\bannotated (?:next )?action\b",
+        r"\bas the next action is\b",
+        r"\b(?:provided|given|golden|ground[- ]truth|required)\s+(?:next\s+)?action\b",
+        r"\bthe next action is\b[^.]{0,80}\b(?:therefore|so|thus)\b",
+        r"\btherefore,?\s+the next action\b",
+    )
+]
 
-_ACTION_VERB = (r"(?:click(?:s|ed|ing)?|tap(?:s|ped|ping)?|scroll(?:s|ed|ing)?|swip(?:e|es|ed|ing)|"
-                r"long[- ]press(?:es|ed|ing)?|press(?:es|ed|ing)?|typ(?:e|es|ed|ing)|input(?:s|ting)?)")
+_ACTION_VERB = (
+    r"(?:click(?:s|ed|ing)?|tap(?:s|ped|ping)?|scroll(?:s|ed|ing)?|swip(?:e|es|ed|ing)|"
+    r"long[- ]press(?:es|ed|ing)?|press(?:es|ed|ing)?|typ(?:e|es|ed|ing)|input(?:s|ting)?)"
+)
 # Two actions offered as alternatives inside one sentence: "tap Search or scroll down", "swiping up or scrolling
 # down", "Alternatively, press back".
-_MULTI_ACTION_PATTERNS = [re.compile(p, re.IGNORECASE) for p in (
-    r"\b" + _ACTION_VERB + r"\b[^.!?]{0,80}?\b(?:or|and/or|alternatively|otherwise)\b[^.!?]{0,40}?\b"
-    + _ACTION_VERB + r"\b",
-    r"\balternatively\b[^.!?]{0,40}\b" + _ACTION_VERB + r"\b",
-)]
+_MULTI_ACTION_PATTERNS = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\b"
+        + _ACTION_VERB
+        + r"\b[^.!?]{0,80}?\b(?:or|and/or|alternatively|otherwise)\b[^.!?]{0,40}?\b"
+        + _ACTION_VERB
+        + r"\b",
+        r"\balternatively\b[^.!?]{0,40}\b" + _ACTION_VERB + r"\b",
+    )
+]
 
 _NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
 _BOX_TEXT = re.compile(r"\(" + _NUM + "," + _NUM + r"\)\s*,?\s*\(" + _NUM + "," + _NUM + r"\)")
@@ -74,8 +93,13 @@ def normalise_text(text: str) -> str:
     return " ".join(w for w in t.split() if w not in ("a", "an", "the"))
 
 
-def drop_reason(qa: QA, *, min_answer_chars: int = MIN_ANSWER_CHARS, max_answer_chars: int = MAX_ANSWER_CHARS,
-                max_answer_words: int = MAX_ANSWER_WORDS) -> Optional[str]:
+def drop_reason(
+    qa: QA,
+    *,
+    min_answer_chars: int = MIN_ANSWER_CHARS,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+    max_answer_words: int = MAX_ANSWER_WORDS,
+) -> str | None:
     """Why one Q&A should be dropped, judged on its own (duplicates need the others: see ``filter_qas``)."""
     q, a = clean_text(qa.question), clean_text(qa.answer)
     if not q or not a:

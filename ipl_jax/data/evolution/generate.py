@@ -5,14 +5,32 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from ipl_jax.coat.actions import format_grounding
 from ipl_jax.data.evolution.qa import KINDS_BY_LEVEL, LEVEL_OF_KIND, LEVELS, MAX_ANSWER_CHARS, MIN_ANSWER_CHARS, QA
-from ipl_jax.data.evolution.screen import (MAX_NAME_CHARS, ROW_GAP, box_area, box_center, clean_text,
-                                          container_of, element_name, element_ref, first_sentences, golden_target,
-                                          is_text_kind, join_names, kind_noun, known_function, listable, listed_name,
-                                          referents, region_of, transitions_of, usable_elements)
+from ipl_jax.data.evolution.screen import (
+    MAX_NAME_CHARS,
+    ROW_GAP,
+    box_area,
+    box_center,
+    clean_text,
+    container_of,
+    element_name,
+    element_ref,
+    first_sentences,
+    golden_target,
+    is_text_kind,
+    join_names,
+    kind_noun,
+    known_function,
+    listable,
+    listed_name,
+    referents,
+    region_of,
+    transitions_of,
+    usable_elements,
+)
 from ipl_jax.data.records import Step, UIElement
 
 QUESTION_TEMPLATES = {
@@ -75,6 +93,7 @@ NESTING_ANSWERS = ("It belongs to {container}.", "It is part of {container}.", "
 REGION_ANSWERS = ("It is in {region}.", "In {region}.", "{Region}.")
 REGION_NAMES = {"top": "the top bar", "main": "the main area", "bottom": "the bottom bar"}
 
+
 def _step_rng(seed: int, step: Step, purpose: str) -> random.Random:
     key = f"{int(seed)}\x00{step.episode_id}\x00{step.step_id}\x00{purpose}"
     digest = hashlib.sha256(key.encode()).digest()
@@ -90,7 +109,7 @@ class _Maker:
         self.names = referents(self.elements)
         self.transitions = transitions_of(step)
 
-    def effect_of(self, element: UIElement) -> Optional[str]:
+    def effect_of(self, element: UIElement) -> str | None:
         """What tapping ``element`` does per the world's transitions, looked up by its text, then by its kind."""
         for key in (clean_text(element.text).lower(), (element.kind or "").strip().lower()):
             if key and key in self.transitions:
@@ -100,8 +119,15 @@ class _Maker:
     def qa(self, kind: str, template_args: dict, answer: str, **meta) -> QA:
         templates = QUESTION_TEMPLATES[kind]
         t = self.rng.randrange(len(templates))
-        return QA(self.step.episode_id, self.step.step_id, LEVEL_OF_KIND[kind], kind,
-                  templates[t].format(**template_args), answer, {"template": t, **meta})
+        return QA(
+            self.step.episode_id,
+            self.step.step_id,
+            LEVEL_OF_KIND[kind],
+            kind,
+            templates[t].format(**template_args),
+            answer,
+            {"template": t, **meta},
+        )
 
     @staticmethod
     def _el_meta(name: str, el: UIElement, source: str = "elements") -> dict:
@@ -109,8 +135,10 @@ class _Maker:
 
     # Level I
     def grounding(self) -> list[QA]:
-        return [self.qa("grounding", {"ref": element_ref(el)}, format_grounding(el.box), **self._el_meta(name, el))
-                for name, el in self.names.items()]
+        return [
+            self.qa("grounding", {"ref": element_ref(el)}, format_grounding(el.box), **self._el_meta(name, el))
+            for name, el in self.names.items()
+        ]
 
     def referring(self) -> list[QA]:
         out = []
@@ -146,14 +174,15 @@ class _Maker:
             if answer is None and self.effect_of(el) is not None:
                 answer, source = self.effect_of(el), "transitions"
             if answer is not None:
-                out.append(self.qa("widget_function", {"ref": element_ref(el)}, answer,
-                                   **self._el_meta(name, el, source)))
+                out.append(
+                    self.qa("widget_function", {"ref": element_ref(el)}, answer, **self._el_meta(name, el, source))
+                )
         return out
 
     def nesting(self) -> list[QA]:
         out = []
-        for name, el in self.names.items():
-            # The label is the innermost text element of that name; `el` may be its container already.
+        for name in self.names:
+            # The label is the innermost text element of that name (the named element may be its container).
             labels = [e for e in self.elements if element_name(e) == name and is_text_kind(e.kind)]
             if not labels:
                 continue
@@ -169,9 +198,17 @@ class _Maker:
                 desc = f"the {noun} at {format_grounding(container.box)}"
             a = self.rng.choice(NESTING_ANSWERS)
             answer = a.format(container=desc, Container=desc[0].upper() + desc[1:])
-            out.append(self.qa("nesting", {"text": name}, answer, source="elements", target=name,
-                               box=[float(v) for v in label.box],
-                               container_box=[float(v) for v in container.box]))
+            out.append(
+                self.qa(
+                    "nesting",
+                    {"text": name},
+                    answer,
+                    source="elements",
+                    target=name,
+                    box=[float(v) for v in label.box],
+                    container_box=[float(v) for v in container.box],
+                )
+            )
         return out
 
     # Level III
@@ -233,8 +270,11 @@ class _Maker:
             for name, el in self.names.items():
                 effect = self.effect_of(el)
                 if effect:
-                    out.append(self.qa("what_happens", {"ref": element_ref(el)}, effect,
-                                       **self._el_meta(name, el, "transitions")))
+                    out.append(
+                        self.qa(
+                            "what_happens", {"ref": element_ref(el)}, effect, **self._el_meta(name, el, "transitions")
+                        )
+                    )
             return out
         coat = self.step.coat
         result = first_sentences(coat.action_result) if coat is not None else ""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Union
 
 from ipl_jax.data.records import DataError
 
@@ -41,14 +41,21 @@ class QA:
     meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def to_json(self) -> dict:
-        return {"episode_id": self.episode_id, "step_id": self.step_id, "level": self.level, "kind": self.kind,
-                "question": self.question, "answer": self.answer, "meta": self.meta}
+        return {
+            "episode_id": self.episode_id,
+            "step_id": self.step_id,
+            "level": self.level,
+            "kind": self.kind,
+            "question": self.question,
+            "answer": self.answer,
+            "meta": self.meta,
+        }
 
 
 # ---------------------------------------------------------------------------------------------- JSONL
 
 
-def write_qas_jsonl(path: Union[str, Path], qas: Iterable[QA]) -> int:
+def write_qas_jsonl(path: str | Path, qas: Iterable[QA]) -> int:
     """Write one JSON object per line; returns the number written."""
     n = 0
     with open(path, "w", encoding="utf-8") as f:
@@ -61,7 +68,7 @@ def write_qas_jsonl(path: Union[str, Path], qas: Iterable[QA]) -> int:
 _QA_FIELDS = {"episode_id": str, "step_id": int, "level": int, "kind": str, "question": str, "answer": str}
 
 
-def read_qas_jsonl(path: Union[str, Path]) -> list[QA]:
+def read_qas_jsonl(path: str | Path) -> list[QA]:
     """Read a file written by ``write_qas_jsonl``. A malformed line raises DataError naming the line and field."""
     out = []
     with open(path, encoding="utf-8") as f:

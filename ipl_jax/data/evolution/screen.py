@@ -4,7 +4,7 @@ widget functions and the world's transitions — the facts every evolved answer 
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ipl_jax.data.evolution.qa import MAX_ANSWER_CHARS
 from ipl_jax.data.records import DataError, Step, UIElement
@@ -80,7 +80,6 @@ FUNCTION_BY_WORD = {
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-
 def clean_text(text: str) -> str:
     return " ".join((text or "").split())
 
@@ -132,8 +131,12 @@ def box_center(box) -> tuple[float, float]:
 
 
 def box_contains(outer, inner, tol: float = CONTAIN_TOLERANCE) -> bool:
-    return (outer[0] - tol <= inner[0] and outer[1] - tol <= inner[1]
-            and inner[2] <= outer[2] + tol and inner[3] <= outer[3] + tol)
+    return (
+        outer[0] - tol <= inner[0]
+        and outer[1] - tol <= inner[1]
+        and inner[2] <= outer[2] + tol
+        and inner[3] <= outer[3] + tol
+    )
 
 
 def region_of(box) -> str:
@@ -174,10 +177,19 @@ def usable_elements(step: Step) -> list[UIElement]:
     out = []
     for i, el in enumerate(step.elements):
         box = el.box
-        if (len(box) != 4 or any(not isinstance(v, (int, float)) or v != v for v in box)
-                or any(v < -1e-6 or v > 1 + 1e-6 for v in box) or box[0] > box[2] or box[1] > box[3]):
-            raise DataError(file, record, f"elements[{i}].box",
-                            f"expected (x1, y1, x2, y2) fractions in [0, 1] with x1 <= x2, y1 <= y2; got {box!r}")
+        if (
+            len(box) != 4
+            or any(not isinstance(v, (int, float)) or v != v for v in box)
+            or any(v < -1e-6 or v > 1 + 1e-6 for v in box)
+            or box[0] > box[2]
+            or box[1] > box[3]
+        ):
+            raise DataError(
+                file,
+                record,
+                f"elements[{i}].box",
+                f"expected (x1, y1, x2, y2) fractions in [0, 1] with x1 <= x2, y1 <= y2; got {box!r}",
+            )
         if box_area(box) <= 0 or box[3] <= STATUS_BAR_BOTTOM:
             continue
         out.append(el)
@@ -205,7 +217,7 @@ def referents(elements: Sequence[UIElement]) -> dict[str, UIElement]:
     return out
 
 
-def container_of(label: UIElement, elements: Sequence[UIElement]) -> Optional[UIElement]:
+def container_of(label: UIElement, elements: Sequence[UIElement]) -> UIElement | None:
     """The smallest non-text element strictly larger than ``label`` whose box holds it, if any."""
     best = None
     for el in elements:
@@ -222,8 +234,9 @@ def transitions_of(step: Step) -> dict[str, str]:
         return {}
     file, record = step_label(step)
     if not isinstance(raw, dict):
-        raise DataError(file, record, "meta.transitions",
-                        f"expected a dict element text -> effect, got {type(raw).__name__}")
+        raise DataError(
+            file, record, "meta.transitions", f"expected a dict element text -> effect, got {type(raw).__name__}"
+        )
     out = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -233,7 +246,7 @@ def transitions_of(step: Step) -> dict[str, str]:
     return out
 
 
-def known_function(element: UIElement) -> Optional[str]:
+def known_function(element: UIElement) -> str | None:
     """The function of a widely used widget, or None. Words of a text are only trusted on a widget (a button, an
     icon), never on a bare text element: a page title "Settings" does not open the settings."""
     text = clean_text(element.text).lower()
@@ -250,7 +263,7 @@ def known_function(element: UIElement) -> Optional[str]:
     return None
 
 
-def golden_target(step: Step, elements: Sequence[UIElement], names: dict[str, UIElement]) -> Optional[str]:
+def golden_target(step: Step, elements: Sequence[UIElement], names: dict[str, UIElement]) -> str | None:
     """The name of the element the golden click / long press lands on, if it has an unambiguous name."""
     action = step.action
     if action.type not in ("click", "long_press"):

@@ -26,7 +26,7 @@ import io
 import json
 import struct
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ipl_jax.coat.actions import Action
 from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
@@ -46,8 +46,8 @@ def canonical_json(value: Any, what: str = "value") -> str:
         raise ValueError(f"{what} is not JSON-serialisable: {e}") from None
 
 
-def image_format(data: bytes) -> Optional[str]:
-    """"png" / "jpeg" from the bytes' signature, else None."""
+def image_format(data: bytes) -> str | None:
+    """ "png" / "jpeg" from the bytes' signature, else None."""
     return next((fmt for sig, fmt in IMAGE_SIGNATURES.items() if data.startswith(sig)), None)
 
 
@@ -76,8 +76,10 @@ def step_header(step: Step, episode: Episode, image_fmt: str) -> dict:
         "screen_size": [int(v) for v in step.screen_size],
         "action": step.action.to_json(),
         "history": list(step.history),
-        "elements": [{"box": [float(v) for v in el.box], "text": el.text, "kind": el.kind,
-                      "clickable": bool(el.clickable)} for el in step.elements],
+        "elements": [
+            {"box": [float(v) for v in el.box], "text": el.text, "kind": el.kind, "clickable": bool(el.clickable)}
+            for el in step.elements
+        ],
         "coat": None if step.coat is None else {f: getattr(step.coat, f) for f in _COAT_FIELDS},
         "step_instruction": step.step_instruction,
         "meta": dict(step.meta),
@@ -106,13 +108,16 @@ def split_record(payload: bytes, where: tuple) -> tuple[dict, memoryview]:
     if magic != MAGIC:
         raise DataError(*where, "<magic>", f"not an ipl-jax step record (starts with {bytes(payload[:7])!r})")
     if version != RECORD_VERSION:
-        raise DataError(*where, "<version>", f"record version {version}; this ipl-jax reads version "
-                        f"{RECORD_VERSION} (repack with ipl-jax pack-data)")
+        raise DataError(
+            *where,
+            "<version>",
+            f"record version {version}; this ipl-jax reads version {RECORD_VERSION} (repack with ipl-jax pack-data)",
+        )
     end = _PREFIX.size + n
     if end > len(payload):
         raise DataError(*where, "<header>", f"header of {n} bytes runs past the record's {len(payload)} bytes")
     try:
-        header = json.loads(bytes(payload[_PREFIX.size:end]).decode("utf-8"))
+        header = json.loads(bytes(payload[_PREFIX.size : end]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(*where, "<header>", f"not valid UTF-8 JSON: {e}") from None
     if not isinstance(header, dict):
@@ -149,9 +154,15 @@ def step_from_header(header: dict, image: Any, where: tuple) -> tuple[Step, dict
     except (TypeError, ValueError) as e:
         raise DataError(*where, "action", f"not an action: {e}") from None
     try:
-        elements = tuple(UIElement(box=tuple(float(v) for v in el["box"]), text=el["text"], kind=el["kind"],
-                                   clickable=bool(el["clickable"]))
-                         for el in _field(header, "elements", list, where))
+        elements = tuple(
+            UIElement(
+                box=tuple(float(v) for v in el["box"]),
+                text=el["text"],
+                kind=el["kind"],
+                clickable=bool(el["clickable"]),
+            )
+            for el in _field(header, "elements", list, where)
+        )
     except (TypeError, KeyError, ValueError) as e:
         raise DataError(*where, "elements", f"malformed element: {e!r}") from None
     coat = header.get("coat")

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import io
 from pathlib import Path
-from typing import Optional
 
 from ipl_jax.data.packed.encoding import image_offset, split_record, step_from_header
 from ipl_jax.data.packed.layout import METADATA_FILE, check_shards, process_files, read_metadata, split_info
@@ -43,7 +42,7 @@ class RecordImage:
     def encoded(self) -> bytes:
         """The screenshot's PNG/JPEG bytes."""
         payload = data_source(self.paths)[self.key]
-        return payload[image_offset(payload):]
+        return payload[image_offset(payload) :]
 
     def __call__(self):
         from PIL import Image
@@ -57,8 +56,9 @@ class PackedSplit:
     Attributes: ``meta`` (the directory's metadata), ``split``, ``paths`` (this process's shard files),
     ``source`` (the underlying ``grain.sources.ArrayRecordDataSource`` of raw records)."""
 
-    def __init__(self, root, split: Optional[str] = None, *, process_index: Optional[int] = None,
-                 process_count: Optional[int] = None):
+    def __init__(
+        self, root, split: str | None = None, *, process_index: int | None = None, process_count: int | None = None
+    ):
         self.root = Path(root)
         self.meta = read_metadata(self.root)
         self.split, info = split_info(self.meta, self.root, split)
@@ -66,8 +66,9 @@ class PackedSplit:
             import jax
 
             process_index, process_count = jax.process_index(), jax.process_count()
-        files = process_files(info["files"], int(process_index), int(process_count),
-                              f"{self.root / METADATA_FILE} split {self.split!r}")
+        files = process_files(
+            info["files"], int(process_index), int(process_count), f"{self.root / METADATA_FILE} split {self.split!r}"
+        )
         self.paths = tuple(str(p) for p in check_shards(self.root, self.split, files))
         self.counts = [f["records"] for f in files]
         self.source = data_source(self.paths)
@@ -124,13 +125,14 @@ class PackedSplit:
                 yield key, step, episode
 
 
-def open_split(root, split: Optional[str] = None, *, process_index: Optional[int] = None,
-               process_count: Optional[int] = None) -> PackedSplit:
+def open_split(
+    root, split: str | None = None, *, process_index: int | None = None, process_count: int | None = None
+) -> PackedSplit:
     """This process's share of a packed split as a random-access source of ``Step``s (see ``PackedSplit``)."""
     return PackedSplit(root, split, process_index=process_index, process_count=process_count)
 
 
-def load_packed_with_report(root, split: Optional[str], skip_bad: bool = False) -> tuple[list[Episode], list]:
+def load_packed_with_report(root, split: str | None, skip_bad: bool = False) -> tuple[list[Episode], list]:
     """(episodes, skipped records) of a whole packed split, in the order they were packed.
 
     Steps of one episode are consecutive records; a record that does not decode raises ``DataError`` naming the
@@ -142,8 +144,14 @@ def load_packed_with_report(root, split: Optional[str], skip_bad: bool = False) 
 
     def close():
         if current:
-            episodes.append(Episode(episode_id=current[0].episode_id, instruction=info["instruction"],
-                                    steps=tuple(current), meta=info["meta"]))
+            episodes.append(
+                Episode(
+                    episode_id=current[0].episode_id,
+                    instruction=info["instruction"],
+                    steps=tuple(current),
+                    meta=info["meta"],
+                )
+            )
 
     for _, step, episode in packed.read_all(skip_bad):
         if step is None:
@@ -157,7 +165,7 @@ def load_packed_with_report(root, split: Optional[str], skip_bad: bool = False) 
     return episodes, skipped
 
 
-def load_packed(root, split: Optional[str], skip_bad: bool = False) -> list[Episode]:
+def load_packed(root, split: str | None, skip_bad: bool = False) -> list[Episode]:
     """The episodes of a packed split; see ``load_packed_with_report``."""
     return load_packed_with_report(root, split, skip_bad)[0]
 

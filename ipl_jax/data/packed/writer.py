@@ -12,12 +12,11 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from ipl_jax.data.packed.encoding import encode_step, image_bytes
-from ipl_jax.data.packed.layout import (FORMAT_NAME, METADATA_FILE, SCORING_FORMATS, VERSION, WRITER_OPTIONS,
-                                        shard_name)
+from ipl_jax.data.packed.layout import FORMAT_NAME, METADATA_FILE, SCORING_FORMATS, VERSION, WRITER_OPTIONS, shard_name
 from ipl_jax.data.records import Episode
 
 DATASETS = tuple(SCORING_FORMATS)
@@ -31,8 +30,11 @@ def source_splits(dataset: str, root: Path) -> list[str]:
     """The splits a source directory holds: AITZ-layout folders (``<split>/<subset>/<episode>/<episode>.json``);
     AMEX's ``all`` plus each ``instruction_anno/<split>/`` folder; AndroidControl's ``splits.json`` keys."""
     if dataset in ("aitz", "synthetic"):
-        return [d.name for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")
-                and any(d.glob("*/*/*.json"))]
+        return [
+            d.name
+            for d in sorted(root.iterdir())
+            if d.is_dir() and not d.name.startswith(".") and any(d.glob("*/*/*.json"))
+        ]
     if dataset == "amex":
         anno = root / "instruction_anno"
         if not anno.is_dir():
@@ -126,8 +128,14 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_split(out: Path, split: str, episodes: Sequence[Episode], shards: int, png_level: int = 6,
-                on_step: Optional[Callable[[], None]] = None) -> dict:
+def write_split(
+    out: Path,
+    split: str,
+    episodes: Sequence[Episode],
+    shards: int,
+    png_level: int = 6,
+    on_step: Callable[[], None] | None = None,
+) -> dict:
     """Write one split's shards under ``out``; returns its metadata entry (without ``skipped``)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -152,7 +160,7 @@ def write_split(out: Path, split: str, episodes: Sequence[Episode], shards: int,
     return {"episodes": len(episodes), "steps": sum(len(e.steps) for e in episodes), "files": files}
 
 
-def check_out(out: Path, source: Optional[Path] = None) -> None:
+def check_out(out: Path, source: Path | None = None) -> None:
     """``out`` must be new, empty, or an earlier pack (which is replaced), and not the source directory."""
     if source is not None and Path(os.path.abspath(out)) == Path(os.path.abspath(source)):
         raise ValueError(f"--out {out}: is the source directory; choose another")
@@ -173,9 +181,17 @@ def _prepare_out(out: Path) -> None:
             e.unlink()
 
 
-def write_packed(out, splits: Mapping[str, Sequence[Episode]], *, dataset: str, source_sha256: str,
-                 shards: int = 1, skipped: Optional[Mapping[str, int]] = None, png_level: int = 6,
-                 on_step: Optional[Callable[[], None]] = None) -> dict:
+def write_packed(
+    out,
+    splits: Mapping[str, Sequence[Episode]],
+    *,
+    dataset: str,
+    source_sha256: str,
+    shards: int = 1,
+    skipped: Mapping[str, int] | None = None,
+    png_level: int = 6,
+    on_step: Callable[[], None] | None = None,
+) -> dict:
     """Write ``splits`` (name -> episodes, in order) as a packed directory; returns the metadata written.
 
     ``dataset``: the source format (aitz | amex | androidcontrol | synthetic); ``png_level``: PNG compression for
@@ -186,9 +202,15 @@ def write_packed(out, splits: Mapping[str, Sequence[Episode]], *, dataset: str, 
         raise ValueError(f"--shards must be >= 1, got {shards}")
     out = Path(out)
     _prepare_out(out)
-    meta = {"format": FORMAT_NAME, "version": VERSION, "dataset": dataset,
-            "scoring_format": SCORING_FORMATS[dataset], "source_sha256": source_sha256, "shards": shards,
-            "splits": {}}
+    meta = {
+        "format": FORMAT_NAME,
+        "version": VERSION,
+        "dataset": dataset,
+        "scoring_format": SCORING_FORMATS[dataset],
+        "source_sha256": source_sha256,
+        "shards": shards,
+        "splits": {},
+    }
     for split, episodes in splits.items():
         entry = write_split(out, split, episodes, shards, png_level, on_step)
         entry["skipped"] = int((skipped or {}).get(split, 0))
@@ -199,9 +221,17 @@ def write_packed(out, splits: Mapping[str, Sequence[Episode]], *, dataset: str, 
     return meta
 
 
-def pack_dataset(dataset: str, root, out, *, shards: int = 1, splits: Optional[Sequence[str]] = None,
-                 skip_bad: bool = False, on_split: Optional[Callable[[str, int, list], None]] = None,
-                 on_step: Optional[Callable[[], None]] = None) -> dict:
+def pack_dataset(
+    dataset: str,
+    root,
+    out,
+    *,
+    shards: int = 1,
+    splits: Sequence[str] | None = None,
+    skip_bad: bool = False,
+    on_split: Callable[[str, int, list], None] | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> dict:
     """Read every split (or ``splits``) of the dataset at ``root`` in format ``dataset`` and pack it to ``out``.
 
     Malformed source records raise ``DataError`` unless ``skip_bad`` (then they are left out and counted per
@@ -218,8 +248,10 @@ def pack_dataset(dataset: str, root, out, *, shards: int = 1, splits: Optional[S
     wanted = list(available if splits is None else splits)
     missing = [s for s in wanted if s not in available]
     if missing or not wanted:
-        raise ValueError(f"--data {root}: no split {', '.join(missing) or '(none found)'} in this {dataset} data "
-                         f"(found: {', '.join(available) or 'none'})")
+        raise ValueError(
+            f"--data {root}: no split {', '.join(missing) or '(none found)'} in this {dataset} data "
+            f"(found: {', '.join(available) or 'none'})"
+        )
     source_sha = tree_sha256(root, exclude=[out, root / _CACHE_DIR])
     read, skipped = {}, {}
     with tempfile.TemporaryDirectory(prefix="ipl_pack_cache_") as cache:
@@ -230,5 +262,6 @@ def pack_dataset(dataset: str, root, out, *, shards: int = 1, splits: Optional[S
             read[split] = portable(episodes, [root, Path(cache)])
             skipped[split] = len(bad)
         # the screenshots cached by the AndroidControl reader are read while the cache still exists
-        return write_packed(out, read, dataset=dataset, source_sha256=source_sha, shards=shards, skipped=skipped,
-                            on_step=on_step)
+        return write_packed(
+            out, read, dataset=dataset, source_sha256=source_sha, shards=shards, skipped=skipped, on_step=on_step
+        )

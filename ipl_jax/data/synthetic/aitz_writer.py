@@ -13,8 +13,8 @@ one extra field, ``synth_meta``: the step's meta as a JSON string (readers of th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ipl_jax.data.records import Episode, Step
 
@@ -56,8 +56,12 @@ def _action_fields(step: Step) -> dict:
         code = TASK_IMPOSSIBLE if a.status == "impossible" else TASK_COMPLETE
     else:
         raise ValueError(f"{where}: action type {a.type!r} has no AITZ code")
-    return {"result_action_type": code, "result_touch_yx": json.dumps(touch), "result_lift_yx": json.dumps(lift),
-            "result_action_text": text}
+    return {
+        "result_action_type": code,
+        "result_touch_yx": json.dumps(touch),
+        "result_lift_yx": json.dumps(lift),
+        "result_action_text": text,
+    }
 
 
 def step_record(step: Step, episode_length: int, image_path: str, size: tuple[int, int]) -> dict:
@@ -89,8 +93,9 @@ def step_record(step: Step, episode_length: int, image_path: str, size: tuple[in
     return rec
 
 
-def write_aitz_split(episodes: Iterable[Episode], root, split: str, compress_level: int = 1,
-                     with_meta: bool = False) -> Path:
+def write_aitz_split(
+    episodes: Iterable[Episode], root, split: str, compress_level: int = 1, with_meta: bool = False
+) -> Path:
     """Write episodes under ``root/split`` in the AITZ layout; returns the split directory.
 
     The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits.

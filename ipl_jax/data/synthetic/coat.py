@@ -67,8 +67,9 @@ def _element_phrase(screen, w) -> str | None:
 def describe_screen(screen, rng) -> str:
     """s1: what the screen shows and roughly where, at most MAX_DESC_WORDS words."""
     W, H = screen.size
-    switches = {w.key[len("switch:"):]: "on" if w.on else "off"
-                for w in screen.element_widgets if w.key.startswith("switch:")}
+    switches = {
+        w.key[len("switch:") :]: "on" if w.on else "off" for w in screen.element_widgets if w.key.startswith("switch:")
+    }
     regions = _pick(rng, (("top", "middle", "bottom"), ("upper part", "centre", "lower part")))
     groups: dict[str, list[str]] = {}
     for w in screen.element_widgets:
@@ -218,6 +219,9 @@ def action_result(d: Decision, rng) -> str:
     if a.type == "type":
         return f'Typing puts "{a.text}" in the box.'
     if a.type == "press":
-        return {"back": "Pressing back leaves this page.", "home": "Pressing home shows the home screen.",
-                "enter": "Pressing enter runs the search."}[a.button]
+        return {
+            "back": "Pressing back leaves this page.",
+            "home": "Pressing home shows the home screen.",
+            "enter": "Pressing enter runs the search.",
+        }[a.button]
     return "Stopping ends the task."

@@ -8,29 +8,83 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 # Colour palettes. Keys: bg, surface, header, header_text, text, subtle, accent, on_accent, divider, toggle_off.
 THEMES = {
-    "light": dict(bg=(250, 250, 250), surface=(236, 238, 242), header=(255, 255, 255), header_text=(20, 20, 20),
-                  text=(25, 25, 25), subtle=(110, 110, 118), accent=(26, 115, 232), on_accent=(255, 255, 255),
-                  divider=(220, 220, 225), toggle_off=(170, 170, 176)),
-    "mint": dict(bg=(240, 250, 246), surface=(214, 238, 228), header=(30, 140, 110), header_text=(255, 255, 255),
-                 text=(20, 40, 34), subtle=(90, 120, 110), accent=(0, 150, 110), on_accent=(255, 255, 255),
-                 divider=(200, 226, 216), toggle_off=(160, 180, 174)),
-    "sand": dict(bg=(252, 247, 236), surface=(240, 228, 204), header=(200, 120, 40), header_text=(255, 255, 255),
-                 text=(50, 35, 20), subtle=(130, 110, 90), accent=(200, 100, 20), on_accent=(255, 255, 255),
-                 divider=(230, 216, 190), toggle_off=(190, 176, 160)),
-    "dark": dict(bg=(22, 24, 28), surface=(44, 47, 54), header=(32, 34, 40), header_text=(240, 240, 240),
-                 text=(235, 235, 235), subtle=(160, 160, 170), accent=(120, 170, 255), on_accent=(10, 20, 40),
-                 divider=(60, 63, 70), toggle_off=(90, 92, 100)),
+    "light": dict(
+        bg=(250, 250, 250),
+        surface=(236, 238, 242),
+        header=(255, 255, 255),
+        header_text=(20, 20, 20),
+        text=(25, 25, 25),
+        subtle=(110, 110, 118),
+        accent=(26, 115, 232),
+        on_accent=(255, 255, 255),
+        divider=(220, 220, 225),
+        toggle_off=(170, 170, 176),
+    ),
+    "mint": dict(
+        bg=(240, 250, 246),
+        surface=(214, 238, 228),
+        header=(30, 140, 110),
+        header_text=(255, 255, 255),
+        text=(20, 40, 34),
+        subtle=(90, 120, 110),
+        accent=(0, 150, 110),
+        on_accent=(255, 255, 255),
+        divider=(200, 226, 216),
+        toggle_off=(160, 180, 174),
+    ),
+    "sand": dict(
+        bg=(252, 247, 236),
+        surface=(240, 228, 204),
+        header=(200, 120, 40),
+        header_text=(255, 255, 255),
+        text=(50, 35, 20),
+        subtle=(130, 110, 90),
+        accent=(200, 100, 20),
+        on_accent=(255, 255, 255),
+        divider=(230, 216, 190),
+        toggle_off=(190, 176, 160),
+    ),
+    "dark": dict(
+        bg=(22, 24, 28),
+        surface=(44, 47, 54),
+        header=(32, 34, 40),
+        header_text=(240, 240, 240),
+        text=(235, 235, 235),
+        subtle=(160, 160, 170),
+        accent=(120, 170, 255),
+        on_accent=(10, 20, 40),
+        divider=(60, 63, 70),
+        toggle_off=(90, 92, 100),
+    ),
     # held out
-    "night_blue": dict(bg=(14, 22, 48), surface=(30, 44, 84), header=(20, 30, 66), header_text=(230, 236, 255),
-                       text=(226, 232, 255), subtle=(150, 160, 200), accent=(255, 196, 60), on_accent=(30, 20, 0),
-                       divider=(44, 58, 100), toggle_off=(80, 90, 130)),
-    "rose": dict(bg=(255, 244, 246), surface=(248, 220, 228), header=(190, 40, 90), header_text=(255, 255, 255),
-                 text=(60, 20, 30), subtle=(140, 100, 110), accent=(210, 40, 100), on_accent=(255, 255, 255),
-                 divider=(240, 210, 218), toggle_off=(200, 170, 180)),
+    "night_blue": dict(
+        bg=(14, 22, 48),
+        surface=(30, 44, 84),
+        header=(20, 30, 66),
+        header_text=(230, 236, 255),
+        text=(226, 232, 255),
+        subtle=(150, 160, 200),
+        accent=(255, 196, 60),
+        on_accent=(30, 20, 0),
+        divider=(44, 58, 100),
+        toggle_off=(80, 90, 130),
+    ),
+    "rose": dict(
+        bg=(255, 244, 246),
+        surface=(248, 220, 228),
+        header=(190, 40, 90),
+        header_text=(255, 255, 255),
+        text=(60, 20, 30),
+        subtle=(140, 100, 110),
+        accent=(210, 40, 100),
+        on_accent=(255, 255, 255),
+        divider=(240, 210, 218),
+        toggle_off=(200, 170, 180),
+    ),
 }
 SEEN_THEMES = ("light", "mint", "sand", "dark")
 HELD_OUT_THEMES = ("night_blue", "rose")
@@ -53,15 +107,15 @@ VARIANTS = {
     "standard": Variant(),
     "compact": Variant(title_centered=True, row_scale=0.88),
     # held out
-    "tiles": Variant(home_columns=3, home_rows=6, toggle_left=True, results_grid=True, title_centered=True,
-                     compose_on_top=True),
+    "tiles": Variant(
+        home_columns=3, home_rows=6, toggle_left=True, results_grid=True, title_centered=True, compose_on_top=True
+    ),
 }
 SEEN_VARIANTS = ("standard", "compact")
 HELD_OUT_VARIANTS = ("tiles",)
 
 # Task families (tasks.py defines them); ``toggle_pair`` is held out for test_task_unseen.
-FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "add_to_cart", "install",
-            "send_message")
+FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "add_to_cart", "install", "send_message")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +155,13 @@ class WorldConfig:
     p_start_home: float = 0.6
     p_start_other_app: float = 0.25
     task_weights: tuple[str, ...] = (
-        "open_app:0.10", "toggle:0.20", "sub_toggle:0.13", "search_open:0.12", "add_to_cart:0.12",
-        "install:0.13", "send_message:0.20",
+        "open_app:0.10",
+        "toggle:0.20",
+        "sub_toggle:0.13",
+        "search_open:0.12",
+        "add_to_cart:0.12",
+        "install:0.13",
+        "send_message:0.20",
     )
 
     def __post_init__(self):

@@ -68,8 +68,16 @@ APP_FEATURES = {
 
 # Settings. Toggles on the main list, submenus with their own toggles, and plain information rows.
 MAIN_TOGGLES = (
-    "Wi-Fi", "Bluetooth", "Airplane mode", "Mobile data", "Hotspot", "NFC", "Location", "Battery saver",
-    "Auto-rotate", "Do not disturb",
+    "Wi-Fi",
+    "Bluetooth",
+    "Airplane mode",
+    "Mobile data",
+    "Hotspot",
+    "NFC",
+    "Location",
+    "Battery saver",
+    "Auto-rotate",
+    "Do not disturb",
 )
 SUBMENUS = {
     "Display": ("Dark theme", "Auto brightness", "Night light", "Large text"),
@@ -89,12 +97,40 @@ SUB_TOGGLES = tuple(t for ts in SUBMENUS.values() for t in ts)
 SUBMENU_OF = {t: m for m, ts in SUBMENUS.items() for t in ts}
 
 CONTACTS = (
-    "Anna", "Ben", "Carla", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kim", "Leo", "Maya",
-    "Nina", "Omar", "Paul", "Rosa", "Sam", "Tara", "Victor",
+    "Anna",
+    "Ben",
+    "Carla",
+    "David",
+    "Emma",
+    "Felix",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jack",
+    "Kim",
+    "Leo",
+    "Maya",
+    "Nina",
+    "Omar",
+    "Paul",
+    "Rosa",
+    "Sam",
+    "Tara",
+    "Victor",
 )
 MESSAGE_TEXTS = (
-    "hi", "on my way", "see you soon", "thanks!", "running late", "call me", "good night", "lunch at noon?",
-    "happy birthday", "ok", "where are you?", "I'm home",
+    "hi",
+    "on my way",
+    "see you soon",
+    "thanks!",
+    "running late",
+    "call me",
+    "good night",
+    "lunch at noon?",
+    "happy birthday",
+    "ok",
+    "where are you?",
+    "I'm home",
 )
 PREVIEWS = ("See you!", "ok", "Thanks", "Sure, why not", "Haha", "Sent a photo", "Talk later", "Yes", "No worries")
 
@@ -104,8 +140,20 @@ PRODUCT_MODELS = ("Classic", "Sport", "Lite", "Pro", "Max", "Mini", "Air", "Plus
 SHOP_CHIPS = ("Deals", "New", "Top rated", "Gifts", "Outlet")
 
 STORE_APPS = (
-    "Notely", "FitTrack", "PhotoBox", "TaskFlow", "Budgetly", "SkyCast", "ChefBook", "StepUp", "Lingo",
-    "PodNest", "ZenTime", "Tripster", "CodePad", "PetPal",
+    "Notely",
+    "FitTrack",
+    "PhotoBox",
+    "TaskFlow",
+    "Budgetly",
+    "SkyCast",
+    "ChefBook",
+    "StepUp",
+    "Lingo",
+    "PodNest",
+    "ZenTime",
+    "Tripster",
+    "CodePad",
+    "PetPal",
 )
 STORE_DEVELOPERS = ("Acme Labs", "Blue Fox", "Nimbus", "Orbit Apps", "Pixel Co")
 STORE_CHIPS = ("Top charts", "Games", "Kids", "Editors' picks")

@@ -13,14 +13,13 @@ Splits (like AndroidControl's):
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 
 from ipl_jax.coat.actions import format_action
 from ipl_jax.data.records import CoaT, Episode, Step
 from ipl_jax.data.synthetic import coat as coat_text
-from ipl_jax.data.synthetic.config import (HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig)
+from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig
 from ipl_jax.data.synthetic.expert import expert_decision
 from ipl_jax.data.synthetic.tasks import Task, is_done, sample_task
 from ipl_jax.data.synthetic.world import World
@@ -33,14 +32,15 @@ DEFAULT_SIZES = {"train": 1000, "dev": 100, "test": 200, "test_app_unseen": 100,
 MAX_STEPS = 25
 
 
-def split_config(name: str, config: Optional[WorldConfig] = None) -> WorldConfig:
+def split_config(name: str, config: WorldConfig | None = None) -> WorldConfig:
     """The world config a split is generated with."""
     config = config or WorldConfig()
     if name not in SPLITS:
         raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
     if name == "test_app_unseen":
-        return dataclasses.replace(config, themes=HELD_OUT_THEMES,
-                                   variants=tuple(SEEN_VARIANTS) + tuple(HELD_OUT_VARIANTS))
+        return dataclasses.replace(
+            config, themes=HELD_OUT_THEMES, variants=tuple(SEEN_VARIANTS) + tuple(HELD_OUT_VARIANTS)
+        )
     return config
 
 
@@ -65,15 +65,34 @@ def generate_episode(world_seed: int, task: Task, config: WorldConfig, episode_i
     steps, history, prev = [], [], None
     for t in range(MAX_STEPS):
         d = expert_decision(world, task)
-        coat = CoaT(screen_desc=coat_text.describe_screen(screen, text_rng),
-                    action_think=coat_text.think(task, prev, screen, d, text_rng),
-                    action_desc=format_action(d.action),
-                    action_result=coat_text.action_result(d, text_rng))
-        meta = {"app": screen.app, "page": screen.page, "subset": task.subset, "transitions": screen.transitions(),
-                "intent": d.intent, "family": task.family}
-        steps.append(Step(episode_id=episode_id, step_id=t, instruction=task.instruction, image=screen.painter(),
-                          screen_size=screen.size, action=d.action, history=tuple(history), elements=screen.elements,
-                          coat=coat, meta=meta))
+        coat = CoaT(
+            screen_desc=coat_text.describe_screen(screen, text_rng),
+            action_think=coat_text.think(task, prev, screen, d, text_rng),
+            action_desc=format_action(d.action),
+            action_result=coat_text.action_result(d, text_rng),
+        )
+        meta = {
+            "app": screen.app,
+            "page": screen.page,
+            "subset": task.subset,
+            "transitions": screen.transitions(),
+            "intent": d.intent,
+            "family": task.family,
+        }
+        steps.append(
+            Step(
+                episode_id=episode_id,
+                step_id=t,
+                instruction=task.instruction,
+                image=screen.painter(),
+                screen_size=screen.size,
+                action=d.action,
+                history=tuple(history),
+                elements=screen.elements,
+                coat=coat,
+                meta=meta,
+            )
+        )
         history.append(coat.action_desc)
         screen, done = world.step(d.action)
         prev = d
@@ -83,12 +102,19 @@ def generate_episode(world_seed: int, task: Task, config: WorldConfig, episode_i
         raise RuntimeError(f"expert did not finish {task.family} task {task.instruction!r} (world seed {world_seed})")
     if not is_done(world, task):
         raise RuntimeError(f"expert stopped before the goal of {task.instruction!r} (world seed {world_seed})")
-    meta = {"world_seed": world_seed, "task": task.to_json(), "split": split, "subset": task.subset,
-            "theme": world.theme, "variant": world.variant, "config": config_to_json(config)}
+    meta = {
+        "world_seed": world_seed,
+        "task": task.to_json(),
+        "split": split,
+        "subset": task.subset,
+        "theme": world.theme,
+        "variant": world.variant,
+        "config": config_to_json(config),
+    }
     return Episode(episode_id=episode_id, instruction=task.instruction, steps=tuple(steps), meta=meta)
 
 
-def generate_split(name: str, n_episodes: int, seed: int = 0, config: Optional[WorldConfig] = None) -> list[Episode]:
+def generate_split(name: str, n_episodes: int, seed: int = 0, config: WorldConfig | None = None) -> list[Episode]:
     """``n_episodes`` episodes of split ``name``. Same arguments => identical episodes (and images)."""
     cfg = split_config(name, config)
     if n_episodes < 0:
@@ -110,7 +136,7 @@ def replay(episode: Episode, actions=None):
     task = Task.from_json(meta["task"])
     world.reset(task)
     done = False
-    for a in (actions if actions is not None else [s.action for s in episode.steps]):
+    for a in actions if actions is not None else [s.action for s in episode.steps]:
         _, done = world.step(a)
         if done:
             break

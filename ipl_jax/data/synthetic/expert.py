@@ -16,8 +16,24 @@ from ipl_jax.data.synthetic.tasks import Task, is_done
 from ipl_jax.data.synthetic.world import HOME
 
 # Intents name why an action is taken; coat.py turns them into thoughts.
-INTENTS = ("stop", "go_home", "back_out", "open_app", "next_home_page", "find", "toggle", "open_menu", "focus",
-           "type", "submit", "open_result", "add", "install", "open_chat", "send")
+INTENTS = (
+    "stop",
+    "go_home",
+    "back_out",
+    "open_app",
+    "next_home_page",
+    "find",
+    "toggle",
+    "open_menu",
+    "focus",
+    "type",
+    "submit",
+    "open_result",
+    "add",
+    "install",
+    "open_chat",
+    "send",
+)
 
 
 @dataclasses.dataclass(frozen=True)

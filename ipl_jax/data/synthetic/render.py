@@ -148,8 +148,13 @@ class _Painter:
             self.glyph(tbox, glyph, (255, 255, 255))
             self.text_in((x1, y1 + tile, x2, y2), text, size, t["text"])
         elif style == "field":
-            d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=t["bg"],
-                                outline=t["accent"] if on else t["divider"], width=2 if on else 1)
+            d.rounded_rectangle(
+                box,
+                radius=(y2 - y1) // 2,
+                fill=t["bg"],
+                outline=t["accent"] if on else t["divider"],
+                width=2 if on else 1,
+            )
             fill = t["text"] if glyph == "filled" else t["subtle"]
             self.text(x1 + 6, y1 + (y2 - y1 - size - 5) // 2, text, size, fill, max_w=x2 - x1 - 10)
             if on:
@@ -200,8 +205,7 @@ class _Painter:
             cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
             for i in range(n):
                 px = cx + (i - (n - 1) / 2) * 10
-                d.ellipse((px - 2.5, cy - 2.5, px + 2.5, cy + 2.5),
-                          fill=t["text"] if i == cur else t["toggle_off"])
+                d.ellipse((px - 2.5, cy - 2.5, px + 2.5, cy + 2.5), fill=t["text"] if i == cur else t["toggle_off"])
         else:
             raise ValueError(f"render: unknown widget style {style!r}")
 

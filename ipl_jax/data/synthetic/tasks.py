@@ -13,45 +13,93 @@ import zlib
 from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps.catalog import normalize_query
 from ipl_jax.data.synthetic.config import FAMILIES
+
 HELD_OUT_FAMILIES = ("toggle_pair",)
 N_HELD_OUT_TEMPLATES = 2
-SUBSET = {"open_app": "single", "toggle": "google_apps", "sub_toggle": "google_apps", "toggle_pair": "google_apps",
-          "search_open": "web_shopping", "add_to_cart": "web_shopping", "install": "install",
-          "send_message": "general"}
+SUBSET = {
+    "open_app": "single",
+    "toggle": "google_apps",
+    "sub_toggle": "google_apps",
+    "toggle_pair": "google_apps",
+    "search_open": "web_shopping",
+    "add_to_cart": "web_shopping",
+    "install": "install",
+    "send_message": "general",
+}
 START_STATES = ("home", "other_app", "in_app")
 
 # The last N_HELD_OUT_TEMPLATES of each list are held out for test_task_unseen.
 TEMPLATES = {
-    "open_app": ("open {app}", "open the {app} app", "launch {app}", "go to the {app} app", "start {app}",
-                 "show me the {app} app", "bring up {app} please", "I want to use {app}"),
-    "toggle": ("turn {state} {setting}", "switch {setting} {state}", "{enable} {setting}",
-               "set {setting} to {state}", "open Settings and turn {setting} {state}", "please turn {setting} {state}",
-               "make sure {setting} is {state}", "I need {setting} switched {state}"),
-    "sub_toggle": ("turn {state} {setting}", "in {menu} settings, turn {setting} {state}",
-                   "{enable} {setting} in the {menu} settings", "switch {setting} {state}",
-                   "go to Settings, {menu}, and turn {setting} {state}",
-                   "make sure {setting} under {menu} is {state}", "I need {setting} switched {state}"),
-    "toggle_pair": ("turn {state} {setting} and turn {state2} {setting2}",
-                    "switch {setting} {state}, then {setting2} {state2}",
-                    "set {setting} to {state} and {setting2} to {state2}"),
-    "search_open": ("search for {query} and open the first result", "find {query} in Shop and open the first result",
-                    "look up {query} in the Shop app and show the top result",
-                    "open the first Shop result for {query}", "search Shop for {query}, then open the first item",
-                    "show me the first {query} item in Shop", "I want to see the top result for {query} in Shop"),
-    "add_to_cart": ("search for {query} and add the first result to the cart",
-                    "add the first {query} result to my cart",
-                    "in Shop, find {query} and put the first result in the cart",
-                    "put the top {query} result in the Shop cart",
-                    "search Shop for {query} and add the first item to the cart",
-                    "I'd like the first {query} result in my cart",
-                    "add the top search result for {query} to the cart"),
-    "install": ("install {app}", "install the {app} app from the Store", "get {app} from the Store",
-                "download {app}", "find {app} in the Store and install it", "I want the {app} app on my phone",
-                "put {app} on this phone"),
-    "send_message": ('send "{message}" to {contact}', 'text {contact} "{message}"',
-                     'tell {contact} "{message}" in Messages', 'write "{message}" to {contact}',
-                     'message {contact} saying "{message}"', 'let {contact} know "{message}"',
-                     'reply "{message}" to {contact}'),
+    "open_app": (
+        "open {app}",
+        "open the {app} app",
+        "launch {app}",
+        "go to the {app} app",
+        "start {app}",
+        "show me the {app} app",
+        "bring up {app} please",
+        "I want to use {app}",
+    ),
+    "toggle": (
+        "turn {state} {setting}",
+        "switch {setting} {state}",
+        "{enable} {setting}",
+        "set {setting} to {state}",
+        "open Settings and turn {setting} {state}",
+        "please turn {setting} {state}",
+        "make sure {setting} is {state}",
+        "I need {setting} switched {state}",
+    ),
+    "sub_toggle": (
+        "turn {state} {setting}",
+        "in {menu} settings, turn {setting} {state}",
+        "{enable} {setting} in the {menu} settings",
+        "switch {setting} {state}",
+        "go to Settings, {menu}, and turn {setting} {state}",
+        "make sure {setting} under {menu} is {state}",
+        "I need {setting} switched {state}",
+    ),
+    "toggle_pair": (
+        "turn {state} {setting} and turn {state2} {setting2}",
+        "switch {setting} {state}, then {setting2} {state2}",
+        "set {setting} to {state} and {setting2} to {state2}",
+    ),
+    "search_open": (
+        "search for {query} and open the first result",
+        "find {query} in Shop and open the first result",
+        "look up {query} in the Shop app and show the top result",
+        "open the first Shop result for {query}",
+        "search Shop for {query}, then open the first item",
+        "show me the first {query} item in Shop",
+        "I want to see the top result for {query} in Shop",
+    ),
+    "add_to_cart": (
+        "search for {query} and add the first result to the cart",
+        "add the first {query} result to my cart",
+        "in Shop, find {query} and put the first result in the cart",
+        "put the top {query} result in the Shop cart",
+        "search Shop for {query} and add the first item to the cart",
+        "I'd like the first {query} result in my cart",
+        "add the top search result for {query} to the cart",
+    ),
+    "install": (
+        "install {app}",
+        "install the {app} app from the Store",
+        "get {app} from the Store",
+        "download {app}",
+        "find {app} in the Store and install it",
+        "I want the {app} app on my phone",
+        "put {app} on this phone",
+    ),
+    "send_message": (
+        'send "{message}" to {contact}',
+        'text {contact} "{message}"',
+        'tell {contact} "{message}" in Messages',
+        'write "{message}" to {contact}',
+        'message {contact} saying "{message}"',
+        'let {contact} know "{message}"',
+        'reply "{message}" to {contact}',
+    ),
 }
 
 
@@ -92,9 +140,14 @@ class Task:
     def combo_key(self) -> str:
         """The entity combination, independent of wording and start state."""
         parts = {
-            "open_app": (self.app,), "toggle": (self.setting, self.on), "sub_toggle": (self.setting, self.on),
-            "toggle_pair": (self.setting, self.on, self.setting2, self.on2), "search_open": (self.query,),
-            "add_to_cart": (self.query,), "install": (self.app,), "send_message": (self.contact, self.message),
+            "open_app": (self.app,),
+            "toggle": (self.setting, self.on),
+            "sub_toggle": (self.setting, self.on),
+            "toggle_pair": (self.setting, self.on, self.setting2, self.on2),
+            "search_open": (self.query,),
+            "add_to_cart": (self.query,),
+            "install": (self.app,),
+            "send_message": (self.contact, self.message),
         }[self.family]
         return self.family + ":" + "|".join(str(p) for p in parts)
 
@@ -115,15 +168,20 @@ class Task:
         return dataclasses.asdict(self)
 
     @staticmethod
-    def from_json(d: dict) -> "Task":
+    def from_json(d: dict) -> Task:
         return Task(**d)
 
 
 def instruction_text(family: str, template: int, **params) -> str:
     st = "on" if params.get("on", True) else "off"
     st2 = "on" if params.get("on2", True) else "off"
-    fields = dict(params, state=st, state2=st2, enable="enable" if st == "on" else "disable",
-                  menu=content.SUBMENU_OF.get(params.get("setting", ""), ""))
+    fields = dict(
+        params,
+        state=st,
+        state2=st2,
+        enable="enable" if st == "on" else "disable",
+        menu=content.SUBMENU_OF.get(params.get("setting", ""), ""),
+    )
     text = TEMPLATES[family][template].format(**fields)
     return text[0].upper() + text[1:]
 
@@ -138,8 +196,12 @@ def _draw_params(family: str, rng) -> dict:
         return dict(setting=pick(content.SUB_TOGGLES), on=bool(rng.random() < 0.5))
     if family == "toggle_pair":
         i, j = rng.permutation(len(content.MAIN_TOGGLES))[:2]
-        return dict(setting=content.MAIN_TOGGLES[i], on=bool(rng.random() < 0.5), setting2=content.MAIN_TOGGLES[j],
-                    on2=bool(rng.random() < 0.5))
+        return dict(
+            setting=content.MAIN_TOGGLES[i],
+            on=bool(rng.random() < 0.5),
+            setting2=content.MAIN_TOGGLES[j],
+            on2=bool(rng.random() < 0.5),
+        )
     if family in ("search_open", "add_to_cart"):
         return dict(query=f"{pick(content.COLOURS)} {pick(content.ITEMS)}".lower())
     if family == "install":
@@ -170,8 +232,9 @@ def sample_task(rng, config, unseen: bool = False) -> Task:
             template = n_t - N_HELD_OUT_TEMPLATES + int(rng.integers(N_HELD_OUT_TEMPLATES))
         else:
             template = int(rng.integers(n_t)) if mode == "family" else int(rng.integers(n_t - N_HELD_OUT_TEMPLATES))
-        task = Task(family=family, instruction=instruction_text(family, template, **params), template=template,
-                    **params)
+        task = Task(
+            family=family, instruction=instruction_text(family, template, **params), template=template, **params
+        )
         if not unseen and not task.unseen:
             break
         if unseen and task.unseen and (mode != "combo" or task.held_out_combo):
@@ -179,8 +242,11 @@ def sample_task(rng, config, unseen: bool = False) -> Task:
     else:
         raise RuntimeError(f"sample_task: could not draw a {'held-out' if unseen else 'seen'} {family} task")
     u = rng.random()
-    start = "home" if u < config.p_start_home else ("other_app" if u < config.p_start_home + config.p_start_other_app
-                                                    else "in_app")
+    start = (
+        "home"
+        if u < config.p_start_home
+        else ("other_app" if u < config.p_start_home + config.p_start_other_app else "in_app")
+    )
     return dataclasses.replace(task, start=start)
 
 
@@ -248,11 +314,14 @@ def is_done(world, task: Task) -> bool:
         first = shop.first_result(task.query)
         if f == "add_to_cart":
             return first is not None and first in shop.cart
-        return (world.current == "Shop" and shop.page == "details" and shop.query == normalize_query(task.query)
-                and shop.item == first)
+        return (
+            world.current == "Shop"
+            and shop.page == "details"
+            and shop.query == normalize_query(task.query)
+            and shop.item == first
+        )
     if f == "install":
         return task.app in world.apps["Store"].installed
     if f == "send_message":
         return (task.contact, task.message) in world.apps["Messages"].sent
     raise ValueError(f"unknown task family {f!r}")
-

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from PIL import ImageFont
 
@@ -28,9 +28,9 @@ class Widget:
     text: str = ""
     kind: str = "TEXT"
     clickable: bool = False
-    on_tap: Optional[Callable[[], None]] = dataclasses.field(default=None, compare=False, repr=False)
+    on_tap: Callable[[], None] | None = dataclasses.field(default=None, compare=False, repr=False)
     effect: str = ""
-    color: Optional[tuple[int, int, int]] = None
+    color: tuple[int, int, int] | None = None
     glyph: str = ""
     on: bool = False  # a switch's state, a field's focus
     size: int = 0  # font size; 0 = the body size
@@ -96,7 +96,7 @@ class Geometry:
     def bottom(self) -> int:
         return self.height - self.nav_h
 
-    def text_box(self, x: int, y_center: int, text: str, size: int = 0, max_width: Optional[int] = None) -> Box:
+    def text_box(self, x: int, y_center: int, text: str, size: int = 0, max_width: int | None = None) -> Box:
         """A tight box around one line of text starting at x, centred on y_center."""
         size = size or self.font_size
         w = text_width(text, size) + 4
@@ -116,8 +116,22 @@ def make_geometry(width: int, height: int, font_size: int, variant: Variant, rng
         margin = round(width / 224.0 * float(rng.choice([8, 10, 12])))
         nav_buttons = bool(rng.random() < 0.5)
     else:
-        header, row, margin, nav_buttons = round(height * 0.085), round(height * 0.09 * variant.row_scale), \
-            round(width / 224.0 * 10), False
+        header, row, margin, nav_buttons = (
+            round(height * 0.085),
+            round(height * 0.09 * variant.row_scale),
+            round(width / 224.0 * 10),
+            False,
+        )
     nav = round((26 if nav_buttons else 12) * s)
-    return Geometry(width=width, height=height, status_h=round(16 * s), header_h=header, row_h=max(row, font_size + 10),
-                    nav_h=nav, margin=margin, font_size=font_size, variant=variant, nav_buttons=nav_buttons)
+    return Geometry(
+        width=width,
+        height=height,
+        status_h=round(16 * s),
+        header_h=header,
+        row_h=max(row, font_size + 10),
+        nav_h=nav,
+        margin=margin,
+        font_size=font_size,
+        variant=variant,
+        nav_buttons=nav_buttons,
+    )

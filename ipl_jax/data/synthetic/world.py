@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -45,8 +44,10 @@ class Screen:
 
     @functools.cached_property
     def elements(self) -> tuple[UIElement, ...]:
-        return tuple(UIElement(box=self.fraction_box(w), text=w.text, kind=w.kind, clickable=w.clickable)
-                     for w in self.element_widgets)
+        return tuple(
+            UIElement(box=self.fraction_box(w), text=w.text, kind=w.kind, clickable=w.clickable)
+            for w in self.element_widgets
+        )
 
     def fraction_box(self, w: Widget) -> tuple[float, float, float, float]:
         W, H = self.size
@@ -61,14 +62,14 @@ class Screen:
         """The rendered PIL RGB image."""
         return self.painter()()
 
-    def tap_target(self, x_px: float, y_px: float) -> Optional[Widget]:
+    def tap_target(self, x_px: float, y_px: float) -> Widget | None:
         """The clickable widget under a pixel point (the one drawn last wins)."""
         for w in reversed(self.widgets):
             if w.clickable and w.on_tap is not None and w.contains(x_px, y_px):
                 return w
         return None
 
-    def find(self, key: str) -> Optional[Widget]:
+    def find(self, key: str) -> Widget | None:
         """The clickable element with internal key ``key`` (e.g. ``row:Wi-Fi``), or None."""
         for w in self.element_widgets:
             if w.clickable and w.key == key:
@@ -87,7 +88,7 @@ class Screen:
 class World:
     """A deterministic phone. Same ``seed``, ``config``, task and actions => the same screens."""
 
-    def __init__(self, seed: int, config: Optional[WorldConfig] = None):
+    def __init__(self, seed: int, config: WorldConfig | None = None):
         self.seed = int(seed)
         self.config = config or WorldConfig()
         self.rng = np.random.default_rng(self.seed)
@@ -95,7 +96,7 @@ class World:
         self.current = HOME
         self.done = False
         self.task = None
-        self._screen: Optional[Screen] = None
+        self._screen: Screen | None = None
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -112,7 +113,7 @@ class World:
         n_extra = min(len(content.EXTRA_APPS), int(rng.integers(lo, hi + 1)))
         need = [a for a in req.get("apps", ()) if a in content.EXTRA_APPS]
         pool = [a for a in content.EXTRA_APPS if a not in need]
-        extras = need + [pool[i] for i in rng.permutation(len(pool))[:max(0, n_extra - len(need))]]
+        extras = need + [pool[i] for i in rng.permutation(len(pool))[: max(0, n_extra - len(need))]]
         names = list(content.CORE_APPS) + extras
         if cfg.shuffle_layout:
             order = [names[i] for i in rng.permutation(len(names))]
@@ -122,8 +123,10 @@ class World:
         if cfg.randomize_icon_colors:
             icons = {a: (tuple(int(v) for v in rng.integers(30, 220, 3)), g) for a, (_, g) in icons.items()}
         clock = f"{int(rng.integers(6, 23))}:{int(rng.integers(60)):02d}"
-        date = f"{['Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun'][int(rng.integers(7))]} {int(rng.integers(1, 29))} " \
-               f"{['May', 'June', 'July'][int(rng.integers(3))]}"
+        date = (
+            f"{['Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun'][int(rng.integers(7))]} {int(rng.integers(1, 29))} "
+            f"{['May', 'June', 'July'][int(rng.integers(3))]}"
+        )
         self.clock = clock
         home = HomeApp(HOME, self)
         home.reset(rng, cfg, self.geo, order=order, icons=icons, clock=clock, date=date)
@@ -243,11 +246,18 @@ class World:
             widgets.append(Widget((x, y, x + w, y + g.text_h + 6), "toast", self._toast))
         widgets.append(Widget((0, g.bottom, g.width, g.height), "navbar", kind="", on=g.nav_buttons))
         state = {"app": self.current, **app.state()}
-        return Screen(widgets=tuple(widgets), size=(g.width, g.height), theme=self.theme, app=self.current,
-                      page=app.page, state=state, base_size=g.font_size)
+        return Screen(
+            widgets=tuple(widgets),
+            size=(g.width, g.height),
+            theme=self.theme,
+            app=self.current,
+            page=app.page,
+            state=state,
+            base_size=g.font_size,
+        )
 
 
-def _valid_point(point) -> Optional[tuple[float, float]]:
+def _valid_point(point) -> tuple[float, float] | None:
     try:
         x, y = (float(v) for v in point)
     except (TypeError, ValueError):

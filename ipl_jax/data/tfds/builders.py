@@ -52,14 +52,16 @@ def screenshot_png(data: bytes) -> bytes:
 
 
 def features() -> tfds.features.FeaturesDict:
-    return tfds.features.FeaturesDict({
-        "episode_id": tfds.features.Text(),
-        "step_id": np.int32,
-        "instruction": tfds.features.Text(),
-        "screenshot": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
-        "action": tfds.features.Text(),
-        "record": tfds.features.Tensor(shape=(), dtype=np.object_),
-    })
+    return tfds.features.FeaturesDict(
+        {
+            "episode_id": tfds.features.Text(),
+            "step_id": np.int32,
+            "instruction": tfds.features.Text(),
+            "screenshot": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
+            "action": tfds.features.Text(),
+            "record": tfds.features.Tensor(shape=(), dtype=np.object_),
+        }
+    )
 
 
 def _info(builder, description: str) -> tfds.core.DatasetInfo:
@@ -81,14 +83,17 @@ def aitz_examples(root: Path, split: str):
         for step in ep.steps:
             png = screenshot_png(image_bytes(step))
             header = step_header(step, ep, "png")
-            yield key, {
-                "episode_id": step.episode_id,
-                "step_id": int(step.step_id),
-                "instruction": step.instruction,
-                "screenshot": png,
-                "action": canonical_json(step.action.to_json()),
-                "record": canonical_json(header).encode("utf-8"),
-            }
+            yield (
+                key,
+                {
+                    "episode_id": step.episode_id,
+                    "step_id": int(step.step_id),
+                    "instruction": step.instruction,
+                    "screenshot": png,
+                    "action": canonical_json(step.action.to_json()),
+                    "record": canonical_json(header).encode("utf-8"),
+                },
+            )
             key += 1
 
 
@@ -108,13 +113,17 @@ class IplSynthetic(tfds.core.GeneratorBasedBuilder):
     RELEASE_NOTES = {"1.0.0": "First release."}
     BUILDER_CONFIGS = [
         SyntheticConfig(name="default", description="the job's default sizes (train 1000, dev 100, test 200)"),
-        SyntheticConfig(name="tiny", description="a few episodes, for tests and demos",
-                        episodes=(("train", 6), ("test", 3))),
+        SyntheticConfig(
+            name="tiny", description="a few episodes, for tests and demos", episodes=(("train", 6), ("test", 3))
+        ),
     ]
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return _info(self, "Synthetic Android-like GUI episodes with CoaT annotations (ipl-jax's world), read "
-                           "through the AITZ layout.")
+        return _info(
+            self,
+            "Synthetic Android-like GUI episodes with CoaT annotations (ipl-jax's world), read "
+            "through the AITZ layout.",
+        )
 
     def _split_generators(self, dl_manager):
         from ipl_jax.data.synthetic import generate_split
@@ -124,8 +133,13 @@ class IplSynthetic(tfds.core.GeneratorBasedBuilder):
         root = Path(dl_manager.download_dir) / f"ipl_synthetic_{cfg.name}_seed{cfg.seed}"
         for split, n in cfg.episodes:
             if not (root / split).is_dir():
-                write_aitz_split(generate_split(split, int(n), seed=int(cfg.seed)), root, split,
-                                 compress_level=int(cfg.png_level), with_meta=True)
+                write_aitz_split(
+                    generate_split(split, int(n), seed=int(cfg.seed)),
+                    root,
+                    split,
+                    compress_level=int(cfg.png_level),
+                    with_meta=True,
+                )
         return {split: self._generate_examples(root, split) for split, _ in cfg.episodes}
 
     def _generate_examples(self, root, split):
@@ -139,11 +153,15 @@ class IplAitz(tfds.core.GeneratorBasedBuilder):
     RELEASE_NOTES = {"1.0.0": "First release."}
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Download the AITZ release and point the manual directory at the folder holding its train/ and test/ "
-        "folders (train/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json next to one PNG per step).")
+        "folders (train/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json next to one PNG per step)."
+    )
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return _info(self, "AITZ (Android-in-the-Zoo): Android GUI episodes with Chain-of-Action-Thought "
-                           "annotations, read with ipl-jax's AITZ reader.")
+        return _info(
+            self,
+            "AITZ (Android-in-the-Zoo): Android GUI episodes with Chain-of-Action-Thought "
+            "annotations, read with ipl-jax's AITZ reader.",
+        )
 
     def _split_generators(self, dl_manager):
         root = Path(dl_manager.manual_dir)

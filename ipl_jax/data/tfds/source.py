@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import io
 import json
-from typing import Optional
 
 from ipl_jax.data.packed.encoding import step_from_header
 from ipl_jax.data.records import DataError, Episode
@@ -24,32 +23,37 @@ def _tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise ValueError("data format tfds:NAME needs the tensorflow-datasets package: pip install "
-                         "'ipl-jax[tfds]'") from None
+        raise ValueError(
+            "data format tfds:NAME needs the tensorflow-datasets package: pip install 'ipl-jax[tfds]'"
+        ) from None
     import ipl_jax.data.tfds.builders  # noqa: F401  (registers ipl_synthetic and ipl_aitz)
 
     return tfds
 
 
 @functools.lru_cache(maxsize=16)
-def _builder(name: str, data_dir: Optional[str]):
+def _builder(name: str, data_dir: str | None):
     tfds = _tfds()
     where = f"tfds:{name}" + (f" (data_dir {data_dir})" if data_dir else "")
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        raise ValueError(f"{where}: no TFDS dataset {name!r} is registered or prepared there (ipl-jax registers "
-                         f"ipl_synthetic and ipl_aitz)") from None
+        raise ValueError(
+            f"{where}: no TFDS dataset {name!r} is registered or prepared there (ipl-jax registers "
+            f"ipl_synthetic and ipl_aitz)"
+        ) from None
     except (ValueError, KeyError) as e:  # e.g. an unknown config or version
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
     if not builder.is_prepared():
-        raise ValueError(f"{where}: dataset {name!r} is registered but not prepared in {builder.data_dir}; "
-                         f"build it first (builder.download_and_prepare(file_format='array_record'))")
+        raise ValueError(
+            f"{where}: dataset {name!r} is registered but not prepared in {builder.data_dir}; "
+            f"build it first (builder.download_and_prepare(file_format='array_record'))"
+        )
     return builder
 
 
 @functools.lru_cache(maxsize=32)
-def split_source(name: str, data_dir: Optional[str], split: str):
+def split_source(name: str, data_dir: str | None, split: str):
     """The ``tfds.data_source`` of one split, screenshots left as PNG bytes."""
     tfds = _tfds()
     builder = _builder(name, data_dir)
@@ -58,8 +62,7 @@ def split_source(name: str, data_dir: Optional[str], split: str):
     try:
         return builder.as_data_source(split=split, decoders={"screenshot": tfds.decode.SkipDecoding()})
     except NotImplementedError as e:  # prepared in another file format (tfrecord)
-        raise ValueError(f"tfds:{name}: {str(e).splitlines()[0]}; prepare it with file_format='array_record'"
-                         ) from None
+        raise ValueError(f"tfds:{name}: {str(e).splitlines()[0]}; prepare it with file_format='array_record'") from None
 
 
 def tfds_scoring_format(name: str, data_dir) -> str:
@@ -76,7 +79,7 @@ class TfdsImage:
     """``Step.image`` of a TFDS step: example ``key`` of the split, its PNG fetched on call."""
 
     name: str
-    data_dir: Optional[str]
+    data_dir: str | None
     split: str
     key: int
 
@@ -89,8 +92,7 @@ class TfdsImage:
         return Image.open(io.BytesIO(self.encoded()))
 
 
-def load_tfds_with_report(name: str, data_dir, split: Optional[str], skip_bad: bool = False
-                          ) -> tuple[list[Episode], list]:
+def load_tfds_with_report(name: str, data_dir, split: str | None, skip_bad: bool = False) -> tuple[list[Episode], list]:
     """(episodes, skipped records) of one split of a prepared TFDS dataset built by ipl-jax's builders.
 
     An example whose ``record`` does not decode raises ``DataError`` naming the dataset, split and index; with
@@ -103,8 +105,14 @@ def load_tfds_with_report(name: str, data_dir, split: Optional[str], skip_bad: b
 
     def close():
         if current:
-            episodes.append(Episode(episode_id=current[0].episode_id, instruction=info["instruction"],
-                                    steps=tuple(current), meta=info["meta"]))
+            episodes.append(
+                Episode(
+                    episode_id=current[0].episode_id,
+                    instruction=info["instruction"],
+                    steps=tuple(current),
+                    meta=info["meta"],
+                )
+            )
 
     for start in range(0, len(source), _CHUNK):
         keys = list(range(start, min(len(source), start + _CHUNK)))

@@ -75,9 +75,16 @@ def header(geo: Geometry, title: str, host: Host, back: bool) -> list[Widget]:
     if back:
         s = geo.header_h
         bw = max(16, int(s * 0.7))
-        out.append(Widget((2, y1 + (s - bw) // 2, 2 + bw, y1 + (s - bw) // 2 + bw), "back",
-                          kind="ICON_ARROW_BACKWARD", clickable=True, on_tap=host.press_back,
-                          effect="goes back to the previous page"))
+        out.append(
+            Widget(
+                (2, y1 + (s - bw) // 2, 2 + bw, y1 + (s - bw) // 2 + bw),
+                "back",
+                kind="ICON_ARROW_BACKWARD",
+                clickable=True,
+                on_tap=host.press_back,
+                effect="goes back to the previous page",
+            )
+        )
         x = 4 + bw
     cy = (y1 + y2) // 2
     box = geo.text_box(x, cy, title, geo.title, max_width=geo.width - x - geo.margin)

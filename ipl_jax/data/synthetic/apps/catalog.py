@@ -14,10 +14,23 @@ from ipl_jax.data.synthetic import content
 from ipl_jax.data.synthetic.apps.base import App, ListView, clean_typed, header
 from ipl_jax.data.synthetic.widgets import Widget
 
-PRODUCT_RGB = {"Red": (210, 50, 50), "Blue": (50, 90, 210), "Black": (40, 40, 40), "White": (200, 200, 205),
-               "Green": (40, 160, 80)}
-ITEM_GLYPH = {"Shoes": "S", "Hat": "H", "Jacket": "J", "Bag": "bag", "Watch": "clock", "Lamp": "sun",
-              "Mug": "M", "Socks": "So"}
+PRODUCT_RGB = {
+    "Red": (210, 50, 50),
+    "Blue": (50, 90, 210),
+    "Black": (40, 40, 40),
+    "White": (200, 200, 205),
+    "Green": (40, 160, 80),
+}
+ITEM_GLYPH = {
+    "Shoes": "S",
+    "Hat": "H",
+    "Jacket": "J",
+    "Bag": "bag",
+    "Watch": "clock",
+    "Lamp": "sun",
+    "Mug": "M",
+    "Socks": "So",
+}
 
 
 def normalize_query(text: str) -> str:
@@ -45,7 +58,7 @@ class CatalogApp(App):
         self.shuffle = config.shuffle_layout
         lo, hi = config.n_distractors
         chips = content.STORE_CHIPS if self.store else content.SHOP_CHIPS
-        self.chips = [chips[i] for i in sorted(rng.permutation(len(chips))[:int(rng.integers(lo, hi + 1))])]
+        self.chips = [chips[i] for i in sorted(rng.permutation(len(chips))[: int(rng.integers(lo, hi + 1))])]
         n_rec = int(rng.integers(lo, hi + 1))
         self.recommended = [self._random_item(rng) for _ in range(n_rec)]
         self.banner_p = 0.5 if hi > 0 else 0.0
@@ -64,9 +77,13 @@ class CatalogApp(App):
     def _random_item(self, rng) -> str:
         if self.store:
             return content.STORE_APPS[int(rng.integers(len(content.STORE_APPS)))]
-        return " ".join((content.COLOURS[int(rng.integers(len(content.COLOURS)))],
-                         content.ITEMS[int(rng.integers(len(content.ITEMS)))],
-                         content.PRODUCT_MODELS[int(rng.integers(len(content.PRODUCT_MODELS)))]))
+        return " ".join(
+            (
+                content.COLOURS[int(rng.integers(len(content.COLOURS)))],
+                content.ITEMS[int(rng.integers(len(content.ITEMS)))],
+                content.PRODUCT_MODELS[int(rng.integers(len(content.PRODUCT_MODELS)))],
+            )
+        )
 
     def results_for(self, query: str) -> tuple[list[str], str | None]:
         """(result names in display order, sponsored item or None) for a normalised query."""
@@ -77,7 +94,7 @@ class CatalogApp(App):
             hits = [a for a in content.STORE_APPS if query and query in a.lower()]
             others = [a for a in content.STORE_APPS if a not in hits]
             others = [others[i] for i in rng.permutation(len(others))]
-            names = (hits + others)[:max(n, len(hits))]
+            names = (hits + others)[: max(n, len(hits))]
             names = [names[i] for i in rng.permutation(len(names))] if self.shuffle else sorted(names)
         else:
             colour = next((c for c in content.COLOURS if c.lower() in words), None)
@@ -99,7 +116,6 @@ class CatalogApp(App):
                     rest = [rest[i] for i in rng.permutation(len(rest))]
                 names = full[:1] + rest
             elif colour or item:
-                word = colour or item
                 names = []
                 for m in models[:n]:
                     other = content.ITEMS if colour else content.COLOURS
@@ -182,8 +198,17 @@ class CatalogApp(App):
         filled = bool(self.field)
         text = self.field if filled else self.placeholder
         effect = "keeps the cursor in the search box" if self.focused else "puts the cursor in the search box"
-        return Widget((g.margin, y, g.width - g.margin, y + h), "field", text, clickable=True, on_tap=self.focus,
-                      effect=effect, glyph="filled" if filled else "", on=self.focused, key="field")
+        return Widget(
+            (g.margin, y, g.width - g.margin, y + h),
+            "field",
+            text,
+            clickable=True,
+            on_tap=self.focus,
+            effect=effect,
+            glyph="filled" if filled else "",
+            on=self.focused,
+            key="field",
+        )
 
     def _main(self) -> list[Widget]:
         g = self.geo
@@ -192,9 +217,16 @@ class CatalogApp(App):
             label = f"Cart {len(self.cart)}"
             cy = g.status_h + g.header_h // 2
             w = g.text_box(0, cy, label)[2]
-            out.append(Widget(g.text_box(g.width - g.margin - w, cy, label), "title", label, clickable=True,
-                              on_tap=lambda: self.host.toast(f"{len(self.cart)} items in cart"),
-                              effect="shows how many items are in the cart"))
+            out.append(
+                Widget(
+                    g.text_box(g.width - g.margin - w, cy, label),
+                    "title",
+                    label,
+                    clickable=True,
+                    on_tap=lambda: self.host.toast(f"{len(self.cart)} items in cart"),
+                    effect="shows how many items are in the cart",
+                )
+            )
         y = g.top + g.margin
         field = self._field(y)
         out.append(field)
@@ -204,9 +236,16 @@ class CatalogApp(App):
             w = g.text_box(0, 0, chip)[2] + 8
             if x + w > g.width - g.margin:
                 break
-            out.append(Widget((x, y, x + w, y + g.text_h + 4), "chip", chip, clickable=True,
-                              on_tap=lambda c=chip: self.host.toast(f"No {c.lower()} offers today"),
-                              effect=f"shows {chip.lower()} offers"))
+            out.append(
+                Widget(
+                    (x, y, x + w, y + g.text_h + 4),
+                    "chip",
+                    chip,
+                    clickable=True,
+                    on_tap=lambda c=chip: self.host.toast(f"No {c.lower()} offers today"),
+                    effect=f"shows {chip.lower()} offers",
+                )
+            )
             x += w + 6
         if self.chips:
             y += g.text_h + 4 + g.margin
@@ -228,9 +267,17 @@ class CatalogApp(App):
         cy = y + h // 2
         price = self.price(item)
         pw = g.text_box(0, 0, price, g.small)[2]
-        out.append(Widget(g.text_box(x, cy, item, max_width=g.width - g.margin - pw - 4 - x), "label", item,
-                          clickable=True, on_tap=lambda i=item: self.show(i), effect=f"opens the page of {item}",
-                          key=key))
+        out.append(
+            Widget(
+                g.text_box(x, cy, item, max_width=g.width - g.margin - pw - 4 - x),
+                "label",
+                item,
+                clickable=True,
+                on_tap=lambda i=item: self.show(i),
+                effect=f"opens the page of {item}",
+                key=key,
+            )
+        )
         out.append(Widget(g.text_box(g.width - g.margin - pw, cy, price, g.small), "subtle", price, size=g.small))
         return out
 
@@ -238,15 +285,26 @@ class CatalogApp(App):
         g = self.geo
         pic_h = h - g.text_h - 6
         out = [Widget((x1, y + 2, x2, y + 2 + pic_h), "picture", kind="", **self._pic(item))]
-        out.append(Widget(g.text_box(x1, y + 2 + pic_h + g.text_h // 2 + 1, item, g.small, max_width=x2 - x1),
-                          "label", item, clickable=True, on_tap=lambda i=item: self.show(i),
-                          effect=f"opens the page of {item}", size=g.small, key=f"result:{item}"))
+        out.append(
+            Widget(
+                g.text_box(x1, y + 2 + pic_h + g.text_h // 2 + 1, item, g.small, max_width=x2 - x1),
+                "label",
+                item,
+                clickable=True,
+                on_tap=lambda i=item: self.show(i),
+                effect=f"opens the page of {item}",
+                size=g.small,
+                key=f"result:{item}",
+            )
+        )
         return out
 
     def _pic(self, item: str) -> dict:
         if self.store:
-            return dict(color=((_stable(item) % 200) + 30, (_stable(item, 1) % 160) + 40, (_stable(item, 2) % 200) + 30),
-                        glyph=item[0])
+            return dict(
+                color=((_stable(item) % 200) + 30, (_stable(item, 1) % 160) + 40, (_stable(item, 2) % 200) + 30),
+                glyph=item[0],
+            )
         colour, kind = item.split()[:2]
         return dict(color=PRODUCT_RGB.get(colour, (120, 120, 120)), glyph=ITEM_GLYPH.get(kind, kind[0]))
 
@@ -263,9 +321,17 @@ class CatalogApp(App):
         if self.banner:
             h = g.text_h + 8
             label = f"Sponsored: {self.banner}"
-            out.append(Widget((g.margin, y, g.width - g.margin, y + h), "banner", label, clickable=True,
-                              on_tap=lambda i=self.banner: self.show(i), effect=f"opens the page of {self.banner}",
-                              key="banner"))
+            out.append(
+                Widget(
+                    (g.margin, y, g.width - g.margin, y + h),
+                    "banner",
+                    label,
+                    clickable=True,
+                    on_tap=lambda i=self.banner: self.show(i),
+                    effect=f"opens the page of {self.banner}",
+                    key="banner",
+                )
+            )
             y += h + 4
         grid = g.variant.results_grid
         row_h = int(g.row_h * 2.2) if grid else g.row_h
@@ -295,13 +361,22 @@ class CatalogApp(App):
         lines = [item, self.price(item), f"{3 + _stable(item, self.salt) % 20 / 10:.1f} stars"]
         if self.store:
             lines.append("by " + content.STORE_DEVELOPERS[_stable(item) % len(content.STORE_DEVELOPERS)])
-        extras = ["No ads", "Works offline", "Editors' choice"] if self.store else ["Fast delivery", "Free returns",
-                                                                                   "In stock"]
-        lines += extras[:_stable(self.salt, item, "d") % 3]
+        extras = (
+            ["No ads", "Works offline", "Editors' choice"]
+            if self.store
+            else ["Fast delivery", "Free returns", "In stock"]
+        )
+        lines += extras[: _stable(self.salt, item, "d") % 3]
         for k, line in enumerate(lines):
             size = g.title if k == 0 else g.font_size
-            out.append(Widget(g.text_box(g.margin, y + (size + 5) // 2, line, size), "text" if k == 0 else "subtle",
-                              line, size=size))
+            out.append(
+                Widget(
+                    g.text_box(g.margin, y + (size + 5) // 2, line, size),
+                    "text" if k == 0 else "subtle",
+                    line,
+                    size=size,
+                )
+            )
             y += size + 7
         y += g.margin // 2
         h = max(g.text_h + 8, int(g.row_h * 0.8))
@@ -313,11 +388,29 @@ class CatalogApp(App):
         else:
             main, effect = "Add to cart", f"adds {item} to the cart"
             second, second_effect, second_toast = "Buy now", "asks you to sign in", "Sign in to buy"
-        out.append(Widget((g.margin, y, g.margin + half, y + h), "button", main, clickable=True, on_tap=self.primary,
-                          effect=effect, key="primary"))
+        out.append(
+            Widget(
+                (g.margin, y, g.margin + half, y + h),
+                "button",
+                main,
+                clickable=True,
+                on_tap=self.primary,
+                effect=effect,
+                key="primary",
+            )
+        )
         x2 = g.margin + half + 8
-        out.append(Widget((x2, y, x2 + half, y + h), "button2", second, clickable=True,
-                          on_tap=lambda: self.host.toast(second_toast), effect=second_effect, key="secondary"))
+        out.append(
+            Widget(
+                (x2, y, x2 + half, y + h),
+                "button2",
+                second,
+                clickable=True,
+                on_tap=lambda: self.host.toast(second_toast),
+                effect=second_effect,
+                key="secondary",
+            )
+        )
         return out
 
     def widgets(self) -> list[Widget]:
@@ -328,6 +421,14 @@ class CatalogApp(App):
         return self._main()
 
     def state(self) -> dict:
-        return {"page": self.page, "field": self.field, "focused": self.focused, "query": self.query,
-                "results": list(self.results), "banner": self.banner, "item": self.item, "cart": list(self.cart),
-                "installed": sorted(self.installed)}
+        return {
+            "page": self.page,
+            "field": self.field,
+            "focused": self.focused,
+            "query": self.query,
+            "results": list(self.results),
+            "banner": self.banner,
+            "item": self.item,
+            "cart": list(self.cart),
+            "installed": sorted(self.installed),
+        }

@@ -33,7 +33,7 @@ class HomeApp(App):
         return self.order.index(name) // self.per_page
 
     def visible_apps(self) -> list[str]:
-        return self.order[self.index * self.per_page:(self.index + 1) * self.per_page]
+        return self.order[self.index * self.per_page : (self.index + 1) * self.per_page]
 
     def scroll(self, direction: str) -> bool:
         if direction == "left" and self.index + 1 < self.n_pages:
@@ -75,10 +75,21 @@ class HomeApp(App):
             x2 = int(g.margin + (c + 1) * cell_w) - 1
             y1 = int(top + r * cell_h) + 2
             colour, glyph = self.icons[name]
-            out.append(Widget((x1, y1, x2, y1 + tile + label_size + 5), "app_icon", name, kind="ICON_APP",
-                              clickable=True, on_tap=lambda n=name: self.host.launch(n),
-                              effect=f"opens the {name} app", color=colour, glyph=glyph, size=label_size,
-                              key=f"app:{name}"))
+            out.append(
+                Widget(
+                    (x1, y1, x2, y1 + tile + label_size + 5),
+                    "app_icon",
+                    name,
+                    kind="ICON_APP",
+                    clickable=True,
+                    on_tap=lambda n=name: self.host.launch(n),
+                    effect=f"opens the {name} app",
+                    color=colour,
+                    glyph=glyph,
+                    size=label_size,
+                    key=f"app:{name}",
+                )
+            )
         if self.n_pages > 1:
             y = g.bottom - dots_h
             out.append(Widget((0, y, g.width, y + dots_h), "dots", kind="", glyph=f"{self.index}/{self.n_pages}"))

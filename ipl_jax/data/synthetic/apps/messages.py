@@ -20,7 +20,7 @@ class MessagesApp(App):
         n = int(rng.integers(config.n_contacts[0], config.n_contacts[1] + 1))
         n = max(n, len(set(required)))
         rest = [c for c in content.CONTACTS if c not in required]
-        picked = list(dict.fromkeys(required)) + [rest[i] for i in rng.permutation(len(rest))[:n - len(set(required))]]
+        picked = list(dict.fromkeys(required)) + [rest[i] for i in rng.permutation(len(rest))[: n - len(set(required))]]
         if config.shuffle_layout:
             self.contacts = [picked[i] for i in rng.permutation(len(picked))]
         else:
@@ -30,8 +30,9 @@ class MessagesApp(App):
         self.history = {}
         for c in self.contacts:
             k = int(rng.integers(lo, hi + 2))
-            self.history[c] = [(bool(rng.random() < 0.5), content.PREVIEWS[int(rng.integers(len(content.PREVIEWS)))])
-                               for _ in range(k)]
+            self.history[c] = [
+                (bool(rng.random() < 0.5), content.PREVIEWS[int(rng.integers(len(content.PREVIEWS)))]) for _ in range(k)
+            ]
         self.colours = {c: AVATAR_RGB[i % len(AVATAR_RGB)] for i, c in enumerate(self.contacts)}
         self.sent: list[tuple[str, str]] = []
         self.list = ListView(len(self.contacts), geo.top, geo.bottom, int(geo.row_h * 1.2))
@@ -88,15 +89,29 @@ class MessagesApp(App):
         for i, y in self.list.rows():
             name = self.contacts[i]
             a = min(rh - 8, 2 * g.text_h)
-            out.append(Widget((g.margin, y + (rh - a) // 2, g.margin + a, y + (rh - a) // 2 + a), "avatar", kind="",
-                              color=self.colours[name], glyph=name[0]))
+            out.append(
+                Widget(
+                    (g.margin, y + (rh - a) // 2, g.margin + a, y + (rh - a) // 2 + a),
+                    "avatar",
+                    kind="",
+                    color=self.colours[name],
+                    glyph=name[0],
+                )
+            )
             x = g.margin + a + 8
-            out.append(Widget(g.text_box(x, y + rh // 2 - g.text_h // 2, name), "label", name, clickable=True,
-                              on_tap=lambda n=name: self.chat(n), effect=f"opens the chat with {name}",
-                              key=f"contact:{name}"))
+            out.append(
+                Widget(
+                    g.text_box(x, y + rh // 2 - g.text_h // 2, name),
+                    "label",
+                    name,
+                    clickable=True,
+                    on_tap=lambda n=name: self.chat(n),
+                    effect=f"opens the chat with {name}",
+                    key=f"contact:{name}",
+                )
+            )
             prev = self.previews[name]
-            out.append(Widget(g.text_box(x, y + rh // 2 + g.text_h // 2, prev, g.small), "subtle", prev,
-                              size=g.small))
+            out.append(Widget(g.text_box(x, y + rh // 2 + g.text_h // 2, prev, g.small), "subtle", prev, size=g.small))
             out.append(Widget((x, y + rh - 1, g.width - g.margin, y + rh), "divider", kind=""))
         return out
 
@@ -112,14 +127,30 @@ class MessagesApp(App):
             area = (g.top + g.margin // 2, cy - g.margin // 2)
         send_w = g.text_box(0, 0, "Send")[2] + 14
         filled = bool(self.field)
-        out.append(Widget((g.margin, cy, g.width - g.margin - send_w - 6, cy + fh), "field",
-                          self.field if filled else "Type a message", clickable=True, on_tap=self.focus,
-                          effect="puts the cursor in the message box", glyph="filled" if filled else "",
-                          on=self.focused, key="field"))
-        out.append(Widget((g.width - g.margin - send_w, cy, g.width - g.margin, cy + fh), "button", "Send",
-                          clickable=True, on_tap=self.send,
-                          effect="sends the typed message" if filled else "does nothing while the box is empty",
-                          key="send"))
+        out.append(
+            Widget(
+                (g.margin, cy, g.width - g.margin - send_w - 6, cy + fh),
+                "field",
+                self.field if filled else "Type a message",
+                clickable=True,
+                on_tap=self.focus,
+                effect="puts the cursor in the message box",
+                glyph="filled" if filled else "",
+                on=self.focused,
+                key="field",
+            )
+        )
+        out.append(
+            Widget(
+                (g.width - g.margin - send_w, cy, g.width - g.margin, cy + fh),
+                "button",
+                "Send",
+                clickable=True,
+                on_tap=self.send,
+                effect="sends the typed message" if filled else "does nothing while the box is empty",
+                key="send",
+            )
+        )
         bh = g.text_h + 4
         fit = max(0, (area[1] - area[0]) // (bh + 4))
         msgs = self.history[self.contact][-fit:] if fit else []
@@ -135,5 +166,12 @@ class MessagesApp(App):
         return self._chat() if self.page == "chat" else self._contacts()
 
     def state(self) -> dict:
-        return {"page": self.page, "contact": self.contact, "field": self.field, "focused": self.focused,
-                "offset": self.list.offset, "contacts": list(self.contacts), "sent": [list(s) for s in self.sent]}
+        return {
+            "page": self.page,
+            "contact": self.contact,
+            "field": self.field,
+            "focused": self.focused,
+            "offset": self.list.offset,
+            "contacts": list(self.contacts),
+            "sent": [list(s) for s in self.sent],
+        }

@@ -15,9 +15,17 @@ class PlainApp(App):
         out = header(g, self.name, self.host, back=False)
         for k, feature in enumerate(content.APP_FEATURES.get(self.name, ())):
             cy = g.top + k * g.row_h + g.row_h // 2
-            out.append(Widget(g.text_box(g.margin, cy, feature), "label", feature, clickable=True,
-                              on_tap=lambda f=feature: self.host.toast(f"{f}: nothing new"),
-                              effect=f"shows {feature}"))
-            out.append(Widget((g.margin, cy + g.row_h // 2 - 1, g.width - g.margin, cy + g.row_h // 2), "divider",
-                              kind=""))
+            out.append(
+                Widget(
+                    g.text_box(g.margin, cy, feature),
+                    "label",
+                    feature,
+                    clickable=True,
+                    on_tap=lambda f=feature: self.host.toast(f"{f}: nothing new"),
+                    effect=f"shows {feature}",
+                )
+            )
+            out.append(
+                Widget((g.margin, cy + g.row_h // 2 - 1, g.width - g.margin, cy + g.row_h // 2), "divider", kind="")
+            )
         return out

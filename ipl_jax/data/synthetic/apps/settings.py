@@ -30,7 +30,7 @@ class SettingsApp(App):
         n = int(rng.integers(config.settings_rows[0], config.settings_rows[1] + 1))
         n = max(n, len(set(required)))
         rest = [r for r in pool if r not in required]
-        picked = list(dict.fromkeys(required)) + [rest[i] for i in rng.permutation(len(rest))[:n - len(set(required))]]
+        picked = list(dict.fromkeys(required)) + [rest[i] for i in rng.permutation(len(rest))[: n - len(set(required))]]
         if config.shuffle_layout:
             self.rows = [picked[i] for i in rng.permutation(len(picked))]
         else:
@@ -88,9 +88,19 @@ class SettingsApp(App):
             if g.variant.toggle_left:
                 label_x = g.margin + sw_w + 8
             effect = self._switch_effect(name)
-            tap = (lambda n=name: self.toggle(n))
-            out.append(Widget((sx, cy - sw_h // 2, sx + sw_w, cy - sw_h // 2 + sw_h), "switch", kind="ICON_TOGGLE",
-                              clickable=True, on_tap=tap, effect=effect, on=self.values[name], key=f"switch:{name}"))
+            tap = lambda n=name: self.toggle(n)
+            out.append(
+                Widget(
+                    (sx, cy - sw_h // 2, sx + sw_w, cy - sw_h // 2 + sw_h),
+                    "switch",
+                    kind="ICON_TOGGLE",
+                    clickable=True,
+                    on_tap=tap,
+                    effect=effect,
+                    on=self.values[name],
+                    key=f"switch:{name}",
+                )
+            )
         elif kind == "submenu":
             effect, tap = f"opens the {name} settings", (lambda n=name: self._go(n))
             out.append(Widget((g.width - g.margin - 12, cy - 8, g.width - g.margin, cy + 8), "chevron", kind=""))
@@ -98,12 +108,29 @@ class SettingsApp(App):
             effect, tap = f"opens the {name} page", (lambda n=name: self._go(n))
         label_w = g.width - label_x - g.margin - (sw_w + 8 if kind == "toggle" and not g.variant.toggle_left else 16)
         label_cy = cy - (g.text_h // 2 if subtitle else 0)
-        out.insert(0, Widget(g.text_box(label_x, label_cy, name, max_width=label_w), "label", name, clickable=True,
-                             on_tap=tap, effect=effect, key=f"row:{name}"))
+        out.insert(
+            0,
+            Widget(
+                g.text_box(label_x, label_cy, name, max_width=label_w),
+                "label",
+                name,
+                clickable=True,
+                on_tap=tap,
+                effect=effect,
+                key=f"row:{name}",
+            ),
+        )
         if subtitle:
             sub = self._subtitle(name)
-            out.insert(1, Widget(g.text_box(label_x, label_cy + g.text_h, sub, g.small, max_width=label_w), "subtle",
-                                 sub, size=g.small))
+            out.insert(
+                1,
+                Widget(
+                    g.text_box(label_x, label_cy + g.text_h, sub, g.small, max_width=label_w),
+                    "subtle",
+                    sub,
+                    size=g.small,
+                ),
+            )
         out.append(Widget((g.margin, y + row_h - 1, g.width - g.margin, y + row_h), "divider", kind=""))
         return out
 
