@@ -225,7 +225,55 @@ CASES = [
         2,
         r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, ",
     ),
+    Case(
+        "ablate bad rl value",
+        lambda f: [
+            "ablate",
+            "--config",
+            "synthetic:quick",
+            "--workdir",
+            str(f.fresh),
+            "--variants",
+            "tdpo,ppo",
+            "--config.rl.ppo.gamma_dense=1.5",
+        ],
+        2,
+        r"^ipl-jax ablate: config\.rl\.ppo\.gamma_dense=1\.5: must be in \[0, 1\] \(fix it with "
+        r"--config\.rl\.ppo\.gamma_dense=\.\.\.\)$",
+    ),
+    Case(
+        "gigppo without sibling trajectories",
+        lambda f: [
+            "run",
+            "--config",
+            "synthetic:quick",
+            "--workdir",
+            str(f.fresh),
+            "--config.ipl.method=gigppo",
+            "--config.rl.ppo.trajectories_per_task=1",
+        ],
+        2,
+        r"^ipl-jax run: config\.rl\.ppo\.trajectories_per_task=1: must be >= 2 with gigppo",
+    ),
+    Case(
+        "unknown round method",
+        lambda f: ["run", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--config.ipl.method=sarsa"],
+        2,
+        r"^ipl-jax run: config\.ipl\.method: must be one of tdpo, .*, grpo, ppo, gigppo \(got 'sarsa'\)",
+    ),
     # ------------------------------------------------------------------ score / eval / sample
+    Case(
+        "eval --online unknown split",
+        lambda f: ["eval", "--online", "--model", str(f.corrupt_model), "--split", "nope"],
+        2,
+        r"^ipl-jax eval: --split 'nope': the synthetic world's splits are train, dev, test, ",
+    ),
+    Case(
+        "eval without --data",
+        lambda f: ["eval", "--model", str(f.corrupt_model), "--format", "aitz"],
+        2,
+        r"^ipl-jax eval: .*required: --data",
+    ),
     Case(
         "score predictions is a directory",
         lambda f: ["score", "--data", str(f.aitz), "--format", "aitz", "--predictions", str(f.root)],

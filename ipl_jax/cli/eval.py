@@ -1,8 +1,15 @@
 """``ipl-jax eval``: greedy four-turn CoaT decoding of every step of a dataset split with a Hugging Face model,
-scored with the benchmark's Step.Acc table.
+scored with the benchmark's Step.Acc table; with ``--online``, whole episodes in the live synthetic world.
 
     ipl-jax eval --model DIR --data DIR --format aitz [--split test] [--json OUT] [--predictions OUT]
                  [--steps N] [--batch-size 8] [--blank-screens] [--mesh]
+    ipl-jax eval --online --model DIR [--config synthetic[:quick]] [--split test_task_unseen] [--episodes N]
+                 [--max-steps 25] [--batch-size 8] [--json OUT] [--predictions OUT]
+
+Online: the policy acts greedily in the worlds of the split's first N episodes (the world seeds and tasks the
+job config's seed and world section give them); an episode succeeds when the agent stops with the goal reached
+and fails when it stops early or reaches its step limit (min(--max-steps, 2 x the expert's steps)). Printed and
+written with ``--json``: success rate, mean steps, truncations, unparsable steps, by task family.
 """
 
 from __future__ import annotations
@@ -24,18 +31,22 @@ def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
     hidden_alias(p, "--checkpoint", "model")  # the old spelling
-    p.add_argument("--data", required=True, help="dataset root directory")
-    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--split", default="test")
+    p.add_argument("--data", default=None, help="dataset root directory")
+    p.add_argument("--format", default=None, choices=FORMATS, dest="fmt", help="dataset format")
+    p.add_argument("--split", default=None, help="split (default: test; online: config.eval.online_split)")
+    p.add_argument("--online", action="store_true", help="play whole episodes in the live synthetic world")
+    p.add_argument("--episodes", type=positive_int, default=None, help="online: episodes (default: the config's)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="online: step limit cap (default: config's)")
     p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
     p.add_argument("--json", default=None, help="write the metric table as JSON here")
     p.add_argument(
         "--predictions",
         default=None,
-        help="write one JSON line per step here (raw turns, action, golden, verdicts; re-scorable with ipl-jax score)",
+        help="write one JSON line per step here (raw turns, action, golden, verdicts; re-scorable with ipl-jax score);"
+        " online: one line per episode",
     )
     p.add_argument("--steps", type=positive_int, default=None, help="evaluate only the first N steps")
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default 8; online: config.eval.batch_size")
     p.add_argument(
         "--max-turn-tokens", type=positive_int, nargs=4, default=(256, 128, 32, 32), metavar=("T1", "T2", "T3", "T4")
     )
@@ -78,12 +89,18 @@ def keep_steps(episodes, steps):
 @command(PROG)
 def main(argv: list[str]) -> int:
     from ipl_jax.coat.tables import format_table
+    from ipl_jax.configs.loader import parse_args_with_config
     from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
     from ipl_jax.sampling import SamplerConfig
 
     p = parser()
-    args = p.parse_args(argv)
+    args, job = parse_args_with_config(p, argv, default_config="synthetic")
     require(p, args, "model", "--model")
+    if args.online:
+        return online(args, job)
+    require(p, args, "data", "--data")
+    require(p, args, "fmt", "--format")
+    args.split = args.split or "test"
     model_dir(args.model, "--model")
     input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
@@ -96,7 +113,7 @@ def main(argv: list[str]) -> int:
     config = EvalConfig(
         sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
         image_config=image_config,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or 8,
         fmt=args.fmt,
         rules=args.rules,
         blank_screens=args.blank_screens,
@@ -107,6 +124,46 @@ def main(argv: list[str]) -> int:
         write_text(args.json, json.dumps(table, indent=2) + "\n")
     if args.predictions:
         write_text(args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return 0
+
+
+def online(args, job) -> int:
+    """``--online``: ``eval.online.online_eval`` on the split's live tasks."""
+    from ipl_jax.data.synthetic.dataset import SPLITS
+    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+
+    split = args.split or str(job.eval.online_split)
+    if split not in SPLITS:
+        raise UsageError(f"--split {split!r}: the synthetic world's splits are {', '.join(SPLITS)}")
+    if job.data.format != "synthetic":
+        raise UsageError(f"--config: data.format is {job.data.format!r}; --online plays the synthetic world")
+    model_dir(args.model, "--model")
+    for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
+        if path:
+            output_file(path, flag)
+    n = args.episodes or int(job.eval.online_episodes) or int(job.data.test_episodes)
+    tasks = job_world_tasks(job, split, n, max_steps=args.max_steps or int(job.eval.online_max_steps))
+    params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
+    oc = online_config(job, tokenizer, image_config, batch_size=args.batch_size)
+    import jax
+
+    out = online_eval(params, cfg, tokenizer, tasks, jax.random.PRNGKey(int(job.seed)), oc, mesh)
+    episodes = out.pop("episodes_detail", [])
+    out = {"split": split, "seed": int(job.seed), **out}
+    print(
+        f"online {split} (seed {out['seed']}, {out['episodes']} episodes): success rate "
+        f"{100 * out['success_rate']:.1f}%, mean steps {out['mean_steps']:.2f}, truncated "
+        f"{100 * out['truncated_rate']:.1f}%, unparsable steps {100 * out['unparsable_rate']:.1f}%"
+    )
+    for fam, v in out["by_family"].items():
+        print(
+            f"  {fam:<24}{v['episodes']:>4} episodes  success {100 * v['success_rate']:5.1f}%  "
+            f"steps {v['mean_steps']:.2f}"
+        )
+    if args.json:
+        write_text(args.json, json.dumps(out, indent=2) + "\n")
+    if args.predictions:
+        write_text(args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in episodes))
     return 0
 
 

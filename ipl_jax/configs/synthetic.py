@@ -29,6 +29,7 @@ is usually the seed. The README's "The method on the default job" has the whole 
 import ml_collections
 
 from ipl_jax.data.synthetic.config import world_section
+from ipl_jax.rl.section import rl_section
 
 
 def get_config(arg=None):
@@ -138,7 +139,9 @@ def get_config(arg=None):
     c.ipl.rounds = 2
     c.ipl.steps_per_round = 64  # training steps (screens) whose trees are sampled each round (0: all)
     c.ipl.round_fraction = 0.0  # > 0: sample this share of the training steps each round instead
-    c.ipl.method = "tdpo"  # tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates)
+    # tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) | the other seeds'
+    # learners at the same budget of sampled completions (rl/job.py): grpo (UI-R1) | ppo | gigppo (online, dense)
+    c.ipl.method = "tdpo"
     c.ipl.loss_kind = "sigmoid"  # sigmoid | ipo | hinge
     c.ipl.beta = 0.1
     c.ipl.sft_weight = 1.0
@@ -165,12 +168,20 @@ def get_config(arg=None):
     c.ipl.freeze_vision = True
     c.ipl.early_stop = True
 
+    # ------------------------------------------------------------------ RL baselines (ipl.method = grpo|ppo|gigppo)
+    c.rl = rl_section()  # every field documented in rl/section.py; the budget rule in rl/job.py
+
     # ------------------------------------------------------------------ evaluation
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 8
     c.eval.max_steps = 0  # 0 = every step of each split
     # splits also evaluated with every screenshot replaced by a grey image (how much accuracy needs the screen)
     c.eval.blank_splits = ("test",)
+    # online evaluation (eval/online.py): the policy acts greedily in the live world on the first N episodes of
+    # `online_split` (their world seeds and tasks); episode success rate and mean steps go into results.json
+    c.eval.online_episodes = 40  # 0: off
+    c.eval.online_split = "test_task_unseen"
+    c.eval.online_max_steps = 25  # step limit: min(this, 2 x the expert's steps); a cut episode is a failure
 
     # ------------------------------------------------------------------ final export
     c.export = ml_collections.ConfigDict()
@@ -206,6 +217,12 @@ def get_config(arg=None):
         # trees without a single pair: the smoke run takes the paper's pairs so that every stage has work
         c.ipl.gamma_pairs = "paper"
         c.eval.batch_size = 4
+        c.eval.online_episodes, c.eval.online_max_steps = 4, 6
+        # RL baselines at the quick round's budget (4 steps x 8 leaves = 32 completions): 4 GRPO prompts x 8; PPO
+        # in batches of 2 tasks x 2 trajectories of at most 4 steps
+        c.rl.row_buckets = (640,)
+        c.rl.ppo.tasks_per_batch, c.rl.ppo.trajectories_per_task, c.rl.ppo.minibatch_rows = 2, 2, 8
+        c.rl.ppo.max_steps, c.rl.ppo.critic_warmup, c.rl.ppo.policy_updates = 4, 1, 1
         c.export.viewer_steps = 2
     elif arg not in (None, "", "default"):
         raise ValueError(f"configs/synthetic.py: unknown variant {arg!r} (expected 'quick' or nothing)")

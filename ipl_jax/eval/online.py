@@ -126,10 +126,11 @@ def online_config(
     """The job's online-evaluation settings: its sampler (budgets, buckets, ids), greedy by default, the leaf
     reward of ``config.reward`` as the step reward, ``config.eval.batch_size`` worlds per call."""
     from ipl_jax.eval.trees import reward_config, sampler_config
+    from ipl_jax.rl.job import sampler_for_batch
 
     bs = int(batch_size or config.eval.batch_size)
     rc = RolloutConfig(
-        sampler=sampler_config(config, tokenizer, greedy=True),
+        sampler=sampler_for_batch(config, sampler_config(config, tokenizer, greedy=True), bs),
         image_config=image_config,
         batch_size=bs,
         reward=reward_config(config),

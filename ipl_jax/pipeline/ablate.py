@@ -14,6 +14,9 @@ variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/
 * ``no_evolution``  warm-up SFT without the evolved Q&A -- its own SFT and seed (the only variant that cannot
                     start from the shared seed), then T-DPO
 * ``k2`` ``k3`` ``k4``  T-DPO with K = 2 / 3 / 4 samples per thinking turn (branching (K, K, K, 1))
+* ``grpo`` ``ppo`` ``gigppo``  the other seeds' learners (method.md §11; ``pipeline/rl_round.py``) from the same
+                    seed at T-DPO's budget of sampled completions per round (``rl/job.py``: GRPO prompts x G
+                    completions, PPO environment steps, each one sampled CoaT)
 
 Variants that start from the base seed share its directories (symlinks) and markers, so only their rounds run;
 a variant whose settings equal another's (e.g. ``k3`` when the base branching is (3, 3, 3, 1)) reuses that
@@ -21,7 +24,9 @@ result. Everything resumes like ``ipl-jax run``. The tables (rows = variants, pl
 step accuracy per action type and total) are printed for every test split, then a summary: each variant's gain
 over the seed in the mean of the test splits' total match with a 95 % paired-bootstrap interval over test
 episodes (``eval.bootstrap``), the blank-screen accuracy, the α/β/γ tree shares and the pairs per class and
-turn. All of it is written to ``WORKDIR/ablation.json``.
+turn, and a table of what each variant spent and how it acts in the live world (with ``eval.online_episodes``):
+online success rate and mean steps, samples used against the budget, updates and wall time. All of it is
+written to ``WORKDIR/ablation.json``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ VARIANTS = {
     "k2": {"sampler.branching": (2, 2, 2, 1)},
     "k3": {"sampler.branching": (3, 3, 3, 1)},
     "k4": {"sampler.branching": (4, 4, 4, 1)},
+    "grpo": {"ipl.method": "grpo"},
+    "ppo": {"ipl.method": "ppo"},
+    "gigppo": {"ipl.method": "gigppo"},
 }
 LABELS = {
     "seed": "seed policy (no IPL)",
@@ -56,6 +64,9 @@ LABELS = {
     "k2": "K = 2",
     "k3": "K = 3",
     "k4": "K = 4",
+    "grpo": "GRPO (UI-R1)",
+    "ppo": "PPO (online, dense)",
+    "gigppo": "GiGPPO (online)",
 }
 SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
 SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
@@ -133,6 +144,8 @@ def run_ablation(
             "trees": base.summary("seed")["trees"],
             "seconds": 0.0,
             "mean_total": _mean_total(base_eval["metrics"], splits),
+            "online": base_eval.get("online"),
+            "samples": 0,
         }
     ]
     done: dict[str, dict] = {}
@@ -168,6 +181,10 @@ def run_ablation(
             "trees": summaries[0]["record"]["classes"],
             "seconds": round(sum(s["seconds"] for s in summaries), 1),
             "mean_total": _mean_total(final["metrics"], splits),
+            "method": str(vc.ipl.method),
+            "online": final.get("online"),
+            "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
+            "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
         }
         variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
         if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
@@ -175,7 +192,12 @@ def run_ablation(
         row["gain"] = paired_gain_interval(seed_counts, variant_counts, seed=int(config.seed))
         rows.append(row)
         done[key] = row
-    result = {"splits": list(config.data.test_splits), "rounds": int(config.ablation.rounds), "rows": rows}
+    result = {
+        "splits": list(config.data.test_splits),
+        "rounds": int(config.ablation.rounds),
+        "seed": int(config.seed),
+        "rows": rows,
+    }
     write_json(root / "ablation.json", result)
     return result
 
@@ -191,5 +213,9 @@ def format_ablation(result: dict) -> str:
     blocks.append(
         f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
         f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows)
+    )
+    blocks.append(
+        "online (greedy episodes on held-out tasks in the live world), samples used / budget of the round(s) "
+        "(completions; environment steps for PPO), updates, wall time\n" + report.online_budget_table(rows)
     )
     return "\n\n".join(blocks)

@@ -78,3 +78,19 @@ def ablation_summary(rows: Sequence[dict]) -> str:
             f"{'/'.join(str(x) for x in by_turn[1:]) if by_turn else '-'}"
         )
     return "\n".join(lines)
+
+
+def online_budget_table(rows: Sequence[dict]) -> str:
+    """One line per variant: online success rate (%) and mean steps in the live world, samples used / budget,
+    updates, wall time (s)."""
+    head = f"{'variant':<26}{'online %':>9}{'steps':>7}{'samples':>9}{'budget':>8}{'updates':>8}{'seconds':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        on = r.get("online") or {}
+        steps = on.get("mean_steps")
+        lines.append(
+            f"{r['variant']:<26}{_pct(on.get('success_rate')):>9}{'-' if steps is None else f'{steps:.2f}':>7}"
+            f"{r.get('samples', 0):>9}{r.get('budget') or '-':>8}{r.get('updates', 0):>8}"
+            f"{float(r.get('seconds') or 0.0):>9.0f}"
+        )
+    return "\n".join(lines)

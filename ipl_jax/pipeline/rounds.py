@@ -24,7 +24,8 @@ from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir, write_json
 
-METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft")
+RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
+METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", *RL_METHODS)
 GAMMA_MODES = ("paper", "consistent", "grounding", "none")
 
 
@@ -103,6 +104,32 @@ def evaluate_policy_splits(
     blank = [s for s in config.eval.blank_splits if s]
     if blank:
         out["blank"] = evaluate_splits(policy, splits, blank, config, out_dir, echo=echo, blank_screens=True)
+    if int(config.eval.get("online_episodes", 0)) > 0:
+        out["online"] = evaluate_online(policy, config, out_dir, echo=echo)
+    return out
+
+
+def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
+    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``eval.online_split``
+    (``eval.online``); the episodes go to ``out_dir/online.episodes.jsonl``. Returns the summary without them:
+    split, success_rate, mean_steps, truncated_rate, env_steps, episodes, by_family, ..."""
+    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+
+    t0 = time.perf_counter()
+    e = config.eval
+    tasks = job_world_tasks(config, str(e.online_split), int(e.online_episodes), max_steps=int(e.online_max_steps))
+    oc = online_config(config, policy.tokenizer, policy.image_config)
+    rng = jax.random.PRNGKey(int(config.seed))
+    out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
+        for r in out.pop("episodes_detail", []):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    out = {"split": str(e.online_split), **out, "seconds": round(time.perf_counter() - t0, 2)}
+    echo(
+        f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
+        f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
+    )
     return out
 
 
@@ -319,13 +346,19 @@ def run_round(
     """One IPL round from the policy directory ``start``; writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few
     sampled trees for the viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev``
     (the new policy's dev accuracy) and ``policy``."""
+    from ipl_jax.coat.tree import num_leaves
     from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, sampler_config, score_batch
     from ipl_jax.preference.round import RoundStages, ipl_round
     from ipl_jax.preference.tdpo import init_state
+    from ipl_jax.rl.job import round_budget
     from ipl_jax.sampling.tree_records import tree_record, turn_texts
     from ipl_jax.training.state import VISION_REGEX, model_params
 
     s = ipl_settings(config)
+    if s.method in RL_METHODS:
+        from ipl_jax.pipeline.rl_round import run_rl_round
+
+        return run_rl_round(config, wd, round_index, start, train_steps, dev_episodes)
     policy = load_policy(start, job_mesh(config))
     steps = round_steps(train_steps, config, round_index)
     rcfg = round_config(config, policy.cfg, policy.tokenizer, round_index)
@@ -368,6 +401,9 @@ def run_round(
     )
     params = model_params(state.params, state.frozen)
     del state
+    # sampled completions (tree leaves) of the round: the budget the RL methods are given (rl/job.py)
+    record["samples"] = len(steps) * num_leaves(tuple(int(b) for b in config.sampler.branching))
+    record["budget"] = round_budget(config, len(train_steps))
     t0 = time.perf_counter()
     record["dev"] = dev_accuracy(dataclasses.replace(policy, params=params), dev_episodes, config)
     record["seconds"]["evaluate"] = time.perf_counter() - t0

@@ -10,7 +10,9 @@ resumes after the last finished stage or round (SFT also resumes inside, from it
 workdir remembers its config: a different config needs a different workdir.
 
 Outputs: ``results.json`` (``{"rounds": [{"round", "metrics": {split: score table}, "trees": {alpha, beta,
-gamma}, "pairs", "seconds"}, ...]}``, round 0 = the seed policy), ``step_accuracy.png``, ``trees.html``,
+gamma}, "pairs", "seconds", "online" (with ``eval.online_episodes``: success rate and mean steps in the live
+world), "samples" (completions / environment steps the round sampled)}, ...]}``, round 0 = the seed policy),
+``step_accuracy.png``, ``trees.html``,
 ``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` and ``stage_log.jsonl``.
 """
 
@@ -210,7 +212,7 @@ class Job:
 
     def results(self) -> dict:
         seed_trees = self.seed_summary["trees"]
-        blank = {"blank": self.seed_eval["blank"]} if "blank" in self.seed_eval else {}
+        seed_extra = {k: self.seed_eval[k] for k in ("blank", "online") if k in self.seed_eval}
         out = [
             report.results_round(
                 0,
@@ -219,12 +221,13 @@ class Job:
                 0,
                 self.seed_eval["seconds"],
                 dev=self.seed_eval["dev"],
-                **blank,
+                **seed_extra,
             )
         ]
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
-            extra = {"blank": s["blank"]} if "blank" in s else {}
+            extra = {k: s[k] for k in ("blank", "online") if k in s}
+            extra.update({k: rec[k] for k in ("method", "samples", "budget") if k in rec})
             out.append(
                 report.results_round(
                     rec["round"],

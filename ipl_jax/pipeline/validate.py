@@ -205,6 +205,8 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int | None = N
     _check(config, "eval.batch_size", _positive_int, "must be >= 1")
     _check(config, "eval.max_steps", _nonneg_int, "must be >= 0 (0: every step)")
     _check_ipl(config)
+    _check_online(config)
+    _check_rl(config)
     _check_mesh(config, n_devices)
 
 
@@ -305,6 +307,71 @@ def _check_ipl(config) -> None:
         raise UsageError(msg + hint) from None
     except (KeyError, AttributeError) as e:
         raise UsageError(f"config.ipl: {e}") from None
+
+
+def _check_online(config) -> None:
+    from ipl_jax.data.synthetic.dataset import SPLITS
+
+    _check(config, "eval.online_episodes", _nonneg_int, "must be >= 0 (0: no online evaluation)")
+    _check(config, "eval.online_max_steps", _positive_int, "must be >= 1")
+    _check(config, "eval.online_split", lambda v: v in SPLITS, f"must be one of {', '.join(SPLITS)}")
+    try:
+        on, fmt = int(config.eval.online_episodes) > 0, str(config.data.format)
+    except (KeyError, AttributeError):
+        return
+    if on and fmt != "synthetic":
+        raise UsageError(
+            f"config.eval.online_episodes={config.eval.online_episodes}: online evaluation plays the synthetic "
+            f"world, but config.data.format is {fmt!r} (fix it with --config.eval.online_episodes=0)"
+        )
+
+
+def _check_rl(config) -> None:
+    """The ``rl`` section (``rl/section.py``), and what a GRPO / PPO / GiGPPO round needs from the rest."""
+    from ipl_jax.pipeline.rounds import RL_METHODS
+    from ipl_jax.rl.rewards import STYLES
+    from ipl_jax.rl.rollout import STEP_REWARDS
+
+    unit = lambda v: _nonneg(v) and v <= 1  # noqa: E731
+    for f in ("group_size", "prompts_per_batch", "updates_per_batch"):
+        _check(config, f"rl.grpo.{f}", _positive_int, "must be >= 1")
+    _check(config, "rl.grpo.style", lambda v: v in STYLES, f"must be one of {', '.join(STYLES)}")
+    _check(config, "rl.grpo.length_norm", lambda v: v in ("sequence", "token"), "must be sequence or token")
+    _check(config, "rl.grpo.dast", lambda v: isinstance(v, bool), "must be True or False")
+    for f in ("clip_eps", "learning_rate"):
+        _check(config, f"rl.grpo.{f}", _positive, "must be > 0")
+    _check(config, "rl.grpo.kl_beta", _nonneg, "must be >= 0")
+    for f in ("gamma_dense", "lam"):
+        _check(config, f"rl.ppo.{f}", unit, "must be in [0, 1]")
+    for f in ("kl_coef", "success_reward"):
+        _check(config, f"rl.ppo.{f}", _nonneg, "must be >= 0")
+    for f in ("value_clip", "policy_learning_rate", "critic_learning_rate", "step_factor"):
+        _check(config, f"rl.ppo.{f}", _positive, "must be > 0")
+    _check(config, "rl.ppo.critic_warmup", _nonneg_int, "must be >= 0")
+    for f in ("policy_updates", "tasks_per_batch", "trajectories_per_task", "minibatch_rows", "max_steps"):
+        _check(config, f"rl.ppo.{f}", _positive_int, "must be >= 1")
+    _check(config, "rl.ppo.step_reward", lambda v: v in STEP_REWARDS, f"must be one of {', '.join(STEP_REWARDS)}")
+    _check(
+        config,
+        "rl.row_buckets",
+        lambda v: len(v) >= 1 and all(_positive_int(x) for x in v),
+        "must be one or more lengths >= 1 (training rows: prompt + sampled CoaT)",
+    )
+    try:
+        method = str(config.ipl.method)
+    except (KeyError, AttributeError):
+        return
+    if method not in RL_METHODS:
+        return
+    if "rl" not in config:
+        raise UsageError(f"config.ipl.method={method!r}: the config has no rl section (see rl/section.py)")
+    _check(config, "ipl.lora_rank", lambda v: v == 0, f"must be 0 with ipl.method={method} (full weights)")
+    if method != "grpo":
+        _check(
+            config, "data.format", lambda v: v == "synthetic", f"must be synthetic with ipl.method={method} (online)"
+        )
+    if method == "gigppo":
+        _check(config, "rl.ppo.trajectories_per_task", lambda v: v >= 2, "must be >= 2 with gigppo (sibling states)")
 
 
 def batch_axis_size(config, n_devices: int) -> int:

@@ -8,26 +8,32 @@ batch of worlds), ``advantages`` (asymmetric GAE, GiGPPO's nearest siblings), ``
 ``ppo`` (``ppo_step``, ``ppo_round``), ``job`` (settings from a job config, the equal budget).
 
 Layering: this room sits with ``preference`` / ``training``; it imports the model, data, coat and sampling rooms
-below it, and ``eval.online`` (above) plays its rollouts for evaluation.
+below it, and ``eval.online`` (above) plays its rollouts for evaluation. The names below load on first use, so
+that ``rl.section`` (the config section) can be imported without JAX.
 """
 
-from ipl_jax.rl.grpo import GRPOBatch, GRPOConfig, grpo_round, grpo_step
-from ipl_jax.rl.ppo import PPOBatch, PPOConfig, PPOState, init_ppo_state, ppo_round, ppo_step
-from ipl_jax.rl.rollout import RolloutConfig, WorldTask, rollout_summary, split_world_tasks
+import importlib
 
-__all__ = [
-    "GRPOBatch",
-    "GRPOConfig",
-    "grpo_round",
-    "grpo_step",
-    "PPOBatch",
-    "PPOConfig",
-    "PPOState",
-    "init_ppo_state",
-    "ppo_round",
-    "ppo_step",
-    "RolloutConfig",
-    "WorldTask",
-    "rollout_summary",
-    "split_world_tasks",
-]  # the episode player is ``rl.rollout.rollout`` (the module keeps its name)
+_HOMES = {
+    "GRPOBatch": "grpo",
+    "GRPOConfig": "grpo",
+    "grpo_round": "grpo",
+    "grpo_step": "grpo",
+    "PPOBatch": "ppo",
+    "PPOConfig": "ppo",
+    "PPOState": "ppo",
+    "init_ppo_state": "ppo",
+    "ppo_round": "ppo",
+    "ppo_step": "ppo",
+    "RolloutConfig": "rollout",
+    "WorldTask": "rollout",
+    "rollout_summary": "rollout",
+    "split_world_tasks": "rollout",
+}  # the episode player is ``rl.rollout.rollout`` (the module keeps its name)
+__all__ = list(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"ipl_jax.rl.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'ipl_jax.rl' has no attribute {name!r}")

@@ -1,0 +1,110 @@
+"""The RL baselines as job settings: the ``rl`` config section, its checks, the equal budget and the ablation's
+online / budget table (no model needed; the end-to-end ablation is in test_pipeline_run.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipl_jax.configs.loader import load_config
+from ipl_jax.pipeline.validate import UsageError, validate_config
+
+
+def _config(name="synthetic:quick", **overrides):
+    args = [f"--config.{k}={v}" for k, v in overrides.items()]
+    return load_config(name, args)
+
+
+def test_equal_budget_of_the_shipped_configs():
+    """One round of any method spends the T-DPO round's sampled completions: steps_per_round x leaves."""
+    from ipl_jax.rl.job import grpo_prompts, round_budget
+
+    quick, default = _config(), _config("synthetic")
+    assert round_budget(quick) == 4 * 8 == 32  # branching (2, 2, 2, 1)
+    assert round_budget(default) == 64 * 27 == 1728  # branching (3, 3, 3, 1)
+    assert grpo_prompts(32, int(quick.rl.grpo.group_size)) * 8 == 32
+    assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1729, 8) == 217  # rounded up: never under budget
+    frac = _config(**{"ipl.round_fraction": 0.5})
+    assert round_budget(frac, 10) == 5 * 8
+    with pytest.raises(ValueError, match="round_fraction"):
+        round_budget(frac)
+
+
+def test_rl_variants_are_method_switches():
+    from ipl_jax.pipeline.ablate import LABELS, VARIANTS, _ipl_key, variant_config
+
+    base = _config()
+    keys = set()
+    for name in ("tdpo", "grpo", "ppo", "gigppo"):
+        vc = variant_config(base, name)
+        assert vc.ipl.method == name and vc.ipl.rounds == base.ablation.rounds and vc.ipl.early_stop is False
+        assert vc.seed == base.seed and vc.rl.to_dict() == base.rl.to_dict()  # the same seed, the same RL settings
+        validate_config(vc, n_devices=1)
+        keys.add(_ipl_key(vc))
+        assert name in VARIANTS and name in LABELS
+    assert len(keys) == 4  # four distinct runs
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"rl.grpo.group_size": 0}, r"^config\.rl\.grpo\.group_size=0: must be >= 1 \(fix it with"),
+        ({"rl.grpo.style": "free"}, r"^config\.rl\.grpo\.style='free': must be one of coat, think_answer"),
+        ({"rl.ppo.lam": 1.5}, r"^config\.rl\.ppo\.lam=1\.5: must be in \[0, 1\]"),
+        ({"rl.ppo.step_reward": "x"}, r"^config\.rl\.ppo\.step_reward='x': must be one of leaf, uir1"),
+        ({"rl.ppo.critic_warmup": -1}, r"^config\.rl\.ppo\.critic_warmup=-1: must be >= 0"),
+        ({"rl.row_buckets": "()"}, r"^config\.rl\.row_buckets=\(\): must be one or more lengths"),
+        ({"eval.online_episodes": -1}, r"^config\.eval\.online_episodes=-1: must be >= 0"),
+        ({"eval.online_split": "nope"}, r"^config\.eval\.online_split='nope': must be one of train, dev"),
+        ({"ipl.method": "ppo", "ipl.lora_rank": 4}, r"^config\.ipl\.lora_rank=4: must be 0 with ipl\.method=ppo"),
+        (
+            {"ipl.method": "gigppo", "rl.ppo.trajectories_per_task": 1},
+            r"^config\.rl\.ppo\.trajectories_per_task=1: must be >= 2 with gigppo",
+        ),
+        (
+            {"ipl.method": "ppo", "data.format": "tfds:x", "eval.online_episodes": 0},
+            r"^config\.data\.format='tfds:x': must be synthetic with ipl\.method=ppo",
+        ),
+        ({"data.format": "tfds:x"}, r"^config\.eval\.online_episodes=4: online evaluation plays the synthetic world"),
+    ],
+)
+def test_bad_rl_settings_are_one_line_usage_errors(overrides, message):
+    with pytest.raises(UsageError, match=message) as e:
+        validate_config(_config(**overrides), n_devices=1)
+    assert "\n" not in str(e.value)
+
+
+def test_grpo_on_another_dataset_is_allowed():
+    """GRPO needs no live world: only the online methods are tied to the synthetic format."""
+    validate_config(_config(**{"ipl.method": "grpo", "data.format": "tfds:x", "eval.online_episodes": 0}), 1)
+
+
+def test_online_budget_table():
+    from ipl_jax.pipeline.report import online_budget_table
+
+    rows = [
+        {"variant": "seed policy", "online": {"success_rate": 0.25, "mean_steps": 5.5}, "samples": 0},
+        {
+            "variant": "GRPO (UI-R1)",
+            "online": {"success_rate": 0.5, "mean_steps": 4.0},
+            "samples": 32,
+            "budget": 32,
+            "updates": 1,
+            "seconds": 12.4,
+        },
+        {"variant": "PPO", "samples": 40, "budget": 32, "updates": 6, "seconds": 30.6},  # online off
+    ]
+    lines = online_budget_table(rows).splitlines()
+    assert lines[0].split() == ["variant", "online", "%", "steps", "samples", "budget", "updates", "seconds"]
+    assert lines[2].split() == ["seed", "policy", "25.00", "5.50", "0", "-", "0", "0"]
+    assert lines[3].split() == ["GRPO", "(UI-R1)", "50.00", "4.00", "32", "32", "1", "12"]
+    assert lines[4].split() == ["PPO", "-", "-", "40", "32", "6", "31"]
+
+
+def test_rl_section_loads_without_jax():
+    """A config file builds its ``rl`` section without importing the learners (or JAX)."""
+    import subprocess
+    import sys
+
+    code = "import sys, ipl_jax.configs.synthetic as s; s.get_config(); print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
