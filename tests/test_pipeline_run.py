@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ipl_jax.configs.loader import load_config
+from ipl_jax.pipeline.ablate import variant_config
 from ipl_jax.pipeline.run import STAGES, run_job
 
 SCORE_KEYS = {
@@ -109,6 +110,13 @@ def test_results_schema(quick_run):
     assert rounds[0]["pairs"] == 0
     # round 1 trained on pairs from its trees: a tree batch with no pair at all would mean nothing was learnt
     assert rounds[1]["pairs"] > 0
+    # every round, the seed's included, was also played in the live world (eval.online_episodes)
+    for r in rounds:
+        on = r["online"]
+        assert on["split"] == config.eval.online_split and on["episodes"] == config.eval.online_episodes
+        assert 0.0 <= on["success_rate"] <= 1.0 and 1.0 <= on["mean_steps"] <= config.eval.online_max_steps
+        assert on["env_steps"] == round(on["mean_steps"] * on["episodes"])
+    assert rounds[1]["samples"] == rounds[1]["budget"] == config.ipl.steps_per_round * 8  # tree leaves
 
 
 def test_scores_agree_with_the_predictions_file(quick_run):
@@ -359,3 +367,100 @@ def test_ablate_quick(tmp_path_factory):
     assert preds["tdpo"].resolve() != preds["no_negatives"].resolve()
     assert not (root / "base" / "eval" / "round_1").exists()
     assert "T-DPO (full)" in proc.stdout and "IPL w/o negatives" in proc.stdout
+
+
+def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
+    """`ipl-jax eval --online` on the exported policy gives the job's own online numbers for that round."""
+    workdir = quick_run["workdir"]
+    chosen = json.loads((workdir / "stages" / "export.done").read_text())["exported_round"]
+    want = json.loads((workdir / "results.json").read_text())["rounds"][chosen]["online"]
+    out = tmp_path / "online.json"
+    args = ["eval", "--online", "--model", str(workdir / "export"), "--config", "synthetic:quick", "--json", str(out)]
+    proc = run_cli(args, quick_run["cache"])
+    got = json.loads(out.read_text())
+    assert got["seed"] == quick_run["config"].seed and got["split"] == want["split"]
+    for k in ("episodes", "success_rate", "mean_steps", "env_steps", "truncated_rate", "by_family"):
+        assert got[k] == want[k], k
+    assert f"success rate {100 * want['success_rate']:.1f}%" in proc.stdout
+
+
+def _rl_rows(result: dict, config) -> dict:
+    """Checks every RL row shares: the seed's numbers, the stated budget rule, online success in [0, 1]."""
+    from ipl_jax.rl.job import grpo_prompts
+
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert result["seed"] == config.seed and rows["seed"]["samples"] == 0
+    for name, r in rows.items():
+        assert 0.0 <= r["online"]["success_rate"] <= 1.0 and r["online"]["episodes"] == config.eval.online_episodes
+        assert set(r["metrics"]) == set(config.data.test_splits)
+        if name == "seed":
+            continue
+        vc = variant_config(config, name, {name: EXTRA.get(name, {"ipl.method": name})})
+        worlds = vc.rl.ppo.tasks_per_batch * vc.rl.ppo.trajectories_per_task
+        b = r["budget"]
+        assert b == vc.ipl.steps_per_round * 8 and r["method"] == vc.ipl.method
+        if vc.ipl.method == "grpo":  # ceil(budget / G) prompts x G completions
+            assert r["samples"] == grpo_prompts(b, vc.rl.grpo.group_size) * vc.rl.grpo.group_size
+        elif vc.ipl.method in ("ppo", "gigppo"):  # whole rollout batches until the budget is spent
+            assert b <= r["samples"] < b + worlds * vc.rl.ppo.max_steps
+        else:
+            assert r["samples"] == b
+        if vc.ipl.method in ("grpo", "ppo", "gigppo"):
+            assert r["pairs"] == 0 and r["updates"] >= 1
+    return rows
+
+
+# the smallest RL rounds: 8 completions / environment steps (one training step's 8 leaves)
+EXTRA = {
+    "grpo_tiny": {
+        "ipl.method": "grpo",
+        "ipl.steps_per_round": 1,
+        "rl.grpo.group_size": 4,
+        "rl.grpo.prompts_per_batch": 2,
+    },
+    "gigppo_tiny": {
+        "ipl.method": "gigppo",
+        "ipl.steps_per_round": 1,
+        "rl.ppo.max_steps": 2,
+        "rl.ppo.critic_warmup": 0,
+    },
+}
+
+
+def test_rl_rounds_in_the_ablation(quick_run, tmp_path):
+    """The RL methods as rounds of the job's one loop, from the quick job as the shared base, at the smallest
+    budget: the round records, the ablation rows (samples = the budget rule, online success) and the table."""
+    import shutil
+
+    from ipl_jax.pipeline.ablate import format_ablation, run_ablation
+
+    config = quick_run["config"]
+    root = tmp_path / "ablate"
+    shutil.copytree(quick_run["workdir"], root / "base", symlinks=True)
+    result = run_ablation(config, root, list(EXTRA), echo=lambda _: None, extra_variants=EXTRA)
+    rows = _rl_rows(result, config)
+    seed_online = json.loads((quick_run["workdir"] / "results.json").read_text())["rounds"][0]["online"]
+    assert rows["seed"]["online"] == seed_online
+    record = json.loads((root / "variants" / "gigppo_tiny" / "rounds" / "1" / "round.json").read_text())
+    assert record["method"] == "gigppo" and record["train"]["critic_updates"] >= 1
+    assert record["train"]["train_episodes"]["env_steps"] == record["samples"]
+    text = format_ablation(result)
+    assert "online %" in text and "grpo_tiny" in text
+
+
+@pytest.mark.slow
+def test_ablate_rl_variants_quick(quick_run, tmp_path):
+    """`ipl-jax ablate --config synthetic:quick --variants tdpo,grpo,ppo,gigppo` on the quick job as the base."""
+    import shutil
+
+    config = quick_run["config"]
+    root = tmp_path / "ablate"
+    shutil.copytree(quick_run["workdir"], root / "base", symlinks=True)
+    args = ["ablate", "--config", "synthetic:quick", "--workdir", str(root), "--variants", "tdpo,grpo,ppo,gigppo"]
+    proc = run_cli(args, quick_run["cache"])
+    result = json.loads((root / "ablation.json").read_text())
+    assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "grpo", "ppo", "gigppo"]
+    _rl_rows(result, config)
+    for v in ("tdpo", "grpo", "ppo", "gigppo"):  # one seed: every variant's round 1 starts from the base's
+        assert (root / "variants" / v / "seed").resolve() == (root / "base" / "seed").resolve()
+    assert "GRPO (UI-R1)" in proc.stdout and "GiGPPO (online)" in proc.stdout and "online %" in proc.stdout

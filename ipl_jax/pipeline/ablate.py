@@ -74,14 +74,17 @@ SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a
 
 def variant_config(base: ml_collections.ConfigDict, name: str, variants=None) -> ml_collections.ConfigDict:
     """The base config with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off.
-    ``variants``: name -> {"section.field": value} (default ``VARIANTS``)."""
+    ``variants``: name -> {"section.field": value} (deeper paths too; default ``VARIANTS``)."""
     variants = VARIANTS if variants is None else variants
     if name not in variants:
         raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
     c = ml_collections.ConfigDict(base.to_dict())
     for field, value in variants[name].items():
-        section, key = field.split(".")
-        c[section][key] = value
+        *path, key = field.split(".")  # "section.field" or deeper ("rl.ppo.max_steps")
+        node = c
+        for part in path:
+            node = node[part]
+        node[key] = value
     c.ipl.rounds = int(base.ablation.rounds)
     c.ipl.early_stop = False
     c.lock()
