@@ -284,7 +284,7 @@ def test_ipl_settings_are_typed_and_checked():
     for field, value, msg in (
         ("gamma_pairs", "all", "gamma_pairs"),
         ("learning_rate", "-1e-5", "learning_rate"),
-        ("method", "ppo", "method"),
+        ("method", "sarsa", "method"),
         ("sft_norm", "mean", "sft_norm"),
     ):
         with pytest.raises(ValueError, match=f"config.ipl.{msg}"):
