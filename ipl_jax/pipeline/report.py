@@ -24,7 +24,8 @@ def _pct(v: float | None) -> str:
 
 
 def round_table(rounds: Sequence[dict], split: str) -> str:
-    """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts."""
+    """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts (and, when
+    the rounds carry them, samples and the online success rate)."""
     head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}" for r in rounds)
     lines = [head, "-" * len(head)]
     for row in TYPE_ROWS + ("total",):
@@ -39,6 +40,11 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
         lines.append(f"{name:<18}" + "".join(f"{_pct(r['trees'].get(key)):>10}" for r in rounds))
     lines.append(f"{'pairs':<18}" + "".join(f"{r['pairs']:>10}" for r in rounds))
     lines.append(f"{'seconds':<18}" + "".join(f"{r['seconds']:>10.0f}" for r in rounds))
+    if any("samples" in r for r in rounds):  # completions (environment steps for PPO) the round sampled
+        lines.append(f"{'samples':<18}" + "".join(f"{r.get('samples', 0):>10}" for r in rounds))
+    if any(r.get("online") for r in rounds):
+        cells = [f"{_pct((r.get('online') or {}).get('success_rate')):>10}" for r in rounds]
+        lines.append(f"{'online success':<18}" + "".join(cells))
     return "\n".join(lines)
 
 
