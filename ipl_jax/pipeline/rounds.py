@@ -5,7 +5,9 @@ draws CoaT-trees on the round's training steps with the round's starting policy,
 backed-up values (``eval.trees``), ``golden_update`` is the ``continued_sft`` control's supervised training.
 The round's policy is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on dev; the loop over rounds, with
 early stopping and resuming, is ``pipeline.run.Job.rounds``. The job's ``ipl`` section is read once into a typed
-``IPLSettings`` (``ipl_settings``).
+``IPLSettings`` (``ipl_settings``). With ``ipl.method`` = grpo / ppo / gigppo, ``run_round`` hands the round to
+``pipeline.rl_round`` (same inputs, same record keys). A round's evaluation adds the live-world episodes of
+``eval.online_episodes`` (``evaluate_online``).
 """
 
 from __future__ import annotations
