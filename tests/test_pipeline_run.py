@@ -300,8 +300,9 @@ def test_ablation_variants_are_config_switches():
     # with the default branching (3, 3, 3, 1), K = 3 is the full method: one run serves both rows
     assert _ipl_key(variant_config(base, "k3")) == _ipl_key(variant_config(base, "tdpo"))
     assert _ipl_key(variant_config(base, "k4")) != _ipl_key(variant_config(base, "tdpo"))
+    assert variant_config(base, "grpo").ipl.method == "grpo"
     with pytest.raises(ValueError, match="unknown ablation variant"):
-        variant_config(base, "grpo")
+        variant_config(base, "sarsa")
 
 
 def _table(acc: dict) -> dict:
