@@ -78,28 +78,6 @@ def test_grpo_on_another_dataset_is_allowed():
     validate_config(_config(**{"ipl.method": "grpo", "data.format": "tfds:x", "eval.online_episodes": 0}), 1)
 
 
-def test_online_budget_table():
-    from ipl_jax.pipeline.report import online_budget_table
-
-    rows = [
-        {"variant": "seed policy", "online": {"success_rate": 0.25, "mean_steps": 5.5}, "samples": 0},
-        {
-            "variant": "GRPO (UI-R1)",
-            "online": {"success_rate": 0.5, "mean_steps": 4.0},
-            "samples": 32,
-            "budget": 32,
-            "updates": 1,
-            "seconds": 12.4,
-        },
-        {"variant": "PPO", "samples": 40, "budget": 32, "updates": 6, "seconds": 30.6},  # online off
-    ]
-    lines = online_budget_table(rows).splitlines()
-    assert lines[0].split() == ["variant", "online", "%", "steps", "samples", "budget", "updates", "seconds"]
-    assert lines[2].split() == ["seed", "policy", "25.00", "5.50", "0", "-", "0", "0"]
-    assert lines[3].split() == ["GRPO", "(UI-R1)", "50.00", "4.00", "32", "32", "1", "12"]
-    assert lines[4].split() == ["PPO", "-", "-", "40", "32", "6", "31"]
-
-
 def test_rl_section_loads_without_jax():
     """A config file builds its ``rl`` section without importing the learners (or JAX)."""
     import subprocess
