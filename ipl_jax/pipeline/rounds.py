@@ -221,7 +221,7 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
 
 def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
     """The ``preference.round.RoundConfig`` of a round."""
-    from ipl_jax.preference.packing import PackingConfig
+    from ipl_jax.preference.packed_batch import PackingConfig
     from ipl_jax.preference.pairs import PairConfig
     from ipl_jax.preference.round import RoundConfig
     from ipl_jax.preference.selection import SelectionConfig

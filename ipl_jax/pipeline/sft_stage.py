@@ -83,7 +83,7 @@ def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
 def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
     micro-batches share the token bucket of the batch's longest example."""
-    from ipl_jax.data.dialogue import collate, smallest_bucket
+    from ipl_jax.data.batching import collate, smallest_bucket
     from ipl_jax.training.sft import sft_model_batch
     from ipl_jax.training.step import stack_microbatches
 

@@ -32,7 +32,7 @@ import numpy as np
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
-from ipl_jax.preference.packing import PackedBatch
+from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
