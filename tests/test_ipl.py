@@ -152,6 +152,7 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
         else None
     )
     traces_before = ipl.trace_counts()
+    assert traces_before["tdpo_step"] >= 1 and traces_before["reference"] >= 1  # the counts see the first round
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         s3, m3 = ipl.train_round(s1, s1.params, ipl.RoundData(round_b), jax.random.PRNGKey(4), config)

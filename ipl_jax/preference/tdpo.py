@@ -39,14 +39,6 @@ from ipl_jax.training import step as step_lib
 
 OBJECTIVES = ("tdpo", "positive_sft")
 
-_TRACES = {"tdpo_loss": 0, "reference": 0}
-
-
-def trace_counts() -> dict:
-    """How many times the T-DPO loss and the reference function have been traced (= compiled) so far."""
-    return dict(_TRACES)
-
-
 # ------------------------------------------------------------------------------------------------- config
 
 
@@ -144,7 +136,6 @@ def make_tdpo_loss(config: TDPOConfig):
 
     def loss_fn(params, batch: PackedBatch, rng):
         del rng  # no dropout in Qwen2-VL
-        _TRACES["tdpo_loss"] += 1
         pos, neg, pos_tokens = pair_terms(params, config.model, batch, remat=config.remat, chunk=config.logp_chunk)
         return pair_loss(pos, neg, pos_tokens, batch, config)
 
@@ -192,21 +183,15 @@ def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.T
     return state_lib.train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
 
 
-def _tree_key(tree) -> tuple:
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves)
-
-
 # ------------------------------------------------------------------------------------------------- the step
-
-_STEP_CACHE: dict = {}
 
 
 def make_tdpo_step(
     config: TDPOConfig, *, mesh=None, state: state_lib.TrainState | None = None, batch: PackedBatch | None = None
 ):
-    """The jitted ``step(state, batch) -> (state, metrics)`` (state donated). Under a ``mesh`` an example
-    ``state`` and ``batch`` fix the shardings.
+    """A fresh jitted ``step(state, batch) -> (state, metrics)`` (state donated), for ahead-of-time lowering and
+    benchmarks (``tdpo_step`` is the cached one the round loop uses). Under a ``mesh`` an example ``state`` and
+    ``batch`` fix the shardings.
 
     metrics: loss, pref_loss, sft_nll, reward_margin, reward_accuracy, chosen_logratio, rejected_logratio
     (pair means), pairs (valid pairs), grad_norm, lr.
@@ -224,25 +209,44 @@ def make_tdpo_step(
     return step_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
 
 
-def _cached_step(config: TDPOConfig, mesh, state, batch):
-    key = (config, mesh) if mesh is None else (config, mesh, _tree_key(state), _tree_key(batch))
-    if key not in _STEP_CACHE:
-        _STEP_CACHE[key] = make_tdpo_step(config, mesh=mesh, state=state, batch=batch)
-    return _STEP_CACHE[key]
+def _tdpo_update(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, mesh):
+    """The update ``make_tdpo_step`` builds, traced once per (config, mesh, shapes) by ``_tdpo_update_jit``.
+    Under a mesh the batch rows and the new state are pinned to their shardings, so the next step's inputs
+    arrive as this one's did (same program)."""
+    optimizer = config.optimizer()
+    if mesh is not None:
+        batch = jax.lax.with_sharding_constraint(batch, batch_shardings(batch, mesh))
+    step = step_lib.train_step_fn(
+        make_tdpo_loss(config),
+        optimizer,
+        schedule=config.schedule_fn(),
+        weight_key="pairs",
+        compute_dtype=config.compute_dtype,
+    )
+    new_state, metrics = step(state, batch)
+    if mesh is not None:
+        new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(state, optimizer, mesh))
+    return new_state, metrics
+
+
+# jax.jit's own cache (keyed on the hashable config, the mesh and the input shapes) holds the compiled steps
+_tdpo_update_jit = jax.jit(_tdpo_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
     """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
 
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
-    return _cached_step(config, mesh, state, batch)(state, batch)
+    if mesh is None:
+        return _tdpo_update_jit(state, batch, config, None)
+    with jax.set_mesh(mesh):
+        return _tdpo_update_jit(state, jax.device_put(batch, batch_shardings(batch, mesh)), config, mesh)
 
 
 # ------------------------------------------------------------------------------------------------- reference
 
 
 def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: bool, chunk: int):
-    _TRACES["reference"] += 1
     params = jax.lax.stop_gradient(params)
     pos, neg, _ = pair_terms(params, cfg, batch, remat=remat, chunk=chunk)
     valid = batch.pair_valid
@@ -250,6 +254,12 @@ def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: b
 
 
 _reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
+
+
+def trace_counts() -> dict:
+    """How many programs this process holds for the T-DPO update and the reference log-probs (one per config,
+    mesh and input shapes): read from the jitted functions' own caches, no counter of ours."""
+    return {"tdpo_step": _tdpo_update_jit._cache_size(), "reference": _reference_jit._cache_size()}
 
 
 def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
