@@ -203,6 +203,21 @@ def ipl_settings(config: ml_collections.ConfigDict) -> IPLSettings:
     return IPLSettings(**values)
 
 
+def ipl_optimizer(config: ml_collections.ConfigDict, round_index: int = 1):
+    """The ``ipl`` section's ``OptimizerSettings`` for a round: read by ``training.optimizer.optimizer_settings``
+    (learning rate, schedule, warm-up), with ``later_learning_rate`` from round 2 when set and the SFT section's
+    gradient clipping."""
+    from ipl_jax.preference.tdpo import IPL_OPTIMIZER
+    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
+
+    settings = optimizer_settings({**settings_dict(IPL_OPTIMIZER), **config.ipl})
+    return dataclasses.replace(
+        settings,
+        learning_rate=ipl_settings(config).lr(round_index),
+        grad_clip_norm=optimizer_settings(config.sft).grad_clip_norm,
+    )
+
+
 def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
     from ipl_jax.preference.losses import DPOConfig
     from ipl_jax.preference.tdpo import TDPOConfig
@@ -212,10 +227,7 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
         model=cfg,
         dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
         objective="positive_sft" if s.method == "no_negatives" else "tdpo",
-        learning_rate=s.lr(round_index),
-        schedule=s.schedule,
-        warmup_steps=s.warmup_steps,
-        grad_clip_norm=float(config.sft.grad_clip),
+        optimizer_settings=ipl_optimizer(config, round_index),
     )
 
 

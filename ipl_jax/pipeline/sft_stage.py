@@ -109,18 +109,15 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
 
 
 def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The training config of warm-up SFT; its optimizer section is ``optimizer_settings(config.sft)`` (the one
+    conversion: ``steps`` spans the schedule, ``grad_clip`` is the clipping norm)."""
+    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
     from ipl_jax.training.state import default_train_config
 
     t = default_train_config()
     t.seed = int(config.seed)
     t.num_steps = int(config.sft.steps)
-    o = t.optimizer
-    o.learning_rate = float(config.sft.learning_rate)
-    o.schedule = str(config.sft.schedule)
-    o.warmup_steps = int(config.sft.warmup_steps)
-    o.total_steps = int(config.sft.steps)
-    o.weight_decay = float(config.sft.weight_decay)
-    o.grad_clip_norm = float(config.sft.grad_clip)
+    t.optimizer = ml_collections.ConfigDict(dict(settings_dict(optimizer_settings(config.sft))))
     t.freeze_vision = bool(config.sft.freeze_vision)
     if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
         t.lora.enabled = True

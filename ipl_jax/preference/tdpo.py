@@ -5,7 +5,7 @@ A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, the
     packed batches ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
 
 * ``TDPOConfig`` — a frozen (hashable) dataclass: model config, DPO settings (kind, β, λ_sft), the objective
-  (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), optimizer settings, remat / chunking.
+  (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), ``OptimizerSettings``, remat / chunking.
 * ``attach_reference(ref_params, batches, config)`` — reference log-probs of every pair, computed once per
   round by a separate jitted function under ``stop_gradient`` (never inside ``value_and_grad``), stored in the
   batches (``PackedBatch.ref_pos`` / ``ref_neg``).
@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
@@ -42,67 +41,52 @@ OBJECTIVES = ("tdpo", "positive_sft")
 # ------------------------------------------------------------------------------------------------- config
 
 
+# The T-DPO defaults (paper round 1, docs/method.md §7): a constant 1e-6 after no warm-up, clipping at 1.
+IPL_OPTIMIZER = optimizer_lib.OptimizerSettings(learning_rate=1e-6, schedule="constant", total_steps=1000)
+
+
 @dataclasses.dataclass(frozen=True)
 class TDPOConfig:
     """Settings of the T-DPO step (hashable: the jitted step is cached per config).
 
     Paper values (docs/method.md §7): IPL lr 1e-6..1e-7 in round 1, constant 1e-7 after; β = 0.1, λ_sft = 1.0.
-    ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (steps count across rounds).
+    ``optimizer_settings``: the one optimizer shape (``training.optimizer.OptimizerSettings``); its
+    ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (``round_schedule`` sets it per round).
+    ``learning_rate``: a shortcut that sets ``optimizer_settings.learning_rate`` (not stored on its own).
     """
 
     model: Qwen2VLConfig
     dpo: losses.DPOConfig = losses.DPOConfig()
     objective: str = "tdpo"  # "tdpo" | "positive_sft" (IPL without negatives)
-    learning_rate: float = 1e-6
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    end_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+    optimizer_settings: optimizer_lib.OptimizerSettings = IPL_OPTIMIZER
     remat: bool = False  # rematerialise decoder layers in the backward pass
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
+    learning_rate: dataclasses.InitVar[float | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, learning_rate):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TDPOConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.dpo.kind not in losses.DPO_KINDS:
             raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.DPO_KINDS}, got {self.dpo.kind!r}")
-
-    def optimizer_section(self) -> ml_collections.ConfigDict:
-        """The ``optimizer`` section ``training.optimizer.make_optimizer`` / ``make_schedule`` read."""
-        c = state_lib.default_train_config().optimizer
-        for key in (
-            "learning_rate",
-            "schedule",
-            "warmup_steps",
-            "total_steps",
-            "end_lr_ratio",
-            "weight_decay",
-            "grad_clip_norm",
-            "b1",
-            "b2",
-            "eps",
-        ):
-            c[key] = getattr(self, key)
-        return c
+        if learning_rate is not None:
+            settings = dataclasses.replace(self.optimizer_settings, learning_rate=float(learning_rate))
+            object.__setattr__(self, "optimizer_settings", settings)
 
     def optimizer(self):
-        return optimizer_lib.make_optimizer(self.optimizer_section())
+        """The optax transformation of ``optimizer_settings``."""
+        return optimizer_lib.make_optimizer(self.optimizer_settings)
 
     def schedule_fn(self):
-        return optimizer_lib.make_schedule(self.optimizer_section())
+        return optimizer_lib.make_schedule(self.optimizer_settings)
 
 
 def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
     """``config`` with a cosine schedule spanning a round's ``n_updates`` (a constant schedule is left as is)."""
-    if config.schedule == "constant":
+    if config.optimizer_settings.schedule == "constant":
         return config
-    return dataclasses.replace(config, total_steps=max(1, int(n_updates)))
+    settings = dataclasses.replace(config.optimizer_settings, total_steps=max(1, int(n_updates)))
+    return dataclasses.replace(config, optimizer_settings=settings)
 
 
 def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainState:
