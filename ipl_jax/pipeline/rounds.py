@@ -23,6 +23,7 @@ import numpy as np
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.progress import progress
 
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft")
 GAMMA_MODES = ("paper", "consistent", "grounding", "none")
@@ -305,7 +306,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
         per_step = []
-        for _ in range(n_updates):
+        for _ in progress(range(n_updates), desc="continued SFT", unit="step"):
             if len(order) < bs:
                 order.extend(order_rng.permutation(len(steps)).tolist())
             chosen, order = order[:bs], order[bs:]
@@ -350,7 +351,9 @@ def run_round(
     def sample(params, _n, rng):
         current = dataclasses.replace(policy, params=params)
         seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
-        for batch in iter_tree_batches(current, steps, sconfig, seed, int(config.sampler.batch_size)):
+        bs = int(config.sampler.batch_size)
+        batches = iter_tree_batches(current, steps, sconfig, seed, bs)
+        for batch in progress(batches, total=-(-len(steps) // bs), desc=f"round {round_index} trees", unit="batch"):
             sampled = sampled_trees(batch, policy.tokenizer)
             pending[id(sampled)] = (batch, turn_texts(batch.tree, policy.tokenizer))
             yield sampled

@@ -32,6 +32,7 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference.packed_batch import PackedBatch
+from ipl_jax.progress import progress
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
@@ -170,6 +171,11 @@ def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.T
 # ------------------------------------------------------------------------------------------------- the step
 
 
+def _step_options(config: TDPOConfig) -> dict:
+    """``training.step.train_step_fn``'s options of the T-DPO update: each step weighs by its valid pairs."""
+    return dict(schedule=config.schedule_fn(), weight_key="pairs", compute_dtype=config.compute_dtype)
+
+
 def make_tdpo_step(
     config: TDPOConfig, *, mesh=None, state: state_lib.TrainState | None = None, batch: PackedBatch | None = None
 ):
@@ -181,7 +187,7 @@ def make_tdpo_step(
     (pair means), pairs (valid pairs), grad_norm, lr.
     """
     optimizer = config.optimizer()
-    kwargs = dict(schedule=config.schedule_fn(), weight_key="pairs", compute_dtype=config.compute_dtype)
+    kwargs = _step_options(config)
     if mesh is not None:
         if state is None or batch is None:
             raise ValueError("make_tdpo_step: a mesh needs an example state and batch")
@@ -200,13 +206,7 @@ def _tdpo_update(state: state_lib.TrainState, batch: PackedBatch, config: TDPOCo
     optimizer = config.optimizer()
     if mesh is not None:
         batch = jax.lax.with_sharding_constraint(batch, batch_shardings(batch, mesh))
-    step = step_lib.train_step_fn(
-        make_tdpo_loss(config),
-        optimizer,
-        schedule=config.schedule_fn(),
-        weight_key="pairs",
-        compute_dtype=config.compute_dtype,
-    )
+    step = step_lib.train_step_fn(make_tdpo_loss(config), optimizer, **_step_options(config))
     new_state, metrics = step(state, batch)
     if mesh is not None:
         new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(state, optimizer, mesh))
@@ -278,7 +278,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
 
         ref_params = jax.device_put(ref_params, param_shardings(ref_params, mesh))
     out = []
-    for batch in batches:
+    for batch in progress(batches, desc="reference log-probs", unit="batch"):
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
         out.append(batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg)))
     return RoundData(batches=out, has_reference=True)
@@ -343,10 +343,15 @@ def train_round(
         sh = state_shardings(state, config.optimizer(), mesh)
         state = jax.device_put(state, sh)
     device_metrics = []
-    for i in order:
-        state, m = tdpo_step(state, batches[i], config, mesh=mesh)
-        device_metrics.append(m)
-    per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+    with progress(total=len(order), desc="T-DPO", unit="step") as bar:
+        for k, i in enumerate(order):
+            state, m = tdpo_step(state, batches[i], config, mesh=mesh)
+            device_metrics.append(m)
+            if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
+                jax.block_until_ready(device_metrics[k - 1]["loss"])
+                bar.update(1)
+        per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+        bar.update(1 if per_step else 0)
     metrics = summarize_steps(per_step)
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]
