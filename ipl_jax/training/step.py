@@ -121,28 +121,19 @@ def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     *,
-    schedule: optax.Schedule | None = None,
-    grad_accum_steps: int = 1,
-    weight_key: str | None = None,
-    compute_dtype=None,
     mesh=None,
     state_shardings: TrainState | None = None,
     batch_shardings=None,
     donate: bool = True,
+    **step_options,
 ):
-    """The jitted ``step(state, batch) -> (state, metrics)`` of ``train_step_fn`` (same arguments).
+    """The jitted ``step(state, batch) -> (state, metrics)`` of ``train_step_fn(loss_fn, optimizer,
+    **step_options)`` (schedule, grad_accum_steps, weight_key, compute_dtype).
 
     With ``mesh``, the step is jitted with ``state_shardings`` / ``batch_shardings`` in and out (metrics
     replicated) and traced under ``jax.set_mesh(mesh)``.
     """
-    step = train_step_fn(
-        loss_fn,
-        optimizer,
-        schedule=schedule,
-        grad_accum_steps=grad_accum_steps,
-        weight_key=weight_key,
-        compute_dtype=compute_dtype,
-    )
+    step = train_step_fn(loss_fn, optimizer, **step_options)
     donate_argnums = (0,) if donate else ()
     if mesh is None:
         return jax.jit(step, donate_argnums=donate_argnums)
