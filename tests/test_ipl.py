@@ -125,7 +125,7 @@ def _leaves_equal(a, b):
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing():
+def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing(monkeypatch, capsys):
     cfg = tiny_cfg()
     config = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)
     ref = tiny_params(cfg, 0)
@@ -152,6 +152,7 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
         else None
     )
     traces_before = ipl.trace_counts()
+    assert traces_before["tdpo_step"] >= 1 and traces_before["reference"] >= 1  # the counts see the first round
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         s3, m3 = ipl.train_round(s1, s1.params, ipl.RoundData(round_b), jax.random.PRNGKey(4), config)
@@ -167,6 +168,19 @@ def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing
     after = [loss_fn(s2.params, b, None)[1] for b in data.batches]
     assert all(float(m["reward_margin"]) == 0.0 for m in before)  # policy = reference
     assert all(float(m["reward_margin"]) > 0.0 for m in after)
+
+    # progress: one log line per update at interval 0 (stderr is not a terminal here), finished steps only
+    capsys.readouterr()
+    monkeypatch.setenv("IPL_JAX_PROGRESS_INTERVAL", "0")
+    monkeypatch.delenv("IPL_JAX_QUIET", raising=False)
+    ipl.train_round(s3, s3.params, ipl.RoundData(round_a), jax.random.PRNGKey(6), config)
+    lines = [line.split(" elapsed")[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == [
+        "reference log-probs: 1/2 batch (50%)",
+        "reference log-probs: 2/2 batch (100%)",
+        "T-DPO: 1/2 step (50%)",
+        "T-DPO: 2/2 step (100%)",
+    ]
 
 
 MESH_SCRIPT = textwrap.dedent(

@@ -291,6 +291,48 @@ def test_ipl_settings_are_typed_and_checked():
             ipl_settings(load_config("synthetic", [f"--config.ipl.{field}={value}"]))
 
 
+def test_optimizer_settings_come_from_one_conversion_per_section():
+    """SFT and each IPL round get an ``OptimizerSettings`` read from their config section; the hand-written values
+    below are what the sections hold."""
+    from ipl_jax.configs.loader import load_config
+    from ipl_jax.pipeline.rounds import ipl_optimizer
+    from ipl_jax.pipeline.sft_stage import sft_train_config
+    from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, round_schedule
+    from ipl_jax.training.optimizer import OptimizerSettings, optimizer_settings
+
+    c = load_config(
+        "synthetic",
+        [
+            "--config.ipl.learning_rate=3e-6",
+            "--config.ipl.later_learning_rate=1e-7",
+            "--config.ipl.schedule=cosine",
+            "--config.ipl.warmup_steps=5",
+            "--config.sft.grad_clip=0.5",
+            "--config.sft.steps=40",
+            "--config.sft.weight_decay=0.02",
+        ],
+    )
+    want = OptimizerSettings(
+        learning_rate=3e-6, schedule="cosine", warmup_steps=5, total_steps=1000, grad_clip_norm=0.5
+    )
+    assert ipl_optimizer(c, 1) == want
+    assert ipl_optimizer(c, 2) == dataclasses.replace(want, learning_rate=1e-7)
+    sft = optimizer_settings(sft_train_config(c).optimizer)
+    assert (sft.learning_rate, sft.schedule, sft.total_steps, sft.grad_clip_norm, sft.weight_decay) == (
+        float(c.sft.learning_rate),
+        "cosine",
+        40,
+        0.5,
+        0.02,
+    )
+    # the learning_rate shortcut sets the one stored shape; a round's cosine spans its updates
+    cfg = object()
+    short = TDPOConfig(model=cfg, learning_rate=2e-6)
+    assert short == TDPOConfig(model=cfg, optimizer_settings=dataclasses.replace(IPL_OPTIMIZER, learning_rate=2e-6))
+    cos = TDPOConfig(model=cfg, optimizer_settings=want)
+    assert round_schedule(cos, 7).optimizer_settings.total_steps == 7 and round_schedule(short, 7) is short
+
+
 def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     """``ipl-jax eval --blank-screens`` on a split gives exactly the predictions of a plain evaluation on a copy of
     the split whose PNGs were painted grey."""

@@ -39,7 +39,7 @@ SOURCES = ("aitz", "arrayrecord", "arrayrecord-source")
 
 
 def tokenizer(work: Path):
-    from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
     from ipl_jax.data.tokenizer import load_tokenizer
 
     write_tokenizer(train_tokenizer(default_corpus(n_lines=400), vocab_size=700), work / "tok")

@@ -74,6 +74,14 @@ def hidden_alias(parser: argparse.ArgumentParser, flag: str, dest: str, **kwargs
     parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS, **kwargs)
 
 
+def add_skip_bad(
+    parser: argparse.ArgumentParser,
+    help: str = "leave malformed dataset records out (and say how many) instead of stopping",
+) -> None:
+    """The ``--skip-bad`` flag of every command that reads a dataset (see ``report_skipped``)."""
+    parser.add_argument("--skip-bad", action="store_true", help=help)
+
+
 def require(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str, flag: str) -> None:
     """A flag that is required but has a hidden alias (argparse's ``required`` would reject the alias)."""
     if getattr(args, dest) is None:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import sys
 
-from ipl_jax.cli.common import CommandParser, command, hidden_alias, positive_int, require, write_text
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, hidden_alias, positive_int, require, write_text
 from ipl_jax.cli.score import load_split
 from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
 
@@ -57,11 +57,7 @@ def parser() -> CommandParser:
         help="replace every screenshot by a grey image of "
         "its size (the control that shows how much accuracy comes from reading the screen)",
     )
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave malformed dataset records out (and say how many) instead of stopping",
-    )
+    add_skip_bad(p)
     return p
 
 

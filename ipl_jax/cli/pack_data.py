@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from ipl_jax.cli.common import CommandParser, command, positive_int, report_skipped
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_int, report_skipped
 from ipl_jax.pipeline.validate import UsageError, input_dir, output_dir
 
 PROG = "ipl-jax pack-data"
@@ -40,11 +40,7 @@ def parser() -> CommandParser:
         help="ArrayRecord files per split (a multiple of the number of processes that will read it)",
     )
     p.add_argument("--splits", default=None, help="comma-separated splits to pack (default: every split found)")
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave malformed source records out (counted in the metadata) instead of stopping",
-    )
+    add_skip_bad(p, "leave malformed source records out (counted in the metadata) instead of stopping")
     return p
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ipl_jax.cli.common import (
     CommandParser,
+    add_skip_bad,
     command,
     hidden_alias,
     nonnegative_int,
@@ -56,11 +57,7 @@ def parser() -> CommandParser:
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--discount", type=float, default=0.95, help="value backup discount c (docs/method.md §5)")
     p.add_argument("--mesh", action="store_true", help="shard over every device (batch over data x fsdp)")
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave malformed dataset records out (and say how many) instead of stopping",
-    )
+    add_skip_bad(p)
     return p
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ipl_jax.cli.common import CommandParser, command, report_skipped, write_text
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, report_skipped, write_text
 from ipl_jax.pipeline.validate import UsageError, input_dir, input_file, output_file
 
 PROG = "ipl-jax score"
@@ -36,11 +36,7 @@ def parser() -> CommandParser:
         + ")",
     )
     p.add_argument("--json", default=None, help="also write the metric table as JSON to this file")
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave malformed dataset records out (and say how many) instead of stopping",
-    )
+    add_skip_bad(p)
     return p
 
 

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ipl_jax.cli.common import CommandParser, command, hidden_alias, positive_int, write_text
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, hidden_alias, positive_int, write_text
 from ipl_jax.cli.score import load_split
 from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
 
@@ -31,11 +31,7 @@ def parser() -> CommandParser:
     p.add_argument("--embedder", choices=EMBEDDERS, default=None)
     p.add_argument("--diversity-weight", type=float, default=None)
     p.add_argument("--json", default=None, help="write the scores and the choice as JSON")
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="leave malformed dataset records out (and say how many) instead of stopping",
-    )
+    add_skip_bad(p)
     return p
 
 

@@ -37,12 +37,15 @@ import collections
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ipl_jax.coat.actions import ACTION_TYPES, DIRECTIONS, Action, box_center, invalid_action
 
-if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
-    from ipl_jax.data.records import Step, UIElement
+# The step records of data/ (``data.records.Step`` / ``Episode`` / ``UIElement``) are read in coat/ by their
+# attributes only: coat/ sits below data/ and never imports it.
+StepLike = Any
+EpisodeLike = Any
+ElementLike = Any
 
 POINT_TYPES = ("click", "long_press")
 TEXT_TYPES = ("type", "open_app")
@@ -173,7 +176,7 @@ def finite_point(p) -> tuple[float, float] | None:
     return (x, y) if math.isfinite(x) and math.isfinite(y) else None
 
 
-def match_boxes(elements: Iterable[UIElement], rules: MatchRules) -> list[tuple[float, float, float, float]]:
+def match_boxes(elements: Iterable[ElementLike], rules: MatchRules) -> list[tuple[float, float, float, float]]:
     """The golden boxes the click rule uses: the elements' boxes (clickable ones only if the rules say so)."""
     return [tuple(e.box) for e in elements if rules.elements == "all" or e.clickable]
 
@@ -234,7 +237,7 @@ def _axis(direction: str | None) -> str | None:
 def match_action(
     pred: Action,
     gold: Action,
-    elements: Sequence[UIElement] = (),
+    elements: Sequence[ElementLike] = (),
     screen_size: tuple[int, int] | None = None,
     rules: str | MatchRules = "aitz",
 ) -> Verdict:
@@ -267,7 +270,7 @@ def match_action(
     return Verdict(True, bool(ok), details)
 
 
-def match_step(pred: Action | None, step: Step, rules: str | MatchRules = "aitz") -> Verdict:
+def match_step(pred: Action | None, step: StepLike, rules: str | MatchRules = "aitz") -> Verdict:
     """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step."""
     if pred is None:
         pred = invalid_action()

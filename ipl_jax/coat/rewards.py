@@ -44,7 +44,6 @@ import dataclasses
 import functools
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +51,16 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.coat.actions import ACTION_TYPES, BUTTONS, DIRECTIONS, Action, box_center
-from ipl_jax.coat.metrics import MatchRules, enlarge_box, finite_point, get_rules, in_box, normalise_text, text_tokens
-
-if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
-    from ipl_jax.data.records import Step
+from ipl_jax.coat.metrics import (
+    MatchRules,
+    StepLike,
+    enlarge_box,
+    finite_point,
+    get_rules,
+    in_box,
+    normalise_text,
+    text_tokens,
+)
 
 CLICK_ID = ACTION_TYPES.index("click")
 LONG_PRESS_ID = ACTION_TYPES.index("long_press")
@@ -216,7 +221,7 @@ def encode_actions(actions: Sequence[Action | None], max_chars: int = 128, max_w
 
 
 def encode_golden(
-    steps: Sequence[Step],
+    steps: Sequence[StepLike],
     max_elements: int = 16,
     max_chars: int = 128,
     max_words: int = 32,

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ipl_jax.coat.actions import CORE_TYPES, Action
-from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, MatchRules, Verdict, get_rules, match_step
-
-if TYPE_CHECKING:  # records are only read here (duck-typed); coat/ sits below data/
-    from ipl_jax.data.records import Episode, Step
+from ipl_jax.coat.metrics import (
+    DEFAULT_RULES,
+    FORMATS,
+    EpisodeLike,
+    MatchRules,
+    StepLike,
+    Verdict,
+    get_rules,
+    match_step,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +118,13 @@ def step_acc_table(results: Sequence[StepResult], fmt: str = "aitz") -> dict:
     return table
 
 
-def _meta(step: Step, episode: Episode, key: str):
+def _meta(step: StepLike, episode: EpisodeLike, key: str):
     v = step.meta.get(key)
     return episode.meta.get(key) if v is None else v
 
 
 def score_steps(
-    episodes: Sequence[Episode],
+    episodes: Sequence[EpisodeLike],
     predictions: Mapping[tuple[str, int], Action],
     rules: str | MatchRules = "aitz",
 ) -> list[StepResult]:
@@ -147,7 +152,7 @@ def score_steps(
 
 
 def score_episodes(
-    episodes: Sequence[Episode],
+    episodes: Sequence[EpisodeLike],
     predictions: Mapping[tuple[str, int], Action],
     fmt: str = "aitz",
     rules: str | MatchRules | None = None,

@@ -16,14 +16,9 @@ The architecture comes from the checkpoint's config.json. ``QWEN25VL_3B`` is the
 Hub's flat layout (what ``Qwen2VLConfig.from_hf_dict`` and transformers both read); ``c.model`` repeats its sizes.
 """
 
-import importlib.util
-from pathlib import Path
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location("_ipl_jax_paper_base", Path(__file__).with_name("paper_base.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from ipl_jax.configs import paper_base as _base
 
 MAX_PIXELS = 12_845_056  # UI-R1's training value (= 16384 merged tokens of 28x28 pixels)
 

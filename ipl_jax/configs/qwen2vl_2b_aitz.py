@@ -4,17 +4,11 @@
         --config.model.checkpoint=/models/Qwen2-VL-2B-Instruct --workdir runs/aitz2b
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("_ipl_jax_paper_base", Path(__file__).with_name("paper_base.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from ipl_jax.configs import qwen2vl_7b_aitz as _aitz_7b
 
 
 def get_config(arg=None):
-    c = _base.paper_config("aitz", max_pixels=1540 * 1540, train_samples=63_158, arg=arg)
-    c.data.test_splits = ("test",)
+    c = _aitz_7b.get_config(arg)
     c.sft.learning_rate = 2e-5  # [choice] the upper half of the paper's range for the smaller model
     c.ipl.lora_rank = 64  # [choice] IPL with adapters: reference + policy + optimizer fit one GPU
     return c

@@ -4,12 +4,7 @@
         --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/amex7b
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("_ipl_jax_paper_base", Path(__file__).with_name("paper_base.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from ipl_jax.configs import paper_base as _base
 
 
 def get_config(arg=None):

@@ -13,48 +13,24 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, layer_norm, quick_gelu, segment_attention
-from ipl_jax.model.rope import apply_rotary, vision_cos_sin
+from ipl_jax.model.layers import dense, layer_norm, quick_gelu
+from ipl_jax.model.rope import vision_cos_sin
 from ipl_jax.model.vision25 import encode_images_qwen25
+from ipl_jax.model.vision_common import VisionInputs, merge_patches, vision_block
+
+__all__ = ["VisionInputs", "encode_images", "encode_images_unjitted", "merged_valid"]
 
 _LN_EPS = 1e-6
 
 
-@struct.dataclass
-class VisionInputs:
-    """Padded patches of every image of a batch.
-
-    patches: f32[P, C*T*ps*ps] (the processor's ``pixel_values`` rows, zero rows for padding)
-    pos_hw: int32[P, 2] (row, column of each patch in its image grid, block-major over merge blocks)
-    segment_ids: int32[P] (index of the image's temporal slice, -1 for padding)
-    P is a multiple of ``merge_factor``; merged outputs number P // merge_factor.
-    """
-
-    patches: jnp.ndarray
-    pos_hw: jnp.ndarray
-    segment_ids: jnp.ndarray
+def _layer_norm(p, x):
+    return layer_norm(p, x, _LN_EPS)
 
 
-def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
-    """One pre-norm ViT block. x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] segment ids."""
-    v = cfg.vision
-    dtype = x.dtype
-    p_len = x.shape[0]
-    h = layer_norm(bp["norm1"], x, _LN_EPS)
-    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
-    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
-    cq, sq = cos[:, None, :], sin[:, None, :]
-    q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)
-    k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
-    o = o[0].reshape(p_len, v.embed_dim)
-    x = x + dense(bp["attn"]["proj"], o, dtype)
-    h = layer_norm(bp["norm2"], x, _LN_EPS)
-    h = dense(bp["mlp"]["fc2"], quick_gelu(dense(bp["mlp"]["fc1"], h, dtype)), dtype)
-    return x + h
+def _mlp(mp, h, dtype):
+    return dense(mp["fc2"], quick_gelu(dense(mp["fc1"], h, dtype)), dtype)
 
 
 def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
@@ -70,15 +46,10 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     seg = vision.segment_ids
 
     def body(x, bp):
-        return _vision_block(cfg, x, bp, cos, sin, seg), None
+        return vision_block(cfg, _layer_norm, _mlp, x, bp, cos, sin, seg), None
 
     x, _ = jax.lax.scan(body, x, vp["blocks"])
-    mp = vp["merger"]
-    h = layer_norm(mp["ln_q"], x, _LN_EPS).reshape(-1, v.merge_factor * v.embed_dim)
-    h = dense(mp["mlp_0"], h, dtype)
-    h = jax.nn.gelu(h, approximate=False)
-    h = dense(mp["mlp_2"], h, dtype)
-    return h.astype(jnp.float32)
+    return merge_patches(cfg, _layer_norm, vp["merger"], x)
 
 
 def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:

@@ -1,4 +1,4 @@
-"""The Qwen2.5-VL vision tower on the same fixed-shape packed patches as Qwen2-VL (``vision.VisionInputs``).
+"""The Qwen2.5-VL vision tower on the same fixed-shape packed patches as Qwen2-VL (``vision_common.VisionInputs``).
 
 What differs from Qwen2-VL: RMSNorm instead of LayerNorm (blocks and the merger's ``ln_q``), a SwiGLU MLP with
 biases, and windowed attention. Each image slice's merged tokens (2x2 patch groups) are tiled into windows of
@@ -18,18 +18,14 @@ for ``segment_attention``. Pad patches (segment -1) sort last and form one windo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, rms_norm, segment_attention
-from ipl_jax.model.rope import apply_rotary, vision_cos_sin
-
-if TYPE_CHECKING:  # annotations only: vision.py imports this module
-    from ipl_jax.model.vision import VisionInputs
+from ipl_jax.model.layers import dense, rms_norm
+from ipl_jax.model.rope import vision_cos_sin
+from ipl_jax.model.vision_common import VisionInputs, merge_patches, vision_block
 
 _NORM_EPS = 1e-6
 
@@ -58,23 +54,12 @@ def window_order(pos_hw: jnp.ndarray, segment_ids: jnp.ndarray, cfg: Qwen2VLConf
     return perm, inverse, window
 
 
-def _block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
-    """One pre-norm block. x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] (window or slice ids)."""
-    v = cfg.vision
-    dtype = x.dtype
-    p_len = x.shape[0]
-    h = rms_norm(bp["norm1"], x, _NORM_EPS)
-    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
-    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
-    cq, sq = cos[:, None, :], sin[:, None, :]
-    q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
-    k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
-    x = x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
-    h = rms_norm(bp["norm2"], x, _NORM_EPS)
-    mp = bp["mlp"]
-    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
-    return x + h
+def _rms_norm(p, x):
+    return rms_norm(p, x, _NORM_EPS)
+
+
+def _mlp(mp, h, dtype):  # SwiGLU with biases
+    return dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
 
 
 def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
@@ -99,15 +84,11 @@ def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs)
 
     def body(x, xs):
         bp, is_full = xs
-        return _block(cfg, x, bp, cos, sin, jnp.where(is_full, seg_slice, seg_window)), None
+        seg = jnp.where(is_full, seg_slice, seg_window)  # whole slice or window
+        return vision_block(cfg, _rms_norm, _mlp, x, bp, cos, sin, seg), None
 
     x, _ = jax.lax.scan(body, x, (vp["blocks"], jnp.asarray(full)))
-    mp = vp["merger"]
-    h = rms_norm(mp["ln_q"], x, _NORM_EPS).reshape(-1, mf * v.embed_dim)
-    h = dense(mp["mlp_0"], h, dtype)
-    h = jax.nn.gelu(h, approximate=False)
-    h = dense(mp["mlp_2"], h, dtype)
-    return jnp.take(h, inverse, axis=0).astype(jnp.float32)
+    return jnp.take(merge_patches(cfg, _rms_norm, vp["merger"], x), inverse, axis=0)
 
 
 def window_index_host(grid_thw, cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndarray]:

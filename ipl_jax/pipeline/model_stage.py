@@ -7,7 +7,7 @@ hands its model to the next one as such a directory (``WORKDIR/model/init``, ``W
 ``ipl-jax eval`` as is.
 
 Without ``config.model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
-(``data.tiny.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
+(``data.tiny_tokenizer.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
     texts, the thought prompts with their histories, and the evolved Q&A; plus the chat scaffolding."""
     from ipl_jax.coat.actions import format_action, format_grounding
     from ipl_jax.data.dialogue import DEFAULT_PROMPTS
-    from ipl_jax.data.tiny import scaffold_texts
+    from ipl_jax.data.tiny_tokenizer import scaffold_texts
 
     lines = scaffold_texts()
     for s in steps:
@@ -158,7 +158,7 @@ def build_initial_model(
         write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
-    from ipl_jax.data.tiny import train_tokenizer, write_tokenizer
+    from ipl_jax.data.tiny_tokenizer import train_tokenizer, write_tokenizer
     from ipl_jax.model import Qwen2VLConfig, init_params
 
     corpus = tokenizer_corpus(train_steps, qas)

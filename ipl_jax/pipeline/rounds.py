@@ -25,6 +25,7 @@ import numpy as np
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.progress import progress
 
 RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", *RL_METHODS)
@@ -232,6 +233,21 @@ def ipl_settings(config: ml_collections.ConfigDict) -> IPLSettings:
     return IPLSettings(**values)
 
 
+def ipl_optimizer(config: ml_collections.ConfigDict, round_index: int = 1):
+    """The ``ipl`` section's ``OptimizerSettings`` for a round: read by ``training.optimizer.optimizer_settings``
+    (learning rate, schedule, warm-up), with ``later_learning_rate`` from round 2 when set and the SFT section's
+    gradient clipping."""
+    from ipl_jax.preference.tdpo import IPL_OPTIMIZER
+    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
+
+    settings = optimizer_settings({**settings_dict(IPL_OPTIMIZER), **config.ipl})
+    return dataclasses.replace(
+        settings,
+        learning_rate=ipl_settings(config).lr(round_index),
+        grad_clip_norm=optimizer_settings(config.sft).grad_clip_norm,
+    )
+
+
 def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
     from ipl_jax.preference.losses import DPOConfig
     from ipl_jax.preference.tdpo import TDPOConfig
@@ -241,16 +257,13 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
         model=cfg,
         dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
         objective="positive_sft" if s.method == "no_negatives" else "tdpo",
-        learning_rate=s.lr(round_index),
-        schedule=s.schedule,
-        warmup_steps=s.warmup_steps,
-        grad_clip_norm=float(config.sft.grad_clip),
+        optimizer_settings=ipl_optimizer(config, round_index),
     )
 
 
 def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
     """The ``preference.round.RoundConfig`` of a round."""
-    from ipl_jax.preference.packing import PackingConfig
+    from ipl_jax.preference.packed_batch import PackingConfig
     from ipl_jax.preference.pairs import PairConfig
     from ipl_jax.preference.round import RoundConfig
     from ipl_jax.preference.selection import SelectionConfig
@@ -322,7 +335,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
         per_step = []
-        for _ in range(n_updates):
+        for _ in progress(range(n_updates), desc="continued SFT", unit="step"):
             if len(order) < bs:
                 order.extend(order_rng.permutation(len(steps)).tolist())
             chosen, order = order[:bs], order[bs:]
@@ -373,7 +386,9 @@ def run_round(
     def sample(params, _n, rng):
         current = dataclasses.replace(policy, params=params)
         seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
-        for batch in iter_tree_batches(current, steps, sconfig, seed, int(config.sampler.batch_size)):
+        bs = int(config.sampler.batch_size)
+        batches = iter_tree_batches(current, steps, sconfig, seed, bs)
+        for batch in progress(batches, total=-(-len(steps) // bs), desc=f"round {round_index} trees", unit="batch"):
             sampled = sampled_trees(batch, policy.tokenizer)
             pending[id(sampled)] = (batch, turn_texts(batch.tree, policy.tokenizer))
             yield sampled

@@ -83,7 +83,7 @@ def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
 def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
     micro-batches share the token bucket of the batch's longest example."""
-    from ipl_jax.data.dialogue import collate, smallest_bucket
+    from ipl_jax.data.batching import collate, smallest_bucket
     from ipl_jax.training.sft import sft_model_batch
     from ipl_jax.training.step import stack_microbatches
 
@@ -109,18 +109,15 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
 
 
 def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The training config of warm-up SFT; its optimizer section is ``optimizer_settings(config.sft)`` (the one
+    conversion: ``steps`` spans the schedule, ``grad_clip`` is the clipping norm)."""
+    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
     from ipl_jax.training.state import default_train_config
 
     t = default_train_config()
     t.seed = int(config.seed)
     t.num_steps = int(config.sft.steps)
-    o = t.optimizer
-    o.learning_rate = float(config.sft.learning_rate)
-    o.schedule = str(config.sft.schedule)
-    o.warmup_steps = int(config.sft.warmup_steps)
-    o.total_steps = int(config.sft.steps)
-    o.weight_decay = float(config.sft.weight_decay)
-    o.grad_clip_norm = float(config.sft.grad_clip)
+    t.optimizer = ml_collections.ConfigDict(dict(settings_dict(optimizer_settings(config.sft))))
     t.freeze_vision = bool(config.sft.freeze_vision)
     if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
         t.lora.enabled = True

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from ipl_jax.preference.packing import PairRef, PrefixGroup
+from ipl_jax.preference.packed_batch import PairRef, PrefixGroup
 
 # ------------------------------------------------------------------------------------ groups from CoaT-trees
 

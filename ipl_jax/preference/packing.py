@@ -25,7 +25,8 @@ prefix token's (text) position. So a continuation is positioned exactly as if it
 The **unpacked** layout (``unpack_groups``) is the same builder with one continuation per group: the prefix is
 repeated for every continuation. It exists for the equality test and the benchmark.
 
-Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots per row, ``P`` pair slots.
+Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots per row, ``P`` pair slots. The data
+types (``PrefixGroup``, ``PairRef``, ``PackingConfig``, ``PackedBatch``) live in ``preference.packed_batch``.
 """
 
 from __future__ import annotations
@@ -36,137 +37,21 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.inputs import (
-    DEFAULT_PATCH_BUCKETS,
-    DEFAULT_TEXT_BUCKETS,
-    get_rope_index,
-    pick_bucket,
-    prepare_vision,
-)
+from ipl_jax.model.inputs import get_rope_index, pick_bucket, prepare_vision
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import VisionInputs, encode_images_unjitted
-
-PAD_SEGMENT = -1
-PREFIX_SEGMENT = 0
-
+from ipl_jax.preference.packed_batch import (  # noqa: F401  (re-exported: the batch format, imported from here)
+    PAD_SEGMENT,
+    PREFIX_SEGMENT,
+    PackedBatch,
+    PackingConfig,
+    PairRef,
+    PrefixGroup,
+)
 
 # ------------------------------------------------------------------------------------------------- host side
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixGroup:
-    """One shared prefix and the continuations scored after it (numpy, unpadded).
-
-    prefix_ids: int32[L] (image pads expanded; the last token must be text);
-    continuations: tuple of int32[n_i] (each a complete turn, closing ``<|im_end|>`` included when it has one);
-    scored: tuple of bool[n_i] or None (all True): which continuation tokens count in its summed log-prob (the
-      naive-DPO baseline keeps the user prompts between turns in the continuation but does not score them);
-    pixel_values: f32[N, patch_dim] or None; image_grid_thw: int[n, 3] or None; name: for error messages.
-    """
-
-    prefix_ids: np.ndarray
-    continuations: tuple
-    pixel_values: np.ndarray | None = None
-    image_grid_thw: np.ndarray | None = None
-    scored: tuple | None = None
-    name: str = ""
-
-    def scored_mask(self, i: int) -> np.ndarray:
-        n = len(self.continuations[i])
-        return np.ones(n, bool) if self.scored is None else np.asarray(self.scored[i], bool).reshape(n)
-
-    @property
-    def row_length(self) -> int:
-        """Tokens this group takes in a packed row: L - 1 + Σ n_i."""
-        return len(self.prefix_ids) - 1 + sum(len(c) for c in self.continuations)
-
-
-@dataclasses.dataclass(frozen=True)
-class PairRef:
-    """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` is
-    the CoaT turn they belong to (0 for whole-trajectory pairs), kept for metrics. ``pos_type`` (the positive's
-    action type, ``pairs.action_type_id``; -1 unknown), ``gap`` (its value gap) and ``tree_class``
-    (``pairs.BETA`` / ``GAMMA``; -1 unknown) serve round-level selection and metrics (``preference.selection``)."""
-
-    group: int
-    pos: int
-    neg: int
-    turn: int = 0
-    pos_type: int = -1
-    gap: float = 0.0
-    tree_class: int = -1
-
-
-@dataclasses.dataclass(frozen=True)
-class PackingConfig:
-    """Fixed shapes of packed batches.
-
-    rows (B), max_continuations (M: continuation slots per row; a β node needs K, a γ node K + 1), max_pairs
-    (P: pair slots per batch). ``text_buckets``: a batch takes the smallest bucket that fits its longest row.
-    ``patch_buckets``: buckets for the image patches of **one row** (a row's screenshot); every row of a batch
-    gets the smallest bucket that fits the batch's largest row. Give one bucket each to make every batch of
-    every round one shape.
-    """
-
-    rows: int = 8
-    max_continuations: int = 4
-    max_pairs: int = 16
-    text_buckets: tuple = DEFAULT_TEXT_BUCKETS
-    patch_buckets: tuple = DEFAULT_PATCH_BUCKETS
-    pad_id: int = 0
-
-    def __post_init__(self):
-        if self.rows < 1 or self.max_continuations < 1 or self.max_pairs < 1:
-            raise ValueError(f"PackingConfig: rows, max_continuations and max_pairs must be >= 1, got {self}")
-        object.__setattr__(self, "text_buckets", tuple(sorted(int(b) for b in self.text_buckets)))
-        object.__setattr__(self, "patch_buckets", tuple(sorted(int(b) for b in self.patch_buckets)))
-
-
-@struct.dataclass
-class PackedBatch:
-    """A fixed-shape batch of prefix-packed rows and the pairs that compare their continuations.
-
-    input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE); segment_ids: int32[B, T] (-1 pad, 0 prefix,
-    i + 1 continuation slot i); target_ids: int32[B, T] (the token predicted at each position, 0 where none);
-    score_slot: int32[B, T] (the continuation slot whose scored token is predicted at each position, -1 where
-    none); vision: VisionInputs with a leading row axis (patches f32[B, Pr, patch_dim], pos_hw int32[B, Pr, 2],
-    segment_ids int32[B, Pr]: each row's images, padded per row) or None. The vision tower runs row by row, so
-    its attention cost grows with the patches of one row, not of the whole batch.
-    Pairs: pair_pos / pair_neg int32[P] (flat slot index row * M + slot of the chosen / rejected continuation);
-    pair_valid bool[P]; pair_turn int32[P]; ref_pos / ref_neg f32[P] (reference log-probs, 0 until attached).
-    """
-
-    input_ids: jax.Array
-    positions: jax.Array
-    segment_ids: jax.Array
-    target_ids: jax.Array
-    score_slot: jax.Array
-    vision: VisionInputs | None
-    pair_pos: jax.Array
-    pair_neg: jax.Array
-    pair_valid: jax.Array
-    pair_turn: jax.Array
-    ref_pos: jax.Array
-    ref_neg: jax.Array
-    max_continuations: int = struct.field(pytree_node=False, default=1)
-
-    @property
-    def rows(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def length(self) -> int:
-        return int(self.input_ids.shape[1])
-
-    @property
-    def num_pairs(self) -> int:
-        return int(np.sum(np.asarray(self.pair_valid)))
-
-    def with_reference(self, ref_pos, ref_neg) -> PackedBatch:
-        return self.replace(ref_pos=jnp.asarray(ref_pos, jnp.float32), ref_neg=jnp.asarray(ref_neg, jnp.float32))
 
 
 def _group_name(group: PrefixGroup, index: int) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
-from ipl_jax.preference.packing import PackingConfig
+from ipl_jax.preference.packed_batch import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
 from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
 from ipl_jax.training import state as state_lib

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ipl_jax.preference.grouping import GroupedPairs
-from ipl_jax.preference.packing import PairRef
+from ipl_jax.preference.packed_batch import PairRef
 
 
 @dataclasses.dataclass(frozen=True)

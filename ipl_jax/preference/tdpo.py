@@ -5,7 +5,7 @@ A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, the
     packed batches ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
 
 * ``TDPOConfig`` — a frozen (hashable) dataclass: model config, DPO settings (kind, β, λ_sft), the objective
-  (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), optimizer settings, remat / chunking.
+  (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), ``OptimizerSettings``, remat / chunking.
 * ``attach_reference(ref_params, batches, config)`` — reference log-probs of every pair, computed once per
   round by a separate jitted function under ``stop_gradient`` (never inside ``value_and_grad``), stored in the
   batches (``PackedBatch.ref_pos`` / ``ref_neg``).
@@ -26,28 +26,24 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
-from ipl_jax.preference.packing import PackedBatch
+from ipl_jax.preference.packed_batch import PackedBatch
+from ipl_jax.progress import progress
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
 
 OBJECTIVES = ("tdpo", "positive_sft")
 
-_TRACES = {"tdpo_loss": 0, "reference": 0}
-
-
-def trace_counts() -> dict:
-    """How many times the T-DPO loss and the reference function have been traced (= compiled) so far."""
-    return dict(_TRACES)
-
-
 # ------------------------------------------------------------------------------------------------- config
+
+
+# The T-DPO defaults (paper round 1, docs/method.md §7): a constant 1e-6 after no warm-up, clipping at 1.
+IPL_OPTIMIZER = optimizer_lib.OptimizerSettings(learning_rate=1e-6, schedule="constant", total_steps=1000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,62 +51,43 @@ class TDPOConfig:
     """Settings of the T-DPO step (hashable: the jitted step is cached per config).
 
     Paper values (docs/method.md §7): IPL lr 1e-6..1e-7 in round 1, constant 1e-7 after; β = 0.1, λ_sft = 1.0.
-    ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (steps count across rounds).
+    ``optimizer_settings``: the one optimizer shape (``training.optimizer.OptimizerSettings``); its
+    ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (``round_schedule`` sets it per round).
+    ``learning_rate``: a shortcut that sets ``optimizer_settings.learning_rate`` (not stored on its own).
     """
 
     model: Qwen2VLConfig
     dpo: losses.DPOConfig = losses.DPOConfig()
     objective: str = "tdpo"  # "tdpo" | "positive_sft" (IPL without negatives)
-    learning_rate: float = 1e-6
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    end_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 1.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
+    optimizer_settings: optimizer_lib.OptimizerSettings = IPL_OPTIMIZER
     remat: bool = False  # rematerialise decoder layers in the backward pass
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
+    learning_rate: dataclasses.InitVar[float | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, learning_rate):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TDPOConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.dpo.kind not in losses.DPO_KINDS:
             raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.DPO_KINDS}, got {self.dpo.kind!r}")
-
-    def optimizer_section(self) -> ml_collections.ConfigDict:
-        """The ``optimizer`` section ``training.optimizer.make_optimizer`` / ``make_schedule`` read."""
-        c = state_lib.default_train_config().optimizer
-        for key in (
-            "learning_rate",
-            "schedule",
-            "warmup_steps",
-            "total_steps",
-            "end_lr_ratio",
-            "weight_decay",
-            "grad_clip_norm",
-            "b1",
-            "b2",
-            "eps",
-        ):
-            c[key] = getattr(self, key)
-        return c
+        if learning_rate is not None:
+            settings = dataclasses.replace(self.optimizer_settings, learning_rate=float(learning_rate))
+            object.__setattr__(self, "optimizer_settings", settings)
 
     def optimizer(self):
-        return optimizer_lib.make_optimizer(self.optimizer_section())
+        """The optax transformation of ``optimizer_settings``."""
+        return optimizer_lib.make_optimizer(self.optimizer_settings)
 
     def schedule_fn(self):
-        return optimizer_lib.make_schedule(self.optimizer_section())
+        return optimizer_lib.make_schedule(self.optimizer_settings)
 
 
 def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
     """``config`` with a cosine schedule spanning a round's ``n_updates`` (a constant schedule is left as is)."""
-    if config.schedule == "constant":
+    if config.optimizer_settings.schedule == "constant":
         return config
-    return dataclasses.replace(config, total_steps=max(1, int(n_updates)))
+    settings = dataclasses.replace(config.optimizer_settings, total_steps=max(1, int(n_updates)))
+    return dataclasses.replace(config, optimizer_settings=settings)
 
 
 def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainState:
@@ -144,7 +121,6 @@ def make_tdpo_loss(config: TDPOConfig):
 
     def loss_fn(params, batch: PackedBatch, rng):
         del rng  # no dropout in Qwen2-VL
-        _TRACES["tdpo_loss"] += 1
         pos, neg, pos_tokens = pair_terms(params, config.model, batch, remat=config.remat, chunk=config.logp_chunk)
         return pair_loss(pos, neg, pos_tokens, batch, config)
 
@@ -192,27 +168,26 @@ def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.T
     return state_lib.train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
 
 
-def _tree_key(tree) -> tuple:
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves)
-
-
 # ------------------------------------------------------------------------------------------------- the step
 
-_STEP_CACHE: dict = {}
+
+def _step_options(config: TDPOConfig) -> dict:
+    """``training.step.train_step_fn``'s options of the T-DPO update: each step weighs by its valid pairs."""
+    return dict(schedule=config.schedule_fn(), weight_key="pairs", compute_dtype=config.compute_dtype)
 
 
 def make_tdpo_step(
     config: TDPOConfig, *, mesh=None, state: state_lib.TrainState | None = None, batch: PackedBatch | None = None
 ):
-    """The jitted ``step(state, batch) -> (state, metrics)`` (state donated). Under a ``mesh`` an example
-    ``state`` and ``batch`` fix the shardings.
+    """A fresh jitted ``step(state, batch) -> (state, metrics)`` (state donated), for ahead-of-time lowering and
+    benchmarks (``tdpo_step`` is the cached one the round loop uses). Under a ``mesh`` an example ``state`` and
+    ``batch`` fix the shardings.
 
     metrics: loss, pref_loss, sft_nll, reward_margin, reward_accuracy, chosen_logratio, rejected_logratio
     (pair means), pairs (valid pairs), grad_norm, lr.
     """
     optimizer = config.optimizer()
-    kwargs = dict(schedule=config.schedule_fn(), weight_key="pairs", compute_dtype=config.compute_dtype)
+    kwargs = _step_options(config)
     if mesh is not None:
         if state is None or batch is None:
             raise ValueError("make_tdpo_step: a mesh needs an example state and batch")
@@ -224,25 +199,38 @@ def make_tdpo_step(
     return step_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
 
 
-def _cached_step(config: TDPOConfig, mesh, state, batch):
-    key = (config, mesh) if mesh is None else (config, mesh, _tree_key(state), _tree_key(batch))
-    if key not in _STEP_CACHE:
-        _STEP_CACHE[key] = make_tdpo_step(config, mesh=mesh, state=state, batch=batch)
-    return _STEP_CACHE[key]
+def _tdpo_update(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, mesh):
+    """The update ``make_tdpo_step`` builds, traced once per (config, mesh, shapes) by ``_tdpo_update_jit``.
+    Under a mesh the batch rows and the new state are pinned to their shardings, so the next step's inputs
+    arrive as this one's did (same program)."""
+    optimizer = config.optimizer()
+    if mesh is not None:
+        batch = jax.lax.with_sharding_constraint(batch, batch_shardings(batch, mesh))
+    step = step_lib.train_step_fn(make_tdpo_loss(config), optimizer, **_step_options(config))
+    new_state, metrics = step(state, batch)
+    if mesh is not None:
+        new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(state, optimizer, mesh))
+    return new_state, metrics
+
+
+# jax.jit's own cache (keyed on the hashable config, the mesh and the input shapes) holds the compiled steps
+_tdpo_update_jit = jax.jit(_tdpo_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
     """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
 
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
-    return _cached_step(config, mesh, state, batch)(state, batch)
+    if mesh is None:
+        return _tdpo_update_jit(state, batch, config, None)
+    with jax.set_mesh(mesh):
+        return _tdpo_update_jit(state, jax.device_put(batch, batch_shardings(batch, mesh)), config, mesh)
 
 
 # ------------------------------------------------------------------------------------------------- reference
 
 
 def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: bool, chunk: int):
-    _TRACES["reference"] += 1
     params = jax.lax.stop_gradient(params)
     pos, neg, _ = pair_terms(params, cfg, batch, remat=remat, chunk=chunk)
     valid = batch.pair_valid
@@ -250,6 +238,12 @@ def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: b
 
 
 _reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
+
+
+def trace_counts() -> dict:
+    """How many programs this process holds for the T-DPO update and the reference log-probs (one per config,
+    mesh and input shapes): read from the jitted functions' own caches, no counter of ours."""
+    return {"tdpo_step": _tdpo_update_jit._cache_size(), "reference": _reference_jit._cache_size()}
 
 
 def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
@@ -284,7 +278,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
 
         ref_params = jax.device_put(ref_params, param_shardings(ref_params, mesh))
     out = []
-    for batch in batches:
+    for batch in progress(batches, desc="reference log-probs", unit="batch"):
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
         out.append(batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg)))
     return RoundData(batches=out, has_reference=True)
@@ -349,10 +343,15 @@ def train_round(
         sh = state_shardings(state, config.optimizer(), mesh)
         state = jax.device_put(state, sh)
     device_metrics = []
-    for i in order:
-        state, m = tdpo_step(state, batches[i], config, mesh=mesh)
-        device_metrics.append(m)
-    per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+    with progress(total=len(order), desc="T-DPO", unit="step") as bar:
+        for k, i in enumerate(order):
+            state, m = tdpo_step(state, batches[i], config, mesh=mesh)
+            device_metrics.append(m)
+            if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
+                jax.block_until_ready(device_metrics[k - 1]["loss"])
+                bar.update(1)
+        per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+        bar.update(1 if per_step else 0)
     metrics = summarize_steps(per_step)
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]

@@ -134,6 +134,26 @@ def sample_turn(
     return tokens, n, logps, done, cache, pending
 
 
+def sample_config_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed, keys, budget: int, temperature, config):
+    """``sample_turn`` with the token rules of a ``SamplerConfig`` ``config`` (top-k / top-p, eos and pad ids,
+    early exit, suppressed ids)."""
+    return sample_turn(
+        params,
+        cfg,
+        cache,
+        feed,
+        keys,
+        budget,
+        temperature,
+        config.top_k,
+        config.top_p,
+        config.eos_ids,
+        config.pad_id,
+        config.early_exit,
+        config.suppress_ids,
+    )
+
+
 def last_tokens(tokens: jax.Array, lengths: jax.Array, pad_id: int) -> jax.Array:
     """int32[R]: each row's last valid token (pad_id for empty rows)."""
     tok = jnp.take_along_axis(tokens, jnp.maximum(lengths - 1, 0)[:, None], axis=1)[:, 0]

@@ -27,7 +27,7 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import last_valid_index
 from ipl_jax.model.inputs import get_rope_index, prepare_vision
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.sampling.decoding import sample_turn
+from ipl_jax.sampling.decoding import sample_config_turn
 from ipl_jax.sampling.keys import node_keys, step_keys
 from ipl_jax.sampling.prompts import StepPrompts
 
@@ -58,21 +58,7 @@ def _scratch_level(
     head = mask & (jnp.arange(length)[None, :] != last[:, None])
     cache = init_cache(cfg, r, length + budget)
     _, cache = extend(params, cfg, cache, ids, head, positions=positions, image_features=feats)
-    tok, n, lp, fin, _, _ = sample_turn(
-        params,
-        cfg,
-        cache,
-        feed,
-        keys,
-        budget,
-        temperature,
-        config.top_k,
-        config.top_p,
-        config.eos_ids,
-        config.pad_id,
-        config.early_exit,
-        config.suppress_ids,
-    )
+    tok, n, lp, fin, _, _ = sample_config_turn(params, cfg, cache, feed, keys, budget, temperature, config)
     return tok, n, lp, fin
 
 

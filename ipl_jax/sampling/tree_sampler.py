@@ -34,7 +34,14 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import grow_cache
 from ipl_jax.model.sharding import batch_spec, inputs_shardings
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.sampling.decoding import constrain_rows, extend_prompt, fan_out, last_tokens, prefill_context, sample_turn
+from ipl_jax.sampling.decoding import (
+    constrain_rows,
+    extend_prompt,
+    fan_out,
+    last_tokens,
+    prefill_context,
+    sample_config_turn,
+)
 from ipl_jax.sampling.keys import node_keys
 from ipl_jax.sampling.prompts import TreePrompts
 
@@ -66,20 +73,8 @@ def _sample_tree(
         cache, feed = fan_out(cache, feed, br[t - 1], sizes[t - 1])
         cache = constrain_rows(cache, mesh, cfg)
         keys = node_keys(jnp.asarray(prompts.step_keys), br, t).reshape(-1, 2)
-        tok, n, lp, fin, cache, pending_valid = sample_turn(
-            params,
-            cfg,
-            cache,
-            feed,
-            keys,
-            config.max_turn_tokens[t - 1],
-            temperature[t - 1],
-            config.top_k,
-            config.top_p,
-            config.eos_ids,
-            config.pad_id,
-            config.early_exit,
-            config.suppress_ids,
+        tok, n, lp, fin, cache, pending_valid = sample_config_turn(
+            params, cfg, cache, feed, keys, config.max_turn_tokens[t - 1], temperature[t - 1], config
         )
         pending = last_tokens(tok, n, config.pad_id)
         shape = (b,) + br[:t]

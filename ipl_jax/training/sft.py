@@ -71,7 +71,7 @@ def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
 
 
 def sft_model_batch(cfg, batch) -> dict:
-    """Host-side: a collated ``data.dialogue.TrainingBatch`` -> the arrays the Qwen2-VL SFT loss reads.
+    """Host-side: a collated ``data.batching.TrainingBatch`` -> the arrays the Qwen2-VL SFT loss reads.
 
     Returns numpy arrays {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T],
     positions int32[3, B, T] (M-RoPE, computed here), vision: model.VisionInputs with P = the batch's patch

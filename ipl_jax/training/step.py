@@ -1,6 +1,6 @@
-"""The generic training step and loop: ``make_train_step(loss_fn, optimizer, ...)`` is the jitted
+"""The generic training step and loop: ``train_step_fn(loss_fn, optimizer, ...)`` is the
 ``step(state, batch) -> (state, metrics)`` every trainer uses (warm-up SFT, T-DPO, the continued-SFT control),
-and ``train_loop`` runs steps with the NaN guard and checkpoints.
+``make_train_step`` its jitted form, and ``train_loop`` runs steps with the NaN guard and checkpoints.
 
 ``loss_fn(params, batch, rng) -> (loss, metrics)`` returns a mean loss; ``metrics[weight_key]`` (e.g. the number
 of loss tokens) weights the micro-batches when accumulating. Gradient accumulation is a scan over micro-batches
@@ -39,7 +39,7 @@ def stack_microbatches(batches):
 LossFn = Callable[[Any, Any, jax.Array], tuple[jax.Array, dict]]
 
 
-def make_train_step(
+def train_step_fn(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     *,
@@ -47,12 +47,9 @@ def make_train_step(
     grad_accum_steps: int = 1,
     weight_key: str | None = None,
     compute_dtype=None,
-    mesh=None,
-    state_shardings: TrainState | None = None,
-    batch_shardings=None,
-    donate: bool = True,
 ):
-    """The jitted ``step(state, batch) -> (state, metrics)``.
+    """The un-jitted ``step(state, batch) -> (state, metrics)`` (``make_train_step`` jits it; a trainer that
+    keeps one module-level ``jax.jit`` keyed on static settings calls it inside its own traced function).
 
     ``loss_fn(params, batch, rng) -> (loss f32[], metrics dict of f32[])`` sees the full model params (trainable
     rejoined with frozen, LoRA merged, cast to ``compute_dtype`` when given — master weights stay fp32 and
@@ -61,8 +58,7 @@ def make_train_step(
     the same weights and the weight itself is summed. Without ``weight_key`` micro-batches weigh the same.
 
     Returned metrics: loss, grad_norm (before clipping), lr (of this update, when ``schedule`` is given), the
-    weight, and every metric of ``loss_fn``. With ``mesh``, the step is jitted with ``state_shardings`` /
-    ``batch_shardings`` in and out (metrics replicated) and traced under ``jax.set_mesh(mesh)``.
+    weight, and every metric of ``loss_fn``.
     """
     accum = int(grad_accum_steps)
     if accum < 1:
@@ -118,6 +114,26 @@ def make_train_step(
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, rng=rng)
         return new_state, out
 
+    return step
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    *,
+    mesh=None,
+    state_shardings: TrainState | None = None,
+    batch_shardings=None,
+    donate: bool = True,
+    **step_options,
+):
+    """The jitted ``step(state, batch) -> (state, metrics)`` of ``train_step_fn(loss_fn, optimizer,
+    **step_options)`` (schedule, grad_accum_steps, weight_key, compute_dtype).
+
+    With ``mesh``, the step is jitted with ``state_shardings`` / ``batch_shardings`` in and out (metrics
+    replicated) and traced under ``jax.set_mesh(mesh)``.
+    """
+    step = train_step_fn(loss_fn, optimizer, **step_options)
     donate_argnums = (0,) if donate else ()
     if mesh is None:
         return jax.jit(step, donate_argnums=donate_argnums)

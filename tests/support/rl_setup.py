@@ -13,7 +13,7 @@ MIN_PIXELS = MAX_PIXELS = 56 * 112
 def make_tokenizer(directory):
     from pathlib import Path
 
-    from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
     from ipl_jax.data.tokenizer import load_tokenizer
 
     directory = Path(directory)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax import model as M
-from ipl_jax.data.dialogue import TrainingBatch
+from ipl_jax.data.batching import TrainingBatch
 from ipl_jax.model import param_shapes
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 from ipl_jax.preference import packing as PK

@@ -23,8 +23,10 @@ from two places gives the same bytes.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,21 @@ def step_from_header(header: dict, image: Any, where: tuple) -> tuple[Step, dict
         meta=_field(header, "meta", dict, where),
     )
     return step, {"instruction": episode["instruction"], "meta": episode.get("meta", {})}
+
+
+def group_episodes(steps: Iterable[tuple[Step, dict]]) -> list[Episode]:
+    """Episodes from (step, episode info) pairs in packing order (``step_from_header``'s output): the steps of one
+    episode are consecutive, and the info (``instruction``, ``meta``) of its first step describes the episode."""
+    episodes = []
+    for _, run in itertools.groupby(steps, key=lambda pair: pair[0].episode_id):
+        run = list(run)
+        info = run[0][1]
+        episodes.append(
+            Episode(
+                episode_id=run[0][0].episode_id,
+                instruction=info["instruction"],
+                steps=tuple(step for step, _ in run),
+                meta=info["meta"],
+            )
+        )
+    return episodes

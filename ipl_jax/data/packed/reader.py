@@ -17,7 +17,7 @@ import functools
 import io
 from pathlib import Path
 
-from ipl_jax.data.packed.encoding import image_offset, split_record, step_from_header
+from ipl_jax.data.packed.encoding import group_episodes, image_offset, split_record, step_from_header
 from ipl_jax.data.packed.layout import METADATA_FILE, check_shards, process_files, read_metadata, split_info
 from ipl_jax.data.records import DataError, Episode, Step
 
@@ -138,31 +138,16 @@ def load_packed_with_report(root, split: str | None, skip_bad: bool = False) -> 
     Steps of one episode are consecutive records; a record that does not decode raises ``DataError`` naming the
     shard file and position, or with ``skip_bad`` is left out and listed."""
     packed = PackedSplit(root, split, process_index=0, process_count=1)
-    episodes, skipped = [], []
-    current: list[Step] = []
-    info: dict = {}
+    skipped: list = []
 
-    def close():
-        if current:
-            episodes.append(
-                Episode(
-                    episode_id=current[0].episode_id,
-                    instruction=info["instruction"],
-                    steps=tuple(current),
-                    meta=info["meta"],
-                )
-            )
+    def good_steps():
+        for _, step, episode in packed.read_all(skip_bad):
+            if step is None:
+                skipped.append(episode)
+            else:
+                yield step, episode
 
-    for _, step, episode in packed.read_all(skip_bad):
-        if step is None:
-            skipped.append(episode)
-            continue
-        if not current or step.episode_id != current[0].episode_id:
-            close()
-            current, info = [], episode
-        current.append(step)
-    close()
-    return episodes, skipped
+    return group_episodes(good_steps()), skipped
 
 
 def load_packed(root, split: str | None, skip_bad: bool = False) -> list[Episode]:

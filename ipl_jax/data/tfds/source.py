@@ -13,7 +13,7 @@ import functools
 import io
 import json
 
-from ipl_jax.data.packed.encoding import step_from_header
+from ipl_jax.data.packed.encoding import group_episodes, step_from_header
 from ipl_jax.data.records import DataError, Episode
 
 _CHUNK = 256
@@ -101,39 +101,26 @@ def load_tfds_with_report(name: str, data_dir, split: str | None, skip_bad: bool
     split = "train" if split is None else split
     source = split_source(name, data_dir, split)
     where_file = f"tfds:{name}/{split}"
-    episodes, skipped, current, info = [], [], [], {}
+    skipped: list = []
 
-    def close():
-        if current:
-            episodes.append(
-                Episode(
-                    episode_id=current[0].episode_id,
-                    instruction=info["instruction"],
-                    steps=tuple(current),
-                    meta=info["meta"],
-                )
-            )
-
-    for start in range(0, len(source), _CHUNK):
-        keys = list(range(start, min(len(source), start + _CHUNK)))
-        for key, row in zip(keys, source.__getitems__(keys)):
-            where = (where_file, key)
-            try:
+    def good_steps():
+        for start in range(0, len(source), _CHUNK):
+            keys = list(range(start, min(len(source), start + _CHUNK)))
+            for key, row in zip(keys, source.__getitems__(keys)):
+                where = (where_file, key)
                 try:
-                    header = json.loads(bytes(row["record"]).decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise DataError(*where, "record", f"not a step header: {e}") from None
-                if not isinstance(header, dict):
-                    raise DataError(*where, "record", "expected a JSON object")
-                step, episode = step_from_header(header, TfdsImage(name, data_dir, split, key), where)
-            except DataError as err:
-                if not skip_bad:
-                    raise
-                skipped.append(err)
-                continue
-            if not current or step.episode_id != current[0].episode_id:
-                close()
-                current, info = [], episode
-            current.append(step)
-    close()
-    return episodes, skipped
+                    try:
+                        header = json.loads(bytes(row["record"]).decode("utf-8"))
+                    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+                        raise DataError(*where, "record", f"not a step header: {e}") from None
+                    if not isinstance(header, dict):
+                        raise DataError(*where, "record", "expected a JSON object")
+                    pair = step_from_header(header, TfdsImage(name, data_dir, split, key), where)
+                except DataError as err:
+                    if not skip_bad:
+                        raise
+                    skipped.append(err)
+                    continue
+                yield pair
+
+    return group_episodes(good_steps()), skipped

@@ -1,0 +1,68 @@
+"""What the Qwen2-VL and Qwen2.5-VL vision towers share: the packed patch inputs, the pre-norm block and the
+patch merger. The towers differ in their norm (LayerNorm vs RMSNorm, passed in as ``norm(params, x)``), their MLP
+(``mlp(params, x, dtype)``) and, for Qwen2.5-VL, the window order (``vision25``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.layers import dense, segment_attention
+from ipl_jax.model.rope import apply_rotary
+
+Norm = Callable[[dict, jnp.ndarray], jnp.ndarray]
+
+
+@struct.dataclass
+class VisionInputs:
+    """Padded patches of every image of a batch.
+
+    patches: f32[P, C*T*ps*ps] (the processor's ``pixel_values`` rows, zero rows for padding)
+    pos_hw: int32[P, 2] (row, column of each patch in its image grid, block-major over merge blocks)
+    segment_ids: int32[P] (index of the image's temporal slice, -1 for padding)
+    P is a multiple of ``merge_factor``; merged outputs number P // merge_factor.
+    """
+
+    patches: jnp.ndarray
+    pos_hw: jnp.ndarray
+    segment_ids: jnp.ndarray
+
+
+def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg):
+    """x + proj(attention(rope(qkv(norm1(x))))) of one pre-norm block, attending within ``seg``.
+
+    x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] (image slice or window ids, -1 pad)."""
+    v = cfg.vision
+    dtype = x.dtype
+    p_len = x.shape[0]
+    h = norm(bp["norm1"], x)
+    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
+    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
+    cq, sq = cos[:, None, :], sin[:, None, :]
+    q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
+    k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    return x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
+
+
+def vision_block(cfg: Qwen2VLConfig, norm: Norm, mlp: Callable, x, bp, cos, sin, seg):
+    """One pre-norm block: ``attention_residual`` then x + mlp(bp["mlp"], norm2(x), dtype)."""
+    x = attention_residual(cfg, norm, x, bp, cos, sin, seg)
+    return x + mlp(bp["mlp"], norm(bp["norm2"], x), x.dtype)
+
+
+def merge_patches(cfg: Qwen2VLConfig, norm: Norm, mp: dict, x) -> jnp.ndarray:
+    """The merger: norm, each run of ``merge_factor`` patches concatenated, a GELU MLP. x: [P, E] ->
+    f32[P // merge_factor, hidden]."""
+    v = cfg.vision
+    dtype = jnp.dtype(cfg.dtype)
+    h = norm(mp["ln_q"], x).reshape(-1, v.merge_factor * v.embed_dim)
+    h = dense(mp["mlp_0"], h, dtype)
+    h = jax.nn.gelu(h, approximate=False)
+    h = dense(mp["mlp_2"], h, dtype)
+    return h.astype(jnp.float32)
