@@ -23,7 +23,8 @@ import ml_collections
 
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
-from ipl_jax.pipeline.rounds import dev_accuracy, ipl_settings
+from ipl_jax.pipeline.round_eval import dev_accuracy
+from ipl_jax.pipeline.round_settings import ipl_settings
 from ipl_jax.pipeline.workdir import Workdir, write_json
 
 

@@ -1,13 +1,14 @@
-"""Stages 6 and 7: evaluation of a policy on the test splits, and one IPL round.
+"""Stage 7: one IPL round (a policy's evaluation is ``pipeline.round_eval``, the typed ``ipl`` section
+``pipeline.round_settings``; both names stay importable from here).
 
 A round is ``preference.round.ipl_round`` with the pipeline's pieces plugged in as its ``RoundStages``: ``sample``
 draws CoaT-trees on the round's training steps with the round's starting policy, ``score`` gives leaf rewards and
 backed-up values (``eval.trees``), ``golden_update`` is the ``continued_sft`` control's supervised training.
 The round's policy is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on dev; the loop over rounds, with
-early stopping and resuming, is ``pipeline.run.Job.rounds``. The job's ``ipl`` section is read once into a typed
-``IPLSettings`` (``ipl_settings``). With ``ipl.method`` = grpo / ppo / gigppo, ``run_round`` hands the round to
-``pipeline.rl_round`` (same inputs, same record keys). A round's evaluation adds the live-world episodes of
-``eval.online_episodes`` (``evaluate_online``).
+early stopping and resuming, is ``pipeline.run.Job.rounds``. The job's ``ipl`` section is read once into a
+typed ``IPLSettings`` (``round_settings.ipl_settings``). With ``ipl.method`` = grpo / ppo / gigppo, ``run_round``
+hands the round to ``pipeline.rl_round`` (same inputs, same record keys). A round's evaluation adds the
+live-world episodes of ``eval.online_episodes`` (``round_eval.evaluate_online``).
 """
 
 from __future__ import annotations
@@ -24,277 +25,26 @@ import numpy as np
 
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.round_eval import (  # noqa: F401  (re-exported: the job's evaluation helpers)
+    dev_accuracy,
+    eval_config,
+    evaluate_online,
+    evaluate_policy_splits,
+    evaluate_splits,
+    limit_episodes,
+)
+from ipl_jax.pipeline.round_settings import (  # noqa: F401  (re-exported: the typed ipl section)
+    GAMMA_MODES,
+    METHODS,
+    RL_METHODS,
+    IPLSettings,
+    ipl_optimizer,
+    ipl_settings,
+    round_config,
+    tdpo_config,
+)
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.progress import progress
-
-RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
-METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", *RL_METHODS)
-GAMMA_MODES = ("paper", "consistent", "grounding", "none")
-
-
-# ------------------------------------------------------------------------------------------------ evaluation
-
-
-def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]:
-    """Whole episodes, in order, until ``max_steps`` steps are reached (0: all)."""
-    if max_steps <= 0:
-        return list(episodes)
-    out, n = [], 0
-    for e in episodes:
-        if n >= max_steps:
-            break
-        out.append(e)
-        n += len(e.steps)
-    return out
-
-
-def eval_config(policy: Policy, config: ml_collections.ConfigDict, blank_screens: bool = False):
-    """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
-    from ipl_jax.eval.evaluate import EvalConfig
-    from ipl_jax.eval.trees import sampler_config
-    from ipl_jax.pipeline.data_stage import scoring_format
-
-    return EvalConfig(
-        sampler=sampler_config(config, policy.tokenizer),
-        image_config=policy.image_config,
-        batch_size=int(config.eval.batch_size),
-        fmt=scoring_format(config),
-        seed=int(config.seed),
-        blank_screens=blank_screens,
-    )
-
-
-def evaluate_splits(
-    policy: Policy,
-    splits: dict[str, list[Episode]],
-    names: Sequence[str],
-    config: ml_collections.ConfigDict,
-    out_dir: Path,
-    echo=print,
-    blank_screens: bool = False,
-) -> dict:
-    """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
-    (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.
-    predictions.jsonl`` with ``blank_screens``: every screenshot replaced by a grey image)."""
-    from ipl_jax.eval.evaluate import evaluate_policy
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ec = eval_config(policy, config, blank_screens)
-    tables = {}
-    for name in names:
-        t0 = time.perf_counter()
-        episodes = limit_episodes(splits[name], int(config.eval.max_steps))
-        records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
-        suffix = ".blank" if blank_screens else ""
-        with open(out_dir / f"{name}{suffix}.predictions.jsonl", "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        tables[name] = table
-        echo(
-            f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
-            f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps ({time.perf_counter() - t0:.1f} s)"
-        )
-    return tables
-
-
-def evaluate_policy_splits(
-    policy: Policy, splits: dict[str, list[Episode]], config: ml_collections.ConfigDict, out_dir: Path, echo=print
-) -> dict:
-    """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``config.eval.blank_splits`` with
-    blank screenshots: how much accuracy comes from reading the screen) and ``dev`` (the early-stopping signal)."""
-    test = list(config.data.test_splits)
-    out = {"metrics": evaluate_splits(policy, splits, test, config, out_dir, echo=echo)}
-    blank = [s for s in config.eval.blank_splits if s]
-    if blank:
-        out["blank"] = evaluate_splits(policy, splits, blank, config, out_dir, echo=echo, blank_screens=True)
-    if int(config.eval.get("online_episodes", 0)) > 0:
-        out["online"] = evaluate_online(policy, config, out_dir, echo=echo)
-    return out
-
-
-def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
-    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``eval.online_split``
-    (``eval.online``); the episodes go to ``out_dir/online.episodes.jsonl``. Returns the summary without them:
-    split, success_rate, mean_steps, truncated_rate, env_steps, episodes, by_family, ..."""
-    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
-
-    t0 = time.perf_counter()
-    e = config.eval
-    tasks = job_world_tasks(config, str(e.online_split), int(e.online_episodes), max_steps=int(e.online_max_steps))
-    oc = online_config(config, policy.tokenizer, policy.image_config)
-    rng = jax.random.PRNGKey(int(config.seed))
-    out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
-        for r in out.pop("episodes_detail", []):
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = {"split": str(e.online_split), **out, "seconds": round(time.perf_counter() - t0, 2)}
-    echo(
-        f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
-        f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
-    )
-    return out
-
-
-def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_collections.ConfigDict) -> dict:
-    """Dev step / type accuracy of greedy decoding (the round loop's early-stopping signal)."""
-    from ipl_jax.eval.evaluate import evaluate_policy
-
-    episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
-    _, table = evaluate_policy(
-        policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config), policy.mesh
-    )
-    return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}
-
-
-# ------------------------------------------------------------------------------------------------ round config
-
-
-@dataclasses.dataclass(frozen=True)
-class IPLSettings:
-    """The job's ``ipl`` section, typed and checked once (``ipl_settings``); every field is documented in
-    ``configs/synthetic.py``."""
-
-    rounds: int
-    steps_per_round: int
-    round_fraction: float
-    method: str
-    loss_kind: str
-    beta: float
-    sft_weight: float
-    sft_norm: str
-    learning_rate: float
-    later_learning_rate: float
-    schedule: str
-    warmup_steps: int
-    lora_rank: int
-    batch_size: int
-    max_pairs_per_batch: int
-    text_buckets: tuple
-    max_pairs_per_tree: int
-    max_gamma_pairs_per_tree: int
-    gamma_pairs: str
-    pair_turns: tuple
-    dedup: bool
-    type_balance: float
-    mix_trees: bool
-    freeze_vision: bool
-    early_stop: bool
-
-    def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"config.ipl.{field}: {why} (got {getattr(self, field)!r})")
-
-        if self.method not in METHODS:
-            bad("method", f"must be one of {', '.join(METHODS)}")
-        if self.gamma_pairs not in GAMMA_MODES:
-            bad("gamma_pairs", f"must be one of {', '.join(GAMMA_MODES)}")
-        if self.sft_norm not in ("token", "sum"):
-            bad("sft_norm", "must be token or sum")
-        if not self.pair_turns or not set(self.pair_turns) <= {1, 2, 3, 4}:
-            bad("pair_turns", "must be a non-empty subset of 1, 2, 3, 4")
-        if self.schedule not in ("constant", "cosine"):
-            bad("schedule", "must be constant or cosine")
-        for f in ("learning_rate", "beta"):
-            if not getattr(self, f) > 0:
-                bad(f, "must be > 0")
-        for f in ("later_learning_rate", "sft_weight", "type_balance", "round_fraction"):
-            if getattr(self, f) < 0:
-                bad(f, "must be >= 0")
-        for f in ("rounds", "batch_size", "max_pairs_per_batch"):
-            if getattr(self, f) < 1:
-                bad(f, "must be >= 1")
-        for f in ("warmup_steps", "steps_per_round", "max_pairs_per_tree", "max_gamma_pairs_per_tree", "lora_rank"):
-            if getattr(self, f) < 0:
-                bad(f, "must be >= 0")
-
-    @property
-    def gamma_cap(self) -> int:
-        return self.max_gamma_pairs_per_tree if self.max_gamma_pairs_per_tree > 0 else self.max_pairs_per_tree
-
-    def lr(self, round_index: int) -> float:
-        """Round 1's learning rate, or ``later_learning_rate`` for later rounds when it is set."""
-        return self.learning_rate if round_index <= 1 or self.later_learning_rate <= 0 else self.later_learning_rate
-
-
-def ipl_settings(config: ml_collections.ConfigDict) -> IPLSettings:
-    """The ``ipl`` section as ``IPLSettings`` (raises ValueError naming a bad field)."""
-    c = config.ipl
-    kinds = {f.name: f.type for f in dataclasses.fields(IPLSettings)}
-    values = {}
-    for name, kind in kinds.items():
-        v = c[name]
-        if kind == "tuple":
-            values[name] = tuple(int(x) for x in v)
-        elif kind == "bool":
-            values[name] = bool(v)
-        else:
-            values[name] = {"int": int, "float": float, "str": str}[kind](v)
-    return IPLSettings(**values)
-
-
-def ipl_optimizer(config: ml_collections.ConfigDict, round_index: int = 1):
-    """The ``ipl`` section's ``OptimizerSettings`` for a round: read by ``training.optimizer.optimizer_settings``
-    (learning rate, schedule, warm-up), with ``later_learning_rate`` from round 2 when set and the SFT section's
-    gradient clipping."""
-    from ipl_jax.preference.tdpo import IPL_OPTIMIZER
-    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
-
-    settings = optimizer_settings({**settings_dict(IPL_OPTIMIZER), **config.ipl})
-    return dataclasses.replace(
-        settings,
-        learning_rate=ipl_settings(config).lr(round_index),
-        grad_clip_norm=optimizer_settings(config.sft).grad_clip_norm,
-    )
-
-
-def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
-    from ipl_jax.preference.losses import DPOConfig
-    from ipl_jax.preference.tdpo import TDPOConfig
-
-    s = ipl_settings(config)
-    return TDPOConfig(
-        model=cfg,
-        dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
-        objective="positive_sft" if s.method == "no_negatives" else "tdpo",
-        optimizer_settings=ipl_optimizer(config, round_index),
-    )
-
-
-def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index: int = 1):
-    """The ``preference.round.RoundConfig`` of a round."""
-    from ipl_jax.preference.packed_batch import PackingConfig
-    from ipl_jax.preference.pairs import PairConfig
-    from ipl_jax.preference.round import RoundConfig
-    from ipl_jax.preference.selection import SelectionConfig
-
-    s = ipl_settings(config)
-    k = max(int(b) for b in config.sampler.branching)
-    packing = PackingConfig(
-        rows=s.batch_size,
-        max_continuations=k + 1,
-        max_pairs=s.max_pairs_per_batch,
-        text_buckets=s.text_buckets,
-        patch_buckets=tuple(int(p) * s.batch_size for p in config.buckets.patches),
-        pad_id=int(tokenizer.ids.pad),
-    )
-    pairs = PairConfig(
-        max_beta_pairs_per_tree_turn=s.max_pairs_per_tree,
-        max_gamma_pairs_per_tree_turn=0 if s.gamma_pairs == "none" else s.gamma_cap,
-        gamma_action_pairs=s.gamma_pairs in ("paper", "consistent"),
-        gamma_grounding_pairs=s.gamma_pairs != "none",
-        turns=s.pair_turns,
-    )
-    tdpo = tdpo_config(config, cfg, round_index)
-    return RoundConfig(
-        tdpo=tdpo,
-        packing=packing,
-        pairs=pairs,
-        pair_mode="naive" if s.method == "naive_dpo" else "tdpo",
-        selection=SelectionConfig(dedup=s.dedup, type_balance=s.type_balance, mix_trees=s.mix_trees),
-        train_on="golden" if s.method == "continued_sft" else "pairs",
-        gamma_consistent_only=s.gamma_pairs == "consistent",
-    )
 
 
 def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, round_index: int) -> list[Step]:

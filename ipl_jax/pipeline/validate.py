@@ -296,7 +296,7 @@ def _check_root(data, fmt: str, root: str) -> None:
 def _check_ipl(config) -> None:
     if "ipl" not in config:
         return
-    from ipl_jax.pipeline.rounds import ipl_settings
+    from ipl_jax.pipeline.round_settings import ipl_settings
 
     try:
         ipl_settings(config)

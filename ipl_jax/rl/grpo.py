@@ -108,26 +108,29 @@ def grpo_objective(params, batch: GRPOBatch, config: GRPOConfig):
     return loss, m
 
 
-_STEP_CACHE: dict = {}
+def _grpo_update(state: state_lib.TrainState, batch: GRPOBatch, config: GRPOConfig):
+    def loss_fn(params, b, rng):
+        del rng  # no dropout in the model
+        return grpo_objective(params, b, config)
+
+    step = step_lib.train_step_fn(
+        loss_fn,
+        optimizer_lib.make_optimizer(config.optimizer),
+        schedule=optimizer_lib.make_schedule(config.optimizer),
+        weight_key="completions",
+        compute_dtype=config.compute_dtype,
+    )
+    return step(state, batch)
+
+
+# jax.jit's own cache (keyed on the hashable config and the input shapes) holds the compiled updates.
+_grpo_update_jit = jax.jit(_grpo_update, static_argnums=(2,), donate_argnums=(0,))
 
 
 def make_grpo_update(config: GRPOConfig):
     """The jitted ``update(state, batch) -> (state, metrics)`` (state donated): one optimizer step on
     ``grpo_objective``. metrics: loss, kl, clip_frac, completions, grad_norm, lr."""
-    if config not in _STEP_CACHE:
-
-        def loss_fn(params, batch, rng):
-            del rng  # no dropout in the model
-            return grpo_objective(params, batch, config)
-
-        _STEP_CACHE[config] = step_lib.make_train_step(
-            loss_fn,
-            optimizer_lib.make_optimizer(config.optimizer),
-            schedule=optimizer_lib.make_schedule(config.optimizer),
-            weight_key="completions",
-            compute_dtype=config.compute_dtype,
-        )
-    return _STEP_CACHE[config]
+    return lambda state, batch: _grpo_update_jit(state, batch, config)
 
 
 def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainState:

@@ -180,25 +180,28 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
     }
 
 
-_CACHE: dict = {}
+def _ppo_update(state: state_lib.TrainState, batch: PPOBatch, kind: str, config: PPOConfig):
+    objective, settings, weight = (
+        (policy_objective, config.policy_optimizer, "actions")
+        if kind == "policy"
+        else (critic_objective, config.critic_optimizer, "states")
+    )
+    step = step_lib.train_step_fn(
+        lambda params, b, rng: objective(params, b, config),
+        optimizer_lib.make_optimizer(settings),
+        schedule=optimizer_lib.make_schedule(settings),
+        weight_key=weight,
+        compute_dtype=config.compute_dtype,
+    )
+    return step(state, batch)
+
+
+# jax.jit's own cache (keyed on the kind, the hashable config and the input shapes) holds the compiled updates.
+_ppo_update_jit = jax.jit(_ppo_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def _update(kind: str, config: PPOConfig):
-    key = (kind, config)
-    if key not in _CACHE:
-        objective, settings, weight = (
-            (policy_objective, config.policy_optimizer, "actions")
-            if kind == "policy"
-            else (critic_objective, config.critic_optimizer, "states")
-        )
-        _CACHE[key] = step_lib.make_train_step(
-            lambda params, batch, rng: objective(params, batch, config),
-            optimizer_lib.make_optimizer(settings),
-            schedule=optimizer_lib.make_schedule(settings),
-            weight_key=weight,
-            compute_dtype=config.compute_dtype,
-        )
-    return _CACHE[key]
+    return lambda state, batch: _ppo_update_jit(state, batch, kind, config)
 
 
 def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfig):

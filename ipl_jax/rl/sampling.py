@@ -25,7 +25,7 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import ModelInputs, prepare_inputs
 from ipl_jax.rl.rows import RowSpec
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.sampling.decoding import fan_out, prefill_context, sample_turn
+from ipl_jax.sampling.decoding import fan_out, prefill_context, sample_config_turn
 from ipl_jax.sampling.keys import node_keys, step_keys, step_uid
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
@@ -169,21 +169,7 @@ def _sample_single_turn(
     cache, feed = prefill_context(params, cfg, prefix, size)
     cache, feed = fan_out(cache, feed, group, size)
     nk = node_keys(keys, (group, 1, 1, 1), 1).reshape(-1, 2)
-    tok, n, lp, fin, _, _ = sample_turn(
-        params,
-        cfg,
-        cache,
-        feed,
-        nk,
-        budget,
-        temperature,
-        config.top_k,
-        config.top_p,
-        config.eos_ids,
-        config.pad_id,
-        config.early_exit,
-        config.suppress_ids,
-    )
+    tok, n, lp, fin, _, _ = sample_config_turn(params, cfg, cache, feed, nk, budget, temperature, config)
     return tok.reshape(b, group, budget), n.reshape(b, group), lp.reshape(b, group, budget), fin.reshape(b, group)
 
 

@@ -1,0 +1,126 @@
+"""A policy's evaluation inside the job: the test splits, the live world and the dev early-stopping signal."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from ipl_jax.data.records import Episode
+from ipl_jax.pipeline.model_stage import Policy
+
+
+def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]:
+    """Whole episodes, in order, until ``max_steps`` steps are reached (0: all)."""
+    if max_steps <= 0:
+        return list(episodes)
+    out, n = [], 0
+    for e in episodes:
+        if n >= max_steps:
+            break
+        out.append(e)
+        n += len(e.steps)
+    return out
+
+
+def eval_config(policy: Policy, config: ml_collections.ConfigDict, blank_screens: bool = False):
+    """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
+    from ipl_jax.eval.evaluate import EvalConfig
+    from ipl_jax.eval.trees import sampler_config
+    from ipl_jax.pipeline.data_stage import scoring_format
+
+    return EvalConfig(
+        sampler=sampler_config(config, policy.tokenizer),
+        image_config=policy.image_config,
+        batch_size=int(config.eval.batch_size),
+        fmt=scoring_format(config),
+        seed=int(config.seed),
+        blank_screens=blank_screens,
+    )
+
+
+def evaluate_splits(
+    policy: Policy,
+    splits: dict[str, list[Episode]],
+    names: Sequence[str],
+    config: ml_collections.ConfigDict,
+    out_dir: Path,
+    echo=print,
+    blank_screens: bool = False,
+) -> dict:
+    """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
+    (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.
+    predictions.jsonl`` with ``blank_screens``: every screenshot replaced by a grey image)."""
+    from ipl_jax.eval.evaluate import evaluate_policy
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ec = eval_config(policy, config, blank_screens)
+    tables = {}
+    for name in names:
+        t0 = time.perf_counter()
+        episodes = limit_episodes(splits[name], int(config.eval.max_steps))
+        records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
+        suffix = ".blank" if blank_screens else ""
+        with open(out_dir / f"{name}{suffix}.predictions.jsonl", "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        tables[name] = table
+        echo(
+            f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
+            f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps ({time.perf_counter() - t0:.1f} s)"
+        )
+    return tables
+
+
+def evaluate_policy_splits(
+    policy: Policy, splits: dict[str, list[Episode]], config: ml_collections.ConfigDict, out_dir: Path, echo=print
+) -> dict:
+    """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``config.eval.blank_splits`` with
+    blank screenshots: how much accuracy comes from reading the screen) and ``dev`` (the early-stopping signal)."""
+    test = list(config.data.test_splits)
+    out = {"metrics": evaluate_splits(policy, splits, test, config, out_dir, echo=echo)}
+    blank = [s for s in config.eval.blank_splits if s]
+    if blank:
+        out["blank"] = evaluate_splits(policy, splits, blank, config, out_dir, echo=echo, blank_screens=True)
+    if int(config.eval.get("online_episodes", 0)) > 0:
+        out["online"] = evaluate_online(policy, config, out_dir, echo=echo)
+    return out
+
+
+def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
+    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``eval.online_split``
+    (``eval.online``); the episodes go to ``out_dir/online.episodes.jsonl``. Returns the summary without them:
+    split, success_rate, mean_steps, truncated_rate, env_steps, episodes, by_family, ..."""
+    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+
+    t0 = time.perf_counter()
+    e = config.eval
+    tasks = job_world_tasks(config, str(e.online_split), int(e.online_episodes), max_steps=int(e.online_max_steps))
+    oc = online_config(config, policy.tokenizer, policy.image_config)
+    rng = jax.random.PRNGKey(int(config.seed))
+    out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
+        for r in out.pop("episodes_detail", []):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    out = {"split": str(e.online_split), **out, "seconds": round(time.perf_counter() - t0, 2)}
+    echo(
+        f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
+        f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
+    )
+    return out
+
+
+def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_collections.ConfigDict) -> dict:
+    """Dev step / type accuracy of greedy decoding (the round loop's early-stopping signal)."""
+    from ipl_jax.eval.evaluate import evaluate_policy
+
+    episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
+    _, table = evaluate_policy(
+        policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config), policy.mesh
+    )
+    return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}
