@@ -23,6 +23,7 @@ from pathlib import Path
 
 import ml_collections
 
+from ipl_jax import distributed
 from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
 from ipl_jax.pipeline.validate import UsageError, validate_config
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
@@ -44,15 +45,17 @@ def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None
                 f"no stage had finished in {wd.root}: recording the new config (fields changed: "
                 f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''})"
             )
-            write_json(path, current)
+            if wd.main:
+                write_json(path, current)
         elif diff:
             raise UsageError(
                 f"{wd.root} was made with a different config (fields differ: "
                 f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
                 f"config to resume, or use a new --workdir"
             )
-    else:
+    elif wd.main:
         write_json(path, current)
+    distributed.barrier("config recorded")
 
 
 def _diff_keys(a, b, prefix=""):
@@ -81,7 +84,7 @@ class Job:
         c, wd = self.config, self.wd
         loaded: dict = {}
         if c.data.format == "synthetic":
-            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd))
+            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd), main_only=True)
         else:
 
             def read():  # inside the stage: a malformed record leaves it unfinished (and the config unpinned)
@@ -101,12 +104,16 @@ class Job:
     def evolution(self) -> None:
         from ipl_jax.data.evolution import read_qas_jsonl
 
-        self.wd.run_stage("evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps))
+        self.wd.run_stage(
+            "evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps), main_only=True
+        )
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
 
     def model(self) -> None:
         self.wd.run_stage(
-            "model", lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas)
+            "model",
+            lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas),
+            main_only=True,
         )
 
     def sft(self) -> None:
@@ -137,9 +144,10 @@ class Job:
         for line in format_scores(scores, chosen).splitlines():
             wd.echo("  " + line)
         target = wd.path("seed")
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(paths[chosen], target)
+        if wd.main:
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(paths[chosen], target)
         return {
             "candidates": [s.to_json() for s in scores],
             "chosen": paths[chosen].name,
@@ -247,7 +255,7 @@ class Job:
             self.wd.echo("\n" + report.round_table(res, split) + "\n")
 
     def export(self) -> None:
-        self.wd.run_stage("export", self._export)
+        self.wd.run_stage("export", self._export, main_only=True)
 
     def _export(self) -> dict:
         from ipl_jax.viz.plots import plot_step_accuracy

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.data.records import Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.progress import progress_bar
@@ -184,6 +185,8 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
 
     def counted_step(st, batch):
         counter["tokens"] += float(np.sum(batch["attention_mask"]))
+        if mesh is not None:  # every process builds the same host batch and places only its devices' rows
+            batch = distributed.put(batch, batch_sh)
         return step_fn(st, batch)
 
     bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
@@ -235,7 +236,10 @@ def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfi
     """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
 
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
-    return _cached_step(config, mesh, state, batch)(state, batch)
+    step = _cached_step(config, mesh, state, batch)
+    if mesh is not None:  # host rows -> global arrays, each process placing its own devices' rows
+        batch = distributed.put(batch, batch_shardings(batch, mesh))
+    return step(state, batch)
 
 
 # ------------------------------------------------------------------------------------------------- reference
@@ -261,7 +265,7 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
-        batch = jax.device_put(batch, batch_shardings(batch, mesh))
+        batch = distributed.put(batch, batch_shardings(batch, mesh))
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
 
 
@@ -286,7 +290,8 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
     out = []
     for batch in batches:
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
-        out.append(batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg)))
+        ref_pos, ref_neg = distributed.to_host((ref_pos, ref_neg))
+        out.append(batch.with_reference(ref_pos, ref_neg))
     return RoundData(batches=out, has_reference=True)
 
 
@@ -296,7 +301,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
 def epoch_order(rng, n: int) -> np.ndarray:
     """A permutation of range(n) drawn from ``rng`` (raw uint32[2] key) on the host: no device program, so a
     round with a different number of batches compiles nothing."""
-    seed = [int(x) for x in np.asarray(jax.device_get(rng), np.uint32).reshape(-1)]
+    seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
     return np.random.default_rng(seed).permutation(n)
 
 
@@ -352,7 +357,7 @@ def train_round(
     for i in order:
         state, m = tdpo_step(state, batches[i], config, mesh=mesh)
         device_metrics.append(m)
-    per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+    per_step = [{k: float(v) for k, v in m.items()} for m in distributed.to_host(device_metrics)]
     metrics = summarize_steps(per_step)
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]
