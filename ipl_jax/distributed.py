@@ -91,7 +91,7 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout: i
     """Start ``jax.distributed`` when this is a multi-process launch (see the module docstring); call it before
     any other JAX call. Idempotent. Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the
     wait for the other processes (JAX's default 300 s)."""
-    if _state["started"]:
+    if _state["started"] or jax.distributed.is_initialized():
         return True
     kwargs = settings(coordinator, num_processes, process_id)
     if kwargs is None or kwargs.get("num_processes") == 1:
@@ -155,12 +155,15 @@ def to_host(tree):
 
 
 def put(tree, shardings):
-    """Host arrays (the same full values in every process) placed as global arrays with ``shardings``: each
-    process copies only the slices its own devices hold. A pytree of shardings or one for every leaf."""
+    """Arrays placed as global arrays with ``shardings``: host values (the same in every process) and arrays on
+    this process's devices are copied slice by slice, each process filling only its own devices; global arrays
+    are resharded. A pytree of shardings or one for every leaf."""
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
 
     def one(x, s):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, s)
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
 

@@ -105,19 +105,22 @@ def test_two_processes_match_one(jobs):
     assert len(res_one["rounds"]) == 2  # the seed and one IPL round
     assert res_two["rounds"][1]["pairs"] > 0  # the round trained on pairs
     a, b = strip_seconds(res_one), strip_seconds(res_two)
-    # train losses are sums over devices in a different grouping: equal to float32 rounding
+    # training metrics are reductions over devices grouped differently: equal to float32 rounding. The share of
+    # pairs with a positive reward margin is left out: after a few updates margins are ~1e-3, and a pair within
+    # rounding of 0 may count on one side and not on the other
     ta, tb = a["rounds"][1].pop("train"), b["rounds"][1].pop("train")
     assert a == b
     assert ta.keys() == tb.keys()
     for k in ta:
-        np.testing.assert_allclose(np.asarray(tb[k], float), np.asarray(ta[k], float), rtol=1e-4, atol=1e-6)
+        if not k.endswith("accuracy"):
+            np.testing.assert_allclose(np.asarray(tb[k], float), np.asarray(ta[k], float), rtol=1e-4, atol=1e-6)
     # the final parameters (the round's policy) and the SFT seed
     for rel in ("rounds/1/policy", "seed"):
         wa, wb = load_weights(one / rel), load_weights(two / rel)
         assert wa.keys() == wb.keys()
         diff = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
         assert diff <= 1e-5, f"{rel}: max |one process - two processes| = {diff}"
-        # the round moved the weights (a diff of zero is not vacuous)
+    # the round moved the weights (so equal final weights are not just the seed's twice)
     moved = load_weights(one / "rounds/1/policy")
     seed = load_weights(one / "seed")
     assert max(float(np.max(np.abs(moved[k] - seed[k]))) for k in moved) > 0
@@ -128,6 +131,8 @@ def test_only_the_main_process_writes_the_logs(jobs):
     # one line per stage event in either job: the second process logged nothing
     events = lambda wd: [json.loads(x)["stage"] + json.loads(x)["event"] for x in (wd / "stage_log.jsonl").open()]  # noqa: E731
     assert events(two) == events(one)
+    lines = lambda wd: (wd / "metrics.jsonl").read_text().count("\n")  # noqa: E731
+    assert lines(two) == lines(one) > 0
     assert (two / "trees.html").is_file() and (two / "export" / "model.safetensors").is_file()
 
 

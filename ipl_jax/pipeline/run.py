@@ -293,7 +293,10 @@ def run_job(
     config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None, echo=print
 ) -> Workdir:
     """Run (or resume) the job in ``workdir``; returns its Workdir. The config is checked first
-    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched)."""
+    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched). Under a multi-process
+    launcher (SLURM, a TPU pod, JAX's coordinator variables) ``jax.distributed`` starts here unless it already
+    has."""
+    distributed.initialize()
     validate_config(config)
     wd = Workdir(workdir, echo=echo)
     check_workdir_config(wd, config)

@@ -352,7 +352,7 @@ def train_round(
     order = epoch_order(rng, len(batches))
     if mesh is not None and batches:
         sh = state_shardings(state, config.optimizer(), mesh)
-        state = jax.device_put(state, sh)
+        state = distributed.put(state, sh)
     device_metrics = []
     for i in order:
         state, m = tdpo_step(state, batches[i], config, mesh=mesh)
