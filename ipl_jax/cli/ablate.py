@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
 from ipl_jax.cli.run import job_config
 
@@ -41,8 +42,9 @@ def main(argv: list[str]) -> int:
             p.error(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
         validate_config(variant_config(config, n))  # every variant's settings, before the base job starts
     result = run_ablation(config, args.workdir, names)
-    print("\n" + format_ablation(result))
-    print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
+    if distributed.is_main():
+        print("\n" + format_ablation(result))
+        print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
     return 0
 
 

@@ -84,13 +84,17 @@ def keep_steps(episodes, steps):
 
 @command(PROG)
 def main(argv: list[str]) -> int:
+    from ipl_jax import distributed
+    from ipl_jax.cli.run import start_distributed
     from ipl_jax.coat.tables import format_table
     from ipl_jax.configs.loader import parse_args_with_config
     from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
     from ipl_jax.sampling import SamplerConfig
 
     p = parser()
+    distributed.add_flags(p)
     args, job = parse_args_with_config(p, argv, default_config="synthetic")
+    start_distributed(args)  # before anything touches a device
     require(p, args, "model", "--model")
     if args.online:
         return online(args, job)
@@ -105,7 +109,10 @@ def main(argv: list[str]) -> int:
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     if args.steps is not None:
         episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][: args.steps])
-    params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
+    # several processes always share one mesh (each alone would decode the whole split)
+    params, cfg, tokenizer, image_config, mesh = load_model(
+        "--model", args.model, args.mesh or distributed.process_count() > 1
+    )
     config = EvalConfig(
         sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
         image_config=image_config,
@@ -115,6 +122,8 @@ def main(argv: list[str]) -> int:
         blank_screens=args.blank_screens,
     )
     records, table = evaluate_policy(params, cfg, tokenizer, episodes, config, mesh)
+    if not distributed.is_main():
+        return 0  # the main process prints and writes
     print(format_table(table))
     if args.json:
         write_text(args.json, json.dumps(table, indent=2) + "\n")

@@ -4,6 +4,10 @@
     ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
     ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz \\
         --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/aitz
+    ipl-jax run ... --coordinator host0:8476 --num-processes 4 --process-id $I   # one process per host
+
+On TPU pods and under SLURM the processes find each other without the three flags (``ipl_jax/distributed.py``);
+every process needs the same command and a ``--workdir`` on a file system they all see.
 
 The config is checked before anything is written (``pipeline/validate.py``); running the same command again
 resumes after the last finished stage or round.
@@ -13,21 +17,33 @@ from __future__ import annotations
 
 import sys
 
+from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
-from ipl_jax.pipeline.validate import output_dir, validate_config
+from ipl_jax.pipeline.validate import UsageError, output_dir, validate_config
 
 PROG = "ipl-jax run"
 
 
 def job_config(parser: CommandParser, argv: list[str]):
     """(args, config) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) with its
-    ``--config.a.b=v`` overrides, the config's values checked and ``--workdir`` writable -- before any work."""
+    ``--config.a.b=v`` overrides, the config's values checked and ``--workdir`` writable -- before any work.
+    A multi-process launch joins the others here, before anything touches a device."""
     from ipl_jax.configs.loader import parse_args_with_config
 
+    distributed.add_flags(parser)
     args, config = parse_args_with_config(parser, argv, default_config="synthetic")
+    start_distributed(args)
     output_dir(args.workdir, "--workdir")
     validate_config(config)
     return args, config
+
+
+def start_distributed(args) -> None:
+    """``distributed.initialize`` from the command's flags; a bad combination is a usage error."""
+    try:
+        distributed.initialize_from_args(args)
+    except distributed.DistributedError as e:
+        raise UsageError(str(e)) from None
 
 
 def parser() -> CommandParser:

@@ -118,13 +118,14 @@ def batch_spec(mesh: Mesh, shape: Sequence[int], batch_axis: int = 0) -> P:
 
 
 def inputs_shardings(inputs, mesh: Mesh):
-    """Shardings for a ModelInputs pytree: text arrays split over the batch, vision arrays replicated."""
+    """Shardings for a ModelInputs pytree: text arrays split over the batch, and the images' patch rows too
+    (never a replica of every image per device; with images of one size the split falls on image boundaries,
+    else GSPMD moves what crosses them; a patch count that does not divide stays replicated)."""
 
     def one(a, batch_axis):
         return NamedSharding(mesh, batch_spec(mesh, a.shape, batch_axis))
 
-    rep = NamedSharding(mesh, P())
-    vision = None if inputs.vision is None else jax.tree.map(lambda _: rep, inputs.vision)
+    vision = None if inputs.vision is None else jax.tree.map(lambda a: one(a, 0), inputs.vision)
     return ModelInputs(
         input_ids=one(inputs.input_ids, 0),
         attention_mask=one(inputs.attention_mask, 0),

@@ -149,7 +149,7 @@ def load_params(
     src = _TensorSource(model_dir)
     if not cfg.tie_word_embeddings and not src.has("lm_head.weight"):
         cfg = cfg.replace(tie_word_embeddings=True)
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's own device
     params: dict = {}
     for ent in param_layout(cfg):
         names = [ent.hf_name.format(i=i) for i in range(ent.shape[0])] if ent.stacked else [ent.hf_name]
@@ -169,13 +169,23 @@ def load_params(
     return params, cfg
 
 
+def _host_value(leaf) -> np.ndarray:
+    """A leaf as numpy; one sharded over other processes' devices is all-gathered (a collective: in a
+    multi-process run every process must save, or gather first and let one process save)."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    return np.asarray(leaf)
+
+
 def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
     """Yields (hf_name, numpy array in HF layout), one per-layer tensor at a time."""
     for ent in param_layout(cfg):
         leaf = get_path(params, ent.path)
         if tuple(leaf.shape) != ent.shape:
             raise ValueError(f"param {ent.key} has shape {tuple(leaf.shape)}, config implies {ent.shape}")
-        full = np.asarray(jax.device_get(leaf))
+        full = _host_value(leaf)
         items = (
             [(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked else [(ent.hf_name, full)]
         )

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import ml_collections
 
+from ipl_jax import distributed
 from ipl_jax.pipeline import report
 from ipl_jax.pipeline.workdir import Workdir, write_json
 
@@ -97,8 +98,8 @@ def _ipl_key(config: ml_collections.ConfigDict) -> str:
 
 
 def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[str]) -> None:
-    """Point ``wd`` at the base job's outputs (symlinks) and copy its stage markers."""
-    for d in names:
+    """Point ``wd`` at the base job's outputs (symlinks) and copy its stage markers (the main process)."""
+    for d in names if wd.main else ():
         src, dst = base.path(d), wd.path(d)
         if src.exists() and not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +107,7 @@ def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[st
     for stage in stages:
         if base.is_done(stage) and not wd.is_done(stage):
             wd.mark_done(stage, base.summary(stage))
+    distributed.barrier(f"shared with {wd.root.name}")
 
 
 def _episode_counts(wd_root: Path, round_dir: str, splits: Sequence[str]) -> list[dict]:
@@ -201,7 +203,8 @@ def run_ablation(
         "seed": int(config.seed),
         "rows": rows,
     }
-    write_json(root / "ablation.json", result)
+    if distributed.is_main():
+        write_json(root / "ablation.json", result)
     return result
 
 

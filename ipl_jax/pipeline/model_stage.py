@@ -92,10 +92,17 @@ def model_config_dict(config: ml_collections.ConfigDict, special_ids: dict) -> d
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
-    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config."""
+    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config.
+
+    Multi-process: every process calls it (sharded weights are all-gathered), the main one writes; the caller
+    passes a barrier before another process reads the directory."""
+    from ipl_jax import distributed
     from ipl_jax.model import save_params
 
     out = Path(out)
+    params = distributed.to_host(params)
+    if not distributed.is_main():
+        return out
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.round_eval import dev_accuracy
@@ -148,6 +149,8 @@ def run_rl_round(
     )
     out_dir = wd.dir("rounds", str(round_index))
     write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
-    write_json(out_dir / "round.json", record)
+    if wd.main:
+        write_json(out_dir / "round.json", record)
+    distributed.barrier(f"round {round_index} written")
     record["policy"] = str(out_dir / "policy")
     return record

@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from ipl_jax import distributed
 from ipl_jax.data.records import Episode
 from ipl_jax.pipeline.model_stage import Policy
 
@@ -65,9 +66,10 @@ def evaluate_splits(
         episodes = limit_episodes(splits[name], int(config.eval.max_steps))
         records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
         suffix = ".blank" if blank_screens else ""
-        with open(out_dir / f"{name}{suffix}.predictions.jsonl", "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        if distributed.is_main():
+            with open(out_dir / f"{name}{suffix}.predictions.jsonl", "w", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
         tables[name] = table
         echo(
             f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
@@ -104,9 +106,11 @@ def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: 
     rng = jax.random.PRNGKey(int(config.seed))
     out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
-        for r in out.pop("episodes_detail", []):
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    detail = out.pop("episodes_detail", [])
+    if distributed.is_main():
+        with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
+            for r in detail:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
     out = {"split": str(e.online_split), **out, "seconds": round(time.perf_counter() - t0, 2)}
     echo(
         f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.round_eval import (  # noqa: F401  (re-exported: the job's evaluation helpers)
@@ -81,7 +82,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
         step_fn = make_qwen2vl_sft_step(policy.cfg, tdpo.optimizer(), tdpo.schedule_fn(), grad_accum_steps=n_micro)
-        seed = [int(x) for x in np.asarray(jax.device_get(rng), np.uint32).reshape(-1)]
+        seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
         per_step = []
@@ -90,7 +91,7 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
                 order.extend(order_rng.permutation(len(steps)).tolist())
             chosen, order = order[:bs], order[bs:]
             state, m = step_fn(state, batch_fn([example(SFTItem(steps[i])) for i in chosen]))
-            per_step.append({k: float(v) for k, v in jax.device_get(m).items()})
+            per_step.append({k: float(v) for k, v in distributed.to_host(m).items()})
         for m in per_step:
             m.setdefault("pairs", float(bs))  # weight for the round means: dialogues per update
         out = summarize_steps(per_step)
@@ -181,8 +182,10 @@ def run_round(
         f"{record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s"
     )
     write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
-    write_trees(out_dir, kept_trees, f"IPL round {round_index}: trees sampled with the round's starting policy")
-    write_json(out_dir / "round.json", record)
+    if wd.main:
+        write_trees(out_dir, kept_trees, f"IPL round {round_index}: trees sampled with the round's starting policy")
+        write_json(out_dir / "round.json", record)
+    distributed.barrier(f"round {round_index} written")
     record["policy"] = str(out_dir / "policy")
     return record
 

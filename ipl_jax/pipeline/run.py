@@ -25,6 +25,7 @@ from pathlib import Path
 
 import ml_collections
 
+from ipl_jax import distributed
 from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
 from ipl_jax.pipeline.validate import UsageError, validate_config
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
@@ -46,15 +47,17 @@ def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None
                 f"no stage had finished in {wd.root}: recording the new config (fields changed: "
                 f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''})"
             )
-            write_json(path, current)
+            if wd.main:
+                write_json(path, current)
         elif diff:
             raise UsageError(
                 f"{wd.root} was made with a different config (fields differ: "
                 f"{', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}); rerun with the same "
                 f"config to resume, or use a new --workdir"
             )
-    else:
+    elif wd.main:
         write_json(path, current)
+    distributed.barrier("config recorded")
 
 
 def _diff_keys(a, b, prefix=""):
@@ -83,7 +86,7 @@ class Job:
         c, wd = self.config, self.wd
         loaded: dict = {}
         if c.data.format == "synthetic":
-            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd))
+            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd), main_only=True)
         else:
 
             def read():  # inside the stage: a malformed record leaves it unfinished (and the config unpinned)
@@ -103,12 +106,16 @@ class Job:
     def evolution(self) -> None:
         from ipl_jax.data.evolution import read_qas_jsonl
 
-        self.wd.run_stage("evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps))
+        self.wd.run_stage(
+            "evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps), main_only=True
+        )
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
 
     def model(self) -> None:
         self.wd.run_stage(
-            "model", lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas)
+            "model",
+            lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas),
+            main_only=True,
         )
 
     def sft(self) -> None:
@@ -139,9 +146,10 @@ class Job:
         for line in format_scores(scores, chosen).splitlines():
             wd.echo("  " + line)
         target = wd.path("seed")
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(paths[chosen], target)
+        if wd.main:
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(paths[chosen], target)
         return {
             "candidates": [s.to_json() for s in scores],
             "chosen": paths[chosen].name,
@@ -250,7 +258,7 @@ class Job:
             self.wd.echo("\n" + report.round_table(res, split) + "\n")
 
     def export(self) -> None:
-        self.wd.run_stage("export", self._export)
+        self.wd.run_stage("export", self._export, main_only=True)
 
     def _export(self) -> dict:
         from ipl_jax.viz.plots import plot_step_accuracy
@@ -288,7 +296,10 @@ def run_job(
     config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None, echo=print
 ) -> Workdir:
     """Run (or resume) the job in ``workdir``; returns its Workdir. The config is checked first
-    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched)."""
+    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched). Under a multi-process
+    launcher (SLURM, a TPU pod, JAX's coordinator variables) ``jax.distributed`` starts here unless it already
+    has."""
+    distributed.initialize()
     validate_config(config)
     wd = Workdir(workdir, echo=echo)
     check_workdir_config(wd, config)

@@ -20,6 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.data.records import Step
 from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
 from ipl_jax.pipeline.progress import progress_bar
@@ -155,6 +156,9 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     state, optimizer, schedule = state_from_config(init.params, train_cfg, jax.random.PRNGKey(int(config.seed)))
     keep = max(1, int(config.sft.seed_candidates))
     ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=int(config.sft.checkpoint_every), keep=keep)
+    if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
+        state_sh = sft_state_shardings(state, optimizer, mesh)
+        state = distributed.put(state, state_sh)
     if ckpt.latest_step() is not None:
         state, data_state, _ = ckpt.restore(state)
         if data_state:
@@ -164,8 +168,6 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     if mesh is None:
         step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro)
     else:
-        state_sh = sft_state_shardings(state, optimizer, mesh)
-        state = jax.device_put(state, state_sh)
         batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
         step_fn = make_qwen2vl_sft_step(
             init.cfg,
@@ -181,6 +183,8 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
 
     def counted_step(st, batch):
         counter["tokens"] += float(np.sum(batch["attention_mask"]))
+        if mesh is not None:  # every process builds the same host batch and places only its devices' rows
+            batch = distributed.put(batch, batch_sh)
         return step_fn(st, batch)
 
     bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")

@@ -12,6 +12,10 @@ Layout (every stage writes only under its own directory and then drops a marker)
 A stage is re-run only when its marker is missing; a marker is written after the stage's outputs are complete,
 so a job killed mid-stage redoes just that stage (stages that keep their own checkpoints, like SFT, resume
 inside it).
+
+In a multi-process run (``ipl_jax.distributed``) every process opens the same workdir; only the main process
+prints, logs and writes markers, and every stage ends at a barrier, so all processes see its marker and outputs
+before the next stage.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ipl_jax import distributed
 
 
 def _json_default(o):
@@ -54,7 +60,8 @@ class Workdir:
     def __init__(self, root: str | os.PathLike, echo: Callable[[str], None] = print):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.echo = echo
+        self.main = distributed.is_main()
+        self.echo = echo if self.main else _silent
 
     # ------------------------------------------------------------------------------------------------ paths
 
@@ -79,13 +86,16 @@ class Workdir:
         return read_json(self.marker(stage)) if self.is_done(stage) else None
 
     def mark_done(self, stage: str, summary: dict) -> None:
-        write_json(self.marker(stage), summary)
+        if self.main:
+            write_json(self.marker(stage), summary)
 
-    def run_stage(self, stage: str, fn: Callable[[], dict]) -> dict:
+    def run_stage(self, stage: str, fn: Callable[[], dict], main_only: bool = False) -> dict:
         """Run ``fn`` unless ``stage`` is finished; returns the stage's summary either way.
 
         The summary gets a ``seconds`` field (the stage's wall time when it ran). Starts, skips and finishes
-        go to ``stage_log.jsonl``.
+        go to ``stage_log.jsonl``. Every process runs ``fn`` (it may hold collectives and must write its files
+        only in the main process), or with ``main_only`` (host work that writes files) only the main one, the
+        others reading its summary from the marker after the stage's barrier.
         """
         done = self.summary(stage)
         if done is not None:
@@ -95,13 +105,14 @@ class Workdir:
         self.log_stage(stage, "started")
         self.echo(f"[{stage}] ...")
         t0 = time.perf_counter()
-        summary = dict(fn() or {})
+        summary = dict(fn() or {}) if self.main or not main_only else {}
         seconds = time.perf_counter() - t0
         summary.setdefault("seconds", round(seconds, 2))
         self.mark_done(stage, summary)
         self.log_stage(stage, "finished", seconds=seconds)
         self.echo(f"[{stage}] done in {seconds:.1f} s")
-        return summary
+        distributed.barrier(f"stage {stage}")
+        return summary if self.main or not main_only else read_json(self.marker(stage))
 
     # ------------------------------------------------------------------------------------------------- logs
 
@@ -112,6 +123,8 @@ class Workdir:
         self.append_jsonl("metrics.jsonl", {"time": round(time.time(), 3), **record})
 
     def append_jsonl(self, name: str, record: dict) -> None:
+        if not self.main:
+            return
         with open(self.path(name), "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
 
@@ -120,3 +133,7 @@ class Workdir:
         if not p.is_file():
             return []
         return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _silent(*_args, **_kwargs) -> None:
+    """The echo of a process other than the main one (it would print every line once more)."""

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.preference.packed_batch import PairRef, PrefixGroup
 
 # ------------------------------------------------------------------------------------ groups from CoaT-trees
 
 
 def _np(x):
-    return np.asarray(jax.device_get(x))
+    return distributed.to_host(x)
 
 
 def _step_prefix(step, upto_turn: int, turn_texts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
@@ -223,8 +224,9 @@ def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfi
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
     if mesh is None:
         return _tdpo_update_jit(state, batch, config, None)
+    batch = distributed.put(batch, batch_shardings(batch, mesh))  # each process places its own devices' rows
     with jax.set_mesh(mesh):
-        return _tdpo_update_jit(state, jax.device_put(batch, batch_shardings(batch, mesh)), config, mesh)
+        return _tdpo_update_jit(state, batch, config, mesh)
 
 
 # ------------------------------------------------------------------------------------------------- reference
@@ -255,7 +257,7 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
-        batch = jax.device_put(batch, batch_shardings(batch, mesh))
+        batch = distributed.put(batch, batch_shardings(batch, mesh))
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
 
 
@@ -280,7 +282,8 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
     out = []
     for batch in progress(batches, desc="reference log-probs", unit="batch"):
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
-        out.append(batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg)))
+        ref_pos, ref_neg = distributed.to_host((ref_pos, ref_neg))
+        out.append(batch.with_reference(ref_pos, ref_neg))
     return RoundData(batches=out, has_reference=True)
 
 
@@ -290,7 +293,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
 def epoch_order(rng, n: int) -> np.ndarray:
     """A permutation of range(n) drawn from ``rng`` (raw uint32[2] key) on the host: no device program, so a
     round with a different number of batches compiles nothing."""
-    seed = [int(x) for x in np.asarray(jax.device_get(rng), np.uint32).reshape(-1)]
+    seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
     return np.random.default_rng(seed).permutation(n)
 
 
@@ -341,7 +344,7 @@ def train_round(
     order = epoch_order(rng, len(batches))
     if mesh is not None and batches:
         sh = state_shardings(state, config.optimizer(), mesh)
-        state = jax.device_put(state, sh)
+        state = distributed.put(state, sh)
     device_metrics = []
     with progress(total=len(order), desc="T-DPO", unit="step") as bar:
         for k, i in enumerate(order):
@@ -350,7 +353,7 @@ def train_round(
             if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
                 jax.block_until_ready(device_metrics[k - 1]["loss"])
                 bar.update(1)
-        per_step = [{k: float(v) for k, v in m.items()} for m in jax.device_get(device_metrics)]
+        per_step = [{k: float(v) for k, v in m.items()} for m in distributed.to_host(device_metrics)]
         bar.update(1 if per_step else 0)
     metrics = summarize_steps(per_step)
     metrics["per_step"] = per_step

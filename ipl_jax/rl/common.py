@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.coat.actions import Action, needs_grounding, parse_action
 from ipl_jax.rl import rewards as rewards_lib
 from ipl_jax.rl.rows import Rows, frozen_token_logps
@@ -69,11 +70,11 @@ def key_seed(rng) -> np.ndarray:
     key = jnp.asarray(rng)
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.key_data(key)
-    return np.asarray(jax.device_get(key), np.uint32).reshape(2)
+    return np.asarray(distributed.to_host(key), np.uint32).reshape(2)
 
 
 def host_metrics(m: Mapping) -> dict:
-    return {k: float(v) for k, v in jax.device_get(dict(m)).items()}
+    return {k: float(v) for k, v in distributed.to_host(dict(m)).items()}
 
 
 def mean_metrics(per_step: Sequence[Mapping[str, float]], weight_key: str) -> dict:

@@ -24,9 +24,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.coat.actions import Action, format_action
 from ipl_jax.coat.rewards import RewardConfig, encode_actions, encode_golden, leaf_rewards
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
@@ -208,7 +208,7 @@ def act(
     of the signature so that a scripted stand-in (tests) can play the expert."""
     del steps
     packed = pack_tree_prompts(cfg, list(items), config.sampler, seed, batch_size=config.batch_size)
-    tree = jax.device_get(sample_tree(params, cfg, packed, config.sampler, mesh))
+    tree = distributed.to_host(sample_tree(params, cfg, packed, config.sampler, mesh))
     return [g[0] for g in tree_completions(tree, config.batch_size, 1)[: len(items)]]
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.coat.tree import NUM_TURNS
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
 from ipl_jax.data.records import Step
@@ -137,7 +138,7 @@ def sample_coat_groups(
     if tuple(config.branching[1:]) != (1, 1, 1):
         raise ValueError(f"sample_coat_groups: branching must be (G, 1, 1, 1), got {config.branching}")
     packed = pack_tree_prompts(cfg, list(items), config, seed, batch_size=batch_size)
-    tree = jax.device_get(sample_tree(params, cfg, packed, config, mesh))
+    tree = distributed.to_host(sample_tree(params, cfg, packed, config, mesh))
     return tree_completions(tree, batch_size, config.branching[0])[: len(items)]
 
 
@@ -208,7 +209,7 @@ def sample_single_turn(
     )
     keys = jnp.asarray(step_keys(seed, [r.uid for r in rows]))
     temperature = jnp.asarray(config.temperature[0], jnp.float32)
-    tok, n, lp, fin = jax.device_get(
+    tok, n, lp, fin = distributed.to_host(
         _single_turn_jit(
             params,
             cfg,

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import jax
 
+from ipl_jax import distributed
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
 from ipl_jax.model.config import Qwen2VLConfig
@@ -52,6 +53,6 @@ def iter_sampled_batches(
         packed = pack_tree_prompts(
             cfg, items, config, seed, step_index=range(start, start + len(chunk)), batch_size=batch_size
         )
-        tree = jax.device_get(sample_tree(params, cfg, packed, config, mesh))
+        tree = distributed.to_host(sample_tree(params, cfg, packed, config, mesh))
         pad = batch_size - len(chunk)
         yield SampledBatch(tree=tree, steps=chunk + [chunk[-1]] * pad, prompts=items + [items[-1]] * pad, start=start)

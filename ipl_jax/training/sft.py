@@ -97,7 +97,8 @@ def sft_model_batch(cfg, batch) -> dict:
 
 
 def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False):
-    """NamedShardings for ``sft_model_batch`` arrays: text split over the batch axes, vision replicated.
+    """NamedShardings for ``sft_model_batch`` arrays: text split over the batch axes, and the image patch rows
+    too (packed in batch order: with images of one size each device gets the images of its own rows).
 
     ``grad_accum``: leaves carry a leading micro-batch axis [A, ...] (kept unsharded).
     """
@@ -110,7 +111,7 @@ def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False
     out = {}
     for key, value in batch.items():
         if key == "vision":
-            out[key] = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), value)
+            out[key] = jax.tree.map(lambda x: text(x, 0), value)
         else:
             out[key] = text(value, 1 if key == "positions" else 0)
     return out

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ipl_jax import distributed
 from ipl_jax.training.state import TrainState, cast_floating, model_params
 
 
@@ -198,7 +199,7 @@ def train_loop(
         while step < num_steps:
             batch = next(batches)
             state, metrics = step_fn(state, batch)
-            metrics = {k: np.asarray(v).item() for k, v in jax.device_get(metrics).items()}
+            metrics = {k: np.asarray(v).item() for k, v in distributed.to_host(metrics).items()}
             step += 1
             check_finite(metrics, step)
             history.append(metrics)

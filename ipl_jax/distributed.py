@@ -1,0 +1,172 @@
+"""Multi-process (multi-host) runs: starting ``jax.distributed``, which process does what, and moving arrays
+between one host's numpy and the global (mesh-wide) ``jax.Array``.
+
+One process per host (or per GPU under SLURM), every process running the same command on the same job
+directory, which must be on a file system all hosts see (Orbax writes its checkpoints from every process).
+``jax.distributed`` starts
+
+* from the flags ``--coordinator HOST:PORT --num-processes N --process-id I`` when they are given;
+* else from JAX's own variables ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``;
+* else with no arguments (JAX reads the cluster) when the environment is a multi-process one: a SLURM step or an
+  Open MPI job of more than one task, a multi-host Cloud TPU slice (``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_*``),
+  or ``IPL_JAX_DISTRIBUTED=1``;
+* else not at all: one process, as before.
+
+It must start before anything touches a JAX device, so every job command calls ``initialize`` right after
+parsing its flags. Afterwards: every process computes the same host-side values (data, trees, pairs, metrics:
+the job is deterministic given its config), sharded device outputs come back to every host through
+``to_host`` (an all-gather), and only ``is_main()`` writes the job's files (markers, results, plots, the policy
+directories) while the others wait at a ``barrier``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+FLAGS = ("--coordinator", "--num-processes", "--process-id")
+_state = {"started": False}
+
+
+class DistributedError(ValueError):
+    """A bad multi-process setting (the CLI reports it as a usage error)."""
+
+
+def add_flags(parser) -> None:
+    """The three flags of an explicit multi-process launch (all or none)."""
+    g = parser.add_argument_group("multi-process (one process per host; omit on TPU pods and SLURM)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="address of process 0's coordinator")
+    g.add_argument("--num-processes", type=int, default=None, metavar="N", help="how many processes take part")
+    g.add_argument("--process-id", type=int, default=None, metavar="I", help="this process's index, 0..N-1")
+
+
+def _int_env(name: str, env=None) -> int:
+    try:
+        return int((os.environ if env is None else env).get(name, "0") or 0)
+    except ValueError:
+        return 0
+
+
+def cluster_detected(env=None) -> bool:
+    """True when the environment is a multi-process launch that ``jax.distributed.initialize()`` reads by itself."""
+    env = os.environ if env is None else env
+    if env.get("IPL_JAX_DISTRIBUTED", "") not in ("", "0"):
+        return True
+    if env.get("SLURM_JOB_ID") and max(_int_env("SLURM_NTASKS", env), _int_env("SLURM_NPROCS", env)) > 1:
+        return True
+    if _int_env("OMPI_COMM_WORLD_SIZE", env) > 1:
+        return True
+    hosts = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES") or ""
+    return len([h for h in hosts.split(",") if h.strip()]) > 1 or bool(env.get("MEGASCALE_COORDINATOR_ADDRESS"))
+
+
+def settings(coordinator=None, num_processes=None, process_id=None, env=None) -> dict | None:
+    """The keyword arguments of ``jax.distributed.initialize`` for this launch ({} = JAX auto-detects), or None
+    for a single process. Raises ``DistributedError`` on an incomplete or inconsistent set of values."""
+    env = os.environ if env is None else env
+    given = [coordinator, num_processes, process_id]
+    if all(v is None for v in given) and env.get("JAX_COORDINATOR_ADDRESS"):
+        coordinator = env["JAX_COORDINATOR_ADDRESS"]
+        num_processes = _int_env("JAX_NUM_PROCESSES", env) or None
+        process_id = int(env["JAX_PROCESS_ID"]) if env.get("JAX_PROCESS_ID", "").isdigit() else None
+        given = [coordinator, num_processes, process_id]
+    if all(v is None for v in given):
+        return {} if cluster_detected(env) else None
+    if any(v is None for v in given):
+        missing = [f for f, v in zip(FLAGS, given) if v is None]
+        raise DistributedError(f"{', '.join(missing)}: missing; a multi-process launch needs all of {', '.join(FLAGS)}")
+    if ":" not in str(coordinator):
+        raise DistributedError(f"--coordinator={coordinator!r}: expected HOST:PORT (process 0's address)")
+    if num_processes < 1:
+        raise DistributedError(f"--num-processes={num_processes}: must be >= 1")
+    if not 0 <= process_id < num_processes:
+        raise DistributedError(f"--process-id={process_id}: must be in 0..{num_processes - 1} (--num-processes)")
+    return {"coordinator_address": str(coordinator), "num_processes": num_processes, "process_id": process_id}
+
+
+def initialize(coordinator=None, num_processes=None, process_id=None, timeout: int | None = None) -> bool:
+    """Start ``jax.distributed`` when this is a multi-process launch (see the module docstring); call it before
+    any other JAX call. Idempotent. Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the
+    wait for the other processes (JAX's default 300 s)."""
+    if _state["started"] or jax.distributed.is_initialized():
+        return True
+    kwargs = settings(coordinator, num_processes, process_id)
+    if kwargs is None or kwargs.get("num_processes") == 1:
+        return False
+    timeout = timeout or _int_env("IPL_JAX_INIT_TIMEOUT")
+    if timeout:
+        kwargs["initialization_timeout"] = timeout
+    jax.distributed.initialize(**kwargs)
+    _state["started"] = True
+    return True
+
+
+def initialize_from_args(args) -> bool:
+    """``initialize`` from a command's parsed ``--coordinator`` / ``--num-processes`` / ``--process-id``."""
+    return initialize(
+        getattr(args, "coordinator", None), getattr(args, "num_processes", None), getattr(args, "process_id", None)
+    )
+
+
+def process_index() -> int:
+    return jax.process_index()
+
+
+def process_count() -> int:
+    return jax.process_count()
+
+
+def is_main() -> bool:
+    """True in the process that writes the job's files (process 0; the only one in a single-process run)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (a no-op in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def main_writes(name: str, fn: Callable[[], object]):
+    """Run ``fn`` (which writes files) in the main process only, then wait for every process; returns ``fn``'s
+    value in the main process and None elsewhere."""
+    out = fn() if is_main() else None
+    barrier(name)
+    return out
+
+
+def to_host(tree):
+    """A pytree of arrays as numpy on this host: arrays that span other processes' devices are all-gathered
+    (every process must call this at the same point), local and replicated ones just copied."""
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)
+
+
+def put(tree, shardings):
+    """Arrays placed as global arrays with ``shardings``: host values (the same in every process) and arrays on
+    this process's devices are copied slice by slice, each process filling only its own devices; global arrays
+    are resharded. A pytree of shardings or one for every leaf."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, s):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(x, s)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: one(x, shardings), tree)
+    return jax.tree.map(one, tree, shardings)
