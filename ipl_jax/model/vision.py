@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, layer_norm, quick_gelu, segment_attention
+from ipl_jax.model.layers import dense, layer_norm, quick_gelu, remat_body, segment_attention
 from ipl_jax.model.rope import apply_rotary, vision_cos_sin
 from ipl_jax.model.vision25 import encode_images_qwen25
 
@@ -49,7 +49,7 @@ def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
     cq, sq = cos[:, None, :], sin[:, None, :]
     q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)
     k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk, cfg.attention)
     o = o[0].reshape(p_len, v.embed_dim)
     x = x + dense(bp["attn"]["proj"], o, dtype)
     h = layer_norm(bp["norm2"], x, _LN_EPS)
@@ -57,11 +57,12 @@ def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
     return x + h
 
 
-def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
+def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
-    tokens (pad patches) hold finite garbage and must not be scattered into the text."""
+    tokens (pad patches) hold finite garbage and must not be scattered into the text. ``remat``: a policy of
+    ``layers.REMAT_POLICIES`` for each block in the backward pass."""
     if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
-        return encode_images_qwen25(params, cfg, vision)
+        return encode_images_qwen25(params, cfg, vision, remat)
     v = cfg.vision
     dtype = jnp.dtype(cfg.dtype)
     vp = params["visual"]
@@ -72,7 +73,7 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     def body(x, bp):
         return _vision_block(cfg, x, bp, cos, sin, seg), None
 
-    x, _ = jax.lax.scan(body, x, vp["blocks"])
+    x, _ = jax.lax.scan(remat_body(body, remat), x, vp["blocks"])
     mp = vp["merger"]
     h = layer_norm(mp["ln_q"], x, _LN_EPS).reshape(-1, v.merge_factor * v.embed_dim)
     h = dense(mp["mlp_0"], h, dtype)
@@ -87,5 +88,5 @@ def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:
     return (vision.segment_ids >= 0).reshape(-1, m)[:, 0]
 
 
-encode_images = jax.jit(encode_images_unjitted, static_argnums=(1,))
+encode_images = jax.jit(encode_images_unjitted, static_argnums=(1,), static_argnames=("remat",))
 encode_images.__doc__ = encode_images_unjitted.__doc__

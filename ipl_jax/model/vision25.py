@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, rms_norm, segment_attention
+from ipl_jax.model.layers import dense, remat_body, rms_norm, segment_attention
 from ipl_jax.model.rope import apply_rotary, vision_cos_sin
 
 if TYPE_CHECKING:  # annotations only: vision.py imports this module
@@ -69,7 +69,7 @@ def _block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
     cq, sq = cos[:, None, :], sin[:, None, :]
     q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
     k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk, cfg.attention)
     x = x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
     h = rms_norm(bp["norm2"], x, _NORM_EPS)
     mp = bp["mlp"]
@@ -77,7 +77,7 @@ def _block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
     return x + h
 
 
-def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
+def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """ViT + merger of Qwen2.5-VL. Returns f32[P // merge_factor, hidden] in the input's merged-token order
     (images first, pad rows at the end, as ``vision.encode_images``)."""
     v = cfg.vision
@@ -101,7 +101,7 @@ def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs)
         bp, is_full = xs
         return _block(cfg, x, bp, cos, sin, jnp.where(is_full, seg_slice, seg_window)), None
 
-    x, _ = jax.lax.scan(body, x, (vp["blocks"], jnp.asarray(full)))
+    x, _ = jax.lax.scan(remat_body(body, remat), x, (vp["blocks"], jnp.asarray(full)))
     mp = vp["merger"]
     h = rms_norm(mp["ln_q"], x, _NORM_EPS).reshape(-1, mf * v.embed_dim)
     h = dense(mp["mlp_0"], h, dtype)

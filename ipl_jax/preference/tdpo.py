@@ -71,7 +71,7 @@ class TDPOConfig:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    remat: bool = False  # rematerialise decoder layers in the backward pass
+    remat: bool | str = False  # rematerialisation policy (model.layers.REMAT_POLICIES; True = "full")
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
 
@@ -122,7 +122,7 @@ def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainStat
 # ------------------------------------------------------------------------------------------------- the loss
 
 
-def pair_terms(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128):
+def pair_terms(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool | str = False, chunk: int = 128):
     """(chosen f32[P], rejected f32[P], chosen token count f32[P]) by the packed forward."""
     cont, ntok = packing_lib.continuation_logps(params, cfg, batch, remat=remat, chunk=chunk)
     return packing_lib.pair_logps(cont, ntok, batch)

@@ -116,16 +116,17 @@ def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False
     return out
 
 
-def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
+def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> LossFn:
     """loss_fn(params, batch, rng) for ``sft_model_batch`` arrays: mean next-token NLL over assistant tokens.
 
     Log-probs come from the final hidden states ``chunk`` positions at a time (``model.token_log_probs``), so the
-    full [B, T, V] logits are never materialised. ``remat`` rematerialises decoder layers in the backward pass.
+    full [B, T, V] logits are never materialised. ``remat``: the policy (``model.layers.REMAT_POLICIES``, True =
+    'full') of the decoder layers and the vision blocks in the backward pass.
     """
 
     def loss_fn(params, batch, rng):
         del rng  # Qwen2-VL has no dropout
-        feats = encode_images(params, cfg, batch["vision"]) if "vision" in batch else None
+        feats = encode_images(params, cfg, batch["vision"], remat=remat) if "vision" in batch else None
         ids = batch["input_ids"]
         hidden = forward_hidden(params, cfg, ids, batch["positions"], batch["attention_mask"], feats, remat=remat)
         # Position t predicts token t+1; the last position has no target (its mask entry is 0).
@@ -141,7 +142,7 @@ def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
     return loss_fn
 
 
-def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool = False, chunk: int = 128, **kwargs):
+def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool | str = False, chunk: int = 128, **kwargs):
     """``sft_step(state, batch) -> (state, metrics)`` for the Qwen2-VL model on ``sft_model_batch`` arrays.
 
     metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step``. For bf16 compute pass

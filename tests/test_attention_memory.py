@@ -1,0 +1,139 @@
+"""Attention implementations, rematerialisation policies, per-image vision attention and LoRA inside the layer
+scan: each alternative computes the same numbers as the reference path on the small model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from support.small_models import make_groups, tiny_cfg, tiny_params, tiny_training_batch
+
+from ipl_jax import model as M
+from ipl_jax.model.layers import REMAT_POLICIES, check_remat
+from ipl_jax.preference import packing as PK
+from ipl_jax.training import sft
+from ipl_jax.training import state as tstate
+from ipl_jax.training.lora import LoraConfig, merge_lora
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = tiny_cfg().replace(attention_query_chunk=16)  # several query chunks per 64-token row
+    return cfg, tiny_params(cfg)
+
+
+def _packed_batch(cfg):
+    groups = make_groups(cfg, seed=2, scored_groups=(1,))
+    pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)]
+    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
+    (batch,) = PK.pack_round(cfg, groups, pairs, packing)
+    return batch
+
+
+def test_fused_attention_equals_reference_on_packed_rows(small, highest_precision):
+    cfg, params = small
+    batch = _packed_batch(cfg)
+    ref, n_ref = PK.score_continuations(params, cfg, batch, chunk=16)
+    fused, n_fused = PK.score_continuations(params, cfg.replace(attention="xla"), batch, chunk=16)
+    assert np.abs(np.asarray(ref)).max() > 1.0
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(ref), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(n_fused), np.asarray(n_ref))
+    # the packed spec (segment ids, masks built per chunk) means the materialised bool[B, T, T] mask
+    ids, pos = jnp.asarray(batch.input_ids), jnp.asarray(batch.positions)
+    seg = jnp.asarray(batch.segment_ids, jnp.int32)
+    by_ids = M.forward_hidden(params, cfg, ids, pos, seg)
+    by_mask = M.forward_hidden(params, cfg, ids, pos, PK.packed_attention_mask(seg))
+    real = np.asarray(batch.segment_ids) >= 0
+    np.testing.assert_allclose(np.asarray(by_ids)[real], np.asarray(by_mask)[real], atol=1e-6, rtol=0)
+
+
+def test_fused_attention_equals_reference_unpacked_with_left_and_right_padding(small, highest_precision):
+    cfg, params = small
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, 59, (3, 40)), jnp.int32)
+    valid = np.ones((3, 40), bool)
+    valid[0, :7] = False  # left padding
+    valid[1, 31:] = False  # right padding
+    pos = jnp.broadcast_to(jnp.cumsum(jnp.asarray(valid, jnp.int32), axis=1)[None], (3, 3, 40))
+    ref = M.forward(params, cfg, ids, pos, jnp.asarray(valid))
+    fused = M.forward(params, cfg.replace(attention="xla"), ids, pos, jnp.asarray(valid))
+    np.testing.assert_allclose(np.asarray(fused)[valid], np.asarray(ref)[valid], atol=1e-5, rtol=0)
+
+
+def test_vision_features_of_one_image_ignore_the_others_in_the_batch(small, highest_precision):
+    """Two images packed in one call: changing image B's pixels leaves image A's features unchanged, under both
+    attention implementations (block-diagonal attention, as Qwen2-VL's cu_seqlens)."""
+    cfg, params = small
+    rng = np.random.default_rng(3)
+    grids = np.array([[1, 4, 4], [1, 4, 6]])
+    pix_a = rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32)
+    pix_b = rng.normal(size=(24, cfg.vision.patch_dim)).astype(np.float32)
+    pix_b2 = rng.normal(size=(24, cfg.vision.patch_dim)).astype(np.float32)
+    for impl in ("reference", "xla"):
+        c = cfg.replace(attention=impl)
+        v1 = M.prepare_vision(c, np.concatenate([pix_a, pix_b]), grids, patch_buckets=(48,))
+        v2 = M.prepare_vision(c, np.concatenate([pix_a, pix_b2]), grids, patch_buckets=(48,))
+        f1, f2 = np.asarray(M.encode_images(params, c, v1)), np.asarray(M.encode_images(params, c, v2))
+        np.testing.assert_allclose(f1[:4], f2[:4], atol=1e-6, rtol=0)  # image A: 16 patches = 4 merged tokens
+        assert np.abs(f1[4:10] - f2[4:10]).max() > 1e-3  # image B did change
+        alone = M.prepare_vision(c, pix_a, grids[:1], patch_buckets=(16,))
+        np.testing.assert_allclose(np.asarray(M.encode_images(params, c, alone)), f1[:4], atol=1e-5, rtol=0)
+
+
+def _sft_grads(cfg, params, batch, remat):
+    loss = sft.qwen2vl_sft_loss(cfg, remat=remat, chunk=8)
+    return jax.jit(jax.grad(lambda p: loss(p, batch, None)[0]))(params)
+
+
+def test_gradients_are_the_same_under_every_remat_policy(small, highest_precision):
+    cfg, params = small
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0))
+    base = _sft_grads(cfg, params, batch, "none")
+    assert optax.tree.norm(base) > 1e-2
+    for policy in REMAT_POLICIES[1:]:
+        if policy == "offload":
+            try:
+                check_remat(policy, jax.default_backend())
+            except ValueError:
+                continue
+        got = _sft_grads(cfg, params, batch, policy)
+        for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(got)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0, err_msg=policy)
+
+
+def test_unknown_remat_policy_is_one_line():
+    with pytest.raises(
+        ValueError, match=r"remat policy 'some' is unknown \(valid: none, full, dots_saveable, offload\)"
+    ):
+        check_remat("some", "cpu")
+    with pytest.raises(ValueError, match=r"attention 'flash' is unknown \(valid: reference, xla, cudnn\)"):
+        tiny_cfg().replace(attention="flash")
+
+
+def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
+    cfg, params = small
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 1))
+    opt = optax.sgd(0.1)
+    state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
+    # non-zero B, so the adapters change the model
+    lora = jax.tree.map(lambda x: x + 0.05, state.params)
+    loss = sft.qwen2vl_sft_loss(cfg, chunk=8)
+    attached = tstate.loss_params(lora, state.frozen)
+    assert "lora_a" in attached["model"]["layers"]["self_attn"]["q_proj"]  # rides into the layer scan
+    in_scan = jax.jit(lambda lp: loss(tstate.loss_params(lp, state.frozen), batch, None)[0])
+    merged = jax.jit(lambda lp: loss(merge_lora(state.frozen, lp), batch, None)[0])
+    plain = float(loss(params, batch, None)[0])
+    assert abs(float(merged(lora)) - plain) > 1e-3
+    np.testing.assert_allclose(float(in_scan(lora)), float(merged(lora)), atol=1e-6, rtol=0)
+    g_scan, g_merged = jax.grad(in_scan)(lora), jax.grad(merged)(lora)
+    for a, b in zip(jax.tree.leaves(g_merged), jax.tree.leaves(g_scan)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
+
+
+def test_attention_specs_known_answer():
+    """A bool[B, T] spec stays the key-padding (causal) spec; an int32[B, T] one is read as segment ids."""
+    seg = jnp.asarray([[0, 0, 1, 1, 2, -1]], jnp.int32)
+    np.testing.assert_array_equal(M.attention_mask_from_spec(seg), PK.packed_attention_mask(seg))
+    pad = jnp.asarray([[False, True, True, True, True, True]])
+    want = np.tril(np.ones((6, 6), bool)) & np.asarray(pad)[:, None, :]
+    np.testing.assert_array_equal(M.attention_mask_from_spec(pad), want)
