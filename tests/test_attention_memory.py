@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from support.small_models import make_groups, tiny_cfg, tiny_params, tiny_training_batch
+from support.small_models import make_groups, numpy_params, tiny_cfg, tiny_training_batch
 
 from ipl_jax import model as M
 from ipl_jax.model.layers import REMAT_POLICIES, check_remat
@@ -19,7 +19,7 @@ from ipl_jax.training.lora import LoraConfig, merge_lora
 @pytest.fixture(scope="module")
 def small():
     cfg = tiny_cfg().replace(attention_query_chunk=16)  # several query chunks per 64-token row
-    return cfg, tiny_params(cfg)
+    return cfg, numpy_params(cfg, std=0.3)
 
 
 def _packed_batch(cfg):
@@ -77,28 +77,33 @@ def test_vision_features_of_one_image_ignore_the_others_in_the_batch(small, high
         np.testing.assert_allclose(f1[:4], f2[:4], atol=1e-6, rtol=0)  # image A: 16 patches = 4 merged tokens
         assert np.abs(f1[4:10] - f2[4:10]).max() > 1e-3  # image B did change
         alone = M.prepare_vision(c, pix_a, grids[:1], patch_buckets=(16,))
-        np.testing.assert_allclose(np.asarray(M.encode_images(params, c, alone)), f1[:4], atol=1e-5, rtol=0)
-
-
-def _sft_grads(cfg, params, batch, remat):
-    loss = sft.qwen2vl_sft_loss(cfg, remat=remat, chunk=8)
-    return jax.jit(jax.grad(lambda p: loss(p, batch, None)[0]))(params)
+        np.testing.assert_allclose(np.asarray(M.encode_images(params, c, alone)), f1[:4], atol=1e-5, rtol=1e-5)
 
 
 def test_gradients_are_the_same_under_every_remat_policy(small, highest_precision):
+    """Decoder layers and vision blocks under each policy: one program computes the SFT gradients of all."""
     cfg, params = small
+    cfg = cfg.replace(attention_query_chunk=0)  # one program for every policy: keep it small
     batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0))
-    base = _sft_grads(cfg, params, batch, "none")
-    assert optax.tree.norm(base) > 1e-2
-    for policy in REMAT_POLICIES[1:]:
-        if policy == "offload":
-            try:
-                check_remat(policy, jax.default_backend())
-            except ValueError:
-                continue
-        got = _sft_grads(cfg, params, batch, policy)
+    policies = [p for p in REMAT_POLICIES if p != "offload"]
+    try:
+        check_remat("offload", jax.default_backend())
+        policies.append("offload")
+    except ValueError:
+        pass
+
+    def grads(p):
+        return [
+            jax.grad(lambda q, r=r: sft.qwen2vl_sft_loss(cfg, remat=r, chunk=32)(q, batch, None)[0])(p)
+            for r in policies
+        ]
+
+    base, *others = jax.jit(grads)(params)
+    assert optax.tree.norm(base) > 1e-2 and optax.tree.norm(base["visual"]) > 1e-4
+    for policy, got in zip(policies[1:], others):
+        # recomputation regroups XLA's fusions: float32 rounding differences only (a few 1e-6 at most)
         for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(got)):
-            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0, err_msg=policy)
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4, err_msg=policy)
 
 
 def test_unknown_remat_policy_is_one_line():
@@ -112,20 +117,27 @@ def test_unknown_remat_policy_is_one_line():
 
 def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
     cfg, params = small
+    cfg = cfg.replace(attention_query_chunk=0)
     batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 1))
     opt = optax.sgd(0.1)
     state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
     # non-zero B, so the adapters change the model
     lora = jax.tree.map(lambda x: x + 0.05, state.params)
-    loss = sft.qwen2vl_sft_loss(cfg, chunk=8)
+    loss = sft.qwen2vl_sft_loss(cfg, chunk=32)
     attached = tstate.loss_params(lora, state.frozen)
     assert "lora_a" in attached["model"]["layers"]["self_attn"]["q_proj"]  # rides into the layer scan
-    in_scan = jax.jit(lambda lp: loss(tstate.loss_params(lp, state.frozen), batch, None)[0])
-    merged = jax.jit(lambda lp: loss(merge_lora(state.frozen, lp), batch, None)[0])
-    plain = float(loss(params, batch, None)[0])
-    assert abs(float(merged(lora)) - plain) > 1e-3
-    np.testing.assert_allclose(float(in_scan(lora)), float(merged(lora)), atol=1e-6, rtol=0)
-    g_scan, g_merged = jax.grad(in_scan)(lora), jax.grad(merged)(lora)
+    merged_params = merge_lora(state.frozen, lora)
+    q = merged_params["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    assert np.abs(np.asarray(q - params["model"]["layers"]["self_attn"]["q_proj"]["kernel"])).max() > 1e-3
+
+    def both(lp):
+        in_scan = jax.value_and_grad(lambda a: loss(tstate.loss_params(a, state.frozen), batch, None)[0])(lp)
+        merged = jax.value_and_grad(lambda a: loss(merge_lora(state.frozen, a), batch, None)[0])(lp)
+        return in_scan, merged
+
+    (v_scan, g_scan), (v_merged, g_merged) = jax.jit(both)(lora)
+    np.testing.assert_allclose(float(v_scan), float(v_merged), atol=1e-6, rtol=0)
+    assert optax.tree.norm(g_merged) > 1e-3
     for a, b in zip(jax.tree.leaves(g_merged), jax.tree.leaves(g_scan)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
 
