@@ -348,6 +348,19 @@ class Qwen2VLConfig:
         }
 
 
+def checkpoint_dtype(path: str | os.PathLike) -> str:
+    """The dtype a Hugging Face checkpoint's ``config.json`` declares (``torch_dtype``, transformers-5 ``dtype``,
+    or the text config's), as one of float32 / bfloat16 / float16; float32 when it declares none."""
+    p = os.fspath(path)
+    file = os.path.join(p, "config.json") if os.path.isdir(p) else p
+    with open(file) as f:
+        d = json.load(f)
+    text = d.get("text_config") or {}
+    name = d.get("torch_dtype") or d.get("dtype") or text.get("torch_dtype") or text.get("dtype") or "float32"
+    name = str(name).removeprefix("torch.")
+    return name if name in _DTYPES else "float32"
+
+
 def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
     """'qwen2_5_vl' when the root model_type, the architectures or the vision config say so, else 'qwen2_vl'."""
     root = d.get("model_type")

@@ -21,7 +21,16 @@ import ml_collections
 import numpy as np
 
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import (
+    Policy,
+    inference_policy,
+    job_mesh,
+    job_model_config,
+    job_precision,
+    job_remat,
+    load_policy,
+    write_policy_dir,
+)
 from ipl_jax.pipeline.workdir import Workdir, write_json
 
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft")
@@ -208,8 +217,12 @@ def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
     from ipl_jax.preference.tdpo import TDPOConfig
 
     s = ipl_settings(config)
+    compute, storage = job_precision(config)
     return TDPOConfig(
-        model=cfg,
+        model=job_model_config(config, cfg),
+        remat=job_remat(config),
+        compute_dtype=None if compute == "float32" else compute,
+        reference_dtype=storage,
         dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
         objective="positive_sft" if s.method == "no_negatives" else "tdpo",
         learning_rate=s.lr(round_index),
@@ -288,7 +301,14 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
 
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
-        step_fn = make_qwen2vl_sft_step(policy.cfg, tdpo.optimizer(), tdpo.schedule_fn(), grad_accum_steps=n_micro)
+        step_fn = make_qwen2vl_sft_step(
+            tdpo.model,
+            tdpo.optimizer(),
+            tdpo.schedule_fn(),
+            grad_accum_steps=n_micro,
+            remat=tdpo.remat,
+            compute_dtype=tdpo.compute_dtype,
+        )
         seed = [int(x) for x in np.asarray(jax.device_get(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
@@ -336,7 +356,7 @@ def run_round(
     n_view = int(config.export.viewer_steps)
 
     def sample(params, _n, rng):
-        current = dataclasses.replace(policy, params=params)
+        current = inference_policy(policy, config, params)  # storage-dtype weights, KV cache in the compute dtype
         seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
         for batch in iter_tree_batches(current, steps, sconfig, seed, int(config.sampler.batch_size)):
             sampled = sampled_trees(batch, policy.tokenizer)
@@ -355,21 +375,23 @@ def run_round(
 
     golden = golden_update_fn(config, policy, steps, rcfg) if rcfg.train_on == "golden" else None
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
+    _, storage = job_precision(config)
+    frozen = None if storage == "float32" else storage  # frozen base / vision tower; trained weights stay fp32
     if s.lora_rank > 0:
         from ipl_jax.training.lora import LoraConfig
 
-        state = init_state(
-            policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank))
-        )
+        lora = LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank))
+        state = init_state(policy.params, rcfg.tdpo, rng, lora=lora, frozen_dtype=frozen)
     else:
-        state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=VISION_REGEX if s.freeze_vision else None)
+        vision = VISION_REGEX if s.freeze_vision else None
+        state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=vision, frozen_dtype=frozen)
     state, record = ipl_round(
         state, rcfg, RoundStages(sample=sample, score=score, golden_update=golden), round_index, rng, mesh=policy.mesh
     )
     params = model_params(state.params, state.frozen)
     del state
     t0 = time.perf_counter()
-    record["dev"] = dev_accuracy(dataclasses.replace(policy, params=params), dev_episodes, config)
+    record["dev"] = dev_accuracy(inference_policy(policy, config, params), dev_episodes, config)
     record["seconds"]["evaluate"] = time.perf_counter() - t0
     wd.echo(
         f"  round {round_index}: {record['pairs']} pairs, classes α {record['classes']['alpha']:.2f} "

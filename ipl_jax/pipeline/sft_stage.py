@@ -21,7 +21,15 @@ import ml_collections
 import numpy as np
 
 from ipl_jax.data.records import Step
-from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import (
+    Policy,
+    job_mesh,
+    job_model_config,
+    job_precision,
+    job_remat,
+    load_policy,
+    write_policy_dir,
+)
 from ipl_jax.pipeline.progress import progress_bar
 from ipl_jax.pipeline.workdir import Workdir
 
@@ -122,6 +130,7 @@ def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.Config
     o.weight_decay = float(config.sft.weight_decay)
     o.grad_clip_norm = float(config.sft.grad_clip)
     t.freeze_vision = bool(config.sft.freeze_vision)
+    t.compute_dtype, t.frozen_dtype = job_precision(config)  # master weights and moments stay float32
     if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
         t.lora.enabled = True
         t.lora.rank = int(config.sft.lora_rank)
@@ -164,17 +173,21 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
             iterator = restore_iterator(iterator, data_state)
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
     n_micro = micro_batches(config)[1]
+    cfg = job_model_config(config, init.cfg)
+    compute = None if train_cfg.compute_dtype == "float32" else train_cfg.compute_dtype
+    precision = dict(remat=job_remat(config), compute_dtype=compute)
     if mesh is None:
-        step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro)
+        step_fn = make_qwen2vl_sft_step(cfg, optimizer, schedule, grad_accum_steps=n_micro, **precision)
     else:
         state_sh = sft_state_shardings(state, optimizer, mesh)
         state = jax.device_put(state, state_sh)
         batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
         step_fn = make_qwen2vl_sft_step(
-            init.cfg,
+            cfg,
             optimizer,
             schedule,
             grad_accum_steps=n_micro,
+            **precision,
             mesh=mesh,
             state_shardings=state_sh,
             batch_shardings=batch_sh,

@@ -74,6 +74,7 @@ class TDPOConfig:
     remat: bool | str = False  # rematerialisation policy (model.layers.REMAT_POLICIES; True = "full")
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
+    reference_dtype: str | None = None  # storage of the frozen reference's weights (None: the compute dtype)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -256,8 +257,9 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     """(ref_pos f32[P], ref_neg f32[P]): the frozen reference's summed log-probs of each pair's continuations
     (0 for padding pairs). Jitted once per batch shape; no gradient ever flows through it."""
     cfg = config.model
-    if config.compute_dtype is not None:
-        ref_params = state_lib.cast_floating(ref_params, config.compute_dtype)
+    stored = config.reference_dtype or config.compute_dtype
+    if stored is not None:
+        ref_params = state_lib.cast_floating(ref_params, stored)
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
