@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import KVCache
 from ipl_jax.model.inputs import ModelInputs
+from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
 from ipl_jax.preference import tdpo as tdpo_lib
@@ -49,6 +50,7 @@ from ipl_jax.training.plan_shapes import (  # noqa: F401 - re-exported: the plan
     mesh_shape,
     model_config,
     parse_mesh,
+    plan_dtypes,
     sampler_config,
     sft_batch,
     tdpo_batch,
@@ -60,13 +62,16 @@ from ipl_jax.training.state import VISION_REGEX, create_train_state
 
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
-    """compute_dtype: activations and the sampler's weights; remat: rematerialise decoder layers in training;
-    frozen_dtype: storage of frozen weights (LoRA base, frozen ViT), None = the compute dtype; programs: which
+    """compute_dtype: activations (and the KV cache); remat: the training programs' policy for decoder layers and
+    vision blocks (``model.layers.REMAT_POLICIES``); attention: ``Qwen2VLConfig.attention``; frozen_dtype:
+    storage of the weights not trained (LoRA base, frozen ViT, the sampler's copy), None = the compute dtype;
+    programs: which
     of ``PROGRAMS`` to plan. Trainable weights and optimizer moments are always fp32."""
 
     compute_dtype: str = "bfloat16"
-    remat: bool = True
+    remat: str = "full"
     frozen_dtype: str | None = None
+    attention: str = "reference"
     programs: tuple = PROGRAMS
 
 
@@ -145,7 +150,7 @@ def _compute(settings: PlanSettings) -> str | None:
 
 
 def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32")
+    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
     tcfg = tdpo_lib.TDPOConfig(
         model=mcfg,
         remat=settings.remat,
@@ -170,7 +175,7 @@ def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSett
 
 
 def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32")
+    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
     optimizer, schedule = make_optimizer(config.sft), make_schedule(config.sft)
     lora = int(config.sft.get("lora_rank", 0))
     kw = _state_kwargs(settings, lora, bool(config.sft.get("freeze_vision", False)))
@@ -205,7 +210,7 @@ def _row_sharding(mesh, shape) -> NamedSharding:
 
 
 def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.compute_dtype)
+    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
     sampler = sampler_config(scfg, config, s)
     b, t = s.sampler_batch, s.prefix_length
     size = sampler.cache_size(t, (s.prompt_length,) * 3, upto_turn=1)
@@ -229,7 +234,7 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
 
 
 def plan_decode(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.compute_dtype)
+    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
     sampler = sampler_config(scfg, config, s)
     rows = s.sampler_batch * math.prod(s.branching)
     size = sampler.cache_size(s.prefix_length, (s.prompt_length,) * 3)
@@ -274,10 +279,21 @@ _PLANNERS = {"sft": plan_sft, "tdpo": plan_tdpo, "prefill": plan_prefill, "decod
 
 
 def check_dtype(settings: PlanSettings, platform: str) -> None:
+    """PlanError for a dtype, remat policy or attention the platform cannot run."""
     valid = DTYPES.get(platform, DTYPES["cpu"])
     for flag, value in (("--dtype", settings.compute_dtype), ("--frozen-dtype", settings.frozen_dtype)):
         if value is not None and value not in valid:
             raise PlanError(f"{flag} {value}: not available on {platform} (valid: {', '.join(valid)})")
+    if settings.remat not in REMAT_POLICIES:
+        raise PlanError(f"--remat {settings.remat}: unknown (valid: {', '.join(REMAT_POLICIES)})")
+    if settings.remat == "offload" and platform not in ("tpu", "gpu"):
+        try:
+            check_remat(settings.remat, platform, "--remat")
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+    if settings.attention not in ATTENTION_IMPLS or (settings.attention == "cudnn" and platform != "gpu"):
+        valid = ATTENTION_IMPLS if platform == "gpu" else ("reference", "xla")
+        raise PlanError(f"--attention {settings.attention}: not available on {platform} (valid: {', '.join(valid)})")
 
 
 def validate(config, settings: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:

@@ -208,6 +208,21 @@ class JobShapes:
             )
 
 
+def plan_dtypes(config, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
+    """(compute, frozen storage or None = compute) from the flags, else ``config.model.dtype`` / ``param_dtype``;
+    their 'auto' compute is the checkpoint's torch_dtype when ``model.checkpoint`` exists, else bfloat16 (the
+    published Qwen2-VL weights')."""
+    from ipl_jax.model.config import checkpoint_dtype
+
+    compute = dtype or str(config.model.get("dtype", "auto") or "auto")
+    if compute == "auto":
+        ckpt = str(config.model.get("checkpoint", "") or "")
+        found = ckpt and os.path.isfile(os.path.join(ckpt, "config.json"))
+        compute = checkpoint_dtype(ckpt) if found else "bfloat16"
+    stored = frozen or str(config.model.get("param_dtype", "auto") or "auto")
+    return compute, (None if stored == "auto" else stored)
+
+
 def parse_mesh(text: str) -> dict:
     """'data=1,fsdp=8,tensor=1' -> {'data': 1, 'fsdp': 8, 'tensor': 1} (missing axes are 1)."""
     out = {a: 1 for a in AXES}
