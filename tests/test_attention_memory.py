@@ -149,3 +149,18 @@ def test_attention_specs_known_answer():
     pad = jnp.asarray([[False, True, True, True, True, True]])
     want = np.tril(np.ones((6, 6), bool)) & np.asarray(pad)[:, None, :]
     np.testing.assert_array_equal(M.attention_mask_from_spec(pad), want)
+
+
+def test_sft_loss_with_one_image_per_slot_equals_the_packed_images(small, highest_precision):
+    """``sft_model_batch(..., image_patches=)`` lays images out one per slot (each encoded alone); the loss is
+    the one of all images packed on one patch axis."""
+    cfg, params = small
+    tb = tiny_training_batch(cfg, 2, empty_rows=1)
+    flat, slots = sft.sft_model_batch(cfg, tb), sft.sft_model_batch(cfg, tb, image_patches=24)
+    assert flat["vision"].patches.shape == (96, cfg.vision.patch_dim)
+    assert slots["vision"].patches.shape == (4, 24, cfg.vision.patch_dim)
+    assert np.all(slots["vision"].segment_ids[3] == -1)  # the empty row's slot
+    loss = jax.jit(lambda p, b: sft.qwen2vl_sft_loss(cfg, chunk=32)(p, b, None)[0])
+    want, got = float(loss(params, flat)), float(loss(params, slots))
+    assert want > 1.0
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

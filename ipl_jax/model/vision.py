@@ -82,6 +82,18 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     return h.astype(jnp.float32)
 
 
+def slot_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
+    """The tower on images laid out one per slot (leaves [N, Pi, ...], ``inputs.prepare_vision_slots``): each slot
+    encoded alone (vmapped), so the cost is linear in the number of images, then the real merged features of all
+    slots in slot order, as ``text.embed_tokens`` consumes them: f32[N * Pi / merge, hidden] (fill rows last)."""
+    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v, remat))(vision)  # [N, Pi/m, H]
+    n, k, h = feats.shape
+    m = cfg.vision.merge_factor
+    real = (vision.segment_ids >= 0).reshape(n, k, m)[..., 0].reshape(-1)
+    (index,) = jnp.nonzero(real, size=n * k, fill_value=0)
+    return feats.reshape(n * k, h)[index]
+
+
 def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:
     """bool[P // merge_factor]: which rows of ``encode_images``' output are real image tokens."""
     m = cfg.vision.merge_factor

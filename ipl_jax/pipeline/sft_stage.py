@@ -78,9 +78,8 @@ def make_example_fn(tokenizer, image_config):
 
 
 def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(micro-batch size, number of micro-batches) of an SFT batch. The vision tower attends over all patches
-    of a (micro-)batch at once, so its cost grows with the square of the images per micro-batch: a batch is
-    split into micro-batches whose gradients are accumulated (``training.step.make_train_step``'s scan)."""
+    """(micro-batch size, number of micro-batches) of an SFT batch: a batch is split into micro-batches whose
+    gradients are accumulated (``training.step.make_train_step``'s scan), bounding activation memory."""
     bs = int(config.sft.batch_size)
     micro = int(config.sft.micro_batch_size) or bs
     if micro < 1 or bs % micro:
@@ -98,6 +97,7 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     token_buckets = tuple(int(t) for t in config.buckets.tokens)
     micro, n_micro = micro_batches(config)
     patches = patch_buckets(config, micro)
+    per_image = max(int(p) for p in config.buckets.patches)
 
     def batch_fn(examples):
         examples = list(examples)
@@ -107,7 +107,9 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
         )
         parts = [
             sft_model_batch(
-                cfg, collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro)
+                cfg,
+                collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro),
+                image_patches=per_image,  # each image encoded alone: linear, not quadratic, in the images
             )
             for i in range(n_micro)
         ]

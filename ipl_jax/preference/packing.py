@@ -47,7 +47,7 @@ from ipl_jax.model.inputs import (
     prepare_vision,
 )
 from ipl_jax.model.text import forward_hidden, token_log_probs
-from ipl_jax.model.vision import VisionInputs, encode_images_unjitted
+from ipl_jax.model.vision import VisionInputs, slot_image_features
 
 PAD_SEGMENT = -1
 PREFIX_SEGMENT = 0
@@ -462,15 +462,10 @@ def _chunk_for(t: int, chunk: int) -> int:
 
 
 def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jax.Array:
-    """The vision tower row by row (vmapped over the row axis), then the real merged features of all rows in
-    row order, as ``embed_tokens`` consumes them: f32[B * Pr / merge, hidden] (fill rows at the end).
-    ``remat``: the tower's rematerialisation policy (``model.layers.REMAT_POLICIES``)."""
-    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v, remat))(vision)  # [B, Pr/m, H]
-    b, n, h = feats.shape
-    m = cfg.vision.merge_factor
-    real = (vision.segment_ids >= 0).reshape(b, n, m)[..., 0].reshape(-1)
-    (index,) = jnp.nonzero(real, size=b * n, fill_value=0)
-    return feats.reshape(b * n, h)[index]
+    """The vision tower row by row (``model.vision.slot_image_features``: one row's image is a slot), the real
+    merged features of all rows in row order: f32[B * Pr / merge, hidden] (fill rows at the end). ``remat``:
+    the tower's rematerialisation policy (``model.layers.REMAT_POLICIES``)."""
+    return slot_image_features(params, cfg, vision, remat)
 
 
 def packed_token_logps(

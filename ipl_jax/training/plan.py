@@ -198,7 +198,7 @@ def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSetti
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
     shapes = (
         f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
-        f"{s.sft_micro * s.image_patches} patches/micro-batch"
+        f"{s.sft_micro} image slots of {s.image_patches} patches/micro-batch"
         + (f", LoRA r={lora}" if lora else ", full weights")
         + (", ViT frozen" if kw.get("freeze_regex") else "")
     )

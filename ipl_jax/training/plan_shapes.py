@@ -300,7 +300,7 @@ def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
         "attention_mask": _S(lead + (b, t), jnp.bool_),
         "loss_mask": _S(lead + (b, t), jnp.int32),
         "positions": _S(lead + (3, b, t), jnp.int32),
-        "vision": _vision(cfg, lead, b * s.image_patches),
+        "vision": _vision(cfg, lead + (b,), s.image_patches),  # one image slot per dialogue
     }
 
 
