@@ -1,6 +1,8 @@
 """Attention implementations, rematerialisation policies, per-image vision attention and LoRA inside the layer
 scan: each alternative computes the same numbers as the reference path on the small model."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,3 +166,27 @@ def test_sft_loss_with_one_image_per_slot_equals_the_packed_images(small, highes
     want, got = float(loss(params, flat)), float(loss(params, slots))
     assert want > 1.0
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_sampler_prompts_with_one_screenshot_per_slot_give_the_same_logits(sampler_model, highest_precision):
+    """``SamplerConfig.image_patches``: each tree's screenshot in its own slot (encoded alone); the prefix's
+    logits are those of the packed layout."""
+    from support import EOS
+    from support.sampler_models import random_step
+
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.sampling.prompts import pack_tree_prompts
+
+    cfg, params = sampler_model
+    rng = np.random.default_rng(1)
+    steps = [
+        random_step(rng, cfg, uid=7 + i, n_text=n, prompt_lens=(4, 3, 4), grid=g)
+        for i, (n, g) in enumerate([(5, (1, 4, 4)), (9, (1, 4, 6))])
+    ]
+    base = SamplerConfig(eos_ids=(EOS,), prefix_buckets=(32,), prompt_buckets=(16,), patch_buckets=(64,))
+    packed = pack_tree_prompts(cfg, steps, base, 3).prefix
+    slots = pack_tree_prompts(cfg, steps, dataclasses.replace(base, image_patches=24), 3).prefix
+    assert slots.vision.patches.shape[:2] == (2, 24)
+    valid = np.asarray(packed.attention_mask)
+    want, got = M.forward_inputs(params, cfg, packed), M.forward_inputs(params, cfg, slots)
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-4, rtol=0)

@@ -60,7 +60,10 @@ def _vision_block(cfg: Qwen2VLConfig, x, bp, cos, sin, seg):
 def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
     tokens (pad patches) hold finite garbage and must not be scattered into the text. ``remat``: a policy of
-    ``layers.REMAT_POLICIES`` for each block in the backward pass."""
+    ``layers.REMAT_POLICIES`` for each block in the backward pass. Leaves [N, Pi, ...] (one image per slot) go
+    to ``slot_image_features``."""
+    if vision.patches.ndim == 3:  # one image per slot (inputs.prepare_vision_slots): each encoded alone
+        return slot_image_features(params, cfg, vision, remat)
     if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
         return encode_images_qwen25(params, cfg, vision, remat)
     v = cfg.vision

@@ -220,7 +220,7 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
         attention_mask=_S((b, t), jnp.bool_),
         positions=_S((3, b, t), jnp.int32),
         rope_deltas=_S((b,), jnp.int32),
-        vision=_vision(scfg, (), b * s.image_patches),
+        vision=_vision(scfg, (b,), s.image_patches),  # one screenshot per slot
     )
     p_sh, in_sh = param_shardings(params, mesh), inputs_shardings(inputs, mesh)
     fn = jax.jit(
@@ -229,7 +229,7 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
         out_shardings=(cache_shardings(scfg, mesh, b, size), _row_sharding(mesh, (b,))),
     )
     parts = {"weights": _per_device_bytes(params, p_sh), "batch": _per_device_bytes(inputs, in_sh)}
-    shapes = f"{b} trees x {t} prefix tokens, {b * s.image_patches} patches, cache {size} slots"
+    shapes = f"{b} trees x {t} prefix tokens, {b} image slots of {s.image_patches} patches, cache {size} slots"
     return _measure("prefill", shapes, fn, (params, inputs), mesh, parts)
 
 

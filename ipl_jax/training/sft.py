@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ipl_jax.model.inputs import get_rope_index, prepare_vision, prepare_vision_slots
 from ipl_jax.model.sharding import batch_spec
 from ipl_jax.model.text import forward_hidden, token_log_probs
-from ipl_jax.model.vision import encode_images, slot_image_features
+from ipl_jax.model.vision import encode_images
 from ipl_jax.training.step import LossFn, make_train_step
 
 
@@ -132,12 +132,8 @@ def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> Los
 
     def loss_fn(params, batch, rng):
         del rng  # Qwen2-VL has no dropout
-        feats = None
-        if "vision" in batch:
-            vision = batch["vision"]
-            slots = vision.patches.ndim == 3  # one image per slot (sft_model_batch's image_patches)
-            encode = slot_image_features if slots else encode_images
-            feats = encode(params, cfg, vision, remat=remat)
+        # packed images, or one per slot (sft_model_batch's image_patches): encode_images takes both
+        feats = encode_images(params, cfg, batch["vision"], remat=remat) if "vision" in batch else None
         ids = batch["input_ids"]
         hidden = forward_hidden(params, cfg, ids, batch["positions"], batch["attention_mask"], feats, remat=remat)
         # Position t predicts token t+1; the last position has no target (its mask entry is 0).
