@@ -194,6 +194,14 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
             "--dtype float16: not available on tpu (valid: float32, bfloat16)",
         ),
         (["--devices", "2", "--mesh", "data=2", "--programs", "tdpo,train"], "--programs train: unknown (valid: sft"),
+        (
+            ["--devices", "2", "--mesh", "data=2", "--remat", "all"],
+            "--remat all: unknown (valid: none, full, dots_saveable, offload)",
+        ),
+        (
+            ["--devices", "2", "--mesh", "data=2", "--attention", "cudnn"],
+            "--attention cudnn: not available on cpu (valid: reference, xla)",
+        ),
         (["--devices", "2", "--topology", "v5p-8"], "not allowed with argument"),
     ],
 )

@@ -177,13 +177,14 @@ def run(args) -> dict:
         "patches": args.patches,
         "slots": args.slots,
         "pairs": args.pairs,
-        "remat": not args.no_remat,
+        "remat": "none" if args.no_remat else args.remat,
+        "attention": args.attention,
         "dtype": args.dtype,
     }
-    cfg = (model_2b() if args.size == "2b" else TINY).replace(dtype=args.dtype)
+    cfg = (model_2b() if args.size == "2b" else TINY).replace(dtype=args.dtype, attention=args.attention)
     config = tdpo.TDPOConfig(
         model=cfg,
-        remat=not args.no_remat,
+        remat="none" if args.no_remat else args.remat,
         learning_rate=1e-6,
         compute_dtype=None if args.dtype == "float32" else args.dtype,
     )
@@ -251,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=24)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-remat", action="store_true")
+    ap.add_argument("--remat", default="full", help="policy: full, dots_saveable, offload (--no-remat: none)")
+    ap.add_argument("--attention", default="cudnn", help="reference, xla or cudnn (jax.nn.dot_product_attention)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak (default: by device kind)")

@@ -37,9 +37,24 @@ def parser() -> CommandParser:
     p.add_argument(
         "--arch", default="auto", help="auto (checkpoint, config name, config.model), qwen2-vl-2b or qwen2-vl-7b"
     )
-    p.add_argument("--dtype", default=None, help="compute dtype (default: config.model.dtype if set, else bfloat16)")
-    p.add_argument("--frozen-dtype", default=None, help="storage of frozen weights (default: the compute dtype)")
-    p.add_argument("--remat", choices=("on", "off"), default="on", help="rematerialise decoder layers in training")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="compute dtype (default: config.model.dtype; its 'auto': the checkpoint's, else bfloat16)",
+    )
+    p.add_argument(
+        "--frozen-dtype",
+        default=None,
+        help="storage of the weights not trained: frozen base / ViT, sampler (default: config.model.param_dtype)",
+    )
+    p.add_argument(
+        "--remat",
+        default=None,
+        help="training remat policy: none, full, dots_saveable, offload (default: config.model.remat, else full)",
+    )
+    p.add_argument(
+        "--attention", default=None, help="reference, xla or cudnn (default: config.model.attention, else reference)"
+    )
     p.add_argument("--programs", default="sft,tdpo,prefill,decode", help="comma-separated subset to plan")
     p.add_argument("--budget-gb", type=float, default=None, help="mark programs whose total exceeds this")
     p.add_argument("--json", default=None, help="also write the plan here as JSON")
@@ -141,11 +156,14 @@ def main(argv: list[str]) -> int:
     try:
         mesh_arg = plan_lib.parse_mesh(args.mesh) if args.mesh else None
         arch, cfg = plan_lib.model_config(config, args.config or "", args.arch)
-        dtype = args.dtype or str(config.model.get("dtype", "") or "bfloat16")
+        dtype, frozen = plan_lib.plan_dtypes(config, args.dtype, args.frozen_dtype)
+        remat = args.remat or str(config.model.get("remat", "full"))
+        attention = args.attention or str(config.model.get("attention", "reference"))
         settings = plan_lib.PlanSettings(
             compute_dtype=dtype,
-            remat=args.remat == "on",
-            frozen_dtype=args.frozen_dtype,
+            remat=remat,
+            frozen_dtype=frozen,
+            attention=attention,
             programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()),
         )
         _check_early(args, config, plan_lib, settings, mesh_arg)
@@ -160,9 +178,9 @@ def main(argv: list[str]) -> int:
         info = plan_lib.describe(cfg)
         header = (
             f"plan of {args.config} ({arch}, {info['params'] / 1e9:.2f}B params) on {where}, mesh "
-            f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen weights "
-            f"{args.frozen_dtype or dtype}, remat {args.remat}; per device (XLA FLOP: cost_analysis, loop "
-            "bodies counted once)"
+            f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen/sampler weights "
+            f"{frozen or dtype}, master weights and moments float32, remat {remat}, attention {attention}; per "
+            "device (XLA FLOP: cost_analysis, loop bodies counted once)"
         )
         print(header, file=sys.stderr)
         plans = plan_lib.plan_job(
@@ -186,8 +204,9 @@ def main(argv: list[str]) -> int:
             "mesh": dict(zip(("data", "fsdp", "tensor"), shape)),
             "settings": {
                 "compute_dtype": dtype,
-                "remat": args.remat == "on",
-                "frozen_dtype": args.frozen_dtype or dtype,
+                "remat": remat,
+                "attention": attention,
+                "frozen_dtype": frozen or dtype,
             },
             "programs": {pl.name: pl.as_dict() for pl in plans},
         }

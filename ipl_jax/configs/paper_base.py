@@ -39,6 +39,8 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
 
     # REQUIRED: a local Hugging Face directory, e.g. huggingface-cli download Qwen/Qwen2-VL-7B-Instruct
     c.model.checkpoint = ""
+    c.model.dtype = "auto"  # the checkpoint's bfloat16: bf16 compute, fp32 master weights and optimizer state
+    c.model.remat = "full"
     c.model.min_pixels = 56 * 56
     c.model.max_pixels = max_pixels
 

@@ -85,6 +85,13 @@ def get_config(arg=None):
     c.model.vision_embed_dim = 64
     c.model.vision_num_heads = 4
     c.model.tie_word_embeddings = True
+    # Precision: compute dtype ('auto' = the starting checkpoint's torch_dtype, float32 for a fresh model) and the
+    # storage dtype of the weights the job does not train (sampler, evaluator, frozen reference, frozen base;
+    # 'auto' = the compute dtype). Trained weights and optimizer moments are always float32.
+    c.model.dtype = "auto"
+    c.model.param_dtype = "auto"
+    c.model.attention = "reference"  # reference | xla | cudnn (jax.nn.dot_product_attention)
+    c.model.remat = "none"  # training: none | full | dots_saveable | offload (decoder layers and vision blocks)
     # The world renders 224x448 screenshots; the model sees them at half size (112x224 = 128 patches of 14x14,
     # 32 image tokens after the 2x2 merge), which keeps the vision tower cheap on a CPU.
     c.model.min_pixels = 112 * 224

@@ -41,6 +41,7 @@ def sampler_config(
         prompt_buckets=tuple(int(x) for x in config.sampler.prompt_buckets),
         patch_buckets=tuple(int(p) * int(config.sampler.batch_size) for p in config.buckets.patches)
         + tuple(int(p) * int(config.eval.batch_size) for p in config.buckets.patches),
+        image_patches=max(int(p) for p in config.buckets.patches),
     )
     return greedy_config(sc) if greedy else sc
 

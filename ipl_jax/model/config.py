@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_ATTENTION = ("reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
 _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
 
 
@@ -118,11 +119,16 @@ class Qwen2VLConfig:
     # Runtime knob (not part of the HF config): attention processes this many queries at a time when a
     # sequence (text tokens, or all packed patches in the vision tower) is longer; 0 = never chunk.
     attention_query_chunk: int = 2048
+    # Runtime knob: "reference" (the masked softmax of model/layers.py; parity tests, CPUs), "xla" or "cudnn"
+    # (jax.nn.dot_product_attention) for the forward passes without a cache (training, scoring, the vision tower).
+    attention: str = "reference"
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"Qwen2VLConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+        if self.attention not in _ATTENTION:
+            raise ValueError(f"attention {self.attention!r} is unknown (valid: {', '.join(_ATTENTION)})")
         if self.attention_query_chunk < 0:
             raise ValueError(f"attention_query_chunk must be >= 0, got {self.attention_query_chunk}")
         t, v = self.text, self.vision
@@ -340,6 +346,19 @@ class Qwen2VLConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "dtype": torch_dtype,
         }
+
+
+def checkpoint_dtype(path: str | os.PathLike) -> str:
+    """The dtype a Hugging Face checkpoint's ``config.json`` declares (``torch_dtype``, transformers-5 ``dtype``,
+    or the text config's), as one of float32 / bfloat16 / float16; float32 when it declares none."""
+    p = os.fspath(path)
+    file = os.path.join(p, "config.json") if os.path.isdir(p) else p
+    with open(file) as f:
+        d = json.load(f)
+    text = d.get("text_config") or {}
+    name = d.get("torch_dtype") or d.get("dtype") or text.get("torch_dtype") or text.get("dtype") or "float32"
+    name = str(name).removeprefix("torch.")
+    return name if name in _DTYPES else "float32"
 
 
 def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:

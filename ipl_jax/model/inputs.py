@@ -158,6 +158,27 @@ def prepare_vision(
     return VisionInputs(patches=patches, pos_hw=pos, segment_ids=seg)
 
 
+def prepare_vision_slots(
+    cfg: Qwen2VLConfig, pixel_values: np.ndarray, image_grid_thw: np.ndarray, slot_patches: int
+) -> VisionInputs:
+    """One image per slot: leaves [N, slot_patches, ...] for the N images of ``image_grid_thw`` (int[N, 3], in
+    the order of ``pixel_values``' rows; an all-zero grid is an empty slot), each padded alone (``prepare_vision``
+    with one bucket), so the tower can encode every image by itself (``vision.slot_image_features``)."""
+    pv = np.asarray(pixel_values, dtype=np.float32)
+    grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
+    sizes = np.prod(grids, axis=1)
+    if int(sizes.sum()) != pv.shape[0]:
+        raise ValueError(f"image_grid_thw covers {int(sizes.sum())} patches but pixel_values has {pv.shape[0]} rows")
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    slots = []
+    for i, g in enumerate(grids):
+        if sizes[i] == 0:
+            slots.append(prepare_vision(cfg, pv[:0], np.zeros((0, 3), np.int64), (slot_patches,)))
+        else:
+            slots.append(prepare_vision(cfg, pv[starts[i] : starts[i + 1]], g[None], (slot_patches,)))
+    return VisionInputs(*(np.stack([getattr(v, f) for v in slots]) for f in ("patches", "pos_hw", "segment_ids")))
+
+
 def _as_batch(input_ids, attention_mask) -> tuple[np.ndarray, np.ndarray]:
     """Accepts int[B, T] (+ mask) or a list of 1-D sequences of different lengths (right-padded here)."""
     if isinstance(input_ids, (list, tuple)) and input_ids and not np.isscalar(input_ids[0]):

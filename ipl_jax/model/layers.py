@@ -2,6 +2,16 @@
 
 They follow transformers' eager numerics: norms in float32 then cast back, attention scores in the compute
 dtype, softmax in float32 cast back to the compute dtype before multiplying by V.
+
+Attention implementations (``Qwen2VLConfig.attention``): ``reference`` is the masked softmax written here (the
+parity path, and the one for CPUs); ``xla`` and ``cudnn`` go through ``jax.nn.dot_product_attention`` (XLA's
+fused attention, cuDNN flash attention on GPUs). Masks are built from compact per-token arrays one query chunk
+at a time (``masked_attention``), so no [B, T, T] mask lives across layers.
+
+Rematerialisation policies (``REMAT_POLICIES``, ``remat_body``): ``none``; ``full`` (save only a layer's input,
+recompute the rest in the backward pass); ``dots_saveable`` (keep matmul outputs, recompute the elementwise
+work); ``offload`` (matmul outputs without a batch dimension moved to pinned host memory; needs a backend with
+a ``pinned_host`` memory space).
 """
 
 from __future__ import annotations
@@ -9,10 +19,59 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+ATTENTION_IMPLS = ("reference", "xla", "cudnn")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "offload")
+
+
+def remat_policy_name(remat) -> str:
+    """A remat setting (bool, None or a policy name) -> a name of ``REMAT_POLICIES`` (True = 'full')."""
+    if remat is None or remat is False:
+        return "none"
+    if remat is True:
+        return "full"
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat policy {remat!r} is unknown (valid: {', '.join(REMAT_POLICIES)})")
+    return remat
+
+
+def check_remat(remat, platform: str, setting: str = "remat") -> str:
+    """The policy name, or ValueError (one line naming ``setting``) when the platform cannot run it."""
+    name = remat_policy_name(remat)
+    if name == "offload":
+        kinds = {m.kind for d in jax.devices(platform)[:1] for m in d.addressable_memories()}
+        if "pinned_host" not in kinds:
+            raise ValueError(
+                f"{setting}='offload' needs a pinned_host memory space, which {platform} lacks (valid here: "
+                "none, full, dots_saveable)"
+            )
+    return name
+
+
+def remat_body(body, remat):
+    """``body`` (a scan body) wrapped in ``jax.checkpoint`` under the policy ``remat`` names (see the module
+    docstring); 'none' returns it unchanged."""
+    name = remat_policy_name(remat)
+    if name == "none":
+        return body
+    if name == "full":
+        return jax.checkpoint(body)
+    if name == "dots_saveable":
+        return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_saveable)
+    policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+    return jax.checkpoint(body, policy=policy)
+
 
 def dense(p: dict, x: jnp.ndarray, dtype) -> jnp.ndarray:
-    """x @ kernel (+ bias). p: {'kernel': [in, out], optional 'bias': [out]}; x: [..., in] -> dtype[..., out]."""
-    y = jnp.einsum("...i,io->...o", x.astype(dtype), p["kernel"].astype(dtype))
+    """x @ kernel (+ bias). p: {'kernel': [in, out], optional 'bias': [out]}; x: [..., in] -> dtype[..., out].
+
+    A LoRA adapter attached to the layer (``lora_a`` [in, r], ``lora_b`` [r, out], the scale folded into b; see
+    ``training.lora.attach_lora``) is merged here, one layer at a time inside the layer scan:
+    kernel + a @ b, in the kernel's dtype."""
+    kernel = p["kernel"]
+    if "lora_a" in p:
+        delta = jnp.matmul(p["lora_a"], p["lora_b"], precision=jax.lax.Precision.HIGHEST)
+        kernel = (kernel.astype(jnp.promote_types(kernel.dtype, delta.dtype)) + delta).astype(kernel.dtype)
+    y = jnp.einsum("...i,io->...o", x.astype(dtype), kernel.astype(dtype))
     if "bias" in p:
         y = y + p["bias"].astype(dtype)
     return y
@@ -70,6 +129,32 @@ def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
     return out.reshape((out.shape[0], n * query_chunk) + out.shape[3:])[:, :t]
 
 
+def _attention_fused(q, k, v, mask, implementation: str):
+    """jax.nn.dot_product_attention with a bool[B, T, S] mask (head-broadcast); softmax in float32 inside."""
+    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
+
+
+def masked_attention(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    mask_of,
+    per_query,
+    query_chunk: int = 0,
+    implementation: str = "reference",
+) -> jnp.ndarray:
+    """Attention whose mask is built per query chunk: ``mask_of(per_query_chunk) -> bool[B, c, S]`` from
+    ``per_query`` (a pytree of arrays [B, T, ...], e.g. query positions and segment ids). q: [B, T, Hq, D]; k, v:
+    [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS``; 'cudnn' runs unchunked (flash attention
+    never holds the scores)."""
+    if implementation not in ATTENTION_IMPLS:
+        raise ValueError(f"attention {implementation!r} is unknown (valid: {', '.join(ATTENTION_IMPLS)})")
+    if implementation == "reference":
+        return _chunked(lambda qc, pc: _attention_dense(qc, k, v, mask_of(pc)), q, per_query, query_chunk)
+    chunk = 0 if implementation == "cudnn" else query_chunk
+    return _chunked(lambda qc, pc: _attention_fused(qc, k, v, mask_of(pc), implementation), q, per_query, chunk)
+
+
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
     """Masked softmax attention with grouped key/value heads.
 
@@ -92,14 +177,13 @@ def segment_attention(
     q_segments: jnp.ndarray,
     k_segments: jnp.ndarray,
     query_chunk: int = 0,
+    implementation: str = "reference",
 ) -> jnp.ndarray:
     """Block-diagonal attention: query t attends key s iff their segment ids are equal. q_segments:
     int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time."""
-
-    def fn(qc, seg):
-        return _attention_dense(qc, k, v, seg[:, :, None] == k_segments[:, None, :])
-
-    return _chunked(fn, q, q_segments, query_chunk)
+    return masked_attention(
+        q, k, v, lambda seg: seg[:, :, None] == k_segments[:, None, :], q_segments, query_chunk, implementation
+    )
 
 
 def _two_block_dense(q, k_old, v_old, old_mask, k_new, v_new, new_mask):

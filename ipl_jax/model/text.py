@@ -6,8 +6,13 @@ sampler's decode loop runs too); those differ only in the attention function the
 alone, or a KV cache's slots followed by the new tokens). Attention specifications of the forward:
 
 * key-padding mask bool[B, T]: causal attention restricted to valid keys (left or right padding both work);
-* explicit mask bool[B, T, T] (True = query t may attend key s): e.g. prefix packing, where several
-  continuations follow one prefix and each attends to the prefix and causally to itself only.
+* explicit mask bool[B, T, T] (True = query t may attend key s);
+* packed segment ids int32[B, T] (prefix packing: segment 0 the prefix, 1.. the continuations, -1 padding):
+  causal, a key is visible when it is in the prefix or in the query's own segment, so several continuations
+  follow one prefix and each attends to the prefix and causally to itself only.
+
+The key-padding and packed specs are expanded into masks one query chunk at a time, inside each layer's
+attention (``cfg.attention`` picks the reference softmax or ``jax.nn.dot_product_attention``).
 
 Image features are scattered, in order, into the ``<|image_pad|>`` positions of ``input_ids`` (row-major over
 the batch, like transformers' ``masked_scatter``); padding must therefore never use the image token id.
@@ -22,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import attention, dense, rms_norm
+from ipl_jax.model.layers import dense, masked_attention, remat_body, rms_norm
 from ipl_jax.model.rope import apply_rotary, text_cos_sin
 from ipl_jax.model.vision import encode_images_unjitted
 
@@ -48,14 +53,45 @@ def embed_tokens(
 
 
 def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
-    """bool[B, T] key-padding mask -> causal & padding bool[B, T, T]; bool[B, T, T] is returned as is."""
+    """The whole mask bool[B, T, T] of a spec (key padding, explicit or packed segment ids; see the module
+    docstring). The forward never builds it; it is the definition the chunked masks follow."""
     if attention_spec.ndim == 3:
         return attention_spec.astype(bool)
-    if attention_spec.ndim != 2:
-        raise ValueError(f"attention spec must be bool[B, T] or bool[B, T, T], got shape {attention_spec.shape}")
-    t = attention_spec.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    return causal[None] & attention_spec.astype(bool)[:, None, :]
+    mask_of, per_query = _spec_masks(attention_spec)
+    return mask_of(per_query)
+
+
+def _is_packed(spec) -> bool:
+    return spec.ndim == 2 and jnp.issubdtype(spec.dtype, jnp.integer)
+
+
+def _spec_masks(spec: jnp.ndarray):
+    """(mask_of, per_query) of a [B, T] spec: mask_of(per-query chunk) -> bool[B, c, T] (``masked_attention``)."""
+    if spec.ndim != 2:
+        raise ValueError(
+            "attention spec must be bool[B, T], int32[B, T] segment ids or bool[B, T, T], got shape "
+            f"{spec.shape} {spec.dtype}"
+        )
+    b, t = spec.shape
+    k_pos = jnp.arange(t, dtype=jnp.int32)
+    q_pos = jnp.broadcast_to(k_pos, (b, t))
+    if _is_packed(spec):
+        k_seg = spec.astype(jnp.int32)
+
+        def mask_of(pq):
+            pos, seg = pq
+            causal = k_pos[None, None, :] <= pos[:, :, None]
+            visible = (k_seg[:, None, :] == 0) | (k_seg[:, None, :] == seg[:, :, None])
+            return causal & visible & (seg[:, :, None] >= 0) & (k_seg[:, None, :] >= 0)
+
+        return mask_of, (q_pos, k_seg)
+    k_valid = spec.astype(bool)
+
+    def mask_of(pq):
+        pos, _ = pq
+        return (k_pos[None, None, :] <= pos[:, :, None]) & k_valid[:, None, :]
+
+    return mask_of, (q_pos, spec.astype(jnp.int32))
 
 
 def decoder_layer(
@@ -98,7 +134,7 @@ def decoder_stack(
     positions: jnp.ndarray,
     attend: Callable,
     kv_dtype=None,
-    remat: bool = False,
+    remat: bool | str = False,
 ):
     """Runs every decoder layer (one ``lax.scan`` over the stacked layer parameters) and the final norm.
 
@@ -106,6 +142,7 @@ def decoder_stack(
     attend(q, k, v, layer) -> dtype[B, T, Hq, D]: ``decoder_layer``'s attention, also given the layer index
       (int32[], traced) so that a cached caller can read that layer's slice of its cache.
     kv_dtype: None (the new keys / values are not returned) or the dtype to return them in.
+    remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full') for each layer in the backward pass.
     Returns (hidden dtype[B, T, hidden], None or (k, v) each [L, B, T, Hkv, D]).
     """
     cos, sin = text_cos_sin(positions, cfg.text, x.dtype)
@@ -116,17 +153,21 @@ def decoder_stack(
         x, kv = decoder_layer(lp, cfg, x, cos, sin, lambda q, k, v: attend(q, k, v, i), kv_dtype)
         return x, (kv if kv_dtype is not None else None)
 
-    if remat:
-        body = jax.checkpoint(body)
+    body = remat_body(body, remat)
     n_layers = cfg.text.num_hidden_layers
     x, kv = jax.lax.scan(body, x, (params["model"]["layers"], jnp.arange(n_layers)))
     return rms_norm(params["model"]["norm"], x, cfg.text.rms_norm_eps), kv
 
 
-def self_attention(cfg: Qwen2VLConfig, mask: jnp.ndarray) -> Callable:
+def self_attention(cfg: Qwen2VLConfig, spec: jnp.ndarray) -> Callable:
     """``decoder_stack``'s attend for a sequence without a cache: the new tokens attend to each other under
-    mask bool[B, T, T] (True = may attend), ``cfg.attention_query_chunk`` queries at a time."""
-    return lambda q, k, v, layer: attention(q, k, v, mask, cfg.attention_query_chunk)
+    ``spec`` (see the module docstring), ``cfg.attention_query_chunk`` queries at a time, by ``cfg.attention``."""
+    chunk, impl = cfg.attention_query_chunk, cfg.attention
+    if spec.ndim == 3:
+        mask = spec.astype(bool)
+        return lambda q, k, v, layer: masked_attention(q, k, v, lambda m: m, mask, chunk, impl)
+    mask_of, per_query = _spec_masks(spec)
+    return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, chunk, impl)
 
 
 def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) -> jnp.ndarray:
@@ -142,8 +183,7 @@ def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) ->
 
 def _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features=None, remat=False):
     x = embed_tokens(params, cfg, input_ids, image_features)
-    mask = attention_mask_from_spec(attention_spec)
-    hidden, _ = decoder_stack(params, cfg, x, positions, self_attention(cfg, mask), remat=remat)
+    hidden, _ = decoder_stack(params, cfg, x, positions, self_attention(cfg, attention_spec), remat=remat)
     return hidden
 
 
@@ -160,8 +200,9 @@ def forward_hidden(
     """Final-norm hidden states dtype[B, T, hidden].
 
     input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE rows T, H, W); attention_spec: bool[B, T]
-    (key padding, causal) or bool[B, T, T] (explicit, True = may attend); image_features: f32[N, hidden] or
-    None; remat: rematerialise each layer in the backward pass (saves activation memory when training).
+    (key padding, causal), int32[B, T] (packed segment ids) or bool[B, T, T] (explicit, True = may attend);
+    image_features: f32[N, hidden] or None; remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full') for
+    each layer in the backward pass (saves activation memory when training).
     """
     return _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features, remat)
 

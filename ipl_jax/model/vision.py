@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, layer_norm, quick_gelu
+from ipl_jax.model.layers import dense, layer_norm, quick_gelu, remat_body
 from ipl_jax.model.rope import vision_cos_sin
 from ipl_jax.model.vision25 import encode_images_qwen25
 from ipl_jax.model.vision_common import VisionInputs, merge_patches, vision_block
@@ -33,11 +33,15 @@ def _mlp(mp, h, dtype):
     return dense(mp["fc2"], quick_gelu(dense(mp["fc1"], h, dtype)), dtype)
 
 
-def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
+def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
-    tokens (pad patches) hold finite garbage and must not be scattered into the text."""
+    tokens (pad patches) hold finite garbage and must not be scattered into the text. ``remat``: a policy of
+    ``layers.REMAT_POLICIES`` for each block in the backward pass. Leaves [N, Pi, ...] (one image per slot) go
+    to ``slot_image_features``."""
+    if vision.patches.ndim == 3:  # one image per slot (inputs.prepare_vision_slots): each encoded alone
+        return slot_image_features(params, cfg, vision, remat)
     if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
-        return encode_images_qwen25(params, cfg, vision)
+        return encode_images_qwen25(params, cfg, vision, remat)
     v = cfg.vision
     dtype = jnp.dtype(cfg.dtype)
     vp = params["visual"]
@@ -48,8 +52,20 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     def body(x, bp):
         return vision_block(cfg, _layer_norm, _mlp, x, bp, cos, sin, seg), None
 
-    x, _ = jax.lax.scan(body, x, vp["blocks"])
+    x, _ = jax.lax.scan(remat_body(body, remat), x, vp["blocks"])
     return merge_patches(cfg, _layer_norm, vp["merger"], x)
+
+
+def slot_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
+    """The tower on images laid out one per slot (leaves [N, Pi, ...], ``inputs.prepare_vision_slots``): each slot
+    encoded alone (vmapped), so the cost is linear in the number of images, then the real merged features of all
+    slots in slot order, as ``text.embed_tokens`` consumes them: f32[N * Pi / merge, hidden] (fill rows last)."""
+    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v, remat))(vision)  # [N, Pi/m, H]
+    n, k, h = feats.shape
+    m = cfg.vision.merge_factor
+    real = (vision.segment_ids >= 0).reshape(n, k, m)[..., 0].reshape(-1)
+    (index,) = jnp.nonzero(real, size=n * k, fill_value=0)
+    return feats.reshape(n * k, h)[index]
 
 
 def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:
@@ -58,5 +74,5 @@ def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:
     return (vision.segment_ids >= 0).reshape(-1, m)[:, 0]
 
 
-encode_images = jax.jit(encode_images_unjitted, static_argnums=(1,))
+encode_images = jax.jit(encode_images_unjitted, static_argnums=(1,), static_argnames=("remat",))
 encode_images.__doc__ = encode_images_unjitted.__doc__

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, rms_norm
+from ipl_jax.model.layers import dense, remat_body, rms_norm
 from ipl_jax.model.rope import vision_cos_sin
 from ipl_jax.model.vision_common import VisionInputs, merge_patches, vision_block
 
@@ -62,7 +62,7 @@ def _mlp(mp, h, dtype):  # SwiGLU with biases
     return dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
 
 
-def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jnp.ndarray:
+def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """ViT + merger of Qwen2.5-VL. Returns f32[P // merge_factor, hidden] in the input's merged-token order
     (images first, pad rows at the end, as ``vision.encode_images``)."""
     v = cfg.vision
@@ -87,7 +87,7 @@ def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs)
         seg = jnp.where(is_full, seg_slice, seg_window)  # whole slice or window
         return vision_block(cfg, _rms_norm, _mlp, x, bp, cos, sin, seg), None
 
-    x, _ = jax.lax.scan(body, x, (vp["blocks"], jnp.asarray(full)))
+    x, _ = jax.lax.scan(remat_body(body, remat), x, (vp["blocks"], jnp.asarray(full)))
     return jnp.take(merge_patches(cfg, _rms_norm, vp["merger"], x), inverse, axis=0)
 
 

@@ -46,7 +46,7 @@ def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg):
     cq, sq = cos[:, None, :], sin[:, None, :]
     q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
     k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk)
+    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk, cfg.attention)
     return x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
 
 

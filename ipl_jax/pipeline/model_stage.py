@@ -40,6 +40,46 @@ class Policy:
     mesh: object = None
 
 
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def job_precision(config: ml_collections.ConfigDict) -> tuple[str, str]:
+    """(compute, storage) dtype names of ``config.model.dtype`` / ``param_dtype``. 'auto' compute is the dtype
+    the starting checkpoint (``model.checkpoint``) declares, float32 for a fresh model; 'auto' storage is the
+    compute dtype. Storage is what the weights the job does not train are kept in: the sampler's and the
+    evaluator's copy, the frozen reference, frozen base weights (LoRA) and a frozen vision tower. Trained
+    weights and optimizer moments are float32 whatever these say."""
+    from ipl_jax.model.config import checkpoint_dtype
+
+    compute = str(config.model.get("dtype", "auto") or "auto")
+    storage = str(config.model.get("param_dtype", "auto") or "auto")
+    if compute == "auto":
+        ckpt = str(config.model.get("checkpoint", "") or "")
+        compute = checkpoint_dtype(ckpt) if ckpt and (Path(ckpt) / "config.json").is_file() else "float32"
+    return compute, (compute if storage == "auto" else storage)
+
+
+def job_model_config(config: ml_collections.ConfigDict, cfg):
+    """A policy's model config with the job's compute dtype and attention implementation."""
+    compute, _ = job_precision(config)
+    return cfg.replace(dtype=compute, attention=str(config.model.get("attention", "reference")))
+
+
+def job_remat(config: ml_collections.ConfigDict) -> str:
+    """``config.model.remat``: the rematerialisation policy of training (decoder layers and vision blocks)."""
+    return str(config.model.get("remat", "none"))
+
+
+def inference_policy(policy: Policy, config: ml_collections.ConfigDict, params=None) -> Policy:
+    """``policy`` (or ``params`` in its place) for sampling and evaluation: weights cast to the job's storage
+    dtype, the model computing in its compute dtype (so the KV cache is kept in it too)."""
+    from ipl_jax.training.state import cast_floating
+
+    _, storage = job_precision(config)
+    params = policy.params if params is None else params
+    return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(config, policy.cfg))
+
+
 def image_config_from(config: ml_collections.ConfigDict):
     from ipl_jax.data.image_processing import ImageProcessorConfig
 

@@ -13,7 +13,6 @@ live-world episodes of ``eval.online_episodes`` (``round_eval.evaluate_online``)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -25,7 +24,14 @@ import numpy as np
 
 from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import (
+    Policy,
+    inference_policy,
+    job_mesh,
+    job_precision,
+    load_policy,
+    write_policy_dir,
+)
 from ipl_jax.pipeline.round_eval import (  # noqa: F401  (re-exported: the job's evaluation helpers)
     dev_accuracy,
     eval_config,
@@ -81,7 +87,14 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
 
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
-        step_fn = make_qwen2vl_sft_step(policy.cfg, tdpo.optimizer(), tdpo.schedule_fn(), grad_accum_steps=n_micro)
+        step_fn = make_qwen2vl_sft_step(
+            tdpo.model,
+            tdpo.optimizer(),
+            tdpo.schedule_fn(),
+            grad_accum_steps=n_micro,
+            remat=tdpo.remat,
+            compute_dtype=tdpo.compute_dtype,
+        )
         seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
@@ -135,7 +148,7 @@ def run_round(
     n_view = int(config.export.viewer_steps)
 
     def sample(params, _n, rng):
-        current = dataclasses.replace(policy, params=params)
+        current = inference_policy(policy, config, params)  # storage-dtype weights, KV cache in the compute dtype
         seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
         bs = int(config.sampler.batch_size)
         batches = iter_tree_batches(current, steps, sconfig, seed, bs)
@@ -156,14 +169,16 @@ def run_round(
 
     golden = golden_update_fn(config, policy, steps, rcfg) if rcfg.train_on == "golden" else None
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
+    _, storage = job_precision(config)
+    frozen = None if storage == "float32" else storage  # frozen base / vision tower; trained weights stay fp32
     if s.lora_rank > 0:
         from ipl_jax.training.lora import LoraConfig
 
-        state = init_state(
-            policy.params, rcfg.tdpo, rng, lora=LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank))
-        )
+        lora = LoraConfig(rank=s.lora_rank, alpha=float(2 * s.lora_rank))
+        state = init_state(policy.params, rcfg.tdpo, rng, lora=lora, frozen_dtype=frozen)
     else:
-        state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=VISION_REGEX if s.freeze_vision else None)
+        vision = VISION_REGEX if s.freeze_vision else None
+        state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=vision, frozen_dtype=frozen)
     state, record = ipl_round(
         state, rcfg, RoundStages(sample=sample, score=score, golden_update=golden), round_index, rng, mesh=policy.mesh
     )
@@ -173,7 +188,7 @@ def run_round(
     record["samples"] = len(steps) * num_leaves(tuple(int(b) for b in config.sampler.branching))
     record["budget"] = round_budget(config, len(train_steps))
     t0 = time.perf_counter()
-    record["dev"] = dev_accuracy(dataclasses.replace(policy, params=params), dev_episodes, config)
+    record["dev"] = dev_accuracy(inference_policy(policy, config, params), dev_episodes, config)
     record["seconds"]["evaluate"] = time.perf_counter() - t0
     wd.echo(
         f"  round {round_index}: {record['pairs']} pairs, classes α {record['classes']['alpha']:.2f} "

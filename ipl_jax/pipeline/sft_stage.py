@@ -22,7 +22,15 @@ import numpy as np
 
 from ipl_jax import distributed
 from ipl_jax.data.records import Step
-from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import (
+    Policy,
+    job_mesh,
+    job_model_config,
+    job_precision,
+    job_remat,
+    load_policy,
+    write_policy_dir,
+)
 from ipl_jax.pipeline.progress import progress_bar
 from ipl_jax.pipeline.workdir import Workdir
 
@@ -71,9 +79,8 @@ def make_example_fn(tokenizer, image_config):
 
 
 def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(micro-batch size, number of micro-batches) of an SFT batch. The vision tower attends over all patches
-    of a (micro-)batch at once, so its cost grows with the square of the images per micro-batch: a batch is
-    split into micro-batches whose gradients are accumulated (``training.step.make_train_step``'s scan)."""
+    """(micro-batch size, number of micro-batches) of an SFT batch: a batch is split into micro-batches whose
+    gradients are accumulated (``training.step.make_train_step``'s scan), bounding activation memory."""
     bs = int(config.sft.batch_size)
     micro = int(config.sft.micro_batch_size) or bs
     if micro < 1 or bs % micro:
@@ -91,6 +98,7 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
     token_buckets = tuple(int(t) for t in config.buckets.tokens)
     micro, n_micro = micro_batches(config)
     patches = patch_buckets(config, micro)
+    per_image = max(int(p) for p in config.buckets.patches)
 
     def batch_fn(examples):
         examples = list(examples)
@@ -100,7 +108,9 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
         )
         parts = [
             sft_model_batch(
-                cfg, collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro)
+                cfg,
+                collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro),
+                image_patches=per_image,  # each image encoded alone: linear, not quadratic, in the images
             )
             for i in range(n_micro)
         ]
@@ -120,6 +130,7 @@ def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.Config
     t.num_steps = int(config.sft.steps)
     t.optimizer = ml_collections.ConfigDict(dict(settings_dict(optimizer_settings(config.sft))))
     t.freeze_vision = bool(config.sft.freeze_vision)
+    t.compute_dtype, t.frozen_dtype = job_precision(config)  # master weights and moments stay float32
     if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
         t.lora.enabled = True
         t.lora.rank = int(config.sft.lora_rank)
@@ -165,15 +176,19 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
             iterator = restore_iterator(iterator, data_state)
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
     n_micro = micro_batches(config)[1]
+    cfg = job_model_config(config, init.cfg)
+    compute = None if train_cfg.compute_dtype == "float32" else train_cfg.compute_dtype
+    precision = dict(remat=job_remat(config), compute_dtype=compute)
     if mesh is None:
-        step_fn = make_qwen2vl_sft_step(init.cfg, optimizer, schedule, grad_accum_steps=n_micro)
+        step_fn = make_qwen2vl_sft_step(cfg, optimizer, schedule, grad_accum_steps=n_micro, **precision)
     else:
         batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
         step_fn = make_qwen2vl_sft_step(
-            init.cfg,
+            cfg,
             optimizer,
             schedule,
             grad_accum_steps=n_micro,
+            **precision,
             mesh=mesh,
             state_shardings=state_sh,
             batch_shardings=batch_sh,

@@ -204,6 +204,7 @@ def validate_config(config: ml_collections.ConfigDict, n_devices: int | None = N
     _check(config, "reward.discount", lambda v: _positive(v) and v <= 1, "must be in (0, 1]")
     _check(config, "eval.batch_size", _positive_int, "must be >= 1")
     _check(config, "eval.max_steps", _nonneg_int, "must be >= 0 (0: every step)")
+    _check_model(config)
     _check_ipl(config)
     _check_online(config)
     _check_rl(config)
@@ -372,6 +373,39 @@ def _check_rl(config) -> None:
         )
     if method == "gigppo":
         _check(config, "rl.ppo.trajectories_per_task", lambda v: v >= 2, "must be >= 2 with gigppo (sibling states)")
+
+
+_BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # others: float32, bfloat16, float16
+
+
+def _check_model(config, platform: str | None = None) -> None:
+    """model.dtype / param_dtype / attention / remat: known names the backend can run."""
+    if "model" not in config:
+        return
+    from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
+    from ipl_jax.pipeline.model_stage import DTYPE_CHOICES
+
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+    valid = ("auto",) + _BACKEND_DTYPES.get(platform, DTYPE_CHOICES[1:])
+    for field in ("model.dtype", "model.param_dtype"):
+        _check(
+            config, field, lambda v: v in valid, f"unknown or not available on {platform} (valid: {', '.join(valid)})"
+        )
+    _check(config, "model.attention", lambda v: v in ATTENTION_IMPLS, f"must be one of {', '.join(ATTENTION_IMPLS)}")
+    _check(
+        config,
+        "model.attention",
+        lambda v: v != "cudnn" or platform == "gpu",
+        f"cuDNN attention needs a GPU, this backend is {platform} (valid here: reference, xla)",
+    )
+    _check(config, "model.remat", lambda v: v in REMAT_POLICIES, f"must be one of {', '.join(REMAT_POLICIES)}")
+    try:
+        check_remat(config.model.get("remat", "none"), platform, "config.model.remat")
+    except ValueError as e:
+        raise UsageError(f"{e} (fix it with --config.model.remat=...)") from None
 
 
 def batch_axis_size(config, n_devices: int) -> int:

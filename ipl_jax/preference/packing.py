@@ -41,7 +41,7 @@ import numpy as np
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import get_rope_index, pick_bucket, prepare_vision
 from ipl_jax.model.text import forward_hidden, token_log_probs
-from ipl_jax.model.vision import VisionInputs, encode_images_unjitted
+from ipl_jax.model.vision import VisionInputs, slot_image_features
 from ipl_jax.preference.packed_batch import (  # noqa: F401  (re-exported: the batch format, imported from here)
     PAD_SEGMENT,
     PREFIX_SEGMENT,
@@ -330,8 +330,9 @@ def stack_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
 
 
 def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
-    """bool[B, T, T] from int32[B, T] segment ids: causal; a key is visible if it is in the prefix (segment 0)
-    or in the query's own segment; padding (-1) sees nothing and is seen by nothing."""
+    """bool[B, T, T] from int32[B, T] segment ids (the meaning of the forward's packed spec): causal; a key is
+    visible if it is in the prefix (segment 0) or in the query's own segment; padding (-1)
+    sees nothing and is seen by nothing."""
     t = segment_ids.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))[None]
     q = segment_ids[:, :, None]
@@ -345,15 +346,11 @@ def _chunk_for(t: int, chunk: int) -> int:
     return c if t % c == 0 else t
 
 
-def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs) -> jax.Array:
-    """The vision tower row by row (vmapped over the row axis), then the real merged features of all rows in
-    row order, as ``embed_tokens`` consumes them: f32[B * Pr / merge, hidden] (fill rows at the end)."""
-    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v))(vision)  # [B, Pr/m, H]
-    b, n, h = feats.shape
-    m = cfg.vision.merge_factor
-    real = (vision.segment_ids >= 0).reshape(b, n, m)[..., 0].reshape(-1)
-    (index,) = jnp.nonzero(real, size=b * n, fill_value=0)
-    return feats.reshape(b * n, h)[index]
+def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jax.Array:
+    """The vision tower row by row (``model.vision.slot_image_features``: one row's image is a slot), the real
+    merged features of all rows in row order: f32[B * Pr / merge, hidden] (fill rows at the end). ``remat``:
+    the tower's rematerialisation policy (``model.layers.REMAT_POLICIES``)."""
+    return slot_image_features(params, cfg, vision, remat)
 
 
 def packed_token_logps(
@@ -361,9 +358,10 @@ def packed_token_logps(
 ) -> jax.Array:
     """log p(target_ids) f32[B, T] of every position of a packed batch (0-information where nothing is
     predicted; mask with ``score_slot``). Traceable; call inside a jitted function."""
-    feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision)
-    mask = packed_attention_mask(batch.segment_ids)
-    hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, mask, feats, remat=remat)
+    feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision, remat)
+    # the segment ids are the attention spec: each layer builds the mask a query chunk at a time
+    segments = jnp.asarray(batch.segment_ids, jnp.int32)
+    hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, segments, feats, remat=remat)
     return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk))
 
 

@@ -61,9 +61,10 @@ class TDPOConfig:
     dpo: losses.DPOConfig = losses.DPOConfig()
     objective: str = "tdpo"  # "tdpo" | "positive_sft" (IPL without negatives)
     optimizer_settings: optimizer_lib.OptimizerSettings = IPL_OPTIMIZER
-    remat: bool = False  # rematerialise decoder layers in the backward pass
+    remat: bool | str = False  # rematerialisation policy (model.layers.REMAT_POLICIES; True = "full")
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
+    reference_dtype: str | None = None  # storage of the frozen reference's weights (None: the compute dtype)
     learning_rate: dataclasses.InitVar[float | None] = None
 
     def __post_init__(self, learning_rate):
@@ -100,7 +101,7 @@ def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainStat
 # ------------------------------------------------------------------------------------------------- the loss
 
 
-def pair_terms(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128):
+def pair_terms(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool | str = False, chunk: int = 128):
     """(chosen f32[P], rejected f32[P], chosen token count f32[P]) by the packed forward."""
     cont, ntok = packing_lib.continuation_logps(params, cfg, batch, remat=remat, chunk=chunk)
     return packing_lib.pair_logps(cont, ntok, batch)
@@ -252,8 +253,9 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     """(ref_pos f32[P], ref_neg f32[P]): the frozen reference's summed log-probs of each pair's continuations
     (0 for padding pairs). Jitted once per batch shape; no gradient ever flows through it."""
     cfg = config.model
-    if config.compute_dtype is not None:
-        ref_params = state_lib.cast_floating(ref_params, config.compute_dtype)
+    stored = config.reference_dtype or config.compute_dtype
+    if stored is not None:
+        ref_params = state_lib.cast_floating(ref_params, stored)
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):

@@ -49,6 +49,7 @@ class SamplerConfig:
     those of the unmodified model.
     early_exit: stop a turn's decode loop once every row has finished (a ``lax.while_loop``); off, every turn
     runs its full budget (same results, fixed run time).
+    image_patches: see the field.
     """
 
     branching: tuple[int, int, int, int] = DEFAULT_BRANCHING
@@ -63,6 +64,9 @@ class SamplerConfig:
     prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
     patch_buckets: tuple[int, ...] = DEFAULT_PATCH_BUCKETS
     early_exit: bool = True
+    # > 0: each tree's screenshot padded to this many patches in its own slot and encoded alone (the tower's cost
+    # linear in the trees of a batch); 0: all screenshots packed on one patch axis of a ``patch_buckets`` size
+    image_patches: int = 0
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass normalisation)

@@ -27,6 +27,7 @@ from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
 from ipl_jax.model import ModelInputs, prepare_inputs
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import prepare_vision_slots
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.keys import step_keys, step_uid
 
@@ -141,6 +142,8 @@ def pack_tree_prompts(
         patch_buckets=config.patch_buckets,
         pad_id=config.pad_id,
     )
+    if config.image_patches:  # one screenshot per slot, each encoded alone
+        prefix = prefix.replace(vision=prepare_vision_slots(cfg, pixel_values, grids, config.image_patches))
 
     prompt_ids, lengths = [], np.zeros((b, 3), np.int32)
     for t in range(3):

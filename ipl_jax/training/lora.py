@@ -11,8 +11,9 @@ with A drawn from U(−1/√in, 1/√in) and B = 0, so a fresh adapter leaves th
 ``LoraParams`` holds the adapters as a nested dict mirroring the base tree (each target path ends in a dict
 ``{'a': A, 'b': B}``) plus ``scale`` as static metadata, so it is an ordinary pytree for optax / orbax / jit while
 ``apply_lora(base_params, lora_params)`` needs nothing else. ``apply_lora`` is meant to run inside the loss (merge
-on the fly, gradients flow into A and B only); ``merge_lora`` is the same computation for export (jitted, result
-in the base dtype).
+on the fly, gradients flow into A and B only); ``attach_lora`` is the training loss's form of it (the adapters
+ride along with their stacked kernels into the layer scan and are merged there, one layer at a time);
+``merge_lora`` is the same computation for export (jitted, result in the base dtype).
 """
 
 from __future__ import annotations
@@ -151,6 +152,32 @@ def apply_lora(base_params, lora_params: LoraParams):
     if missing:
         raise ValueError(f"LoRA adapters for parameters the base tree lacks: {sorted(missing)[:5]}")
     return merged
+
+
+def attach_lora(base_params, lora_params: LoraParams):
+    """Base params with each stacked adapter ([L, in, r], [L, r, out]) placed beside its kernel as ``lora_a`` and
+    ``lora_b`` (the scale folded into b), so that the layer scan slices them with the layer and ``model.layers.
+    dense`` merges one layer at a time (never all L merged kernels at once). Unstacked targets (no layer axis)
+    are merged here as ``apply_lora`` does. Same values as ``apply_lora``; differentiable."""
+    flat = flatten_with_paths(lora_params.adapters)
+    stacked = {p.rsplit("/", 1)[0] for p in flat if flat[p].ndim > 2 and p.endswith("/kernel/a")}
+    merged = apply_lora(base_params, _only(lora_params, exclude=stacked))
+    out = jax.tree.map(lambda x: x, merged)  # a fresh nested dict to add leaves to
+    for target in stacked:
+        node = out
+        for part in target.rsplit("/", 1)[0].split("/"):
+            node = node[part]
+        node["lora_a"] = flat[f"{target}/a"]
+        node["lora_b"] = lora_params.scale * flat[f"{target}/b"]
+    return out
+
+
+def _only(lora_params: LoraParams, exclude) -> LoraParams:
+    adapters: dict = {}
+    for path, leaf in flatten_with_paths(lora_params.adapters).items():
+        if path.rsplit("/", 1)[0] not in exclude:
+            _set_nested(adapters, path.split("/"), leaf)
+    return LoraParams(adapters=adapters, scale=lora_params.scale)
 
 
 @jax.jit

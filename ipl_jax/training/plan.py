@@ -11,19 +11,13 @@ Arguments count everything a step holds as input: trainable (fp32 master) weight
 weights, the batch or the KV cache. ``total = arguments + outputs + temporaries - aliased`` (donated inputs that
 the outputs reuse), the program's peak under XLA's buffer assignment.
 
-Shapes (``JobShapes.from_config``): T-DPO rows ``ipl.batch_size`` x the largest ``ipl.text_buckets``, K + 1
-continuation slots (K = the largest branching), ``ipl.max_pairs_per_batch`` pair slots and one screenshot of the
-largest ``buckets.patches`` per row; SFT ``sft.batch_size`` dialogues of the largest ``buckets.tokens`` in
-micro-batches of ``sft.micro_batch_size`` (scanned); the sampler ``sampler.batch_size`` trees, the largest prefix
-and prompt buckets, the decode step at level 4 (B * b1*b2*b3*b4 rows, the whole tree's cache).
+The inputs (architectures, batch shapes, the mesh, abstract batches) are ``plan_shapes``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 import time
 from collections.abc import Sequence
 
@@ -31,311 +25,53 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import KVCache
 from ipl_jax.model.inputs import ModelInputs
+from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
-from ipl_jax.model.vision import VisionInputs
 from ipl_jax.preference import tdpo as tdpo_lib
-from ipl_jax.preference.packing import PackedBatch
-from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
 from ipl_jax.training import sft as sft_lib
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.lora import LoraConfig
 from ipl_jax.training.optimizer import make_optimizer, make_schedule
+from ipl_jax.training.plan_shapes import (  # noqa: F401 - re-exported: the plan's public names live here too
+    _KEY,
+    _S,
+    ARCHITECTURES,
+    DTYPES,
+    GB,
+    PROGRAMS,
+    JobShapes,
+    PlanError,
+    _vision,
+    mesh_shape,
+    model_config,
+    parse_mesh,
+    plan_dtypes,
+    sampler_config,
+    sft_batch,
+    tdpo_batch,
+)
 from ipl_jax.training.state import VISION_REGEX, create_train_state
-
-PROGRAMS = ("sft", "tdpo", "prefill", "decode")
-DTYPES = {
-    "cpu": ("float32", "bfloat16", "float16"),
-    "gpu": ("float32", "bfloat16", "float16"),
-    "tpu": ("float32", "bfloat16"),
-}
-GB = 1e9
-
-_SPECIAL = dict(
-    bos_token_id=151643,
-    eos_token_id=151645,
-    vision_start_token_id=151652,
-    vision_end_token_id=151653,
-    image_token_id=151655,
-    video_token_id=151656,
-)
-_TEXT = dict(
-    hidden_act="silu",
-    max_position_embeddings=32768,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
-    use_sliding_window=False,
-)
-_VISION = dict(
-    depth=32,
-    embed_dim=1280,
-    hidden_act="quick_gelu",
-    mlp_ratio=4,
-    num_heads=16,
-    in_chans=3,
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-)
-# The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout.
-ARCHITECTURES = {
-    "qwen2-vl-2b": dict(
-        architectures=["Qwen2VLForConditionalGeneration"],
-        model_type="qwen2_vl",
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        **_TEXT,
-        **_SPECIAL,
-        vision_config=dict(_VISION, hidden_size=1536),
-    ),
-    "qwen2-vl-7b": dict(
-        architectures=["Qwen2VLForConditionalGeneration"],
-        model_type="qwen2_vl",
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-        **_TEXT,
-        **_SPECIAL,
-        vision_config=dict(_VISION, hidden_size=3584),
-    ),
-}
-_CONFIG_ARCH = ((r"qwen2vl_2b", "qwen2-vl-2b"), (r"qwen2vl_7b", "qwen2-vl-7b"))
-_KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
-
-
-class PlanError(ValueError):
-    """A plan that cannot be made as asked: the message is one line naming the setting and its valid values."""
-
-
-# ------------------------------------------------------------------------------------------------ inputs
-
-
-def model_config(config, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
-    """(architecture name, model config): ``arch`` a name of ``ARCHITECTURES``, or 'auto': the config.json of
-    ``model.checkpoint`` when that directory exists, else the architecture the config's file name names
-    (qwen2vl_2b_* / qwen2vl_7b_*), else a fresh model of ``config.model``'s sizes (the synthetic job)."""
-    if arch != "auto":
-        if arch not in ARCHITECTURES:
-            raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
-        return arch, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[arch])
-    ckpt = str(config.model.get("checkpoint", "") or "")
-    if ckpt and os.path.isfile(os.path.join(ckpt, "config.json")):
-        return ckpt, Qwen2VLConfig.from_dir(ckpt)
-    stem = os.path.basename(config_name.split(":")[0])
-    for pattern, name in _CONFIG_ARCH:
-        if re.match(pattern, stem):
-            return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
-    m = config.model
-    head_dim = int(m.hidden_size) // int(m.num_attention_heads)
-    half = head_dim // 2
-    t_sec, h_sec = half // 4, (half - half // 4) // 2
-    vocab = int(m.vocab_size)
-    return "config.model", Qwen2VLConfig(
-        vision=VisionConfig(
-            depth=int(m.vision_depth),
-            embed_dim=int(m.vision_embed_dim),
-            num_heads=int(m.vision_num_heads),
-            hidden_size=int(m.hidden_size),
-        ),
-        text=TextConfig(
-            vocab_size=vocab,
-            hidden_size=int(m.hidden_size),
-            intermediate_size=int(m.intermediate_size),
-            num_hidden_layers=int(m.num_hidden_layers),
-            num_attention_heads=int(m.num_attention_heads),
-            num_key_value_heads=int(m.num_key_value_heads),
-            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
-            eos_token_id=(vocab - 1,),
-            bos_token_id=0,
-            pad_token_id=0,
-            rms_norm_eps=1e-6,
-        ),
-        tie_word_embeddings=bool(m.tie_word_embeddings),
-        image_token_id=vocab - 4,
-        video_token_id=vocab - 3,
-        vision_start_token_id=vocab - 6,
-        vision_end_token_id=vocab - 5,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class JobShapes:
-    """The batch shapes of the job's programs (see the module docstring)."""
-
-    tdpo_rows: int
-    tdpo_length: int
-    tdpo_slots: int
-    tdpo_pairs: int
-    image_patches: int
-    sft_batch: int
-    sft_micro: int
-    sft_length: int
-    sampler_batch: int
-    prefix_length: int
-    prompt_length: int
-    turn_tokens: tuple
-    branching: tuple
-
-    @staticmethod
-    def from_config(config) -> JobShapes:
-        branching = tuple(int(b) for b in config.sampler.branching)
-        turns = tuple(int(t) for t in config.buckets.max_turn_tokens)
-        micro = int(config.sft.micro_batch_size) or int(config.sft.batch_size)
-        return JobShapes(
-            tdpo_rows=int(config.ipl.batch_size),
-            tdpo_length=max(int(t) for t in config.ipl.text_buckets),
-            tdpo_slots=max(branching) + 1,
-            tdpo_pairs=int(config.ipl.max_pairs_per_batch),
-            image_patches=max(int(p) for p in config.buckets.patches),
-            sft_batch=int(config.sft.batch_size),
-            sft_micro=micro,
-            sft_length=max(int(t) for t in config.buckets.tokens),
-            sampler_batch=int(config.sampler.batch_size),
-            prefix_length=max(int(t) for t in config.sampler.prefix_buckets),
-            prompt_length=max(int(t) for t in config.sampler.prompt_buckets),
-            turn_tokens=turns,
-            branching=branching,
-        )
-
-    def batch_axes_check(self, batch_devices: int) -> None:
-        """PlanError when a batch does not divide the mesh's batch axes (data x fsdp)."""
-        for field, value in (
-            ("ipl.batch_size", self.tdpo_rows),
-            ("sft.micro_batch_size", self.sft_micro),
-            ("sampler.batch_size", self.sampler_batch),
-        ):
-            if value % batch_devices:
-                raise PlanError(
-                    f"config.{field}={value} does not divide over the mesh's batch axes data x fsdp = "
-                    f"{batch_devices} (valid: a multiple of {batch_devices}, or a mesh with fewer "
-                    "data x fsdp devices)"
-                )
-        if self.sft_batch % self.sft_micro:
-            raise PlanError(
-                f"config.sft.micro_batch_size={self.sft_micro} does not divide sft.batch_size="
-                f"{self.sft_batch} (valid: a divisor of {self.sft_batch})"
-            )
-
-
-def parse_mesh(text: str) -> dict:
-    """'data=1,fsdp=8,tensor=1' -> {'data': 1, 'fsdp': 8, 'tensor': 1} (missing axes are 1)."""
-    out = {a: 1 for a in AXES}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
-            raise PlanError(
-                f"--mesh {text!r}: expected AXIS=SIZE,... with axes {', '.join(AXES)} and sizes >= 1 "
-                "(e.g. data=1,fsdp=8,tensor=1)"
-            )
-        out[name.strip()] = int(value)
-    return out
-
-
-def mesh_shape(config, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor): ``mesh_arg`` or ``config.mesh`` (-1 = the remaining devices), checked against
-    ``n_devices``."""
-    source = mesh_arg or {a: int(config.mesh[a]) for a in AXES}
-    shape = [int(source[a]) for a in AXES]
-    if shape.count(-1) > 1:
-        raise PlanError(f"config.mesh {source} has more than one -1 (valid: at most one axis of -1)")
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        if n_devices % known:
-            raise PlanError(f"config.mesh {source}: {n_devices} devices do not divide by {known}")
-        shape[shape.index(-1)] = n_devices // known
-    if math.prod(shape) != n_devices:
-        spec = ",".join(f"{a}={s}" for a, s in zip(AXES, shape))
-        raise PlanError(
-            f"mesh {spec} needs {math.prod(shape)} devices but there are {n_devices} (valid: sizes "
-            f"whose product is {n_devices}, e.g. data=1,fsdp={n_devices},tensor=1)"
-        )
-    return tuple(shape)
-
-
-# ---------------------------------------------------------------------------------------- abstract values
-
-_S = jax.ShapeDtypeStruct
-
-
-def _vision(cfg: Qwen2VLConfig, lead: tuple, patches: int) -> VisionInputs:
-    return VisionInputs(
-        patches=_S(lead + (patches, cfg.vision.patch_dim), jnp.float32),
-        pos_hw=_S(lead + (patches, 2), jnp.int32),
-        segment_ids=_S(lead + (patches,), jnp.int32),
-    )
-
-
-def tdpo_batch(cfg: Qwen2VLConfig, s: JobShapes) -> PackedBatch:
-    b, t, p = s.tdpo_rows, s.tdpo_length, s.tdpo_pairs
-    i32 = lambda *shape: _S(shape, jnp.int32)  # noqa: E731
-    return PackedBatch(
-        input_ids=i32(b, t),
-        positions=i32(3, b, t),
-        segment_ids=i32(b, t),
-        target_ids=i32(b, t),
-        score_slot=i32(b, t),
-        vision=_vision(cfg, (b,), s.image_patches),
-        pair_pos=i32(p),
-        pair_neg=i32(p),
-        pair_valid=_S((p,), jnp.bool_),
-        pair_turn=i32(p),
-        ref_pos=_S((p,), jnp.float32),
-        ref_neg=_S((p,), jnp.float32),
-        max_continuations=s.tdpo_slots,
-    )
-
-
-def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
-    accum = s.sft_batch // s.sft_micro
-    lead = (accum,) if accum > 1 else ()
-    b, t = s.sft_micro, s.sft_length
-    return {
-        "input_ids": _S(lead + (b, t), jnp.int32),
-        "attention_mask": _S(lead + (b, t), jnp.bool_),
-        "loss_mask": _S(lead + (b, t), jnp.int32),
-        "positions": _S(lead + (3, b, t), jnp.int32),
-        "vision": _vision(cfg, lead, b * s.image_patches),
-    }
-
-
-def sampler_config(cfg: Qwen2VLConfig, config, s: JobShapes) -> SamplerConfig:
-    eos = tuple(cfg.text.eos_token_id) or (cfg.text.vocab_size - 1,)
-    return SamplerConfig(
-        branching=s.branching,
-        max_turn_tokens=s.turn_tokens,
-        eos_ids=eos,
-        top_k=int(config.sampler.get("top_k", 0)),
-        top_p=float(config.sampler.get("top_p", 1.0)),
-        suppress_ids=(cfg.image_token_id, cfg.video_token_id),
-    )
-
 
 # ---------------------------------------------------------------------------------------------- programs
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
-    """compute_dtype: activations and the sampler's weights; remat: rematerialise decoder layers in training;
-    frozen_dtype: storage of frozen weights (LoRA base, frozen ViT), None = the compute dtype; programs: which
+    """compute_dtype: activations (and the KV cache); remat: the training programs' policy for decoder layers and
+    vision blocks (``model.layers.REMAT_POLICIES``); attention: ``Qwen2VLConfig.attention``; frozen_dtype:
+    storage of the weights not trained (LoRA base, frozen ViT, the sampler's copy), None = the compute dtype;
+    programs: which
     of ``PROGRAMS`` to plan. Trainable weights and optimizer moments are always fp32."""
 
     compute_dtype: str = "bfloat16"
-    remat: bool = True
+    remat: str = "full"
     frozen_dtype: str | None = None
+    attention: str = "reference"
     programs: tuple = PROGRAMS
 
 
@@ -414,7 +150,7 @@ def _compute(settings: PlanSettings) -> str | None:
 
 
 def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32")
+    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
     tcfg = tdpo_lib.TDPOConfig(
         model=mcfg,
         remat=settings.remat,
@@ -439,7 +175,7 @@ def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSett
 
 
 def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32")
+    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
     optimizer, schedule = make_optimizer(config.sft), make_schedule(config.sft)
     lora = int(config.sft.get("lora_rank", 0))
     kw = _state_kwargs(settings, lora, bool(config.sft.get("freeze_vision", False)))
@@ -462,7 +198,7 @@ def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSetti
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
     shapes = (
         f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
-        f"{s.sft_micro * s.image_patches} patches/micro-batch"
+        f"{s.sft_micro} image slots of {s.image_patches} patches/micro-batch"
         + (f", LoRA r={lora}" if lora else ", full weights")
         + (", ViT frozen" if kw.get("freeze_regex") else "")
     )
@@ -474,7 +210,7 @@ def _row_sharding(mesh, shape) -> NamedSharding:
 
 
 def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.compute_dtype)
+    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
     sampler = sampler_config(scfg, config, s)
     b, t = s.sampler_batch, s.prefix_length
     size = sampler.cache_size(t, (s.prompt_length,) * 3, upto_turn=1)
@@ -484,7 +220,7 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
         attention_mask=_S((b, t), jnp.bool_),
         positions=_S((3, b, t), jnp.int32),
         rope_deltas=_S((b,), jnp.int32),
-        vision=_vision(scfg, (), b * s.image_patches),
+        vision=_vision(scfg, (b,), s.image_patches),  # one screenshot per slot
     )
     p_sh, in_sh = param_shardings(params, mesh), inputs_shardings(inputs, mesh)
     fn = jax.jit(
@@ -493,12 +229,12 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
         out_shardings=(cache_shardings(scfg, mesh, b, size), _row_sharding(mesh, (b,))),
     )
     parts = {"weights": _per_device_bytes(params, p_sh), "batch": _per_device_bytes(inputs, in_sh)}
-    shapes = f"{b} trees x {t} prefix tokens, {b * s.image_patches} patches, cache {size} slots"
+    shapes = f"{b} trees x {t} prefix tokens, {b} image slots of {s.image_patches} patches, cache {size} slots"
     return _measure("prefill", shapes, fn, (params, inputs), mesh, parts)
 
 
 def plan_decode(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.compute_dtype)
+    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
     sampler = sampler_config(scfg, config, s)
     rows = s.sampler_batch * math.prod(s.branching)
     size = sampler.cache_size(s.prefix_length, (s.prompt_length,) * 3)
@@ -543,10 +279,21 @@ _PLANNERS = {"sft": plan_sft, "tdpo": plan_tdpo, "prefill": plan_prefill, "decod
 
 
 def check_dtype(settings: PlanSettings, platform: str) -> None:
+    """PlanError for a dtype, remat policy or attention the platform cannot run."""
     valid = DTYPES.get(platform, DTYPES["cpu"])
     for flag, value in (("--dtype", settings.compute_dtype), ("--frozen-dtype", settings.frozen_dtype)):
         if value is not None and value not in valid:
             raise PlanError(f"{flag} {value}: not available on {platform} (valid: {', '.join(valid)})")
+    if settings.remat not in REMAT_POLICIES:
+        raise PlanError(f"--remat {settings.remat}: unknown (valid: {', '.join(REMAT_POLICIES)})")
+    if settings.remat == "offload" and platform not in ("tpu", "gpu"):
+        try:
+            check_remat(settings.remat, platform, "--remat")
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+    if settings.attention not in ATTENTION_IMPLS or (settings.attention == "cudnn" and platform != "gpu"):
+        valid = ATTENTION_IMPLS if platform == "gpu" else ("reference", "xla")
+        raise PlanError(f"--attention {settings.attention}: not available on {platform} (valid: {', '.join(valid)})")
 
 
 def validate(config, settings: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax.model.inputs import get_rope_index, prepare_vision
+from ipl_jax.model.inputs import get_rope_index, prepare_vision, prepare_vision_slots
 from ipl_jax.model.sharding import batch_spec
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import encode_images
@@ -70,12 +70,15 @@ def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
 # ------------------------------------------------------------------------------------ SFT on the Qwen2-VL model
 
 
-def sft_model_batch(cfg, batch) -> dict:
+def sft_model_batch(cfg, batch, image_patches: int | None = None) -> dict:
     """Host-side: a collated ``data.batching.TrainingBatch`` -> the arrays the Qwen2-VL SFT loss reads.
 
     Returns numpy arrays {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T],
     positions int32[3, B, T] (M-RoPE, computed here), vision: model.VisionInputs with P = the batch's patch
     bucket} (no 'vision' key for a batch without images). Fully padded rows get position 0 and no loss.
+    With ``image_patches``, the vision leaves are [B*I, image_patches, ...] instead: one image slot per row slot
+    (``prepare_vision_slots``), so the loss encodes each image alone (cost linear in the images per batch, not
+    quadratic) and the slot axis can be split over devices.
     """
     ids = np.asarray(batch.input_ids, np.int32)
     mask = np.asarray(batch.attention_mask, bool)
@@ -91,7 +94,10 @@ def sft_model_batch(cfg, batch) -> dict:
         "loss_mask": np.asarray(batch.loss_mask, np.int32),
         "positions": positions,
     }
-    if len(grids):
+    if len(grids) and image_patches:
+        slot_grids = np.where(np.asarray(batch.image_mask)[:, None], batch.image_grid_thw, 0)
+        out["vision"] = prepare_vision_slots(cfg, pixels, slot_grids, int(image_patches))
+    elif len(grids):
         out["vision"] = prepare_vision(cfg, pixels, grids, patch_buckets=(batch.pixel_values.shape[0],))
     return out
 
@@ -117,16 +123,18 @@ def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False
     return out
 
 
-def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
+def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> LossFn:
     """loss_fn(params, batch, rng) for ``sft_model_batch`` arrays: mean next-token NLL over assistant tokens.
 
     Log-probs come from the final hidden states ``chunk`` positions at a time (``model.token_log_probs``), so the
-    full [B, T, V] logits are never materialised. ``remat`` rematerialises decoder layers in the backward pass.
+    full [B, T, V] logits are never materialised. ``remat``: the policy (``model.layers.REMAT_POLICIES``, True =
+    'full') of the decoder layers and the vision blocks in the backward pass.
     """
 
     def loss_fn(params, batch, rng):
         del rng  # Qwen2-VL has no dropout
-        feats = encode_images(params, cfg, batch["vision"]) if "vision" in batch else None
+        # packed images, or one per slot (sft_model_batch's image_patches): encode_images takes both
+        feats = encode_images(params, cfg, batch["vision"], remat=remat) if "vision" in batch else None
         ids = batch["input_ids"]
         hidden = forward_hidden(params, cfg, ids, batch["positions"], batch["attention_mask"], feats, remat=remat)
         # Position t predicts token t+1; the last position has no target (its mask entry is 0).
@@ -142,7 +150,7 @@ def qwen2vl_sft_loss(cfg, *, remat: bool = False, chunk: int = 128) -> LossFn:
     return loss_fn
 
 
-def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool = False, chunk: int = 128, **kwargs):
+def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool | str = False, chunk: int = 128, **kwargs):
     """``sft_step(state, batch) -> (state, metrics)`` for the Qwen2-VL model on ``sft_model_batch`` arrays.
 
     metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step``. For bf16 compute pass

@@ -19,7 +19,7 @@ import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax.training.lora import LoraConfig, LoraParams, apply_lora, flatten_with_paths, init_lora
+from ipl_jax.training.lora import LoraConfig, LoraParams, apply_lora, attach_lora, flatten_with_paths, init_lora
 from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer, make_schedule, settings_dict
 
 VISION_REGEX = r"^visual/"
@@ -115,6 +115,17 @@ def model_params(trainable, frozen):
     if not frozen:
         return trainable
     return merge_trees(trainable, frozen)
+
+
+def loss_params(trainable, frozen, compute_dtype=None):
+    """The parameter tree a training loss reads: trainable ∪ frozen cast to ``compute_dtype`` (None: as stored);
+    with LoRA the base weights cast and the (fp32) adapters attached beside their kernels
+    (``lora.attach_lora``), merged inside the layer scan."""
+    if isinstance(trainable, LoraParams):
+        base = frozen if compute_dtype is None else cast_floating(frozen, compute_dtype)
+        return attach_lora(base, trainable)
+    params = model_params(trainable, frozen)
+    return params if compute_dtype is None else cast_floating(params, compute_dtype)
 
 
 def cast_floating(tree, dtype):

@@ -25,7 +25,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ipl_jax import distributed
-from ipl_jax.training.state import TrainState, cast_floating, model_params
+from ipl_jax.training.state import TrainState, loss_params
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -53,10 +53,11 @@ def train_step_fn(
     keeps one module-level ``jax.jit`` keyed on static settings calls it inside its own traced function).
 
     ``loss_fn(params, batch, rng) -> (loss f32[], metrics dict of f32[])`` sees the full model params (trainable
-    rejoined with frozen, LoRA merged, cast to ``compute_dtype`` when given — master weights stay fp32 and
-    gradients come back in fp32). ``metrics[weight_key]`` (e.g. 'tokens') is the micro-batch's weight: the step's
-    loss is Σ wᵢ·lossᵢ / Σ wᵢ over micro-batches (exactly the full-batch mean), other metrics are averaged with
-    the same weights and the weight itself is summed. Without ``weight_key`` micro-batches weigh the same.
+    rejoined with frozen, cast to ``compute_dtype`` when given, LoRA adapters attached to be merged inside the
+    layer scan: ``state.loss_params``; master weights stay fp32 and gradients come back in fp32).
+    ``metrics[weight_key]`` (e.g. 'tokens') is the micro-batch's weight: the step's loss is Σ wᵢ·lossᵢ / Σ wᵢ over
+    micro-batches (exactly the full-batch mean), other metrics are averaged with the same weights and the weight
+    itself is summed. Without ``weight_key`` micro-batches weigh the same.
 
     Returned metrics: loss, grad_norm (before clipping), lr (of this update, when ``schedule`` is given), the
     weight, and every metric of ``loss_fn``.
@@ -66,9 +67,7 @@ def train_step_fn(
         raise ValueError(f"grad_accum_steps must be >= 1, got {accum}")
 
     def weighted_loss(trainable, frozen, batch, rng):
-        params = model_params(trainable, frozen)
-        if compute_dtype is not None:
-            params = cast_floating(params, compute_dtype)
+        params = loss_params(trainable, frozen, compute_dtype)
         loss, metrics = loss_fn(params, batch, rng)
         loss = loss.astype(jnp.float32)
         weight = jnp.asarray(metrics[weight_key] if weight_key else 1.0, jnp.float32)

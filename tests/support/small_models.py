@@ -41,15 +41,16 @@ def tiny_params(cfg, seed=0):
     return M.init_params(cfg, jax.random.PRNGKey(seed), std=0.3)
 
 
-def numpy_params(cfg, seed=0):
-    """Random weights drawn with numpy (instant; jax.random would compile one kernel per leaf shape)."""
+def numpy_params(cfg, seed=0, std=0.5):
+    """Random weights drawn with numpy (instant; jax.random would compile one kernel per leaf shape): norm scales
+    1 + N(0, 0.1), the rest N(0, std)."""
     rng = np.random.default_rng(seed)
 
     def draw(path, shape):
         name = jax.tree_util.keystr(path)
         if "scale" in name:
             return jnp.asarray(1.0 + 0.1 * rng.standard_normal(shape.shape), jnp.float32)
-        return jnp.asarray(0.5 * rng.standard_normal(shape.shape), jnp.float32)
+        return jnp.asarray(std * rng.standard_normal(shape.shape), jnp.float32)
 
     return jax.tree_util.tree_map_with_path(draw, param_shapes(cfg))
 

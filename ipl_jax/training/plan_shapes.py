@@ -1,0 +1,316 @@
+"""The inputs of the plan (``plan.py``): the published Qwen2-VL architectures, the job's batch shapes, the mesh, and
+abstract (``jax.ShapeDtypeStruct``) batches of the SFT step, the T-DPO step and the sampler.
+
+Shapes (``JobShapes.from_config``): T-DPO rows ``ipl.batch_size`` x the largest ``ipl.text_buckets``, K + 1
+continuation slots (K = the largest branching), ``ipl.max_pairs_per_batch`` pair slots and one screenshot of the
+largest ``buckets.patches`` per row; SFT ``sft.batch_size`` dialogues of the largest ``buckets.tokens`` in
+micro-batches of ``sft.micro_batch_size`` (scanned); the sampler ``sampler.batch_size`` trees, the largest prefix
+and prompt buckets, the decode step at level 4 (B * b1*b2*b3*b4 rows, the whole tree's cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.sharding import AXES
+from ipl_jax.model.vision import VisionInputs
+from ipl_jax.preference.packing import PackedBatch
+from ipl_jax.sampling.config import SamplerConfig
+
+PROGRAMS = ("sft", "tdpo", "prefill", "decode")
+DTYPES = {
+    "cpu": ("float32", "bfloat16", "float16"),
+    "gpu": ("float32", "bfloat16", "float16"),
+    "tpu": ("float32", "bfloat16"),
+}
+GB = 1e9
+
+_SPECIAL = dict(
+    bos_token_id=151643,
+    eos_token_id=151645,
+    vision_start_token_id=151652,
+    vision_end_token_id=151653,
+    image_token_id=151655,
+    video_token_id=151656,
+)
+_TEXT = dict(
+    hidden_act="silu",
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+    use_sliding_window=False,
+)
+_VISION = dict(
+    depth=32,
+    embed_dim=1280,
+    hidden_act="quick_gelu",
+    mlp_ratio=4,
+    num_heads=16,
+    in_chans=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
+# The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout.
+ARCHITECTURES = {
+    "qwen2-vl-2b": dict(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        model_type="qwen2_vl",
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        **_TEXT,
+        **_SPECIAL,
+        vision_config=dict(_VISION, hidden_size=1536),
+    ),
+    "qwen2-vl-7b": dict(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        model_type="qwen2_vl",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        **_TEXT,
+        **_SPECIAL,
+        vision_config=dict(_VISION, hidden_size=3584),
+    ),
+}
+_CONFIG_ARCH = ((r"qwen2vl_2b", "qwen2-vl-2b"), (r"qwen2vl_7b", "qwen2-vl-7b"))
+_KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made as asked: the message is one line naming the setting and its valid values."""
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def model_config(config, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
+    """(architecture name, model config): ``arch`` a name of ``ARCHITECTURES``, or 'auto': the config.json of
+    ``model.checkpoint`` when that directory exists, else the architecture the config's file name names
+    (qwen2vl_2b_* / qwen2vl_7b_*), else a fresh model of ``config.model``'s sizes (the synthetic job)."""
+    if arch != "auto":
+        if arch not in ARCHITECTURES:
+            raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
+        return arch, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[arch])
+    ckpt = str(config.model.get("checkpoint", "") or "")
+    if ckpt and os.path.isfile(os.path.join(ckpt, "config.json")):
+        return ckpt, Qwen2VLConfig.from_dir(ckpt)
+    stem = os.path.basename(config_name.split(":")[0])
+    for pattern, name in _CONFIG_ARCH:
+        if re.match(pattern, stem):
+            return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
+    m = config.model
+    head_dim = int(m.hidden_size) // int(m.num_attention_heads)
+    half = head_dim // 2
+    t_sec, h_sec = half // 4, (half - half // 4) // 2
+    vocab = int(m.vocab_size)
+    return "config.model", Qwen2VLConfig(
+        vision=VisionConfig(
+            depth=int(m.vision_depth),
+            embed_dim=int(m.vision_embed_dim),
+            num_heads=int(m.vision_num_heads),
+            hidden_size=int(m.hidden_size),
+        ),
+        text=TextConfig(
+            vocab_size=vocab,
+            hidden_size=int(m.hidden_size),
+            intermediate_size=int(m.intermediate_size),
+            num_hidden_layers=int(m.num_hidden_layers),
+            num_attention_heads=int(m.num_attention_heads),
+            num_key_value_heads=int(m.num_key_value_heads),
+            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
+            eos_token_id=(vocab - 1,),
+            bos_token_id=0,
+            pad_token_id=0,
+            rms_norm_eps=1e-6,
+        ),
+        tie_word_embeddings=bool(m.tie_word_embeddings),
+        image_token_id=vocab - 4,
+        video_token_id=vocab - 3,
+        vision_start_token_id=vocab - 6,
+        vision_end_token_id=vocab - 5,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobShapes:
+    """The batch shapes of the job's programs (see the module docstring)."""
+
+    tdpo_rows: int
+    tdpo_length: int
+    tdpo_slots: int
+    tdpo_pairs: int
+    image_patches: int
+    sft_batch: int
+    sft_micro: int
+    sft_length: int
+    sampler_batch: int
+    prefix_length: int
+    prompt_length: int
+    turn_tokens: tuple
+    branching: tuple
+
+    @staticmethod
+    def from_config(config) -> JobShapes:
+        branching = tuple(int(b) for b in config.sampler.branching)
+        turns = tuple(int(t) for t in config.buckets.max_turn_tokens)
+        micro = int(config.sft.micro_batch_size) or int(config.sft.batch_size)
+        return JobShapes(
+            tdpo_rows=int(config.ipl.batch_size),
+            tdpo_length=max(int(t) for t in config.ipl.text_buckets),
+            tdpo_slots=max(branching) + 1,
+            tdpo_pairs=int(config.ipl.max_pairs_per_batch),
+            image_patches=max(int(p) for p in config.buckets.patches),
+            sft_batch=int(config.sft.batch_size),
+            sft_micro=micro,
+            sft_length=max(int(t) for t in config.buckets.tokens),
+            sampler_batch=int(config.sampler.batch_size),
+            prefix_length=max(int(t) for t in config.sampler.prefix_buckets),
+            prompt_length=max(int(t) for t in config.sampler.prompt_buckets),
+            turn_tokens=turns,
+            branching=branching,
+        )
+
+    def batch_axes_check(self, batch_devices: int) -> None:
+        """PlanError when a batch does not divide the mesh's batch axes (data x fsdp)."""
+        for field, value in (
+            ("ipl.batch_size", self.tdpo_rows),
+            ("sft.micro_batch_size", self.sft_micro),
+            ("sampler.batch_size", self.sampler_batch),
+        ):
+            if value % batch_devices:
+                raise PlanError(
+                    f"config.{field}={value} does not divide over the mesh's batch axes data x fsdp = "
+                    f"{batch_devices} (valid: a multiple of {batch_devices}, or a mesh with fewer "
+                    "data x fsdp devices)"
+                )
+        if self.sft_batch % self.sft_micro:
+            raise PlanError(
+                f"config.sft.micro_batch_size={self.sft_micro} does not divide sft.batch_size="
+                f"{self.sft_batch} (valid: a divisor of {self.sft_batch})"
+            )
+
+
+def plan_dtypes(config, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
+    """(compute, frozen storage or None = compute) from the flags, else ``config.model.dtype`` / ``param_dtype``;
+    their 'auto' compute is the checkpoint's torch_dtype when ``model.checkpoint`` exists, else bfloat16 (the
+    published Qwen2-VL weights')."""
+    from ipl_jax.model.config import checkpoint_dtype
+
+    compute = dtype or str(config.model.get("dtype", "auto") or "auto")
+    if compute == "auto":
+        ckpt = str(config.model.get("checkpoint", "") or "")
+        found = ckpt and os.path.isfile(os.path.join(ckpt, "config.json"))
+        compute = checkpoint_dtype(ckpt) if found else "bfloat16"
+    stored = frozen or str(config.model.get("param_dtype", "auto") or "auto")
+    return compute, (None if stored == "auto" else stored)
+
+
+def parse_mesh(text: str) -> dict:
+    """'data=1,fsdp=8,tensor=1' -> {'data': 1, 'fsdp': 8, 'tensor': 1} (missing axes are 1)."""
+    out = {a: 1 for a in AXES}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in AXES or not value.strip().isdigit() or int(value) < 1:
+            raise PlanError(
+                f"--mesh {text!r}: expected AXIS=SIZE,... with axes {', '.join(AXES)} and sizes >= 1 "
+                "(e.g. data=1,fsdp=8,tensor=1)"
+            )
+        out[name.strip()] = int(value)
+    return out
+
+
+def mesh_shape(config, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor): ``mesh_arg`` or ``config.mesh`` (-1 = the remaining devices), checked against
+    ``n_devices``."""
+    source = mesh_arg or {a: int(config.mesh[a]) for a in AXES}
+    shape = [int(source[a]) for a in AXES]
+    if shape.count(-1) > 1:
+        raise PlanError(f"config.mesh {source} has more than one -1 (valid: at most one axis of -1)")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if n_devices % known:
+            raise PlanError(f"config.mesh {source}: {n_devices} devices do not divide by {known}")
+        shape[shape.index(-1)] = n_devices // known
+    if math.prod(shape) != n_devices:
+        spec = ",".join(f"{a}={s}" for a, s in zip(AXES, shape))
+        raise PlanError(
+            f"mesh {spec} needs {math.prod(shape)} devices but there are {n_devices} (valid: sizes "
+            f"whose product is {n_devices}, e.g. data=1,fsdp={n_devices},tensor=1)"
+        )
+    return tuple(shape)
+
+
+# ---------------------------------------------------------------------------------------- abstract values
+
+_S = jax.ShapeDtypeStruct
+
+
+def _vision(cfg: Qwen2VLConfig, lead: tuple, patches: int) -> VisionInputs:
+    return VisionInputs(
+        patches=_S(lead + (patches, cfg.vision.patch_dim), jnp.float32),
+        pos_hw=_S(lead + (patches, 2), jnp.int32),
+        segment_ids=_S(lead + (patches,), jnp.int32),
+    )
+
+
+def tdpo_batch(cfg: Qwen2VLConfig, s: JobShapes) -> PackedBatch:
+    b, t, p = s.tdpo_rows, s.tdpo_length, s.tdpo_pairs
+    i32 = lambda *shape: _S(shape, jnp.int32)  # noqa: E731
+    return PackedBatch(
+        input_ids=i32(b, t),
+        positions=i32(3, b, t),
+        segment_ids=i32(b, t),
+        target_ids=i32(b, t),
+        score_slot=i32(b, t),
+        vision=_vision(cfg, (b,), s.image_patches),
+        pair_pos=i32(p),
+        pair_neg=i32(p),
+        pair_valid=_S((p,), jnp.bool_),
+        pair_turn=i32(p),
+        ref_pos=_S((p,), jnp.float32),
+        ref_neg=_S((p,), jnp.float32),
+        max_continuations=s.tdpo_slots,
+    )
+
+
+def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
+    accum = s.sft_batch // s.sft_micro
+    lead = (accum,) if accum > 1 else ()
+    b, t = s.sft_micro, s.sft_length
+    return {
+        "input_ids": _S(lead + (b, t), jnp.int32),
+        "attention_mask": _S(lead + (b, t), jnp.bool_),
+        "loss_mask": _S(lead + (b, t), jnp.int32),
+        "positions": _S(lead + (3, b, t), jnp.int32),
+        "vision": _vision(cfg, lead + (b,), s.image_patches),  # one image slot per dialogue
+    }
+
+
+def sampler_config(cfg: Qwen2VLConfig, config, s: JobShapes) -> SamplerConfig:
+    eos = tuple(cfg.text.eos_token_id) or (cfg.text.vocab_size - 1,)
+    return SamplerConfig(
+        branching=s.branching,
+        max_turn_tokens=s.turn_tokens,
+        eos_ids=eos,
+        top_k=int(config.sampler.get("top_k", 0)),
+        top_p=float(config.sampler.get("top_p", 1.0)),
+        suppress_ids=(cfg.image_token_id, cfg.video_token_id),
+    )

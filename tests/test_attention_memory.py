@@ -1,0 +1,192 @@
+"""Attention implementations, rematerialisation policies, per-image vision attention and LoRA inside the layer
+scan: each alternative computes the same numbers as the reference path on the small model."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from support.small_models import make_groups, numpy_params, tiny_cfg, tiny_training_batch
+
+from ipl_jax import model as M
+from ipl_jax.model.layers import REMAT_POLICIES, check_remat
+from ipl_jax.preference import packing as PK
+from ipl_jax.training import sft
+from ipl_jax.training import state as tstate
+from ipl_jax.training.lora import LoraConfig, merge_lora
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = tiny_cfg().replace(attention_query_chunk=16)  # several query chunks per 64-token row
+    return cfg, numpy_params(cfg, std=0.3)
+
+
+def _packed_batch(cfg):
+    groups = make_groups(cfg, seed=2, scored_groups=(1,))
+    pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)]
+    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
+    (batch,) = PK.pack_round(cfg, groups, pairs, packing)
+    return batch
+
+
+def test_fused_attention_equals_reference_on_packed_rows(small, highest_precision):
+    cfg, params = small
+    batch = _packed_batch(cfg)
+    ref, n_ref = PK.score_continuations(params, cfg, batch, chunk=16)
+    fused, n_fused = PK.score_continuations(params, cfg.replace(attention="xla"), batch, chunk=16)
+    assert np.abs(np.asarray(ref)).max() > 1.0
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(ref), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(n_fused), np.asarray(n_ref))
+    # the packed spec (segment ids, masks built per chunk) means the materialised bool[B, T, T] mask
+    ids, pos = jnp.asarray(batch.input_ids), jnp.asarray(batch.positions)
+    seg = jnp.asarray(batch.segment_ids, jnp.int32)
+    by_ids = M.forward_hidden(params, cfg, ids, pos, seg)
+    by_mask = M.forward_hidden(params, cfg, ids, pos, PK.packed_attention_mask(seg))
+    real = np.asarray(batch.segment_ids) >= 0
+    np.testing.assert_allclose(np.asarray(by_ids)[real], np.asarray(by_mask)[real], atol=1e-6, rtol=0)
+
+
+def test_fused_attention_equals_reference_unpacked_with_left_and_right_padding(small, highest_precision):
+    cfg, params = small
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, 59, (3, 40)), jnp.int32)
+    valid = np.ones((3, 40), bool)
+    valid[0, :7] = False  # left padding
+    valid[1, 31:] = False  # right padding
+    pos = jnp.broadcast_to(jnp.cumsum(jnp.asarray(valid, jnp.int32), axis=1)[None], (3, 3, 40))
+    ref = M.forward(params, cfg, ids, pos, jnp.asarray(valid))
+    fused = M.forward(params, cfg.replace(attention="xla"), ids, pos, jnp.asarray(valid))
+    np.testing.assert_allclose(np.asarray(fused)[valid], np.asarray(ref)[valid], atol=1e-5, rtol=0)
+
+
+def test_vision_features_of_one_image_ignore_the_others_in_the_batch(small, highest_precision):
+    """Two images packed in one call: changing image B's pixels leaves image A's features unchanged, under both
+    attention implementations (block-diagonal attention, as Qwen2-VL's cu_seqlens)."""
+    cfg, params = small
+    rng = np.random.default_rng(3)
+    grids = np.array([[1, 4, 4], [1, 4, 6]])
+    pix_a = rng.normal(size=(16, cfg.vision.patch_dim)).astype(np.float32)
+    pix_b = rng.normal(size=(24, cfg.vision.patch_dim)).astype(np.float32)
+    pix_b2 = rng.normal(size=(24, cfg.vision.patch_dim)).astype(np.float32)
+    for impl in ("reference", "xla"):
+        c = cfg.replace(attention=impl)
+        v1 = M.prepare_vision(c, np.concatenate([pix_a, pix_b]), grids, patch_buckets=(48,))
+        v2 = M.prepare_vision(c, np.concatenate([pix_a, pix_b2]), grids, patch_buckets=(48,))
+        f1, f2 = np.asarray(M.encode_images(params, c, v1)), np.asarray(M.encode_images(params, c, v2))
+        np.testing.assert_allclose(f1[:4], f2[:4], atol=1e-6, rtol=0)  # image A: 16 patches = 4 merged tokens
+        assert np.abs(f1[4:10] - f2[4:10]).max() > 1e-3  # image B did change
+        alone = M.prepare_vision(c, pix_a, grids[:1], patch_buckets=(16,))
+        np.testing.assert_allclose(np.asarray(M.encode_images(params, c, alone)), f1[:4], atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_are_the_same_under_every_remat_policy(small, highest_precision):
+    """Decoder layers and vision blocks under each policy: one program computes the SFT gradients of all."""
+    cfg, params = small
+    cfg = cfg.replace(attention_query_chunk=0)  # one program for every policy: keep it small
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0))
+    policies = [p for p in REMAT_POLICIES if p != "offload"]
+    try:
+        check_remat("offload", jax.default_backend())
+        policies.append("offload")
+    except ValueError:
+        pass
+
+    def grads(p):
+        return [
+            jax.grad(lambda q, r=r: sft.qwen2vl_sft_loss(cfg, remat=r, chunk=32)(q, batch, None)[0])(p)
+            for r in policies
+        ]
+
+    base, *others = jax.jit(grads)(params)
+    assert optax.tree.norm(base) > 1e-2 and optax.tree.norm(base["visual"]) > 1e-4
+    for policy, got in zip(policies[1:], others):
+        # recomputation regroups XLA's fusions: float32 rounding differences only (a few 1e-6 at most)
+        for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(got)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4, err_msg=policy)
+
+
+def test_unknown_remat_policy_is_one_line():
+    with pytest.raises(
+        ValueError, match=r"remat policy 'some' is unknown \(valid: none, full, dots_saveable, offload\)"
+    ):
+        check_remat("some", "cpu")
+    with pytest.raises(ValueError, match=r"attention 'flash' is unknown \(valid: reference, xla, cudnn\)"):
+        tiny_cfg().replace(attention="flash")
+
+
+def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
+    cfg, params = small
+    cfg = cfg.replace(attention_query_chunk=0)
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 1))
+    opt = optax.sgd(0.1)
+    state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0), lora=LoraConfig(rank=4, alpha=8.0))
+    # non-zero B, so the adapters change the model
+    lora = jax.tree.map(lambda x: x + 0.05, state.params)
+    loss = sft.qwen2vl_sft_loss(cfg, chunk=32)
+    attached = tstate.loss_params(lora, state.frozen)
+    assert "lora_a" in attached["model"]["layers"]["self_attn"]["q_proj"]  # rides into the layer scan
+    merged_params = merge_lora(state.frozen, lora)
+    q = merged_params["model"]["layers"]["self_attn"]["q_proj"]["kernel"]
+    assert np.abs(np.asarray(q - params["model"]["layers"]["self_attn"]["q_proj"]["kernel"])).max() > 1e-3
+
+    def both(lp):
+        in_scan = jax.value_and_grad(lambda a: loss(tstate.loss_params(a, state.frozen), batch, None)[0])(lp)
+        merged = jax.value_and_grad(lambda a: loss(merge_lora(state.frozen, a), batch, None)[0])(lp)
+        return in_scan, merged
+
+    (v_scan, g_scan), (v_merged, g_merged) = jax.jit(both)(lora)
+    np.testing.assert_allclose(float(v_scan), float(v_merged), atol=1e-6, rtol=0)
+    assert optax.tree.norm(g_merged) > 1e-3
+    for a, b in zip(jax.tree.leaves(g_merged), jax.tree.leaves(g_scan)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
+
+
+def test_attention_specs_known_answer():
+    """A bool[B, T] spec stays the key-padding (causal) spec; an int32[B, T] one is read as segment ids."""
+    seg = jnp.asarray([[0, 0, 1, 1, 2, -1]], jnp.int32)
+    np.testing.assert_array_equal(M.attention_mask_from_spec(seg), PK.packed_attention_mask(seg))
+    pad = jnp.asarray([[False, True, True, True, True, True]])
+    want = np.tril(np.ones((6, 6), bool)) & np.asarray(pad)[:, None, :]
+    np.testing.assert_array_equal(M.attention_mask_from_spec(pad), want)
+
+
+def test_sft_loss_with_one_image_per_slot_equals_the_packed_images(small, highest_precision):
+    """``sft_model_batch(..., image_patches=)`` lays images out one per slot (each encoded alone); the loss is
+    the one of all images packed on one patch axis."""
+    cfg, params = small
+    tb = tiny_training_batch(cfg, 2, empty_rows=1)
+    flat, slots = sft.sft_model_batch(cfg, tb), sft.sft_model_batch(cfg, tb, image_patches=24)
+    assert flat["vision"].patches.shape == (96, cfg.vision.patch_dim)
+    assert slots["vision"].patches.shape == (4, 24, cfg.vision.patch_dim)
+    assert np.all(slots["vision"].segment_ids[3] == -1)  # the empty row's slot
+    loss = jax.jit(lambda p, b: sft.qwen2vl_sft_loss(cfg, chunk=32)(p, b, None)[0])
+    want, got = float(loss(params, flat)), float(loss(params, slots))
+    assert want > 1.0
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_sampler_prompts_with_one_screenshot_per_slot_give_the_same_logits(sampler_model, highest_precision):
+    """``SamplerConfig.image_patches``: each tree's screenshot in its own slot (encoded alone); the prefix's
+    logits are those of the packed layout."""
+    from support import EOS
+    from support.sampler_models import random_step
+
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.sampling.prompts import pack_tree_prompts
+
+    cfg, params = sampler_model
+    rng = np.random.default_rng(1)
+    steps = [
+        random_step(rng, cfg, uid=7 + i, n_text=n, prompt_lens=(4, 3, 4), grid=g)
+        for i, (n, g) in enumerate([(5, (1, 4, 4)), (9, (1, 4, 6))])
+    ]
+    base = SamplerConfig(eos_ids=(EOS,), prefix_buckets=(32,), prompt_buckets=(16,), patch_buckets=(64,))
+    packed = pack_tree_prompts(cfg, steps, base, 3).prefix
+    slots = pack_tree_prompts(cfg, steps, dataclasses.replace(base, image_patches=24), 3).prefix
+    assert slots.vision.patches.shape[:2] == (2, 24)
+    valid = np.asarray(packed.attention_mask)
+    want, got = M.forward_inputs(params, cfg, packed), M.forward_inputs(params, cfg, slots)
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-4, rtol=0)
