@@ -17,7 +17,7 @@ import pytest
 from ipl_jax.cli import plan as plan_cli
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params, param_shapes
-from ipl_jax.training import plan as plan_lib
+from ipl_jax.pipeline import plan as plan_lib
 from ipl_jax.training.hlo_cost import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ _PLAN_SCRIPT = textwrap.dedent("""
     assert status == 0, status
     import jax
     from ipl_jax.configs.loader import load_config
-    from ipl_jax.training import plan as P
+    from ipl_jax.pipeline import plan as P
     config = load_config("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
     _, cfg = P.model_config(config, "synthetic:quick")
     from ipl_jax.model.sharding import make_mesh

@@ -71,7 +71,7 @@ TINY = Qwen2VLConfig(
 
 
 def model_2b() -> Qwen2VLConfig:
-    from ipl_jax.training.plan import ARCHITECTURES
+    from ipl_jax.pipeline.plan import ARCHITECTURES
 
     return Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
 

@@ -150,7 +150,7 @@ def _check_early(args, config, plan_lib, settings, mesh_arg) -> None:
 def main(argv: list[str]) -> int:
     from ipl_jax.configs.loader import parse_args_with_config
     from ipl_jax.model.sharding import make_mesh
-    from ipl_jax.training import plan as plan_lib
+    from ipl_jax.pipeline import plan as plan_lib
 
     args, config = parse_args_with_config(parser(), argv)
     try:

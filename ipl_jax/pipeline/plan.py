@@ -31,13 +31,7 @@ from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
-from ipl_jax.preference import tdpo as tdpo_lib
-from ipl_jax.sampling.decoding import prefill_context, sample_turn
-from ipl_jax.training import sft as sft_lib
-from ipl_jax.training.hlo_cost import hlo_flops
-from ipl_jax.training.lora import LoraConfig
-from ipl_jax.training.optimizer import make_optimizer, make_schedule
-from ipl_jax.training.plan_shapes import (  # noqa: F401 - re-exported: the plan's public names live here too
+from ipl_jax.pipeline.plan_shapes import (  # noqa: F401 - re-exported: the plan's public names live here too
     _KEY,
     _S,
     ARCHITECTURES,
@@ -55,6 +49,12 @@ from ipl_jax.training.plan_shapes import (  # noqa: F401 - re-exported: the plan
     sft_batch,
     tdpo_batch,
 )
+from ipl_jax.preference import tdpo as tdpo_lib
+from ipl_jax.sampling.decoding import prefill_context, sample_turn
+from ipl_jax.training import sft as sft_lib
+from ipl_jax.training.hlo_cost import hlo_flops
+from ipl_jax.training.lora import LoraConfig
+from ipl_jax.training.optimizer import make_optimizer, make_schedule
 from ipl_jax.training.state import VISION_REGEX, create_train_state
 
 # ---------------------------------------------------------------------------------------------- programs
