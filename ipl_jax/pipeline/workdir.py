@@ -97,10 +97,14 @@ class Workdir:
         only in the main process), or with ``main_only`` (host work that writes files) only the main one, the
         others reading its summary from the marker after the stage's barrier.
         """
+        # Processes may see the marker at different moments (a fast main-only stage can finish before another
+        # process looks), so a skip passes the same closing barrier as a run: the barriers always pair up.
+        distributed.barrier(f"before stage {stage}")
         done = self.summary(stage)
         if done is not None:
             self.log_stage(stage, "skipped", seconds=0.0)
             self.echo(f"[{stage}] already done (marker {self.marker(stage).relative_to(self.root)}); skipping")
+            distributed.barrier(f"stage {stage}")
             return done
         self.log_stage(stage, "started")
         self.echo(f"[{stage}] ...")
