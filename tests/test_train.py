@@ -345,3 +345,14 @@ def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
     assert out["single"][0] != out["single"][2]
     np.testing.assert_allclose(out["sharded"], out["single"], atol=1e-5, rtol=0)
     assert out["param_diff"] <= 1e-5
+
+
+def test_train_state_keeps_the_callers_key_alive_through_a_donated_step():
+    # A round loop folds batch keys from the key it built the state with (rl.grpo.grpo_round); the state is
+    # donated to every step, so the state must hold its own copy of that key.
+    key = jax.random.PRNGKey(3)
+    state = tstate.create_train_state({"w": jnp.ones((3,))}, optax.sgd(0.1), key)
+    bump = jax.jit(lambda s: s.replace(step=s.step + 1, rng=jax.random.fold_in(s.rng, 1)), donate_argnums=0)
+    state = bump(state)
+    np.testing.assert_array_equal(np.asarray(jax.random.fold_in(key, 2)), np.asarray(jax.random.fold_in(key, 2)))
+    assert int(state.step) == 1

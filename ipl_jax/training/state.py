@@ -148,7 +148,7 @@ def create_train_state(
 ) -> TrainState:
     """A fresh TrainState. With ``lora`` every base param is frozen and adapters are trainable; otherwise leaves
     matching ``freeze_regex`` (e.g. ``^visual/``) are frozen. ``rng``: a raw uint32[2] key (jax.random.PRNGKey)."""
-    rng = jnp.asarray(rng)
+    rng = jnp.array(rng)  # a copy: steps donate the state, and the caller's key must outlive that
     # Weakly typed leaves (e.g. from jnp.full(shape, 0.1)) would come back strongly typed from the first step and
     # make the second call compile again.
     params = jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if getattr(x, "weak_type", False) else x, params)
