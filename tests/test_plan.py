@@ -106,6 +106,25 @@ def test_hlo_flops_reads_a_loop_bound_from_its_condition():
     assert cost.unknown_loops == 0
 
 
+_TPU_BATCHED_MATMUL_HLO = """HloModule m
+
+ENTRY %main (a: f32[128,4,16], b: f32[128,4,16]) -> f32[4,128,128] {
+  %a = f32[128,4,16]{2,1,0} parameter(0)
+  %b = f32[128,4,16]{2,1,0} parameter(1)
+  ROOT %c = f32[4,128,128]{2,1,0} convolution(%a, %b), window={size=4 stride=3 lhs_dilate=4}, dim_labels=b0f_o0i->0bf
+}
+"""
+
+
+def test_hlo_flops_counts_only_real_taps_of_a_tpu_batched_matmul():
+    # XLA on TPU writes a batched matmul (4 batches of [128, 16] x [16, 128]) as a convolution whose batch axis is a
+    # window of 4 taps over an lhs dilated by 4 with stride 3: each output sees one real element, three holes
+    assert hlo_flops(_TPU_BATCHED_MATMUL_HLO).flops == 2 * 4 * 128 * 128 * 16
+    padded = _TPU_BATCHED_MATMUL_HLO.replace("window={size=4 stride=3 lhs_dilate=4}", "window={size=3 pad=1_1}")
+    # a plain 3-tap convolution padded by one each side: 4 outputs x 3 taps minus the 2 taps on padding
+    assert hlo_flops(padded).flops == 2 * 128 * 128 * 16 * (4 * 3 - 2)
+
+
 def test_published_architectures_have_their_parameter_counts():
     counts = {
         name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d))) for name, d in plan_lib.ARCHITECTURES.items()

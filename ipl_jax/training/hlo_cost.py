@@ -20,6 +20,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 _HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY = re.compile(r"^([a-z]\w*)\[([\d,]*)\]")
@@ -136,17 +138,60 @@ def _dot_flops(ins: _Instr, shapes: dict) -> float:
     return 2.0 * math.prod(ins.shape) * contract
 
 
+def _window_fields(rest: str) -> dict:
+    """The ``window={...}`` attribute as {field: [per spatial dim values]} (size, stride, pad as (lo, hi), ...)."""
+    m = re.search(r"window=\{([^}]*)\}", rest)
+    out: dict = {}
+    for part in m.group(1).split() if m else []:
+        key, _, value = part.partition("=")
+        items = value.split("x")
+        out[key] = [tuple(int(v) for v in i.split("_")) if key == "pad" else int(i) for i in items]
+    return out
+
+
+def _taps(n: int, out: int, size: int, stride: int, lo: int, lhs_dilate: int, rhs_dilate: int) -> int:
+    """How many (output position, window tap) pairs of one spatial dimension land on a real input element: the
+    others fall on padding or on the holes of lhs dilation and cost nothing. XLA on TPU writes batched matmuls
+    as convolutions whose batch dimensions are such windows (e.g. ``size=2 lhs_dilate=2``), where a count of
+    ``out * size`` would be several times too large."""
+    p = np.arange(out, dtype=np.int64) * stride - lo  # each output's first tap, in padded dilated coordinates
+    count = 0
+    for t in range(size):
+        q = p + t * rhs_dilate
+        count += int(np.count_nonzero((q >= 0) & (q % lhs_dilate == 0) & (q // lhs_dilate < n)))
+    return count
+
+
 def _conv_flops(ins: _Instr, shapes: dict) -> float:
     ops = _operands(ins.rest)
     lhs = shapes.get(ops[0]) if ops else None
     labels = re.search(r"dim_labels=([\w]+)_([\w]+)->([\w]+)", ins.rest)
     if ins.shape is None or lhs is None or not labels:
         return 0.0
-    feat = lhs[labels.group(1).index("f")] if "f" in labels.group(1) else 1
-    window = re.search(r"window=\{[^}]*size=([\dx]+)", ins.rest)
-    win = math.prod(int(s) for s in window.group(1).split("x")) if window else 1
+    lhs_labels, _, out_labels = labels.groups()
+    feat = lhs[lhs_labels.index("f")] if "f" in lhs_labels else 1
     groups = re.search(r"feature_group_count=(\d+)", ins.rest)
-    return 2.0 * math.prod(ins.shape) * win * feat / (int(groups.group(1)) if groups else 1)
+    feat /= int(groups.group(1)) if groups else 1
+    # output batch and feature dimensions, times the real taps of every spatial dimension
+    dense = math.prod(ins.shape[i] for i, c in enumerate(out_labels) if not c.isdigit())
+    window = _window_fields(ins.rest)
+    taps = 1
+    for d in sorted(int(c) for c in out_labels if c.isdigit()):
+
+        def field(key, default, d=d):
+            values = window.get(key)
+            return values[d] if values and d < len(values) else default
+
+        taps *= _taps(
+            n=lhs[lhs_labels.index(str(d))],
+            out=ins.shape[out_labels.index(str(d))],
+            size=field("size", 1),
+            stride=field("stride", 1),
+            lo=field("pad", (0, 0))[0],
+            lhs_dilate=field("lhs_dilate", 1),
+            rhs_dilate=field("rhs_dilate", 1),
+        )
+    return 2.0 * dense * taps * feat
 
 
 def _gemm_flops(ins: _Instr, shapes: dict) -> float | None:
