@@ -33,9 +33,10 @@ class Stop(Exception):
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
-    tok = S.make_tokenizer(tmp_path_factory.mktemp("tok"))
+    directory = tmp_path_factory.mktemp("tok")
+    tok = S.make_tokenizer(directory)
     cfg, params = S.make_model(tok)
-    return Policy(params=params, cfg=cfg, tokenizer=tok, image_config=S.image_config())
+    return Policy(params=params, cfg=cfg, tokenizer=tok, image_config=S.image_config(), source=str(directory))
 
 
 def _job(**model):
@@ -168,3 +169,20 @@ def test_bf16_rl_updates_keep_fp32_master_weights_and_moments(policy):
     for kind, s, key in (("policy", ps.policy, "policy_loss"), ("critic", ps.critic, "value_loss")):
         new, m = jax.eval_shape(lambda s, b, kind=kind: ppo._ppo_update(s, b, kind, p), s, pb)
         assert floats(new.params) == floats(new.opt_state) == {F32} and m[key].dtype == F32, kind
+
+
+def test_the_job_samples_and_evaluates_policy_directories_in_the_storage_dtype(policy, tmp_path):
+    """Seed selection, the seed's and every round's evaluation load a policy directory (fp32 on disk) through
+    ``Job.inference_policy``: storage-dtype weights, compute-dtype model, as the rounds' own sampling."""
+    import types
+    from pathlib import Path
+
+    from ipl_jax.pipeline.model_stage import write_policy_dir
+    from ipl_jax.pipeline.run import Job
+
+    directory = write_policy_dir(tmp_path / "p", policy.params, policy.cfg, Path(policy.source), policy.image_config)
+    job = types.SimpleNamespace(config=_job(dtype="bfloat16"))
+    loaded = Job.inference_policy(job, directory)
+    assert floats(loaded.params) == {BF16} and loaded.cfg.dtype == "bfloat16"
+    mixed = Job.inference_policy(types.SimpleNamespace(config=_job(dtype="bfloat16", param_dtype="float32")), directory)
+    assert floats(mixed.params) == {F32} and mixed.cfg.dtype == "bfloat16"
