@@ -22,7 +22,8 @@ def test_equal_budget_of_the_shipped_configs():
     assert round_budget(quick) == 4 * 8 == 32  # branching (2, 2, 2, 1)
     assert round_budget(default) == 64 * 27 == 1728  # branching (3, 3, 3, 1)
     assert grpo_prompts(32, int(quick.rl.grpo.group_size)) * 8 == 32
-    assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1729, 8) == 217  # rounded up: never under budget
+    assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1735, 8) == 216  # whole groups: never over budget
+    assert grpo_prompts(5, 8) == 1  # at least one group
     frac = _config(**{"ipl.round_fraction": 0.5})
     assert round_budget(frac, 10) == 5 * 8
     with pytest.raises(ValueError, match="round_fraction"):

@@ -115,8 +115,7 @@ def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     state, m = ppo.ppo_round(
         state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
     )
-    limit = max(t.step_limit for t in tasks)
-    assert 30 <= m["env_steps"] < 30 + config.worlds_per_batch * limit
+    assert m["env_steps"] == 30  # the batch that reaches the budget is cut there (hand counts below)
     assert m["env_steps"] == m["train_episodes"]["env_steps"] == sum(b["env_steps"] for b in m["per_batch"])
     assert m["critic_updates"] == int(state.critic.step) and m["critic_updates"] >= 3
     assert m["updates"] == config.policy_updates * (m["critic_updates"] - config.critic_warmup)
@@ -145,3 +144,40 @@ def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
     np.testing.assert_allclose(sib[j, :2], g, atol=1e-6)
     with pytest.raises(ValueError, match="trajectories_per_task"):
         _config(cfg, gigppo=True, trajectories_per_task=1)
+
+
+def babble_act(tokenizer):
+    """Unparsable completions only: every step is a no-op, so every episode runs to its step limit."""
+
+    def act(params, cfg, items, steps, seed, config, mesh=None):
+        turns = tuple(np.asarray(tokenizer.encode(t + "<|im_end|>"), np.int32) for t in ("a", "b", "hmm", ""))
+        c = Completion(turns=turns, logps=tuple(np.zeros(len(t), np.float32) for t in turns), finished=(True,) * 4)
+        return [c] * len(steps)
+
+    return act
+
+
+def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
+    tok, cfg, params, _, rc = setup
+    monkeypatch.setattr(R, "act", babble_act(tok))
+    tasks = [t for t in R.split_world_tasks("train", 8, seed=0, max_steps=3) if t.step_limit == 3][:4]
+    assert len(tasks) == 4
+    # 4 worlds of 3 steps each; a budget of 6: step 0 takes 4, step 1 the first 2 worlds (the others are cut
+    # unfinished), step 2 none
+    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc, max_env_steps=6)
+    assert [t.num_steps for t in trajs] == [2, 2, 1, 1] and all(t.cut and not t.truncated for t in trajs)
+    summary = R.rollout_summary(trajs)
+    assert summary["env_steps"] == 6 and summary["budget_cut"] == 4 and summary["success_rate"] is None
+    config = _config(cfg, critic_warmup=2)  # the settings of test_ppo_round_budget_and_warmup: its programs
+    state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
+    state, m = ppo.ppo_round(
+        state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
+    )
+    # whole batches would spend 12 + 12 + 12 = 36; the third is cut after 4 + 2 of its steps
+    assert [b["env_steps"] for b in m["per_batch"]] == [12, 12, 6] and m["env_steps"] == 30
+    assert [b["budget_cut"] for b in m["per_batch"]] == [0, 0, 4] and m["rollout_batches"] == 3
+    # the cut batch is not trained on: 2 batches x 2 minibatches (12 states, 8 rows each) x 1 critic update, and
+    # the policy's 2 updates per minibatch after the 2 warm-up updates
+    assert m["critic_updates"] == 4 and m["updates"] == 2 * (4 - 2)
+    train = m["train_episodes"]
+    assert train["episodes"] == 12 and train["budget_cut"] == 4 and train["truncated_rate"] == 1.0

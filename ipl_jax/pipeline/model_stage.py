@@ -70,6 +70,25 @@ def job_remat(config: ml_collections.ConfigDict) -> str:
     return str(config.model.get("remat", "none"))
 
 
+def job_train_precision(config: ml_collections.ConfigDict) -> dict:
+    """The precision fields of every training round's config (``TDPOConfig``, ``GRPOConfig``, ``PPOConfig``):
+    ``remat`` (``job_remat``), ``compute_dtype`` (None for float32: the step reads the fp32 master weights as they
+    are) and ``storage_dtype`` (the frozen reference's and the sampler's copy of the weights)."""
+    compute, storage = job_precision(config)
+    return {
+        "remat": job_remat(config),
+        "compute_dtype": None if compute == "float32" else compute,
+        "storage_dtype": storage,
+    }
+
+
+def job_frozen_dtype(config: ml_collections.ConfigDict) -> str | None:
+    """The dtype a training state keeps its frozen weights in (a frozen vision tower, LoRA's base): the storage
+    dtype, None when that is float32 (kept as loaded)."""
+    _, storage = job_precision(config)
+    return None if storage == "float32" else storage
+
+
 def inference_policy(policy: Policy, config: ml_collections.ConfigDict, params=None) -> Policy:
     """``policy`` (or ``params`` in its place) for sampling and evaluation: weights cast to the job's storage
     dtype, the model computing in its compute dtype (so the KV cache is kept in it too)."""

@@ -6,14 +6,18 @@ rewards in the live synthetic world, GiGPPO's sibling-conditioned critic as a sw
 rounds, the evaluation of each round and early stopping stay ``pipeline.run.Job.rounds``. A round spends the
 sampled completions of the job's T-DPO round (``rl.job.round_budget``): GRPO draws ``ceil(budget / G)`` training
 steps (a seeded sample per round, like T-DPO's) with G completions each; PPO plays the training split's tasks
-until ``budget`` environment steps are spent (whole rollout batches). The round record has the keys of a T-DPO
-round's (``pairs`` is 0, ``classes`` is empty: no trees are sampled) plus ``samples`` (completions or
-environment steps actually used), ``budget`` and ``method``.
+until ``budget`` environment steps are spent (never more: the last rollout batch is cut at the budget). The
+round record has the keys of a T-DPO round's (``pairs`` is 0, ``classes`` is empty: no trees are sampled) plus
+``samples`` (completions or environment steps actually used), ``budget`` and ``method``.
+
+Precision as in a T-DPO round (``model_stage.job_train_precision``, ``job_frozen_dtype``, ``inference_policy``):
+the learners compute in ``model.dtype`` with ``model.remat``, keep fp32 master weights and moments, and sample,
+roll out and score the reference from copies in the storage dtype; the round's dev evaluation reads the
+``inference_policy``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +27,16 @@ import ml_collections
 
 from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.pipeline.model_stage import Policy, job_mesh, load_policy, write_policy_dir
+from ipl_jax.pipeline.model_stage import (
+    Policy,
+    inference_policy,
+    job_frozen_dtype,
+    job_mesh,
+    job_model_config,
+    job_train_precision,
+    load_policy,
+    write_policy_dir,
+)
 from ipl_jax.pipeline.round_eval import dev_accuracy
 from ipl_jax.pipeline.round_settings import ipl_settings
 from ipl_jax.pipeline.workdir import Workdir, write_json
@@ -40,6 +53,23 @@ def _scalars(metrics: dict) -> dict:
     return out
 
 
+def grpo_settings(config: ml_collections.ConfigDict, policy: Policy):
+    """The round's ``GRPOConfig``: the job's ``rl.grpo`` section with its precision (compute dtype, remat,
+    storage dtype of the sampler's and the reference's weights)."""
+    from ipl_jax.rl import job as rl_job
+
+    cfg = job_model_config(config, policy.cfg)
+    return rl_job.grpo_config(config, cfg, int(policy.tokenizer.ids.pad), **job_train_precision(config))
+
+
+def ppo_settings(config: ml_collections.ConfigDict, policy: Policy, gigppo: bool):
+    """The round's ``PPOConfig``: the job's ``rl.ppo`` section with its precision (as ``grpo_settings``)."""
+    from ipl_jax.rl import job as rl_job
+
+    cfg = job_model_config(config, policy.cfg)
+    return rl_job.ppo_config(config, cfg, int(policy.tokenizer.ids.pad), gigppo, **job_train_precision(config))
+
+
 def grpo_train(policy: Policy, config: ml_collections.ConfigDict, steps: Sequence[Step], rng, freeze):
     """GRPO over ``steps``. Returns (params, metrics, completions sampled)."""
     from ipl_jax.eval.trees import sampler_config
@@ -47,9 +77,9 @@ def grpo_train(policy: Policy, config: ml_collections.ConfigDict, steps: Sequenc
     from ipl_jax.rl import job as rl_job
     from ipl_jax.training.state import model_params
 
-    gcfg = rl_job.grpo_config(config, policy.cfg, int(policy.tokenizer.ids.pad))
+    gcfg = grpo_settings(config, policy)
     sampler = rl_job.sampler_for_batch(config, sampler_config(config, policy.tokenizer), gcfg.prompts_per_batch)
-    state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze)
+    state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=job_frozen_dtype(config))
     state, m = grpo.grpo_round(
         state,
         None,
@@ -76,12 +106,14 @@ def ppo_train(policy: Policy, config: ml_collections.ConfigDict, budget: int, rn
     from ipl_jax.training.state import model_params
 
     p = config.rl.ppo
-    pcfg = rl_job.ppo_config(config, policy.cfg, int(policy.tokenizer.ids.pad), gigppo=gigppo)
+    pcfg = ppo_settings(config, policy, gigppo)
     tasks = job_world_tasks(config, "train", max_steps=int(p.max_steps), step_factor=float(p.step_factor))
     rcfg = rl_job.rollout_config(
         config, sampler_config(config, policy.tokenizer), policy.image_config, reward_config(config)
     )
-    state = ppo.init_ppo_state(policy.params, pcfg, rng, policy_freeze_regex=freeze)
+    state = ppo.init_ppo_state(
+        policy.params, pcfg, rng, policy_freeze_regex=freeze, frozen_dtype=job_frozen_dtype(config)
+    )
     state, m = ppo.ppo_round(
         state,
         None,
@@ -136,7 +168,7 @@ def run_rl_round(
         "train": _scalars(metrics),
     }
     t1 = time.perf_counter()
-    record["dev"] = dev_accuracy(dataclasses.replace(policy, params=params), dev_episodes, config)
+    record["dev"] = dev_accuracy(inference_policy(policy, config, params), dev_episodes, config)
     record["seconds"] = {
         "train": t_train,
         "evaluate": time.perf_counter() - t1,

@@ -110,17 +110,17 @@ def ipl_optimizer(config: ml_collections.ConfigDict, round_index: int = 1):
 
 
 def tdpo_config(config: ml_collections.ConfigDict, cfg, round_index: int = 1):
-    from ipl_jax.pipeline.model_stage import job_model_config, job_precision, job_remat
+    from ipl_jax.pipeline.model_stage import job_model_config, job_train_precision
     from ipl_jax.preference.losses import DPOConfig
     from ipl_jax.preference.tdpo import TDPOConfig
 
     s = ipl_settings(config)
-    compute, storage = job_precision(config)
+    precision = job_train_precision(config)
     return TDPOConfig(
         model=job_model_config(config, cfg),
-        remat=job_remat(config),
-        compute_dtype=None if compute == "float32" else compute,
-        reference_dtype=storage,
+        remat=precision["remat"],
+        compute_dtype=precision["compute_dtype"],
+        reference_dtype=precision["storage_dtype"],
         dpo=DPOConfig(beta=s.beta, sft_weight=s.sft_weight, kind=s.loss_kind, sft_norm=s.sft_norm),
         objective="positive_sft" if s.method == "no_negatives" else "tdpo",
         optimizer_settings=ipl_optimizer(config, round_index),

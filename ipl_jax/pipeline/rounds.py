@@ -27,8 +27,8 @@ from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.model_stage import (
     Policy,
     inference_policy,
+    job_frozen_dtype,
     job_mesh,
-    job_precision,
     load_policy,
     write_policy_dir,
 )
@@ -169,8 +169,7 @@ def run_round(
 
     golden = golden_update_fn(config, policy, steps, rcfg) if rcfg.train_on == "golden" else None
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
-    _, storage = job_precision(config)
-    frozen = None if storage == "float32" else storage  # frozen base / vision tower; trained weights stay fp32
+    frozen = job_frozen_dtype(config)  # frozen base / vision tower; trained weights stay fp32
     if s.lora_rank > 0:
         from ipl_jax.training.lora import LoraConfig
 

@@ -123,6 +123,12 @@ class Job:
             "sft", lambda: sft_stage.run_sft(self.config, self.wd, self.train_steps, self.qas)
         )
 
+    def inference_policy(self, directory: Path) -> model_stage.Policy:
+        """A policy directory as the job samples and evaluates with it: weights in the storage dtype, the model
+        in the compute dtype (``model_stage.inference_policy``, as a round's sampler and dev evaluation)."""
+        c = self.config
+        return model_stage.inference_policy(model_stage.load_policy(directory, model_stage.job_mesh(c)), c)
+
     # ----------------------------------------------------------------------------------------------- seed
 
     def seed(self) -> None:
@@ -134,9 +140,8 @@ class Job:
         c, wd = self.config, self.wd
         paths = sft_stage.candidate_policies(self.sft_summary)
         steps = sample_steps(self.train_steps, int(c.seed_selection.steps), int(c.seed))
-        mesh = model_stage.job_mesh(c)
         scores, kind = score_candidates(
-            [(p.name, model_stage.load_policy(p, mesh)) for p in paths],
+            [(p.name, self.inference_policy(p)) for p in paths],
             steps,
             c,
             embedder=c.seed_selection.embedder,
@@ -161,7 +166,7 @@ class Job:
 
     def eval_seed(self) -> None:
         def run():
-            policy = model_stage.load_policy(self.wd.path("seed"), model_stage.job_mesh(self.config))
+            policy = self.inference_policy(self.wd.path("seed"))
             t0 = time.perf_counter()
             out = rounds.evaluate_policy_splits(
                 policy, self.splits, self.config, self.wd.dir("eval", "round_0"), echo=self.wd.echo
@@ -188,7 +193,7 @@ class Job:
                 t0 = time.perf_counter()
                 record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
                 train_seconds = time.perf_counter() - t0
-                policy = model_stage.load_policy(Path(record["policy"]), model_stage.job_mesh(c))
+                policy = self.inference_policy(Path(record["policy"]))
                 evaluation = rounds.evaluate_policy_splits(
                     policy, self.splits, c, wd.dir("eval", f"round_{r}"), echo=wd.echo
                 )

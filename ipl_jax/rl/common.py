@@ -60,9 +60,22 @@ def reference_logps(ref_params, cfg, rows: Rows, chunk: int, compute_dtype: str 
     return frozen_token_logps(ref_params, cfg, rows, chunk)
 
 
-def copy_params(params):
-    """A copy of a parameter tree that no donated train step can invalidate."""
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+def copy_params(params, dtype=None):
+    """A copy of a parameter tree that no donated train step can invalidate, floating leaves in ``dtype`` (None:
+    as they are): the frozen reference."""
+
+    def leaf(x):
+        to = dtype if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        return jnp.array(x, dtype=to, copy=True)
+
+    return jax.tree.map(leaf, params)
+
+
+def policy_params(state: state_lib.TrainState, dtype=None):
+    """The full parameter tree of a training state (trainable ∪ frozen), floating leaves cast to ``dtype`` (None:
+    as held): the sampler's copy. It may share buffers with ``state``: drop it before the next (donating) step."""
+    params = state_lib.model_params(state.params, state.frozen)
+    return params if dtype is None else state_lib.cast_floating(params, dtype)
 
 
 def key_seed(rng) -> np.ndarray:

@@ -11,8 +11,8 @@
 * ``grpo_round(state, ref_params, steps, rng, config, ...)`` — one pass over ``steps`` in batches of
   ``prompts_per_batch`` prompts, sampling with the current policy before each update (on-policy).
 
-Budget: a round samples ``len(steps) · group_size`` completions; ``prompts_for_budget`` gives the number of steps
-that matches a T-DPO round's leaves (``rl.budget``).
+Budget: a round samples ``len(steps) · group_size`` completions; ``rl.job.grpo_prompts`` gives the number of
+steps that fits a T-DPO round's leaves.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class GRPOConfig:
     length_norm: "sequence" (UI-R1's 1/|o_i| per completion, then the mean over completions) or "token" (every
     generated token of the batch weighs the same). updates_per_batch: μ; with μ > 1 the behaviour log-probs are
     computed once before the first update (else the ratio is exp(logπ − stop_gradient(logπ)) = 1).
+    Precision: ``model.dtype`` is the compute dtype of sampling (the KV cache too) and of every forward;
+    ``compute_dtype`` casts the (fp32 master) weights inside the update (None: as held); ``remat`` a policy of
+    ``model.layers.REMAT_POLICIES``; ``storage_dtype`` the dtype of the sampler's and the reference's copy of the
+    weights (None: as held).
     """
 
     model: Qwen2VLConfig
@@ -70,8 +74,9 @@ class GRPOConfig:
     prompts: CoaTPrompts = DEFAULT_PROMPTS
     max_history: int | None = None  # think/answer prompt: keep the last N previous actions
     logp_chunk: int = 128
-    remat: bool = False
+    remat: bool | str = False
     compute_dtype: str | None = None
+    storage_dtype: str | None = None
 
     def __post_init__(self):
         if self.style not in rewards_lib.STYLES:
@@ -255,7 +260,8 @@ def grpo_round(
     """One GRPO pass over ``steps`` (golden ``Step``s): for each batch of ``prompts_per_batch`` steps, sample G
     completions with the current policy, score them and take ``grpo_step``.
 
-    ref_params: the frozen reference; None takes a copy of the starting policy (π(n-1), as T-DPO's reference).
+    ref_params: the frozen reference; None takes a copy of the starting policy (π(n-1), as T-DPO's reference) in
+    ``config.storage_dtype``; the sampler reads the current policy in that dtype too.
     sampler: the job's ``SamplerConfig`` (budgets, buckets, temperatures; the branching is set to (G, 1, 1, 1)).
     rng: raw key; batch i samples with ``fold_in(rng, i)``. Returns (state, metrics): means over batches of the
     reward terms and update metrics, ``completions`` (sampled), ``updates``, ``per_step``.
@@ -264,12 +270,12 @@ def grpo_round(
     if not steps:
         raise ValueError("grpo_round: no steps")
     if ref_params is None:
-        ref_params = common.copy_params(state_lib.model_params(state.params, state.frozen))
+        ref_params = common.copy_params(common.policy_params(state), config.storage_dtype)
     b = config.prompts_per_batch
     per_step = []
     for i, start in enumerate(range(0, len(steps), b)):
         key = jax.random.fold_in(jnp.asarray(rng), i)
-        policy = state_lib.model_params(state.params, state.frozen)
+        policy = common.policy_params(state, config.storage_dtype)
         batch, info = sample_batch(
             policy, steps[start : start + b], tokenizer, image_config, sampler, common.key_seed(key), config, mesh
         )

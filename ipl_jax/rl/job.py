@@ -3,9 +3,12 @@
 Equal budget (one round, any method) = the number of sampled completions of a T-DPO round:
 
     T-DPO:  steps_per_round trees x num_leaves(branching) leaves       (default 64 x 27 = 1728)
-    GRPO:   ceil(budget / G) prompts x G completions                   (G = 8: 216 steps x 8 = 1728)
-    PPO:    budget environment steps, each one sampled CoaT completion (1728; whole rollout batches, so the
-            count may pass the budget by less than one batch -- the exact count is reported)
+    GRPO:   floor(budget / G) prompts x G completions                  (G = 8: 216 steps x 8 = 1728)
+    PPO:    budget environment steps, each one sampled CoaT completion (1728; rollout batches until the budget
+            is spent, the one that reaches it cutting its unfinished episodes there: exactly the budget)
+
+No method spends more than the budget: GRPO falls short by less than one group when G does not divide it (at
+least one prompt is drawn, so a budget below G is passed), PPO not at all; the counts are reported.
 
 A completion here is one full action decode (s1..s4). A T-DPO tree shares its prefixes (27 leaves cost 3 + 9 +
 27 + 27 turn decodes, not 4 x 27), so at an equal number of completions T-DPO decodes fewer tokens; wall time is
@@ -16,8 +19,6 @@ back to these defaults when the section is absent.
 """
 
 from __future__ import annotations
-
-import math
 
 import ml_collections
 
@@ -51,8 +52,8 @@ def round_budget(config: ml_collections.ConfigDict, n_train_steps: int | None = 
 
 
 def grpo_prompts(budget: int, group_size: int) -> int:
-    """GRPO prompts (steps) per round at ``budget`` completions."""
-    return max(1, math.ceil(budget / group_size))
+    """GRPO prompts (steps) per round at ``budget`` completions: as many whole groups as fit (at least one)."""
+    return max(1, budget // group_size)
 
 
 def _rows(config: ml_collections.ConfigDict, rows_per_batch: int, pad_id: int) -> RowConfig:
@@ -64,11 +65,14 @@ def _rows(config: ml_collections.ConfigDict, rows_per_batch: int, pad_id: int) -
     )
 
 
-def grpo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int) -> GRPOConfig:
-    """``GRPOConfig`` of the job (its ``rl.grpo`` section, the reward rules of its data format)."""
+def grpo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int, **precision) -> GRPOConfig:
+    """``GRPOConfig`` of the job (its ``rl.grpo`` section, the reward rules of its data format). ``cfg``: the model
+    config in the job's compute dtype; ``precision``: remat, compute_dtype, storage_dtype (the job's, as
+    ``pipeline.model_stage.job_train_precision`` reads them)."""
     g = _section(config).grpo
     b = int(g.prompts_per_batch)
     return GRPOConfig(
+        **precision,
         model=cfg,
         group_size=int(g.group_size),
         style=str(g.style),
@@ -85,11 +89,15 @@ def grpo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: i
     )
 
 
-def ppo_config(config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int, gigppo: bool = False) -> PPOConfig:
-    """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic."""
+def ppo_config(
+    config: ml_collections.ConfigDict, cfg: Qwen2VLConfig, pad_id: int, gigppo: bool = False, **precision
+) -> PPOConfig:
+    """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic;
+    ``cfg`` and ``precision`` as in ``grpo_config``."""
     p = _section(config).ppo
     m = int(p.minibatch_rows)
     return PPOConfig(
+        **precision,
         model=cfg,
         gigppo=gigppo,
         gamma_dense=float(p.gamma_dense),

@@ -48,6 +48,10 @@ class PPOConfig:
     critic_warmup [choice]: critic updates before the policy moves (the seed's 15 of 336 steps; 4 here, about
     the same share of a one-round budget). length_norm: "sequence" (each step's CoaT weighs 1) or "token".
     normalize_advantages: standardise the advantages of each rollout batch (0 when they are all equal).
+    Precision (policy and critic alike): ``model.dtype`` computes every forward and the rollouts' KV cache;
+    ``compute_dtype`` casts the fp32 master weights inside the updates (None: as held); ``remat`` a policy of
+    ``model.layers.REMAT_POLICIES``; ``storage_dtype`` is the dtype of the rollout's and the reference's copy of
+    the policy (None: as held).
     """
 
     model: Qwen2VLConfig
@@ -78,8 +82,9 @@ class PPOConfig:
     sibling_width: int = 64
     rows: RowConfig = RowConfig()
     logp_chunk: int = 128
-    remat: bool = False
+    remat: bool | str = False
     compute_dtype: str | None = None
+    storage_dtype: str | None = None
 
     def __post_init__(self):
         for f in ("policy_updates", "critic_updates", "tasks_per_batch", "trajectories_per_task", "minibatch_rows"):
@@ -124,19 +129,27 @@ class PPOBatch:
     ref_logps: jax.Array | None = None
 
 
-def init_ppo_state(policy_params, config: PPOConfig, rng, *, policy_freeze_regex: str | None = None) -> PPOState:
+def init_ppo_state(
+    policy_params, config: PPOConfig, rng, *, policy_freeze_regex: str | None = None, frozen_dtype=None
+) -> PPOState:
     """Policy and critic TrainStates; the critic is a copy of the policy with a fresh head (``rl.critic``).
-    ``policy_params`` are taken by the policy state (donated by its updates: do not reuse them)."""
+    ``policy_params`` are taken by the policy state (donated by its updates: do not reuse them); frozen weights
+    of either (a frozen vision tower) are kept in ``frozen_dtype`` (None: as given)."""
     rng_p, rng_c, rng_init = jax.random.split(jnp.asarray(rng), 3)
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
     pstate = state_lib.create_train_state(
-        policy_params, optimizer_lib.make_optimizer(config.policy_optimizer), rng_p, freeze_regex=policy_freeze_regex
+        policy_params,
+        optimizer_lib.make_optimizer(config.policy_optimizer),
+        rng_p,
+        freeze_regex=policy_freeze_regex,
+        frozen_dtype=frozen_dtype,
     )
     cstate = state_lib.create_train_state(
         critic,
         optimizer_lib.make_optimizer(config.critic_optimizer),
         rng_c,
         freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None,
+        frozen_dtype=frozen_dtype,
     )
     return PPOState(policy=pstate, critic=cstate)
 
@@ -258,6 +271,8 @@ class _States:
 def _flatten(trajs: Sequence[Trajectory]) -> _States:
     traj, t, records = [], [], []
     for j, tr in enumerate(trajs):
+        if tr.cut:  # cut unfinished by the budget: no return to learn from
+            continue
         for s in tr.steps:
             traj.append(j)
             t.append(s.t)
@@ -289,14 +304,16 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     """Critic values, GiGPPO sibling features, GAE advantages and value targets of one rollout batch.
 
     Returns (states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2],
-    sibling f32[N, 4]) over the N valid states in (trajectory, step) order."""
+    sibling f32[N, 4]) over the N states of the trajectories not cut by the budget (``Trajectory.cut``), in
+    (trajectory, step) order; N must be >= 1."""
     st = _flatten(trajs)
     n, m = len(st.records), config.minibatch_rows
     e, s_max = len(trajs), max(tr.num_steps for tr in trajs)
     rewards = np.zeros((e, s_max), np.float32)
     mask = np.zeros((e, s_max), bool)
     for j, tr in enumerate(trajs):
-        rewards[j, : tr.num_steps], mask[j, : tr.num_steps] = tr.step_rewards, True
+        if not tr.cut:
+            rewards[j, : tr.num_steps], mask[j, : tr.num_steps] = tr.step_rewards, True
     terminal = np.asarray([tr.terminal_reward for tr in trajs], np.float32)
     realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, config.gamma_dense, config.gamma_terminal))[
         st.traj, st.t
@@ -327,6 +344,33 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     return st, rows, np.asarray(adv)[st.traj, st.t], np.asarray(ret)[st.traj, st.t], values, sibling
 
 
+def _train_on_batch(state: PPOState, ref_params, trajs, key, config: PPOConfig, end_id: int, per_update: list):
+    """``ppo_step`` on each minibatch of one rollout batch's trained states; appends host metrics to
+    ``per_update``. Returns the new state."""
+    st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
+    m = config.minibatch_rows
+    for k, sel in enumerate(_minibatches(len(st.records), m)):
+        batch = PPOBatch(
+            policy_rows=_policy_rows(config, [st.records[i] for i in sel]),
+            critic_rows=crows[k],
+            advantages=jnp.asarray(_pad(adv[sel], m)),
+            returns=jnp.asarray(_pad(ret[sel], m)),
+            old_values=jnp.asarray(_pad(values[sel], m)),
+            sibling=jnp.asarray(_pad(sibling[sel], m)),
+        )
+        state, metrics = ppo_step(state, ref_params, batch, key, config)
+        rec = common.host_metrics(metrics)
+        step_lib.check_finite(
+            {
+                "loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
+                "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0),
+            },
+            int(state.critic.step),
+        )
+        per_update.append(rec)
+    return state
+
+
 def ppo_round(
     state: PPOState,
     ref_params,
@@ -343,17 +387,20 @@ def ppo_round(
 
     world_tasks: the training tasks (``rl.rollout.WorldTask``), visited in an order drawn from ``rng``,
     ``tasks_per_batch`` at a time, each played by ``trajectories_per_task`` concurrent trajectories (the
-    rollout batch size is set to their product). Every rollout batch is played to its end (so the budget may be
-    passed by less than one batch; ``env_steps`` in the metrics is the exact count). ref_params: the frozen
-    reference (None: a copy of the starting policy). Returns (state, metrics): training-episode summary
-    (``rollout_summary``), means of the update metrics, ``updates`` / ``critic_updates``, ``per_batch``.
+    rollout batch size is set to their product). The round never spends more than ``env_steps``: each rollout
+    batch may spend what is left, and the one that reaches the budget cuts its unfinished episodes there
+    (``rollout(max_env_steps=...)``; their steps count, but are not trained on: they have no outcome).
+    ``env_steps`` in the metrics is the exact count. ref_params: the frozen reference (None: a copy of the
+    starting policy in ``config.storage_dtype``; the rollouts read the current policy in that dtype too).
+    Returns (state, metrics): training-episode summary (``rollout_summary``), means of the update metrics,
+    ``updates`` / ``critic_updates``, ``per_batch``.
     """
     if not world_tasks:
         raise ValueError("ppo_round: no world tasks")
     if env_steps < 1:
         raise ValueError(f"ppo_round: env_steps must be >= 1, got {env_steps}")
     if ref_params is None:
-        ref_params = common.copy_params(state_lib.model_params(state.policy.params, state.policy.frozen))
+        ref_params = common.copy_params(common.policy_params(state.policy), config.storage_dtype)
     rcfg = dataclasses.replace(rollout_config, batch_size=config.worlds_per_batch, keep_prompts=True)
     end_id = int(rcfg.sampler.eos_ids[0])
     order = np.random.default_rng(common.key_seed(jax.random.fold_in(jnp.asarray(rng), 0))).permutation(
@@ -366,32 +413,12 @@ def ppo_round(
         chunk = [world_tasks[order[(cursor + i) % len(order)]] for i in range(config.tasks_per_batch)]
         cursor += config.tasks_per_batch
         key = jax.random.fold_in(jnp.asarray(rng), b + 1)
-        policy = state_lib.model_params(state.policy.params, state.policy.frozen)
-        trajs = rollout(
-            policy, config.model, tokenizer, replicate(chunk, config.trajectories_per_task), key, rcfg, mesh
-        )
+        policy = common.policy_params(state.policy, config.storage_dtype)
+        worlds = replicate(chunk, config.trajectories_per_task)
+        trajs = rollout(policy, config.model, tokenizer, worlds, key, rcfg, mesh, max_env_steps=env_steps - used)
         del policy
-        st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
-        m = config.minibatch_rows
-        for k, sel in enumerate(_minibatches(len(st.records), m)):
-            batch = PPOBatch(
-                policy_rows=_policy_rows(config, [st.records[i] for i in sel]),
-                critic_rows=crows[k],
-                advantages=jnp.asarray(_pad(adv[sel], m)),
-                returns=jnp.asarray(_pad(ret[sel], m)),
-                old_values=jnp.asarray(_pad(values[sel], m)),
-                sibling=jnp.asarray(_pad(sibling[sel], m)),
-            )
-            state, metrics = ppo_step(state, ref_params, batch, key, config)
-            rec = common.host_metrics(metrics)
-            step_lib.check_finite(
-                {
-                    "loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
-                    "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0),
-                },
-                int(state.critic.step),
-            )
-            per_update.append(rec)
+        if any(tr.steps and not tr.cut for tr in trajs):  # else every episode was cut: nothing to learn from
+            state = _train_on_batch(state, ref_params, trajs, key, config, end_id, per_update)
         summary = rollout_summary(trajs)
         used += summary["env_steps"]
         per_batch.append(summary)

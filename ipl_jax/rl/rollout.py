@@ -10,7 +10,10 @@ parsed with the project's action parser and drives the world:
 * the step reward is the rule reward of the action against the scripted expert's action *at the state actually
   reached* (``coat.rewards.leaf_rewards``, method.md §4, or UI-R1's reward / 3 with ``step_reward="uir1"``);
 * ``stop`` ends the episode; the terminal reward is ``success_reward`` if the task's goal then holds, else 0;
-* an episode still running at its step limit is cut there and counts as a failure (terminal reward 0).
+* an episode still running at its step limit is cut there and counts as a failure (terminal reward 0);
+* with a budget of environment steps (``rollout(max_env_steps=...)``, PPO's round budget), a lock-step that would
+  pass it is taken by the first worlds still running only, and the others are cut (``Trajectory.cut``: neither
+  a success nor a failure; the learner does not train on them), so the budget is never exceeded.
 
 Determinism: the completion of world i at step t is drawn from ``fold_in(seed, step_uid(name_i, t))`` — it
 depends on the world's name and the step, not on the batch — and the worlds are deterministic, so the same key
@@ -148,7 +151,8 @@ class StepRecord:
 @dataclasses.dataclass
 class Trajectory:
     """One episode: its task, steps, and the outcome (``stopped``: the agent said stop; ``success``: it stopped
-    with the goal reached; ``truncated``: cut at the step limit)."""
+    with the goal reached; ``truncated``: cut at the step limit; ``cut``: stopped unfinished when the budget of
+    environment steps ran out, outcome unknown)."""
 
     task: WorldTask
     steps: list = dataclasses.field(default_factory=list)
@@ -156,6 +160,7 @@ class Trajectory:
     success: bool = False
     truncated: bool = False
     terminal_reward: float = 0.0
+    cut: bool = False
 
     @property
     def num_steps(self) -> int:
@@ -213,24 +218,31 @@ def act(
 
 
 def rollout(
-    params: dict, cfg: Qwen2VLConfig, tokenizer, world_tasks: Sequence[WorldTask], rng, config: RolloutConfig, mesh=None
+    params: dict,
+    cfg: Qwen2VLConfig,
+    tokenizer,
+    world_tasks: Sequence[WorldTask],
+    rng,
+    config: RolloutConfig,
+    mesh=None,
+    max_env_steps: int | None = None,
 ) -> list[Trajectory]:
     """Play every task of ``world_tasks`` to its end, ``config.batch_size`` worlds at a time.
 
-    params: the policy; rng: a raw key (the sampling seed). Returns one ``Trajectory`` per task, in order.
+    params: the policy; rng: a raw key (the sampling seed); max_env_steps: at most this many environment steps
+    in all (None: no limit): episodes still running when it is spent are cut (``Trajectory.cut``; a task reached
+    after that gets an empty cut trajectory). Returns one ``Trajectory`` per task, in order.
     """
     seed = common.key_seed(rng)
     out = []
     for start in range(0, len(world_tasks), config.batch_size):
-        out.extend(
-            _rollout_batch(
-                params, cfg, tokenizer, list(world_tasks[start : start + config.batch_size]), seed, config, mesh
-            )
-        )
+        left = None if max_env_steps is None else max_env_steps - sum(tr.num_steps for tr in out)
+        batch = list(world_tasks[start : start + config.batch_size])
+        out.extend(_rollout_batch(params, cfg, tokenizer, batch, seed, config, mesh, left))
     return out
 
 
-def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config: RolloutConfig, mesh):
+def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config: RolloutConfig, mesh, budget=None):
     worlds, trajs, histories = [], [], []
     for wt in tasks:
         world = World(wt.world_seed, wt.config)
@@ -241,6 +253,13 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
     active = list(range(len(tasks)))
     t = 0
     while active:
+        if budget is not None:  # the first worlds still running take what is left; the rest are cut unfinished
+            left = max(0, budget - sum(tr.num_steps for tr in trajs))
+            for i in active[left:]:
+                trajs[i].cut = True
+            active = active[:left]
+            if not active:
+                break
         steps = [_step_of(worlds[i], tasks[i], t, histories[i]) for i in active]
         images = [worlds[i].screen.image for i in active]
         items = [
@@ -288,22 +307,28 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
 
 
 def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
-    """Episode success rate, mean steps (all episodes, successful ones), truncations, unparsable steps, mean step
-    reward, env steps."""
+    """Episode success rate, mean steps (all episodes, successful ones), truncations and wrong stops over the
+    episodes played to their end; unparsable steps, mean step reward and env steps over every step; ``budget_cut``
+    episodes cut unfinished by a budget of environment steps."""
     n = len(trajs)
     if n == 0:
         return {"episodes": 0, "success_rate": None, "mean_steps": None}
-    steps = [tr.num_steps for tr in trajs]
-    ok = [tr.num_steps for tr in trajs if tr.success]
+    ended = [tr for tr in trajs if not tr.cut]
+    ok = [tr.num_steps for tr in ended if tr.success]
     all_steps = [s for tr in trajs for s in tr.steps]
+
+    def rate(values):
+        return float(np.mean(values)) if ended else None
+
     return {
         "episodes": n,
-        "success_rate": float(np.mean([tr.success for tr in trajs])),
-        "mean_steps": float(np.mean(steps)),
+        "success_rate": rate([tr.success for tr in ended]),
+        "mean_steps": rate([tr.num_steps for tr in ended]),
         "mean_steps_success": float(np.mean(ok)) if ok else None,
-        "truncated_rate": float(np.mean([tr.truncated for tr in trajs])),
-        "wrong_stop_rate": float(np.mean([tr.stopped and not tr.success for tr in trajs])),
+        "truncated_rate": rate([tr.truncated for tr in ended]),
+        "wrong_stop_rate": rate([tr.stopped and not tr.success for tr in ended]),
         "unparsable_rate": float(np.mean([not s.action.parsed for s in all_steps])) if all_steps else 0.0,
         "mean_step_reward": float(np.mean([s.reward for s in all_steps])) if all_steps else 0.0,
-        "env_steps": int(sum(steps)),
+        "env_steps": len(all_steps),
+        "budget_cut": int(sum(tr.cut for tr in trajs)),
     }
