@@ -44,14 +44,19 @@ SCRIPT = textwrap.dedent(
     procs = [list(mesh.devices[:, p].flat) for p in range(2)]
     held = [distributed.held_rows(sh, full, axes, 4, devices=d) for d in procs]
     assert [h.tolist() for h in held] == [[0, 2], [1, 3]], held
-    bucket, build = rows.bucket, rows.build
-    local = [[[examples[a * 4 + r] for r in h] for a in range(2)] for h in held]
-    buckets = [bucket([e for part in parts for e in part]) for parts in local]
+    local, built = [], []
+    rows.example_fn = lambda e: built.append(e.name) or e
+    for h in held:  # what each process's loader builds: its half of the examples, no more
+        rows.rows, built[:] = h, []
+        local.append(rows.local_batch(examples))
+        assert sorted(built) == sorted(f"ex{a * 4 + r}" for a in range(2) for r in h), built
+    buckets = [x.bucket for x in local]
     assert len(set(buckets)) == 2, buckets  # the processes' own buckets differ: agreeing on one matters
     t = max(buckets)
     pieces = {}
-    for h, parts, devs in zip(held, local, procs):
-        arrays = build(parts, t, len(h))
+    for h, x, devs in zip(held, local, procs):
+        rows.rows = h
+        arrays = rows.local_arrays(x, t)
         for leaf, s, axis, key in zip(*(jax.tree.leaves(x) for x in (arrays, sh, axes)), range(99)):
             for d, p in distributed.local_pieces(leaf, s, axis, h, 4, devices=devs).items():
                 pieces.setdefault(key, {})[d] = p

@@ -137,11 +137,13 @@ def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
 @dataclasses.dataclass(frozen=True)
 class LocalRows:
     """One process's share of an SFT batch, built in the loader threads: ``examples[a]`` are micro-batch a's
-    rows ``rows`` (``SFTRows.rows``), ``bucket`` their token bucket and ``tokens`` their total length."""
+    rows ``SFTRows.rows``, ``bucket`` their token bucket, ``tokens`` their total length and ``arrays`` the
+    model's arrays of those rows at ``bucket`` (what the batch is unless another process needs a larger one)."""
 
     examples: list
     bucket: int
     tokens: int
+    arrays: dict
 
 
 class SFTRows:
@@ -151,8 +153,9 @@ class SFTRows:
     loader threads) builds only the examples of the rows this process's devices hold, read from the batch
     shardings (``held_rows``), so each host decodes only its share of the screenshots. ``assemble`` (main
     thread: a collective) agrees on the token bucket (the largest of the processes') and the batch's token
-    count, pads locally and makes the global arrays from the local rows. With every row local (one process, or
-    no mesh) the arrays are exactly ``make_batch_fn``'s.
+    count, re-pads the local rows when the agreed bucket is larger than their own, and makes the global arrays
+    from them. With every row local (one process, or no mesh) the arrays are exactly ``make_batch_fn``'s, built
+    in the loader threads as before.
     """
 
     def __init__(self, cfg, tokenizer, config, example_fn, template_item, mesh):
@@ -176,12 +179,17 @@ class SFTRows:
         items = list(items)
         parts = [[self.example_fn(items[a * self.micro + int(r)]) for r in self.rows] for a in range(self.n_micro)]
         flat = [e for part in parts for e in part]
-        return LocalRows(parts, self.bucket(flat), sum(len(e) for e in flat))
+        t = self.bucket(flat)
+        return LocalRows(parts, t, sum(len(e) for e in flat), self.build(parts, t, len(self.rows)))
+
+    def local_arrays(self, local: LocalRows, t: int) -> dict:
+        """The local rows' arrays at the agreed token bucket ``t`` (>= their own)."""
+        return local.arrays if t == local.bucket else self.build(local.examples, t, len(self.rows))
 
     def assemble(self, local: LocalRows):
         """-> (the batch: global arrays with ``shardings``, or host arrays without a mesh; its token count)."""
         agreed = distributed.allgather_ints([local.bucket, local.tokens])
-        batch = self.build(local.examples, int(agreed[:, 0].max()), len(self.rows))
+        batch = self.local_arrays(local, int(agreed[:, 0].max()))
         if self.mesh is not None:
             batch = distributed.from_local_rows(batch, self.shardings, self.axes, self.rows, self.micro)
         return batch, int(agreed[:, 1].sum())
