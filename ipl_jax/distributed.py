@@ -13,10 +13,13 @@ directory, which must be on a file system all hosts see (Orbax writes its checkp
 * else not at all: one process, as before.
 
 It must start before anything touches a JAX device, so every job command calls ``initialize`` right after
-parsing its flags. Afterwards: every process computes the same host-side values (data, trees, pairs, metrics:
+parsing its flags. Afterwards: every process computes the same small host-side values (trees, pairs, metrics:
 the job is deterministic given its config), sharded device outputs come back to every host through
 ``to_host`` (an all-gather), and only ``is_main()`` writes the job's files (markers, results, plots, the policy
-directories) while the others wait at a ``barrier``.
+directories) while the others wait at a ``barrier``. The bulk data, warm-up SFT's batches, is loaded by shares:
+every process walks the same global order of items but decodes only the rows its devices hold (``held_rows``,
+read from the batch shardings) and the global arrays are made from those local rows (``from_local_rows``),
+after the processes agree on the padded shapes (``allgather_ints``).
 """
 
 from __future__ import annotations
@@ -170,3 +173,78 @@ def put(tree, shardings):
     if isinstance(shardings, jax.sharding.Sharding):
         return jax.tree.map(lambda x: one(x, shardings), tree)
     return jax.tree.map(one, tree, shardings)
+
+
+def allgather_ints(values) -> np.ndarray:
+    """int64[process_count, n]: every process's ``values`` (n small ints), in process order. A collective: every
+    process calls it at the same point, from the main thread; one process returns ``values`` without talking."""
+    mine = np.asarray(values, np.int64).reshape(1, -1)
+    if jax.process_count() == 1:
+        return mine
+    from jax.experimental import multihost_utils
+
+    every = multihost_utils.process_allgather(mine.astype(np.int32))
+    return np.asarray(every, np.int64).reshape(jax.process_count(), -1)
+
+
+def _row_entries(index, shape, axis: int) -> np.ndarray:
+    """The global entries along ``axis`` that one device's ``index`` (a tuple of slices) covers."""
+    return np.arange(shape[axis])[index[axis]]
+
+
+def held_rows(shardings, batch, axes, num_rows: int, devices=None) -> np.ndarray:
+    """Sorted global rows (of ``num_rows``) of a batch that ``devices`` (default: this process's) hold.
+
+    ``shardings`` / ``batch`` (global-shaped arrays or ``jax.ShapeDtypeStruct``s) / ``axes`` are pytrees of one
+    structure: each leaf's sharding, global shape and row axis,
+    along which it has ``shape[axis] = num_rows * k`` entries, k consecutive ones per row (an image slot per row:
+    k = images per row). A leaf that is replicated along its row axis needs every row. Read from the shardings, so
+    no assumption about how devices are ordered."""
+    devices = None if devices is None else set(devices)
+    rows: set[int] = set()
+    for s, leaf, axis in zip(*(jax.tree.leaves(t) for t in (shardings, batch, axes))):
+        shape = tuple(leaf.shape)
+        k = shape[axis] // num_rows
+        for d, index in s.devices_indices_map(shape).items():
+            if (d in devices) if devices is not None else (d.process_index == jax.process_index()):
+                rows.update(int(g) // k for g in _row_entries(index, shape, axis))
+    return np.asarray(sorted(rows), np.int64)
+
+
+def local_pieces(x: np.ndarray, sharding, axis: int, rows: np.ndarray, num_rows: int, devices=None) -> dict:
+    """{device: numpy piece} of a leaf from its process-local rows: ``x`` holds global rows ``rows`` (sorted,
+    k entries each along ``axis``), every other axis whole. Raises ValueError when a device needs a row that
+    ``x`` lacks."""
+    x = np.asarray(x)
+    k = x.shape[axis] // max(1, len(rows))
+    shape = x.shape[:axis] + (num_rows * k,) + x.shape[axis + 1 :]
+    where = np.full(num_rows, -1, np.int64)
+    where[rows] = np.arange(len(rows))
+    devices = sharding.addressable_devices if devices is None else devices
+    index_map = sharding.devices_indices_map(shape)
+    out = {}
+    for d in devices:
+        g = _row_entries(index_map[d], shape, axis)
+        local_row = where[g // k]
+        if (local_row < 0).any():
+            raise ValueError(f"device {d} holds rows {sorted(set((g // k).tolist()))}, not all among {rows.tolist()}")
+        sel = list(index_map[d])
+        sel[axis] = local_row * k + g % k
+        out[d] = x[tuple(sel)]
+    return out
+
+
+def from_local_rows(tree, shardings, axes, rows: np.ndarray, num_rows: int):
+    """Global arrays with ``shardings`` from process-local rows (``held_rows``): each leaf of ``tree`` holds rows
+    ``rows`` of ``num_rows`` along its axis in ``axes``; each process hands over only its own devices' pieces
+    (``jax.make_array_from_single_device_arrays``). With every row local in one process: ``jax.device_put``."""
+    if jax.process_count() == 1 and len(rows) == num_rows:
+        return jax.device_put(tree, shardings)
+
+    def one(x, s, axis):
+        x = np.asarray(x)
+        pieces = local_pieces(x, s, axis, rows, num_rows)
+        shape = x.shape[:axis] + (x.shape[axis] // len(rows) * num_rows,) + x.shape[axis + 1 :]
+        return jax.make_array_from_single_device_arrays(shape, s, [jax.device_put(p, d) for d, p in pieces.items()])
+
+    return jax.tree.map(one, tree, shardings, axes)

@@ -28,7 +28,7 @@ import grain
 
 def make_dataset(
     source: Sequence,
-    transform: Callable[[Any], Any],
+    transform: Callable[[Any], Any] | None,
     *,
     batch_size: int,
     seed: int,
@@ -43,7 +43,8 @@ def make_dataset(
 
     Args:
       source: random-access examples (``__len__`` and ``__getitem__``), e.g. a list of ``records.Step``.
-      transform: one example -> a pytree of numpy arrays with the same shapes for every example.
+      transform: one example -> a pytree of numpy arrays with the same shapes for every example; None passes
+        the source's items to ``batch_fn`` as they are (e.g. a batch_fn that builds only some of a batch's rows).
       batch_size: examples per batch B; leaves of a batch get a leading axis B (``float32[B, ...]``).
       seed: shuffle seed in [0, 2**32); each epoch is shuffled differently, deterministically.
       num_epochs: passes over the source; None repeats forever.
@@ -63,7 +64,8 @@ def make_dataset(
         ds = ds.shuffle(seed=seed)
     if num_epochs != 1:
         ds = ds.repeat(num_epochs)
-    ds = ds.map(transform)
+    if transform is not None:
+        ds = ds.map(transform)
     return ds.batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
 
 

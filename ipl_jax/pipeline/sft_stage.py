@@ -2,11 +2,12 @@
 
 Examples are built lazily in the Grain pipeline (``data.pipeline``): a training item is either a step (its
 four-turn CoaT chat, ``dialogue.coat_example``) or a Q&A about a step's screen (``dialogue.qa_example``);
-batches are collated to fixed token / patch buckets (``dialogue.collate``) and turned into the model's arrays
-(``training.sft.sft_model_batch``). Training is ``training.step.train_loop`` with ``make_qwen2vl_sft_step``; Orbax
-checkpoints (``checkpoint.Checkpointer``) carry the state and the iterator position, so a killed job resumes
-inside SFT. The last ``config.sft.seed_candidates`` checkpoints are exported as policy directories for seed
-selection.
+batches are collated to fixed token / patch buckets (``batching.collate``) and turned into the model's arrays
+(``training.sft.sft_model_batch``). In a multi-process run each process builds only the examples of the batch
+rows its devices hold and the global arrays are made from those (``SFTRows``). Training is
+``training.step.train_loop`` with ``make_qwen2vl_sft_step``; Orbax checkpoints (``checkpoint.Checkpointer``)
+carry the state and the iterator position, so a killed job resumes inside SFT. The last
+``config.sft.seed_candidates`` checkpoints are exported as policy directories for seed selection.
 """
 
 from __future__ import annotations
@@ -88,35 +89,110 @@ def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
     return micro, bs // micro
 
 
-def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
-    """examples -> the model's SFT arrays; with micro-batches, every leaf gets a leading [A, ...] axis and all
-    micro-batches share the token bucket of the batch's longest example."""
+def make_batch_builder(cfg, tokenizer, config: ml_collections.ConfigDict):
+    """(bucket, build): ``bucket(examples)`` is the token bucket of the longest example (ValueError naming it
+    when none fits); ``build(parts, t, rows)`` turns A lists of examples (one per micro-batch, at most ``rows``
+    each) into the model's SFT arrays at token bucket ``t``: every leaf gets a leading [A, ...] axis when A > 1,
+    all micro-batches share ``t``, and rows beyond a list's examples are fully masked."""
     from ipl_jax.data.batching import collate, smallest_bucket
     from ipl_jax.training.sft import sft_model_batch
     from ipl_jax.training.step import stack_microbatches
 
     token_buckets = tuple(int(t) for t in config.buckets.tokens)
-    micro, n_micro = micro_batches(config)
+    micro, _ = micro_batches(config)
     patches = patch_buckets(config, micro)
     per_image = max(int(p) for p in config.buckets.patches)
 
-    def batch_fn(examples):
-        examples = list(examples)
+    def bucket(examples) -> int:
         longest = max(len(e) for e in examples)
-        t = smallest_bucket(
-            longest, token_buckets, "token length of example " + next(e.name for e in examples if len(e) == longest)
-        )
-        parts = [
+        name = next(e.name for e in examples if len(e) == longest)
+        return smallest_bucket(longest, token_buckets, "token length of example " + name)
+
+    def build(parts, t: int, rows: int):
+        arrays = [
             sft_model_batch(
                 cfg,
-                collate(examples[i * micro : (i + 1) * micro], (t,), patches, tokenizer.ids.pad, batch_size=micro),
+                collate(part, (t,), patches, tokenizer.ids.pad, batch_size=rows),
                 image_patches=per_image,  # each image encoded alone: linear, not quadratic, in the images
             )
-            for i in range(n_micro)
+            for part in parts
         ]
-        return parts[0] if n_micro == 1 else stack_microbatches(parts)
+        return arrays[0] if len(arrays) == 1 else stack_microbatches(arrays)
+
+    return bucket, build
+
+
+def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
+    """examples (a whole batch, in order) -> the model's SFT arrays (``make_batch_builder``), on one host."""
+    bucket, build = make_batch_builder(cfg, tokenizer, config)
+    micro, n_micro = micro_batches(config)
+
+    def batch_fn(examples):
+        examples = list(examples)
+        return build([examples[i * micro : (i + 1) * micro] for i in range(n_micro)], bucket(examples), micro)
 
     return batch_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalRows:
+    """One process's share of an SFT batch, built in the loader threads: ``examples[a]`` are micro-batch a's
+    rows ``SFTRows.rows``, ``bucket`` their token bucket, ``tokens`` their total length and ``arrays`` the
+    model's arrays of those rows at ``bucket`` (what the batch is unless another process needs a larger one)."""
+
+    examples: list
+    bucket: int
+    tokens: int
+    arrays: dict
+
+
+class SFTRows:
+    """Which rows of each SFT batch this process builds, and the global arrays made from them.
+
+    The loader batches the *items* of the global order (the same in every process); ``local_batch`` (in the
+    loader threads) builds only the examples of the rows this process's devices hold, read from the batch
+    shardings (``held_rows``), so each host decodes only its share of the screenshots. ``assemble`` (main
+    thread: a collective) agrees on the token bucket (the largest of the processes') and the batch's token
+    count, re-pads the local rows when the agreed bucket is larger than their own, and makes the global arrays
+    from them. With every row local (one process, or no mesh) the arrays are exactly ``make_batch_fn``'s, built
+    in the loader threads as before.
+    """
+
+    def __init__(self, cfg, tokenizer, config, example_fn, template_item, mesh):
+        from ipl_jax.training.sft import sft_batch_axes, sft_batch_shardings
+
+        self.bucket, self.build = make_batch_builder(cfg, tokenizer, config)
+        self.example_fn = example_fn
+        self.micro, self.n_micro = micro_batches(config)
+        self.mesh = mesh
+        self.rows = np.arange(self.micro)
+        self.shardings = self.axes = None
+        if mesh is not None:  # the shardings need only shapes: one example stands in for every row
+            ex = example_fn(template_item)
+            template = self.build([[ex]] * self.n_micro, self.bucket([ex]), self.micro)
+            self.axes = sft_batch_axes(template, grad_accum=self.n_micro > 1)
+            self.shardings = sft_batch_shardings(template, mesh, grad_accum=self.n_micro > 1)
+            self.rows = distributed.held_rows(self.shardings, template, self.axes, self.micro)
+
+    def local_batch(self, items) -> LocalRows:
+        """grain batch_fn: the global batch's items -> this process's examples of every micro-batch."""
+        items = list(items)
+        parts = [[self.example_fn(items[a * self.micro + int(r)]) for r in self.rows] for a in range(self.n_micro)]
+        flat = [e for part in parts for e in part]
+        t = self.bucket(flat)
+        return LocalRows(parts, t, sum(len(e) for e in flat), self.build(parts, t, len(self.rows)))
+
+    def local_arrays(self, local: LocalRows, t: int) -> dict:
+        """The local rows' arrays at the agreed token bucket ``t`` (>= their own)."""
+        return local.arrays if t == local.bucket else self.build(local.examples, t, len(self.rows))
+
+    def assemble(self, local: LocalRows):
+        """-> (the batch: global arrays with ``shardings``, or host arrays without a mesh; its token count)."""
+        agreed = distributed.allgather_ints([local.bucket, local.tokens])
+        batch = self.local_arrays(local, int(agreed[:, 0].max()))
+        if self.mesh is not None:
+            batch = distributed.from_local_rows(batch, self.shardings, self.axes, self.rows, self.micro)
+        return batch, int(agreed[:, 1].sum())
 
 
 def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -143,7 +219,7 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
     from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
     from ipl_jax.training.checkpoint import Checkpointer
-    from ipl_jax.training.sft import make_qwen2vl_sft_step, sft_batch_shardings
+    from ipl_jax.training.sft import make_qwen2vl_sft_step
     from ipl_jax.training.state import model_params, state_from_config
     from ipl_jax.training.step import train_loop
 
@@ -153,13 +229,11 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     init = load_policy(wd.path("model", "init"), mesh)
     items = sft_items(train_steps, qas)
     bs, steps = int(config.sft.batch_size), int(config.sft.steps)
+    example_fn = make_example_fn(init.tokenizer, init.image_config)
+    rows = SFTRows(init.cfg, init.tokenizer, config, example_fn, items[0], mesh)
+    # the same global order of items in every process; each builds the examples of its own rows only
     dataset = make_dataset(
-        items,
-        make_example_fn(init.tokenizer, init.image_config),
-        batch_size=bs,
-        seed=int(config.seed),
-        num_epochs=None,
-        batch_fn=make_batch_fn(init.cfg, init.tokenizer, config),
+        items, None, batch_size=bs, seed=int(config.seed), num_epochs=None, batch_fn=rows.local_batch
     )
     iterator = make_iterator(dataset, num_threads=int(config.data.loader_threads), prefetch_buffer_size=4)
 
@@ -182,7 +256,6 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     if mesh is None:
         step_fn = make_qwen2vl_sft_step(cfg, optimizer, schedule, grad_accum_steps=n_micro, **precision)
     else:
-        batch_sh = sft_batch_shardings(dataset[0], mesh, grad_accum=n_micro > 1)
         step_fn = make_qwen2vl_sft_step(
             cfg,
             optimizer,
@@ -191,15 +264,14 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
             **precision,
             mesh=mesh,
             state_shardings=state_sh,
-            batch_shardings=batch_sh,
+            batch_shardings=rows.shardings,
         )
 
     counter = {"tokens": 0.0}
 
-    def counted_step(st, batch):
-        counter["tokens"] += float(np.sum(batch["attention_mask"]))
-        if mesh is not None:  # every process builds the same host batch and places only its devices' rows
-            batch = distributed.put(batch, batch_sh)
+    def counted_step(st, local: LocalRows):
+        batch, tokens = rows.assemble(local)
+        counter["tokens"] += float(tokens)
         return step_fn(st, batch)
 
     bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")

@@ -102,6 +102,20 @@ def sft_model_batch(cfg, batch, image_patches: int | None = None) -> dict:
     return out
 
 
+def sft_batch_axes(batch: Mapping[str, Any], grad_accum: bool = False) -> dict:
+    """The row (example) axis of every leaf of ``sft_model_batch`` arrays, a pytree like ``batch``: 0 for the
+    text arrays and the image slots (one slot per row), 1 for ``positions`` [3, B, T]; one more with
+    ``grad_accum`` (a leading micro-batch axis [A, ...])."""
+    lead = 1 if grad_accum else 0
+    out = {}
+    for key, value in batch.items():
+        if key == "vision":
+            out[key] = jax.tree.map(lambda _: lead, value)
+        else:
+            out[key] = lead + (1 if key == "positions" else 0)
+    return out
+
+
 def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False):
     """NamedShardings for ``sft_model_batch`` arrays: text split over the batch axes, and the image patch rows
     too (packed in batch order: with images of one size each device gets the images of its own rows).
@@ -110,17 +124,11 @@ def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False
     """
     lead = 1 if grad_accum else 0
 
-    def text(x, axis):
-        spec = tuple(batch_spec(mesh, x.shape[lead:], axis))
+    def one(x, axis):
+        spec = tuple(batch_spec(mesh, x.shape[lead:], axis - lead))
         return NamedSharding(mesh, PartitionSpec(*((None,) * lead + spec)))
 
-    out = {}
-    for key, value in batch.items():
-        if key == "vision":
-            out[key] = jax.tree.map(lambda x: text(x, 0), value)
-        else:
-            out[key] = text(value, 1 if key == "positions" else 0)
-    return out
+    return jax.tree.map(one, dict(batch), sft_batch_axes(batch, grad_accum))
 
 
 def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> LossFn:

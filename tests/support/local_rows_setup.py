@@ -1,0 +1,47 @@
+"""Tokenised SFT examples of the small model (``small_models.tiny_cfg``) of different lengths and image sizes, and
+a config of 2 micro-batches of 4 rows, for the tests of per-process batch building."""
+
+import jax
+import ml_collections
+import numpy as np
+
+from ipl_jax.data.batching import TrainingExample
+
+from .small_models import IMG, VE, VS, tiny_cfg
+
+
+def setup(n: int = 8, seed: int = 0):
+    """(cfg, config, tokenizer stand-in, n TrainingExamples); example lengths spread over two token buckets."""
+    cfg = tiny_cfg()
+    rng = np.random.default_rng(seed)
+    examples = []
+    for i in range(n):
+        h, w = 4, (4, 6)[i % 2]
+        tail = int(rng.integers(4, 10)) + (20 if i in (1, 3) else 0)  # rows 1 and 3 need the larger bucket
+        ids = np.asarray([*rng.integers(3, 59, 3), VS, *[IMG] * (h * w // 4), VE, *rng.integers(3, 59, tail)])
+        loss = np.zeros(len(ids), np.int32)
+        loss[-3:] = 1
+        pixels = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
+        examples.append(
+            TrainingExample(ids.astype(np.int32), loss, loss.copy(), pixels, np.asarray([[1, h, w]]), f"ex{i}")
+        )
+    config = ml_collections.ConfigDict()
+    config.sft = ml_collections.ConfigDict(dict(batch_size=n, micro_batch_size=n // 2))
+    config.buckets = ml_collections.ConfigDict(dict(tokens=(24, 48), patches=(32,)))
+
+    class Ids:
+        pad = 0
+
+    class Tokenizer:
+        ids = Ids()
+
+    return cfg, config, Tokenizer(), examples
+
+
+def assert_same(got, want):
+    """Two batches (numpy or jax arrays) with the same structure, shapes, dtypes and values."""
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,109 @@
+"""Each process builds only the rows of an SFT batch that its devices hold: the rows come from the batch
+shardings, and the global arrays assembled from every process's local rows equal the one-host batch.
+
+Processes are simulated inside one 8-device process by giving the helpers explicit device subsets (two
+"processes" of four devices, each holding non-contiguous rows), so a wrong row assignment, a wrong piece or a
+token bucket that the processes did not agree on shows up as a difference from ``make_batch_fn``'s batch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from support import local_rows_setup as L
+    from ipl_jax import distributed
+    from ipl_jax.model.sharding import make_mesh
+    from ipl_jax.pipeline.sft_stage import SFTRows, make_batch_fn
+    from ipl_jax.training.sft import sft_batch_axes, sft_batch_shardings
+
+    assert jax.device_count() == 8
+    cfg, config, tok, examples = L.setup()  # 8 examples: 2 micro-batches of 4 rows
+    full = make_batch_fn(cfg, tok, config)(examples)
+    mesh = make_mesh((2, 2, 2))
+    sh = sft_batch_shardings(full, mesh, grad_accum=True)
+    axes = sft_batch_axes(full, grad_accum=True)
+
+    # one process holding every device: the rows are all of them and the batch is make_batch_fn's, placed
+    rows = SFTRows(cfg, tok, config, lambda e: e, examples[0], mesh)
+    assert rows.rows.tolist() == [0, 1, 2, 3]
+    placed, tokens = rows.assemble(rows.local_batch(examples))
+    L.assert_same(placed, full)
+    assert tokens == sum(len(e) for e in examples)
+
+    # two simulated processes: the devices of fsdp index p (the batch is split over data x fsdp, so rows p, p+2)
+    procs = [list(mesh.devices[:, p].flat) for p in range(2)]
+    held = [distributed.held_rows(sh, full, axes, 4, devices=d) for d in procs]
+    assert [h.tolist() for h in held] == [[0, 2], [1, 3]], held
+    local, built = [], []
+    rows.example_fn = lambda e: built.append(e.name) or e
+    for h in held:  # what each process's loader builds: its half of the examples, no more
+        rows.rows, built[:] = h, []
+        local.append(rows.local_batch(examples))
+        assert sorted(built) == sorted(f"ex{a * 4 + r}" for a in range(2) for r in h), built
+    buckets = [x.bucket for x in local]
+    assert len(set(buckets)) == 2, buckets  # the processes' own buckets differ: agreeing on one matters
+    t = max(buckets)
+    pieces = {}
+    for h, x, devs in zip(held, local, procs):
+        rows.rows = h
+        arrays = rows.local_arrays(x, t)
+        for leaf, s, axis, key in zip(*(jax.tree.leaves(x) for x in (arrays, sh, axes)), range(99)):
+            for d, p in distributed.local_pieces(leaf, s, axis, h, 4, devices=devs).items():
+                pieces.setdefault(key, {})[d] = p
+    leaves = []
+    for key, (leaf, s) in enumerate(zip(jax.tree.leaves(full), jax.tree.leaves(sh))):
+        ps = pieces[key]
+        assert len(ps) == 8
+        leaves.append(jax.make_array_from_single_device_arrays(
+            leaf.shape, s, [jax.device_put(ps[d], d) for d in s.addressable_devices]))
+    L.assert_same(jax.tree.unflatten(jax.tree.structure(full), leaves), full)
+
+    # a process handed rows its devices do not hold is refused
+    try:
+        distributed.local_pieces(np.zeros((2, 2, 5)), jax.tree.leaves(sh)[0], 1, held[1], 4, devices=procs[0])
+        raise SystemExit("wrong rows accepted")
+    except ValueError as e:
+        assert "not all among" in str(e)
+    print("ok")
+    """
+)
+
+
+def test_local_rows_assemble_to_the_one_host_batch():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, here],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(here),
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_one_process_without_a_mesh_builds_the_batch_of_make_batch_fn():
+    from support import local_rows_setup as L
+
+    from ipl_jax.pipeline.sft_stage import SFTRows, make_batch_fn
+
+    cfg, config, tok, examples = L.setup()
+    rows = SFTRows(cfg, tok, config, lambda e: e, examples[0], None)
+    local = rows.local_batch(examples)
+    assert [len(p) for p in local.examples] == [4, 4]
+    batch, tokens = rows.assemble(local)
+    full = make_batch_fn(cfg, tok, config)(examples)
+    L.assert_same(batch, full)
+    assert tokens == int(np.sum(full["attention_mask"]))
+    assert full["input_ids"].shape[:2] == (2, 4) and full["vision"].patches.shape[:2] == (2, 4)
