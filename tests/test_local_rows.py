@@ -79,11 +79,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_local_rows_assemble_to_the_one_host_batch():
+def _run(script: str) -> None:
+    """``script`` in a fresh 8-CPU-device process; it prints ok at its end."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, here],
+        [sys.executable, "-c", script, here],
         capture_output=True,
         text=True,
         env=env,
@@ -91,6 +92,10 @@ def test_local_rows_assemble_to_the_one_host_batch():
         timeout=300,
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_local_rows_assemble_to_the_one_host_batch():
+    _run(SCRIPT)
 
 
 def test_one_process_without_a_mesh_builds_the_batch_of_make_batch_fn():
@@ -107,3 +112,45 @@ def test_one_process_without_a_mesh_builds_the_batch_of_make_batch_fn():
     L.assert_same(batch, full)
     assert tokens == int(np.sum(full["attention_mask"]))
     assert full["input_ids"].shape[:2] == (2, 4) and full["vision"].patches.shape[:2] == (2, 4)
+
+
+GOLDEN = textwrap.dedent(
+    """
+    import sys, tempfile, types
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from support import rl_setup as R
+    from ipl_jax.configs.loader import load_config
+    from ipl_jax.model.sharding import make_mesh
+    from ipl_jax.pipeline.model_stage import Policy
+    from ipl_jax.pipeline.rounds import golden_update_fn
+    from ipl_jax.preference import tdpo as T
+
+    tok = R.make_tokenizer(tempfile.mkdtemp())
+    cfg = R.make_config(tok)
+    overrides = ["--config.ipl.batch_size=4", "--config.sft.micro_batch_size=2", "--config.buckets.tokens=(512,)"]
+    config = load_config("synthetic:quick", overrides)
+    steps = R.golden_steps(2)[:6]
+    rcfg = types.SimpleNamespace(tdpo=T.TDPOConfig(model=cfg, learning_rate=1e-4))
+
+    def run(mesh):
+        _, params = R.make_model(tok)  # fresh arrays: the step donates the state
+        update = golden_update_fn(config, Policy(params, cfg, tok, R.image_config(), mesh=mesh), steps, rcfg)
+        state, out = update(T.init_state(params, rcfg.tdpo, jax.random.PRNGKey(0)), 2, jax.random.PRNGKey(1))
+        kernel = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
+        return [m["loss"] for m in out["per_step"]], np.asarray(kernel)
+
+    losses, kernel = run(None)
+    sharded_losses, sharded_kernel = run(make_mesh((2, 2, 2)))
+    np.testing.assert_allclose(sharded_losses, losses, rtol=1e-5)
+    np.testing.assert_allclose(sharded_kernel, kernel, atol=1e-5)
+    assert not np.allclose(kernel, R.make_model(tok)[1]["model"]["layers"]["mlp"]["up_proj"]["kernel"])
+    print("ok")
+    """
+)
+
+
+def test_continued_sft_under_a_mesh_matches_one_device():
+    """The continued-SFT control's updates on an 8-device mesh (batch rows built by ``SFTRows``, the step with
+    warm-up SFT's shardings) equal those without a mesh."""
+    _run(GOLDEN)

@@ -71,8 +71,10 @@ def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, 
 
 def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: Sequence[Step], rcfg):
     """``RoundStages.golden_update`` of the ``continued_sft`` control: ``n`` supervised updates with the round's
-    optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in seeded orders."""
-    from ipl_jax.pipeline.sft_stage import SFTItem, make_batch_fn, make_example_fn
+    optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in seeded orders.
+    Batches are built as warm-up SFT's (``sft_stage.SFTRows``): under the policy's mesh each process builds only
+    its devices' rows and the step runs with the state and batch shardings of warm-up SFT."""
+    from ipl_jax.pipeline.sft_stage import SFTItem, SFTRows, make_example_fn, sft_state_shardings
     from ipl_jax.preference.tdpo import round_schedule, summarize_steps
     from ipl_jax.training.sft import make_qwen2vl_sft_step
 
@@ -82,18 +84,26 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
     while bs % sft_like.sft.micro_batch_size:
         sft_like.sft.micro_batch_size -= 1
     example = make_example_fn(policy.tokenizer, policy.image_config)
-    batch_fn = make_batch_fn(policy.cfg, policy.tokenizer, sft_like)
+    mesh = policy.mesh
+    rows = SFTRows(policy.cfg, policy.tokenizer, sft_like, example, SFTItem(steps[0]), mesh)
     n_micro = bs // int(sft_like.sft.micro_batch_size)
 
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
+        optimizer = tdpo.optimizer()
+        placed = {}
+        if mesh is not None:
+            state_sh = sft_state_shardings(state, optimizer, mesh)
+            state = distributed.put(state, state_sh)
+            placed = dict(mesh=mesh, state_shardings=state_sh, batch_shardings=rows.shardings)
         step_fn = make_qwen2vl_sft_step(
             tdpo.model,
-            tdpo.optimizer(),
+            optimizer,
             tdpo.schedule_fn(),
             grad_accum_steps=n_micro,
             remat=tdpo.remat,
             compute_dtype=tdpo.compute_dtype,
+            **placed,
         )
         seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
@@ -103,7 +113,8 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
             if len(order) < bs:
                 order.extend(order_rng.permutation(len(steps)).tolist())
             chosen, order = order[:bs], order[bs:]
-            state, m = step_fn(state, batch_fn([example(SFTItem(steps[i])) for i in chosen]))
+            batch, _ = rows.assemble(rows.local_batch([SFTItem(steps[i]) for i in chosen]))
+            state, m = step_fn(state, batch)
             per_step.append({k: float(v) for k, v in distributed.to_host(m).items()})
         for m in per_step:
             m.setdefault("pairs", float(bs))  # weight for the round means: dialogues per update
