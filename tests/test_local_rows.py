@@ -154,3 +154,60 @@ def test_continued_sft_under_a_mesh_matches_one_device():
     """The continued-SFT control's updates on an 8-device mesh (batch rows built by ``SFTRows``, the step with
     warm-up SFT's shardings) equal those without a mesh."""
     _run(GOLDEN)
+
+
+PACKED = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np
+    sys.path.insert(0, sys.argv[1])
+    from support import local_rows_setup as L
+    from support.small_models import tiny_cfg
+    from support.tdpo_rounds import ROUND_PACKING, round_batches
+    from ipl_jax import distributed
+    from ipl_jax.model.sharding import make_mesh
+    from ipl_jax.preference import packing as PK
+    from ipl_jax.preference import tdpo
+
+    cfg = tiny_cfg()
+    groups, pairs, full = round_batches(cfg, seed=12)  # 2 batches of 4 rows, 8 groups with one image each
+    mesh = make_mesh((2, 2, 2))
+    assert tdpo.vision_rows(4, mesh) is None  # one process holds every row: pack_round as before
+    read = []
+    prepare = PK.prepare_vision
+    PK.prepare_vision = lambda cfg, pixels, *a: read.append(pixels) or prepare(cfg, pixels, *a)
+    ids = {id(g.pixel_values): g.name for g in groups}
+    procs = [list(mesh.devices[:, p].flat) for p in range(2)]  # rows split over data x fsdp: p holds p, p + 2
+    pieces = {}
+    for devs in procs:
+        held = tdpo.vision_rows(4, mesh, devices=devs)
+        read.clear()
+        local = PK.pack_round(cfg, groups, pairs, ROUND_PACKING, held)
+        # this process read the screenshots of its own rows only: group 4 * k + r sits in row r of batch k
+        assert sorted(ids[id(p)] for p in read) == sorted(f"g{4 * k + r}" for k in range(2) for r in held), read
+        for k, (mine, want) in enumerate(zip(local, full)):
+            L.assert_same(mine.replace(vision=None), want.replace(vision=None))  # text, pairs: every process
+            assert mine.vision.patches.shape == (2, *want.vision.patches.shape[1:])
+            sh = tdpo.batch_shardings(mine, mesh)
+            assert jax.tree.leaves(sh) == jax.tree.leaves(tdpo.batch_shardings(want, mesh))
+            for j, (leaf, s) in enumerate(zip(jax.tree.leaves(mine.vision), jax.tree.leaves(sh.vision))):
+                for d, piece in distributed.local_pieces(leaf, s, 0, held, 4, devices=devs).items():
+                    pieces.setdefault((k, j), {})[d] = piece
+    for k, want in enumerate(full):
+        sh = tdpo.batch_shardings(want, mesh)
+        leaves = []
+        for j, (leaf, s) in enumerate(zip(jax.tree.leaves(want.vision), jax.tree.leaves(sh.vision))):
+            ps = pieces[(k, j)]
+            assert len(ps) == 8
+            leaves.append(jax.make_array_from_single_device_arrays(
+                leaf.shape, s, [jax.device_put(ps[d], d) for d in s.addressable_devices]))
+        L.assert_same(jax.tree.unflatten(jax.tree.structure(want.vision), leaves), want.vision)
+    print("ok")
+    """
+)
+
+
+def test_packed_batches_read_only_the_images_of_a_process_rows():
+    """T-DPO packing in a process that holds some rows: text and pairs whole, image patches of its rows only
+    (only those screenshots read); the pieces of both simulated processes make the one-host batches."""
+    _run(PACKED)

@@ -114,12 +114,18 @@ def _row(cfg: Qwen2VLConfig, group: PrefixGroup, index: int):
 
 
 def pack_groups(
-    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef], packing: PackingConfig
+    cfg: Qwen2VLConfig,
+    groups: Sequence[PrefixGroup],
+    pairs: Sequence[PairRef],
+    packing: PackingConfig,
+    vision_rows: np.ndarray | None = None,
 ) -> PackedBatch:
     """One PackedBatch (numpy arrays) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
 
     Pair ``group`` indices refer to positions in ``groups``. T is the smallest text bucket that fits the longest
-    row, the per-row patch axis the smallest patch bucket that fits the row with the most patches.
+    row, the per-row patch axis the smallest patch bucket that fits the row with the most patches (read from the
+    image grids). ``vision_rows`` (sorted row indices; None: all): the vision leaves hold only these rows
+    ([len(vision_rows), Pr, ...], a process's share of a multi-process batch), so only their images are read.
     """
     B, M, P = packing.rows, packing.max_continuations, packing.max_pairs
     if packing.pad_id == cfg.image_token_id:
@@ -157,7 +163,7 @@ def pack_groups(
             slot,
         )
 
-    vision = _row_vision(cfg, groups, B, packing.patch_buckets)
+    vision = _row_vision(cfg, groups, B, packing.patch_buckets, vision_rows)
 
     pair_pos = np.zeros((P,), np.int32)
     pair_neg = np.zeros((P,), np.int32)
@@ -192,33 +198,45 @@ def pack_groups(
 
 
 def _row_vision(
-    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], rows: int, patch_buckets: Sequence[int]
+    cfg: Qwen2VLConfig,
+    groups: Sequence[PrefixGroup],
+    rows: int,
+    patch_buckets: Sequence[int],
+    vision_rows: np.ndarray | None = None,
 ) -> VisionInputs | None:
-    """Per-row padded patches [B, Pr, ...] (padding rows: no patches, segment -1), or None without images."""
-    if all(g.pixel_values is None for g in groups):
+    """Per-row padded patches [R, Pr, ...] of rows ``vision_rows`` (default all ``rows``; padding rows: no patches,
+    segment -1), or None without images. Pr comes from every group's grid; only the kept rows' pixels are read."""
+    if all(g.image_grid_thw is None for g in groups):
         return None
-    counts = [0 if g.pixel_values is None else len(g.pixel_values) for g in groups]
+    counts = [0 if g.image_grid_thw is None else int(np.prod(g.image_grid_thw, axis=-1).sum()) for g in groups]
     g_max = int(np.argmax(counts))
     pr = pick_bucket(counts[g_max], patch_buckets, f"patch count of {_group_name(groups[g_max], g_max)}")
     v = cfg.vision
-    patches = np.zeros((rows, pr, v.patch_dim), np.float32)
-    pos_hw = np.zeros((rows, pr, 2), np.int32)
-    segment_ids = np.full((rows, pr), -1, np.int32)
-    for b, g in enumerate(groups):
-        if g.pixel_values is None:
+    keep = np.arange(rows) if vision_rows is None else np.asarray(vision_rows, np.int64)
+    patches = np.zeros((len(keep), pr, v.patch_dim), np.float32)
+    pos_hw = np.zeros((len(keep), pr, 2), np.int32)
+    segment_ids = np.full((len(keep), pr), -1, np.int32)
+    for i, b in enumerate(keep.tolist()):
+        if b >= len(groups) or groups[b].image_grid_thw is None:
             continue
+        g = groups[b]
         try:
             one = prepare_vision(cfg, np.asarray(g.pixel_values, np.float32), g.image_grid_thw, (pr,))
         except ValueError as e:
             raise ValueError(f"{_group_name(g, b)}: {e}") from e
-        patches[b], pos_hw[b], segment_ids[b] = one.patches, one.pos_hw, one.segment_ids
+        patches[i], pos_hw[i], segment_ids[i] = one.patches, one.pos_hw, one.segment_ids
     return VisionInputs(patches=patches, pos_hw=pos_hw, segment_ids=segment_ids)
 
 
 def pack_round(
-    cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairRef], packing: PackingConfig
+    cfg: Qwen2VLConfig,
+    groups: Sequence[PrefixGroup],
+    pairs: Sequence[PairRef],
+    packing: PackingConfig,
+    vision_rows: np.ndarray | None = None,
 ) -> list[PackedBatch]:
-    """All groups of a round, in order, into as few batches as the row and pair capacities allow.
+    """All groups of a round, in order, into as few batches as the row and pair capacities allow
+    (``vision_rows``: see ``pack_groups``).
 
     Groups are taken in order; a batch is closed when the next group would overflow its rows or pair slots.
     Groups without pairs are dropped. A group with more pairs than ``max_pairs`` raises ValueError.
@@ -234,7 +252,7 @@ def pack_round(
 
     def flush():
         if cur_groups:
-            batches.append(pack_groups(cfg, cur_groups, cur_pairs, packing))
+            batches.append(pack_groups(cfg, cur_groups, cur_pairs, packing, vision_rows))
             cur_groups.clear()
             cur_pairs.clear()
 

@@ -32,7 +32,7 @@ from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packed_batch import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
-from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
+from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round, vision_rows
 from ipl_jax.training import state as state_lib
 from ipl_jax.training.step import check_finite
 
@@ -218,7 +218,9 @@ def ipl_round(
         counts += c
     grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
     t1 = time.perf_counter()
-    batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing)
+    # under a multi-process mesh each process reads the screenshots of its own devices' rows only
+    held = vision_rows(config.packing.rows, mesh)
+    batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing, held)
     record = {
         "round": round_index,
         "classes": pairs_lib.tree_class_shares(counts),

@@ -140,7 +140,10 @@ def batch_shardings(batch: PackedBatch, mesh):
     from ipl_jax.model.sharding import batch_spec
 
     rep = NamedSharding(mesh, PartitionSpec())
-    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))  # noqa: E731
+    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, tuple(x.shape), axis))  # noqa: E731
+    if batch.vision is not None and batch.vision.patches.shape[0] != batch.rows:  # a process's rows: global shapes
+        whole = lambda x: jax.ShapeDtypeStruct((batch.rows, *x.shape[1:]), x.dtype)  # noqa: E731
+        batch = batch.replace(vision=jax.tree.map(whole, batch.vision))
     return batch.replace(
         input_ids=rows(batch.input_ids),
         positions=rows(batch.positions, 1),
@@ -155,6 +158,36 @@ def batch_shardings(batch: PackedBatch, mesh):
         ref_pos=rep,
         ref_neg=rep,
     )
+
+
+def vision_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
+    """Sorted rows of a packed batch of ``rows`` rows whose image patches ``devices`` (default: this process's)
+    hold under ``mesh`` (the row split of ``batch_shardings``), or None when they hold every row (one process):
+    what ``packing.pack_round(..., vision_rows=)`` builds in this process."""
+    if mesh is None:
+        return None
+    from jax.sharding import NamedSharding
+
+    from ipl_jax.model.sharding import batch_spec
+
+    sharding = NamedSharding(mesh, batch_spec(mesh, (rows,), 0))
+    held = distributed.held_rows(sharding, jax.ShapeDtypeStruct((rows,), np.float32), 0, rows, devices=devices)
+    return None if len(held) == rows else held
+
+
+def place_batch(batch: PackedBatch, mesh) -> PackedBatch:
+    """A packed batch as global arrays with ``batch_shardings``: the text and pair leaves (host values, the same
+    in every process) slice by slice, the vision leaves from this process's rows (``vision_rows``) when it holds
+    only some of them."""
+    sh = batch_shardings(batch, mesh)
+    if batch.vision is None or batch.vision.patches.shape[0] == batch.rows:
+        return distributed.put(batch, sh)
+    rows = vision_rows(batch.rows, mesh)
+    vision = distributed.from_local_rows(
+        batch.vision, sh.vision, jax.tree.map(lambda _: 0, batch.vision), rows, batch.rows
+    )
+    placed = distributed.put(batch.replace(vision=None), sh.replace(vision=None))
+    return placed.replace(vision=vision)
 
 
 def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.TrainState:
@@ -225,7 +258,7 @@ def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfi
     Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
     if mesh is None:
         return _tdpo_update_jit(state, batch, config, None)
-    batch = distributed.put(batch, batch_shardings(batch, mesh))  # each process places its own devices' rows
+    batch = place_batch(batch, mesh)  # each process places its own devices' rows
     with jax.set_mesh(mesh):
         return _tdpo_update_jit(state, batch, config, mesh)
 
@@ -259,7 +292,7 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     if mesh is None:
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
-        batch = distributed.put(batch, batch_shardings(batch, mesh))
+        batch = place_batch(batch, mesh)
         return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
 
 
