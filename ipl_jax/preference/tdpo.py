@@ -140,7 +140,7 @@ def batch_shardings(batch: PackedBatch, mesh):
     from ipl_jax.model.sharding import batch_spec
 
     rep = NamedSharding(mesh, PartitionSpec())
-    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, tuple(x.shape), axis))  # noqa: E731
+    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))  # noqa: E731
     if batch.vision is not None and batch.vision.patches.shape[0] != batch.rows:  # a process's rows: global shapes
         whole = lambda x: jax.ShapeDtypeStruct((batch.rows, *x.shape[1:]), x.dtype)  # noqa: E731
         batch = batch.replace(vision=jax.tree.map(whole, batch.vision))
