@@ -16,10 +16,11 @@ It must start before anything touches a JAX device, so every job command calls `
 parsing its flags. Afterwards: every process computes the same small host-side values (trees, pairs, metrics:
 the job is deterministic given its config), sharded device outputs come back to every host through
 ``to_host`` (an all-gather), and only ``is_main()`` writes the job's files (markers, results, plots, the policy
-directories) while the others wait at a ``barrier``. The bulk data, warm-up SFT's batches, is loaded by shares:
-every process walks the same global order of items but decodes only the rows its devices hold (``held_rows``,
-read from the batch shardings) and the global arrays are made from those local rows (``from_local_rows``),
-after the processes agree on the padded shapes (``allgather_ints``).
+directories) while the others wait at a ``barrier``. The bulk data is loaded by shares: the SFT batches (warm-up
+and the continued-SFT control) walk the same global order of items in every process but each decodes only the rows
+its devices hold (``held_rows``, read from the batch shardings) and the global arrays are made from those local
+rows (``from_local_rows``), after the processes agree on the padded shapes (``allgather_ints``); T-DPO's packed
+batches carry text and pairs everywhere but the image patches of a process's own rows only.
 """
 
 from __future__ import annotations
