@@ -112,21 +112,24 @@ def _attention_dense(q, k, v, mask):
 
 
 def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
-    """fn(q, per_query) evaluated ``query_chunk`` queries at a time. q: [B, T, ...]; per_query: a pytree of
-    arrays with the query axis at 1. Chunks run under ``lax.map`` and are rematerialised in the backward pass."""
+    """fn(q, per_query) evaluated at most ``query_chunk`` queries at a time. q: [B, T, ...]; per_query: a pytree
+    of arrays with the query axis at 1. Chunks run under ``lax.map`` and are rematerialised in the backward pass.
+    The T queries are split into the fewest chunks of at most ``query_chunk``, all of one size (T = 2116 with
+    ``query_chunk`` 2048 runs 2 chunks of 1058, not 2 of 2048: padded queries cost a full row of scores each)."""
     t = q.shape[1]
     if not query_chunk or t <= query_chunk:
         return fn(q, per_query)
     n = -(-t // query_chunk)
-    pad = n * query_chunk - t
+    size = -(-t // n)
+    pad = n * size - t
 
     def split(a):
         a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
-        return a.reshape((a.shape[0], n, query_chunk) + a.shape[2:]).swapaxes(0, 1)
+        return a.reshape((a.shape[0], n, size) + a.shape[2:]).swapaxes(0, 1)
 
     out = jax.lax.map(jax.checkpoint(lambda a: fn(a[0], a[1])), (split(q), jax.tree.map(split, per_query)))
     out = out.swapaxes(0, 1)
-    return out.reshape((out.shape[0], n * query_chunk) + out.shape[3:])[:, :t]
+    return out.reshape((out.shape[0], n * size) + out.shape[3:])[:, :t]
 
 
 def _attention_fused(q, k, v, mask, implementation: str):
