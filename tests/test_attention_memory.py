@@ -190,3 +190,28 @@ def test_sampler_prompts_with_one_screenshot_per_slot_give_the_same_logits(sampl
     valid = np.asarray(packed.attention_mask)
     want, got = M.forward_inputs(params, cfg, packed), M.forward_inputs(params, cfg, slots)
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-4, rtol=0)
+
+
+def test_log_probs_of_needed_positions_skip_other_chunks_with_the_same_values_and_gradients(small):
+    cfg, params = small
+    rng = np.random.default_rng(3)
+    hidden = jnp.asarray(rng.standard_normal((2, 64, cfg.text.hidden_size)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, cfg.text.vocab_size, (2, 64)), jnp.int32)
+    needed = np.zeros((2, 64), bool)
+    needed[0, 37:41] = True  # chunk 2 of 4 (16 positions each), one row only
+    needed[1, 60:] = True  # chunk 3; chunks 0 and 1 are needed by no row and skip the vocabulary
+    weights = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
+
+    def loss(p, h, need):
+        lp = M.token_log_probs(p, cfg, h, targets, chunk=16, needed=need)
+        return jnp.sum(jnp.where(needed, lp, 0.0) * weights), lp
+
+    (v_skip, lp_skip), g_skip = jax.value_and_grad(loss, (0, 1), has_aux=True)(params, hidden, jnp.asarray(needed))
+    (v_all, lp_all), g_all = jax.value_and_grad(loss, (0, 1), has_aux=True)(params, hidden, None)
+    np.testing.assert_array_equal(np.asarray(lp_skip)[~needed], 0.0)
+    assert np.all(np.asarray(lp_all)[~needed] < 0.0)  # the unmasked call computes every position
+    np.testing.assert_allclose(np.asarray(lp_skip)[needed], np.asarray(lp_all)[needed], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(float(v_skip), float(v_all), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g_skip), jax.tree.leaves(g_all)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    assert np.abs(np.asarray(g_skip[1])[:, :32]).max() == 0.0  # no gradient reaches the skipped positions

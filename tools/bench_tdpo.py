@@ -15,7 +15,8 @@ One run, one process, the same random weights (fp32) and the same preference pai
 Our reference log-probs are computed once per round (``ipl.attach_reference``), one forward per batch; the
 headline ratios therefore compare step + reference time per batch for (a)/(b) with TRL's step, which does
 both. Step-only numbers are printed too. JAX programs are compiled ahead of time (``.lower().compile()``) and
-not timed; every variant runs ``--repeats`` timed steps per batch, the median is reported.
+not timed; the variants take turns, each running every batch once per round for ``--repeats`` rounds, and the
+median is reported.
 
 TRL is not a project dependency. It runs if importable (``--trl-path DIR`` puts a directory with trl, datasets,
 accelerate and their dependencies first on ``sys.path``); otherwise the TRL row says why it did not run.
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_models import bench_model  # noqa: E402
+from bench_tdpo_trl import make_trl  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
@@ -139,200 +141,55 @@ def median(xs):
 # ------------------------------------------------------------------------------------------------ JAX variants
 
 
-def time_jax(name: str, params, config: ipl.TDPOConfig, batches, repeats: int) -> dict:
-    """Median seconds of one T-DPO step and one reference forward per batch (both compiled ahead of time)."""
-    # the step donates its state: train a copy, so that ``params`` stays the shared starting point
-    state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-    step = ipl.make_tdpo_step(config)
-    ref_fn = ipl._reference_jit
-    t0 = time.perf_counter()
-    step_exec = step.lower(state, batches[0]).compile()
-    ref_exec = ref_fn.lower(params, batches[0], config.model, False, config.logp_chunk).compile()
-    compile_s = time.perf_counter() - t0
-    ref_times, step_times = [], []
-    with_ref = []
-    for batch in batches:
-        for _ in range(repeats):
+class JaxVariant:
+    """One T-DPO step and one reference forward per batch (both compiled ahead of time, not timed); ``round()``
+    times each batch once, ``result()`` reports the medians."""
+
+    def __init__(self, name: str, params, config: ipl.TDPOConfig, batches):
+        self.name, self.params, self.batches = name, params, list(batches)
+        # the step donates its state: train a copy, so that ``params`` stays the shared starting point
+        self.state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
+        step = ipl.make_tdpo_step(config)
+        t0 = time.perf_counter()
+        self.step_exec = step.lower(self.state, self.batches[0]).compile()
+        self.ref_exec = ipl._reference_jit.lower(params, self.batches[0], config.model, False, config.logp_chunk)
+        self.ref_exec = self.ref_exec.compile()
+        self.compile_s = time.perf_counter() - t0
+        self.ref_times, self.step_times, self.with_ref = [], [], [None] * len(self.batches)
+
+    def round(self):
+        for i, batch in enumerate(self.batches):
             t = time.perf_counter()
-            rp, rn = ref_exec(params, batch)
-            jax.block_until_ready((rp, rn))
-            ref_times.append(time.perf_counter() - t)
-        batch = batch.with_reference(np.asarray(rp), np.asarray(rn))
-        with_ref.append(batch)
-    for batch in with_ref:
-        for _ in range(repeats):
+            rp, rn = jax.block_until_ready(self.ref_exec(self.params, batch))
+            self.ref_times.append(time.perf_counter() - t)
+            if self.with_ref[i] is None:
+                self.with_ref[i] = batch.with_reference(np.asarray(rp), np.asarray(rn))
             t = time.perf_counter()
-            state, metrics = step_exec(state, batch)
-            jax.block_until_ready(metrics)
-            step_times.append(time.perf_counter() - t)
-    pairs = with_ref[0].num_pairs
-    real, padded = batch_tokens(with_ref[0])
-    first_ref = (np.asarray(with_ref[0].ref_pos)[:pairs], np.asarray(with_ref[0].ref_neg)[:pairs])
-    step_s, ref_s = median(step_times), median(ref_times)
-    return {
-        "variant": name,
-        "rows": with_ref[0].rows,
-        "T": with_ref[0].length,
-        "pairs_per_step": pairs,
-        "tokens_per_pair": real / pairs,
-        "padded_tokens_per_pair": padded / pairs,
-        "step_s": step_s,
-        "reference_s": ref_s,
-        "pairs_per_s": pairs / (step_s + ref_s),
-        "pairs_per_s_step_only": pairs / step_s,
-        "compile_s": compile_s,
-        "loss": float(metrics["loss"]),
-        "_first_ref": first_ref,
-    }
+            self.state, self.metrics = self.step_exec(self.state, self.with_ref[i])
+            jax.block_until_ready(self.metrics)
+            self.step_times.append(time.perf_counter() - t)
 
-
-# ------------------------------------------------------------------------------------------------ TRL
-
-
-def trl_rows(cfg: Qwen2VLConfig, groups, pairs):
-    """TRL's vision-preference layout for these pairs: rows [prompt + chosen_k] for every pair k, then
-    [prompt + rejected_k]; right-padded (flush left); completion_mask on the completion tokens; one image per row."""
-    import torch
-
-    seqs, comp, pixels, grids = [], [], [], []
-    for side in ("pos", "neg"):
-        for p in pairs:
-            g = groups[p.group]
-            c = g.continuations[getattr(p, side)]
-            seqs.append(np.concatenate([g.prefix_ids, c]))
-            comp.append(np.concatenate([np.zeros(len(g.prefix_ids), np.int64), np.ones(len(c), np.int64)]))
-            pixels.append(g.pixel_values)
-            grids.append(g.image_grid_thw)
-    width = max(len(x) for x in seqs)
-    ids = np.zeros((len(seqs), width), np.int64)
-    att = np.zeros_like(ids)
-    cm = np.zeros_like(ids)
-    for r, (x, c) in enumerate(zip(seqs, comp)):
-        ids[r, : len(x)], att[r, : len(x)], cm[r, : len(x)] = x, 1, c
-    mm = (ids == cfg.image_token_id).astype(np.int64)
-    return (
-        {
-            "input_ids": torch.from_numpy(ids),
-            "attention_mask": torch.from_numpy(att),
-            "completion_mask": torch.from_numpy(cm),
-            "mm_token_type_ids": torch.from_numpy(mm),
-            "pixel_values": torch.from_numpy(np.concatenate(pixels)),
-            "image_grid_thw": torch.from_numpy(np.concatenate(grids)),
-        },
-        int(att.sum()),
-        int(att.size),
-    )
-
-
-def time_trl(
-    cfg: Qwen2VLConfig, params, workload, config: ipl.TDPOConfig, repeats: int, tmp: str, our_ref=None
-) -> dict:
-    """Median seconds of DPOTrainer.training_step + optimizer.step per batch on the same weights and pairs
-    (after one untimed warm-up step). ``our_ref``: (chosen, rejected) reference log-probs of the first batch's
-    pairs from our packed forward; TRL's reference log-probs of the same pairs are compared with them."""
-    try:
-        import torch
-        from datasets import Dataset
-        from datasets.table import InMemoryTable
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
-        from trl import DPOConfig, DPOTrainer
-    except Exception as e:  # noqa: BLE001 - report any import problem
-        return {"variant": "trl", "skipped": f"cannot import TRL and its dependencies: {type(e).__name__}: {e}"}
-
-    model_dir = os.path.join(tmp, "weights")
-    M.save_params(jax.device_get(params), cfg, model_dir)
-    load = lambda: Qwen2VLForConditionalGeneration.from_pretrained(  # noqa: E731
-        model_dir, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    model, ref_model = load(), load()
-    # A word-level stand-in tokenizer: TRL needs one to build, but every batch here is already token ids.
-    vocab = {"<pad>": 0, "<eos>": 1, "a": 2, "b": 3, "c": 4, "<unk>": 5}
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")),
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-    )
-    # built with an explicit fingerprint: datasets' own hashing of a new table fails with the pyarrow/dill pair
-    # available here, and this one-row placeholder is never read (batches come from ``trl_rows``)
-    dataset = Dataset(
-        InMemoryTable.from_pydict({"prompt": ["a"], "chosen": ["b"], "rejected": ["c"]}),
-        fingerprint="bench-placeholder",
-    )
-    args = DPOConfig(
-        output_dir=os.path.join(tmp, "trl"),
-        per_device_train_batch_size=1,
-        learning_rate=1e-6,
-        beta=config.dpo.beta,
-        loss_type=["sigmoid"],
-        max_length=None,
-        gradient_checkpointing=False,
-        report_to=[],
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        disable_dropout=True,
-        logging_steps=10**9,
-        save_strategy="no",
-        dataloader_num_workers=0,
-    )
-
-    class PreTokenizedDPOTrainer(DPOTrainer):
-        """Batches arrive already tokenised (``trl_rows``): skip TRL's text-dataset tokenisation."""
-
-        def _prepare_dataset(self, dataset, *args, **kwargs):
-            return dataset
-
-    trainer = PreTokenizedDPOTrainer(
-        model=model,
-        ref_model=ref_model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tok,
-        data_collator=lambda examples: examples,
-    )
-    trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train's loop, which we do not run
-    trainer.model.train()
-    parity = None
-    inputs, _, _ = trl_rows(cfg, *workload[0])
-    with torch.no_grad():
-        ref_c, ref_r = trainer.compute_ref_log_probs(trainer.ref_model, inputs)
-    if our_ref is not None:
-        parity = float(max(np.max(np.abs(ref_c.numpy() - our_ref[0])), np.max(np.abs(ref_r.numpy() - our_ref[1]))))
-    trainer.training_step(trainer.model, inputs)  # warm-up (allocator, kernels), not timed
-    trainer.optimizer.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    times, real, padded, pairs, losses = [], 0, 0, 0, []
-    for groups, prs in workload:
-        inputs, real, padded = trl_rows(cfg, groups, prs)
-        pairs = len(prs)
-        for _ in range(repeats):
-            t = time.perf_counter()
-            loss = trainer.training_step(trainer.model, inputs)
-            trainer.optimizer.step()
-            trainer.optimizer.zero_grad(set_to_none=True)
-            times.append(time.perf_counter() - t)
-            losses.append(float(loss))
-    step_s = median(times)
-    return {
-        "variant": "trl",
-        "rows": 2 * pairs,
-        "T": int(inputs["input_ids"].shape[1]),
-        "pairs_per_step": pairs,
-        "tokens_per_pair": real / pairs,
-        "padded_tokens_per_pair": padded / pairs,
-        "step_s": step_s,
-        "reference_s": 0.0,
-        "pairs_per_s": pairs / step_s,
-        "pairs_per_s_step_only": pairs / step_s,
-        "note": "reference forward runs inside the step",
-        "loss": losses[0],
-        "threads": torch.get_num_threads(),
-        "max_abs_ref_logp_diff_vs_packed": parity,
-    }
+    def result(self) -> dict:
+        first = self.with_ref[0]
+        pairs = first.num_pairs
+        real, padded = batch_tokens(first)
+        step_s, ref_s = median(self.step_times), median(self.ref_times)
+        return {
+            "variant": self.name,
+            "rows": first.rows,
+            "T": first.length,
+            "pairs_per_step": pairs,
+            "tokens_per_pair": real / pairs,
+            "padded_tokens_per_pair": padded / pairs,
+            "step_s": step_s,
+            "reference_s": ref_s,
+            "pairs_per_s": pairs / (step_s + ref_s),
+            "pairs_per_s_step_only": pairs / step_s,
+            "compile_s": self.compile_s,
+            "loss": float(self.metrics["loss"]),
+            "step_times": self.step_times,
+            "_first_ref": (np.asarray(first.ref_pos)[:pairs], np.asarray(first.ref_neg)[:pairs]),
+        }
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -396,29 +253,41 @@ def main(argv=None) -> int:
                 patch_buckets=(patch_bucket,),
             ),
         )
-    results = [time_jax("packed", params, config, packed, args.repeats)]
+    variants = [JaxVariant("packed", params, config, packed), JaxVariant("unpacked", params, config, unpacked)]
+    with tempfile.TemporaryDirectory() as tmp:
+        trl = {"variant": "trl", "skipped": "--skip-trl"}
+        if not args.skip_trl:
+            trl = make_trl(cfg, params, workload, config, tmp)
+        if not isinstance(trl, dict):
+            variants.append(trl)
+        # the variants take turns, one round each per repeat: a change in the machine's load (shared cores)
+        # then reaches all of them alike, and the medians compare like with like
+        for r in range(args.repeats):
+            for v in variants:
+                v.round()
+            print(f"round {r + 1}/{args.repeats} done", flush=True)
+    results = [v.result() for v in variants[:2]]
     our_ref = results[0].pop("_first_ref")
-    print(json.dumps(results[-1]))
-    results.append(time_jax("unpacked", params, config, unpacked, args.repeats))
-    unpacked_ref = results[-1].pop("_first_ref")
-    results[-1]["max_abs_ref_logp_diff_vs_packed"] = float(
+    unpacked_ref = results[1].pop("_first_ref")
+    results[1]["max_abs_ref_logp_diff_vs_packed"] = float(
         max(np.max(np.abs(unpacked_ref[0] - our_ref[0])), np.max(np.abs(unpacked_ref[1] - our_ref[1])))
     )
-    print(json.dumps(results[-1]))
-    if args.skip_trl:
-        results.append({"variant": "trl", "skipped": "--skip-trl"})
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            results.append(time_trl(cfg, params, workload, config, args.repeats, tmp, our_ref))
-    print(json.dumps(results[-1]))
+    results.append(trl if isinstance(trl, dict) else trl.result(our_ref))
+    for r in results:
+        print(json.dumps(r))
 
     by = {r["variant"]: r for r in results}
-    ours = by["packed"]["pairs_per_s"]
-    ratio = lambda other: (ours / by[other]["pairs_per_s"]) if "pairs_per_s" in by[other] else None  # noqa: E731
+
+    def ratio(a, b, key="pairs_per_s"):
+        return by[a][key] / by[b][key] if key in by[b] else None
+
     summary = {
-        "ratio_vs_unpacked": ratio("unpacked"),
-        "ratio_vs_trl": ratio("trl"),
-        "ratio_vs_unpacked_step_only": by["packed"]["pairs_per_s_step_only"] / by["unpacked"]["pairs_per_s_step_only"],
+        "ratio_vs_unpacked": ratio("packed", "unpacked"),
+        "ratio_vs_trl": ratio("packed", "trl"),
+        "ratio_vs_unpacked_step_only": ratio("packed", "unpacked", "pairs_per_s_step_only"),
+        "unpacked_vs_trl": ratio("unpacked", "trl"),
+        "ratio_vs_trl_step_only": ratio("packed", "trl", "pairs_per_s_step_only"),
+        "unpacked_vs_trl_step_only": ratio("unpacked", "trl", "pairs_per_s_step_only"),
         "params": count_params(params),
         "image_tokens_per_step": n_img,
         "pairs_per_step": n_pairs,
@@ -437,10 +306,12 @@ def main(argv=None) -> int:
             f"{r['variant']:10s} {r['rows']:5d} {r['T']:5d} {r['tokens_per_pair']:9.1f} "
             f"{r['padded_tokens_per_pair']:12.1f} {r['step_s']:8.2f} {r['reference_s']:7.2f} {r['pairs_per_s']:9.3f}"
         )
+    fmt = lambda x: "n/a" if x is None else f"{x:.2f}x"  # noqa: E731
     print(
-        f"packed vs unpacked: {summary['ratio_vs_unpacked']:.2f}x pairs/s "
-        f"(step only {summary['ratio_vs_unpacked_step_only']:.2f}x); packed vs TRL: "
-        + (f"{summary['ratio_vs_trl']:.2f}x" if summary["ratio_vs_trl"] is not None else "n/a")
+        f"packed vs unpacked: {fmt(summary['ratio_vs_unpacked'])} pairs/s (step only "
+        f"{fmt(summary['ratio_vs_unpacked_step_only'])}); vs TRL: packed {fmt(summary['ratio_vs_trl'])} (step only "
+        f"{fmt(summary['ratio_vs_trl_step_only'])}), unpacked {fmt(summary['unpacked_vs_trl'])} (step only "
+        f"{fmt(summary['unpacked_vs_trl_step_only'])})"
     )
     if args.json:
         with open(args.json, "w") as f:

@@ -223,26 +223,41 @@ def forward(
 
 
 def token_log_probs(
-    params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray, targets: jnp.ndarray, chunk: int = 128
+    params: dict,
+    cfg: Qwen2VLConfig,
+    hidden: jnp.ndarray,
+    targets: jnp.ndarray,
+    chunk: int = 128,
+    needed: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """log p(targets) f32[B, T] from hidden [B, T, hidden], materialising logits for ``chunk`` positions at a
-    time (T must be a multiple of ``chunk`` or smaller than it). targets: int32[B, T]."""
+    time (T must be a multiple of ``chunk`` or smaller than it). targets: int32[B, T].
+
+    needed: optional bool[B, T], the positions whose log-prob is used; the others read 0. A chunk of positions
+    none of whose rows needs any skips the vocabulary projection, forward and backward (``lax.cond``): a
+    preference row scores only its continuations, a few tens of its ~1k positions, and the projection onto the
+    whole vocabulary is a large share of the step."""
     b, t, h = hidden.shape
     c = min(chunk, t)
     if t % c:
         raise ValueError(f"sequence length {t} is not a multiple of the chunk {c}")
 
-    @jax.checkpoint
-    def one(args):
-        hid, tgt = args  # [B, c, H], [B, c]
+    def logps(hid, tgt):  # [B, c, H], [B, c] -> [B, c]
         logits = logits_from_hidden(params, cfg, hid)
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
         return picked - lse
 
-    hs = hidden.reshape(b, t // c, c, h).swapaxes(0, 1)
-    ts = targets.reshape(b, t // c, c).swapaxes(0, 1)
-    out = jax.lax.map(one, (hs, ts))  # [t/c, B, c]
+    @jax.checkpoint
+    def one(args):
+        hid, tgt, need = args
+        if need is None:
+            return logps(hid, tgt)
+        skip = lambda hid, tgt: jnp.zeros(tgt.shape, jnp.float32)  # noqa: E731
+        return jnp.where(need, jax.lax.cond(jnp.any(need), logps, skip, hid, tgt), 0.0)
+
+    split = lambda a: a.reshape((b, t // c, c) + a.shape[2:]).swapaxes(0, 1)  # noqa: E731
+    out = jax.lax.map(one, (split(hidden), split(targets), None if needed is None else split(needed)))  # [t/c, B, c]
     return out.swapaxes(0, 1).reshape(b, t)
 
 

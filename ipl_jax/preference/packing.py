@@ -374,13 +374,14 @@ def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, r
 def packed_token_logps(
     params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128
 ) -> jax.Array:
-    """log p(target_ids) f32[B, T] of every position of a packed batch (0-information where nothing is
-    predicted; mask with ``score_slot``). Traceable; call inside a jitted function."""
+    """log p(target_ids) f32[B, T] at the scored positions of a packed batch (``score_slot`` >= 0), 0 elsewhere.
+    Traceable; call inside a jitted function."""
     feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision, remat)
     # the segment ids are the attention spec: each layer builds the mask a query chunk at a time
     segments = jnp.asarray(batch.segment_ids, jnp.int32)
     hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, segments, feats, remat=remat)
-    return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk))
+    needed = jnp.asarray(batch.score_slot) >= 0  # only the scored positions: other chunks skip the vocabulary
+    return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk), needed=needed)
 
 
 def slot_one_hot(batch: PackedBatch) -> jax.Array:

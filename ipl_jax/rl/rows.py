@@ -158,8 +158,8 @@ def row_token_logps(
 ) -> jax.Array:
     """log π(next token) f32[R, T], 0 where ``target_mask`` is False."""
     hidden = row_hidden(params, cfg, rows, remat)
-    lp = token_log_probs(params, cfg, hidden, rows.targets, chunk=_chunk(rows.input_ids.shape[1], chunk))
-    return jnp.where(rows.target_mask, lp, 0.0)
+    t = rows.input_ids.shape[1]
+    return token_log_probs(params, cfg, hidden, rows.targets, chunk=_chunk(t, chunk), needed=rows.target_mask)
 
 
 def last_hidden(params: dict, cfg: Qwen2VLConfig, rows: Rows, remat: bool = False) -> jax.Array:

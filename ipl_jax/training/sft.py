@@ -149,7 +149,8 @@ def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> Los
         targets = jnp.concatenate([ids[:, 1:], jnp.zeros_like(ids[:, :1])], axis=1)
         target_mask = jnp.concatenate([batch["loss_mask"][:, 1:], jnp.zeros_like(batch["loss_mask"][:, :1])], 1)
         t = ids.shape[1]
-        logp = token_log_probs(params, cfg, hidden, targets, chunk=chunk if t % min(chunk, t) == 0 else t)
+        c = chunk if t % min(chunk, t) == 0 else t
+        logp = token_log_probs(params, cfg, hidden, targets, chunk=c, needed=target_mask > 0)
         mask = target_mask.astype(jnp.float32)
         tokens = jnp.sum(mask)
         nll = -jnp.sum(logp * mask)
