@@ -21,7 +21,8 @@ the paper's settings (γ pairs at the action and grounding turns, lr 2e-5) -3.6 
 control at the same updates -0.3 ± 2.3; γ action pairs only below thoughts that name the golden action, exact
 duplicates dropped, trees mixed in batches, lr 5e-6 (this config's IPL settings, the least harmful setting
 tried) -0.5 ± 0.4 (each seed's 95 % interval contains 0), against +0.6 ± 1.2 for continued SFT with the same
-settings and updates. No T-DPO setting tried makes the agent better than its seed on this world and model; the
+settings and updates; rerun on today's code (new seed policies) +0.1 ± 0.9 against +0.5 ± 1.3 for continued
+SFT. No T-DPO setting tried makes the agent better than its seed on this world and model; the
 job therefore keeps early stopping on dev and exports the best round, which
 is usually the seed. The README's "The method on the default job" has the whole table.
 """
