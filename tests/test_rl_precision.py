@@ -71,17 +71,19 @@ def test_rl_configs_carry_the_job_precision(policy):
     assert (mixed.compute_dtype, mixed.storage_dtype) == ("bfloat16", "float32")
 
 
+def _recorder(seen: dict, key: str, fn):
+    """``fn`` wrapped so that its result is also kept in ``seen[key]``."""
+
+    def call(*a, **k):
+        seen[key] = fn(*a, **k)
+        return seen[key]
+
+    return call
+
+
 def test_grpo_round_samples_and_scores_the_reference_in_the_storage_dtype(policy, monkeypatch):
     job, seen = _job(dtype="bfloat16"), {}
-    init_state, copy_params = grpo.init_state, common.copy_params
-
-    def record_state(*a, **k):
-        seen["state"] = init_state(*a, **k)
-        return seen["state"]
-
-    def record_ref(*a, **k):
-        seen["ref"] = copy_params(*a, **k)
-        return seen["ref"]
+    record_state, record_ref = _recorder(seen, "state", grpo.init_state), _recorder(seen, "ref", common.copy_params)
 
     def sample(params, steps, tokenizer, image_config, sampler, seed, config, mesh=None):
         seen["sampler"], seen["config"] = params, config
@@ -101,15 +103,8 @@ def test_grpo_round_samples_and_scores_the_reference_in_the_storage_dtype(policy
 
 def test_ppo_round_rolls_out_and_scores_the_reference_in_the_storage_dtype(policy, monkeypatch):
     job, seen = _job(dtype="bfloat16"), {}
-    init_state, copy_params = ppo.init_ppo_state, common.copy_params
-
-    def record_state(*a, **k):
-        seen["state"] = init_state(*a, **k)
-        return seen["state"]
-
-    def record_ref(*a, **k):
-        seen["ref"] = copy_params(*a, **k)
-        return seen["ref"]
+    record_state = _recorder(seen, "state", ppo.init_ppo_state)
+    record_ref = _recorder(seen, "ref", common.copy_params)
 
     def play(params, cfg, tokenizer, world_tasks, rng, config, mesh=None, max_env_steps=None):
         seen["rollout"], seen["cfg"], seen["limit"] = params, cfg, max_env_steps
