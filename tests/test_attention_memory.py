@@ -144,6 +144,54 @@ def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("chunk", [0, 5, 8])
+def test_reference_attention_backward_equals_autodiff_of_the_dense_softmax(chunk, highest_precision):
+    """The reference path's own backward pass (saved row statistics, probabilities rebuilt per query chunk) gives
+    autodiff's gradients of the plain masked softmax: grouped heads, packed segments with pads, a query with no
+    allowed key, query chunks that do not divide T (17 = 3 x 6 - 1, 2 x 9 - 1)."""
+    from ipl_jax.model.layers import _attention_dense, masked_attention
+
+    rng = np.random.default_rng(3)
+    b, t, hq, hkv, d = 2, 17, 4, 2, 8
+    q, w = (jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.float32) for _ in range(2))
+    seg = jnp.asarray([[0] * 6 + [1] * 5 + [2] * 4 + [-1] * 2, [-1] + [0] * 9 + [1] * 7], jnp.int32)
+    mask = M.attention_mask_from_spec(seg)
+    assert not np.asarray(mask)[1, 0].any()  # the leading pad attends to nothing
+
+    def dense(q, k, v):
+        return jnp.sum(_attention_dense(q, k, v, mask) * w)
+
+    def blocked(q, k, v):
+        out = masked_attention(q, k, v, lambda m, _: m, mask, None, query_chunk=chunk)
+        return jnp.sum(out * w)
+
+    want_v, want_g = jax.value_and_grad(dense, (0, 1, 2))(q, k, v)
+    got_v, got_g = jax.jit(jax.value_and_grad(blocked, (0, 1, 2)))(q, k, v)
+    np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-5)  # exp * (1 / sum) vs a division
+    for name, a, g in zip("qkv", want_g, got_g):
+        assert float(jnp.abs(a).max()) > 0.1
+        np.testing.assert_allclose(np.asarray(g), np.asarray(a), atol=2e-6, rtol=1e-5, err_msg=f"d{name}")
+
+
+def test_model_gradients_of_the_reference_attention_equal_plain_autodiff(small, highest_precision):
+    """The whole SFT gradient (decoder and vision tower, several query chunks) through the reference attention's
+    own backward equals autodiff through XLA's attention ('xla': ``jax.nn.dot_product_attention``)."""
+    cfg, params = small
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0))
+
+    def grads(p):
+        return [
+            jax.grad(lambda q, c=c: sft.qwen2vl_sft_loss(c, chunk=32)(q, batch, None)[0])(p)
+            for c in (cfg, cfg.replace(attention="xla"))
+        ]
+
+    ref, xla = jax.jit(grads)(params)
+    assert optax.tree.norm(ref) > 1e-2 and optax.tree.norm(ref["visual"]) > 1e-4
+    for a, b in zip(jax.tree.leaves(xla), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
+
+
 def test_attention_specs_known_answer():
     """A bool[B, T] spec stays the key-padding (causal) spec; an int32[B, T] one is read as segment ids."""
     seg = jnp.asarray([[0, 0, 1, 1, 2, -1]], jnp.int32)

@@ -16,6 +16,8 @@ a ``pinned_host`` memory space).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -143,25 +145,135 @@ def _attention_fused(q, k, v, mask, implementation: str):
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
 
 
+# ------------------------------------------------------------------ blocked attention with its own backward pass
+#
+# The reference path under differentiation: queries in chunks, each chunk's softmax statistics (row max, 1 / row
+# sum) kept instead of its probabilities, and a backward pass that rebuilds a chunk's probabilities from its
+# scores in one elementwise pass. Plain autodiff of a rematerialised chunk would rerun the whole forward (both
+# products and the softmax) before the softmax's own backward passes: measured on CPU, this path is ~25 % faster
+# for the vision tower's forward + backward, and it never stores a [T, S] tensor across the two passes.
+
+
+def _heads(x, hkv):
+    """[B, T, Hq, D] -> head-major [B, Hkv, G*T, D] (query head h = kv head h // G, G = Hq / Hkv)."""
+    b, t, hq, d = x.shape
+    return x.reshape(b, t, hkv, hq // hkv, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, hq // hkv * t, d)
+
+
+def _unheads(x, t):
+    """``_heads``' inverse: [B, Hkv, G*T, D] -> [B, T, Hq, D]."""
+    b, hkv, gt, d = x.shape
+    return x.reshape(b, hkv, gt // t, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hkv * (gt // t), d)
+
+
+def _masked_scores(qh, kh, mask, t):
+    """f32[B, Hkv, G*T, S]: scaled scores in the compute dtype, masked entries at its minimum (a query with no
+    allowed key then averages uniformly instead of producing NaN)."""
+    b, hkv, gt, d = qh.shape
+    scores = jnp.einsum("bkqd,bksd->bkqs", qh, kh) * jnp.asarray(d**-0.5, qh.dtype)
+    scores = scores.reshape(b, hkv, gt // t, t, -1)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(scores.dtype).min)
+    return scores.astype(jnp.float32).reshape(b, hkv, gt, -1)
+
+
+def _chunk_forward(q, k, v, mask):
+    """One query chunk: (out [B, T, Hq, D], (row max, 1 / row sum) each f32[B, Hkv, G*T, 1])."""
+    hkv, t = k.shape[2], q.shape[1]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    scores = _masked_scores(_heads(q, hkv), kh, mask, t)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    inv_sum = 1.0 / jnp.sum(jnp.exp(scores - top), axis=-1, keepdims=True)
+    probs = (jnp.exp(scores - top) * inv_sum).astype(q.dtype)
+    return _unheads(jnp.einsum("bkqs,bksd->bkqd", probs, vh), t), (top, inv_sum)
+
+
+def _chunk_backward(q, k, v, mask, out, stats, d_out):
+    """Gradients (dq [B, T, Hq, D], dk, dv f32[B, S, Hkv, D]) of one query chunk from its saved statistics."""
+    hkv, t, d = k.shape[2], q.shape[1], q.shape[3]
+    kh, vh, qh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), _heads(q, hkv)
+    d_oh = _heads(d_out.astype(q.dtype), hkv)
+    top, inv_sum = stats
+    probs = jnp.exp(_masked_scores(qh, kh, mask, t) - top) * inv_sum
+    dv = jnp.einsum("bkqs,bkqd->bksd", probs.astype(q.dtype), d_oh, preferred_element_type=jnp.float32)
+    d_probs = jnp.einsum("bkqd,bksd->bkqs", d_oh, vh).astype(jnp.float32)
+    # softmax backward: sum_s p_s * dp_s = d_out . out, a [G*T] vector instead of a pass over the scores
+    row = jnp.sum(d_oh.astype(jnp.float32) * _heads(out, hkv).astype(jnp.float32), axis=-1, keepdims=True)
+    d_scores = probs * (d_probs - row)
+    b, _, gt, s = d_scores.shape
+    keep = jnp.broadcast_to(mask[:, None, None, :, :], (b, hkv, gt // t, t, s)).reshape(b, hkv, gt, s)
+    d_scores = (jnp.where(keep, d_scores, 0.0) * d**-0.5).astype(q.dtype)
+    dq = _unheads(jnp.einsum("bkqs,bksd->bkqd", d_scores, kh), t)
+    dk = jnp.einsum("bkqs,bkqd->bksd", d_scores, qh, preferred_element_type=jnp.float32)
+    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
+
+
+def _split_queries(a, n: int, size: int):
+    """[B, T, ...] -> [n, B, size, ...] (T padded at the end to n * size)."""
+    a = jnp.pad(a, [(0, 0), (0, n * size - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+    return a.reshape((a.shape[0], n, size) + a.shape[2:]).swapaxes(0, 1)
+
+
+def _blocked_primal(mask_of, q, k, v, per_query, per_key):
+    out, stats = jax.lax.map(lambda a: _chunk_forward(a[0], k, v, mask_of(a[1], per_key)), (q, per_query))
+    return out, (q, k, v, per_query, per_key, out, stats)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _blocked(mask_of, q, k, v, per_query, per_key):
+    """q: [n, B, c, Hq, D] (n query chunks); per_query: pytree of [n, B, c, ...]; -> out [n, B, c, Hq, D]."""
+    return _blocked_primal(mask_of, q, k, v, per_query, per_key)[0]
+
+
+def _blocked_bwd(mask_of, saved, d_out):
+    q, k, v, per_query, per_key, out, stats = saved
+
+    def chunk(acc, xs):
+        qc, pc, oc, sc, dc = xs
+        dq, dk, dv = _chunk_backward(qc, k, v, mask_of(pc, per_key), oc, sc, dc)
+        return (acc[0] + dk, acc[1] + dv), dq
+
+    zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    (dk, dv), dq = jax.lax.scan(chunk, zeros, (q, per_query, out, stats, d_out))
+    no_grad = lambda x: None  # noqa: E731  (mask inputs: integers / booleans)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(no_grad, per_query), jax.tree.map(no_grad, per_key)
+
+
+_blocked.defvjp(_blocked_primal, _blocked_bwd)
+
+
+def _blocked_attention(q, k, v, mask_of, per_query, per_key, query_chunk: int):
+    t = q.shape[1]
+    n = 1 if not query_chunk or t <= query_chunk else -(-t // query_chunk)
+    size = -(-t // n)
+    split = functools.partial(_split_queries, n=n, size=size)
+    out = _blocked(mask_of, split(q), k, v, jax.tree.map(split, per_query), per_key)
+    out = out.swapaxes(0, 1)
+    return out.reshape((out.shape[0], n * size) + out.shape[3:])[:, :t]
+
+
 def masked_attention(
     q: jnp.ndarray,
     k: jnp.ndarray,
     v: jnp.ndarray,
     mask_of,
     per_query,
+    per_key=None,
     query_chunk: int = 0,
     implementation: str = "reference",
 ) -> jnp.ndarray:
-    """Attention whose mask is built per query chunk: ``mask_of(per_query_chunk) -> bool[B, c, S]`` from
-    ``per_query`` (a pytree of arrays [B, T, ...], e.g. query positions and segment ids). q: [B, T, Hq, D]; k, v:
-    [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS``; 'cudnn' runs unchunked (flash attention
-    never holds the scores)."""
+    """Attention whose mask is built per query chunk: ``mask_of(per_query_chunk, per_key) -> bool[B, c, S]`` from
+    ``per_query`` (a pytree of arrays [B, T, ...], e.g. query positions and segment ids) and ``per_key`` (a pytree,
+    e.g. the keys' segment ids [B, S]); ``mask_of`` must read nothing but its two arguments. q: [B, T, Hq, D];
+    k, v: [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS``. 'reference' runs ``query_chunk``
+    queries at a time (even chunks) with its own backward pass (see ``_blocked``); 'xla' chunks the same way
+    under ``jax.checkpoint``; 'cudnn' runs unchunked (flash attention never holds the scores)."""
     if implementation not in ATTENTION_IMPLS:
         raise ValueError(f"attention {implementation!r} is unknown (valid: {', '.join(ATTENTION_IMPLS)})")
     if implementation == "reference":
-        return _chunked(lambda qc, pc: _attention_dense(qc, k, v, mask_of(pc)), q, per_query, query_chunk)
+        return _blocked_attention(q, k, v, mask_of, per_query, per_key, query_chunk)
     chunk = 0 if implementation == "cudnn" else query_chunk
-    return _chunked(lambda qc, pc: _attention_fused(qc, k, v, mask_of(pc), implementation), q, per_query, chunk)
+    fused = lambda qc, pc: _attention_fused(qc, k, v, mask_of(pc, per_key), implementation)  # noqa: E731
+    return _chunked(fused, q, per_query, chunk)
 
 
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
@@ -190,9 +302,11 @@ def segment_attention(
 ) -> jnp.ndarray:
     """Block-diagonal attention: query t attends key s iff their segment ids are equal. q_segments:
     int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time."""
-    return masked_attention(
-        q, k, v, lambda seg: seg[:, :, None] == k_segments[:, None, :], q_segments, query_chunk, implementation
-    )
+    return masked_attention(q, k, v, _same_segment, q_segments, k_segments, query_chunk, implementation)
+
+
+def _same_segment(q_segments, k_segments):
+    return q_segments[:, :, None] == k_segments[:, None, :]
 
 
 def _two_block_dense(q, k_old, v_old, old_mask, k_new, v_new, new_mask):

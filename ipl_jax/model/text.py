@@ -57,8 +57,8 @@ def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
     docstring). The forward never builds it; it is the definition the chunked masks follow."""
     if attention_spec.ndim == 3:
         return attention_spec.astype(bool)
-    mask_of, per_query = _spec_masks(attention_spec)
-    return mask_of(per_query)
+    mask_of, per_query, per_key = _spec_masks(attention_spec)
+    return mask_of(per_query, per_key)
 
 
 def _is_packed(spec) -> bool:
@@ -66,32 +66,37 @@ def _is_packed(spec) -> bool:
 
 
 def _spec_masks(spec: jnp.ndarray):
-    """(mask_of, per_query) of a [B, T] spec: mask_of(per-query chunk) -> bool[B, c, T] (``masked_attention``)."""
+    """(mask_of, per_query, per_key) of a [B, T] spec: mask_of(per-query chunk, per_key) -> bool[B, c, T]
+    (``masked_attention``)."""
     if spec.ndim != 2:
         raise ValueError(
             "attention spec must be bool[B, T], int32[B, T] segment ids or bool[B, T, T], got shape "
             f"{spec.shape} {spec.dtype}"
         )
     b, t = spec.shape
-    k_pos = jnp.arange(t, dtype=jnp.int32)
-    q_pos = jnp.broadcast_to(k_pos, (b, t))
+    q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if _is_packed(spec):
-        k_seg = spec.astype(jnp.int32)
+        return _packed_mask, (q_pos, spec.astype(jnp.int32)), spec.astype(jnp.int32)
+    return _padded_mask, q_pos, spec.astype(bool)
 
-        def mask_of(pq):
-            pos, seg = pq
-            causal = k_pos[None, None, :] <= pos[:, :, None]
-            visible = (k_seg[:, None, :] == 0) | (k_seg[:, None, :] == seg[:, :, None])
-            return causal & visible & (seg[:, :, None] >= 0) & (k_seg[:, None, :] >= 0)
 
-        return mask_of, (q_pos, k_seg)
-    k_valid = spec.astype(bool)
+def _packed_mask(per_query, k_seg):
+    """Causal within a segment; segment 0 (a shared prefix) is visible to every segment; -1 (pad) to none."""
+    pos, seg = per_query
+    k_pos = jnp.arange(k_seg.shape[1], dtype=jnp.int32)
+    causal = k_pos[None, None, :] <= pos[:, :, None]
+    visible = (k_seg[:, None, :] == 0) | (k_seg[:, None, :] == seg[:, :, None])
+    return causal & visible & (seg[:, :, None] >= 0) & (k_seg[:, None, :] >= 0)
 
-    def mask_of(pq):
-        pos, _ = pq
-        return (k_pos[None, None, :] <= pos[:, :, None]) & k_valid[:, None, :]
 
-    return mask_of, (q_pos, spec.astype(jnp.int32))
+def _padded_mask(pos, k_valid):
+    """Causal over the valid keys."""
+    k_pos = jnp.arange(k_valid.shape[1], dtype=jnp.int32)
+    return (k_pos[None, None, :] <= pos[:, :, None]) & k_valid[:, None, :]
+
+
+def _given_mask(mask, _):
+    return mask
 
 
 def decoder_layer(
@@ -165,9 +170,9 @@ def self_attention(cfg: Qwen2VLConfig, spec: jnp.ndarray) -> Callable:
     chunk, impl = cfg.attention_query_chunk, cfg.attention
     if spec.ndim == 3:
         mask = spec.astype(bool)
-        return lambda q, k, v, layer: masked_attention(q, k, v, lambda m: m, mask, chunk, impl)
-    mask_of, per_query = _spec_masks(spec)
-    return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, chunk, impl)
+        return lambda q, k, v, layer: masked_attention(q, k, v, _given_mask, mask, None, chunk, impl)
+    mask_of, per_query, per_key = _spec_masks(spec)
+    return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, per_key, chunk, impl)
 
 
 def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) -> jnp.ndarray:
