@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     from ipl_jax.data.records import Step
     from ipl_jax.model.sharding import inputs_shardings, make_mesh, param_shardings, shard_params
     from ipl_jax.sampling import iter_sampled_batches, pack_tree_prompts, sample_tree, step_prompts
-    from ipl_jax.sampling.tree_sampler import place_prompts, prompt_vision_rows
+    from ipl_jax.sampling.tree_sampler import place_prompts, prefix_shardings, prompt_vision_rows
 
     assert jax.device_count() == 8
     tmp = tempfile.mkdtemp()
@@ -70,7 +70,8 @@ SCRIPT = textwrap.dedent(
             # text leaves, keys and masks: the one-host values in every process
             L.assert_same(mine.replace(prefix=mine.prefix.replace(vision=None), vision_rows=None),
                           full[b].replace(prefix=full[b].prefix.replace(vision=None)))
-            sh = inputs_shardings(full[b].prefix, mesh).vision
+            sh = prefix_shardings(mine, mesh).vision  # from this process's prompts, as place_prompts does
+            assert jax.tree.leaves(sh) == jax.tree.leaves(inputs_shardings(full[b].prefix, mesh).vision)
             for j, (leaf, s) in enumerate(zip(jax.tree.leaves(mine.prefix.vision), jax.tree.leaves(sh))):
                 assert leaf.shape[0] == 2
                 for d, piece in distributed.local_pieces(leaf, s, 0, held, 4, devices=devs).items():

@@ -111,6 +111,17 @@ def prompt_vision_rows(batch_size: int, mesh: jax.sharding.Mesh | None, config: 
     return distributed.batch_rows(batch_size, mesh, devices)
 
 
+def prefix_shardings(prompts: TreePrompts, mesh: jax.sharding.Mesh):
+    """The shardings of ``prompts.prefix`` once global (``inputs_shardings``), also for prompts that hold the
+    image slots of their ``vision_rows`` only: those are sharded by the slots' global shape."""
+    prefix = prompts.prefix
+    if prompts.vision_rows is not None:
+        n, b = len(prompts.vision_rows), prompts.batch_size
+        whole = lambda x: jax.ShapeDtypeStruct((x.shape[0] // n * b, *x.shape[1:]), x.dtype)  # noqa: E731
+        prefix = prefix.replace(vision=jax.tree.map(whole, prefix.vision))
+    return inputs_shardings(prefix, mesh)
+
+
 def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreePrompts:
     """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, and the
     image patches too (``inputs_shardings``). Image slots of this process's rows only (``prompts.vision_rows``)
@@ -124,7 +135,7 @@ def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreeP
     def rows(a, axis=0):
         return jax.device_put(a, NamedSharding(mesh, batch_spec(mesh, np.shape(a), axis)))
 
-    sh = inputs_shardings(prompts.prefix, mesh)
+    sh = prefix_shardings(prompts, mesh)
     if prompts.vision_rows is None:
         prefix = jax.tree.map(jax.device_put, prompts.prefix, sh)
     else:
