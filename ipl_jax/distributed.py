@@ -20,7 +20,8 @@ directories) while the others wait at a ``barrier``. The bulk data is loaded by 
 and the continued-SFT control) walk the same global order of items in every process but each decodes only the rows
 its devices hold (``held_rows``, read from the batch shardings) and the global arrays are made from those local
 rows (``from_local_rows``), after the processes agree on the padded shapes (``allgather_ints``); T-DPO's packed
-batches carry text and pairs everywhere but the image patches of a process's own rows only.
+batches and the tree sampler's prompts (with one image slot per row) carry text everywhere but the image patches
+of a process's own rows only (``batch_rows``), and a screenshot is decoded when its pixels are first read.
 """
 
 from __future__ import annotations
@@ -210,6 +211,21 @@ def held_rows(shardings, batch, axes, num_rows: int, devices=None) -> np.ndarray
             if (d in devices) if devices is not None else (d.process_index == jax.process_index()):
                 rows.update(int(g) // k for g in _row_entries(index, shape, axis))
     return np.asarray(sorted(rows), np.int64)
+
+
+def batch_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
+    """Sorted rows of a batch of ``rows`` rows that ``devices`` (default: this process's) hold when its row axis
+    is split as ``model.sharding.batch_spec`` splits it under ``mesh``, or None when they hold every row (no
+    mesh, one process, or a row count that does not divide and so stays replicated)."""
+    if mesh is None:
+        return None
+    from jax.sharding import NamedSharding
+
+    from ipl_jax.model.sharding import batch_spec
+
+    sharding = NamedSharding(mesh, batch_spec(mesh, (rows,), 0))
+    held = held_rows(sharding, jax.ShapeDtypeStruct((rows,), np.float32), 0, rows, devices=devices)
+    return None if len(held) == rows else held
 
 
 def local_pieces(x: np.ndarray, sharding, axis: int, rows: np.ndarray, num_rows: int, devices=None) -> dict:

@@ -39,7 +39,10 @@ from ipl_jax.data.batching import (  # noqa: F401  (re-exported: callers import 
     smallest_bucket,
 )
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
-from ipl_jax.data.records import DataError, Step
+from ipl_jax.data.records import Step
+from ipl_jax.data.screenshots import ScreenPixels, decode_pixels
+from ipl_jax.data.screenshots import step_error as _step_error
+from ipl_jax.data.screenshots import step_name as _step_name
 from ipl_jax.data.tokenizer import IM_END, QwenTokenizer, image_token_repeats
 
 TURNS = (1, 2, 3, 4)
@@ -89,14 +92,6 @@ FALLBACK_DESCRIPTION = "A phone screen."
 
 
 # ---------------------------------------------------------------------------------------------- step -> chat
-
-
-def _step_name(step: Step) -> str:
-    return f"{step.episode_id}/{step.step_id}"
-
-
-def _step_error(step: Step, field: str, problem: str) -> DataError:
-    return DataError(step.meta.get("source", "<step>"), _step_name(step), field, problem)
 
 
 def coat_turn_texts(step: Step) -> dict[int, str]:
@@ -209,18 +204,6 @@ def split_rendered_chat(tok: QwenTokenizer, messages: list[dict]) -> list[str]:
 # ---------------------------------------------------------------------------------------------- examples
 
 
-def _pixels_for(step: Step, image_config: ImageProcessorConfig, image=None, pixels=None):
-    if pixels is not None:
-        pv, grid = pixels
-        return np.asarray(pv, np.float32), np.asarray(grid, np.int64).reshape(-1, 3)
-    if image is None:
-        try:
-            image = step.load_image()
-        except (OSError, ValueError) as e:
-            raise _step_error(step, "image", f"cannot load the screenshot: {e}") from e
-    return preprocess_images([image], config=image_config)
-
-
 def chat_example(
     tok: QwenTokenizer,
     messages: list[dict],
@@ -281,7 +264,7 @@ def coat_example(
     the screenshot again.
     """
     messages, kept = coat_messages(step, prompts, turns)
-    pv, grid = _pixels_for(step, image_config, image, pixels)
+    pv, grid = decode_pixels(step, image_config, image, pixels)
     return chat_example(tok, messages, kept, pv, grid, image_config.merge_size, loss_turns, name=_step_name(step))
 
 
@@ -325,7 +308,7 @@ class DialogueSegments:
     turn_prompt_ids: dict[int, np.ndarray]
     target_ids: dict[int, np.ndarray]
     turns: tuple[int, ...]
-    pixel_values: np.ndarray
+    pixel_values: np.ndarray | ScreenPixels
     image_grid_thw: np.ndarray
     name: str = ""
 
@@ -340,12 +323,17 @@ def coat_segments(
     pixels=None,
 ) -> DialogueSegments:
     """Prefix and per-turn prompt ids of a step (all four turns by default, whatever its action type: the
-    sampler decides whether a sampled action needs grounding). Prompts do not depend on the replies."""
+    sampler decides whether a sampled action needs grounding). Prompts do not depend on the replies.
+    ``pixels`` may be a ``ScreenPixels``: only its grid is read (its pixels stay undecoded) and it becomes the
+    segments' ``pixel_values``."""
     turns = _check_turns(turns)
     placeholder = {t: "x" for t in TURNS}  # the prompts between replies do not depend on the replies
     messages, kept = coat_messages(step, prompts, turns, assistant_texts=placeholder)
     pieces = split_rendered_chat(tok, messages)
-    pv, grid = _pixels_for(step, image_config, image, pixels)
+    if isinstance(pixels, ScreenPixels):
+        pv, grid = pixels, pixels.grid
+    else:
+        pv, grid = decode_pixels(step, image_config, image, pixels)
     prefix = tok.expand_image_tokens(tok.encode(pieces[0]), grid, image_config.merge_size)
     prompt_ids = {t: np.asarray(tok.encode(pieces[2 * k]), np.int32) for k, t in enumerate(kept) if k > 0}
     for t, p in prompt_ids.items():

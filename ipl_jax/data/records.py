@@ -70,6 +70,18 @@ class Step:
         img.load()
         return img.convert("RGB")
 
+    def image_size(self) -> tuple[int, int] | None:
+        """The screenshot's (width, height) without decoding its pixels: from the file header of a path or bytes,
+        from the ``size`` attribute of a callable that has one (``ScreenPainter``); None for other callables."""
+        from PIL import Image
+
+        ref = self.image
+        if callable(ref):
+            size = getattr(ref, "size", None)
+            return None if size is None else (int(size[0]), int(size[1]))
+        with Image.open(io.BytesIO(ref) if isinstance(ref, (bytes, bytearray)) else ref) as img:
+            return img.size
+
 
 @dataclasses.dataclass(frozen=True)
 class Episode:

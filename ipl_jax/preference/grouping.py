@@ -96,6 +96,14 @@ class _GroupBuilder:
         self.out.pairs_by_turn[turn] += 1
 
 
+def _pixels(step):
+    """A step's screenshot for its groups: the step's ``ScreenPixels`` when it has one (``StepPrompts.pixels``),
+    so it stays undecoded until packing reads it and decodes once for every group of the step; else its
+    ``pixel_values``."""
+    pixels = getattr(step, "pixels", None)
+    return step.pixel_values if pixels is None else pixels
+
+
 def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=None) -> GroupedPairs:
     """Thinking-level pairs of one tree batch, grouped by prefix node.
 
@@ -131,7 +139,7 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=No
             return PrefixGroup(
                 prefix_ids=ids,
                 continuations=(),
-                pixel_values=step.pixel_values,
+                pixel_values=_pixels(step),
                 image_grid_thw=step.image_grid_thw,
                 name=f"{name}step {int(pt.step_index[k])} (row {row}) turn {turn} prefix nodes {path}",
             )
@@ -175,7 +183,7 @@ def naive_pair_groups(steps: Sequence, naive_tokens: dict, with_grounding: np.nd
             return PrefixGroup(
                 prefix_ids=np.asarray(step.prefix_ids, np.int32),
                 continuations=(),
-                pixel_values=step.pixel_values,
+                pixel_values=_pixels(step),
                 image_grid_thw=step.image_grid_thw,
                 name=f"{name}naive row {row}",
             )

@@ -29,7 +29,8 @@ class PrefixGroup:
     continuations: tuple of int32[n_i] (each a complete turn, closing ``<|im_end|>`` included when it has one);
     scored: tuple of bool[n_i] or None (all True): which continuation tokens count in its summed log-prob (the
       naive-DPO baseline keeps the user prompts between turns in the continuation but does not score them);
-    pixel_values: f32[N, patch_dim] or None; image_grid_thw: int[n, 3] or None; name: for error messages.
+    pixel_values: f32[N, patch_dim], a ``data.screenshots.ScreenPixels`` (decoded when packing reads it as
+    an array) or None; image_grid_thw: int[n, 3] or None; name: for error messages.
     """
 
     prefix_ids: np.ndarray

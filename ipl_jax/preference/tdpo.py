@@ -164,15 +164,7 @@ def vision_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
     """Sorted rows of a packed batch of ``rows`` rows whose image patches ``devices`` (default: this process's)
     hold under ``mesh`` (the row split of ``batch_shardings``), or None when they hold every row (one process):
     what ``packing.pack_round(..., vision_rows=)`` builds in this process."""
-    if mesh is None:
-        return None
-    from jax.sharding import NamedSharding
-
-    from ipl_jax.model.sharding import batch_spec
-
-    sharding = NamedSharding(mesh, batch_spec(mesh, (rows,), 0))
-    held = distributed.held_rows(sharding, jax.ShapeDtypeStruct((rows,), np.float32), 0, rows, devices=devices)
-    return None if len(held) == rows else held
+    return distributed.batch_rows(rows, mesh, devices)
 
 
 def place_batch(batch: PackedBatch, mesh) -> PackedBatch:

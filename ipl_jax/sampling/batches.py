@@ -13,7 +13,7 @@ from ipl_jax.data.records import Step
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts, step_prompts
-from ipl_jax.sampling.tree_sampler import sample_tree
+from ipl_jax.sampling.tree_sampler import prompt_vision_rows, sample_tree
 
 
 @dataclasses.dataclass
@@ -43,15 +43,27 @@ def iter_sampled_batches(
     batch_size: int,
     mesh: jax.sharding.Mesh | None = None,
 ) -> Iterator[SampledBatch]:
-    """Sample one tree per step, ``batch_size`` steps per call of the jitted sampler."""
+    """Sample one tree per step, ``batch_size`` steps per call of the jitted sampler.
+
+    Screenshots are decoded when first read (``step_prompts``); under a mesh with ``config.image_patches`` this
+    process builds the image slots of the rows its devices hold only (``prompt_vision_rows``), so it decodes
+    those rows' screenshots and no others (the returned ``prompts`` decode the rest if a later stage reads them).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     steps = list(steps)
+    vision_rows = prompt_vision_rows(batch_size, mesh, config)
     for start in range(0, len(steps), batch_size):
         chunk = steps[start : start + batch_size]
         items: list[StepPrompts] = [step_prompts(s, tokenizer, image_config, cfg) for s in chunk]
         packed = pack_tree_prompts(
-            cfg, items, config, seed, step_index=range(start, start + len(chunk)), batch_size=batch_size
+            cfg,
+            items,
+            config,
+            seed,
+            step_index=range(start, start + len(chunk)),
+            batch_size=batch_size,
+            vision_rows=vision_rows,
         )
         tree = distributed.to_host(sample_tree(params, cfg, packed, config, mesh))
         pad = batch_size - len(chunk)

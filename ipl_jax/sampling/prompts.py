@@ -10,8 +10,10 @@ A CoaT step is one chat (docs/method.md §2). The sampler needs it cut where the
   ``<|im_end|>``, which the sampler keeps as the last token of that turn) and the first token of turn t;
 * the screenshot's ``pixel_values`` / ``image_grid_thw``.
 
-``step_prompts`` builds a ``StepPrompts`` from a ``Step``; ``pack_tree_prompts`` pads a batch of them to the
-config's buckets (``TreePrompts``).
+``step_prompts`` builds a ``StepPrompts`` from a ``Step``: the ids and the grid from the screenshot's header, its
+pixels decoded when first read (``data.screenshots.ScreenPixels``). ``pack_tree_prompts`` pads a batch of them
+to the config's buckets (``TreePrompts``); given ``vision_rows`` (the rows this process's devices hold under a
+mesh, ``tree_sampler.prompt_vision_rows``) it reads the pixels of those rows only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from flax import struct
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts, coat_segments
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
+from ipl_jax.data.screenshots import ScreenPixels, screen_pixels
 from ipl_jax.model import ModelInputs, prepare_inputs
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import prepare_vision_slots
@@ -32,19 +35,34 @@ from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.keys import step_keys, step_uid
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class StepPrompts:
     """One step's prompt segments (numpy, unpadded).
 
     prefix_ids: int32[P] (image pads expanded); turn_prompt_ids: three int32[Q_t] arrays for turns 2, 3, 4;
-    pixel_values: f32[N, patch_dim]; image_grid_thw: int64[n, 3]; uid: the step's stable key id (``step_uid``).
+    pixel_values: f32[N, patch_dim], read from ``pixels`` (a ``ScreenPixels``: decoded on first read, then kept;
+    built from the array when one is given); image_grid_thw: int64[n, 3]; uid: the step's stable key id
+    (``step_uid``).
     """
 
     prefix_ids: np.ndarray
     turn_prompt_ids: tuple[np.ndarray, np.ndarray, np.ndarray]
-    pixel_values: np.ndarray
+    pixels: ScreenPixels
     image_grid_thw: np.ndarray
     uid: int = 0
+
+    def __init__(self, prefix_ids, turn_prompt_ids, pixel_values, image_grid_thw, uid: int = 0):
+        if not isinstance(pixel_values, ScreenPixels):
+            pixel_values = ScreenPixels.given(pixel_values, image_grid_thw)
+        for k, v in zip(
+            ("prefix_ids", "turn_prompt_ids", "pixels", "image_grid_thw", "uid"),
+            (prefix_ids, turn_prompt_ids, pixel_values, image_grid_thw, uid),
+        ):
+            object.__setattr__(self, k, v)
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        return self.pixels.values()
 
 
 def step_prompts(
@@ -56,13 +74,16 @@ def step_prompts(
     image=None,
     pixels=None,
 ) -> StepPrompts:
-    """A ``Step`` -> its ``StepPrompts`` (loads and preprocesses the screenshot unless ``image`` (PIL) or
-    ``pixels`` ((pixel_values, grid)) is given). ``cfg`` is checked against the image processor's merge size."""
+    """A ``Step`` -> its ``StepPrompts``: with neither ``image`` (PIL) nor ``pixels`` ((pixel_values, grid))
+    given, the grid comes from the screenshot's size and the pixels are decoded when first read; else from what is
+    given, at once. ``cfg`` is checked against the image processor's merge size."""
     if cfg.vision.spatial_merge_size != image_config.merge_size:
         raise ValueError(
             f"image processor merge size {image_config.merge_size} != model spatial_merge_size "
             f"{cfg.vision.spatial_merge_size}"
         )
+    if image is None and pixels is None:
+        pixels = screen_pixels(step, image_config)
     seg = coat_segments(step, tokenizer, image_config, prompts, image=image, pixels=pixels)
     turns = tuple(np.asarray(seg.turn_prompt_ids[t], np.int32) for t in (2, 3, 4))
     for t, ids in zip((2, 3, 4), turns):
@@ -84,7 +105,9 @@ class TreePrompts:
     prefix: ModelInputs (input_ids int32[B, P], positions int32[3, B, P], vision patches padded to a bucket);
     turn_prompt_ids: three int32[B, Q_t] (turns 2, 3, 4, right-padded); turn_prompt_lengths: int32[B, 3];
     step_keys: uint32[B, 2]; step_index: int32[B] (row in the caller's step list); step_valid: bool[B]
-    (False for the padding rows of a last, short batch; they repeat a real step).
+    (False for the padding rows of a last, short batch; they repeat a real step); vision_rows: None, or the
+    sorted rows R whose image slots ``prefix.vision`` holds ([len(R), image_patches, ...]: this process's rows;
+    ``tree_sampler.place_prompts`` assembles the global slots).
     """
 
     prefix: ModelInputs
@@ -93,6 +116,7 @@ class TreePrompts:
     step_keys: np.ndarray
     step_index: np.ndarray
     step_valid: np.ndarray
+    vision_rows: tuple | None = struct.field(pytree_node=False, default=None)
 
     @property
     def batch_size(self) -> int:
@@ -106,9 +130,15 @@ def pack_tree_prompts(
     seed,
     step_index: Sequence[int] | None = None,
     batch_size: int | None = None,
+    vision_rows: Sequence[int] | None = None,
 ) -> TreePrompts:
     """Pads ``items`` to ``batch_size`` rows (repeating the last step, marked invalid) and to the buckets of
-    ``config``; step keys come from ``seed`` (int or uint32[2] key data) and each step's uid."""
+    ``config``; step keys come from ``seed`` (int or uint32[2] key data) and each step's uid.
+
+    With ``config.image_patches`` (one slot per screenshot) only the slots of ``vision_rows`` (sorted rows; default
+    all) are built, so only their pixels are read; the text leaves are whole either way. The packed-patch layout
+    (``image_patches`` unset) reads every row's pixels: its patch rows do not follow the sampler rows, so it is
+    built whole in every process (and ``vision_rows`` is refused)."""
     items = list(items)
     if not items:
         raise ValueError("pack_tree_prompts: no steps")
@@ -130,8 +160,16 @@ def pack_tree_prompts(
     for i, r in enumerate(rows):
         ids[i, : len(r.prefix_ids)] = r.prefix_ids
         mask[i, : len(r.prefix_ids)] = True
-    pixel_values = np.concatenate([r.pixel_values for r in rows], axis=0)
     grids = np.concatenate([r.image_grid_thw.reshape(-1, 3) for r in rows], axis=0)
+    if config.image_patches:
+        # the slots below replace the packed patches, which are never read: zeros stand in for them here (the
+        # text, positions and checks need only the grids), so no screenshot is decoded for them
+        shape = (int(np.prod(grids, axis=1).sum()), cfg.vision.patch_dim)
+        pixel_values = np.broadcast_to(np.zeros((1, shape[1]), np.float32), shape)
+    elif vision_rows is not None:
+        raise ValueError("pack_tree_prompts: vision_rows needs config.image_patches (one image slot per row)")
+    else:
+        pixel_values = np.concatenate([r.pixel_values for r in rows], axis=0)
     prefix = prepare_inputs(
         cfg,
         ids,
@@ -143,7 +181,17 @@ def pack_tree_prompts(
         pad_id=config.pad_id,
     )
     if config.image_patches:  # one screenshot per slot, each encoded alone
-        prefix = prefix.replace(vision=prepare_vision_slots(cfg, pixel_values, grids, config.image_patches))
+        keep = range(b) if vision_rows is None else [int(i) for i in vision_rows]
+        if vision_rows is not None and len({r.image_grid_thw.reshape(-1, 3).shape[0] for r in rows}) > 1:
+            raise ValueError("pack_tree_prompts: vision_rows needs the same number of images in every row")
+        kept = [rows[i] for i in keep]
+        slots = prepare_vision_slots(
+            cfg,
+            np.concatenate([r.pixel_values for r in kept], axis=0),
+            np.concatenate([r.image_grid_thw.reshape(-1, 3) for r in kept], axis=0),
+            config.image_patches,
+        )
+        prefix = prefix.replace(vision=slots)
 
     prompt_ids, lengths = [], np.zeros((b, 3), np.int32)
     for t in range(3):
@@ -163,4 +211,5 @@ def pack_tree_prompts(
         step_keys=step_keys(seed, [r.uid for r in rows]),
         step_index=np.asarray(index, np.int32),
         step_valid=np.arange(b) < n,
+        vision_rows=None if vision_rows is None else tuple(int(i) for i in vision_rows),
     )

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from ipl_jax import distributed
 from ipl_jax.coat.tree import NUM_TURNS, CoaTTree, num_nodes
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.decode import grow_cache
@@ -101,16 +102,48 @@ def trace_count() -> int:
     return _sample_tree_jit._cache_size()
 
 
+def prompt_vision_rows(batch_size: int, mesh: jax.sharding.Mesh | None, config: SamplerConfig, devices=None):
+    """The sorted sampler rows (of ``batch_size``) whose image slots ``devices`` (default: this process's) hold
+    under ``mesh`` — what ``pack_tree_prompts(..., vision_rows=)`` builds in this process — or None when they
+    hold every row or the prompts use the packed-patch layout (``config.image_patches`` unset)."""
+    if not config.image_patches:
+        return None
+    return distributed.batch_rows(batch_size, mesh, devices)
+
+
+def prefix_shardings(prompts: TreePrompts, mesh: jax.sharding.Mesh):
+    """The shardings of ``prompts.prefix`` once global (``inputs_shardings``), also for prompts that hold the
+    image slots of their ``vision_rows`` only: those are sharded by the slots' global shape."""
+    prefix = prompts.prefix
+    if prompts.vision_rows is not None:
+        n, b = len(prompts.vision_rows), prompts.batch_size
+        whole = lambda x: jax.ShapeDtypeStruct((x.shape[0] // n * b, *x.shape[1:]), x.dtype)  # noqa: E731
+        prefix = prefix.replace(vision=jax.tree.map(whole, prefix.vision))
+    return inputs_shardings(prefix, mesh)
+
+
 def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreePrompts:
-    """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, the
-    packed image patches replicated. Without a mesh the arrays are returned unchanged."""
+    """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, and the
+    image patches too (``inputs_shardings``). Image slots of this process's rows only (``prompts.vision_rows``)
+    become global arrays from every process's rows (``distributed.from_local_rows``). Without a mesh the arrays
+    are returned unchanged."""
     if mesh is None:
+        if prompts.vision_rows is not None:
+            raise ValueError("place_prompts: prompts with the image slots of some rows only need a mesh")
         return prompts
 
     def rows(a, axis=0):
         return jax.device_put(a, NamedSharding(mesh, batch_spec(mesh, np.shape(a), axis)))
 
-    prefix = jax.tree.map(jax.device_put, prompts.prefix, inputs_shardings(prompts.prefix, mesh))
+    sh = prefix_shardings(prompts, mesh)
+    if prompts.vision_rows is None:
+        prefix = jax.tree.map(jax.device_put, prompts.prefix, sh)
+    else:
+        vision = prompts.prefix.vision
+        held = np.asarray(prompts.vision_rows, np.int64)
+        axes = jax.tree.map(lambda _: 0, vision)
+        text = jax.tree.map(jax.device_put, prompts.prefix.replace(vision=None), sh.replace(vision=None))
+        prefix = text.replace(vision=distributed.from_local_rows(vision, sh.vision, axes, held, prompts.batch_size))
     return TreePrompts(
         prefix=prefix,
         turn_prompt_ids=tuple(rows(p) for p in prompts.turn_prompt_ids),

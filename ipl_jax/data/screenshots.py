@@ -1,0 +1,106 @@
+"""A step's screenshot as model input, decoded only when its pixels are read.
+
+A step's token ids need only the screenshot's patch grid (how many ``<|image_pad|>`` tokens it expands to),
+which follows from the image's size — the file header (``Step.image_size``) — and the image processor
+(``ImageProcessorConfig.grid_for``). Decoding, resizing and patchifying (``preprocess_images``) is the costly
+part; ``ScreenPixels`` does it when its values are first read and keeps them, so a process of a multi-process
+job decodes the screenshots of the rows its devices hold only, and each of them once however many batches
+(sampler, preference packing) read it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
+from ipl_jax.data.records import DataError, Step
+
+
+def step_name(step: Step) -> str:
+    return f"{step.episode_id}/{step.step_id}"
+
+
+def step_error(step: Step, field: str, problem: str) -> DataError:
+    return DataError(step.meta.get("source", "<step>"), step_name(step), field, problem)
+
+
+class ScreenPixels:
+    """The pixel values f32[N, patch_dim] of a screenshot (N = Σ t·h·w over ``grid``), computed on first read.
+
+    grid: int64[n, 3] (n = 1 for a step), known up front; ``values()`` (or ``np.asarray(x)``) runs ``load`` — a
+    zero-argument callable returning (pixel_values, grid) — once and keeps its result; ``given`` wraps arrays
+    that are already there. A decoded grid that differs from the announced one is an error (the prompt's image
+    tokens were counted from it).
+    """
+
+    def __init__(
+        self,
+        grid,
+        load: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
+        values: np.ndarray | None = None,
+        name: str = "",
+    ):
+        if (load is None) == (values is None):
+            raise ValueError("ScreenPixels: give exactly one of load and values")
+        self.grid = np.asarray(grid, np.int64).reshape(-1, 3)
+        self.name = name
+        self._load, self._values = load, values
+
+    @classmethod
+    def given(cls, pixel_values, grid, name: str = "") -> ScreenPixels:
+        return cls(grid, values=pixel_values, name=name)
+
+    @property
+    def loaded(self) -> bool:
+        return self._values is not None
+
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            pv, grid = self._load()
+            if not np.array_equal(np.asarray(grid).reshape(-1, 3), self.grid):
+                raise ValueError(
+                    f"{self.name or 'screenshot'}: decoded image grid {np.asarray(grid).tolist()} differs from "
+                    f"{self.grid.tolist()}, the grid of the size in its header"
+                )
+            self._values, self._load = pv, None
+        return self._values
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.values() if dtype is None else self.values().astype(dtype, copy=False)
+        return out.copy() if copy else out
+
+    def __repr__(self) -> str:
+        return f"ScreenPixels({self.name!r}, grid={self.grid.tolist()}, loaded={self.loaded})"
+
+
+def decode_pixels(step: Step, image_config: ImageProcessorConfig, image=None, pixels=None):
+    """(pixel_values f32[N, patch_dim], grid int64[n, 3]) of a step's screenshot: ``pixels`` ((values, grid))
+    as given, else ``image`` (PIL) or the step's own screenshot, preprocessed now."""
+    if pixels is not None:
+        pv, grid = pixels
+        return np.asarray(pv, np.float32), np.asarray(grid, np.int64).reshape(-1, 3)
+    if image is None:
+        try:
+            image = step.load_image()
+        except (OSError, ValueError) as e:
+            raise step_error(step, "image", f"cannot load the screenshot: {e}") from e
+    return preprocess_images([image], config=image_config)
+
+
+def screen_pixels(step: Step, image_config: ImageProcessorConfig) -> ScreenPixels:
+    """A step's screenshot with its grid read now from the image's size and its pixels decoded on first read.
+
+    Only a callable image reference without a ``size`` is loaded now (its size is known no other way); its
+    image is kept and preprocessed on first read."""
+    try:
+        size = step.image_size()
+        image = None if size is not None else step.load_image()
+    except (OSError, ValueError) as e:
+        raise step_error(step, "image", f"cannot load the screenshot: {e}") from e
+    width, height = size if size is not None else image.size
+    grid = image_config.grid_for(height, width)
+    load = functools.partial(decode_pixels, step, image_config, image)
+    return ScreenPixels([grid], load=load, name=step_name(step))
