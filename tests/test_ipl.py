@@ -3,8 +3,6 @@ train_round determinism / compilation / 8-device mesh, pairs from CoaT-trees, an
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import types
 
@@ -12,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import fake_devices
 from support.small_models import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 from support.tdpo_rounds import ROUND_PACKING, ROUND_TDPO, mesh_round, round_batches
 
@@ -201,24 +200,15 @@ MESH_SCRIPT = textwrap.dedent(
 
 
 def test_train_round_on_8_device_mesh_matches_single_device(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     out_leaf = str(tmp_path / "leaf.npy")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", MESH_SCRIPT, HERE, out_leaf],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(HERE),
-    )
+    proc = fake_devices.start(MESH_SCRIPT, HERE, out_leaf)
     try:  # the single-device run here, meanwhile
         with jax.default_matmul_precision("highest"):
             single, _, p1 = mesh_round(None)
-        stdout, stderr = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    except BaseException:
+        proc.kill()
+        raise
+    stdout, _ = fake_devices.finish(proc, timeout=400)
     out = json.loads(stdout.strip().splitlines()[-1])
     assert "fsdp" in out["spec"] and "tensor" in out["spec"], out["spec"]  # weights really are split
     assert len(single) == 2 and single[0] != single[1]

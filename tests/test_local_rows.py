@@ -8,12 +8,10 @@ token bucket that the processes did not agree on shows up as a difference from `
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
+from support import fake_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -81,17 +79,8 @@ SCRIPT = textwrap.dedent(
 
 def _run(script: str) -> None:
     """``script`` in a fresh 8-CPU-device process; it prints ok at its end."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, here],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(here),
-        timeout=300,
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    out = fake_devices.run(script, fake_devices.TESTS)
+    assert out.strip().endswith("ok"), out[-3000:]
 
 
 def test_local_rows_assemble_to_the_one_host_batch():

@@ -7,12 +7,10 @@ The mesh needs XLA_FLAGS set before jax starts, so the check runs in a subproces
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
+from support import fake_devices
 from support.hf_models import save_tiny, two_image_batch
 
 PATCH_DIM = 3 * 2 * 14 * 14
@@ -67,18 +65,8 @@ def test_sharded_forward_equals_single_device(tmp_path):
     pv = np.concatenate([pv, pv[48:56], pv[:48]])  # images in batch order: row 2 = old row 1, row 3 = old row 0
     grids = grids + [grids[2], grids[0], grids[1]]
     np.savez(tmp_path / "batch.npz", ids=ids, mask=mask, pv=pv, grids=np.asarray(grids))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "batch.npz")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = fake_devices.run(SCRIPT, str(tmp_path / "ckpt"), str(tmp_path / "batch.npz"), timeout=600)
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert out["max_diff"] <= 1e-5, out
     assert out["tokens_equal"] and "fsdp" in out["tokens_spec"], out
     # q_proj kernel [L=2, H=64, 64]: input dim over fsdp (4), output dim over tensor (2).

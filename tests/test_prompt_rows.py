@@ -10,12 +10,10 @@ over make exactly the one-host placed prompt arrays; with one process the sample
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
+from support import fake_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -118,18 +116,9 @@ SCRIPT = textwrap.dedent(
 
 
 def test_each_process_decodes_only_its_rows_and_the_pieces_make_the_one_host_prompts():
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, here],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(here),
-        timeout=600,
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-    assert "decodes per process [4, 4] of 7" in proc.stdout, proc.stdout
+    out = fake_devices.run(SCRIPT, fake_devices.TESTS, timeout=600)
+    assert out.strip().endswith("ok"), out[-3000:]
+    assert "decodes per process [4, 4] of 7" in out, out
 
 
 def test_lazy_step_prompts_decode_once_and_equal_eager_decoding(tmp_path, monkeypatch):

@@ -1,9 +1,6 @@
 """TrainState, optimizer, the generic jitted step, the SFT loss and the NaN guard (on a toy LM)."""
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -11,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support import fake_devices
 from support.small_models import numpy_params, tiny_cfg, tiny_training_batch
 from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params
 
@@ -325,20 +323,9 @@ MESH_SCRIPT = textwrap.dedent(
 
 
 def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT, here],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(here),
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(fake_devices.run(MESH_SCRIPT, fake_devices.TESTS).strip().splitlines()[-1])
     # The weights and their Adam moments really are split over fsdp × tensor.
     assert all("fsdp" in spec and "tensor" in spec for spec in out["specs"]), out["specs"]
     assert all(math.isfinite(x) and x > 0.5 for x in out["single"])
