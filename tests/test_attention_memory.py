@@ -174,6 +174,34 @@ def test_reference_attention_backward_equals_autodiff_of_the_dense_softmax(chunk
         np.testing.assert_allclose(np.asarray(g), np.asarray(a), atol=2e-6, rtol=1e-5, err_msg=f"d{name}")
 
 
+def test_reference_attention_under_remat_keeps_no_whole_mask():
+    """Layers under remat in a scan (as the decoder runs them): the gradient program holds a few [c, S] tensors of
+    one query chunk, never the [T, S] mask of all chunks (computed ahead from the integer segment ids and kept,
+    it alone would be 64 MiB of booleans here; measured with it: 83 MB of temporaries, without: 19 MB)."""
+    from ipl_jax.model.layers import masked_attention, remat_body
+    from ipl_jax.model.text import _spec_masks
+
+    t, hq, hkv, d, chunk, layers = 4096, 4, 2, 8, 64, 3
+
+    def loss(w, x, seg):  # the segment ids are an input of the program, as in a training step
+        mask_of, per_query, per_key = _spec_masks(seg)
+
+        def layer(h, wl):
+            q = (h @ wl).reshape(1, t, hq, d)
+            out = masked_attention(q, q[:, :, :hkv], q[:, :, hkv:], mask_of, per_query, per_key, query_chunk=chunk)
+            return h + out.reshape(1, t, hq * d), None
+
+        h, _ = jax.lax.scan(remat_body(layer, "full"), x, w)
+        return jnp.sum(h * h)
+
+    w = jax.ShapeDtypeStruct((layers, hq * d, hq * d), jnp.float32)
+    x = jax.ShapeDtypeStruct((1, t, hq * d), jnp.float32)
+    seg = jax.ShapeDtypeStruct((1, t), jnp.int32)
+    temps = jax.jit(jax.grad(loss)).lower(w, x, seg).compile().memory_analysis().temp_size_in_bytes
+    whole_mask = hq * t * t  # bytes of bool[H, T, S]
+    assert temps < whole_mask / 2, (temps, whole_mask)
+
+
 def test_model_gradients_of_the_reference_attention_equal_plain_autodiff(small, highest_precision):
     """The whole SFT gradient (decoder and vision tower, several query chunks) through the reference attention's
     own backward equals autodiff through XLA's attention ('xla': ``jax.nn.dot_product_attention``)."""
