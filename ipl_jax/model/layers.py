@@ -119,25 +119,36 @@ def _attention_dense(q, k, v, mask):
     return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
 
 
-def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
-    """fn(q, per_query) evaluated at most ``query_chunk`` queries at a time. q: [B, T, ...]; per_query: a pytree
-    of arrays with the query axis at 1. Chunks run under ``lax.map`` and are rematerialised in the backward pass.
-    The T queries are split into the fewest chunks of at most ``query_chunk``, all of one size (T = 2116 with
+def _query_chunks(t: int, query_chunk: int) -> tuple[int, int]:
+    """(n, size): the fewest chunks of at most ``query_chunk`` of T queries, all of one size (T = 2116 with
     ``query_chunk`` 2048 runs 2 chunks of 1058, not 2 of 2048: padded queries cost a full row of scores each)."""
-    t = q.shape[1]
-    if not query_chunk or t <= query_chunk:
-        return fn(q, per_query)
-    n = -(-t // query_chunk)
-    size = -(-t // n)
-    pad = n * size - t
+    n = 1 if not query_chunk or t <= query_chunk else -(-t // query_chunk)
+    return n, -(-t // n)
 
-    def split(a):
-        a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
-        return a.reshape((a.shape[0], n, size) + a.shape[2:]).swapaxes(0, 1)
 
-    out = jax.lax.map(jax.checkpoint(lambda a: fn(a[0], a[1])), (split(q), jax.tree.map(split, per_query)))
+def _split_queries(a, n: int, size: int):
+    """[B, T, ...] -> [n, B, size, ...] (T padded at the end to n * size)."""
+    a = jnp.pad(a, [(0, 0), (0, n * size - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+    return a.reshape((a.shape[0], n, size) + a.shape[2:]).swapaxes(0, 1)
+
+
+def _merge_queries(out, t: int):
+    """``_split_queries``' inverse: [n, B, size, ...] -> [B, T, ...]."""
     out = out.swapaxes(0, 1)
-    return out.reshape((out.shape[0], n * size) + out.shape[3:])[:, :t]
+    return out.reshape((out.shape[0], out.shape[1] * out.shape[2]) + out.shape[3:])[:, :t]
+
+
+def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
+    """fn(q, per_query) evaluated at most ``query_chunk`` queries at a time (``_query_chunks``). q: [B, T, ...];
+    per_query: a pytree of arrays with the query axis at 1. Chunks run under ``lax.map`` and are rematerialised
+    in the backward pass."""
+    t = q.shape[1]
+    n, size = _query_chunks(t, query_chunk)
+    if n == 1:
+        return fn(q, per_query)
+    split = functools.partial(_split_queries, n=n, size=size)
+    out = jax.lax.map(jax.checkpoint(lambda a: fn(a[0], a[1])), (split(q), jax.tree.map(split, per_query)))
+    return _merge_queries(out, t)
 
 
 def _attention_fused(q, k, v, mask, implementation: str):
@@ -210,12 +221,6 @@ def _chunk_backward(q, k, v, mask, out, stats, d_out):
     return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
 
 
-def _split_queries(a, n: int, size: int):
-    """[B, T, ...] -> [n, B, size, ...] (T padded at the end to n * size)."""
-    a = jnp.pad(a, [(0, 0), (0, n * size - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
-    return a.reshape((a.shape[0], n, size) + a.shape[2:]).swapaxes(0, 1)
-
-
 def _blocked_primal(mask_of, q, k, v, per_query, per_key):
     # under an enclosing remat, a chunk's mask (integers only) would count as known and be computed ahead for every
     # chunk and kept, [n, B, H, c, S] booleans: the checkpoint keeps it inside its chunk
@@ -248,13 +253,10 @@ _blocked.defvjp(_blocked_primal, _blocked_bwd)
 
 
 def _blocked_attention(q, k, v, mask_of, per_query, per_key, query_chunk: int):
-    t = q.shape[1]
-    n = 1 if not query_chunk or t <= query_chunk else -(-t // query_chunk)
-    size = -(-t // n)
+    n, size = _query_chunks(q.shape[1], query_chunk)
     split = functools.partial(_split_queries, n=n, size=size)
     out = _blocked(mask_of, split(q), k, v, jax.tree.map(split, per_query), per_key)
-    out = out.swapaxes(0, 1)
-    return out.reshape((out.shape[0], n * size) + out.shape[3:])[:, :t]
+    return _merge_queries(out, q.shape[1])
 
 
 def masked_attention(
