@@ -161,7 +161,7 @@ PACKED = textwrap.dedent(
     cfg = tiny_cfg()
     groups, pairs, full = round_batches(cfg, seed=12)  # 2 batches of 4 rows, 8 groups with one image each
     mesh = make_mesh((2, 2, 2))
-    assert tdpo.vision_rows(4, mesh) is None  # one process holds every row: pack_round as before
+    assert distributed.batch_rows(4, mesh) is None  # one process holds every row: pack_round as before
     read = []
     prepare = PK.prepare_vision
     PK.prepare_vision = lambda cfg, pixels, *a: read.append(pixels) or prepare(cfg, pixels, *a)
@@ -169,7 +169,7 @@ PACKED = textwrap.dedent(
     procs = [list(mesh.devices[:, p].flat) for p in range(2)]  # rows split over data x fsdp: p holds p, p + 2
     pieces = {}
     for devs in procs:
-        held = tdpo.vision_rows(4, mesh, devices=devs)
+        held = distributed.batch_rows(4, mesh, devices=devs)
         read.clear()
         local = PK.pack_round(cfg, groups, pairs, ROUND_PACKING, held)
         # this process read the screenshots of its own rows only: group 4 * k + r sits in row r of batch k

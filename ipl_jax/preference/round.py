@@ -27,12 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ipl_jax import distributed
 from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packed_batch import PackingConfig
 from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
-from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round, vision_rows
+from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
 from ipl_jax.training import state as state_lib
 from ipl_jax.training.step import check_finite
 
@@ -219,7 +220,7 @@ def ipl_round(
     grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
     t1 = time.perf_counter()
     # under a multi-process mesh each process reads the screenshots of its own devices' rows only
-    held = vision_rows(config.packing.rows, mesh)
+    held = distributed.batch_rows(config.packing.rows, mesh)
     batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing, held)
     record = {
         "round": round_index,

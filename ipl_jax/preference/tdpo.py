@@ -160,21 +160,14 @@ def batch_shardings(batch: PackedBatch, mesh):
     )
 
 
-def vision_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
-    """Sorted rows of a packed batch of ``rows`` rows whose image patches ``devices`` (default: this process's)
-    hold under ``mesh`` (the row split of ``batch_shardings``), or None when they hold every row (one process):
-    what ``packing.pack_round(..., vision_rows=)`` builds in this process."""
-    return distributed.batch_rows(rows, mesh, devices)
-
-
 def place_batch(batch: PackedBatch, mesh) -> PackedBatch:
     """A packed batch as global arrays with ``batch_shardings``: the text and pair leaves (host values, the same
-    in every process) slice by slice, the vision leaves from this process's rows (``vision_rows``) when it holds
-    only some of them."""
+    in every process) slice by slice, the vision leaves from this process's rows (``distributed.batch_rows``) when
+    it holds only some of them."""
     sh = batch_shardings(batch, mesh)
     if batch.vision is None or batch.vision.patches.shape[0] == batch.rows:
         return distributed.put(batch, sh)
-    rows = vision_rows(batch.rows, mesh)
+    rows = distributed.batch_rows(batch.rows, mesh)
     vision = distributed.from_local_rows(
         batch.vision, sh.vision, jax.tree.map(lambda _: 0, batch.vision), rows, batch.rows
     )
