@@ -113,7 +113,7 @@ def test_unknown_remat_policy_is_one_line():
         ValueError, match=r"remat policy 'some' is unknown \(valid: none, full, dots_saveable, offload\)"
     ):
         check_remat("some", "cpu")
-    with pytest.raises(ValueError, match=r"attention 'flash' is unknown \(valid: reference, xla, cudnn\)"):
+    with pytest.raises(ValueError, match=r"attention 'flash' is unknown \(valid: auto, reference, xla, cudnn\)"):
         tiny_cfg().replace(attention="flash")
 
 
@@ -242,6 +242,54 @@ def test_sft_loss_with_one_image_per_slot_equals_the_packed_images(small, highes
     want, got = float(loss(params, flat)), float(loss(params, slots))
     assert want > 1.0
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl"])
+def test_fused_kernels_get_slot_lengths_and_whole_masks_with_the_reference_results(model_type, highest_precision):
+    """The fused path hands ``jax.nn.dot_product_attention`` the arguments cuDNN gets on a GPU ('xla' takes the
+    same ones): per-slot lengths for one screenshot per slot (Qwen2-VL), a whole segment mask for windows
+    (Qwen2.5-VL), a [B, 1, T, T] mask with the causal hint in the decoder. The SFT loss and its gradients, with
+    images one per slot and a slot left empty, equal the reference attention's."""
+    cfg = tiny_cfg().replace(attention_query_chunk=16)
+    if model_type == "qwen2_5_vl":  # 4-pixel windows (one merged token each) in block 0, the whole image in 1
+        vision = dataclasses.replace(cfg.vision, depth=2, window_size=4, fullatt_block_indexes=(1,), hidden_act="silu")
+        cfg = cfg.replace(model_type=model_type, vision=vision)
+    params = numpy_params(cfg, std=0.3)
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 2, empty_rows=1), image_patches=24)
+    assert np.all(batch["vision"].segment_ids[3] == -1)
+
+    def loss_and_grads(p):
+        return [
+            jax.value_and_grad(lambda q, c=c: sft.qwen2vl_sft_loss(c, chunk=32)(q, batch, None)[0])(p)
+            for c in (cfg.replace(attention="reference"), cfg.replace(attention="xla"))
+        ]
+
+    (ref_loss, ref), (xla_loss, xla) = jax.jit(loss_and_grads)(params)
+    assert float(ref_loss) > 1.0 and optax.tree.norm(ref["visual"]) > 1e-4
+    np.testing.assert_allclose(float(xla_loss), float(ref_loss), atol=1e-5, rtol=0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4), xla, ref)
+
+
+def test_attention_resolution_per_backend_and_one_line_refusals():
+    """'auto' never fails (the reference off GPUs and for float32); 'cudnn' that cannot run names the setting and
+    what works, before anything is traced."""
+    from ipl_jax.model.layers import resolve_attention
+
+    assert resolve_attention("auto", jnp.float32, (128,)) == "reference"
+    assert resolve_attention("xla", jnp.float32) == "xla"
+    if jax.default_backend() != "gpu":
+        assert resolve_attention("auto", jnp.bfloat16, (128, 80)) == "reference"
+        with pytest.raises(ValueError, match=r"^model.attention='cudnn' cannot run: it needs a GPU, this backend is "):
+            resolve_attention("cudnn", jnp.bfloat16, (128,))
+    with pytest.raises(ValueError, match=r"needs a bfloat16 or float16 compute dtype, the model computes in float32"):
+        resolve_attention("cudnn", jnp.float32, (128,))
+    with pytest.raises(ValueError, match=r"head dim 100 is not a multiple of 8 up to 128 \(use 'auto' or"):
+        resolve_attention("cudnn", jnp.bfloat16, (100,))
+    cfg = tiny_cfg().replace(attention="cudnn")
+    params = numpy_params(tiny_cfg())
+    ids = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="model.attention='cudnn' cannot run"):
+        M.forward(params, cfg, ids, jnp.zeros((3, 1, 8), jnp.int32), jnp.ones((1, 8), bool))
 
 
 def test_sampler_prompts_with_one_screenshot_per_slot_give_the_same_logits(sampler_model, highest_precision):

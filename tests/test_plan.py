@@ -219,7 +219,7 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
         ),
         (
             ["--devices", "2", "--mesh", "data=2", "--attention", "cudnn"],
-            "--attention cudnn: not available on cpu (valid: reference, xla)",
+            "--attention cudnn: not available on cpu (valid: auto, reference, xla)",
         ),
         (["--devices", "2", "--topology", "v5p-8"], "not allowed with argument"),
     ],

@@ -138,7 +138,7 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
             "tpu",
             "config.model.param_dtype='float16': unknown or not available on tpu (valid: auto, float32, bfloat16)",
         ),
-        (dict(attention="flash"), "cpu", "config.model.attention='flash': must be one of reference, xla, cudnn"),
+        (dict(attention="flash"), "cpu", "config.model.attention='flash': must be one of auto, reference, xla, cudnn"),
         (dict(attention="cudnn"), "cpu", "cuDNN attention needs a GPU, this backend is cpu"),
         (dict(remat="all"), "cpu", "config.model.remat='all': must be one of none, full, dots_saveable, offload"),
     ],

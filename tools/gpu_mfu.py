@@ -233,6 +233,10 @@ def run(args) -> dict:
         matmul_flops_measured=measured,
     )
     mf, hf = res["model_flops"]["total"], cost.flops
+    if args.profile:
+        from xla_profile import profile_parts
+
+        res["profile"] = profile_parts(compiled.as_text(), step, calls=2, trace_dir=args.profile)
     res["achieved_model_tflops"] = mf / sec / 1e12
     res["achieved_hlo_tflops"] = hf / sec / 1e12
     if peak:
@@ -258,6 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak (default: by device kind)")
     ap.add_argument("--skip-matmul", action="store_true", help="do not measure the bf16 matmul peak")
+    ap.add_argument("--profile", default=None, help="trace 2 steps into this folder; per-part times in the JSON")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.patches % 4:

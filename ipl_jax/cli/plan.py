@@ -53,7 +53,7 @@ def parser() -> CommandParser:
         help="training remat policy: none, full, dots_saveable, offload (default: config.model.remat, else full)",
     )
     p.add_argument(
-        "--attention", default=None, help="reference, xla or cudnn (default: config.model.attention, else reference)"
+        "--attention", default=None, help="auto, reference, xla or cudnn (default: config.model.attention, else auto)"
     )
     p.add_argument("--programs", default="sft,tdpo,prefill,decode", help="comma-separated subset to plan")
     p.add_argument("--budget-gb", type=float, default=None, help="mark programs whose total exceeds this")
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
         arch, cfg = plan_lib.model_config(config, args.config or "", args.arch)
         dtype, frozen = plan_lib.plan_dtypes(config, args.dtype, args.frozen_dtype)
         remat = args.remat or str(config.model.get("remat", "full"))
-        attention = args.attention or str(config.model.get("attention", "reference"))
+        attention = args.attention or str(config.model.get("attention", "auto"))
         settings = plan_lib.PlanSettings(
             compute_dtype=dtype,
             remat=remat,

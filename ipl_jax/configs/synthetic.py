@@ -91,7 +91,7 @@ def get_config(arg=None):
     # 'auto' = the compute dtype). Trained weights and optimizer moments are always float32.
     c.model.dtype = "auto"
     c.model.param_dtype = "auto"
-    c.model.attention = "reference"  # reference | xla | cudnn (jax.nn.dot_product_attention)
+    c.model.attention = "auto"  # auto (per backend) | reference | xla | cudnn (jax.nn.dot_product_attention)
     c.model.remat = "none"  # training: none | full | dots_saveable | offload (decoder layers and vision blocks)
     # The world renders 224x448 screenshots; the model sees them at half size (112x224 = 128 patches of 14x14,
     # 32 image tokens after the 2x2 merge), which keeps the vision tower cheap on a CPU.

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_ATTENTION = ("reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
+_ATTENTION = ("auto", "reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
 _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
 
 
@@ -119,9 +119,10 @@ class Qwen2VLConfig:
     # Runtime knob (not part of the HF config): attention processes this many queries at a time when a
     # sequence (text tokens, or all packed patches in the vision tower) is longer; 0 = never chunk.
     attention_query_chunk: int = 2048
-    # Runtime knob: "reference" (the masked softmax of model/layers.py; parity tests, CPUs), "xla" or "cudnn"
-    # (jax.nn.dot_product_attention) for the forward passes without a cache (training, scoring, the vision tower).
-    attention: str = "reference"
+    # Runtime knob: "auto" (per backend: cuDNN on a GPU with a 16-bit dtype, else the reference), "reference"
+    # (the masked softmax of model/layers.py; parity tests, CPUs), "xla" or "cudnn" (jax.nn.dot_product_attention)
+    # for the forward passes without a cache (training, scoring, prefill, the vision tower).
+    attention: str = "auto"
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):

@@ -169,6 +169,8 @@ def prepare_vision_slots(
     sizes = np.prod(grids, axis=1)
     if int(sizes.sum()) != pv.shape[0]:
         raise ValueError(f"image_grid_thw covers {int(sizes.sum())} patches but pixel_values has {pv.shape[0]} rows")
+    if np.any(grids[:, 0] > 1):
+        raise ValueError(f"one image per slot needs single-frame grids (t = 1), got image_grid_thw {grids.tolist()}")
     starts = np.concatenate([[0], np.cumsum(sizes)])
     slots = []
     for i, g in enumerate(grids):

@@ -4,9 +4,10 @@ They follow transformers' eager numerics: norms in float32 then cast back, atten
 dtype, softmax in float32 cast back to the compute dtype before multiplying by V.
 
 Attention implementations (``Qwen2VLConfig.attention``): ``reference`` is the masked softmax written here (the
-parity path, and the one for CPUs); ``xla`` and ``cudnn`` go through ``jax.nn.dot_product_attention`` (XLA's
-fused attention, cuDNN flash attention on GPUs). Masks are built from compact per-token arrays one query chunk
-at a time (``masked_attention``), so no [B, T, T] mask lives across layers.
+parity path, and the one for CPUs and TPUs); ``xla`` and ``cudnn`` go through ``jax.nn.dot_product_attention``
+(XLA's fused attention, cuDNN flash attention on GPUs); ``auto`` picks per backend (``resolve_attention``). The
+reference builds masks from compact per-token arrays one query chunk at a time (``masked_attention``); cuDNN
+takes one [B, 1, T, S] mask (or per-row lengths) with the batch shape it expects, never under ``vmap``.
 
 Rematerialisation policies (``REMAT_POLICIES``, ``remat_body``): ``none``; ``full`` (save only a layer's input,
 recompute the rest in the backward pass); ``dots_saveable`` (keep matmul outputs, recompute the elementwise
@@ -21,8 +22,52 @@ import functools
 import jax
 import jax.numpy as jnp
 
-ATTENTION_IMPLS = ("reference", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 128
 REMAT_POLICIES = ("none", "full", "dots_saveable", "offload")
+
+
+@functools.cache
+def cudnn_unavailable() -> str | None:
+    """Why cuDNN attention cannot run on the default backend (None when it can): a GPU is needed, and one
+    small ``jax.nn.dot_product_attention(implementation='cudnn')`` must compile there."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return f"it needs a GPU, this backend is {backend}"
+    try:
+        x = jax.ShapeDtypeStruct((1, 128, 1, 64), jnp.bfloat16)
+        jax.jit(lambda q: jax.nn.dot_product_attention(q, q, q, implementation="cudnn")).lower(x).compile()
+    except Exception as e:  # noqa: BLE001 - any failure means the kernel is not usable here
+        return f"cuDNN flash attention does not compile on this GPU ({type(e).__name__}: {str(e)[:160]})"
+    return None
+
+
+def cudnn_refusal(dtype, head_dims) -> str | None:
+    """Why cuDNN attention cannot run this model (None when it can): a 16-bit compute dtype, head dims that are
+    multiples of 8 up to ``CUDNN_MAX_HEAD_DIM``, and a backend where it compiles."""
+    name = jnp.dtype(dtype).name
+    if name not in CUDNN_DTYPES:
+        return f"it needs a bfloat16 or float16 compute dtype, the model computes in {name}"
+    bad = [d for d in head_dims if d % 8 or d > CUDNN_MAX_HEAD_DIM]
+    if bad:
+        return f"head dim {bad[0]} is not a multiple of 8 up to {CUDNN_MAX_HEAD_DIM}"
+    return cudnn_unavailable()
+
+
+def resolve_attention(name: str, dtype, head_dims=()) -> str:
+    """The implementation that runs for the setting ``name``: 'auto' is 'cudnn' where it can run (a GPU, a 16-bit
+    dtype; measured fastest there, see docs/gpu.md) and 'reference' elsewhere, so it never fails; 'cudnn' that
+    cannot run raises ValueError (one line naming the setting and what works)."""
+    if name not in ATTENTION_IMPLS:
+        raise ValueError(f"model.attention={name!r} is unknown (valid: {', '.join(ATTENTION_IMPLS)})")
+    if name == "auto":
+        return "cudnn" if cudnn_refusal(dtype, head_dims) is None else "reference"
+    if name == "cudnn":
+        why = cudnn_refusal(dtype, head_dims)
+        if why is not None:
+            raise ValueError(f"model.attention='cudnn' cannot run: {why} (use 'auto' or 'reference')")
+    return name
 
 
 def remat_policy_name(remat) -> str:
@@ -151,9 +196,18 @@ def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
     return _merge_queries(out, t)
 
 
-def _attention_fused(q, k, v, mask, implementation: str):
-    """jax.nn.dot_product_attention with a bool[B, T, S] mask (head-broadcast); softmax in float32 inside."""
-    return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation=implementation)
+def _fused_attention(q, k, v, mask_of, per_query, per_key, implementation: str, causal: bool, lengths):
+    """``jax.nn.dot_product_attention`` on the whole sequence, with the batch shape the kernels expect: per-row
+    ``lengths`` (the padding mask, no mask array) or one bool[B, 1, T, S] mask (broadcast over heads), plus the
+    causal hint. 'xla' and 'cudnn' receive exactly the same arguments, so the CPU tests of 'xla' check what
+    cuDNN is given."""
+    if lengths is not None:
+        n = jnp.asarray(lengths, jnp.int32)
+        return jax.nn.dot_product_attention(
+            q, k, v, query_seq_lengths=n, key_value_seq_lengths=n, implementation=implementation
+        )
+    mask = mask_of(per_query, per_key)[:, None]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
 
 
 # ------------------------------------------------------------------ blocked attention with its own backward pass
@@ -268,20 +322,26 @@ def masked_attention(
     per_key=None,
     query_chunk: int = 0,
     implementation: str = "reference",
+    *,
+    causal: bool = False,
+    lengths: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """Attention whose mask is built per query chunk: ``mask_of(per_query_chunk, per_key) -> bool[B, c, S]`` from
     ``per_query`` (a pytree of arrays [B, T, ...], e.g. query positions and segment ids) and ``per_key`` (a pytree,
     e.g. the keys' segment ids [B, S]); ``mask_of`` must read nothing but its two arguments. q: [B, T, Hq, D];
-    k, v: [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS``. 'reference' runs ``query_chunk``
-    queries at a time (even chunks) with its own backward pass (see ``_blocked``); 'xla' chunks the same way
-    under ``jax.checkpoint``; 'cudnn' runs unchunked (flash attention never holds the scores)."""
-    if implementation not in ATTENTION_IMPLS:
-        raise ValueError(f"attention {implementation!r} is unknown (valid: {', '.join(ATTENTION_IMPLS)})")
+    k, v: [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS`` (``resolve_attention``). 'reference'
+    runs ``query_chunk`` queries at a time (even chunks) with its own backward pass (see ``_blocked``); 'xla' and
+    'cudnn' run on the whole sequence (``_fused_attention``; XLA's then holds [B, H, T, S] scores).
+
+    Hints for the fused kernels (the result is the same without them): ``causal`` says the mask allows no key
+    after its query (cuDNN then skips the blocks above the diagonal); ``lengths`` int32[B] says the mask is
+    exactly "query and key both among the row's first ``lengths`` tokens" (cuDNN's padding mask, no mask array;
+    queries past the length then read zeros instead of averaging the padding)."""
+    dims = {q.shape[-1], v.shape[-1]}
+    implementation = resolve_attention(implementation, q.dtype, tuple(dims))
     if implementation == "reference":
         return _blocked_attention(q, k, v, mask_of, per_query, per_key, query_chunk)
-    chunk = 0 if implementation == "cudnn" else query_chunk
-    fused = lambda qc, pc: _attention_fused(qc, k, v, mask_of(pc, per_key), implementation)  # noqa: E731
-    return _chunked(fused, q, per_query, chunk)
+    return _fused_attention(q, k, v, mask_of, per_query, per_key, implementation, causal, lengths)
 
 
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
@@ -307,10 +367,15 @@ def segment_attention(
     k_segments: jnp.ndarray,
     query_chunk: int = 0,
     implementation: str = "reference",
+    lengths: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """Block-diagonal attention: query t attends key s iff their segment ids are equal. q_segments:
-    int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time."""
-    return masked_attention(q, k, v, _same_segment, q_segments, k_segments, query_chunk, implementation)
+    int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time.
+    ``lengths`` int32[B]: the hint that each row is one segment of that many tokens followed by padding (see
+    ``masked_attention``)."""
+    return masked_attention(
+        q, k, v, _same_segment, q_segments, k_segments, query_chunk, implementation, lengths=lengths
+    )
 
 
 def _same_segment(q_segments, k_segments):

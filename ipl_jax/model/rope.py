@@ -54,12 +54,12 @@ def text_cos_sin(positions: jnp.ndarray, cfg: TextConfig, dtype) -> tuple[jnp.nd
 def vision_cos_sin(pos_hw: jnp.ndarray, cfg: VisionConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Axial 2D tables for the ViT.
 
-    pos_hw: int32[P, 2] (row, column of each patch). Returns cos, sin: f32[P, head_dim] laid out as
+    pos_hw: int32[..., P, 2] (row, column of each patch). Returns cos, sin: f32[..., P, head_dim] laid out as
     ``[f_h, f_w, f_h, f_w]`` with ``head_dim/4`` frequencies each.
     """
     hd = cfg.head_dim
     inv = jnp.asarray(_inv_freq(cfg.rope_theta, hd // 2))  # f32[hd/4]
-    freqs = pos_hw.astype(jnp.float32)[..., None] * inv  # [P, 2, hd/4]
-    fhw = jnp.concatenate([freqs[:, 0], freqs[:, 1]], axis=-1)  # [P, hd/2]
+    freqs = pos_hw.astype(jnp.float32)[..., None] * inv  # [..., P, 2, hd/4]
+    fhw = jnp.concatenate([freqs[..., 0, :], freqs[..., 1, :]], axis=-1)  # [..., P, hd/2]
     emb = jnp.concatenate([fhw, fhw], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)

@@ -12,7 +12,8 @@ alone, or a KV cache's slots followed by the new tokens). Attention specificatio
   follow one prefix and each attends to the prefix and causally to itself only.
 
 The key-padding and packed specs are expanded into masks one query chunk at a time, inside each layer's
-attention (``cfg.attention`` picks the reference softmax or ``jax.nn.dot_product_attention``).
+attention (``cfg.attention`` picks the reference softmax or ``jax.nn.dot_product_attention``; cuDNN takes the
+whole mask, built once per forward).
 
 Image features are scattered, in order, into the ``<|image_pad|>`` positions of ``input_ids`` (row-major over
 the batch, like transformers' ``masked_scatter``); padding must therefore never use the image token id.
@@ -26,6 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from ipl_jax.model import layers
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.layers import dense, masked_attention, remat_body, rms_norm
 from ipl_jax.model.rope import apply_rotary, text_cos_sin
@@ -124,11 +126,15 @@ def decoder_layer(
     k = apply_rotary(k, cos, sin)
     if kv_dtype is not None:
         k, v = k.astype(kv_dtype), v.astype(kv_dtype)
-    o = attend(q, k.astype(dtype), v.astype(dtype))
+    with jax.named_scope("attention"):
+        o = attend(q, k.astype(dtype), v.astype(dtype))
     x = x + dense(at["o_proj"], o.reshape(b, t, t_cfg.num_attention_heads * t_cfg.head_dim), dtype)
     h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
     mp = lp["mlp"]
-    h = dense(mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype)
+    with jax.named_scope("mlp"):
+        h = dense(
+            mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype
+        )
     return x + h, (k, v)
 
 
@@ -166,13 +172,19 @@ def decoder_stack(
 
 def self_attention(cfg: Qwen2VLConfig, spec: jnp.ndarray) -> Callable:
     """``decoder_stack``'s attend for a sequence without a cache: the new tokens attend to each other under
-    ``spec`` (see the module docstring), ``cfg.attention_query_chunk`` queries at a time, by ``cfg.attention``."""
-    chunk, impl = cfg.attention_query_chunk, cfg.attention
+    ``spec`` (see the module docstring), by ``cfg.attention``: the reference builds each layer's mask a query
+    chunk (``cfg.attention_query_chunk``) at a time; the fused kernels get one bool[B, T, T] mask built here,
+    outside the layer loop, and the causal hint for the key-padding and packed specs (both allow no later key)."""
+    chunk = cfg.attention_query_chunk
+    impl = layers.resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim,))
     if spec.ndim == 3:
-        mask = spec.astype(bool)
-        return lambda q, k, v, layer: masked_attention(q, k, v, _given_mask, mask, None, chunk, impl)
-    mask_of, per_query, per_key = _spec_masks(spec)
-    return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, per_key, chunk, impl)
+        mask, causal = spec.astype(bool), False
+    else:
+        mask_of, per_query, per_key = _spec_masks(spec)
+        if impl == "reference":
+            return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, per_key, chunk, impl)
+        mask, causal = mask_of(per_query, per_key), True
+    return lambda q, k, v, layer: masked_attention(q, k, v, _given_mask, mask, None, chunk, impl, causal=causal)
 
 
 def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) -> jnp.ndarray:
@@ -247,6 +259,7 @@ def token_log_probs(
     if t % c:
         raise ValueError(f"sequence length {t} is not a multiple of the chunk {c}")
 
+    @jax.named_scope("logprob_head")
     def logps(hid, tgt):  # [B, c, H], [B, c] -> [B, c]
         logits = logits_from_hidden(params, cfg, hid)
         lse = jax.nn.logsumexp(logits, axis=-1)

@@ -1,12 +1,11 @@
 """The Qwen2-VL vision tower on fixed-shape, padded patch arrays.
 
-All images of a batch are packed along one patch axis, padded to a bucket. ``segment_ids`` says which image
-(temporal slice) a patch belongs to; attention is block-diagonal over segments (transformers' cu_seqlens), and
-pad patches (segment -1) only see each other, so they never touch real patches. The [P, P] mask is built
-one query chunk at a time (``cfg.attention_query_chunk``), so memory grows as P * chunk, not P^2; compute is
-still quadratic in the packed patch count, so prefer several calls over one huge bucket. The merger concatenates each
-run of ``merge_factor`` (=4) consecutive patches, so the merged output keeps the packing: image features first,
-in image order, then the pad rows.
+Images come packed along one patch axis padded to a bucket (leaves [P, ...]), or one per slot (leaves
+[N, Pi, ...]: the slots are the blocks' batch, so cost is linear in the number of images). ``segment_ids`` says
+which image (temporal slice) a patch belongs to; attention is block-diagonal over segments (transformers'
+cu_seqlens), and pad patches (segment -1) only see each other, so they never touch real patches. The merger
+concatenates each run of ``merge_factor`` (=4) consecutive patches, so the merged output keeps the packing:
+image features first, in image order, then the pad rows.
 """
 
 from __future__ import annotations
@@ -33,6 +32,24 @@ def _mlp(mp, h, dtype):
     return dense(mp["fc2"], quick_gelu(dense(mp["fc1"], h, dtype)), dtype)
 
 
+def _tower(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat, lengths) -> jnp.ndarray:
+    """ViT + merger on rows of patches (leaves [N, P, ...]): f32[N * P // merge_factor, hidden]."""
+    if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
+        return encode_images_qwen25(params, cfg, vision, remat)
+    dtype = jnp.dtype(cfg.dtype)
+    vp = params["visual"]
+    x = dense(vp["patch_embed"], vision.patches, dtype)  # [N, P, E]
+    cos, sin = vision_cos_sin(vision.pos_hw, cfg.vision)
+    seg = vision.segment_ids
+
+    def body(x, bp):
+        return vision_block(cfg, _layer_norm, _mlp, x, bp, cos, sin, seg, lengths), None
+
+    x, _ = jax.lax.scan(remat_body(body, remat), x, vp["blocks"])
+    return merge_patches(cfg, _layer_norm, vp["merger"], x)
+
+
+@jax.named_scope("vision")
 def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
     """Runs the ViT + merger. Returns image features f32[P // merge_factor, hidden]; rows past the real merged
     tokens (pad patches) hold finite garbage and must not be scattered into the text. ``remat``: a policy of
@@ -40,32 +57,21 @@ def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInput
     to ``slot_image_features``."""
     if vision.patches.ndim == 3:  # one image per slot (inputs.prepare_vision_slots): each encoded alone
         return slot_image_features(params, cfg, vision, remat)
-    if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
-        return encode_images_qwen25(params, cfg, vision, remat)
-    v = cfg.vision
-    dtype = jnp.dtype(cfg.dtype)
-    vp = params["visual"]
-    x = dense(vp["patch_embed"], vision.patches, dtype)  # [P, E]
-    cos, sin = vision_cos_sin(vision.pos_hw, v)
-    seg = vision.segment_ids
-
-    def body(x, bp):
-        return vision_block(cfg, _layer_norm, _mlp, x, bp, cos, sin, seg), None
-
-    x, _ = jax.lax.scan(remat_body(body, remat), x, vp["blocks"])
-    return merge_patches(cfg, _layer_norm, vp["merger"], x)
+    return _tower(params, cfg, jax.tree.map(lambda a: a[None], vision), remat, None)
 
 
 def slot_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
-    """The tower on images laid out one per slot (leaves [N, Pi, ...], ``inputs.prepare_vision_slots``): each slot
-    encoded alone (vmapped), so the cost is linear in the number of images, then the real merged features of all
-    slots in slot order, as ``text.embed_tokens`` consumes them: f32[N * Pi / merge, hidden] (fill rows last)."""
-    feats = jax.vmap(lambda v: encode_images_unjitted(params, cfg, v, remat))(vision)  # [N, Pi/m, H]
-    n, k, h = feats.shape
+    """The tower on images laid out one per slot (leaves [N, Pi, ...], ``inputs.prepare_vision_slots``): the slots
+    are the batch of every block, so the cost is linear in the number of images, then the real merged features of
+    all slots in slot order, as ``text.embed_tokens`` consumes them: f32[N * Pi / merge, hidden] (fill rows last).
+    A slot holds one image (one segment, real patches first), so its patch count is the fused kernels' length."""
+    lengths = jnp.sum(vision.segment_ids >= 0, axis=1).astype(jnp.int32)
+    feats = _tower(params, cfg, vision, remat, lengths)  # [N * Pi/m, H]
+    n, p = vision.segment_ids.shape
     m = cfg.vision.merge_factor
-    real = (vision.segment_ids >= 0).reshape(n, k, m)[..., 0].reshape(-1)
-    (index,) = jnp.nonzero(real, size=n * k, fill_value=0)
-    return feats.reshape(n * k, h)[index]
+    real = (vision.segment_ids >= 0).reshape(n, p // m, m)[..., 0].reshape(-1)
+    (index,) = jnp.nonzero(real, size=n * (p // m), fill_value=0)
+    return feats[index]
 
 
 def merged_valid(vision: VisionInputs, cfg: Qwen2VLConfig) -> jnp.ndarray:

@@ -63,22 +63,25 @@ def _mlp(mp, h, dtype):  # SwiGLU with biases
 
 
 def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
-    """ViT + merger of Qwen2.5-VL. Returns f32[P // merge_factor, hidden] in the input's merged-token order
-    (images first, pad rows at the end, as ``vision.encode_images``)."""
+    """ViT + merger of Qwen2.5-VL on rows of patches (leaves [N, P, ...], each row windowed on its own). Returns
+    f32[N * P // merge_factor, hidden] in the input's merged-token order (images first, pad rows at the end of
+    each row, as ``vision.encode_images``)."""
     v = cfg.vision
     mf = v.merge_factor
+    n, p = vision.segment_ids.shape
     dtype = jnp.dtype(cfg.dtype)
     vp = params["visual"]
-    perm, inverse, window = window_order(vision.pos_hw, vision.segment_ids, cfg)
+    perm, inverse, window = jax.vmap(lambda hw, seg: window_order(hw, seg, cfg))(vision.pos_hw, vision.segment_ids)
 
-    def to_windows(a):  # [P, ...] -> the same rows with merge groups in window order
-        return jnp.take(a.reshape((-1, mf) + a.shape[1:]), perm, axis=0).reshape(a.shape)
+    def to_windows(a):  # [N, P, ...] -> the same rows with merge groups in window order
+        groups = a.reshape((n, p // mf, mf) + a.shape[2:])
+        return jax.vmap(lambda g, i: jnp.take(g, i, axis=0))(groups, perm).reshape(a.shape)
 
     # The patch embedding is row-wise, so permuting its input equals permuting its output (transformers).
-    x = dense(vp["patch_embed"], to_windows(vision.patches), dtype)  # [P, E]
+    x = dense(vp["patch_embed"], to_windows(vision.patches), dtype)  # [N, P, E]
     cos, sin = vision_cos_sin(to_windows(vision.pos_hw), v)
     seg_slice = to_windows(vision.segment_ids)
-    seg_window = jnp.repeat(window, mf)
+    seg_window = jnp.repeat(window, mf, axis=1)
     # transformers tests `block in fullatt_block_indexes`: indexes outside 0..depth-1 never match
     full = np.isin(np.arange(v.depth), v.fullatt_block_indexes)
 
@@ -88,7 +91,8 @@ def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs,
         return vision_block(cfg, _rms_norm, _mlp, x, bp, cos, sin, seg), None
 
     x, _ = jax.lax.scan(remat_body(body, remat), x, (vp["blocks"], jnp.asarray(full)))
-    return jnp.take(merge_patches(cfg, _rms_norm, vp["merger"], x), inverse, axis=0)
+    merged = merge_patches(cfg, _rms_norm, vp["merger"], x).reshape(n, p // mf, -1)
+    return jax.vmap(lambda a, i: jnp.take(a, i, axis=0))(merged, inverse).reshape(n * (p // mf), -1)
 
 
 def window_index_host(grid_thw, cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndarray]:

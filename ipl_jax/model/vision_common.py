@@ -1,6 +1,7 @@
 """What the Qwen2-VL and Qwen2.5-VL vision towers share: the packed patch inputs, the pre-norm block and the
 patch merger. The towers differ in their norm (LayerNorm vs RMSNorm, passed in as ``norm(params, x)``), their MLP
-(``mlp(params, x, dtype)``) and, for Qwen2.5-VL, the window order (``vision25``).
+(``mlp(params, x, dtype)``) and, for Qwen2.5-VL, the window order (``vision25``). Blocks run on a batch of
+patch rows [N, P, E]: N = 1 for all images packed in one row, N = images for one image per slot.
 """
 
 from __future__ import annotations
@@ -33,32 +34,33 @@ class VisionInputs:
     segment_ids: jnp.ndarray
 
 
-def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg):
+def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg, lengths=None):
     """x + proj(attention(rope(qkv(norm1(x))))) of one pre-norm block, attending within ``seg``.
 
-    x: [P, E]; cos/sin: f32[P, hd]; seg: int32[P] (image slice or window ids, -1 pad)."""
+    x: [N, P, E]; cos/sin: f32[N, P, hd]; seg: int32[N, P] (image slice or window ids, -1 pad); lengths: None or
+    int32[N], the hint that row n is one segment of ``lengths[n]`` patches followed by padding."""
     v = cfg.vision
     dtype = x.dtype
-    p_len = x.shape[0]
+    n, p_len = x.shape[:2]
     h = norm(bp["norm1"], x)
-    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(p_len, 3, v.num_heads, v.head_dim)
-    q, k, val = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, heads, hd]
-    cq, sq = cos[:, None, :], sin[:, None, :]
+    qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(n, p_len, 3, v.num_heads, v.head_dim)
+    q, k, val = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [N, P, heads, hd]
+    cq, sq = cos[:, :, None, :], sin[:, :, None, :]
     q = apply_rotary(q.astype(jnp.float32), cq, sq).astype(dtype)  # rotation in f32, as transformers does
     k = apply_rotary(k.astype(jnp.float32), cq, sq).astype(dtype)
-    o = segment_attention(q[None], k[None], val[None], seg[None], seg[None], cfg.attention_query_chunk, cfg.attention)
-    return x + dense(bp["attn"]["proj"], o[0].reshape(p_len, v.embed_dim), dtype)
+    o = segment_attention(q, k, val, seg, seg, cfg.attention_query_chunk, cfg.attention, lengths)
+    return x + dense(bp["attn"]["proj"], o.reshape(n, p_len, v.embed_dim), dtype)
 
 
-def vision_block(cfg: Qwen2VLConfig, norm: Norm, mlp: Callable, x, bp, cos, sin, seg):
+def vision_block(cfg: Qwen2VLConfig, norm: Norm, mlp: Callable, x, bp, cos, sin, seg, lengths=None):
     """One pre-norm block: ``attention_residual`` then x + mlp(bp["mlp"], norm2(x), dtype)."""
-    x = attention_residual(cfg, norm, x, bp, cos, sin, seg)
+    x = attention_residual(cfg, norm, x, bp, cos, sin, seg, lengths)
     return x + mlp(bp["mlp"], norm(bp["norm2"], x), x.dtype)
 
 
 def merge_patches(cfg: Qwen2VLConfig, norm: Norm, mp: dict, x) -> jnp.ndarray:
-    """The merger: norm, each run of ``merge_factor`` patches concatenated, a GELU MLP. x: [P, E] ->
-    f32[P // merge_factor, hidden]."""
+    """The merger: norm, each run of ``merge_factor`` patches concatenated, a GELU MLP. x: [N, P, E] ->
+    f32[N * P // merge_factor, hidden] (rows in order)."""
     v = cfg.vision
     dtype = jnp.dtype(cfg.dtype)
     h = norm(mp["ln_q"], x).reshape(-1, v.merge_factor * v.embed_dim)

@@ -21,7 +21,9 @@ import jax
 import ml_collections
 
 from ipl_jax.data.records import Step
+from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params
+from ipl_jax.pipeline.validate import UsageError
 from ipl_jax.pipeline.workdir import Workdir
 
 TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocessor_config.json")
@@ -62,7 +64,12 @@ def job_precision(config: ml_collections.ConfigDict) -> tuple[str, str]:
 def job_model_config(config: ml_collections.ConfigDict, cfg):
     """A policy's model config with the job's compute dtype and attention implementation."""
     compute, _ = job_precision(config)
-    return cfg.replace(dtype=compute, attention=str(config.model.get("attention", "reference")))
+    cfg = cfg.replace(dtype=compute, attention=str(config.model.get("attention", "auto")))
+    try:  # a 'cudnn' the model cannot run (dtype, head dims, backend) stops here, before anything compiles
+        resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return cfg
 
 
 def job_remat(config: ml_collections.ConfigDict) -> str:

@@ -71,7 +71,7 @@ class PlanSettings:
     compute_dtype: str = "bfloat16"
     remat: str = "full"
     frozen_dtype: str | None = None
-    attention: str = "reference"
+    attention: str = "auto"
     programs: tuple = PROGRAMS
 
 
@@ -292,7 +292,7 @@ def check_dtype(settings: PlanSettings, platform: str) -> None:
         except ValueError as e:
             raise PlanError(str(e)) from None
     if settings.attention not in ATTENTION_IMPLS or (settings.attention == "cudnn" and platform != "gpu"):
-        valid = ATTENTION_IMPLS if platform == "gpu" else ("reference", "xla")
+        valid = ATTENTION_IMPLS if platform == "gpu" else ("auto", "reference", "xla")
         raise PlanError(f"--attention {settings.attention}: not available on {platform} (valid: {', '.join(valid)})")
 
 

@@ -399,7 +399,13 @@ def _check_model(config, platform: str | None = None) -> None:
         config,
         "model.attention",
         lambda v: v != "cudnn" or platform == "gpu",
-        f"cuDNN attention needs a GPU, this backend is {platform} (valid here: reference, xla)",
+        f"cuDNN attention needs a GPU, this backend is {platform} (valid here: auto, reference, xla)",
+    )
+    _check(
+        config,
+        "model.attention",
+        lambda v: v != "cudnn" or config.model.get("dtype", "auto") in ("auto", "bfloat16", "float16"),
+        f"cuDNN attention needs model.dtype bfloat16 or float16, not {config.model.get('dtype')} (or use auto)",
     )
     _check(config, "model.remat", lambda v: v in REMAT_POLICIES, f"must be one of {', '.join(REMAT_POLICIES)}")
     try:

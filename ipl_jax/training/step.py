@@ -101,9 +101,10 @@ def train_step_fn(
             mean_metrics = {k: jnp.sum(v * weights) / safe for k, v in metrics.items()}
         safe_w = jnp.where(total_w > 0, total_w, 1.0)
         grads = jax.tree.map(lambda g, p: (g / safe_w).astype(p.dtype), grads, state.params)
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):
+            grad_norm = optax.tree.norm(grads)
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         out = dict(mean_metrics)
         out["loss"] = mean_loss
         out["grad_norm"] = grad_norm
