@@ -173,6 +173,106 @@ def test_outputs(quick_run):
     assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in sft)
 
 
+def test_tensorboard_events_hold_the_jobs_metrics(quick_run):
+    """tensorboard/ read back with TensorBoard's own event reader: the SFT scalars are metrics.jsonl's, step by
+    step; the per-round scalars are results.json's, round by round; the step-accuracy plot is the PNG file."""
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALARS, EventAccumulator
+
+    workdir = quick_run["workdir"]
+
+    def run(name: str) -> EventAccumulator:
+        return EventAccumulator(str(workdir / "tensorboard" / name), size_guidance={SCALARS: 0, IMAGES: 0}).Reload()
+
+    sft_records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    sft_records = [x for x in sft_records if x.get("stage") == "sft"]
+    sft = run("sft")
+    for tag, key in (("sft/loss", "loss"), ("sft/learning_rate", "lr"), ("sft/tokens_per_s", "tokens_per_s")):
+        events = sft.Scalars(tag)
+        assert [e.step for e in events] == [x["step"] for x in sft_records], tag
+        np.testing.assert_array_equal([e.value for e in events], np.float32([x[key] for x in sft_records]), tag)
+
+    rounds = json.loads((workdir / "results.json").read_text())["rounds"]
+    ipl = run("ipl")
+    tags = set(ipl.Tags()["scalars"])
+    turn_names = ("trajectory", "turn1", "turn2", "turn3", "turn4")
+    for r in rounds:
+        want = {f"trees/{k}": r["trees"][k] for k in ("alpha", "beta", "gamma")}
+        want["pairs/total"] = r["pairs"]
+        want["dev/step_accuracy"] = r["dev"]["step_accuracy"]
+        want["online/success_rate"] = r["online"]["success_rate"]
+        for split, table in r["metrics"].items():
+            for row in ("CLICK", "TYPE", "SCROLL", "PRESS", "STOP", "total"):
+                if table[row]["exact_acc"] is not None:
+                    want[f"step_accuracy/{split}/{row}"] = table[row]["exact_acc"]
+                else:  # a split without steps of this type has no accuracy, so no point at this round
+                    tag = f"step_accuracy/{split}/{row}"
+                    assert tag not in tags or r["round"] not in [e.step for e in ipl.Scalars(tag)]
+        if r["round"] > 0:
+            want.update({f"train/{k}": r["train"][k] for k in ("loss", "pref_loss", "reward_margin")})
+            want.update({f"pairs/by_turn/{n}": c for n, c in zip(turn_names, r["pairs_by_turn"], strict=True)})
+            want.update({f"pairs/by_class/{k}": c for k, c in r["pair_counts"]["by_class"].items()})
+        assert set(want) <= tags, sorted(set(want) - tags)
+        for tag, value in want.items():
+            got = [e.value for e in ipl.Scalars(tag) if e.step == r["round"]]
+            assert got == [np.float32(value)], (r["round"], tag, got, value)
+    assert [e.step for e in ipl.Scalars("trees/alpha")] == [r["round"] for r in rounds]
+    assert not [e for e in ipl.Scalars("train/loss") if e.step == 0]  # the seed trained on no pairs
+    (image,) = ipl.Images("step_accuracy")
+    assert image.step == rounds[-1]["round"]
+    assert image.encoded_image_string == (workdir / "step_accuracy.png").read_bytes()
+
+
+def test_tree_viewer_in_headless_chromium(quick_run, tmp_path):
+    """trees.html in a real browser: one rendered section per sampled tree of the last round, each with its
+    screenshot decoded at the size of the PNG it embeds and one list item per tree node, and no console error or
+    uncaught exception. The page's screenshot is saved as ``trees_html.png`` in this test's tmp directory."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+    from support.chromium import Chromium, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no chromium on PATH (tools/test.sh installs Debian's chromium with apt-get when run as root)")
+    workdir = quick_run["workdir"]
+    last = json.loads((workdir / "results.json").read_text())["rounds"][-1]["round"]
+    records = [json.loads(x) for x in (workdir / "rounds" / str(last) / "trees.jsonl").read_text().splitlines()]
+    page = workdir / "trees.html"
+    uris = re.findall(r'src="data:image/png;base64,([^"]+)"', page.read_text())
+    sizes = [Image.open(io.BytesIO(base64.b64decode(u))).size for u in uris]
+
+    def n_nodes(node: dict) -> int:
+        return sum(1 + n_nodes(c) for c in node.get("children", []))
+
+    with Chromium(binary, tmp_path / "profile") as browser:
+        browser.open(page)
+        sections = browser.evaluate(
+            """(async () => {
+              await Promise.all([...document.images].map(i => i.decode().catch(() => null)));
+              return [...document.querySelectorAll('section')].map(s => {
+                const img = s.querySelector('img'), box = s.getBoundingClientRect();
+                return {image: img && [img.complete, img.naturalWidth, img.naturalHeight,
+                                       img.getBoundingClientRect().width],
+                        nodes: s.querySelectorAll('li').length, height: box.height};
+              });
+            })()"""
+        )
+        shot = browser.screenshot(tmp_path / "trees_html.png")
+        errors = browser.errors()
+    print(f"screenshot of trees.html: {shot}")
+    assert errors == []
+    assert len(sections) == len(records) == len(sizes) > 0
+    for section, record, (width, height) in zip(sections, records, sizes):
+        complete, natural_w, natural_h, shown_w = section["image"]
+        assert complete and (natural_w, natural_h) == (width, height) and natural_w > 0 and shown_w > 0
+        assert section["nodes"] == n_nodes(record) > 0 and section["height"] > 0
+    with Image.open(shot) as im:
+        assert im.format == "PNG" and im.width >= 1000
+        assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50  # text, node colours and screenshots
+
+
 def test_resume_skips_finished_stages(quick_run):
     config, workdir = quick_run["config"], quick_run["workdir"]
     events = _stage_events(workdir)

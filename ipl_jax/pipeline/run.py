@@ -13,7 +13,8 @@ Outputs: ``results.json`` (``{"rounds": [{"round", "metrics": {split: score tabl
 gamma}, "pairs", "seconds", "online" (with ``eval.online_episodes``: success rate and mean steps in the live
 world), "samples" (completions / environment steps the round sampled)}, ...]}``, round 0 = the seed policy),
 ``step_accuracy.png``, ``trees.html``,
-``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` and ``stage_log.jsonl``.
+``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` (and the same metrics as TensorBoard
+event files in ``tensorboard/``) and ``stage_log.jsonl``.
 """
 
 from __future__ import annotations
@@ -175,7 +176,10 @@ class Job:
             out["eval_seconds"] = time.perf_counter() - t0
             return out
 
+        fresh = not self.wd.is_done("eval_seed")  # a round goes to TensorBoard once, when it runs
         self.seed_eval = self.wd.run_stage("eval_seed", run)
+        if fresh:
+            self.wd.tensorboard.round(self.results()["rounds"][0])
 
     # ----------------------------------------------------------------------------------------------- rounds
 
@@ -199,8 +203,11 @@ class Job:
                 )
                 return {"record": record, **evaluation, "round_seconds": train_seconds}
 
+            fresh = not wd.is_done(f"round_{r}")
             summary = wd.run_stage(f"round_{r}", run)
             self.round_summaries.append(summary)
+            if fresh:
+                wd.tensorboard.round(self.results()["rounds"][-1])
             wd.log_metrics(
                 {
                     "stage": "ipl",
@@ -279,6 +286,7 @@ class Job:
         shutil.copytree(src, target)
         write_json(wd.path("results.json"), res)
         plot = plot_step_accuracy(rounds_, self.test_names[0], wd.path("step_accuracy.png"))
+        wd.tensorboard.image("ipl", "step_accuracy", plot, step=rounds_[-1]["round"])
         viewer = self._viewer()
         return {
             "export": str(target),
@@ -313,6 +321,7 @@ def run_job(
         getattr(job, stage)()
         if stage == stop_after:
             break
+    wd.tensorboard.close()
     if stop_after is None:
         job.print_rounds()
         total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")

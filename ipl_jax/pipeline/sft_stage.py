@@ -282,7 +282,9 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         bar.update(1)
         rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
         bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rate:,.0f}")
-        wd.log_metrics({"stage": "sft", "step": step, **m, "tokens_per_s": rate})
+        record = {"stage": "sft", "step": step, **m, "tokens_per_s": rate}
+        wd.log_metrics(record)
+        wd.tensorboard.sft(record)
 
     metadata = {"stage": "sft", "items": len(items), "batch_size": bs}
     try:

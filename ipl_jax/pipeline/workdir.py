@@ -7,6 +7,7 @@ Layout (every stage writes only under its own directory and then drops a marker)
       stages/<stage>.done       marker: the stage finished; holds its summary as JSON
       stage_log.jsonl           one line per stage start / skip / finish, with seconds
       metrics.jsonl             training and evaluation metrics (one JSON object per line)
+      tensorboard/{sft,ipl}/    the same metrics as TensorBoard event files (``viz.tensorboard_log``)
       data/ evolution/ model/ sft/ seed/ eval/ rounds/ export/     the stages' outputs
 
 A stage is re-run only when its marker is missing; a marker is written after the stage's outputs are complete,
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ipl_jax import distributed
+from ipl_jax.viz.tensorboard_log import TensorBoardLog
 
 
 def _json_default(o):
@@ -62,6 +64,7 @@ class Workdir:
         self.root.mkdir(parents=True, exist_ok=True)
         self.main = distributed.is_main()
         self.echo = echo if self.main else _silent
+        self.tensorboard = TensorBoardLog(self.path("tensorboard"), enabled=self.main)
 
     # ------------------------------------------------------------------------------------------------ paths
 

@@ -1,0 +1,125 @@
+"""TensorBoard event files of a job, next to ``metrics.jsonl`` (which stays the record the job itself reads).
+
+``WORKDIR/tensorboard/`` holds two runs, so each has steps that only grow: ``sft/`` (step = SFT step: loss,
+learning rate, tokens/s, gradient norm) and ``ipl/`` (step = round, 0 = the seed policy: the training
+metrics of the round's update, e.g. the T-DPO losses and reward margins, pair counts by tree class, by
+positive action type and by turn, α/β/γ tree shares, step and type accuracy by action type per test split,
+dev accuracy, online success, and the step-accuracy plot as an image). Scalars are read from the same records
+``metrics.jsonl`` and ``results.json`` hold (``sft_scalars``, ``round_scalars``). Events go through
+TensorBoard's own event-file writer and protos (no TensorFlow, no PyTorch); only the main process writes, and
+every batch is flushed, so a killed job loses nothing it has reported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from PIL import Image
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from ipl_jax.viz.plots import TYPE_ROWS
+
+# pairs_by_turn index -> tag name (index 0: pairs between whole trajectories, then one per CoaT turn)
+TURN_TAGS = ("trajectory", "turn1", "turn2", "turn3", "turn4")
+
+
+def _number(v) -> float | None:
+    """A finite-or-not float for a JSON scalar (bools count); None for anything else (None, text, lists)."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None
+
+
+def sft_scalars(record: Mapping) -> dict[str, float]:
+    """The TensorBoard scalars of one SFT record of ``metrics.jsonl`` (``stage == "sft"``)."""
+    names = {"loss": "loss", "lr": "learning_rate", "tokens_per_s": "tokens_per_s", "grad_norm": "grad_norm"}
+    return {f"sft/{tag}": float(record[k]) for k, tag in names.items() if _number(record.get(k)) is not None}
+
+
+def round_scalars(entry: Mapping) -> dict[str, float]:
+    """The TensorBoard scalars of one ``results.json`` round entry; fields a round lacks (the seed has no
+    training, a split without SCROLL steps no SCROLL accuracy) give no tag."""
+    out: dict[str, float] = {}
+
+    def put(tag: str, v) -> None:
+        if _number(v) is not None:
+            out[tag] = _number(v)
+
+    for k, v in (entry.get("train") or {}).items():
+        put(f"train/{k}", v)
+    put("pairs/total", entry.get("pairs"))
+    for name, n in zip(TURN_TAGS, entry.get("pairs_by_turn") or ()):
+        put(f"pairs/by_turn/{name}", n)
+    counts = entry.get("pair_counts") or {}
+    for group in ("by_class", "by_type"):
+        for k, n in (counts.get(group) or {}).items():
+            put(f"pairs/{group}/{k}", n)
+    for k, v in (entry.get("trees") or {}).items():
+        put(f"trees/{k}", v)
+    for split, table in (entry.get("metrics") or {}).items():
+        for row in TYPE_ROWS + ("total",):
+            cell = table.get(row) or {}
+            put(f"step_accuracy/{split}/{row}", cell.get("exact_acc"))
+            put(f"type_accuracy/{split}/{row}", cell.get("type_acc"))
+        put(f"episode_success/{split}", table.get("episode_success"))
+    for split, table in (entry.get("blank") or {}).items():
+        put(f"blank_step_accuracy/{split}", (table.get("total") or {}).get("exact_acc"))
+    for k, v in (entry.get("dev") or {}).items():
+        put(f"dev/{k}", v)
+    for k in ("success_rate", "mean_steps", "truncated_rate"):
+        put(f"online/{k}", (entry.get("online") or {}).get(k))
+    for k in ("seconds", "samples", "budget"):
+        put(f"round/{k}", entry.get(k))
+    return out
+
+
+class TensorBoardLog:
+    """The job's event files under ``root`` (one writer per run directory, opened at its first event); every
+    method does nothing when ``enabled`` is false (the processes other than the main one)."""
+
+    def __init__(self, root: str | Path, enabled: bool = True):
+        self.root = Path(root)
+        self.enabled = bool(enabled)
+        self._writers: dict[str, EventFileWriter] = {}
+
+    def _write(self, run: str, step: int, values: list[summary_pb2.Summary.Value]) -> None:
+        if not self.enabled or not values:
+            return
+        if run not in self._writers:
+            self._writers[run] = EventFileWriter(str(self.root / run))
+        writer = self._writers[run]
+        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values))
+        writer.add_event(event)
+        writer.flush()
+
+    def scalars(self, run: str, step: int, values: Mapping[str, float]) -> None:
+        """Scalars ``{tag: value}`` at ``step`` of ``run``, as one event."""
+        self._write(run, step, [summary_pb2.Summary.Value(tag=t, simple_value=float(v)) for t, v in values.items()])
+
+    def image(self, run: str, tag: str, png: str | Path, step: int) -> None:
+        """A PNG file as an image summary (the file's bytes as they are)."""
+        if not self.enabled:
+            return
+        data = Path(png).read_bytes()
+        with Image.open(png) as im:
+            (width, height), channels = im.size, len(im.getbands())
+        image = summary_pb2.Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=data)
+        self._write(run, step, [summary_pb2.Summary.Value(tag=tag, image=image)])
+
+    def sft(self, record: Mapping) -> None:
+        """One SFT step's ``metrics.jsonl`` record."""
+        self.scalars("sft", int(record["step"]), sft_scalars(record))
+
+    def round(self, entry: Mapping) -> None:
+        """One ``results.json`` round entry (step = its round)."""
+        self.scalars("ipl", int(entry["round"]), round_scalars(entry))
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
