@@ -110,7 +110,8 @@ def test_gradients_are_the_same_under_every_remat_policy(small, highest_precisio
 
 def test_unknown_remat_policy_is_one_line():
     with pytest.raises(
-        ValueError, match=r"remat policy 'some' is unknown \(valid: none, full, dots_saveable, offload\)"
+        ValueError,
+        match=r"remat policy 'some' is unknown \(valid: none, full, dots_saveable, dots_no_batch, offload\)",
     ):
         check_remat("some", "cpu")
     with pytest.raises(ValueError, match=r"attention 'flash' is unknown \(valid: auto, reference, xla, cudnn\)"):

@@ -215,7 +215,7 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
         (["--devices", "2", "--mesh", "data=2", "--programs", "tdpo,train"], "--programs train: unknown (valid: sft"),
         (
             ["--devices", "2", "--mesh", "data=2", "--remat", "all"],
-            "--remat all: unknown (valid: none, full, dots_saveable, offload)",
+            "--remat all: unknown (valid: none, full, dots_saveable, dots_no_batch, offload)",
         ),
         (
             ["--devices", "2", "--mesh", "data=2", "--attention", "cudnn"],

@@ -140,7 +140,11 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
         ),
         (dict(attention="flash"), "cpu", "config.model.attention='flash': must be one of auto, reference, xla, cudnn"),
         (dict(attention="cudnn"), "cpu", "cuDNN attention needs a GPU, this backend is cpu"),
-        (dict(remat="all"), "cpu", "config.model.remat='all': must be one of none, full, dots_saveable, offload"),
+        (
+            dict(remat="all"),
+            "cpu",
+            "config.model.remat='all': must be one of none, full, dots_saveable, dots_no_batch, offload",
+        ),
     ],
 )
 def test_bad_model_settings_are_one_line(model, platform, message):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -42,6 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
+from ipl_jax.model.layers import resolve_attention  # noqa: E402
 from ipl_jax.model.params import count_params, init_params  # noqa: E402
 from ipl_jax.model.vision import VisionInputs  # noqa: E402
 from ipl_jax.preference import tdpo  # noqa: E402
@@ -225,6 +227,9 @@ def run(args) -> dict:
         times.append(time.perf_counter() - t0)
     sec = statistics.median(times)
     res.update(step_s_median=sec, step_s_all=times, loss=float(m["loss"]))
+    res["attention_resolved"] = resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim))
+    stats = dev.memory_stats() or {}
+    res["peak_memory_gb"] = stats["peak_bytes_in_use"] / 1e9 if "peak_bytes_in_use" in stats else None
     peak = args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev)
     measured = matmul_peak(jnp.dtype(args.dtype)) if not args.skip_matmul else None
     res.update(
@@ -256,8 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=24)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-remat", action="store_true")
-    ap.add_argument("--remat", default="full", help="policy: full, dots_saveable, offload (--no-remat: none)")
-    ap.add_argument("--attention", default="cudnn", help="reference, xla or cudnn (jax.nn.dot_product_attention)")
+    ap.add_argument("--remat", default="full", help="policy (model.layers.REMAT_POLICIES; --no-remat: none)")
+    ap.add_argument("--attention", default="auto", help="auto, reference, xla or cudnn (model.layers)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak (default: by device kind)")
@@ -267,6 +272,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.patches % 4:
         ap.error("--patches must be a multiple of 4 (the 2x2 merge)")
+    if args.profile:  # one event per kernel: XLA's command buffers would group a layer's kernels into one
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
     try:
         res = run(args)
         status = 0

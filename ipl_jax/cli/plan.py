@@ -50,7 +50,7 @@ def parser() -> CommandParser:
     p.add_argument(
         "--remat",
         default=None,
-        help="training remat policy: none, full, dots_saveable, offload (default: config.model.remat, else full)",
+        help="training remat: none, full, dots_saveable, dots_no_batch, offload (default: config.model.remat or full)",
     )
     p.add_argument(
         "--attention", default=None, help="auto, reference, xla or cudnn (default: config.model.attention, else auto)"

@@ -92,7 +92,7 @@ def get_config(arg=None):
     c.model.dtype = "auto"
     c.model.param_dtype = "auto"
     c.model.attention = "auto"  # auto (per backend) | reference | xla | cudnn (jax.nn.dot_product_attention)
-    c.model.remat = "none"  # training: none | full | dots_saveable | offload (decoder layers and vision blocks)
+    c.model.remat = "none"  # training: none | full | dots_saveable | dots_no_batch | offload
     # The world renders 224x448 screenshots; the model sees them at half size (112x224 = 128 patches of 14x14,
     # 32 image tokens after the 2x2 merge), which keeps the vision tower cheap on a CPU.
     c.model.min_pixels = 112 * 224

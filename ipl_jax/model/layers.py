@@ -11,8 +11,9 @@ takes one [B, 1, T, S] mask (or per-row lengths) with the batch shape it expects
 
 Rematerialisation policies (``REMAT_POLICIES``, ``remat_body``): ``none``; ``full`` (save only a layer's input,
 recompute the rest in the backward pass); ``dots_saveable`` (keep matmul outputs, recompute the elementwise
-work); ``offload`` (matmul outputs without a batch dimension moved to pinned host memory; needs a backend with
-a ``pinned_host`` memory space).
+work; the reference attention's [T, S] score products count as matmuls); ``dots_no_batch`` (keep only the
+outputs of products without batch dimensions: the projections, not attention scores); ``offload`` (those
+outputs moved to pinned host memory; needs a backend with a ``pinned_host`` memory space).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 ATTENTION_IMPLS = ("auto", "reference", "xla", "cudnn")
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 128
-REMAT_POLICIES = ("none", "full", "dots_saveable", "offload")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch", "offload")
 
 
 @functools.cache
@@ -104,6 +105,8 @@ def remat_body(body, remat):
         return jax.checkpoint(body)
     if name == "dots_saveable":
         return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_saveable)
+    if name == "dots_no_batch":
+        return jax.checkpoint(body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     return jax.checkpoint(body, policy=policy)
 
