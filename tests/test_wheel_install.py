@@ -98,3 +98,38 @@ def test_installed_command_runs_the_quick_job(installed):
     assert set(results["rounds"][0]["metrics"]) == {"test", "test_app_unseen", "test_task_unseen"}
     assert (workdir / "export" / "model.safetensors").is_file()
     assert "\r" not in proc.stderr  # progress is written as lines when not on a terminal
+
+
+def _env_with_jax(root: Path, version: str) -> Path:
+    """A fresh environment whose JAX and jaxlib are ``version`` (their distribution metadata: what pip reads) and
+    whose other packages are this environment's (seen through a ``.pth`` file, after its own)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    venv = root / f"jax-{version}"
+    _run([base, "-m", "venv", "--without-pip", venv], cwd=root)
+    py = venv / "bin" / "python"
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).stdout.strip())
+    for name in ("jax", "jaxlib"):
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "RECORD").write_text("")
+    (site / "ipl_jax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py
+
+
+def _dry_run(py: Path, wheel: Path, root: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "--python", py, "install", "--dry-run", "--no-index", "--report"]
+    cmd += [root / "report.json", wheel]
+    return subprocess.run([str(c) for c in cmd], cwd=root, capture_output=True, text=True, timeout=300)
+
+
+def test_installing_keeps_an_accelerator_jax_that_lies_in_the_declared_range(installed, tmp_path):
+    """An accelerator image ships a newer JAX than our test pins (0.11.2 on the GPU image): pip installing the
+    project there must leave it in place, since the declared ranges admit it; a JAX outside the ranges is refused
+    (offline here, so pip would have to fetch another and cannot)."""
+    proc = _dry_run(_env_with_jax(tmp_path, "0.11.2"), installed["wheel"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [item["metadata"]["name"] for item in report["install"]] == ["ipl-jax"]  # nothing else, JAX untouched
+    too_new = _dry_run(_env_with_jax(tmp_path, "0.12.0"), installed["wheel"], tmp_path)
+    assert too_new.returncode != 0 and "jax<0.12" in too_new.stderr.replace(">=0.10.2,", ""), too_new.stderr[-2000:]
