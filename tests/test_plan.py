@@ -187,6 +187,9 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
         assert sharded["inputs"][part] * 4 == pytest.approx(single["inputs"][part], rel=0.02), part
     assert 0.2 < sharded["arguments"] / single["arguments"] < 0.32
     assert 0.2 < sharded["flops"] / single["flops"] < 0.3  # each device runs a quarter of the rows
+    # and holds a quarter of the activations (rows pinned per layer: not the whole batch with the MLP width split)
+    for name in ("tdpo",):
+        assert sharded["temporaries"] < 0.4 * single["temporaries"], (name, sharded, single)
 
 
 @pytest.mark.parametrize(

@@ -111,6 +111,22 @@ def remat_body(body, remat):
     return jax.checkpoint(body, policy=policy)
 
 
+def shard_rows(x: jnp.ndarray) -> jnp.ndarray:
+    """x with its leading (row) axis split over the ambient mesh's ('data', 'fsdp') axes (``jax.set_mesh``), when
+    there is such a mesh and the rows divide; unchanged otherwise. Pinning the activations at each layer keeps
+    FSDP what it is (weights gathered per layer, rows split): left to propagation, XLA may instead keep every row
+    on every device and split the MLP's width, holding the whole batch's [B, T, 4H] activations per device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(n for n in ("data", "fsdp") if not mesh.empty and n in mesh.axis_names)
+    size = 1
+    for n in names:
+        size *= dict(mesh.shape)[n]
+    if size == 1 or x.shape[0] % size:
+        return x
+    spec = jax.sharding.PartitionSpec(names, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 def dense(p: dict, x: jnp.ndarray, dtype) -> jnp.ndarray:
     """x @ kernel (+ bias). p: {'kernel': [in, out], optional 'bias': [out]}; x: [..., in] -> dtype[..., out].
 

@@ -6,8 +6,9 @@ paths (first match wins): column-parallel q/k/v/gate/up/qkv/fc1 (output dim on '
 vocabulary ('tensor') and width ('fsdp'); norms and biases of row-parallel layers are replicated. Stacked
 layer leaves keep their leading layer axis unsharded. A mesh axis that does not divide its dimension is
 dropped for that leaf (so tiny test models and odd vocabularies still shard). Activations: the batch is split
-over ('data', 'fsdp') when it divides, and GSPMD propagates the rest: the model's functions run unchanged on
-arrays placed with these shardings (there is no separate sharded entry point).
+over ('data', 'fsdp') when it divides; under ``jax.set_mesh`` every decoder layer and vision block pins its rows
+so (``layers.shard_rows``) and GSPMD propagates the rest: the model's functions run unchanged on arrays placed
+with these shardings (there is no separate sharded entry point).
 
 jax 0.10: ``jax.make_mesh`` defaults to Explicit axes; meshes here are built with ``AxisType.Auto``.
 """

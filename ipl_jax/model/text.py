@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from ipl_jax.model import layers
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, masked_attention, remat_body, rms_norm
+from ipl_jax.model.layers import dense, masked_attention, remat_body, rms_norm, shard_rows
 from ipl_jax.model.rope import apply_rotary, text_cos_sin
 from ipl_jax.model.vision import encode_images_unjitted
 
@@ -117,6 +117,7 @@ def decoder_layer(
     t_cfg = cfg.text
     dtype = x.dtype
     b, t, _ = x.shape
+    x = shard_rows(x)
     at = lp["self_attn"]
     h = rms_norm(lp["input_layernorm"], x, t_cfg.rms_norm_eps)
     q = dense(at["q_proj"], h, dtype).reshape(b, t, t_cfg.num_attention_heads, t_cfg.head_dim)
@@ -132,9 +133,8 @@ def decoder_layer(
     h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
     mp = lp["mlp"]
     with jax.named_scope("mlp"):
-        h = dense(
-            mp["down_proj"], jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype), dtype
-        )
+        inner = shard_rows(jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype))
+        h = dense(mp["down_proj"], inner, dtype)
     return x + h, (k, v)
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.layers import dense, segment_attention
+from ipl_jax.model.layers import dense, segment_attention, shard_rows
 from ipl_jax.model.rope import apply_rotary
 
 Norm = Callable[[dict, jnp.ndarray], jnp.ndarray]
@@ -42,6 +42,7 @@ def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg, len
     v = cfg.vision
     dtype = x.dtype
     n, p_len = x.shape[:2]
+    x = shard_rows(x)
     h = norm(bp["norm1"], x)
     qkv = dense(bp["attn"]["qkv"], h, dtype).reshape(n, p_len, 3, v.num_heads, v.head_dim)
     q, k, val = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [N, P, heads, hd]

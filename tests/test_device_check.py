@@ -1,0 +1,41 @@
+"""The accelerator check script keeps working between GPU runs: its ``--cpu`` mode runs every part with tiny
+sizes and writes the summary with each part's figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_device_check_cpu_mode_runs_every_part_and_summarizes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    proc = subprocess.run(
+        ["bash", str(REPO / "tools" / "device_check.sh"), "--cpu", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    parts = summary["parts"]
+    assert {"env", "parity", "attention", "mfu"} <= set(parts), sorted(parts)
+    for name, part in parts.items():
+        assert part["rc"] == 0 and not part["timed_out"], (name, part)
+    assert parts["env"]["cudnn_unavailable"].startswith("it needs a GPU")
+    parity = parts["parity"]
+    assert parity["impl"] == "xla" and parity["ok"] is True
+    assert parity["decoder"]["logits_max_abs"] < 1e-4 < parity["decoder"]["logits_scale"]
+    assert parity["packed"]["grad_cosine"] > 0.9999 and parity["sampler"]["greedy_tokens_equal"] is True
+    mfu = parts["mfu"]
+    assert mfu["attention_resolved"] == "reference" and mfu["step_s_median"] > 0
+    profile = json.loads((tmp_path / "mfu.json").read_text())["profile"]
+    assert {"attention", "mlp", "logprob_head", "optimizer"} <= set(profile["parts"])
+    assert profile["parts"]["attention"]["backward"] > 0 and profile["total_ms"] > 0
+    attention = json.loads((tmp_path / "attention.json").read_text())
+    assert attention["decoder"]["impls"]["xla"]["max_abs_diff_out"] < 1e-4
