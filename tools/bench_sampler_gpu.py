@@ -1,25 +1,23 @@
 """Benchmark: the CoaT-tree sampler at Qwen2-VL-2B size on one accelerator, against transformers ``generate``.
 
-Random weights of the real architecture (``--size 2b``: ``pipeline.plan.ARCHITECTURES['qwen2-vl-2b']``) are drawn
-on the device in the compute dtype; B steps (``--steps``) of random phone-screenshot prompts: a ``--screen``
-screenshot resized by the Qwen2-VL processor rules under ``--max-pixels``, one image slot per step (as the job
-samples), text lengths of the CoaT prompts. Parts, in order, each written to ``--json`` when done:
+Random weights of the real architecture (``--size 2b``) are drawn on the device in the compute dtype; ``--steps``
+random prompts of a ``--screen`` screenshot resized by the processor rules under ``--max-pixels`` (one image slot
+per step, as the job samples) with the CoaT prompts' text lengths. Parts, each written to ``--json`` when done:
 
-  tree          ``sample_tree`` on the batch: first call (compile), then a warm call: leaves/s
-  prefill       ``prefill_context`` alone on the same prompts (jitted): model FLOPs / time / peak = MFU
-  decode        ``sample_config_turn`` alone for turns ``--decode-turns`` at the tree's shapes (rows, cache slots,
-                context, budget): time per token against the HBM bound (text weights + the valid KV read per
-                step) / bandwidth; the ratio bound / actual
-  transformers  ``Qwen2VLForConditionalGeneration.generate`` builds the same trees level by level, in a
-                subprocess (random weights made on its device, sdpa attention): leaves/s and our ratio over it
+  tree          ``sample_tree``: first call (compile), then a warm call -> leaves/s
+  prefill       ``prefill_context`` alone on the same prompts -> model FLOPs / time / peak = MFU
+  decode        ``sample_config_turn`` alone for ``--decode-turns`` at the tree's shapes -> time per token against
+                the HBM bound (text weights + valid KV slots read per step / bandwidth); the last of them is
+                timed again compiled with ``--decode-options`` (XLA) and traced with ``--profile``
+  transformers  ``generate`` builds the same trees level by level in a subprocess (random weights made on its
+                device, sdpa) -> leaves/s and our ratio over it
 
-Peak FLOP/s and HBM bandwidth come from the device kind (``--peak-tflops`` / ``--hbm-gbps`` override; a streaming
-read is measured too). ``--time-limit`` is a hard limit: the JSON (partial results, ``stopped``) is written and
-the process exits with 124 when it is reached, whatever is running. ``--size tiny`` runs the same parts on a
-small model in well under a minute on a CPU.
+Peaks come from the device kind (or ``--peak-tflops`` / ``--hbm-gbps``; both are measured too). ``--time-limit``
+is hard: at the limit the JSON (partial results, ``stopped``) is written and the process exits with 124.
+``--size tiny`` runs every part on a small model on a CPU (about a minute, mostly compiling).
 
     python tools/bench_sampler_gpu.py [--size 2b|tiny] [--steps 4] [--turns 256,128,32,32] [--decode-turns 1,3]
-                                      [--time-limit 90] [--skip-transformers] --json OUT
+                                      [--time-limit 90] [--skip-transformers] [--profile DIR] --json OUT
 """
 
 from __future__ import annotations
@@ -91,13 +89,12 @@ def model_config(size: str, dtype: str, attention: str) -> Qwen2VLConfig:
     return cfg.replace(dtype=dtype, param_dtype=dtype, attention=attention)
 
 
-def make_steps(cfg: Qwen2VLConfig, args, n: int) -> tuple[list[StepPrompts], tuple[int, int, int]]:
-    """n random steps of one screenshot grid (the processor's resize of ``--screen`` under ``--max-pixels``)."""
-    w, h = _ints(args.screen.replace("x", ","), 2, "--screen")
-    grid = ImageProcessorConfig(max_pixels=args.max_pixels).grid_for(h, w)
-    before, after = _ints(args.text, 2, "--text")
-    shape = dict(grid=grid, text_before=before, text_after=after, prompts=_ints(args.prompts, 3, "--prompts"))
-    return random_steps(cfg, shape, n, np.random.default_rng(args.seed)), grid
+def make_steps(cfg: Qwen2VLConfig, n: int, screen, max_pixels: int, text, prompts, seed: int):
+    """(n random steps, their grid): one screenshot grid (the processor's resize of ``screen`` (width, height)
+    under ``max_pixels``), ``text`` (before, after) tokens around the image, turn-2..4 ``prompts`` lengths."""
+    grid = ImageProcessorConfig(max_pixels=max_pixels).grid_for(screen[1], screen[0])
+    shape = dict(grid=grid, text_before=text[0], text_after=text[1], prompts=prompts)
+    return random_steps(cfg, shape, n, np.random.default_rng(seed)), grid
 
 
 def sampler_config(cfg: Qwen2VLConfig, steps: list[StepPrompts], branching, turns) -> SamplerConfig:
@@ -229,9 +226,10 @@ def run_prefill(params, cfg, steps, config, res, reps: int) -> None:
     res["prefill_mfu"] = res["prefill"]["mfu"]
 
 
-def _turn_program(params, cfg, config, shape: dict, temperature: float):
-    """(compiled turn, its arguments, reset): one turn's decode loop at the tree's shape; the cache is donated,
-    ``reset(cache)`` gives it the starting length again."""
+def _turn_program(params, cfg, config, shape: dict, temperature: float, options: dict | None = None):
+    """(compiled, run, release): one turn's decode loop at the tree's shape (rows, cache slots, starting length,
+    budget), compiled ahead with the XLA ``options``; ``run()`` decodes the turn once from the starting length
+    (the cache is donated and comes back for the next call); ``release()`` frees the cache."""
     rows, slots, context = shape["rows"], shape["slots"], shape["context"]
     t = cfg.text
 
@@ -246,57 +244,82 @@ def _turn_program(params, cfg, config, shape: dict, temperature: float):
         tok, n, lp, fin, cache, pending = sample_config_turn(p, cfg, cache, feed, keys, shape["budget"], temp, config)
         return cache, tok
 
-    cache = fresh()
+    box = {"cache": fresh()}
     feed = jnp.full((rows,), 10, jnp.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), rows)  # uint32[rows, 2], as the sampler's node keys
     temp = jnp.float32(temperature)
-    compiled = jax.jit(turn, donate_argnums=(1,)).lower(params, cache, feed, keys, temp).compile()
+    lowered = jax.jit(turn, donate_argnums=(1,)).lower(params, box["cache"], feed, keys, temp)
+    compiled = lowered.compile(compiler_options=options or None)
 
-    def reset(c):  # fresh arrays: the donated cache takes its length arrays with it
-        n = jnp.full((rows,), context, jnp.int32)
-        return c.replace(length=n, next_pos=n + 0)
+    def run():
+        n = jnp.full((rows,), context, jnp.int32)  # new arrays: the donated cache takes its own with it
+        box["cache"], tok = compiled(params, box["cache"].replace(length=n, next_pos=n + 0), feed, keys, temp)
+        return box["cache"], tok
 
-    return compiled, (feed, keys, temp), cache, reset
+    return compiled, run, box.clear
 
 
-def run_decode(params, cfg, steps, config, res, turns, reps: int) -> None:
+def _timed_turn(params, cfg, config, shape, temperature, reps: int, options=None):
+    """(compile seconds, median seconds of one turn, compiled, run, release) after one warm-up call."""
+    t0 = time.perf_counter()
+    compiled, run, release = _turn_program(params, cfg, config, shape, temperature, options)
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(run())
+    return compile_s, _median_time(run, reps), compiled, run, release
+
+
+def run_decode(params, cfg, steps, config, res, turns, reps: int, options: dict, profile: str | None) -> None:
     prompt_lens = [len(p) for p in steps[0].turn_prompt_ids]
     shapes = turn_shapes(config, len(steps), len(steps[0].prefix_ids), prompt_lens)
     weights, per_token = res["decode_weight_bytes"], res["kv_bytes_per_token"]
     bandwidth = res["hbm_bytes_per_s"]
     out = res.setdefault("decode", {})
-    for t in turns:
+    for i, t in enumerate(turns):
         s = shapes[t - 1]
-        t0 = time.perf_counter()
-        compiled, extra, cache, reset = _turn_program(params, cfg, config, s, config.temperature[t - 1])
-        compile_s = time.perf_counter() - t0
-        cache, _ = compiled(params, cache, *extra)  # warm-up
-        times = []
-        for _ in range(reps):
-            cache = reset(cache)
-            jax.block_until_ready(cache)
-            t0 = time.perf_counter()
-            cache, tok = compiled(params, cache, *extra)
-            jax.block_until_ready((cache, tok))
-            times.append(time.perf_counter() - t0)
-        del cache
-        turn_s = statistics.median(times)
+        temperature = config.temperature[t - 1]
+        compile_s, turn_s, compiled, run, release = _timed_turn(params, cfg, config, s, temperature, reps)
         mean_context = s["context"] + (s["budget"] + 1) / 2  # cache slots read, the new token included
         step_bytes = weights + s["rows"] * mean_context * per_token
+        bound_s = step_bytes / bandwidth
         step_s = turn_s / s["budget"]
-        out[f"turn{t}"] = dict(
+        out[f"turn{t}"] = entry = dict(
             s,
             mean_context=mean_context,
             compile_s=compile_s,
             turn_s=turn_s,
             step_s=step_s,
             bytes_per_step=step_bytes,
-            bound_s=step_bytes / bandwidth,
-            bound_over_step=step_bytes / bandwidth / step_s,
+            bound_s=bound_s,
+            bound_over_step=bound_s / step_s,
         )
+        last = i == len(turns) - 1
+        if profile and last:  # where one turn's device time goes (kernels, idle gaps)
+            from xla_profile import profile_parts
+
+            prof = profile_parts(compiled.as_text(), lambda: jax.block_until_ready(run()), 1, profile, top=12)
+            if "total_ms" in prof:
+                prof["busy_fraction"] = prof["total_ms"] / 1e3 / turn_s
+            res["decode_profile"] = dict(prof, turn=t)
+        release()
+        if options and last:  # the same turn compiled with other XLA options
+            _, alt_s, _, _, release = _timed_turn(params, cfg, config, s, temperature, reps, options)
+            release()
+            entry.update(options_step_s=alt_s / s["budget"], options_bound_over_step=bound_s * s["budget"] / alt_s)
         # over the turns timed so far: bound time / actual time of their whole decode loops
         done = list(out.values())
         res["decode_bound_ratio"] = sum(v["bound_s"] * v["budget"] for v in done) / sum(v["turn_s"] for v in done)
+
+
+def _options(text: str) -> dict:
+    """'key=value,...' -> XLA compiler options (true / false and integers converted)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SystemExit(f"--decode-options: expected key=value,..., got {text!r}")
+        v = value.strip()
+        out[key.strip()] = {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+    return out
 
 
 def run_transformers(cfg, steps, config, res, args, deadline: float | None, box: dict) -> None:
@@ -446,6 +469,12 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", default="auto", help="model.attention (auto, reference, xla, cudnn)")
     ap.add_argument("--decode-turns", default="1,3", help="turns whose decode loop is timed alone ('' = none)")
     ap.add_argument("--reps", type=int, default=3, help="timed calls of the prefill and of each decode turn")
+    ap.add_argument(
+        "--decode-options",
+        default="",
+        help="XLA compiler options key=value,...: the last decode turn is timed again compiled with them",
+    )
+    ap.add_argument("--profile", default=None, help="trace the last decode turn into this folder (kernel times)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to run")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the chip's bf16 peak (default: by kind)")
@@ -469,16 +498,19 @@ def main(argv=None) -> int:
     decode_turns = _ints(args.decode_turns, None, "--decode-turns") if args.decode_turns else ()
     if any(t > NUM_TURNS for t in decode_turns):
         raise SystemExit(f"--decode-turns: turns are 1..{NUM_TURNS}, got {args.decode_turns!r}")
-    if args.steps < 1 or args.reps < 1:
-        raise SystemExit("--steps and --reps must be >= 1")
+    if args.steps < 1 or args.reps < 1 or args.max_pixels < 1:
+        raise SystemExit("--steps, --reps and --max-pixels must be >= 1")
     branching, turns = _ints(args.branching, NUM_TURNS, "--branching"), _ints(args.turns, NUM_TURNS, "--turns")
+    screen = _ints(args.screen.replace("x", ","), 2, "--screen")
+    decode_options = _options(args.decode_options)
+    text, prompts = _ints(args.text, 2, "--text"), _ints(args.prompts, 3, "--prompts")
 
     rep = Report(args.json, args.time_limit)
     res = rep.res
     try:
         dev = jax.devices()[0]
         cfg = model_config(args.size, args.dtype, args.attention)
-        steps, grid = make_steps(cfg, args, args.steps)
+        steps, grid = make_steps(cfg, args.steps, screen, args.max_pixels, text, prompts, args.seed)
         config = sampler_config(cfg, steps, branching, turns)
         kind = dev.device_kind.lower()
         spec_bw = next((bw for k, bw in HBM_BYTES_PER_S.items() if k in kind), None)
@@ -496,6 +528,8 @@ def main(argv=None) -> int:
             attention_setting=args.attention,
             attention=resolve_attention(args.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim)),
             jax_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+            xla_flags=os.environ.get("XLA_FLAGS", ""),
+            decode_options=decode_options,
             steps=args.steps,
             branching=list(branching),
             turn_tokens=list(turns),
@@ -536,7 +570,9 @@ def main(argv=None) -> int:
     runners = {
         "tree": lambda: run_tree(params, cfg, steps, config, res),
         "prefill": lambda: run_prefill(params, cfg, steps, config, res, args.reps),
-        "decode": lambda: run_decode(params, cfg, steps, config, res, decode_turns, args.reps),
+        "decode": lambda: run_decode(
+            params, cfg, steps, config, res, decode_turns, args.reps, decode_options, args.profile
+        ),
         "transformers": lambda: run_transformers(cfg, steps, config, res, args, rep.deadline, rep.box),
     }
     for part in parts:
