@@ -45,7 +45,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_models import bench_model  # noqa: E402
-from bench_tree import _span, _text_flops, _vision_flops, random_steps, useful_tree_flops  # noqa: E402
+from bench_tree import (  # noqa: E402
+    CompileSpans,
+    _span,
+    _text_flops,
+    _vision_flops,
+    random_steps,
+    useful_tree_flops,
+)
 from gpu_mfu import matmul_peak, spec_peak  # noqa: E402
 
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
@@ -59,6 +66,7 @@ from ipl_jax.sampling.decoding import prefill_context, sample_config_turn  # noq
 
 HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12}  # by device kind (SXM)
 PARTS = ("tree", "prefill", "decode", "transformers")
+PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}  # one trace event per kernel
 TINY_MODEL = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512, v_dim=32, v_depth=1, v_heads=2)
 # per size: screenshot (width x height), pixel limit (the paper's 1280x720 on AMEX / AndroidControl; AITZ's
 # 1540x1540 is --max-pixels 2371600), turn budgets, text around the image, turn-2..4 prompts (the CoaT template's)
@@ -175,12 +183,12 @@ def _median_time(fn, reps: int) -> float:
 # ------------------------------------------------------------------------------------------------ parts
 
 
-def run_tree(params, cfg, steps, config, res) -> None:
+def run_tree(params, cfg, steps, config, res, clock: CompileSpans) -> None:
     leaves = len(steps) * num_leaves(config.branching)
     prompts = [jax.device_put(pack_tree_prompts(cfg, steps, config, seed)) for seed in (0, 1)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.time()
     jax.block_until_ready(sample_tree(params, cfg, prompts[0], config))
-    first = time.perf_counter() - t0
+    first, compile_s = time.perf_counter() - t0, clock.total(c0, time.time())
     t0 = time.perf_counter()
     tree = jax.block_until_ready(sample_tree(params, cfg, prompts[1], config))
     warm = time.perf_counter() - t0
@@ -191,6 +199,7 @@ def run_tree(params, cfg, steps, config, res) -> None:
     res["tree"] = dict(
         leaves=leaves,
         first_call_s=first,
+        compile_s=compile_s,
         warm_s=warm,
         leaves_per_s=leaves / warm,
         useful_tflop=flops / 1e12,
@@ -268,6 +277,31 @@ def _timed_turn(params, cfg, config, shape, temperature, reps: int, options=None
     return compile_s, _median_time(run, reps), compiled, run, release
 
 
+def _profile_turn(params, cfg, config, shape, temperature, trace_dir: str) -> dict:
+    """Where one turn's device time goes: the turn compiled without XLA's command buffers (which would report a
+    layer's kernels as one event), traced for one call: kernel milliseconds by part and the top instructions
+    (``xla_profile.profile_parts``), and the fraction of the call's wall time the device was busy."""
+    from xla_profile import profile_parts
+
+    try:
+        compiled, run, release = _turn_program(params, cfg, config, shape, temperature, PROFILE_OPTIONS)
+        jax.block_until_ready(run())
+        wall = []
+
+        def call():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            wall.append(time.perf_counter() - t0)
+
+        prof = profile_parts(compiled.as_text(), call, 1, trace_dir, top=12)
+        release()
+    except Exception as e:  # noqa: BLE001 - a diagnostic: its failure must not cost the measured figures
+        return {"error": f"{type(e).__name__}: {e}"}
+    if "total_ms" in prof:
+        prof.update(wall_ms=wall[0] * 1e3, busy_fraction=prof["total_ms"] / 1e3 / wall[0])
+    return dict(prof, compiler_options=PROFILE_OPTIONS)
+
+
 def run_decode(params, cfg, steps, config, res, turns, reps: int, options: dict, profile: str | None) -> None:
     prompt_lens = [len(p) for p in steps[0].turn_prompt_ids]
     shapes = turn_shapes(config, len(steps), len(steps[0].prefix_ids), prompt_lens)
@@ -277,7 +311,7 @@ def run_decode(params, cfg, steps, config, res, turns, reps: int, options: dict,
     for i, t in enumerate(turns):
         s = shapes[t - 1]
         temperature = config.temperature[t - 1]
-        compile_s, turn_s, compiled, run, release = _timed_turn(params, cfg, config, s, temperature, reps)
+        compile_s, turn_s, _, _, release = _timed_turn(params, cfg, config, s, temperature, reps)
         mean_context = s["context"] + (s["budget"] + 1) / 2  # cache slots read, the new token included
         step_bytes = weights + s["rows"] * mean_context * per_token
         bound_s = step_bytes / bandwidth
@@ -292,15 +326,10 @@ def run_decode(params, cfg, steps, config, res, turns, reps: int, options: dict,
             bound_s=bound_s,
             bound_over_step=bound_s / step_s,
         )
-        last = i == len(turns) - 1
-        if profile and last:  # where one turn's device time goes (kernels, idle gaps)
-            from xla_profile import profile_parts
-
-            prof = profile_parts(compiled.as_text(), lambda: jax.block_until_ready(run()), 1, profile, top=12)
-            if "total_ms" in prof:
-                prof["busy_fraction"] = prof["total_ms"] / 1e3 / turn_s
-            res["decode_profile"] = dict(prof, turn=t)
         release()
+        last = i == len(turns) - 1
+        if profile and last:
+            res["decode_profile"] = dict(_profile_turn(params, cfg, config, s, temperature, profile), turn=t)
         if options and last:  # the same turn compiled with other XLA options
             _, alt_s, _, _, release = _timed_turn(params, cfg, config, s, temperature, reps, options)
             release()
@@ -505,6 +534,7 @@ def main(argv=None) -> int:
     decode_options = _options(args.decode_options)
     text, prompts = _ints(args.text, 2, "--text"), _ints(args.prompts, 3, "--prompts")
 
+    clock = CompileSpans()
     rep = Report(args.json, args.time_limit)
     res = rep.res
     try:
@@ -568,7 +598,7 @@ def main(argv=None) -> int:
         flush=True,
     )
     runners = {
-        "tree": lambda: run_tree(params, cfg, steps, config, res),
+        "tree": lambda: run_tree(params, cfg, steps, config, res, clock),
         "prefill": lambda: run_prefill(params, cfg, steps, config, res, args.reps),
         "decode": lambda: run_decode(
             params, cfg, steps, config, res, decode_turns, args.reps, decode_options, args.profile
