@@ -80,3 +80,30 @@ def test_two_block_attention_equals_attention_over_the_concatenation():
         mask = jnp.concatenate([jnp.broadcast_to(old_mask[:, None], (r, t, s)), new_mask], axis=2)
         want = attention(q, jnp.concatenate([k_old, k_new], 1), jnp.concatenate([v_old, v_new], 1), mask)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+
+
+def test_sample_tokens_selects_greedy_or_drawn_tokens_without_a_branch():
+    """``sample_tokens`` equals its definition — argmax of the allowed logits at temperature 0, else a categorical
+    draw from the filtered logits with the row's key — at every temperature, with and without top-k / top-p; the
+    traced program has no branch (a per-token host sync on GPUs) unless a filter's sort is to be skipped."""
+    from ipl_jax.sampling.token_sampling import filter_logits, sample_tokens
+
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.standard_normal((6, 40)) * 3, jnp.float32)
+    keys = jax.random.split(jax.random.PRNGKey(3), 6)
+    suppress = (5, 17)
+    allowed = logits.at[:, jnp.asarray(suppress)].set(-jnp.inf)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    for top_k, top_p in ((0, 1.0), (4, 1.0), (0, 0.7)):
+        fn = jax.jit(lambda lg, k, t, top_k=top_k, top_p=top_p: sample_tokens(lg, k, t, top_k, top_p, suppress))
+        for temp in (0.0, 0.7, 1.3):
+            tok, lp = fn(logits, keys, jnp.float32(temp))
+            if temp == 0:
+                want = jnp.argmax(allowed, axis=-1)
+            else:
+                want = jax.vmap(jax.random.categorical)(keys, filter_logits(allowed, temp, top_k, top_p))
+            np.testing.assert_array_equal(np.asarray(tok), np.asarray(want))
+            np.testing.assert_array_equal(np.asarray(lp), np.asarray(logp)[np.arange(6), np.asarray(want)])
+            assert not set(np.asarray(tok).tolist()) & set(suppress)
+        program = str(jax.make_jaxpr(fn)(logits, keys, jnp.float32(1.0)))  # nested jaxprs printed inline
+        assert (" cond[" in program) == (top_k > 0 or top_p < 1.0), (top_k, top_p)

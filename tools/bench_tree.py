@@ -238,7 +238,8 @@ def run_no_sharing(params, cfg, steps, config, clock: CompileSpans, seed=0) -> t
 
 
 def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float:
-    """Seconds for transformers to build the same tree, level by level, with ``generate``."""
+    """Seconds for transformers to build the same tree, level by level, with ``generate`` (weights from
+    ``model_dir``, float32 on the CPU)."""
     import torch
     from transformers import Qwen2VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
@@ -247,14 +248,26 @@ def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float
     model = Qwen2VLForConditionalGeneration.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
+    return transformers_tree_seconds(model, cfg, steps, config)
+
+
+def transformers_tree_seconds(model, cfg: Qwen2VLConfig, steps, config, device: str = "cpu") -> float:
+    """Seconds for a transformers Qwen2-VL ``model`` (on ``device``) to build the trees of ``steps``, level by
+    level with ``generate``: ``num_return_sequences = b_t`` (sampling for turns 1-3, greedy for turn 4), each
+    level's contexts = the previous level's outputs + the next prompt, every image re-encoded with its rows
+    (the pixels are put on the device once, before timing); the sampler's ``suppress_ids`` are never drawn. A
+    one-token warm-up runs first; every turn must run its full budget."""
+    import torch
+
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = None, 0, None
     br, T = config.branching, config.max_turn_tokens
+    pixels = {id(s): torch.tensor(s.pixel_values, device=device) for s in steps}  # on the device before timing
 
     def generate(seqs, images, k, budget, sample):
-        ids = torch.tensor(np.stack(seqs).astype(np.int64))
-        pv = torch.tensor(np.concatenate([s.pixel_values for s in images]))
-        grid = torch.tensor(np.concatenate([s.image_grid_thw for s in images]))
+        ids = torch.tensor(np.stack(seqs).astype(np.int64), device=device)
+        pv = torch.cat([pixels[id(s)] for s in images])
+        grid = torch.tensor(np.concatenate([s.image_grid_thw for s in images]), device=device)
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids,
@@ -269,8 +282,9 @@ def run_transformers(model_dir: str, cfg: Qwen2VLConfig, steps, config) -> float
                 num_return_sequences=k,
                 max_new_tokens=budget,
                 min_new_tokens=budget,
+                suppress_tokens=list(config.suppress_ids),
             )
-        return [o.numpy() for o in out]
+        return [o.numpy() for o in out.cpu()]
 
     generate([steps[0].prefix_ids], steps[:1], 1, 1, False)  # warm-up
     t0 = time.perf_counter()

@@ -50,6 +50,9 @@ def sample_tokens(
     (0 = argmax; the keys are then unused), so a greedy and a sampled configuration share one compilation;
     top_k / top_p: static; suppress_ids: static ids that are never drawn (greedy included). Returns (tokens
     int32[R], logps f32[R]) with logps the untempered log-softmax of the unmodified logits.
+
+    Without top-k / top-p the draw is computed whatever the temperature and selected (a greedy call pays for the
+    random draw, a decode loop has no data-dependent branch); with them, a ``lax.cond`` skips their sort.
     """
     logits = logits.astype(jnp.float32)
     temperature = jnp.asarray(temperature, jnp.float32)
@@ -61,9 +64,10 @@ def sample_tokens(
         filtered = filter_logits(allowed, temperature, top_k, top_p)
         return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
 
-    def greedy(_):
-        return jnp.argmax(allowed, axis=-1).astype(jnp.int32)
-
-    tokens = jax.lax.cond(temperature > 0, draw, greedy, None)
+    greedy = jnp.argmax(allowed, axis=-1).astype(jnp.int32)
+    if top_k > 0 or top_p < 1.0:  # the draw sorts the vocabulary: run it only when sampling
+        tokens = jax.lax.cond(temperature > 0, draw, lambda _: greedy, None)
+    else:  # an elementwise draw: computed and selected, no branch (on a GPU a branch is a host sync per token)
+        tokens = jnp.where(temperature > 0, draw(None), greedy)
     logps = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logps
