@@ -2,6 +2,10 @@
 ``support`` package next to this file, where subprocess scripts can import them too; no test module imports
 another test module."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import jax
 import pytest
 
@@ -20,3 +24,21 @@ def sampler_model():
 
     cfg = tiny_config()
     return cfg, tiny_params(cfg)
+
+
+@pytest.fixture(scope="session")
+def device_check_cpu(tmp_path_factory):
+    """The folder ``tools/device_check.sh --cpu`` wrote (every part with tiny sizes), run once per session."""
+    out = tmp_path_factory.mktemp("device_check")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH", "JAX_PLATFORMS")}
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        ["bash", str(repo / "tools" / "device_check.sh"), "--cpu", "--out", str(out)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out

@@ -35,12 +35,11 @@ def _run(tmp_path, *flags, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(device_check_cpu):
+    """The sampler part of ``tools/device_check.sh --cpu`` (run once per session; ``conftest.device_check_cpu``),
+    with ``--decode-options`` and ``--profile`` on."""
     pytest.importorskip("torch")
-    tmp = tmp_path_factory.mktemp("bench")
-    proc, res = _run(tmp, "--decode-options", "xla_cpu_enable_fast_math=false", "--profile", str(tmp / "trace"))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return res
+    return json.loads((device_check_cpu / "sampler.json").read_text())
 
 
 def test_every_part_runs_and_the_tree_has_27_leaves_per_step(report):

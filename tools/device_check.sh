@@ -92,12 +92,18 @@ if [ "$CPU" = 0 ]; then
     --profile /tmp/trace_after --json "$OUT/mfu_profile.json"
   part mfu_before 70 $PY tools/gpu_mfu.py --size 2b --attention reference --remat full --steps 1 --skip-matmul \
     --profile /tmp/trace_before --json "$OUT/mfu_before.json"
+  # the tree sampler at 2B with phone screenshots (1,122 image tokens per step): leaves/s, prefill MFU, decode
+  # against its bandwidth bound, transformers generate on the same GPU
+  part sampler 110 $PY tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 --decode-turns 3,1 \
+    --decode-options xla_gpu_enable_dynamic_slice_fusion=true --time-limit 100 --json "$OUT/sampler.json"
 else
   part parity 300 $PY tools/gpu_parity.py --size tiny --dtype float32 --json "$OUT/parity.json"
   part attention 120 $PY tools/bench_attention.py --rows 1 --length 256 --reps 1 --dtype float32 \
     --json "$OUT/attention.json"
   part mfu 240 $PY tools/gpu_mfu.py --size tiny --rows 2 --length 256 --patches 64 --steps 2 --warmup 1 \
     --dtype float32 --skip-matmul --profile "$OUT/mfu_trace" --json "$OUT/mfu.json"
+  part sampler 300 $PY tools/bench_sampler_gpu.py --size tiny --steps 2 --time-limit 280 \
+    --decode-options xla_cpu_enable_fast_math=false --profile "$OUT/sampler_trace" --json "$OUT/sampler.json"
 fi
 
 $PY tools/device_summary.py "$OUT" --seconds $(( $(date +%s) - START ))

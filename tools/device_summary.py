@@ -32,6 +32,16 @@ KEYS = {
     ),
     "mfu_profile": ("step_s_median", "profile", "error"),
     "mfu_before": ("attention_resolved", "remat", "step_s_median", "mfu", "hfu", "profile", "error"),
+    "sampler": (
+        "attention",
+        "image_tokens_per_step",
+        "leaves_per_s",
+        "prefill_mfu",
+        "decode_bound_ratio",
+        "ratio_vs_transformers",
+        "errors",
+        "stopped",
+    ),
 }
 
 
