@@ -18,10 +18,16 @@ both. Step-only numbers are printed too. JAX programs are compiled ahead of time
 not timed; the variants take turns, each running every batch once per round for ``--repeats`` rounds, and the
 median is reported.
 
-TRL is not a project dependency. It runs if importable (``--trl-path DIR`` puts a directory with trl, datasets,
-accelerate and their dependencies first on ``sys.path``); otherwise the TRL row says why it did not run.
+``--agreement`` runs instead the agreement check of ``bench_tdpo_agreement``: per-pair sigmoid DPO loss, implicit
+rewards and the DPO gradient of the packed step, the unpacked step and TRL, with a reference that differs from the
+policy, in float32 at the highest matmul precision; printed, and written to ``--json`` as ``trl_agreement``.
+
+TRL is not a project dependency (``pip install -e ".[bench]"`` adds it). It runs if importable (``--trl-path DIR``
+puts a directory with trl, datasets, accelerate and their dependencies first on ``sys.path``); otherwise the TRL
+row (or the agreement's ``trl`` entry) says why it did not run.
 
     python tools/bench_tdpo.py [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
+    python tools/bench_tdpo.py --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_models import bench_model  # noqa: E402
+from bench_tdpo_agreement import print_agreement, run_agreement  # noqa: E402
 from bench_tdpo_trl import make_trl  # noqa: E402
 
 from ipl_jax import model as M  # noqa: E402
@@ -204,9 +211,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--trl-path", default=None, help="directory put first on sys.path for trl & co")
+    parser.add_argument("--agreement", action="store_true", help="check agreement with TRL instead of timing")
+    parser.add_argument("--ref-noise", type=float, default=0.02, help="--agreement: reference = policy + N(0, S^2)")
     args = parser.parse_args(argv)
     if args.trl_path:
         sys.path.insert(0, os.path.abspath(args.trl_path))
+    if args.agreement:
+        jax.config.update("jax_default_matmul_precision", "highest")
 
     s = SHAPES["quick" if args.quick else "default"]
     cfg = bench_model(s)
@@ -220,6 +231,18 @@ def main(argv=None) -> int:
         f"{args.groups} prefix groups and {n_pairs} pairs per step; jax {jax.__version__} on "
         f"{jax.devices()[0].platform}"
     )
+
+    if args.agreement:
+        groups, pairs = workload[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            agreement = run_agreement(
+                cfg, params, groups, pairs, beta=0.1, ref_noise=args.ref_noise, key=jax.random.PRNGKey(1), tmp=tmp
+            )
+        print_agreement(agreement)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"trl_agreement": agreement}, f, indent=2)
+        return 0 if agreement["pass"] else 1
 
     patch_bucket = int(np.prod(s["grid"]))  # per row: one screenshot
     packed = [

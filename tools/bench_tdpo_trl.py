@@ -53,25 +53,32 @@ def trl_rows(cfg: Qwen2VLConfig, groups, pairs):
     )
 
 
-def make_trl(cfg: Qwen2VLConfig, params, workload, config: ipl.TDPOConfig, tmp: str):
-    """A ``TrlVariant`` on the same weights and pairs, or a dict saying why TRL cannot run."""
+def _import_error():
+    """None when TRL and its dependencies import, else the reason."""
     try:
-        import torch
-        from datasets import Dataset
-        from datasets.table import InMemoryTable
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
-        from trl import DPOConfig, DPOTrainer
+        import datasets  # noqa: F401
+        import transformers  # noqa: F401
+        import trl  # noqa: F401
     except Exception as e:  # noqa: BLE001 - report any import problem
-        return {"variant": "trl", "skipped": f"cannot import TRL and its dependencies: {type(e).__name__}: {e}"}
+        return f"cannot import TRL and its dependencies: {type(e).__name__}: {e}"
+    return None
 
-    model_dir = os.path.join(tmp, "weights")
-    M.save_params(jax.device_get(params), cfg, model_dir)
-    load = lambda: Qwen2VLForConditionalGeneration.from_pretrained(  # noqa: E731
-        model_dir, dtype=torch.float32, attn_implementation="sdpa"
+
+def _trainer(policy_dir: str, ref_dir: str, beta: float, learning_rate: float, tmp: str):
+    """A ``DPOTrainer`` (sigmoid loss, no label smoothing, no SFT term) on the checkpoints in ``policy_dir`` and
+    ``ref_dir``, ready for ``training_step`` on batches from ``trl_rows``."""
+    import torch
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
+    from trl import DPOConfig, DPOTrainer
+
+    load = lambda d: Qwen2VLForConditionalGeneration.from_pretrained(  # noqa: E731
+        d, dtype=torch.float32, attn_implementation="sdpa"
     )
-    model, ref_model = load(), load()
+    model, ref_model = load(policy_dir), load(ref_dir)
     # A word-level stand-in tokenizer: TRL needs one to build, but every batch here is already token ids.
     vocab = {"<pad>": 0, "<eos>": 1, "a": 2, "b": 3, "c": 4, "<unk>": 5}
     tok = PreTrainedTokenizerFast(
@@ -89,9 +96,10 @@ def make_trl(cfg: Qwen2VLConfig, params, workload, config: ipl.TDPOConfig, tmp: 
     args = DPOConfig(
         output_dir=os.path.join(tmp, "trl"),
         per_device_train_batch_size=1,
-        learning_rate=1e-6,
-        beta=config.dpo.beta,
+        learning_rate=learning_rate,
+        beta=beta,
         loss_type=["sigmoid"],
+        label_smoothing=0.0,
         max_length=None,
         gradient_checkpointing=False,
         report_to=[],
@@ -121,7 +129,67 @@ def make_trl(cfg: Qwen2VLConfig, params, workload, config: ipl.TDPOConfig, tmp: 
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train's loop, which we do not run
     trainer.model.train()
+    return trainer
+
+
+def make_trl(cfg: Qwen2VLConfig, params, workload, config: ipl.TDPOConfig, tmp: str):
+    """A ``TrlVariant`` on the same weights and pairs, or a dict saying why TRL cannot run."""
+    reason = _import_error()
+    if reason:
+        return {"variant": "trl", "skipped": reason}
+    model_dir = os.path.join(tmp, "weights")
+    M.save_params(jax.device_get(params), cfg, model_dir)
+    trainer = _trainer(model_dir, model_dir, config.dpo.beta, 1e-6, tmp)
     return TrlVariant(cfg, trainer, workload)
+
+
+def trl_agreement_side(cfg: Qwen2VLConfig, params, ref_params, groups, pairs, beta: float, tmp: str) -> dict:
+    """What TRL computes for these pairs with policy ``params`` and reference ``ref_params`` (both saved as
+    Hugging Face checkpoints and loaded into ``Qwen2VLForConditionalGeneration`` in float32).
+
+    Per pair (one ``compute_loss`` on that pair's two rows): ``loss`` f64[P] and the implicit rewards
+    ``chosen_reward`` / ``rejected_reward`` (β · log-ratio, as TRL logs them). On all pairs in one batch (the
+    rows right-padded, as TRL's collator lays them out): ``batch_loss`` from ``training_step`` and ``grads``, the
+    parameters' gradient after its backward pass, converted to our parameter tree (via a safetensors file read
+    by ``model.load_params``). A dict with ``skipped`` when TRL cannot be imported.
+    """
+    reason = _import_error()
+    if reason:
+        return {"skipped": reason}
+    import torch
+    from safetensors.numpy import save_file
+
+    torch.set_float32_matmul_precision("highest")
+    policy_dir, ref_dir = os.path.join(tmp, "policy"), os.path.join(tmp, "reference")
+    M.save_params(jax.device_get(params), cfg, policy_dir)
+    M.save_params(jax.device_get(ref_params), cfg, ref_dir)
+    trainer = _trainer(policy_dir, ref_dir, beta, 0.0, tmp)
+    model, logged = trainer.model, trainer._metrics["train"]  # TRL's own per-batch metric lists
+    loss, chosen, rejected = [], [], []
+    with torch.no_grad():
+        for p in pairs:
+            inputs, _, _ = trl_rows(cfg, groups, [p])
+            loss.append(float(trainer.compute_loss(model, inputs)))
+            chosen.append(logged["rewards/chosen"][-1])
+            rejected.append(logged["rewards/rejected"][-1])
+    model.zero_grad(set_to_none=True)
+    inputs, _, _ = trl_rows(cfg, groups, pairs)
+    batch_loss = float(trainer.training_step(model, inputs))
+    grad_dir = os.path.join(tmp, "trl_grads")
+    os.makedirs(grad_dir)
+    tensors = {
+        name: (np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.detach().numpy().copy())
+        for name, p in model.named_parameters()
+    }
+    save_file(tensors, os.path.join(grad_dir, "model.safetensors"))
+    grads, _ = M.load_params(grad_dir, cfg=cfg)
+    return {
+        "loss": np.asarray(loss, np.float64),
+        "chosen_reward": np.asarray(chosen, np.float64),
+        "rejected_reward": np.asarray(rejected, np.float64),
+        "batch_loss": batch_loss,
+        "grads": grads,
+    }
 
 
 class TrlVariant:
