@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -158,6 +159,9 @@ def test_outputs(quick_run):
         assert (export / name).is_file(), name
     params, cfg = load_params(str(export))
     tok = load_tokenizer(export)
+    # transformers' generate stops at the ids our decoder stops at (<|im_end|> and <|endoftext|>)
+    assert json.loads((export / "generation_config.json").read_text())["eos_token_id"] == list(tok.ids.eos)
+    assert len(tok.ids.eos) == 2
     assert cfg.text.vocab_size >= len(tok)
     # the exported weights are the chosen round's policy, bit for bit
     chosen = json.loads((workdir / "stages" / "export.done").read_text())["exported_round"]
@@ -271,6 +275,63 @@ def test_tree_viewer_in_headless_chromium(quick_run, tmp_path):
     with Image.open(shot) as im:
         assert im.format == "PNG" and im.width >= 1000
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50  # text, node colours and screenshots
+
+
+def readme_snippet(heading: str) -> str:
+    """The first ```python block under ``heading`` in the README."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(heading + "\n") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tmp_path):
+    """The README's transformers snippet, run on an export for a few test steps, prints the turn-1 text of our
+    greedy decoder (``ipl-jax eval``). The export is the quick job's with its weights replaced by random ones of a
+    large scale: the 8-step SFT policy answers every step with one repeated token, so it could not tell a wrong
+    prompt, lost image positions or a wrong stop from a right one; these weights give a text that changes with
+    each of them."""
+    import jax
+
+    from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+    from ipl_jax.data.tokenizer import SPECIAL_TOKENS
+    from ipl_jax.eval.evaluate import load_dataset
+    from ipl_jax.model import init_params, load_params, save_params
+
+    workdir, config = quick_run["workdir"], quick_run["config"]
+    budget = int(config.buckets.max_turn_tokens[0])
+    snippet = readme_snippet("## Using the export")
+    # the snippet's prompt and budget are the job's, and it runs on our files instead of its placeholders
+    assert f'describe = "{DEFAULT_PROMPTS.describe}"' in snippet
+    assert f"max_new_tokens={budget}," in snippet
+    for placeholder in ('"runs/default/export"', '"screen.png"'):
+        assert snippet.count(placeholder) == 1, placeholder
+    snippet = snippet.replace('"runs/default/export"', "EXPORT").replace('"screen.png"', "SCREEN")
+    code = compile(snippet.replace("print(description)", ""), "README.md: Using the export", "exec")
+
+    export = tmp_path / "export"
+    shutil.copytree(workdir / "export", export)
+    _, cfg = load_params(str(export))
+    save_params(init_params(cfg, jax.random.PRNGKey(0), std=0.5), cfg, str(export))
+    split, n = config.data.test_splits[0], 4
+    preds = tmp_path / "ours.jsonl"
+    args = ["eval", "--model", str(export), "--data", str(workdir / "data"), "--format", "aitz", "--split", split]
+    args += ["--steps", str(n), "--max-turn-tokens", str(budget), "1", "1", "1", "--predictions", str(preds)]
+    run_cli(args, quick_run["cache"])
+    ours = [json.loads(x) for x in preds.read_text().splitlines()]
+    steps = {(s.episode_id, s.step_id): s for ep in load_dataset(workdir / "data", "aitz", split) for s in ep.steps}
+    assert len(ours) == n and len({r["turns"][0] for r in ours}) > 1
+    for record in ours:
+        screen = tmp_path / f"{record['episode_id']}_{record['step_id']}.png"
+        steps[(record["episode_id"], record["step_id"])].load_image().save(screen)
+        scope = {"EXPORT": str(export), "SCREEN": str(screen)}
+        exec(code, scope)
+        assert "mm_token_type_ids" in scope["inputs"]
+        # the snippet decodes without special tokens; our turn texts keep them (a random policy emits some)
+        want = record["turns"][0]
+        for token in SPECIAL_TOKENS:
+            want = want.replace(token, "")
+        assert scope["description"] == want.strip()
 
 
 def test_resume_skips_finished_stages(quick_run):

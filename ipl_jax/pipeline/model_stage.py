@@ -1,10 +1,10 @@
 """Stage 3: the tokenizer and the starting model, and the policy directory format the job passes around.
 
 A *policy directory* is a Hugging Face Qwen2-VL checkpoint: ``config.json`` + ``model.safetensors``
-(``save_params``), the tokenizer files with the chat template, and ``preprocessor_config.json``. Every stage
-hands its model to the next one as such a directory (``WORKDIR/model/init``, ``WORKDIR/seed``,
-``WORKDIR/rounds/<r>/policy``, ``WORKDIR/export``), so any of them loads in transformers or in
-``ipl-jax eval`` as is.
+(``save_params``), the tokenizer files with the chat template, ``preprocessor_config.json`` and
+``generation_config.json`` (the ids a turn ends at). Every stage hands its model to the next one as such a
+directory (``WORKDIR/model/init``, ``WORKDIR/seed``, ``WORKDIR/rounds/<r>/policy``, ``WORKDIR/export``), so any of
+them loads in transformers or in ``ipl-jax eval`` as is.
 
 Without ``config.model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
 (``data.tiny_tokenizer.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
@@ -24,7 +24,7 @@ from ipl_jax.data.records import Step
 from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params
 from ipl_jax.pipeline.validate import UsageError
-from ipl_jax.pipeline.workdir import Workdir
+from ipl_jax.pipeline.workdir import Workdir, write_json
 
 TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocessor_config.json")
 
@@ -158,11 +158,14 @@ def model_config_dict(config: ml_collections.ConfigDict, special_ids: dict) -> d
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
-    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config.
+    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config, and a
+    ``generation_config.json`` holding only the ids our decoder ends a turn at (and the pad id), so that
+    transformers' ``generate`` stops where ours does (a checkpoint's own sampling settings are not copied).
 
     Multi-process: every process calls it (sharded weights are all-gathered), the main one writes; the caller
     passes a barrier before another process reads the directory."""
     from ipl_jax import distributed
+    from ipl_jax.data.tokenizer import load_tokenizer
     from ipl_jax.model import save_params
 
     out = Path(out)
@@ -177,6 +180,8 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
         if f.is_file() and f.name not in TOKENIZER_FILES_EXCLUDE and ".safetensors" not in f.name:
             shutil.copy2(f, tmp / f.name)
     image_config.save(tmp)
+    ids = load_tokenizer(tokenizer_dir).ids
+    write_json(tmp / "generation_config.json", {"eos_token_id": list(ids.eos), "pad_token_id": ids.pad})
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
