@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accelerator check: one command that measures what only a GPU can tell, writes one JSON summary plus logs.
 #
-#   bash tools/device_check.sh --out DIR [--cpu] [--parts env,parity,attention,mfu,...] [--wheels DIR]
+#   bash tools/device_check.sh --out DIR [--cpu] [--parts env,parity,...] [--budget S] [--wheels DIR]
 #   bash tools/device_check.sh --fetch-wheels DIR      # here, with the package index: our pure-Python wheels
 #
 # On a GPU machine with its own JAX (e.g. JAX 0.11.2 with CUDA 13), the project and the wheels in --wheels (default
@@ -12,12 +12,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-OUT="" CPU=0 WHEELS=.whl FETCH="" PARTS="env,parity,attention,mfu,mfu_profile,mfu_before,sampler,job"
+OUT="" CPU=0 WHEELS=.whl FETCH="" BUDGET="" PARTS="env,parity,mfu,sampler,job,mfu_profile,attention"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --parts) PARTS=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
     --wheels) WHEELS=$2; shift 2 ;;
     --fetch-wheels) FETCH=$2; shift 2 ;;
     *) echo "device_check.sh: unknown argument $1 (see the header of tools/device_check.sh)" >&2; exit 2 ;;
@@ -42,13 +43,24 @@ export PYTHONUNBUFFERED=1 IPL_JAX_PROGRESS_INTERVAL=10
 PY=${PYTHON:-python3}
 if [ "$CPU" = 1 ] && [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=.venv/bin/python; fi
 START=$(date +%s)
+if [ -z "$BUDGET" ]; then BUDGET=$([ "$CPU" = 1 ] && echo 3000 || echo 480); fi
 
-# one part: name, time limit (s), command...; its log in $OUT/NAME.log, its status in $OUT/status.jsonl
+# one part: name, time limit (s), command...; its log in $OUT/NAME.log, its status in $OUT/status.jsonl. A part
+# never runs past the whole run's budget (--budget, default 480 s on a GPU): its limit is cut to what is left, and
+# a part with less than 20 s left is skipped (recorded as such), so the script ends in time with what it measured.
 part() {
   local name=$1 limit=$2; shift 2
   case ",$PARTS," in *",$name,"*) ;; *) return 0 ;; esac
-  local t0 rc
+  local t0 rc left
   t0=$(date +%s)
+  left=$(( BUDGET - (t0 - START) - 5 ))
+  if [ "$left" -lt 20 ]; then
+    echo "== $name skipped: ${left}s of the budget left"
+    echo "{\"part\": \"$name\", \"rc\": null, \"seconds\": 0, \"timed_out\": false, \"skipped\": true}" >> "$OUT/status.jsonl"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  export DEVICE_CHECK_LIMIT=$limit
   echo "== $name (limit ${limit}s, at $((t0 - START))s)"
   timeout --signal=TERM --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
@@ -82,28 +94,31 @@ info = dict(python=platform.python_version(), jax=jax.__version__, flax=flax.__v
 print(json.dumps(info)); open('$OUT/env.json', 'w').write(json.dumps(info, indent=1))"
 
 if [ "$CPU" = 0 ]; then
+  # in order of importance, so that what the budget cuts is the least needed
   part parity 75 $PY tools/gpu_parity.py --size small --json "$OUT/parity.json"
-  part attention 60 $PY tools/bench_attention.py --json "$OUT/attention.json"
-  # the T-DPO step at the 2B shape: the job's attention ('auto' = cuDNN here) and remat; then profiles (one event per
-  # kernel: XLA's command buffers off, so timed apart) of it and of the first-measured configuration (reference
-  # attention, full remat) for the per-part times before and after
+  # the T-DPO step at the 2B shape with the job's attention ('auto' = cuDNN here) and remat
   part mfu 90 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 5 --json "$OUT/mfu.json"
-  part mfu_profile 70 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
+  # the tree sampler at 2B with phone screenshots (1,122 image tokens per step): leaves/s, prefill MFU, decode
+  # against its bandwidth bound, transformers generate on the same GPU; its own limit writes the partial JSON
+  part sampler 110 bash -c '$0 tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 \
+    --decode-turns 3,1 --decode-options xla_gpu_enable_dynamic_slice_fusion=true \
+    --time-limit $((DEVICE_CHECK_LIMIT - 10)) --json "$1"' "$PY" "$OUT/sampler.json"
+  # profiles (one event per kernel: XLA's command buffers off, so timed apart from `mfu`): time per part and
+  # phase of the T-DPO step as configured; `mfu_before` (only when named in --parts) the first-measured one
+  part mfu_profile 60 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
     --profile /tmp/trace_after --json "$OUT/mfu_profile.json"
+  part attention 45 $PY tools/bench_attention.py --reps 3 --json "$OUT/attention.json"
   part mfu_before 70 $PY tools/gpu_mfu.py --size 2b --attention reference --remat full --steps 1 --skip-matmul \
     --profile /tmp/trace_before --json "$OUT/mfu_before.json"
-  # the tree sampler at 2B with phone screenshots (1,122 image tokens per step): leaves/s, prefill MFU, decode
-  # against its bandwidth bound, transformers generate on the same GPU
-  part sampler 110 $PY tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 --decode-turns 3,1 \
-    --decode-options xla_gpu_enable_dynamic_slice_fusion=true --time-limit 100 --json "$OUT/sampler.json"
 else
   part parity 300 $PY tools/gpu_parity.py --size tiny --dtype float32 --json "$OUT/parity.json"
   part attention 120 $PY tools/bench_attention.py --rows 1 --length 256 --reps 1 --dtype float32 \
     --json "$OUT/attention.json"
   part mfu 240 $PY tools/gpu_mfu.py --size tiny --rows 2 --length 256 --patches 64 --steps 2 --warmup 1 \
     --dtype float32 --skip-matmul --profile "$OUT/mfu_trace" --json "$OUT/mfu.json"
-  part sampler 300 $PY tools/bench_sampler_gpu.py --size tiny --steps 2 --time-limit 280 \
-    --decode-options xla_cpu_enable_fast_math=false --profile "$OUT/sampler_trace" --json "$OUT/sampler.json"
+  part sampler 300 bash -c '$0 tools/bench_sampler_gpu.py --size tiny --steps 2 \
+    --time-limit $((DEVICE_CHECK_LIMIT - 10)) --decode-options xla_cpu_enable_fast_math=false \
+    --profile "$1/sampler_trace" --json "$1/sampler.json"' "$PY" "$OUT"
 fi
 
 $PY tools/device_summary.py "$OUT" --seconds $(( $(date +%s) - START ))
