@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     summary = summarize(out, args.seconds)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, entry in summary["parts"].items():
-        print(f"{name:14s} rc={entry['rc']} {entry['seconds']:4d}s", "" if entry["rc"] == 0 else "(failed)")
+        state = "skipped (budget)" if entry.get("skipped") else ("" if entry["rc"] == 0 else "(failed)")
+        print(f"{name:14s} rc={entry['rc']} {entry['seconds']:4d}s", state)
     print(f"summary: {out / 'summary.json'} ({args.seconds} s)")
     return 0
 
