@@ -181,15 +181,22 @@ def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0
 # ---------------------------------------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(corpus: Sequence[str], vocab_size: int):
+def train_tokenizer(corpus: Sequence[str], vocab_size: int, specials_at: int | None = None):
     """A ``tokenizers.Tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, then the Qwen special tokens
-    appended in Qwen's order (ids ``n_bpe + 0 .. n_bpe + 13``). ``vocab_size`` bounds the total size."""
+    appended in Qwen's order (ids ``n_bpe + 0 .. n_bpe + 13``). ``vocab_size`` bounds the total size.
+
+    ``specials_at``: the id of the first special token (``<|endoftext|>``; 151643 in the published Qwen2-VL
+    vocabulary). The learnt BPE vocabulary (at most ``vocab_size`` - 14 entries) is then filled up to that many
+    entries with three-byte pieces that no merge produces (they never appear in an encoding; decoding one gives
+    its three bytes), so the special tokens land at the ids a real checkpoint's config names."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
 
     n_bpe = vocab_size - len(SPECIAL_TOKENS)
     if n_bpe < 256:
         raise ValueError(f"vocab_size {vocab_size} too small: need 256 bytes + {len(SPECIAL_TOKENS)} specials")
+    if specials_at is not None and specials_at < min(n_bpe, 256):
+        raise ValueError(f"specials_at {specials_at} leaves no room for the 256 byte tokens")
     tok = Tokenizer(
         BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     )
@@ -202,7 +209,7 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int):
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=n_bpe,
+        vocab_size=n_bpe if specials_at is None else min(n_bpe, specials_at),
         min_frequency=2,
         show_progress=False,
         special_tokens=[],
@@ -215,8 +222,31 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int):
             line = line.replace(s, " ")
         cleaned.append(line)
     tok.train_from_iterator(cleaned, trainer)
+    if specials_at is not None:
+        tok = _fill_vocabulary(tok, specials_at)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
     return tok
+
+
+def _fill_vocabulary(tok, size: int):
+    """``tok`` with its BPE vocabulary filled to ``size`` entries by unreachable three-byte pieces (no merge
+    makes them, so encodings are unchanged)."""
+    import itertools
+
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    if len(vocab) > size:
+        raise ValueError(f"the learnt vocabulary ({len(vocab)} pieces) is larger than specials_at={size}")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    fillers = ("".join(p) for p in itertools.product(alphabet, repeat=3))
+    for piece in fillers:
+        if len(vocab) == size:
+            break
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def write_tokenizer(tok, out_dir: Path) -> dict[str, int]:

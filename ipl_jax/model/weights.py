@@ -8,7 +8,8 @@ builds every leaf with ``jax.make_array_from_callback``: each device's shard is 
 on one device or in host memory.
 
 ``save_params`` writes ``config.json`` + safetensors with on-disk HF names and (out, in) linear layout, which
-``transformers.Qwen2VLForConditionalGeneration.from_pretrained`` loads.
+``transformers.Qwen2VLForConditionalGeneration.from_pretrained`` loads; ``write_safetensors`` is its writer of
+(name, array) streams, one shard in memory at a time.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class _TensorSource:
             raise KeyError(f"{self.model_dir}: tensor {name!r} not found in the checkpoint") from None
 
 
-def _expected_hf_shape(ent: ParamEntry, cfg: Qwen2VLConfig) -> tuple[int, ...]:
+def hf_shape(ent: ParamEntry, cfg: Qwen2VLConfig) -> tuple[int, ...]:
+    """The shape of ``ent``'s tensor (one layer's, when stacked) in the checkpoint's layout."""
     shape = ent.shape[1:] if ent.stacked else ent.shape
     if ent.transform == "linear":
         return (shape[1], shape[0])
@@ -153,7 +155,7 @@ def load_params(
     params: dict = {}
     for ent in param_layout(cfg):
         names = [ent.hf_name.format(i=i) for i in range(ent.shape[0])] if ent.stacked else [ent.hf_name]
-        want = _expected_hf_shape(ent, cfg)
+        want = hf_shape(ent, cfg)
         for n in names:
             got = src.shape(n)
             if got != want:
@@ -179,6 +181,19 @@ def _host_value(leaf) -> np.ndarray:
     return np.asarray(leaf)
 
 
+def hf_items(ent: ParamEntry, value: np.ndarray, cfg: Qwen2VLConfig, layer: int | None = None):
+    """(hf_name, numpy array in HF layout) of one leaf in our layout: ``value`` is the whole leaf, or with
+    ``layer`` one layer's slice of a stacked leaf."""
+    name = ent.hf_name.format(i=layer) if layer is not None else ent.hf_name
+    a = value
+    if ent.transform == "linear":
+        a = a.T
+    elif ent.transform == "conv":
+        v = cfg.vision
+        a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    return name, np.ascontiguousarray(a)
+
+
 def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
     """Yields (hf_name, numpy array in HF layout), one per-layer tensor at a time."""
     for ent in param_layout(cfg):
@@ -186,29 +201,31 @@ def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
         if tuple(leaf.shape) != ent.shape:
             raise ValueError(f"param {ent.key} has shape {tuple(leaf.shape)}, config implies {ent.shape}")
         full = _host_value(leaf)
-        items = (
-            [(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked else [(ent.hf_name, full)]
-        )
-        for name, a in items:
-            if ent.transform == "linear":
-                a = a.T
-            elif ent.transform == "conv":
-                v = cfg.vision
-                a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-            yield name, np.ascontiguousarray(a)
+        if ent.stacked:
+            for i in range(ent.shape[0]):
+                yield hf_items(ent, full[i], cfg, layer=i)
+        else:
+            yield hf_items(ent, full, cfg)
 
 
 def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes: int = 4 << 30) -> None:
     """Writes ``config.json`` and ``model.safetensors`` (or shards + ``model.safetensors.index.json`` when the
     model is larger than ``max_shard_bytes``) with on-disk HF names. Leaves are saved in their own dtype."""
-    from safetensors.numpy import save_file
-
     os.makedirs(out_dir, exist_ok=True)
     dtype_names = {jnp.dtype(get_path(params, e.path).dtype).name for e in param_layout(cfg)}
     save_cfg = cfg.replace(param_dtype=dtype_names.pop()) if len(dtype_names) == 1 else cfg
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(save_cfg.to_hf_dict(), f, indent=2)
+    write_safetensors(_hf_tensors(params, cfg), out_dir, max_shard_bytes)
 
+
+def write_safetensors(tensors, out_dir: str, max_shard_bytes: int = 4 << 30) -> int:
+    """Writes (name, numpy array) pairs as ``model.safetensors``, or as shards of at most ``max_shard_bytes``
+    plus ``model.safetensors.index.json`` when they do not fit one. ``tensors`` may be a generator: only the
+    shard being filled is held in memory. Returns the bytes written."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
     written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names), in order
     current: dict[str, np.ndarray] = {}
     size = 0
@@ -218,13 +235,14 @@ def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes:
         save_file(current, tmp, metadata={"format": "pt"})
         written.append((tmp, list(current)))
 
-    for name, a in _hf_tensors(params, cfg):
+    for name, a in tensors:
         if current and size + a.nbytes > max_shard_bytes:
             flush()
             current, size = {}, 0
         current[name] = a
         size += a.nbytes
     flush()
+    current = {}
 
     n = len(written)
     weight_map, total = {}, 0
@@ -240,3 +258,4 @@ def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes:
     else:
         if os.path.exists(index_path):
             os.remove(index_path)
+    return total

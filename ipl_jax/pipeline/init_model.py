@@ -1,0 +1,144 @@
+"""Random checkpoints of the published Qwen2-VL architectures (``ipl-jax init-model``): real shapes, our tokenizer,
+nothing downloaded.
+
+``checkpoint_config(name, overrides)`` is the architecture's ``config.json`` (``plan_shapes.ARCHITECTURES``: the
+flat Hub layout of the published files, ``torch_dtype`` bfloat16) with ``overrides`` merged in (tests shrink it).
+``write_random_checkpoint(out, hf_config, seed)`` writes a directory that loads like the published one:
+
+* tokenizer files (``data.tiny_tokenizer``): a byte-level BPE learnt on GUI texts and the CoaT prompts, its
+  vocabulary filled so that the 14 Qwen special tokens sit at the ids the config names (151643 ... 151656, below
+  the published vocab_size); a vocab_size override too small for that puts them right after the learnt BPE and
+  the config takes their ids;
+* ``config.json``, ``generation_config.json`` and ``preprocessor_config.json`` (Qwen2-VL's pixel limits);
+* safetensors drawn and written tensor by tensor (``model.random_weights``): shards of at most 4 GiB plus
+  ``model.safetensors.index.json``, so host memory never holds more than one shard.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
+
+DEFAULT_BPE_SIZE = 8192  # the most BPE pieces learnt from the corpus (the rest of the vocabulary is filler)
+DTYPES = ("bfloat16", "float32", "float16")
+# config.json key of each special token the model reads
+_CONFIG_IDS = {
+    "bos_token_id": "<|endoftext|>",
+    "eos_token_id": "<|im_end|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+}
+
+
+def checkpoint_config(name: str, overrides: dict | None = None, dtype: str = "bfloat16") -> dict:
+    """The ``config.json`` dict of architecture ``name`` with ``overrides`` (flat text fields, ``vision_config``
+    and ``rope_scaling`` merged key by key). The merger output (vision ``hidden_size``) follows the text
+    ``hidden_size``. Raises ValueError naming a bad architecture or an inconsistent override."""
+    from ipl_jax.model.config import Qwen2VLConfig
+
+    if name not in ARCHITECTURES:
+        raise ValueError(f"--architecture {name!r} is unknown (valid: {', '.join(ARCHITECTURES)})")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is unknown (valid: {', '.join(DTYPES)})")
+    d = copy.deepcopy(ARCHITECTURES[name])
+    over = copy.deepcopy(overrides or {})
+    for nested in ("vision_config", "rope_scaling"):
+        part = over.pop(nested, None)
+        if part is not None:
+            if not isinstance(part, dict):
+                raise ValueError(f"override {nested}: expected a JSON object, got {type(part).__name__}")
+            d[nested].update(part)
+    d.update(over)
+    d["vision_config"]["hidden_size"] = d["hidden_size"]
+    d["torch_dtype"] = dtype
+    cfg = Qwen2VLConfig.from_hf_dict(d)
+    t = cfg.text
+    if t.hidden_size % t.num_attention_heads or sum(t.mrope_section) * 2 != t.head_dim:
+        raise ValueError(
+            f"override: hidden_size {t.hidden_size} / {t.num_attention_heads} heads and rope_scaling.mrope_section "
+            f"{list(t.mrope_section)} do not fit (the sections must sum to head_dim / 2)"
+        )
+    if cfg.vision.embed_dim % cfg.vision.num_heads:
+        raise ValueError(f"override: vision embed_dim {cfg.vision.embed_dim} not divisible by its num_heads")
+    return d
+
+
+def tensor_shapes(hf_config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(safetensors name, shape) of every tensor ``write_random_checkpoint`` writes for ``hf_config``."""
+    from ipl_jax.model.config import Qwen2VLConfig
+    from ipl_jax.model.random_weights import hf_tensor_shapes
+
+    return hf_tensor_shapes(Qwen2VLConfig.from_hf_dict(hf_config))
+
+
+def _write_tokenizer(out: Path, hf_config: dict, bpe_size: int) -> dict[str, int]:
+    """Our tokenizer in ``out``, its specials at the config's ids when the vocabulary holds them; returns the
+    special ids."""
+    from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tokenizer import SPECIAL_TOKENS
+
+    first, n = int(hf_config["bos_token_id"]), len(SPECIAL_TOKENS)
+    vocab = int(hf_config["vocab_size"])
+    if first + n <= vocab:  # the published layout: BPE (filled) below the specials at the config's ids
+        tok = train_tokenizer(default_corpus(), min(bpe_size, first) + n, specials_at=first)
+    else:
+        tok = train_tokenizer(default_corpus(), min(bpe_size + n, vocab))
+    return write_tokenizer(tok, out)
+
+
+def write_random_checkpoint(
+    out: str | Path,
+    hf_config: dict,
+    seed: int = 0,
+    bpe_size: int = DEFAULT_BPE_SIZE,
+    max_shard_bytes: int = 4 << 30,
+) -> dict:
+    """Write the checkpoint directory (see the module doc) into ``out``; returns a summary: parameters, bytes
+    written, weight files, tokenizer size and the special-token ids of ``config.json``."""
+    import jax
+
+    from ipl_jax.data.image_processing import ImageProcessorConfig
+    from ipl_jax.model.config import Qwen2VLConfig
+    from ipl_jax.model.params import count_params, param_shapes
+    from ipl_jax.model.random_weights import write_random_weights
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _write_tokenizer(out, hf_config, bpe_size)
+    config = copy.deepcopy(hf_config)
+    for key, token in _CONFIG_IDS.items():
+        config[key] = ids[token]
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    cfg = Qwen2VLConfig.from_hf_dict(config)
+    v = cfg.vision
+    ImageProcessorConfig(
+        patch_size=v.patch_size, merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size
+    ).save(out)
+    nbytes = write_random_weights(
+        str(out),
+        cfg,
+        jax.random.PRNGKey(seed),
+        dtype=config["torch_dtype"],
+        std=float(config.get("initializer_range", 0.02)),
+        max_shard_bytes=max_shard_bytes,
+    )
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    return {
+        "out": str(out),
+        "parameters": count_params(param_shapes(cfg)),
+        "bytes": nbytes,
+        "files": files,
+        "tokenizer_size": max(ids.values()) + 1,
+        "special_ids": {k: config[k] for k in _CONFIG_IDS},
+    }
