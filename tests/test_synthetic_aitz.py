@@ -158,3 +158,36 @@ def test_with_meta_adds_only_synth_meta(tmp_path):
             assert json.loads(rec["synth_meta"]) == step.meta
     aitz = pytest.importorskip("ipl_jax.data.aitz")
     assert len(aitz.load_aitz(tmp_path, "dev")) == 2
+
+
+def test_render_size_writes_phone_screenshots_with_the_same_fractions(tmp_path):
+    """``render_size``: the layout of width x height drawn at a phone's resolution; boxes, points and texts are
+    the layout's (fractions of the screen), the PNG is the layout's picture resized."""
+    import numpy as np
+    from PIL import Image
+
+    from ipl_jax.data.aitz import load_aitz
+    from ipl_jax.data.synthetic import WorldConfig, apply_overrides
+
+    layout = ["width=224", "height=448", "p_start_home=0.3"]
+    for name, extra in (("layout", []), ("phone", ["render_size=270,600"])):
+        assert (
+            synth_main(["--out", str(tmp_path / name), "--split", "dev", "--episodes", "2", "--world", *layout, *extra])
+            == 0
+        )
+    small, phone = load_aitz(tmp_path / "layout", "dev"), load_aitz(tmp_path / "phone", "dev")
+    generated = generate_split(
+        "dev", 2, seed=0, config=apply_overrides(WorldConfig(), layout + ["render_size=270,600"])
+    )
+    assert [len(e.steps) for e in small] == [len(e.steps) for e in phone] > [0]
+    for e_small, e_phone, e_gen in zip(small, phone, generated):
+        for a, b, g in zip(e_small.steps, e_phone.steps, e_gen.steps):
+            assert b.screen_size == g.screen_size == (270, 600) and a.screen_size == (224, 448)
+            assert a.instruction == b.instruction and a.action.type == b.action.type and a.coat == b.coat
+            assert [el.text for el in a.elements] == [el.text for el in b.elements]
+            for ea, eb in zip(a.elements, b.elements):  # the same fractions, up to one pixel of each picture
+                assert all(abs(u - v) <= 1 / 224 + 1 / 270 for u, v in zip(ea.box, eb.box))
+            with Image.open(a.image) as im_a, Image.open(b.image) as im_b:
+                assert im_b.size == (270, 600)
+                resized = np.asarray(im_a.convert("RGB").resize((270, 600), Image.Resampling.BICUBIC), np.int16)
+                assert np.abs(resized - np.asarray(im_b.convert("RGB"), np.int16)).max() == 0

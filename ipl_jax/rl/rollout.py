@@ -178,7 +178,7 @@ def _step_of(world, wt: WorldTask, t: int, history: Sequence[str]) -> Step:
         step_id=t,
         instruction=wt.task.instruction,
         image=screen.painter(),
-        screen_size=screen.size,
+        screen_size=screen.picture_size,
         action=expert_decision(world, wt.task).action,
         history=tuple(history),
         elements=screen.elements,

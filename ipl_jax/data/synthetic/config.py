@@ -122,7 +122,10 @@ FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "a
 class WorldConfig:
     """Knobs of the synthetic world. Ranges ``(lo, hi)`` are inclusive and drawn per episode.
 
-    width, height: screenshot size in pixels (224 x 448 = 8 x 16 Qwen2-VL tokens of 28 x 28 pixels = 128 tokens).
+    width, height: the screen's layout size in pixels (224 x 448 = 8 x 16 Qwen2-VL tokens of 28 x 28 pixels = 128
+        tokens), and the screenshots' size unless ``render_size`` says otherwise.
+    render_size: (width, height) of the screenshots; empty: width x height. A screen laid out at width x height
+        is drawn and resized to this (e.g. a phone's 1080 x 2400); boxes are screen fractions and stay in place.
     font_size: the body text size in pixels (PIL's default font at that size).
     n_extra_apps: distractor apps on the home screen besides Settings / Shop / Store / Messages.
     settings_rows: rows of the main settings list (the screen shows about nine: longer lists need scrolling).
@@ -140,6 +143,7 @@ class WorldConfig:
 
     width: int = 224
     height: int = 448
+    render_size: tuple[int, ...] = ()
     font_size: int = 11
     n_extra_apps: tuple[int, int] = (8, 22)
     settings_rows: tuple[int, int] = (9, 18)
@@ -167,6 +171,8 @@ class WorldConfig:
     def __post_init__(self):
         if self.width < 112 or self.height < 224:
             raise ValueError(f"WorldConfig: screen {self.width}x{self.height} is too small (min 112x224)")
+        if self.render_size and (len(self.render_size) != 2 or min(self.render_size) < 28):
+            raise ValueError(f"WorldConfig.render_size: need () or (width, height) >= 28 px, got {self.render_size}")
         for name in ("n_extra_apps", "settings_rows", "n_contacts", "n_results", "n_distractors"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:

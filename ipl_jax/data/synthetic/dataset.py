@@ -85,7 +85,7 @@ def generate_episode(world_seed: int, task: Task, config: WorldConfig, episode_i
                 step_id=t,
                 instruction=task.instruction,
                 image=screen.painter(),
-                screen_size=screen.size,
+                screen_size=screen.picture_size,
                 action=d.action,
                 history=tuple(history),
                 elements=screen.elements,

@@ -221,15 +221,20 @@ def paint(size: tuple[int, int], theme: str, items, base_size: int = 11) -> Imag
 
 @dataclasses.dataclass(frozen=True)
 class ScreenPainter:
-    """A picklable zero-argument callable that renders one screen (``Step.image`` can hold it)."""
+    """A picklable zero-argument callable that renders one screen (``Step.image`` can hold it): drawn at ``size``,
+    then resized to ``out_size`` (bicubic) when that is given and differs."""
 
     size: tuple[int, int]
     theme: str
     items: tuple
     base_size: int = 11
+    out_size: tuple[int, int] | None = None
 
     def __call__(self) -> Image.Image:
-        return paint(self.size, self.theme, self.items, self.base_size)
+        img = paint(self.size, self.theme, self.items, self.base_size)
+        if self.out_size is not None and tuple(self.out_size) != img.size:
+            img = img.resize(tuple(self.out_size), Image.Resampling.BICUBIC)
+        return img
 
 
 def png_bytes(img: Image.Image, compress_level: int = 6) -> bytes:

@@ -37,6 +37,7 @@ class Screen:
     page: str
     state: dict
     base_size: int = 11
+    render_size: tuple[int, int] | None = None  # (width, height) of the picture when it differs from ``size``
 
     @functools.cached_property
     def element_widgets(self) -> tuple[Widget, ...]:
@@ -54,8 +55,14 @@ class Screen:
         x1, y1, x2, y2 = w.box
         return (x1 / W, y1 / H, x2 / W, y2 / H)
 
+    @property
+    def picture_size(self) -> tuple[int, int]:
+        """(width, height) of the rendered screenshot."""
+        return tuple(self.render_size) if self.render_size else self.size
+
     def painter(self) -> ScreenPainter:
-        return ScreenPainter(self.size, self.theme, tuple(w.paint_item() for w in self.widgets), self.base_size)
+        items = tuple(w.paint_item() for w in self.widgets)
+        return ScreenPainter(self.size, self.theme, items, self.base_size, self.render_size)
 
     @functools.cached_property
     def image(self):
@@ -254,6 +261,7 @@ class World:
             page=app.page,
             state=state,
             base_size=g.font_size,
+            render_size=tuple(self.config.render_size) or None,
         )
 
 
