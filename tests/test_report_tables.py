@@ -66,3 +66,65 @@ def test_online_budget_table():
     assert lines[2].split() == ["seed", "policy", "25.00", "5.50", "0", "-", "0", "0"]
     assert lines[3].split() == ["GRPO", "(UI-R1)", "50.00", "4.00", "32", "32", "1", "12"]
     assert lines[4].split() == ["PPO", "-", "-", "40", "32", "6", "31"]
+
+
+def test_job_report_stages_rates_and_memory():
+    from ipl_jax.pipeline.report import job_report, stage_table
+
+    log = [
+        {"stage": "data", "event": "started"},
+        {"stage": "data", "event": "finished", "seconds": 1.0, "peak_device_bytes": None},
+        {"stage": "sft", "event": "started"},  # a first attempt that stopped, then a resumed one that finished
+        {"stage": "data", "event": "skipped", "seconds": 0.0},
+        {"stage": "sft", "event": "started"},
+        {"stage": "sft", "event": "finished", "seconds": 30.0, "peak_device_bytes": 7_000_000_000},
+        {"stage": "round_1", "event": "started"},
+        {"stage": "round_1", "event": "finished", "seconds": 20.0, "peak_device_bytes": 9_500_000_000},
+        {"stage": "export", "event": "started"},
+    ]
+    sft = {
+        "steps": 3,
+        "tokens": 3000.0,
+        "first_step_seconds": 20.0,
+        "tokens_per_s": 120.0,
+        "tokens_per_s_steady": 200.0,
+    }
+    tdpo = {
+        "round": 1,
+        "train": {"steps": 3, "tokens": 900.0, "first_step_tokens": 300.0, "seconds": 8.0, "first_step_seconds": 5.0},
+        "seconds": {"sample_score_pairs": 4.0, "train": 8.0},
+    }
+    golden = {"round": 2, "train": {"steps": 2, "pairs": 8.0}}  # continued SFT: no T-DPO throughput
+    rep = job_report(log, sft, [tdpo, golden], "1 x NVIDIA H200")
+    assert [s["stage"] for s in rep["stages"]] == ["data", "sft", "round_1"]  # export never finished
+    assert rep["seconds"] == 51.0 and rep["peak_device_bytes"] == 9_500_000_000
+    assert rep["sft"]["tokens_per_s_steady"] == 200.0
+    (t,) = rep["tdpo"]
+    assert t["round"] == 1 and t["tokens_per_s"] == 900 / 8 and t["tokens_per_s_steady"] == 600 / 3
+    text = stage_table(rep)
+    assert "9.5 GB" in text and "1 x NVIDIA H200" in text and "T-DPO round 1: 3 steps, 900 tokens, 112 tokens/s" in text
+    # one T-DPO step: no steady rate; a CPU (no memory statistics): no peak
+    one = dict(tdpo, train=dict(tdpo["train"], steps=1, first_step_tokens=900.0, first_step_seconds=8.0))
+    log_cpu = [dict(e, peak_device_bytes=None) if e["event"] == "finished" else e for e in log]
+    rep = job_report(log_cpu, None, [one], "1 x cpu")
+    assert rep["tdpo"][0]["tokens_per_s_steady"] is None and rep["peak_device_bytes"] is None and "sft" not in rep
+    assert stage_table(rep).splitlines()[2].split() == ["data", "1.0", "-"]
+
+
+def test_device_peak_bytes_reads_every_local_device(monkeypatch):
+    import jax
+
+    from ipl_jax.pipeline import workdir
+
+    assert workdir.device_peak_bytes() is None  # the CPU backend keeps no memory statistics
+
+    class Device:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    devices = [Device({"peak_bytes_in_use": 5, "bytes_in_use": 1}), Device({"peak_bytes_in_use": 9}), Device(None)]
+    monkeypatch.setattr(jax, "local_devices", lambda: devices)
+    assert workdir.device_peak_bytes() == 9

@@ -86,6 +86,7 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.ipl.early_stop = False
 
     c.eval.batch_size = 32
+    c.eval.online_episodes = 0  # the published datasets have no live world to play episodes in
 
     if arg == "tpu":
         c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1

@@ -256,7 +256,9 @@ def evaluate_policy(
     predictions: dict[tuple[str, int], Action] = {}
     if not flat:
         return records, score_episodes(episodes, predictions, config.fmt, rule_set)
-    batch_size = min(int(config.batch_size), len(flat))
+    # always the configured size (the last batch padded): a split shorter than a batch would otherwise compile the
+    # sampler's programs again for its own size
+    batch_size = int(config.batch_size)
     batches = iter_sampled_batches(
         params, cfg, tokenizer, config.image_config, flat, sconfig, config.seed, batch_size, mesh
     )

@@ -100,3 +100,89 @@ def online_budget_table(rows: Sequence[dict]) -> str:
             f"{float(r.get('seconds') or 0.0):>9.0f}"
         )
     return "\n".join(lines)
+
+
+def _rate(tokens, seconds) -> float | None:
+    return round(float(tokens) / float(seconds), 1) if tokens and seconds else None
+
+
+def job_report(stage_log: Sequence[dict], sft: dict | None, rounds: Sequence[dict], device: str) -> dict:
+    """``job_report.json``: per stage (in the order they first started) its seconds and the process's device
+    memory peak when it finished (the last run of each: a resumed job reports the runs that made its outputs);
+    warm-up SFT's and each T-DPO round's trained tokens per second (``tokens_per_s``, compile included, and
+    ``tokens_per_s_steady``, the steps after the first); ``peak_device_bytes`` (None where the backend counts no
+    memory, e.g. CPUs). ``rounds`` are the round records (``rounds.run_round``)."""
+    finished: dict[str, dict] = {}
+    for e in stage_log:
+        if e.get("event") == "finished":
+            finished[e["stage"]] = e
+    order = list(dict.fromkeys(e["stage"] for e in stage_log if e.get("event") == "started"))
+    stages = [
+        {
+            "stage": s,
+            "seconds": round(float(finished[s]["seconds"]), 2),
+            "peak_device_bytes": finished[s].get("peak_device_bytes"),
+        }
+        for s in order
+        if s in finished
+    ]
+    peaks = [s["peak_device_bytes"] for s in stages if s["peak_device_bytes"] is not None]
+    out: dict = {
+        "device": device,
+        "stages": stages,
+        "seconds": round(sum(s["seconds"] for s in stages), 2),
+        "peak_device_bytes": max(peaks) if peaks else None,
+    }
+    if sft:
+        out["sft"] = {
+            "steps": sft.get("steps"),
+            "tokens": sft.get("tokens"),
+            "first_step_seconds": sft.get("first_step_seconds"),
+            "tokens_per_s": sft.get("tokens_per_s"),
+            "tokens_per_s_steady": sft.get("tokens_per_s_steady"),
+        }
+    out["tdpo"] = []
+    for rec in rounds:
+        train = rec.get("train") or {}
+        if "tokens" not in train:  # continued SFT, GRPO, PPO: no T-DPO updates
+            continue
+        steady = _rate(train["tokens"] - train["first_step_tokens"], train["seconds"] - train["first_step_seconds"])
+        out["tdpo"].append(
+            {
+                "round": rec["round"],
+                "steps": train.get("steps"),
+                "tokens": train["tokens"],
+                "first_step_seconds": round(train["first_step_seconds"], 3),
+                "tokens_per_s": _rate(train["tokens"], train["seconds"]),
+                "tokens_per_s_steady": steady if train.get("steps", 0) > 1 else None,
+                "phase_seconds": {k: round(float(v), 2) for k, v in (rec.get("seconds") or {}).items()},
+            }
+        )
+    return out
+
+
+def _gb(n) -> str:
+    return "-" if n is None else f"{n / 1e9:.1f} GB"
+
+
+def stage_table(report: dict) -> str:
+    """The job report as text: one line per stage (seconds, device memory peak so far), then throughput."""
+    lines = [f"{'stage':<14}{'seconds':>9}{'peak memory':>14}", "-" * 37]
+    for s in report["stages"]:
+        lines.append(f"{s['stage']:<14}{s['seconds']:>9.1f}{_gb(s['peak_device_bytes']):>14}")
+    lines.append(f"{'total':<14}{report['seconds']:>9.1f}{_gb(report['peak_device_bytes']):>14}  ({report['device']})")
+
+    def rate(name: str, r: dict) -> str:
+        steady = r.get("tokens_per_s_steady")
+        after = f", {steady:,.0f} after the first step" if steady else ""
+        first = r.get("first_step_seconds")
+        return (
+            f"{name}: {r.get('steps')} steps, {r.get('tokens') or 0:,.0f} tokens, "
+            f"{r.get('tokens_per_s') or 0:,.0f} tokens/s{after} (first step {first if first is not None else '-'} s)"
+        )
+
+    if report.get("sft"):
+        lines.append(rate("SFT", report["sft"]))
+    for r in report.get("tdpo", []):
+        lines.append(rate(f"T-DPO round {r['round']}", r))
+    return "\n".join(lines)

@@ -14,7 +14,8 @@ gamma}, "pairs", "seconds", "online" (with ``eval.online_episodes``: success rat
 world), "samples" (completions / environment steps the round sampled)}, ...]}``, round 0 = the seed policy),
 ``step_accuracy.png``, ``trees.html``,
 ``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` (and the same metrics as TensorBoard
-event files in ``tensorboard/``) and ``stage_log.jsonl``.
+event files in ``tensorboard/``), ``stage_log.jsonl`` and ``job_report.json`` (stage seconds, SFT and T-DPO tokens
+per second, peak device memory; printed as a table at the end).
 """
 
 from __future__ import annotations
@@ -296,6 +297,22 @@ class Job:
             "results": str(wd.path("results.json")),
         }
 
+    def job_report(self) -> dict:
+        """``job_report.json`` (``report.job_report``: stage seconds, tokens per second, peak device memory) from
+        the stage log and the stage markers; written by the main process."""
+        import jax
+
+        rounds_ = []
+        for r in range(1, int(self.config.ipl.rounds) + 1):
+            summary = self.wd.summary(f"round_{r}")
+            if summary is not None:
+                rounds_.append(summary["record"])
+        device = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+        out = report.job_report(self.wd.stage_log(), self.wd.summary("sft"), rounds_, device)
+        if self.wd.main:
+            write_json(self.wd.path("job_report.json"), out)
+        return out
+
     def _viewer(self):
         """The tree viewer page of the last round (a few trees sampled in it) as ``WORKDIR/trees.html``."""
         last = max([0] + [s["record"]["round"] for s in getattr(self, "round_summaries", [])])
@@ -322,6 +339,7 @@ def run_job(
         if stage == stop_after:
             break
     wd.tensorboard.close()
+    report_ = job.job_report()
     if stop_after is None:
         job.print_rounds()
         total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")
@@ -329,4 +347,5 @@ def run_job(
             f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "
             f"this invocation {time.perf_counter() - job.t_start:.0f} s)"
         )
+    wd.echo("\n" + report.stage_table(report_))
     return wd

@@ -277,9 +277,11 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")
     t0 = time.perf_counter()
     tokens0 = counter["tokens"]
+    marks: list[tuple[float, float]] = []  # (seconds since t0, tokens so far) as each step's metrics arrive
 
     def on_metrics(step: int, m: dict) -> None:
         bar.update(1)
+        marks.append((time.perf_counter() - t0, counter["tokens"] - tokens0))
         rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
         bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rate:,.0f}")
         record = {"stage": "sft", "step": step, **m, "tokens_per_s": rate}
@@ -323,8 +325,19 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
         "train_seconds": round(seconds, 2),
         "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
+        **steady_rate(marks),
         "candidates": candidates,
     }
+
+
+def steady_rate(marks: list[tuple[float, float]]) -> dict:
+    """``tokens`` (this invocation's), ``first_step_seconds`` (compile included) and ``tokens_per_s_steady``
+    (the steps after the first; None with one step) from (seconds, tokens so far) after each step."""
+    if not marks:
+        return {"tokens": 0.0, "first_step_seconds": None, "tokens_per_s_steady": None}
+    (t1, n1), (tn, nn) = marks[0], marks[-1]
+    steady = round((nn - n1) / (tn - t1), 1) if len(marks) > 1 and tn > t1 else None
+    return {"tokens": nn, "first_step_seconds": round(t1, 3), "tokens_per_s_steady": steady}
 
 
 def sft_state_shardings(state, optimizer, mesh):

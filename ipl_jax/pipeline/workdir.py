@@ -5,7 +5,9 @@ Layout (every stage writes only under its own directory and then drops a marker)
     WORKDIR/
       config.json               the resolved job config (a resumed run must use the same one)
       stages/<stage>.done       marker: the stage finished; holds its summary as JSON
-      stage_log.jsonl           one line per stage start / skip / finish, with seconds
+      stage_log.jsonl           one line per stage start / skip / finish, with seconds (and, where the backend
+                                counts it, the device memory peak of the process so far)
+      job_report.json           per-stage seconds, SFT / T-DPO tokens per second, peak device memory
       metrics.jsonl             training and evaluation metrics (one JSON object per line)
       tensorboard/{sft,ipl}/    the same metrics as TensorBoard event files (``viz.tensorboard_log``)
       data/ evolution/ model/ sft/ seed/ eval/ rounds/ export/     the stages' outputs
@@ -116,7 +118,7 @@ class Workdir:
         seconds = time.perf_counter() - t0
         summary.setdefault("seconds", round(seconds, 2))
         self.mark_done(stage, summary)
-        self.log_stage(stage, "finished", seconds=seconds)
+        self.log_stage(stage, "finished", seconds=seconds, peak_device_bytes=device_peak_bytes())
         self.echo(f"[{stage}] done in {seconds:.1f} s")
         distributed.barrier(f"stage {stage}")
         return summary if self.main or not main_only else read_json(self.marker(stage))
@@ -140,6 +142,22 @@ class Workdir:
         if not p.is_file():
             return []
         return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def device_peak_bytes() -> int | None:
+    """The largest ``peak_bytes_in_use`` of this process's devices since it started; None where the backend
+    keeps no memory statistics (CPUs)."""
+    import jax
+
+    peaks = []
+    for device in jax.local_devices():
+        try:
+            stats = device.memory_stats()
+        except (NotImplementedError, RuntimeError):
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
 
 
 def _silent(*_args, **_kwargs) -> None:

@@ -22,6 +22,7 @@ positive continuations only).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -352,8 +353,10 @@ def train_round(
     are then computed before the first update, so ``ref_params`` may alias ``state``'s params; rng: raw
     uint32[2] key; mesh: optional, the state is placed on it by the model's partition rules.
 
-    Returns (new state, metrics): the round means of ``summarize_steps`` plus ``per_step`` (list of dicts,
-    in training order) and ``order`` (batch indices in training order).
+    Returns (new state, metrics): the round means of ``summarize_steps``, ``tokens`` / ``first_step_tokens``
+    (non-padding tokens trained on, all / in the first update) and ``seconds`` / ``first_step_seconds`` (wall time
+    of the updates, all / until the first finished, its compile included), plus ``per_step`` (list of dicts, in
+    training order) and ``order`` (batch indices in training order).
     """
     config = round_schedule(config, len(round_data.batches))
     if not round_data.has_reference:
@@ -366,6 +369,8 @@ def train_round(
         sh = state_shardings(state, config.optimizer(), mesh)
         state = distributed.put(state, sh)
     device_metrics = []
+    t0 = time.perf_counter()
+    first_step = None
     with progress(total=len(order), desc="T-DPO", unit="step") as bar:
         for k, i in enumerate(order):
             state, m = tdpo_step(state, batches[i], config, mesh=mesh)
@@ -373,9 +378,20 @@ def train_round(
             if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
                 jax.block_until_ready(device_metrics[k - 1]["loss"])
                 bar.update(1)
+                first_step = time.perf_counter() - t0 if k == 1 else first_step
         per_step = [{k: float(v) for k, v in m.items()} for m in distributed.to_host(device_metrics)]
         bar.update(1 if per_step else 0)
+    seconds = time.perf_counter() - t0
     metrics = summarize_steps(per_step)
+    tokens = [batch_tokens(batches[i]) for i in order]
+    # throughput: every trained (non-padding) token; wall times of the loop and of its first step (compile included)
+    metrics.update(tokens=float(sum(tokens)), first_step_tokens=float(tokens[0]) if tokens else 0.0)
+    metrics.update(seconds=seconds, first_step_seconds=seconds if first_step is None else first_step)
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]
     return state, metrics
+
+
+def batch_tokens(batch: PackedBatch) -> int:
+    """The non-padding tokens of a packed batch (its text leaves are the same host values in every process)."""
+    return int(np.sum(np.asarray(batch.segment_ids) >= 0))

@@ -1,0 +1,56 @@
+"""``tools/paper_job.sh --cpu``: the paper config's job on a random checkpoint of the 2B layout (shrunk) and
+synthetic AITZ data drawn at a phone-like resolution, every stage once, with its job report.
+
+Minutes on a 2-core CPU (mostly compiles), hence ``slow``; the accelerator runs the same script at full size.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
+    out = tmp_path / "job"
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1")
+    proc = subprocess.run(
+        ["bash", str(REPO / "tools" / "paper_job.sh"), "--out", str(out), "--cpu"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "job.json").read_text())
+    stages = [s["stage"] for s in report["stages"]]
+    assert stages == ["data", "evolution", "model", "sft", "seed", "eval_seed", "round_1", "export"]
+    assert all(s["seconds"] >= 0 for s in report["stages"]) and report["seconds"] > 0
+    assert report["peak_device_bytes"] is None and report["device"].endswith("cpu")  # CPUs count no memory
+    assert report["sft"]["steps"] == 2 and report["sft"]["tokens"] > 0 and report["sft"]["tokens_per_s"] > 0
+    (tdpo,) = report["tdpo"]
+    assert tdpo["round"] == 1 and tdpo["tokens"] > 0 and tdpo["tokens_per_s"] > 0
+    assert report["init_model_seconds"] > 0 and report["run_seconds"] >= report["seconds"] - 1
+    assert "stage" in proc.stdout and "T-DPO round 1:" in proc.stdout  # the printed stage table
+
+    # the run was the paper config on the written data and checkpoint
+    config = json.loads((out / "run" / "config.json").read_text())
+    assert config["data"]["format"] == "aitz" and config["model"]["remat"] == "full"
+    assert config["sft"]["lora_rank"] == 128 and config["ipl"]["lora_rank"] == 64
+    assert config["model"]["checkpoint"] == str(out / "model") and config["data"]["root"] == str(out / "data")
+    results = json.loads((out / "run" / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == [0, 1] and results["rounds"][1]["pairs"] > 0
+    assert (out / "run" / "export" / "config.json").is_file()
+
+    from PIL import Image
+
+    shots = sorted((out / "data" / "train").glob("*/*/*.png"))
+    assert shots and all(Image.open(p).size == (270, 600) for p in shots[:5])
