@@ -124,6 +124,30 @@ def _leaves_equal(a, b):
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def test_train_round_compiles_its_update_once_and_counts_tokens():
+    """A fresh state (host values and arrays not yet committed to a device) and the first update's outputs run
+    the same program: a round of two updates compiles the update once."""
+    cfg = tiny_cfg()
+    config = ipl.TDPOConfig(model=cfg, **dict(ROUND_TDPO, logp_chunk=8))  # a config no other test compiles
+    _, _, batches = round_batches(cfg, seed=12)
+    data = ipl.attach_reference(tiny_params(cfg, 0), batches, config)
+    loaded = jax.device_put(tiny_params(cfg, 0), jax.local_devices()[0])  # committed, like a loaded checkpoint
+    state = ipl.init_state(loaded, config, jax.random.PRNGKey(0))
+    compiles = []
+    listener = lambda event, duration, **kw: (  # noqa: E731
+        compiles.append(str(kw.get("fun_name"))) if event.endswith("backend_compile_duration") else None
+    )
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        _, m = ipl.train_round(state, None, data, jax.random.PRNGKey(1), config)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert m["steps"] == 2 and sum("_tdpo_update" in f for f in compiles) == 1, compiles
+    assert m["tokens"] == sum(int(np.sum(np.asarray(b.segment_ids) >= 0)) for b in batches) > 0
+    first = int(np.sum(np.asarray(batches[m["order"][0]].segment_ids) >= 0))
+    assert m["first_step_tokens"] == first and 0 < m["first_step_seconds"] <= m["seconds"]
+
+
 def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing(monkeypatch, capsys):
     cfg = tiny_cfg()
     config = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)

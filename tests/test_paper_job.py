@@ -1,5 +1,6 @@
 """``tools/paper_job.sh --cpu``: the paper config's job on a random checkpoint of the 2B layout (shrunk) and
-synthetic AITZ data drawn at a phone-like resolution, every stage once, with its job report.
+synthetic AITZ data drawn at a phone-like resolution, every stage once, every training program compiled once,
+with its job report.
 
 Minutes on a 2-core CPU (mostly compiles), hence ``slow``; the accelerator runs the same script at full size.
 """
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     out = tmp_path / "job"
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1")
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1", JAX_LOG_COMPILES="1")
     proc = subprocess.run(
         ["bash", str(REPO / "tools" / "paper_job.sh"), "--out", str(out), "--cpu"],
         cwd=tmp_path,
@@ -40,6 +41,9 @@ def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     assert tdpo["round"] == 1 and tdpo["tokens"] > 0 and tdpo["tokens_per_s"] > 0
     assert report["init_model_seconds"] > 0 and report["run_seconds"] >= report["seconds"] - 1
     assert "stage" in proc.stdout and "T-DPO round 1:" in proc.stdout  # the printed stage table
+    # single buckets: the SFT step and the T-DPO update compile once each (the second step reuses the first's)
+    for program in ("jit(step)", "jit(_tdpo_update)"):
+        assert proc.stderr.count(f"Finished XLA compilation of {program}") == 1, program
 
     # the run was the paper config on the written data and checkpoint
     config = json.loads((out / "run" / "config.json").read_text())

@@ -181,19 +181,6 @@ def _host_value(leaf) -> np.ndarray:
     return np.asarray(leaf)
 
 
-def hf_items(ent: ParamEntry, value: np.ndarray, cfg: Qwen2VLConfig, layer: int | None = None):
-    """(hf_name, numpy array in HF layout) of one leaf in our layout: ``value`` is the whole leaf, or with
-    ``layer`` one layer's slice of a stacked leaf."""
-    name = ent.hf_name.format(i=layer) if layer is not None else ent.hf_name
-    a = value
-    if ent.transform == "linear":
-        a = a.T
-    elif ent.transform == "conv":
-        v = cfg.vision
-        a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-    return name, np.ascontiguousarray(a)
-
-
 def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
     """Yields (hf_name, numpy array in HF layout), one per-layer tensor at a time."""
     for ent in param_layout(cfg):
@@ -201,11 +188,16 @@ def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
         if tuple(leaf.shape) != ent.shape:
             raise ValueError(f"param {ent.key} has shape {tuple(leaf.shape)}, config implies {ent.shape}")
         full = _host_value(leaf)
-        if ent.stacked:
-            for i in range(ent.shape[0]):
-                yield hf_items(ent, full[i], cfg, layer=i)
-        else:
-            yield hf_items(ent, full, cfg)
+        items = (
+            [(ent.hf_name.format(i=i), full[i]) for i in range(ent.shape[0])] if ent.stacked else [(ent.hf_name, full)]
+        )
+        for name, a in items:
+            if ent.transform == "linear":
+                a = a.T
+            elif ent.transform == "conv":
+                v = cfg.vision
+                a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+            yield name, np.ascontiguousarray(a)
 
 
 def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes: int = 4 << 30) -> None:

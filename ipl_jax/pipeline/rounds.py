@@ -96,6 +96,8 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
             state_sh = sft_state_shardings(state, optimizer, mesh)
             state = distributed.put(state, state_sh)
             placed = dict(mesh=mesh, state_shardings=state_sh, batch_shardings=rows.shardings)
+        else:  # committed like the step's outputs: one program for every update
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
         step_fn = make_qwen2vl_sft_step(
             tdpo.model,
             optimizer,

@@ -244,6 +244,8 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
         state_sh = sft_state_shardings(state, optimizer, mesh)
         state = distributed.put(state, state_sh)
+    else:  # committed to the device like the step's outputs, so the second step runs the first one's program
+        state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     if ckpt.latest_step() is not None:
         state, data_state, _ = ckpt.restore(state)
         if data_state:

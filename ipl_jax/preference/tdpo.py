@@ -368,6 +368,8 @@ def train_round(
     if mesh is not None and batches:
         sh = state_shardings(state, config.optimizer(), mesh)
         state = distributed.put(state, sh)
+    elif batches:  # committed to the device like the step's outputs, so the second step runs the first one's program
+        state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     device_metrics = []
     t0 = time.perf_counter()
     first_step = None
