@@ -300,6 +300,8 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
         from ipl_jax.model.sharding import param_shardings
 
         ref_params = jax.device_put(ref_params, param_shardings(ref_params, mesh))
+    else:  # committed, whether fresh or a trained state's: one program for every round
+        ref_params = jax.device_put(ref_params, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     out = []
     for batch in progress(batches, desc="reference log-probs", unit="batch"):
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
