@@ -23,7 +23,7 @@ def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     out = tmp_path / "job"
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1", JAX_LOG_COMPILES="1")
     proc = subprocess.run(
-        ["bash", str(REPO / "tools" / "paper_job.sh"), "--out", str(out), "--cpu"],
+        ["bash", str(REPO / "tools" / "paper_job.sh"), "--out", "job", "--cpu", "--json", "copy/job.json"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -32,6 +32,7 @@ def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "job.json").read_text())
+    assert json.loads((tmp_path / "copy" / "job.json").read_text()) == report and report["run_exit"] == 0
     stages = [s["stage"] for s in report["stages"]]
     assert stages == ["data", "evolution", "model", "sft", "seed", "eval_seed", "round_1", "export"]
     assert all(s["seconds"] >= 0 for s in report["stages"]) and report["seconds"] > 0
@@ -50,6 +51,8 @@ def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     assert config["data"]["format"] == "aitz" and config["model"]["remat"] == "full"
     assert config["sft"]["lora_rank"] == 128 and config["ipl"]["lora_rank"] == 64
     assert config["model"]["checkpoint"] == str(out / "model") and config["data"]["root"] == str(out / "data")
+    init = json.loads((out / "run" / "model" / "init" / "config.json").read_text())
+    assert init["dtype"] == "bfloat16"  # the starting checkpoint is copied in its own dtype, not widened
     results = json.loads((out / "run" / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [0, 1] and results["rounds"][1]["pairs"] > 0
     assert (out / "run" / "export" / "config.json").is_file()

@@ -198,8 +198,9 @@ def job_mesh(config: ml_collections.ConfigDict):
     return make_mesh((int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)))
 
 
-def load_policy(directory: Path, mesh=None) -> Policy:
-    """A policy directory, its weights placed by the model's partition rules when a ``mesh`` is given."""
+def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
+    """A policy directory, its weights placed by the model's partition rules when a ``mesh`` is given, in
+    ``dtype`` (default: the config's ``param_dtype``)."""
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.data.tokenizer import load_tokenizer
     from ipl_jax.model import load_params
@@ -210,7 +211,7 @@ def load_policy(directory: Path, mesh=None) -> Policy:
         from ipl_jax.model.sharding import param_shardings
 
         shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
-    params, cfg = load_params(str(directory), shardings=shardings)
+    params, cfg = load_params(str(directory), shardings=shardings, dtype=dtype)
     return Policy(
         params=params,
         cfg=cfg,
@@ -231,8 +232,11 @@ def build_initial_model(
         src = Path(config.model.checkpoint)
         if not (src / "config.json").is_file():
             raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
-        policy = load_policy(src)
-        # the job's image settings apply (e.g. max_pixels) unless the checkpoint's are wanted
+        from ipl_jax.model.config import checkpoint_dtype
+
+        # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); the job's image settings apply
+        # (e.g. max_pixels) unless the checkpoint's are wanted
+        policy = load_policy(src, dtype=checkpoint_dtype(src))
         write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 

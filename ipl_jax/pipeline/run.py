@@ -336,10 +336,10 @@ def run_job(
     job = Job(config, wd)
     for stage in STAGES:
         getattr(job, stage)()
+        report_ = job.job_report()  # after every stage: a job stopped later still leaves its figures so far
         if stage == stop_after:
             break
     wd.tensorboard.close()
-    report_ = job.job_report()
     if stop_after is None:
         job.print_rounds()
         total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")
