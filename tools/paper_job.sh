@@ -42,7 +42,7 @@ now() { date +%s.%N; }
 INIT=() WORLD=(width=270 height=600 render_size=1080,2400) TRAIN=6 TEST=2
 JOB=(
   --config.data.dev_holdout=1 --config.evolution.max_items=8
-  --config.buckets.tokens=4096 --config.sampler.prefix_buckets=4096 --config.sampler.prompt_buckets=256
+  --config.buckets.tokens=4096 --config.sampler.prefix_buckets=4096 --config.sampler.prompt_buckets='(256, 512)'
   --config.ipl.text_buckets='(4096, 6144)'
   --config.sft.steps=3 --config.sft.batch_size=4 --config.sft.micro_batch_size=4 --config.sft.warmup_steps=1
   --config.sft.checkpoint_every=3 --config.sft.seed_candidates=1
