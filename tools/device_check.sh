@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-OUT="" CPU=0 WHEELS=.whl FETCH="" BUDGET="" PARTS="env,parity,mfu,sampler,job,mfu_profile,attention"
+OUT="" CPU=0 WHEELS=.whl FETCH="" BUDGET="" PARTS="env,parity,mfu,mfu_profile,sampler,job,attention"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT=$2; shift 2 ;;
@@ -95,18 +95,20 @@ print(json.dumps(info)); open('$OUT/env.json', 'w').write(json.dumps(info, inden
 
 if [ "$CPU" = 0 ]; then
   # in order of importance, so that what the budget cuts is the least needed
-  part parity 75 $PY tools/gpu_parity.py --size small --json "$OUT/parity.json"
+  part parity 45 $PY tools/gpu_parity.py --size small --json "$OUT/parity.json"
   # the T-DPO step at the 2B shape with the job's attention ('auto' = cuDNN here) and remat
-  part mfu 90 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 5 --json "$OUT/mfu.json"
+  part mfu 70 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 5 --json "$OUT/mfu.json"
+  # its profile (one event per kernel: XLA's command buffers off, so timed apart from `mfu`): time per part and
+  # phase; `mfu_before` (only when named in --parts) profiles the first-measured configuration
+  part mfu_profile 50 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
+    --profile /tmp/trace_after --json "$OUT/mfu_profile.json"
   # the tree sampler at 2B with phone screenshots (1,122 image tokens per step): leaves/s, prefill MFU, decode
   # against its bandwidth bound, transformers generate on the same GPU; its own limit writes the partial JSON
-  part sampler 110 bash -c '$0 tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 \
+  part sampler 90 bash -c '$0 tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 \
     --decode-turns 3,1 --decode-options xla_gpu_enable_dynamic_slice_fusion=true \
     --time-limit $((DEVICE_CHECK_LIMIT - 10)) --json "$1"' "$PY" "$OUT/sampler.json"
-  # profiles (one event per kernel: XLA's command buffers off, so timed apart from `mfu`): time per part and
-  # phase of the T-DPO step as configured; `mfu_before` (only when named in --parts) the first-measured one
-  part mfu_profile 60 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
-    --profile /tmp/trace_after --json "$OUT/mfu_profile.json"
+  # the whole job at 2B: init-model, phone-resolution synthetic AITZ, data -> SFT -> seed -> one round -> export
+  part job 210 env PYTHON="$PY" bash tools/paper_job.sh --out /tmp/paper_job --json "$OUT/job.json"
   part attention 45 $PY tools/bench_attention.py --reps 3 --json "$OUT/attention.json"
   part mfu_before 70 $PY tools/gpu_mfu.py --size 2b --attention reference --remat full --steps 1 --skip-matmul \
     --profile /tmp/trace_before --json "$OUT/mfu_before.json"
@@ -119,6 +121,7 @@ else
   part sampler 300 bash -c '$0 tools/bench_sampler_gpu.py --size tiny --steps 2 \
     --time-limit $((DEVICE_CHECK_LIMIT - 10)) --decode-options xla_cpu_enable_fast_math=false \
     --profile "$1/sampler_trace" --json "$1/sampler.json"' "$PY" "$OUT"
+  part job 600 env PYTHON="$PY" bash tools/paper_job.sh --cpu --out "$OUT/paper_job" --json "$OUT/job.json"
 fi
 
 $PY tools/device_summary.py "$OUT" --seconds $(( $(date +%s) - START ))

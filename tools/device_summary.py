@@ -42,6 +42,7 @@ KEYS = {
         "errors",
         "stopped",
     ),
+    "job": ("architecture", "device", "stages", "sft", "tdpo", "seconds", "peak_device_bytes", "run_exit"),
 }
 
 
