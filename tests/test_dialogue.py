@@ -1,5 +1,7 @@
 """CoaT dialogues: loss masks, sampler segments, history in the thought prompt, bucket padding, collation."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -10,10 +12,14 @@ from ipl_jax.coat.actions import Action  # noqa: E402
 from ipl_jax.data.dialogue import (  # noqa: E402
     DEFAULT_PROMPTS,
     CoaTPrompts,
+    MissingCoaTError,
+    annotated_steps,
     coat_example,
     coat_segments,
     coat_turn_texts,
     collate,
+    golden_action_texts,
+    has_coat,
     pad_to_bucket,
     qa_example,
     smallest_bucket,
@@ -177,12 +183,36 @@ def test_fallback_texts_and_bad_steps():
         elements=(UIElement((0, 0, 1, 0.1), "Wi-Fi"), UIElement((0, 0, 1, 1), "")),
         step_instruction="Scroll down to find Wi-Fi",
     )
-    texts = coat_turn_texts(step)
+    texts = coat_turn_texts(step, fallback=True)
     assert texts == {1: "Screen with: Wi-Fi.", 2: "Scroll down to find Wi-Fi", 3: "scroll down"}
     point_only = coat_turn_texts(_step(Action("click", point=(0.25, 0.5), target="OK")))
     assert point_only[4] == "<|box_start|>(250,500),(250,500)<|box_end|>"
     with pytest.raises(DataError, match="ep1/2.*action.box"):
         coat_turn_texts(_step(Action("click", target="OK")))
+
+
+def test_a_step_without_coat_is_refused_by_supervised_paths_unless_fallback_is_asked_for(tok):
+    """A record that carries only its action (no screen description or thought) never trains on made-up texts:
+    the example builders refuse it, ``annotated_steps`` leaves it out and counts it, and the sampler's segments
+    hold only its golden action and grounding."""
+    bare = _step(CLICK, coat=False)
+    half = _step(SCROLL, coat=False, step_instruction="Scroll down")
+    half = dataclasses.replace(half, coat=CoaT(screen_desc="A list.", action_think="  "))
+    full = _step(SCROLL)
+    assert [has_coat(s) for s in (bare, half, full)] == [False, False, True]
+    for step in (bare, half):
+        with pytest.raises(MissingCoaTError, match="ep1/2: no CoaT annotation"):
+            coat_turn_texts(step)
+        with pytest.raises(MissingCoaTError, match="data.coat_fallback"):
+            coat_example(step, tok, IMAGE_CFG)
+    assert annotated_steps([bare, full, half]) == ([full], 2)
+    assert annotated_steps([bare, full], fallback=True) == ([bare, full], 0)
+    seg = coat_segments(bare, tok, IMAGE_CFG)
+    assert set(seg.target_ids) == {3, 4} and set(seg.turn_prompt_ids) == {2, 3, 4}
+    assert tok.decode(seg.target_ids[3]) == "click Wi-Fi toggle<|im_end|>"
+    assert golden_action_texts(bare) == {3: "click Wi-Fi toggle", 4: "<|box_start|>(400,200),(600,300)<|box_end|>"}
+    ex = coat_example(bare, tok, IMAGE_CFG, fallback=True)  # opted in: the fallback texts of turns 1 and 2
+    assert _turn_text(tok, ex, 2) == "The next action is click Wi-Fi toggle.<|im_end|>"
 
 
 def test_pad_to_bucket():

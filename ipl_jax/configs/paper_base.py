@@ -33,6 +33,9 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.data.dev_split = ""  # no dev split in the published data: hold out the last training episodes
     c.data.dev_holdout = 100
     c.data.loader_threads = 16
+    # AMEX and AndroidControl are published without CoaT: their SFT texts are made up from the UI elements and the
+    # step instructions ([choice]; data/dialogue.py coat_turn_texts)
+    c.data.coat_fallback = fmt in ("amex", "androidcontrol")
 
     c.evolution.per_step = 4
     c.evolution.max_items = 60_000  # [choice] about one Q&A per CoaT sample

@@ -52,6 +52,14 @@ def get_config(arg=None):
     c.data.store = "aitz"  # how the job writes the synthetic world: aitz (directory tree) | arrayrecord (shards)
     c.data.shards = 1  # ArrayRecord shards per split when store = arrayrecord
     c.data.skip_bad = False  # True: leave malformed dataset records out (counted and reported) instead of stopping
+    # Steps without a CoaT annotation: supervised paths (warm-up SFT, continued SFT) leave them out and say how many;
+    # True makes up their texts instead (element list, step instruction: datasets published without CoaT)
+    c.data.coat_fallback = False
+    # Scarce annotations (the `scarce` variant): with action_episodes M > 0, a seeded choice of annotated_episodes N
+    # training episodes keeps its CoaT (warm-up SFT, evolution, continued SFT) and M others are read as action logs
+    # (golden action, screen and history only), which the IPL rounds sample; N + M <= the training episodes
+    c.data.annotated_episodes = 0
+    c.data.action_episodes = 0
 
     # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)
     # Every WorldConfig field. The default: canonical layouts (no shuffling or jitter), no distractors, 2-6 extra
@@ -175,6 +183,13 @@ def get_config(arg=None):
     c.ipl.mix_trees = True  # pack the round's prefix groups in a seeded random order (batches mix trees)
     c.ipl.freeze_vision = True
     c.ipl.early_stop = True
+    # What each round did (results.json "diagnostics", the round and ablation tables): preference accuracy and margins
+    # on the round's pairs and on pairs from trees on `heldout_steps` dev steps (0: none), before and after the
+    # update; sampled pass@1, greedy accuracy and thought -> action consistency on `diagnostic_steps` of the round's
+    # steps (costs one more tree sampling of those steps and greedy decoding of them twice)
+    c.ipl.diagnostics = True
+    c.ipl.diagnostic_steps = 16
+    c.ipl.heldout_steps = 16
 
     # ------------------------------------------------------------------ RL baselines (ipl.method = grpo|ppo|gigppo)
     c.rl = rl_section()  # every field documented in rl/section.py; the budget rule in rl/job.py

@@ -19,6 +19,9 @@ from the tokenizer's own chat template; this module only cuts the rendered text 
 * ``coat_segments`` -> ``DialogueSegments``: the prefix and the prompts 2..4, each tokenised on its own and
   independent of the assistant texts, for the tree sampler: prefix + s1 + <|im_end|> + prompt2 + s2 + ... is
   exactly the training example (checked by the tests).
+* A step without its own CoaT (``has_coat``: a record that carries only its action) is refused by every
+  supervised path (``MissingCoaTError``) unless the caller opts into made-up fallback texts; the sampler's
+  segments never need them.
 * ``TrainingExample``, ``pad_to_bucket`` / ``collate`` (in ``data.batching``, re-exported here) give fixed-shape
   numpy arrays.
 """
@@ -91,18 +94,40 @@ FALLBACK_MAX_ELEMENTS = 30
 FALLBACK_DESCRIPTION = "A phone screen."
 
 
+class MissingCoaTError(ValueError):
+    """A step without a CoaT annotation (screen description and thought) handed to a path that trains on it."""
+
+
 # ---------------------------------------------------------------------------------------------- step -> chat
 
 
-def coat_turn_texts(step: Step) -> dict[int, str]:
+def has_coat(step: Step) -> bool:
+    """Whether a step carries its own CoaT annotation: a non-empty screen description and thought."""
+    coat = step.coat
+    return coat is not None and bool(coat.screen_desc.strip()) and bool(coat.action_think.strip())
+
+
+def annotated_steps(steps: Sequence[Step], fallback: bool = False) -> tuple[list[Step], int]:
+    """(the steps a supervised path may train on, how many were left out): every step with ``fallback``,
+    else only those ``has_coat`` accepts."""
+    kept = list(steps) if fallback else [s for s in steps if has_coat(s)]
+    return kept, len(steps) - len(kept)
+
+
+def coat_turn_texts(step: Step, fallback: bool = False) -> dict[int, str]:
     """The golden assistant texts {1: s1, 2: s2, 3: s3, 4: s4}; key 4 only for click / long_press.
 
-    Steps without CoaT text fall back (a choice; the paper's data always has them): s1 lists the UI element
-    texts (or says "A phone screen."), s2 is the step instruction (AndroidControl), the action description,
-    or "The next action is <s3>.".
+    A step without a CoaT annotation (``has_coat``) raises ``MissingCoaTError`` unless ``fallback``: then (a
+    choice for datasets published without CoaT, AMEX and AndroidControl) s1 lists the UI element texts (or says
+    "A phone screen.") and s2 is the step instruction (AndroidControl), the action description, or "The next
+    action is <s3>.". ``golden_action_texts`` gives turns 3 and 4 alone, which every step has.
     """
+    if not fallback and not has_coat(step):
+        raise MissingCoaTError(
+            f"{_step_name(step)}: no CoaT annotation (screen description and thought); a supervised path needs "
+            f"it (left out by the SFT stages; data.coat_fallback=true makes up the missing texts instead)"
+        )
     coat = step.coat
-    action_text = format_action(step.action)
     desc = coat.screen_desc.strip() if coat else ""
     if not desc:
         texts = [e.text.strip() for e in step.elements if e.text and e.text.strip()]
@@ -112,9 +137,15 @@ def coat_turn_texts(step: Step) -> dict[int, str]:
         thought = (
             (step.step_instruction or "").strip()
             or (coat.action_desc.strip() if coat else "")
-            or f"The next action is {action_text}."
+            or f"The next action is {format_action(step.action)}."
         )
-    out = {1: desc, 2: thought, 3: action_text}
+    return {1: desc, 2: thought, **golden_action_texts(step)}
+
+
+def golden_action_texts(step: Step) -> dict[int, str]:
+    """The golden action turn {3: s3} and, for click / long_press, its grounding {4: s4}: what a record that
+    carries only its action holds."""
+    out = {3: format_action(step.action)}
     if needs_grounding(step.action):
         box = step.action.box
         if box is None and step.action.point is not None:
@@ -148,14 +179,16 @@ def coat_messages(
     prompts: CoaTPrompts = DEFAULT_PROMPTS,
     turns: Sequence[int] = TURNS,
     assistant_texts: Mapping[int, str] | None = None,
+    fallback: bool = False,
 ) -> tuple[list[dict], tuple[int, ...]]:
     """Chat messages of a step and the turn number of each assistant message.
 
     ``turns``: which CoaT turns to keep (dropped turns lose their prompt and reply; turn 4 is dropped anyway for
-    actions without grounding). ``assistant_texts``: replies by turn (default: the golden ``coat_turn_texts``).
+    actions without grounding). ``assistant_texts``: replies by turn (default: the golden ``coat_turn_texts``,
+    with its ``fallback``).
     """
     turns = _check_turns(turns)
-    texts = coat_turn_texts(step) if assistant_texts is None else dict(assistant_texts)
+    texts = coat_turn_texts(step, fallback) if assistant_texts is None else dict(assistant_texts)
     users = coat_user_prompts(step, prompts)
     turns = tuple(t for t in turns if t in texts)
     messages: list[dict] = []
@@ -256,14 +289,16 @@ def coat_example(
     loss_turns: Sequence[int] | None = None,
     image=None,
     pixels=None,
+    fallback: bool = False,
 ) -> TrainingExample:
-    """The SFT example of a step: its CoaT dialogue with the golden replies.
+    """The SFT example of a step: its CoaT dialogue with the golden replies (``MissingCoaTError`` for a step
+    without CoaT unless ``fallback``: ``coat_turn_texts``).
 
     ``turns``: CoaT turns kept in the dialogue (others are left out entirely); ``loss_turns``: turns whose replies
     get loss (the others stay in the context). ``image`` (PIL) or ``pixels`` ((pixel_values, grid)) skip loading
     the screenshot again.
     """
-    messages, kept = coat_messages(step, prompts, turns)
+    messages, kept = coat_messages(step, prompts, turns, fallback=fallback)
     pv, grid = decode_pixels(step, image_config, image, pixels)
     return chat_example(tok, messages, kept, pv, grid, image_config.merge_size, loss_turns, name=_step_name(step))
 
@@ -339,7 +374,7 @@ def coat_segments(
     for t, p in prompt_ids.items():
         if np.any(p == tok.ids.image_pad):
             raise ValueError(f"turn {t} prompt holds an image token; only the first turn may carry the image")
-    golden = coat_turn_texts(step)
+    golden = coat_turn_texts(step) if has_coat(step) else golden_action_texts(step)
     targets = {t: np.asarray(tok.encode(golden[t] + IM_END), np.int32) for t in kept if t in golden}
     return DialogueSegments(
         prefix_ids=prefix,

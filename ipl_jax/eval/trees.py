@@ -8,6 +8,7 @@ The sampler (``ipl_jax.sampling``), the reward kernels (``ipl_jax.coat.rewards``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import ml_collections
@@ -143,6 +144,73 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
         action_text_matches_golden=matches,
         thought_names_golden=names,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafTally:
+    """Counts over the sampled trees of some steps (padding rows excluded), for a round's diagnostics.
+
+    leaves: sampled leaves; exact: leaves whose action matches the golden one by the evaluation's rules (their
+    share is the sampled pass@1: each leaf is one draw of the policy's sampled CoaT); consistent: leaves whose
+    own thought (their turn-2 ancestor) names the leaf's action (``leaf_consistency``; an action that does not
+    parse counts as inconsistent); thoughts / naming_golden: sampled thoughts, and those that name the golden
+    action (``coat.actions.thought_names_action``, what the "consistent" γ mode reads).
+    """
+
+    leaves: int = 0
+    exact: int = 0
+    consistent: int = 0
+    thoughts: int = 0
+    naming_golden: int = 0
+
+    def __add__(self, other: LeafTally) -> LeafTally:
+        return LeafTally(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
+
+    def figures(self) -> dict:
+        """pass_at_1, consistency (per leaf), thought_names_golden (per thought); None without leaves."""
+
+        def share(k: int, n: int) -> float | None:
+            return k / n if n else None
+
+        return {
+            "pass_at_1": share(self.exact, self.leaves),
+            "consistency": share(self.consistent, self.leaves),
+            "thought_names_golden": share(self.naming_golden, self.thoughts),
+        }
+
+
+def leaf_consistency(thoughts: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """bool[B, b1, b2, b3, b4]: whether each leaf's action (object array of ``Action``) is named by its own thought
+    (object array [B, b1, b2] of turn-2 texts): the thought -> action consistency of a sampled CoaT."""
+    out = np.zeros(actions.shape, bool)
+    for idx in np.ndindex(*actions.shape):
+        out[idx] = thought_names_action(str(thoughts[idx[:3]]), actions[idx])
+    return out
+
+
+def row_tallies(
+    texts: Sequence[np.ndarray], actions: np.ndarray, exact: np.ndarray, steps: Sequence[Step], step_valid
+) -> list[LeafTally | None]:
+    """One ``LeafTally`` per tree row of a sampled batch (None for padding rows). texts: ``turn_texts``;
+    actions: ``leaf_actions`` [B, b1..b4]; exact: bool [B, b1..b4] (``score_tree_batch``); steps: the B golden
+    steps."""
+    consistent = leaf_consistency(texts[1], actions)
+    out: list[LeafTally | None] = []
+    for row, step in enumerate(steps):
+        if not bool(np.asarray(step_valid)[row]):
+            out.append(None)
+            continue
+        thoughts = texts[1][row].reshape(-1)
+        out.append(
+            LeafTally(
+                leaves=int(actions[row].size),
+                exact=int(np.asarray(exact[row], bool).sum()),
+                consistent=int(consistent[row].sum()),
+                thoughts=int(thoughts.size),
+                naming_golden=sum(thought_names_action(str(t), step.action) for t in thoughts),
+            )
+        )
+    return out
 
 
 def rules_name(config: ml_collections.ConfigDict) -> str:

@@ -8,7 +8,10 @@ variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/
 * ``tdpo``          T-DPO, the full method
 * ``continued_sft`` the control: the same trees are sampled and packed, then the same number of updates with the
                     same optimizer is spent on supervised training on the golden CoaT of the round's steps -- it
-                    tells whether preference pairs add anything beyond more supervised training
+                    tells whether preference pairs add anything beyond more supervised training (with scarce
+                    annotations: the annotated episodes' CoaT, the only labels the job has)
+* ``sft_oracle``    scarce annotations only: the same updates on the CoaT of the round's action-only steps, read
+                    back from the dataset -- an upper bound that IPL, which sees their actions only, does not have
 * ``naive_dpo``     whole-trajectory DPO (the four-turn CoaT as one response)
 * ``no_negatives``  IPL without negatives (SFT on the positive continuations only)
 * ``no_evolution``  warm-up SFT without the evolved Q&A -- its own SFT and seed (the only variant that cannot
@@ -45,6 +48,7 @@ from ipl_jax.pipeline.workdir import Workdir, write_json
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
     "continued_sft": {"ipl.method": "continued_sft"},
+    "sft_oracle": {"ipl.method": "sft_oracle"},
     "naive_dpo": {"ipl.method": "naive_dpo"},
     "no_negatives": {"ipl.method": "no_negatives"},
     "no_evolution": {"evolution.enabled": False},
@@ -59,6 +63,7 @@ LABELS = {
     "seed": "seed policy (no IPL)",
     "tdpo": "T-DPO (full)",
     "continued_sft": "continued SFT (control)",
+    "sft_oracle": "SFT on hidden CoaT (oracle)",
     "naive_dpo": "naive DPO",
     "no_negatives": "IPL w/o negatives",
     "no_evolution": "w/o instr. evolution",

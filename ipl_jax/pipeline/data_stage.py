@@ -4,23 +4,32 @@ and instruction evolution on the training screens.
 Synthetic data is written under ``WORKDIR/data/<split>`` with ``write_aitz_split`` and always read back with
 ``load_aitz``, so the rest of the job sees exactly what it would see on real AITZ data
 (``config.data.format == "aitz"`` with ``config.data.root`` pointing at it).
+
+Scarce annotations (``data.action_episodes`` M > 0): of the training episodes, a seeded choice of
+``data.annotated_episodes`` N keep their CoaT (warm-up SFT, evolution, the ``continued_sft`` control) and M
+others become action logs as they are read (``strip_annotation``: the golden action, screen and history only),
+returned as the pseudo-split ``train_actions`` that the IPL rounds sample. Only ``oracle_steps`` (the
+``sft_oracle`` upper bound) reads their annotations back, from the dataset itself.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
+import numpy as np
 
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress
 
 TRAIN, DEV = "train", "dev"
+ACTIONS = "train_actions"  # the action-only training episodes of a scarce-annotation job (not a split on disk)
 
 
 # ------------------------------------------------------------------------------------------------ the splits
@@ -122,6 +131,89 @@ def load_splits(config: ml_collections.ConfigDict, wd: Workdir) -> dict[str, lis
             raise ValueError(f"{root}: {len(out[TRAIN])} training episodes cannot spare {n} for dev")
         out[DEV] = out[TRAIN][-n:]
         out[TRAIN] = out[TRAIN][:-n]
+    annotated, actions = scarce_counts(config)
+    if actions:
+        out[TRAIN], out[ACTIONS] = split_annotations(out[TRAIN], annotated, actions, int(config.seed), str(root))
+    return out
+
+
+# ------------------------------------------------------------------------------------ scarce annotations
+
+
+def scarce_counts(config: ml_collections.ConfigDict) -> tuple[int, int]:
+    """(N annotated, M action-only) training episodes; M = 0: every training episode keeps its annotation."""
+    return int(config.data.get("annotated_episodes", 0)), int(config.data.get("action_episodes", 0))
+
+
+# what an action log keeps of a step's meta: where it comes from, never the file that holds its annotation
+_LOG_META = ("dataset", "subset", "episode_id", "step_id", "history_gap")
+
+
+def strip_annotation(step: Step) -> Step:
+    """A step as an action log holds it: screenshot, UI elements, instruction, history and the golden action;
+    no CoaT, no step instruction, no pointer to the annotated record."""
+    meta = {k: v for k, v in step.meta.items() if k in _LOG_META}
+    return dataclasses.replace(step, coat=None, step_instruction=None, meta=meta)
+
+
+def split_annotations(
+    episodes: Sequence[Episode], annotated: int, actions: int, seed: int, where: str = "data"
+) -> tuple[list[Episode], list[Episode]]:
+    """(N annotated episodes as read, M others stripped to action logs), chosen by a seeded permutation and
+    each kept in reading order. Raises ``UsageError`` (one line) when N < 1 or N + M exceeds the episodes."""
+    from ipl_jax.pipeline.validate import UsageError
+
+    if annotated < 1 or actions < 0 or annotated + actions > len(episodes):
+        raise UsageError(
+            f"{where}: data.annotated_episodes={annotated} + data.action_episodes={actions} must be >= 1 annotated "
+            f"and at most the {len(episodes)} training episodes"
+        )
+    order = np.random.default_rng(seed).permutation(len(episodes))
+    keep, logs = sorted(order[:annotated].tolist()), sorted(order[annotated : annotated + actions].tolist())
+    stripped = [
+        dataclasses.replace(
+            episodes[i],
+            steps=tuple(strip_annotation(s) for s in episodes[i].steps),
+            meta={k: v for k, v in episodes[i].meta.items() if k in _LOG_META},
+        )
+        for i in logs
+    ]
+    return [episodes[i] for i in keep], stripped
+
+
+def check_annotations(config: ml_collections.ConfigDict, train_steps: Sequence[Step]) -> None:
+    """Before any training: warm-up SFT needs training steps with CoaT (or ``data.coat_fallback``)."""
+    from ipl_jax.data.dialogue import has_coat
+    from ipl_jax.pipeline.validate import UsageError
+
+    if int(config.sft.steps) > 0 and not bool(config.data.get("coat_fallback", False)):
+        if not any(has_coat(s) for s in train_steps):
+            raise UsageError(
+                f"config.data.coat_fallback=False: none of the {len(train_steps)} training steps carries a CoaT "
+                f"annotation, so warm-up SFT has nothing to train on (fix it with --config.data.coat_fallback=true "
+                f"to make up their texts, or give annotated data)"
+            )
+
+
+def oracle_steps(config: ml_collections.ConfigDict, wd: Workdir, steps: Sequence[Step]) -> list[Step]:
+    """The annotated records of action-only ``steps``, read back from the dataset: only the ``sft_oracle``
+    upper bound calls this. Raises ValueError naming a step the training split lacks or that has no CoaT there."""
+    from ipl_jax.data.datasets import load_dataset
+    from ipl_jax.data.dialogue import has_coat
+
+    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
+    root = data_root(config, wd)
+    episodes = load_dataset(root, fmt, TRAIN, skip_bad=bool(config.data.get("skip_bad", False)))
+    by_key = {(str(s.episode_id), int(s.step_id)): s for e in episodes for s in e.steps}
+    out = []
+    for s in steps:
+        full = by_key.get((str(s.episode_id), int(s.step_id)))
+        if full is None or not has_coat(full):
+            raise ValueError(
+                f"{root}: episode {s.episode_id} step {s.step_id} has no CoaT annotation in split {TRAIN!r}; "
+                f"the sft_oracle variant needs the annotations of the action-only episodes"
+            )
+        out.append(full)
     return out
 
 

@@ -7,7 +7,8 @@ import dataclasses
 import ml_collections
 
 RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
-METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", *RL_METHODS)
+METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
+GOLDEN_METHODS = ("continued_sft", "sft_oracle")  # supervised training on golden CoaT at the round's update budget
 GAMMA_MODES = ("paper", "consistent", "grounding", "none")
 
 
@@ -41,6 +42,9 @@ class IPLSettings:
     mix_trees: bool
     freeze_vision: bool
     early_stop: bool
+    diagnostics: bool
+    diagnostic_steps: int
+    heldout_steps: int
 
     def __post_init__(self):
         def bad(field, why):
@@ -62,10 +66,17 @@ class IPLSettings:
         for f in ("later_learning_rate", "sft_weight", "type_balance", "round_fraction"):
             if getattr(self, f) < 0:
                 bad(f, "must be >= 0")
-        for f in ("rounds", "batch_size", "max_pairs_per_batch"):
+        for f in ("rounds", "batch_size", "max_pairs_per_batch", "diagnostic_steps"):
             if getattr(self, f) < 1:
                 bad(f, "must be >= 1")
-        for f in ("warmup_steps", "steps_per_round", "max_pairs_per_tree", "max_gamma_pairs_per_tree", "lora_rank"):
+        for f in (
+            "warmup_steps",
+            "steps_per_round",
+            "max_pairs_per_tree",
+            "max_gamma_pairs_per_tree",
+            "lora_rank",
+            "heldout_steps",
+        ):
             if getattr(self, f) < 0:
                 bad(f, "must be >= 0")
 
@@ -158,6 +169,6 @@ def round_config(config: ml_collections.ConfigDict, cfg, tokenizer, round_index:
         pairs=pairs,
         pair_mode="naive" if s.method == "naive_dpo" else "tdpo",
         selection=SelectionConfig(dedup=s.dedup, type_balance=s.type_balance, mix_trees=s.mix_trees),
-        train_on="golden" if s.method == "continued_sft" else "pairs",
+        train_on="golden" if s.method in GOLDEN_METHODS else "pairs",
         gamma_consistent_only=s.gamma_pairs == "consistent",
     )

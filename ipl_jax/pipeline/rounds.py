@@ -70,20 +70,31 @@ def round_steps(train_steps: Sequence[Step], config: ml_collections.ConfigDict, 
 
 
 def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: Sequence[Step], rcfg):
-    """``RoundStages.golden_update`` of the ``continued_sft`` control: ``n`` supervised updates with the round's
-    optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in seeded orders.
-    Batches are built as warm-up SFT's (``sft_stage.SFTRows``): under the policy's mesh each process builds only
-    its devices' rows and the step runs with the state and batch shardings of warm-up SFT."""
-    from ipl_jax.pipeline.sft_stage import SFTItem, SFTRows, make_example_fn, sft_state_shardings
+    """``RoundStages.golden_update`` of the ``continued_sft`` / ``sft_oracle`` variants: ``n`` supervised updates
+    with the round's optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in
+    seeded orders. A step without CoaT is refused here, before the round samples anything (unless
+    ``data.coat_fallback``). Batches are built as warm-up SFT's (``sft_stage.SFTRows``): under the policy's mesh
+    each process builds only its devices' rows and the step runs with the state and batch shardings of warm-up
+    SFT."""
+    from ipl_jax.data.dialogue import annotated_steps
+    from ipl_jax.pipeline.sft_stage import SFTItem, SFTRows, coat_fallback, make_example_fn, sft_state_shardings
+    from ipl_jax.pipeline.validate import UsageError
     from ipl_jax.preference.tdpo import round_schedule, summarize_steps
     from ipl_jax.training.sft import make_qwen2vl_sft_step
 
+    fallback = coat_fallback(config)
+    _, missing = annotated_steps(steps, fallback)
+    if missing or not steps:
+        raise UsageError(
+            f"config.ipl.method={config.ipl.method!r}: {missing} of the {len(steps)} steps it trains on carry no "
+            f"CoaT annotation; supervised training never makes up thoughts (data.coat_fallback=false)"
+        )
     bs = min(int(config.ipl.batch_size), len(steps))
     sft_like = ml_collections.ConfigDict(config.to_dict())
     sft_like.sft.batch_size, sft_like.sft.micro_batch_size = bs, min(bs, int(config.sft.micro_batch_size) or bs)
     while bs % sft_like.sft.micro_batch_size:
         sft_like.sft.micro_batch_size -= 1
-    example = make_example_fn(policy.tokenizer, policy.image_config)
+    example = make_example_fn(policy.tokenizer, policy.image_config, fallback)
     mesh = policy.mesh
     rows = SFTRows(policy.cfg, policy.tokenizer, sft_like, example, SFTItem(steps[0]), mesh)
     n_micro = bs // int(sft_like.sft.micro_batch_size)
@@ -127,6 +138,20 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
     return update
 
 
+def golden_steps(
+    config: ml_collections.ConfigDict, wd: Workdir, method: str, steps: Sequence[Step], annotated: Sequence[Step] | None
+) -> list[Step]:
+    """What a supervised variant trains on: ``continued_sft`` the golden CoaT of the round's steps, or, when they
+    are action logs (scarce annotations), of the annotated training steps (no new labels); ``sft_oracle`` the
+    annotations of the round's action-only steps, read back from the dataset (``data_stage.oracle_steps``)."""
+    from ipl_jax.pipeline.data_stage import oracle_steps, scarce_counts
+
+    scarce = scarce_counts(config)[1] > 0
+    if method == "sft_oracle":
+        return oracle_steps(config, wd, steps)
+    return list(annotated) if scarce and annotated is not None else list(steps)
+
+
 def run_round(
     config: ml_collections.ConfigDict,
     wd: Workdir,
@@ -134,10 +159,13 @@ def run_round(
     start: Path,
     train_steps: Sequence[Step],
     dev_episodes: Sequence[Episode],
+    annotated: Sequence[Step] | None = None,
 ) -> dict:
-    """One IPL round from the policy directory ``start``; writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few
-    sampled trees for the viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev``
-    (the new policy's dev accuracy) and ``policy``."""
+    """One IPL round from the policy directory ``start`` on trees sampled from ``train_steps`` (the action-only
+    steps of a scarce-annotation job); writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few sampled trees for the
+    viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev`` (the new policy's dev
+    accuracy) and ``policy``. ``annotated``: warm-up SFT's steps, what ``continued_sft`` trains on when the round's
+    steps carry no CoaT (default: ``train_steps``)."""
     from ipl_jax.coat.tree import num_leaves
     from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, sampler_config, score_batch
     from ipl_jax.preference.round import RoundStages, ipl_round
@@ -156,6 +184,12 @@ def run_round(
     rcfg = round_config(config, policy.cfg, policy.tokenizer, round_index)
     sconfig = sampler_config(config, policy.tokenizer)
     out_dir = wd.dir("rounds", str(round_index))
+    diagnostics = None
+    if s.diagnostics:
+        from ipl_jax.pipeline.data_stage import steps_of
+        from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
+
+        diagnostics = RoundDiagnostics(config, policy, steps, steps_of(dev_episodes), sconfig, round_index)
     kept_trees: list[tuple[dict, Step]] = []
     pending: dict[int, tuple] = {}
     n_view = int(config.export.viewer_steps)
@@ -173,6 +207,8 @@ def run_round(
     def score(sampled):
         batch, texts = pending.pop(id(sampled))
         actions, scores = score_batch(batch, texts, config)
+        if diagnostics is not None:
+            diagnostics.record(batch, texts, actions, scores)
         for row, step in enumerate(batch.steps):
             if len(kept_trees) < n_view and bool(batch.tree.step_valid[row]):
                 kept_trees.append(
@@ -180,7 +216,9 @@ def run_round(
                 )
         return round_scores(batch, texts, actions, scores)
 
-    golden = golden_update_fn(config, policy, steps, rcfg) if rcfg.train_on == "golden" else None
+    golden = None
+    if rcfg.train_on == "golden":
+        golden = golden_update_fn(config, policy, golden_steps(config, wd, s.method, steps, annotated), rcfg)
     rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
     frozen = job_frozen_dtype(config)  # frozen base / vision tower; trained weights stay fp32
     if s.lora_rank > 0:
@@ -191,9 +229,10 @@ def run_round(
     else:
         vision = VISION_REGEX if s.freeze_vision else None
         state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=vision, frozen_dtype=frozen)
-    state, record = ipl_round(
-        state, rcfg, RoundStages(sample=sample, score=score, golden_update=golden), round_index, rng, mesh=policy.mesh
+    stages = RoundStages(
+        sample=sample, score=score, golden_update=golden, probe=None if diagnostics is None else diagnostics.probe()
     )
+    state, record = ipl_round(state, rcfg, stages, round_index, rng, mesh=policy.mesh)
     params = model_params(state.params, state.frozen)
     del state
     # sampled completions (tree leaves) of the round: the budget the RL methods are given (rl/job.py)

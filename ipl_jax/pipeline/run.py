@@ -101,9 +101,20 @@ class Job:
 
             wd.run_stage("data", read)
         self.splits = loaded.get("splits") or data_stage.load_splits(c, wd)
+        # warm-up SFT's steps (the annotated ones), and the steps the rounds sample (the action-only episodes of a
+        # scarce-annotation job, else the same training steps)
         self.train_steps = data_stage.steps_of(self.splits["train"])
+        actions = self.splits.get(data_stage.ACTIONS)
+        self.round_pool = self.train_steps if actions is None else data_stage.steps_of(actions)
         self.test_names = list(c.data.test_splits)
         self.dev = self.splits[data_stage.dev_name(c)]
+        if actions is not None:
+            wd.echo(
+                f"  scarce annotations: {len(self.splits['train'])} annotated episodes ({len(self.train_steps)} "
+                f"steps) for warm-up SFT, {len(actions)} action-only episodes ({len(self.round_pool)} steps) "
+                f"for the IPL rounds"
+            )
+        data_stage.check_annotations(c, self.train_steps)
 
     def evolution(self) -> None:
         from ipl_jax.data.evolution import read_qas_jsonl
@@ -116,9 +127,13 @@ class Job:
     def model(self) -> None:
         self.wd.run_stage(
             "model",
-            lambda: model_stage.build_initial_model(self.config, self.wd, self.train_steps, self.qas),
+            lambda: model_stage.build_initial_model(self.config, self.wd, self.corpus_steps(), self.qas),
             main_only=True,
         )
+
+    def corpus_steps(self) -> list:
+        """The steps whose texts build a fresh tokenizer: the training steps and the action logs."""
+        return self.train_steps + ([] if self.round_pool is self.train_steps else self.round_pool)
 
     def sft(self) -> None:
         self.sft_summary = self.wd.run_stage(
@@ -196,7 +211,7 @@ class Job:
 
             def run(r=r, start=start):
                 t0 = time.perf_counter()
-                record = rounds.run_round(c, wd, r, start, self.train_steps, self.dev)
+                record = rounds.run_round(c, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
                 train_seconds = time.perf_counter() - t0
                 policy = self.inference_policy(Path(record["policy"]))
                 evaluation = rounds.evaluate_policy_splits(

@@ -44,16 +44,26 @@ class SFTItem:
     qa: object = None
 
 
-def sft_items(train_steps: Sequence[Step], qas: Sequence) -> list[SFTItem]:
-    """CoaT items for every training step, then one item per Q&A (matched to its step by ids)."""
+def sft_items(train_steps: Sequence[Step], qas: Sequence, fallback: bool = False) -> tuple[list[SFTItem], int]:
+    """(items, steps left out): CoaT items for the training steps that carry a CoaT annotation (every step with
+    ``fallback``: ``dialogue.annotated_steps``), then one item per Q&A (matched to its step by ids; a Q&A needs
+    only the screen)."""
+    from ipl_jax.data.dialogue import annotated_steps
+
     by_id = {(str(s.episode_id), int(s.step_id)): s for s in train_steps}
-    items = [SFTItem(s) for s in train_steps]
+    annotated, skipped = annotated_steps(train_steps, fallback)
+    items = [SFTItem(s) for s in annotated]
     for qa in qas:
         step = by_id.get((str(qa.episode_id), int(qa.step_id)))
         if step is None:
             raise ValueError(f"Q&A about episode {qa.episode_id} step {qa.step_id}: no such training step")
         items.append(SFTItem(step, qa))
-    return items
+    return items, skipped
+
+
+def coat_fallback(config: ml_collections.ConfigDict) -> bool:
+    """``data.coat_fallback``: whether supervised paths may make up the texts of steps without CoaT."""
+    return bool(config.data.get("coat_fallback", False))
 
 
 def patch_buckets(config: ml_collections.ConfigDict, batch_size: int) -> tuple[int, ...]:
@@ -61,12 +71,13 @@ def patch_buckets(config: ml_collections.ConfigDict, batch_size: int) -> tuple[i
     return tuple(int(p) * int(batch_size) for p in config.buckets.patches)
 
 
-def make_example_fn(tokenizer, image_config):
+def make_example_fn(tokenizer, image_config, fallback: bool = False):
+    """item -> ``TrainingExample``; a step without CoaT raises ``MissingCoaTError`` unless ``fallback``."""
     from ipl_jax.data.dialogue import coat_example, qa_example
 
     def example(item: SFTItem):
         if item.qa is None:
-            return coat_example(item.step, tokenizer, image_config)
+            return coat_example(item.step, tokenizer, image_config, fallback=fallback)
         return qa_example(
             tokenizer,
             image_config,
@@ -227,9 +238,19 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
     mesh = job_mesh(config)
     init = load_policy(wd.path("model", "init"), mesh)
-    items = sft_items(train_steps, qas)
+    fallback = coat_fallback(config)
+    items, skipped = sft_items(train_steps, qas, fallback)
+    wd.echo(
+        f"  warm-up SFT: {len(train_steps) - skipped} of {len(train_steps)} training steps carry a CoaT annotation"
+        + (f"; the {skipped} without one are left out (data.coat_fallback=false)" if skipped else "")
+    )
+    if skipped == len(train_steps):
+        raise ValueError(
+            f"warm-up SFT: none of the {len(train_steps)} training steps carries a CoaT annotation; pass "
+            f"--config.data.coat_fallback=true to train on made-up thoughts, or give annotated data"
+        )
     bs, steps = int(config.sft.batch_size), int(config.sft.steps)
-    example_fn = make_example_fn(init.tokenizer, init.image_config)
+    example_fn = make_example_fn(init.tokenizer, init.image_config, fallback)
     rows = SFTRows(init.cfg, init.tokenizer, config, example_fn, items[0], mesh)
     # the same global order of items in every process; each builds the examples of its own rows only
     dataset = make_dataset(
@@ -321,7 +342,8 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     return {
         "steps": steps,
         "items": len(items),
-        "coat_items": len(train_steps),
+        "coat_items": len(train_steps) - skipped,
+        "steps_without_coat": skipped,
         "qa_items": len(qas),
         "final_loss": losses[-1] if losses else None,
         "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,

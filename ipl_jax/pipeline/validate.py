@@ -229,6 +229,38 @@ def _check_data(config) -> None:
     _check(config, "data.test_splits", lambda v: len(v) >= 1, "must name at least one test split")
     _check(config, "data.store", lambda v: v in ("aitz", "arrayrecord"), "must be aitz or arrayrecord")
     _check(config, "data.shards", _positive_int, "must be >= 1")
+    _check_scarce(config)
+
+
+def _check_scarce(config) -> None:
+    """Scarce annotations: N >= 1 annotated and M action-only episodes that fit the synthetic world's training
+    split (a real dataset's is counted when it is read); ``sft_oracle`` needs action-only episodes to read."""
+    for f in ("annotated_episodes", "action_episodes"):
+        _check(config, f"data.{f}", _nonneg_int, "must be an integer >= 0")
+    try:
+        n, m, fmt = int(config.data.annotated_episodes), int(config.data.action_episodes), str(config.data.format)
+        method = str(config.ipl.method)
+    except (KeyError, AttributeError):
+        return
+    if m > 0 and n < 1:
+        raise _bad(
+            "data.annotated_episodes", n, f"leaves no annotated episode for warm-up SFT beside the {m} action-only ones"
+        )
+    if m > 0 and fmt == "synthetic":
+        pool = int(config.data.train_episodes) - (0 if config.data.dev_split else int(config.data.dev_holdout))
+        if n + m > pool:
+            raise _bad(
+                "data.action_episodes",
+                m,
+                f"with {n} annotated episodes exceeds the {pool} training episodes (raise data.train_episodes)",
+            )
+    if method == "sft_oracle" and m == 0:
+        raise _bad(
+            "ipl.method",
+            method,
+            "trains on the CoaT of action-only episodes, and data.action_episodes is 0 (without them "
+            "continued_sft already trains on the golden CoaT of the round's steps)",
+        )
 
 
 def _check_sources(config) -> None:

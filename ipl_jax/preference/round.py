@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax import distributed
+from ipl_jax.preference import diagnostics as diagnostics_lib
 from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
@@ -77,17 +78,35 @@ class TreeScores:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundProbe:
+    """Diagnostics around a round's update (figures: ``preference.diagnostics``; the job's probe:
+    ``pipeline.round_diagnostics``). The round always scores its own pairs under π(n-1) and π(n); besides:
+
+    heldout(params, rng) -> iterable of (SampledTrees, TreeScores): trees on held-out steps (never trained on),
+    sampled with π(n-1) and scored; their pairs are made, selected and packed like the round's and scored under
+    π(n-1) and π(n). before(params) -> context: measurements of π(n-1), taken before the update; after(params,
+    context) -> dict: those of π(n), merged into the record's ``diagnostics``.
+    """
+
+    heldout: Callable[[Any, jax.Array], Iterable[tuple[SampledTrees, TreeScores]]] | None = None
+    before: Callable[[Any], Any] | None = None
+    after: Callable[[Any, Any], dict] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundStages:
     """The pieces of a round that live in other rooms, passed in as functions.
 
     sample(params, round_index, rng) -> iterable of SampledTrees (the round's training steps, with π(n-1));
     score(sampled) -> TreeScores; golden_update(state, n_updates, rng) -> (state, metrics): ``n_updates``
-    supervised updates on the golden CoaT of the round's steps (only for ``train_on = "golden"``).
+    supervised updates on the golden CoaT of the round's steps (only for ``train_on = "golden"``); probe: the
+    round's diagnostics (``RoundProbe``; None: none are taken).
     """
 
     sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
     score: Callable[[SampledTrees], TreeScores]
     golden_update: Callable[[Any, int, jax.Array], tuple] | None = None
+    probe: RoundProbe | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,23 +224,26 @@ def ipl_round(
 
     The record: round, classes (``pairs.tree_class_shares``), pairs_by_turn ([whole-trajectory, turn 1..4]),
     pairs (after selection), pair_counts (by class / positive type), skipped_pairs, dropped (by selection),
-    groups, batches, train (round means of ``train_round`` or of the golden updates), seconds per phase.
+    groups, batches, train (round means of ``train_round`` or of the golden updates), seconds per phase; with a
+    ``stages.probe``, ``diagnostics``: ``train_pairs`` and ``heldout_pairs`` (``diagnostics.pair_figures``,
+    the latter with its ``trees``) and whatever the probe's ``after`` returns.
     A non-finite loss raises ``train.NonFiniteLossError``.
     """
-    rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
+    probe_rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()
     policy = state_lib.model_params(state.params, state.frozen)  # π(n-1): sampler and frozen reference
-    grouped = grouping.GroupedPairs()
-    counts = np.zeros(3, np.int64)
-    for i, sampled in enumerate(stages.sample(policy, round_index, sample_rng)):
-        g, c = round_pairs(sampled, stages.score(sampled), config, name=f"round {round_index} batch {i} ")
-        grouped.extend(g)
-        counts += c
-    grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
+    sampled = stages.sample(policy, round_index, sample_rng)
+    grouped, counts, dropped = _sampled_pairs(sampled, stages.score, config, round_index)
     t1 = time.perf_counter()
     # under a multi-process mesh each process reads the screenshots of its own devices' rows only
     held = distributed.batch_rows(config.packing.rows, mesh)
     batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing, held)
+    probe, heldout, context, probe_seconds = stages.probe, None, None, 0.0
+    if probe is not None:
+        tp = time.perf_counter()
+        heldout = _heldout_pairs(probe, policy, config, round_index, probe_rng, held, mesh)
+        context = probe.before(policy) if probe.before is not None else None
+        probe_seconds = time.perf_counter() - tp
     record = {
         "round": round_index,
         "classes": pairs_lib.tree_class_shares(counts),
@@ -233,9 +255,12 @@ def ipl_round(
         "groups": len(grouped.groups),
         "batches": len(batches),
     }
+    round_data = None
     if config.train_on == "golden":
         if stages.golden_update is None:
             raise ValueError("ipl_round: train_on='golden' needs RoundStages.golden_update")
+        if probe is not None and batches:  # the pairs' log-probs under π(n-1), for the diagnostics only
+            round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh)
         del policy
         t2 = time.perf_counter()
         state, train_metrics = stages.golden_update(state, len(batches), train_rng)
@@ -244,13 +269,69 @@ def ipl_round(
         del policy
         t2 = time.perf_counter()
         state, train_metrics = train_round(state, None, round_data, train_rng, config.tdpo, mesh=mesh)
-        del round_data
     else:
+        del policy
         t2 = time.perf_counter()
         train_metrics = {"steps": 0, "pairs": 0.0, "per_step": []}
     for step_metrics in train_metrics.get("per_step", []):
         check_finite(step_metrics, int(state.step))
     record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
     t3 = time.perf_counter()
-    record["seconds"] = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1, "train": t3 - t2, "total": t3 - t0}
+    seconds = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1 - probe_seconds, "train": t3 - t2}
+    if probe is not None:
+        params = state_lib.model_params(state.params, state.frozen)  # π(n)
+        record["diagnostics"] = _after_update(probe, params, round_data, heldout, context, config, mesh)
+        del params
+        seconds["diagnostics"] = probe_seconds + time.perf_counter() - t3
+    record["seconds"] = {**seconds, "total": time.perf_counter() - t0}
     return state, json_safe(record)
+
+
+def _sampled_pairs(sampled: Iterable[SampledTrees], score, config: RoundConfig, round_index: int, name: str = ""):
+    """Pairs of scored tree batches (``round_pairs``), grouped and selected for the round
+    (``select_round_pairs``) -> (GroupedPairs, tree class counts int[3], what selection dropped)."""
+    grouped = grouping.GroupedPairs()
+    counts = np.zeros(3, np.int64)
+    for i, batch in enumerate(sampled):
+        g, c = round_pairs(batch, score(batch), config, name=f"round {round_index} {name}batch {i} ")
+        grouped.extend(g)
+        counts += c
+    grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
+    return grouped, counts, dropped
+
+
+@dataclasses.dataclass
+class _Heldout:
+    """Held-out pairs packed like the round's, their log-probs under π(n-1), and how many trees gave them."""
+
+    batches: list
+    start: diagnostics_lib.PairLogps
+    trees: int
+
+
+def _heldout_pairs(probe: RoundProbe, policy, config: RoundConfig, round_index: int, rng, held, mesh):
+    if probe.heldout is None:
+        return None
+    scored = list(probe.heldout(policy, rng))
+    lookup = {id(s): t for s, t in scored}
+    grouped, counts, _ = _sampled_pairs(
+        (s for s, _ in scored), lambda s: lookup[id(s)], config, round_index, "held-out "
+    )
+    batches = packing_lib.pack_round(config.tdpo.model, grouped.groups, grouped.pairs, config.packing, held)
+    start = diagnostics_lib.pair_logps(policy, batches, config.tdpo, mesh=mesh)
+    return _Heldout(batches=batches, start=start, trees=int(counts.sum()))
+
+
+def _after_update(probe: RoundProbe, params, round_data, heldout, context, config: RoundConfig, mesh) -> dict:
+    """The diagnostics of π(n): its pair figures on the round's pairs and the held-out ones, and the probe's."""
+    beta = config.tdpo.dpo.beta
+    batches = [] if round_data is None else round_data.batches
+    start = diagnostics_lib.attached_logps(batches)
+    end = diagnostics_lib.pair_logps(params, batches, config.tdpo, mesh=mesh)
+    out = {"train_pairs": diagnostics_lib.pair_figures(start, end, beta)}
+    if heldout is not None:
+        end = diagnostics_lib.pair_logps(params, heldout.batches, config.tdpo, mesh=mesh)
+        out["heldout_pairs"] = {**diagnostics_lib.pair_figures(heldout.start, end, beta), "trees": heldout.trees}
+    if probe.after is not None:
+        out.update(probe.after(params, context))
+    return out

@@ -1,0 +1,138 @@
+"""The job's probe of an IPL round (``preference.round.RoundProbe``): what the update did beyond its loss.
+
+* held-out pairs: ``ipl.heldout_steps`` dev steps (a seeded choice, the same in every round, never trained on)
+  get CoaT-trees from the round's starting policy; the round makes, packs and scores their pairs like its own
+  (``preference.diagnostics``: ``heldout_pairs``).
+* the round's training steps: a seeded choice of ``ipl.diagnostic_steps`` of them. Before the update their trees
+  are the round's own (tallied while the round scores them: ``record``); after it, π(n) samples them again with
+  the same sampler settings. Greedy decoding of π(n-1) and π(n) on them gives the greedy accuracy.
+
+``train_steps`` in the round record's ``diagnostics``: ``steps`` and, each ``_before`` and ``_after`` the update,
+``pass_at_1`` / ``consistency`` / ``thought_names_golden`` (``eval.trees.LeafTally``: shares of sampled leaves /
+thoughts) and ``greedy`` (share of steps whose greedy action matches the golden one, the evaluation's rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from ipl_jax.data.records import Step
+from ipl_jax.pipeline.model_stage import Policy, inference_policy
+from ipl_jax.pipeline.round_eval import eval_config
+from ipl_jax.progress import progress
+
+
+def _key(step: Step) -> tuple[str, int]:
+    return str(step.episode_id), int(step.step_id)
+
+
+def _seed(rng) -> int:
+    return int(jax.random.randint(rng, (), 0, 2**31 - 1))
+
+
+class RoundDiagnostics:
+    """The probe of one round: ``record`` is called with each scored batch of the round's trees; ``heldout``,
+    ``before`` and ``after`` are the ``RoundProbe``'s functions (``probe()`` bundles them)."""
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        policy: Policy,
+        round_steps: Sequence[Step],
+        dev_steps: Sequence[Step],
+        sconfig,
+        round_index: int,
+    ):
+        from ipl_jax.eval.seed_selection import sample_steps
+        from ipl_jax.pipeline.round_settings import ipl_settings
+
+        s = ipl_settings(config)
+        seed = int(config.seed)
+        self.config, self.policy, self.sconfig, self.round_index = config, policy, sconfig, round_index
+        self.steps = sample_steps(round_steps, s.diagnostic_steps, seed * 1000 + round_index + 500)
+        self.keys = {_key(x) for x in self.steps}
+        self.heldout_steps = sample_steps(dev_steps, s.heldout_steps, seed) if s.heldout_steps > 0 else []
+        self.tallies: dict = {}
+
+    # ------------------------------------------------------------------------------------------- trees
+
+    def _trees(self, params, steps: Sequence[Step], seed: int, desc: str):
+        """(batch, turn texts, leaf actions, ``eval.trees`` scores) of trees that ``params`` samples on ``steps``."""
+        from ipl_jax.eval.trees import iter_tree_batches, score_batch
+        from ipl_jax.sampling.tree_records import turn_texts
+
+        current = inference_policy(self.policy, self.config, params)
+        bs = int(self.config.sampler.batch_size)
+        batches = iter_tree_batches(current, steps, self.sconfig, seed, bs)
+        for batch in progress(batches, total=-(-len(steps) // bs), desc=desc, unit="batch"):
+            texts = turn_texts(batch.tree, self.policy.tokenizer)
+            actions, scores = score_batch(batch, texts, self.config)
+            yield batch, texts, actions, scores
+
+    def record(self, batch, texts, actions, scores) -> None:
+        """Tally the round's own trees of the probe's steps (π(n-1)'s figures)."""
+        from ipl_jax.eval.trees import row_tallies
+
+        tallies = row_tallies(texts, actions, scores.exact, batch.steps, batch.tree.step_valid)
+        for step, tally in zip(batch.steps, tallies):
+            if tally is not None and _key(step) in self.keys:
+                self.tallies[_key(step)] = tally
+
+    def heldout(self, params, rng):
+        """Trees of π(n-1) on the held-out dev steps, as the round's ``(SampledTrees, TreeScores)``."""
+        from ipl_jax.eval.trees import round_scores, sampled_trees
+
+        if not self.heldout_steps:
+            return
+        desc = f"round {self.round_index} held-out trees"
+        for batch, texts, actions, scores in self._trees(params, self.heldout_steps, _seed(rng), desc):
+            yield sampled_trees(batch, self.policy.tokenizer), round_scores(batch, texts, actions, scores)
+
+    def _tally(self, params, seed: int):
+        from ipl_jax.eval.trees import LeafTally, row_tallies
+
+        total = LeafTally()
+        desc = f"round {self.round_index} trees after"
+        for batch, texts, actions, scores in self._trees(params, self.steps, seed, desc):
+            for tally in row_tallies(texts, actions, scores.exact, batch.steps, batch.tree.step_valid):
+                total = total if tally is None else total + tally
+        return total
+
+    # ------------------------------------------------------------------------------------------- greedy
+
+    def greedy(self, params) -> float | None:
+        """Share of the probe's steps whose greedily decoded action matches the golden one."""
+        from ipl_jax.eval.evaluate import evaluate_policy
+
+        if not self.steps:
+            return None
+        current = inference_policy(self.policy, self.config, params)
+        records, _ = evaluate_policy(
+            current.params, current.cfg, current.tokenizer, self.steps, eval_config(current, self.config), current.mesh
+        )
+        return float(np.mean([r["exact_match"] for r in records]))
+
+    # ------------------------------------------------------------------------------------------- the probe
+
+    def before(self, params) -> dict:
+        return {"greedy": self.greedy(params)}
+
+    def after(self, params, context: dict) -> dict:
+        from ipl_jax.eval.trees import LeafTally
+
+        before = sum(self.tallies.values(), LeafTally())
+        after = self._tally(params, int(self.config.seed) * 7919 + self.round_index)
+        out = {"steps": len(self.steps)}
+        for name, tally in (("before", before), ("after", after)):
+            out.update({f"{k}_{name}": v for k, v in tally.figures().items()})
+        out["greedy_before"], out["greedy_after"] = context["greedy"], self.greedy(params)
+        return {"train_steps": out}
+
+    def probe(self):
+        from ipl_jax.preference.round import RoundProbe
+
+        return RoundProbe(heldout=self.heldout, before=self.before, after=self.after)
