@@ -491,3 +491,81 @@ def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
             grouped.pairs,
             PK.PackingConfig(rows=8, max_continuations=k, max_pairs=64, text_buckets=(64,), patch_buckets=(32,)),
         )
+
+
+def test_ipl_round_diagnostics_score_its_own_and_held_out_pairs_before_and_after_the_update():
+    """With a probe the round scores its own pairs and the pairs of held-out trees under π(n-1) and π(n): the
+    figures equal those computed here from the reference log-probs of the same packed pairs under the two
+    weights; the T-DPO update raises the implicit reward of the pairs it trained on; the probe sees π(n-1)
+    before the update and π(n) after it; a control whose update leaves the weights as they were reports
+    after == before and no implicit reward."""
+    from ipl_jax.preference.selection import select_round_pairs
+
+    cfg = tiny_cfg()
+    tdpo = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)
+    config = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING)
+    heldout = fake_sampled(cfg, np.random.default_rng(7))
+    seen = {}
+
+    def head(params):
+        return np.asarray(params["lm_head"]["kernel"]).copy()
+
+    def before(params):
+        seen["before"] = head(params)
+        return "context"
+
+    def after(params, context):
+        seen["after"] = (head(params), context)
+        return {"train_steps": {"steps": 3}}
+
+    probe = R.RoundProbe(heldout=lambda params, rng: [(heldout, fake_scores(heldout))], before=before, after=after)
+
+    def sample(params, n, rng):
+        return [fake_sampled(cfg, np.random.default_rng(n))]
+
+    def packed(sampled):  # the round's pairs of one sampled batch, as the round makes them
+        grouped, _ = select_round_pairs(R.round_pairs(sampled, fake_scores(sampled), config)[0], config.selection, 1)
+        return PK.pack_round(cfg, grouped.groups, grouped.pairs, ROUND_PACKING)
+
+    def logps(params, batches):  # (pos, neg) of the valid pairs, from the reference log-probs
+        data = ipl.attach_reference(params, batches, tdpo).batches
+        valid = np.concatenate([np.asarray(b.pair_valid) for b in data])
+        return tuple(np.concatenate([np.asarray(getattr(b, k)) for b in data])[valid] for k in ("ref_pos", "ref_neg"))
+
+    state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))  # its weights are donated
+    state1, rec = R.ipl_round(
+        state0, config, R.RoundStages(sample=sample, score=fake_scores, probe=probe), 1, jax.random.PRNGKey(1)
+    )
+    params0, params1 = tiny_params(cfg, 0), state1.params
+    d = rec["diagnostics"]
+    train = packed(fake_sampled(cfg, np.random.default_rng(1)))
+    for name, batches in (("train_pairs", train), ("heldout_pairs", packed(heldout))):
+        (sp, sn), (ep, en) = logps(params0, batches), logps(params1, batches)
+        f = d[name]
+        assert f["pairs"] == len(sp) > 0
+        assert f["accuracy_before"] == pytest.approx(np.mean(sp > sn))
+        assert f["accuracy_after"] == pytest.approx(np.mean(ep > en))
+        assert f["logp_margin_before"] == pytest.approx(np.mean(sp - sn), rel=1e-5)
+        assert f["logp_margin_after"] == pytest.approx(np.mean(ep - en), rel=1e-5)
+        reward = 0.1 * ((ep - sp) - (en - sn))
+        assert f["reward_margin"] == pytest.approx(np.mean(reward), rel=1e-4, abs=1e-7)
+        assert f["reward_accuracy"] == pytest.approx(np.mean(reward > 0))
+    assert d["train_pairs"]["pairs"] == rec["pairs"] and d["heldout_pairs"]["trees"] == 2
+    assert d["train_pairs"]["reward_margin"] > 0 and d["train_pairs"]["reward_accuracy"] > 0.5  # it fitted its pairs
+    assert np.array_equal(seen["before"], head(params0)) and np.array_equal(seen["after"][0], head(params1))
+    assert seen["after"][1] == "context" and d["train_steps"] == {"steps": 3}
+    assert rec["seconds"]["diagnostics"] > 0
+
+    def unchanged(state, n, rng):
+        return state, {"steps": n, "pairs": 0.0, "per_step": []}
+
+    control = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, train_on="golden")
+    state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
+    stages = R.RoundStages(sample=sample, score=fake_scores, golden_update=unchanged, probe=probe)
+    _, rc = R.ipl_round(state0, control, stages, 1, jax.random.PRNGKey(1))
+    for name in ("train_pairs", "heldout_pairs"):
+        f = rc["diagnostics"][name]
+        assert (
+            f["pairs"] == d[name]["pairs"] and f["accuracy_after"] == f["accuracy_before"] == d[name]["accuracy_before"]
+        )
+        assert f["reward_margin"] == 0.0 and f["reward_accuracy"] == 0.0

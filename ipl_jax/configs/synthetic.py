@@ -2,6 +2,8 @@
 
     ipl-jax run --workdir runs/default                       # this config
     ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smaller variant (tests, notebook)
+    ipl-jax ablate --config synthetic:scarce ...             # scarce annotations: IPL on action-only episodes
+    ipl-jax ablate --config synthetic:gpu ...                # a ~31M-parameter policy at full resolution, one GPU
     ipl-jax run --config.sft.steps=1200 ...                  # any field can be overridden
 
 Sizes are chosen for a 2-core CPU (measured stage times: see the pipeline's stage_log.jsonl): the world's
@@ -198,6 +200,7 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 8
     c.eval.max_steps = 0  # 0 = every step of each split
+    c.eval.every_round = True  # False: only the last round is evaluated on the test splits (the others: dev only)
     # splits also evaluated with every screenshot replaced by a grey image (how much accuracy needs the screen)
     c.eval.blank_splits = ("test",)
     # online evaluation (eval/online.py): the policy acts greedily in the live world on the first N episodes of
@@ -247,6 +250,60 @@ def get_config(arg=None):
         c.rl.ppo.tasks_per_batch, c.rl.ppo.trajectories_per_task, c.rl.ppo.minibatch_rows = 2, 2, 8
         c.rl.ppo.max_steps, c.rl.ppo.critic_warmup, c.rl.ppo.policy_updates = 4, 1, 1
         c.export.viewer_steps = 2
+    elif arg == "scarce":
+        scarce(c)
+    elif arg == "gpu":
+        gpu(c)
     elif arg not in (None, "", "default"):
-        raise ValueError(f"configs/synthetic.py: unknown variant {arg!r} (expected 'quick' or nothing)")
+        raise ValueError(f"configs/synthetic.py: unknown variant {arg!r} (expected quick, scarce, gpu or nothing)")
     return c
+
+
+def scarce(c):
+    """Scarce annotations, the setting IPL's rule reward is made for: warm-up SFT on the golden CoaT of N
+    episodes; the rounds sample trees on M >> N further episodes read as action logs (golden action only), which
+    supervised training cannot use. ``ipl-jax ablate`` compares, from one seed at one sample budget, T-DPO with
+    rejection sampling (``no_negatives``), naive DPO, more SFT on the N annotated episodes (``continued_sft``)
+    and SFT on the hidden CoaT of the M episodes (``sft_oracle``, an upper bound). N, M, the rounds and the
+    round's optimizer are fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate,
+    ipl.schedule, ...); sized for <= 60 minutes per seed of that ablation on two cores: one base SFT, every
+    intermediate round evaluated on dev only, no live-world episodes and no blank-screen control."""
+    c.data.annotated_episodes, c.data.action_episodes = 30, 270
+    c.data.train_episodes = 300
+    c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
+    c.seed_selection.steps = 8
+    c.ipl.rounds = c.ablation.rounds = 3
+    c.ipl.steps_per_round = 48
+    c.ipl.learning_rate = 2e-5
+    c.ipl.diagnostic_steps, c.ipl.heldout_steps = 16, 12
+    c.eval.every_round = False
+    c.eval.online_episodes = 0
+    c.eval.blank_splits = ()
+    c.ablation.variants = ("tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle")
+
+
+def gpu(c):
+    """A policy for one GPU: about 31M parameters (decoder 8 x 512, vision tower 4 x 256) that sees the world's
+    screenshots at full resolution (224 x 448: 512 patches, 128 image tokens), bfloat16 compute, warm-up SFT of
+    1500 steps of 32, 256 sampled steps per round in trees of 32, three rounds. Sized so that ``ipl-jax ablate
+    --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200 (an estimate from
+    FLOPs and compile counts, README)."""
+    c.model.hidden_size, c.model.intermediate_size, c.model.num_hidden_layers = 512, 1536, 8
+    c.model.num_attention_heads, c.model.num_key_value_heads = 8, 4
+    c.model.vision_depth, c.model.vision_embed_dim, c.model.vision_num_heads = 4, 256, 4
+    c.model.dtype = "bfloat16"
+    c.model.min_pixels = c.model.max_pixels = 224 * 448
+    c.buckets.patches = (512,)
+    c.buckets.tokens = (288, 352, 416, 480)  # the default's + 96 image tokens
+    c.sampler.prefix_buckets = (192, 224, 288, 352)
+    c.ipl.text_buckets = (512, 640, 768)
+    c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size = 1500, 32, 32
+    c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every = 1e-3, 100, 500
+    c.sampler.batch_size = 32
+    c.eval.batch_size = 64
+    c.ipl.rounds = c.ablation.rounds = 3
+    c.ipl.steps_per_round = 256
+    c.ipl.batch_size, c.ipl.max_pairs_per_batch = 16, 32
+    c.ipl.diagnostic_steps, c.ipl.heldout_steps = 32, 32
+    c.eval.every_round = False
+    c.ablation.variants = ("tdpo", "continued_sft", "no_negatives")

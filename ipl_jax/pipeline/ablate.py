@@ -195,6 +195,7 @@ def run_ablation(
             "online": final.get("online"),
             "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
             "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
+            "diagnostics": [s["record"].get("diagnostics") for s in summaries],
         }
         variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
         if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
@@ -229,4 +230,11 @@ def format_ablation(result: dict) -> str:
         "online (greedy episodes on held-out tasks in the live world), samples used / budget of the round(s) "
         "(completions; environment steps for PPO), updates, wall time\n" + report.online_budget_table(rows)
     )
+    if any(any(r.get("diagnostics") or ()) for r in rows):
+        blocks.append(
+            "what each round did, before->after its update: preference accuracy (% of pairs with log p(chosen) > "
+            "log p(rejected)), log-prob margin and implicit reward margin on its pairs and on held-out pairs; "
+            "sampled pass@1, greedy accuracy and thought->action consistency (%) on its steps\n"
+            + report.diagnostics_table(rows)
+        )
     return "\n\n".join(blocks)

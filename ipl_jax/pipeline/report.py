@@ -45,6 +45,56 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
     if any(r.get("online") for r in rounds):
         cells = [f"{_pct((r.get('online') or {}).get('success_rate')):>10}" for r in rounds]
         lines.append(f"{'online success':<18}" + "".join(cells))
+    if any(r.get("diagnostics") for r in rounds):
+        for name, section, key in DIAGNOSTIC_ROWS:
+            if key == "logp_margin":  # "before->after" log-prob margins need more than a column: the ablation has them
+                continue
+            cells = [f"{diagnostic_cell(r.get('diagnostics'), section, key):>10}" for r in rounds]
+            lines.append(f"{name:<18}" + "".join(cells))
+    return "\n".join(lines)
+
+
+# The round diagnostics as table rows: (row name, section of ``diagnostics``, figure). A figure measured before and
+# after the update prints as "before->after" (shares in %), the implicit reward margin (after only) as a number.
+DIAGNOSTIC_ROWS = (
+    ("train pairs acc", "train_pairs", "accuracy"),
+    ("train logp margin", "train_pairs", "logp_margin"),
+    ("train rew margin", "train_pairs", "reward_margin"),
+    ("held-out acc", "heldout_pairs", "accuracy"),
+    ("held-out logp m.", "heldout_pairs", "logp_margin"),
+    ("held-out rew m.", "heldout_pairs", "reward_margin"),
+    ("pass@1 (train)", "train_steps", "pass_at_1"),
+    ("greedy (train)", "train_steps", "greedy"),
+    ("consistency", "train_steps", "consistency"),
+)
+# their column heads in the ablation's table (one line per variant and round)
+_SHORT = ("pairs acc", "logp margin", "reward m.", "h/o acc", "h/o logp m", "h/o reward", "pass@1", "greedy", "consist")
+_SHARES = ("accuracy", "pass_at_1", "greedy", "consistency", "thought_names_golden", "reward_accuracy")
+
+
+def diagnostic_cell(diagnostics: dict | None, section: str, key: str) -> str:
+    """One figure of a round's ``diagnostics``: "b->a" for a before / after pair ("-" where absent)."""
+    d = (diagnostics or {}).get(section) or {}
+
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        return f"{100 * v:.0f}" if key in _SHARES else f"{v:+.2f}"
+
+    if f"{key}_before" in d or f"{key}_after" in d:
+        return f"{fmt(d.get(key + '_before'))}->{fmt(d.get(key + '_after'))}"
+    return fmt(d.get(key)) if d else "-"
+
+
+def diagnostics_table(rows: Sequence[dict]) -> str:
+    """One line per (variant, round) of the ablation: what each round did to its pairs, to held-out pairs (h/o)
+    and to its steps (``DIAGNOSTIC_ROWS``, before->after the update)."""
+    head = f"{'variant':<26}{'round':>6}" + "".join(f"{name:>14}" for name in _SHORT)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for i, d in enumerate(r.get("diagnostics") or ()):
+            cells = "".join(f"{diagnostic_cell(d, section, key):>14}" for _, section, key in DIAGNOSTIC_ROWS)
+            lines.append(f"{r['variant']:<26}{i + 1:>6}" + cells)
     return "\n".join(lines)
 
 

@@ -202,21 +202,27 @@ class Job:
     def rounds(self) -> None:
         """The round loop (the only one): each round from the last round's policy, evaluated on the test splits,
         resumable round by round; with ``ipl.early_stop``, stop after the first round whose dev step accuracy
-        does not beat the best so far (the seed's included)."""
+        does not beat the best so far (the seed's included). Without ``eval.every_round`` only the last round
+        (the configured last, or the one that stops early) is evaluated on the test splits; the others get their
+        dev accuracy and diagnostics."""
         c, wd = self.config, self.wd
         start = wd.path("seed")
         best = float(self.seed_eval["dev"]["step_accuracy"])
+        every = bool(c.eval.get("every_round", True))
         self.round_summaries = []
         for r in range(1, int(c.ipl.rounds) + 1):
 
-            def run(r=r, start=start):
+            def run(r=r, start=start, best=best):
                 t0 = time.perf_counter()
                 record = rounds.run_round(c, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
                 train_seconds = time.perf_counter() - t0
-                policy = self.inference_policy(Path(record["policy"]))
-                evaluation = rounds.evaluate_policy_splits(
-                    policy, self.splits, c, wd.dir("eval", f"round_{r}"), echo=wd.echo
-                )
+                stops = bool(c.ipl.early_stop) and float(record["dev"]["step_accuracy"]) <= best
+                evaluation: dict = {"metrics": {}}
+                if every or stops or r == int(c.ipl.rounds):
+                    policy = self.inference_policy(Path(record["policy"]))
+                    evaluation = rounds.evaluate_policy_splits(
+                        policy, self.splits, c, wd.dir("eval", f"round_{r}"), echo=wd.echo
+                    )
                 return {"record": record, **evaluation, "round_seconds": train_seconds}
 
             fresh = not wd.is_done(f"round_{r}")
@@ -263,7 +269,7 @@ class Job:
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
             extra = {k: s[k] for k in ("blank", "online") if k in s}
-            extra.update({k: rec[k] for k in ("method", "samples", "budget") if k in rec})
+            extra.update({k: rec[k] for k in ("method", "samples", "budget", "diagnostics") if k in rec})
             out.append(
                 report.results_round(
                     rec["round"],

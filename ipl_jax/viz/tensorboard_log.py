@@ -75,6 +75,9 @@ def round_scalars(entry: Mapping) -> dict[str, float]:
         put(f"online/{k}", (entry.get("online") or {}).get(k))
     for k in ("seconds", "samples", "budget"):
         put(f"round/{k}", entry.get(k))
+    for section, figures in (entry.get("diagnostics") or {}).items():
+        for k, v in (figures or {}).items():
+            put(f"diagnostics/{section}/{k}", v)
     return out
 
 
