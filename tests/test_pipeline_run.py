@@ -118,6 +118,20 @@ def test_results_schema(quick_run):
         assert 0.0 <= on["success_rate"] <= 1.0 and 1.0 <= on["mean_steps"] <= config.eval.online_max_steps
         assert on["env_steps"] == round(on["mean_steps"] * on["episodes"])
     assert rounds[1]["samples"] == rounds[1]["budget"] == config.ipl.steps_per_round * 8  # tree leaves
+    # round 1 explains itself (ipl.diagnostics): its own and held-out pairs before / after, its steps' figures
+    d = rounds[1]["diagnostics"]
+    assert "diagnostics" not in rounds[0] and d["train_pairs"]["pairs"] == rounds[1]["pairs"]
+    assert 0 < d["heldout_pairs"]["trees"] <= config.ipl.heldout_steps
+    assert d["train_steps"]["steps"] == min(config.ipl.diagnostic_steps, config.ipl.steps_per_round)
+    shares = {"accuracy_before", "accuracy_after", "reward_accuracy"}
+    for section, keys in (("train_pairs", shares), ("heldout_pairs", shares), ("train_steps", set(d["train_steps"]))):
+        for k in keys - {"steps"}:
+            v = d[section][k]
+            assert v is None or 0.0 <= v <= 1.0, (section, k, v)
+    assert {f"{k}_{w}" for k in ("pass_at_1", "greedy", "consistency") for w in ("before", "after")} <= set(
+        d["train_steps"]
+    )
+    assert any(line.startswith("train pairs acc") for line in quick_run["lines"])
 
 
 def test_scores_agree_with_the_predictions_file(quick_run):
