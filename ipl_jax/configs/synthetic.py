@@ -3,7 +3,7 @@
     ipl-jax run --workdir runs/default                       # this config
     ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smaller variant (tests, notebook)
     ipl-jax ablate --config synthetic:scarce ...             # scarce annotations: IPL on action-only episodes
-    ipl-jax ablate --config synthetic:gpu ...                # a ~31M-parameter policy at full resolution, one GPU
+    ipl-jax ablate --config synthetic:gpu ...                # a 30M-parameter policy at full resolution, one GPU
     ipl-jax run --config.sft.steps=1200 ...                  # any field can be overridden
 
 Sizes are chosen for a 2-core CPU (measured stage times: see the pipeline's stage_log.jsonl): the world's
@@ -283,7 +283,7 @@ def scarce(c):
 
 
 def gpu(c):
-    """A policy for one GPU: about 31M parameters (decoder 8 x 512, vision tower 4 x 256) that sees the world's
+    """A policy for one GPU: about 30M parameters (decoder 8 x 512, vision tower 4 x 256) that sees the world's
     screenshots at full resolution (224 x 448: 512 patches, 128 image tokens), bfloat16 compute, warm-up SFT of
     1500 steps of 32, 256 sampled steps per round in trees of 32, three rounds. Sized so that ``ipl-jax ablate
     --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200 (an estimate from

@@ -1,0 +1,96 @@
+"""``synthetic:gpu``: a 20-50M-parameter policy that reads the world's screenshots at full resolution, three
+rounds of more sampled steps; and a CPU smoke run of the whole job on it with its sizes cut (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ipl_jax.configs.loader import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_config_is_a_20_to_50m_policy_that_sees_full_resolution_screens():
+    from ipl_jax.data.image_processing import smart_resize
+    from ipl_jax.data.synthetic.config import world_config
+    from ipl_jax.data.tokenizer import SPECIAL_TOKENS
+    from ipl_jax.model import Qwen2VLConfig, init_params
+    from ipl_jax.pipeline.model_stage import model_config_dict
+    from ipl_jax.pipeline.validate import validate_config
+
+    c, default = load_config("synthetic:gpu"), load_config("synthetic")
+    validate_config(c)
+    ids = {s: int(c.model.vocab_size) - len(SPECIAL_TOKENS) + i for i, s in enumerate(SPECIAL_TOKENS)}
+    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(c, ids))
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    assert 20e6 <= n <= 50e6, n
+    world = world_config(c.world)
+    # the screenshot is not scaled: its own size, in whole 28-pixel tokens, is what the processor keeps
+    h, w = smart_resize(world.height, world.width, 28, int(c.model.min_pixels), int(c.model.max_pixels))
+    assert (h, w) == (world.height, world.width)
+    patches = (h // 14) * (w // 14)
+    assert max(c.buckets.patches) >= patches == 512 and c.model.max_pixels == world.height * world.width
+    assert c.ipl.rounds == c.ablation.rounds == 3 and c.ipl.steps_per_round > default.ipl.steps_per_round
+    assert set(c.ablation.variants) == {"tdpo", "continued_sft", "no_negatives"}
+
+
+CUT = [
+    "--config.data.train_episodes=10",
+    "--config.data.dev_episodes=2",
+    "--config.data.test_episodes=2",
+    "--config.data.test_splits=test",
+    "--config.evolution.max_items=16",
+    "--config.model.num_hidden_layers=2",
+    "--config.model.vision_depth=1",
+    "--config.buckets.tokens=(480,)",
+    "--config.sampler.prefix_buckets=(352,)",
+    "--config.sampler.prompt_buckets=(192,)",
+    "--config.ipl.text_buckets=(768,)",
+    "--config.sft.steps=4",
+    "--config.sft.batch_size=2",
+    "--config.sft.micro_batch_size=2",
+    "--config.sft.checkpoint_every=2",
+    "--config.sft.warmup_steps=1",
+    "--config.seed_selection.steps=2",
+    "--config.seed_selection.embedder=tfidf",
+    "--config.sampler.branching=(2,2,2,1)",
+    "--config.sampler.batch_size=2",
+    "--config.eval.batch_size=2",
+    "--config.eval.online_episodes=2",
+    "--config.eval.online_max_steps=3",
+    "--config.ipl.rounds=2",
+    "--config.ipl.steps_per_round=2",
+    "--config.ipl.batch_size=2",
+    "--config.ipl.diagnostic_steps=2",
+    "--config.ipl.heldout_steps=2",
+    "--config.ipl.gamma_pairs=paper",
+    "--config.ipl.early_stop=false",
+]
+
+
+@pytest.mark.slow
+def test_gpu_config_runs_end_to_end_on_a_cpu_with_its_sizes_cut(tmp_path):
+    """``ipl-jax run --config synthetic:gpu`` with fewer layers, episodes and steps: every stage runs on the
+    full-resolution screenshots in bfloat16; only the last of the two rounds is evaluated on the test split."""
+    workdir = tmp_path / "gpu"
+    env = dict(os.environ, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1")
+    args = [sys.executable, "-m", "ipl_jax.cli", "run", "--config", "synthetic:gpu", "--workdir", str(workdir), *CUT]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rounds = json.loads((workdir / "results.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert rounds[1]["metrics"] == {} and set(rounds[2]["metrics"]) == {"test"}  # eval.every_round = false
+    assert all(r["diagnostics"]["train_steps"]["steps"] == 2 for r in rounds[1:])
+    pre = json.loads((workdir / "export" / "preprocessor_config.json").read_text())
+    assert pre["max_pixels"] == pre["min_pixels"] == 224 * 448
+    predictions = (workdir / "eval" / "round_2" / "test.predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == rounds[2]["metrics"]["test"]["steps"] > 0
