@@ -167,3 +167,79 @@ def test_scarce_variant_settings():
     assert set(c.ablation.variants) == {"tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
     assert variant_config(c, "sft_oracle").ipl.method == "sft_oracle"
     assert json.loads(c.to_json())["eval"]["every_round"] is False
+
+
+QUICK_SCARCE = [
+    "--config.data.train_episodes=24",
+    "--config.data.annotated_episodes=6",
+    "--config.data.action_episodes=18",
+    "--config.data.dev_episodes=4",
+    "--config.data.test_episodes=4",
+    "--config.evolution.max_items=48",
+    "--config.model.num_hidden_layers=2",
+    "--config.model.vocab_size=1024",
+    "--config.buckets.tokens=(384,)",
+    "--config.sampler.prefix_buckets=(128,)",
+    "--config.sampler.prompt_buckets=(128,)",
+    "--config.ipl.text_buckets=(640,)",
+    "--config.sft.steps=8",
+    "--config.sft.batch_size=4",
+    "--config.sft.micro_batch_size=4",
+    "--config.sft.checkpoint_every=4",
+    "--config.sft.warmup_steps=2",
+    "--config.seed_selection.steps=4",
+    "--config.seed_selection.embedder=tfidf",
+    "--config.sampler.branching=(2,2,2,1)",
+    "--config.ipl.rounds=2",
+    "--config.ablation.rounds=2",
+    "--config.ipl.steps_per_round=4",
+    "--config.ipl.batch_size=4",
+    "--config.ipl.diagnostic_steps=2",
+    "--config.ipl.heldout_steps=2",
+    "--config.ipl.gamma_pairs=paper",
+    "--config.eval.batch_size=4",
+]
+
+
+@pytest.mark.slow
+def test_ablate_scarce_quick(tmp_path):
+    """``ipl-jax ablate --config synthetic:scarce`` with the quick job's sizes: the five variants from one seed,
+    two rounds each; in round 1 they sample the same trees and pairs (only the update differs), the supervised
+    controls spend T-DPO's update budget, every round explains itself, and only the last is evaluated on test."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "ablate"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), IPL_JAX_QUIET="1")
+    args = ["ablate", "--config", "synthetic:scarce", "--workdir", str(root), *QUICK_SCARCE]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True, timeout=3000
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "what each round did" in proc.stdout
+    rows = {r["variant"]: r for r in json.loads((root / "ablation.json").read_text())["rows"]}
+    assert set(rows) == {"seed", "tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
+    first = {
+        v: json.loads((root / "variants" / v / "rounds" / "1" / "round.json").read_text()) for v in rows if v != "seed"
+    }
+    for v in ("no_negatives", "continued_sft", "sft_oracle"):
+        assert first[v]["pairs"] == first["tdpo"]["pairs"] and first[v]["batches"] == first["tdpo"]["batches"]
+        assert (
+            first[v]["diagnostics"]["train_pairs"]["accuracy_before"]
+            == first["tdpo"]["diagnostics"]["train_pairs"]["accuracy_before"]
+        )
+    for v in ("continued_sft", "sft_oracle"):
+        assert first[v]["train"]["steps"] == first["tdpo"]["train"]["steps"] > 0
+    for v, row in rows.items():
+        if v == "seed":
+            continue
+        assert row["rounds"] == 2 and len(row["diagnostics"]) == 2 and row["gain"]["low"] <= row["gain"]["high"]
+        assert all(d["train_steps"]["steps"] == 2 for d in row["diagnostics"])
+        results = [json.loads((root / "variants" / v / "stages" / f"round_{r}.done").read_text()) for r in (1, 2)]
+        assert results[0]["metrics"] == {} and set(results[1]["metrics"]) == {
+            "test",
+            "test_app_unseen",
+            "test_task_unseen",
+        }

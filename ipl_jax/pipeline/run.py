@@ -11,7 +11,8 @@ workdir remembers its config: a different config needs a different workdir.
 
 Outputs: ``results.json`` (``{"rounds": [{"round", "metrics": {split: score table}, "trees": {alpha, beta,
 gamma}, "pairs", "seconds", "online" (with ``eval.online_episodes``: success rate and mean steps in the live
-world), "samples" (completions / environment steps the round sampled)}, ...]}``, round 0 = the seed policy),
+world), "samples" (completions / environment steps the round sampled), "diagnostics" (what the round did to its
+pairs, held-out pairs and steps: ``pipeline.round_diagnostics``)}, ...]}``, round 0 = the seed policy),
 ``step_accuracy.png``, ``trees.html``,
 ``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` (and the same metrics as TensorBoard
 event files in ``tensorboard/``), ``stage_log.jsonl`` and ``job_report.json`` (stage seconds, SFT and T-DPO tokens
