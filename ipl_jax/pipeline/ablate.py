@@ -63,7 +63,7 @@ LABELS = {
     "seed": "seed policy (no IPL)",
     "tdpo": "T-DPO (full)",
     "continued_sft": "continued SFT (control)",
-    "sft_oracle": "SFT on hidden CoaT (oracle)",
+    "sft_oracle": "oracle SFT (hidden CoaT)",
     "naive_dpo": "naive DPO",
     "no_negatives": "IPL w/o negatives",
     "no_evolution": "w/o instr. evolution",

@@ -81,19 +81,20 @@ def diagnostic_cell(diagnostics: dict | None, section: str, key: str) -> str:
             return "-"
         return f"{100 * v:.0f}" if key in _SHARES else f"{v:+.2f}"
 
-    if f"{key}_before" in d or f"{key}_after" in d:
-        return f"{fmt(d.get(key + '_before'))}->{fmt(d.get(key + '_after'))}"
-    return fmt(d.get(key)) if d else "-"
+    before, after = d.get(f"{key}_before"), d.get(f"{key}_after")
+    if before is not None or after is not None:
+        return f"{fmt(before)}->{fmt(after)}"
+    return fmt(d.get(key))
 
 
 def diagnostics_table(rows: Sequence[dict]) -> str:
     """One line per (variant, round) of the ablation: what each round did to its pairs, to held-out pairs (h/o)
     and to its steps (``DIAGNOSTIC_ROWS``, before->after the update)."""
-    head = f"{'variant':<26}{'round':>6}" + "".join(f"{name:>14}" for name in _SHORT)
+    head = f"{'variant':<26}{'round':>6}" + "".join(f" {name:>15}" for name in _SHORT)
     lines = [head, "-" * len(head)]
     for r in rows:
         for i, d in enumerate(r.get("diagnostics") or ()):
-            cells = "".join(f"{diagnostic_cell(d, section, key):>14}" for _, section, key in DIAGNOSTIC_ROWS)
+            cells = "".join(f" {diagnostic_cell(d, section, key):>15}" for _, section, key in DIAGNOSTIC_ROWS)
             lines.append(f"{r['variant']:<26}{i + 1:>6}" + cells)
     return "\n".join(lines)
 
