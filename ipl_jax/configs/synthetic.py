@@ -285,20 +285,24 @@ def scarce(c):
 def gpu(c):
     """A policy for one GPU: about 30M parameters (decoder 8 x 512, vision tower 4 x 256) that sees the world's
     screenshots at full resolution (224 x 448: 512 patches, 128 image tokens), bfloat16 compute, warm-up SFT of
-    1500 steps of 32, 256 sampled steps per round in trees of 32, three rounds. Sized so that ``ipl-jax ablate
-    --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200 (an estimate from
-    FLOPs and compile counts, README)."""
+    1200 steps of 32, 256 sampled steps per round in tree batches of 32, three rounds, the test splits and the
+    blank-screen control after the last round only, no live-world episodes. One shape per program (a single bucket
+    each: on a GPU padding is cheaper than another compilation) and 8 loader threads. Sized so that
+    ``ipl-jax ablate --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200: an
+    estimate from the programs' FLOPs and compilations (README), not yet measured."""
     c.model.hidden_size, c.model.intermediate_size, c.model.num_hidden_layers = 512, 1536, 8
     c.model.num_attention_heads, c.model.num_key_value_heads = 8, 4
     c.model.vision_depth, c.model.vision_embed_dim, c.model.vision_num_heads = 4, 256, 4
     c.model.dtype = "bfloat16"
     c.model.min_pixels = c.model.max_pixels = 224 * 448
+    c.data.loader_threads = 8
     c.buckets.patches = (512,)
-    c.buckets.tokens = (288, 352, 416, 480)  # the default's + 96 image tokens
-    c.sampler.prefix_buckets = (192, 224, 288, 352)
-    c.ipl.text_buckets = (512, 640, 768)
-    c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size = 1500, 32, 32
-    c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every = 1e-3, 100, 500
+    c.buckets.tokens = (480,)  # the longest dialogue of the default's 384 bucket + 96 more image tokens
+    c.sampler.prefix_buckets = (192,)  # system + image + turn-1 prompt: 161 tokens
+    c.sampler.prompt_buckets = (192,)
+    c.ipl.text_buckets = (768,)
+    c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size = 1200, 32, 32
+    c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every = 1e-3, 100, 400
     c.sampler.batch_size = 32
     c.eval.batch_size = 64
     c.ipl.rounds = c.ablation.rounds = 3
@@ -306,4 +310,5 @@ def gpu(c):
     c.ipl.batch_size, c.ipl.max_pairs_per_batch = 16, 32
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 32, 32
     c.eval.every_round = False
+    c.eval.online_episodes = 0  # its greedy programs would be compiled for this alone
     c.ablation.variants = ("tdpo", "continued_sft", "no_negatives")

@@ -13,6 +13,7 @@ live-world episodes of ``eval.online_episodes`` (``round_eval.evaluate_online``)
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -101,23 +102,24 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
 
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
-        optimizer = tdpo.optimizer()
-        placed = {}
-        if mesh is not None:
+        if mesh is None:  # committed like the step's outputs: one program for every update
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+            step_fn = _golden_step(tdpo, n_micro)
+        else:
+            optimizer = tdpo.optimizer()
             state_sh = sft_state_shardings(state, optimizer, mesh)
             state = distributed.put(state, state_sh)
-            placed = dict(mesh=mesh, state_shardings=state_sh, batch_shardings=rows.shardings)
-        else:  # committed like the step's outputs: one program for every update
-            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-        step_fn = make_qwen2vl_sft_step(
-            tdpo.model,
-            optimizer,
-            tdpo.schedule_fn(),
-            grad_accum_steps=n_micro,
-            remat=tdpo.remat,
-            compute_dtype=tdpo.compute_dtype,
-            **placed,
-        )
+            step_fn = make_qwen2vl_sft_step(
+                tdpo.model,
+                optimizer,
+                tdpo.schedule_fn(),
+                grad_accum_steps=n_micro,
+                remat=tdpo.remat,
+                compute_dtype=tdpo.compute_dtype,
+                mesh=mesh,
+                state_shardings=state_sh,
+                batch_shardings=rows.shardings,
+            )
         seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
@@ -136,6 +138,22 @@ def golden_update_fn(config: ml_collections.ConfigDict, policy: Policy, steps: S
         return state, out
 
     return update
+
+
+@functools.lru_cache(maxsize=8)
+def _golden_step(tdpo, n_micro: int):
+    """The supervised step of the golden updates on one device, made once per settings (``TDPOConfig`` is
+    hashable): the rounds of a job, and the variants of an ablation, with the same settings compile it once."""
+    from ipl_jax.training.sft import make_qwen2vl_sft_step
+
+    return make_qwen2vl_sft_step(
+        tdpo.model,
+        tdpo.optimizer(),
+        tdpo.schedule_fn(),
+        grad_accum_steps=n_micro,
+        remat=tdpo.remat,
+        compute_dtype=tdpo.compute_dtype,
+    )
 
 
 def golden_steps(
