@@ -275,7 +275,7 @@ def scarce(c):
     c.ipl.rounds = c.ablation.rounds = 3
     c.ipl.steps_per_round = 48
     c.ipl.learning_rate = 2e-5
-    c.ipl.diagnostic_steps, c.ipl.heldout_steps = 16, 12
+    c.ipl.diagnostic_steps, c.ipl.heldout_steps = 12, 8
     c.eval.every_round = False
     c.eval.online_episodes = 0
     c.eval.blank_splits = ()
