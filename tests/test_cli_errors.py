@@ -200,7 +200,7 @@ CASES = [
         "unknown config variant",
         lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)],
         2,
-        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected 'quick' or nothing\)",
+        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected quick, scarce, gpu or nothing\)",
     ),
     Case(
         "missing config file",

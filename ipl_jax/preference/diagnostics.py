@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from ipl_jax import distributed
@@ -62,6 +63,10 @@ def pair_logps(params, batches: Sequence[PackedBatch], config, *, mesh=None) -> 
     storage dtype, no gradient), as host arrays. ``config``: the round's ``TDPOConfig``."""
     from ipl_jax.preference.tdpo import reference_logps
 
+    if mesh is not None:  # placed by the model's rules, as the round's reference (``tdpo.attach_reference``)
+        from ipl_jax.model.sharding import param_shardings
+
+        params = jax.device_put(params, param_shardings(params, mesh))
     parts = []
     for b in batches:
         pos, neg = distributed.to_host(reference_logps(params, b, config, mesh=mesh))
