@@ -71,6 +71,14 @@ def finish(procs: list[tuple[subprocess.Popen, Path]]) -> None:
         pytest.fail("\n".join(failed))
 
 
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict as {"a.b.c": leaf}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def strip_seconds(x):
     """results.json without wall times (the only fields that may differ between the two jobs)."""
     if isinstance(x, dict):
@@ -109,11 +117,20 @@ def test_two_processes_match_one(jobs):
     # pairs with a positive reward margin is left out: after a few updates margins are ~1e-3, and a pair within
     # rounding of 0 may count on one side and not on the other
     ta, tb = a["rounds"][1].pop("train"), b["rounds"][1].pop("train")
+    # the round's diagnostics read log-probs of the same pairs under weights that agree to float32 rounding, and
+    # shares of pairs on one side of 0 (accuracies) as the training metrics above: counts and shares of sampled
+    # leaves and steps must agree, the other figures to rounding
+    da, db = flat(a["rounds"][1].pop("diagnostics")), flat(b["rounds"][1].pop("diagnostics"))
     assert a == b
-    assert ta.keys() == tb.keys()
+    assert ta.keys() == tb.keys() and da.keys() == db.keys()
     for k in ta:
         if not k.endswith("accuracy"):
             np.testing.assert_allclose(np.asarray(tb[k], float), np.asarray(ta[k], float), rtol=1e-4, atol=1e-6)
+    for k in da:
+        if k.startswith("train_steps.") or k.endswith((".pairs", ".trees")):
+            assert da[k] == db[k], k
+        elif not k.endswith("accuracy") and da[k] is not None:
+            np.testing.assert_allclose(db[k], da[k], rtol=1e-4, atol=1e-5, err_msg=k)
     # the final parameters (the round's policy) and the SFT seed
     for rel in ("rounds/1/policy", "seed"):
         wa, wb = load_weights(one / rel), load_weights(two / rel)
