@@ -239,6 +239,7 @@ def get_config(arg=None):
         c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
         c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
         c.ipl.rounds, c.ipl.steps_per_round, c.ipl.batch_size = 1, 4, 4
+        c.ipl.diagnostic_steps, c.ipl.heldout_steps = 4, 4
         # an 8-step SFT policy's thoughts never name the golden action, so "consistent" γ pairs would leave its few
         # trees without a single pair: the smoke run takes the paper's pairs so that every stage has work
         c.ipl.gamma_pairs = "paper"
