@@ -66,7 +66,8 @@ def summarize(out: Path, seconds: float | None) -> dict:
             log = out / f"{name}.log"
             entry["log_tail"] = log.read_text()[-1500:] if log.exists() else None
         elif name in KEYS:
-            entry.update({k: data.get(k) for k in KEYS[name] if k in data})
+            # a part's own figures never overwrite the runner's status (rc, seconds)
+            entry.update({(k if k not in rec else f"{name}_{k}"): data[k] for k in KEYS[name] if k in data})
             if "profile" in entry and isinstance(entry["profile"], dict):
                 prof = entry["profile"]
                 entry["profile"] = {k: prof.get(k) for k in ("total_ms", "parts", "top_ops")}
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, entry in summary["parts"].items():
         state = "skipped (budget)" if entry.get("skipped") else ("" if entry["rc"] == 0 else "(failed)")
-        print(f"{name:14s} rc={entry['rc']} {entry['seconds']:4d}s", state)
+        print(f"{name:14s} rc={entry['rc']} {int(entry['seconds']):4d}s", state)
     print(f"summary: {out / 'summary.json'} ({args.seconds} s)")
     return 0
 
