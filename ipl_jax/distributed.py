@@ -31,6 +31,10 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+from ipl_jax.model.sharding import batch_spec
 
 FLAGS = ("--coordinator", "--num-processes", "--process-id")
 _state = {"started": False}
@@ -132,8 +136,6 @@ def is_main() -> bool:
 def barrier(name: str) -> None:
     """Every process waits here until all have arrived (a no-op in one process)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -151,8 +153,6 @@ def to_host(tree):
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-            from jax.experimental import multihost_utils
-
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
 
@@ -183,7 +183,6 @@ def allgather_ints(values) -> np.ndarray:
     mine = np.asarray(values, np.int64).reshape(1, -1)
     if jax.process_count() == 1:
         return mine
-    from jax.experimental import multihost_utils
 
     every = multihost_utils.process_allgather(mine.astype(np.int32))
     return np.asarray(every, np.int64).reshape(jax.process_count(), -1)
@@ -219,9 +218,6 @@ def batch_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
     mesh, one process, or a row count that does not divide and so stays replicated)."""
     if mesh is None:
         return None
-    from jax.sharding import NamedSharding
-
-    from ipl_jax.model.sharding import batch_spec
 
     sharding = NamedSharding(mesh, batch_spec(mesh, (rows,), 0))
     held = held_rows(sharding, jax.ShapeDtypeStruct((rows,), np.float32), 0, rows, devices=devices)

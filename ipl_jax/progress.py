@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from tqdm.auto import tqdm
+
 INTERVAL_ENV = "IPL_JAX_PROGRESS_INTERVAL"
 QUIET_ENV = "IPL_JAX_QUIET"
 DEFAULT_INTERVAL = 30.0
@@ -75,7 +77,6 @@ def progress(
             interval=_interval() if interval is None else interval,
             silent=_quiet(),
         )
-    from tqdm.auto import tqdm
 
     return tqdm(
         iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream, dynamic_ncols=True, mininterval=0.5

@@ -17,9 +17,10 @@ from support.published_fixtures import WRITERS
 from ipl_jax.coat.actions import Action
 from ipl_jax.coat.tables import score_episodes
 from ipl_jax.data.datasets import load_dataset, scoring_format
-from ipl_jax.data.packed import METADATA_FILE, is_packed, open_split, pack_dataset, read_metadata
 from ipl_jax.data.packed.encoding import MAGIC, RECORD_VERSION, encode_step, split_record, step_from_header
-from ipl_jax.data.packed.writer import shard_of_episodes
+from ipl_jax.data.packed.layout import METADATA_FILE, is_packed, read_metadata
+from ipl_jax.data.packed.reader import open_split
+from ipl_jax.data.packed.writer import pack_dataset, shard_of_episodes
 from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
 
 READ_AS = {"aitz": "aitz", "amex": "amex", "androidcontrol": "androidcontrol", "synthetic": "aitz"}
@@ -227,20 +228,27 @@ def test_is_packed_and_metadata_counts(packed_sets):
 
 
 def test_synthetic_job_stores_its_data_as_arrayrecord(tmp_path):
-    from ipl_jax.configs.synthetic import get_config
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.data.datasets import scoring_format
     from ipl_jax.pipeline import data_stage
     from ipl_jax.pipeline.workdir import Workdir
 
     splits = {}
     for store in ("aitz", "arrayrecord"):
-        config = get_config()
-        config.data.train_episodes, config.data.dev_episodes, config.data.test_episodes = 3, 1, 1
-        config.data.test_splits = ("test",)
-        config.data.store, config.data.shards = store, 2
+        settings = load_settings("synthetic").replace(
+            {
+                "data.train_episodes": 3,
+                "data.dev_episodes": 1,
+                "data.test_episodes": 1,
+                "data.test_splits": ("test",),
+                "data.store": store,
+                "data.shards": 2,
+            }
+        )
         wd = Workdir(tmp_path / store, echo=lambda *_: None)
-        data_stage.write_synthetic(config, wd)
-        splits[store] = data_stage.load_splits(config, wd)
-        assert data_stage.scoring_format(config) == "aitz"
+        data_stage.write_synthetic(settings, wd)
+        splits[store] = data_stage.load_splits(settings.data, wd, settings.seed)
+        assert scoring_format(settings.data.format, settings.data.root) == "aitz"
     assert is_packed(tmp_path / "arrayrecord" / "data") and not (tmp_path / "arrayrecord" / "data_aitz").exists()
     assert sorted(splits["aitz"]) == sorted(splits["arrayrecord"]) == ["dev", "test", "train"]
     for name, episodes in splits["aitz"].items():

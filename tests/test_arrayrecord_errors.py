@@ -12,8 +12,9 @@ from support.published_fixtures import write_aitz, write_amex
 
 from ipl_jax.cli.pack_data import main as pack_main
 from ipl_jax.data.datasets import load_dataset
-from ipl_jax.data.packed import METADATA_FILE, load_packed, load_packed_with_report, pack_dataset, read_metadata
-from ipl_jax.data.packed.layout import WRITER_OPTIONS
+from ipl_jax.data.packed.layout import METADATA_FILE, WRITER_OPTIONS, read_metadata
+from ipl_jax.data.packed.reader import load_packed, load_packed_with_report
+from ipl_jax.data.packed.writer import pack_dataset
 from ipl_jax.data.records import DataError
 
 

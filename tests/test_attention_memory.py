@@ -12,6 +12,7 @@ from support.small_models import make_groups, numpy_params, tiny_cfg, tiny_train
 
 from ipl_jax import model as M
 from ipl_jax.model.layers import REMAT_POLICIES, check_remat
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.training import sft
 from ipl_jax.training import state as tstate
@@ -26,8 +27,8 @@ def small():
 
 def _packed_batch(cfg):
     groups = make_groups(cfg, seed=2, scored_groups=(1,))
-    pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)]
-    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
+    pairs = [PB.PairRef(g, 0, 1, 1) for g in range(3)]
+    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
     (batch,) = PK.pack_round(cfg, groups, pairs, packing)
     return batch
 

@@ -18,15 +18,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
-from support import small_models, toy_lm  # noqa: E402
-from support.small_models import tiny_training_batch  # noqa: E402
+from support import small_models, toy_lm
+from support.small_models import tiny_training_batch
 
-from ipl_jax.training import optimizer as optim  # noqa: E402
+from ipl_jax.training import optimizer as optim
 from ipl_jax.training import sft
 from ipl_jax.training import state as tstate
 from ipl_jax.training import step as tstep
-from ipl_jax.training.checkpoint import Checkpointer  # noqa: E402
-from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora  # noqa: E402
+from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora
 
 
 def toy_state(steps=2, **kw):
@@ -126,7 +126,7 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     cfg = small_models.tiny_cfg()
     config = toy_lm.opt_config(learning_rate=3e-3, warmup_steps=2, total_steps=num_steps, weight_decay=0.01)
-    opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
+    opt = optim.make_optimizer(config)
     state = tstate.create_train_state(
         small_models.numpy_params(cfg), opt, jax.random.PRNGKey(0), freeze_regex=tstate.VISION_REGEX
     )
@@ -142,7 +142,10 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
         state, data_state, meta = ckpt.restore(state)
         batches.set_state(data_state)
         print(json.dumps({"resumed_from": int(state.step), "meta_step": meta["step"]}), flush=True)
-    step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
+    step_config = sft.SFTStepConfig(model=cfg, optimizer=config, logp_chunk=8)
+
+    def step(st, batch):
+        return sft.sft_step(st, batch, step_config)
 
     def on_metrics(n, metrics):
         print(json.dumps({"step": n, "loss": metrics["loss"]}), flush=True)

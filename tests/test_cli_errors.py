@@ -98,7 +98,7 @@ CASES = [
         "unknown ipl.method",
         lambda f: _run(f, "--config.ipl.method=tdpoo"),
         2,
-        r"^ipl-jax run: config\.ipl\.method: must be one of tdpo, .*, grpo, ppo, gigppo \(got 'tdpoo'\) \(fix it with "
+        r"^ipl-jax run: config\.ipl\.method='tdpoo': must be one of tdpo, .*, grpo, ppo, gigppo \(fix it with "
         r"--config\.ipl\.method=\.\.\.\)$",
         job=True,
     ),
@@ -113,7 +113,7 @@ CASES = [
         "negative ipl lr",
         lambda f: _run(f, "--config.ipl.learning_rate=-1e-6"),
         2,
-        r"^ipl-jax run: config\.ipl\.learning_rate: must be > 0",
+        r"^ipl-jax run: config\.ipl\.learning_rate=-1e-06: must be > 0 \(fix it with",
         job=True,
     ),
     Case(
@@ -355,10 +355,10 @@ CASES = [
         r"^ipl-jax eval: --model .*model\.safetensors: not a valid safetensors file",
     ),
     Case(
-        "sample corrupt safetensors (old --checkpoint)",
+        "sample corrupt safetensors",
         lambda f: [
             "sample",
-            "--checkpoint",
+            "--model",
             str(f.corrupt_model),
             "--data",
             str(f.aitz),
@@ -465,6 +465,101 @@ def test_bad_invocation(case: Case, files: Files, capsys, monkeypatch):
         assert _job_state(files) == before
 
 
+NOWHERE = "/proc/ipl-jax-nowhere"  # /proc refuses new directories, whoever runs the test
+
+
+OUTPUTS = {  # every output path of every command, given a place that cannot be created
+    "run --workdir": lambda f: ["run", "--config", "synthetic:quick", "--workdir", f"{NOWHERE}/job"],
+    "sft --workdir": lambda f: ["sft", "--config", "synthetic:quick", "--workdir", f"{NOWHERE}/job"],
+    "ablate --workdir": lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", f"{NOWHERE}/job"],
+    "score --json": lambda f: [
+        "score",
+        "--data",
+        str(f.aitz),
+        "--format",
+        "aitz",
+        "--predictions",
+        str(f.preds),
+        "--json",
+        f"{NOWHERE}/s.json",
+    ],
+    "synth --out": lambda f: ["synth", "--out", f"{NOWHERE}/synth", "--split", "dev", "--episodes", "1"],
+    "eval --json": lambda f: [
+        "eval",
+        "--model",
+        str(f.corrupt_model),
+        "--data",
+        str(f.aitz),
+        "--format",
+        "aitz",
+        "--json",
+        f"{NOWHERE}/e.json",
+    ],
+    "eval --predictions": lambda f: [
+        "eval",
+        "--model",
+        str(f.corrupt_model),
+        "--data",
+        str(f.aitz),
+        "--format",
+        "aitz",
+        "--predictions",
+        f"{NOWHERE}/p.jsonl",
+    ],
+    "eval --online --json": lambda f: ["eval", "--online", "--model", str(f.corrupt_model), "--json", f"{NOWHERE}/o"],
+    "sample --out": lambda f: [
+        "sample",
+        "--model",
+        str(f.corrupt_model),
+        "--data",
+        str(f.aitz),
+        "--out",
+        f"{NOWHERE}/t",
+    ],
+    "sample --html": lambda f: [
+        "sample",
+        "--model",
+        str(f.corrupt_model),
+        "--data",
+        str(f.aitz),
+        "--out",
+        str(f.root / "trees.jsonl"),
+        "--html",
+        f"{NOWHERE}/t.html",
+    ],
+    "select-seed --json": lambda f: [
+        "select-seed",
+        "--models",
+        str(f.corrupt_model),
+        "--data",
+        str(f.aitz),
+        "--json",
+        f"{NOWHERE}/seed.json",
+    ],
+    "export --out": lambda f: ["export", "--model", str(f.corrupt_model), "--out", f"{NOWHERE}/export"],
+    "make-tiny --out": lambda f: ["make-tiny", "--out", f"{NOWHERE}/tiny"],
+    "init-model --out": lambda f: ["init-model", "--architecture", "qwen2-vl-2b", "--out", f"{NOWHERE}/init"],
+    "pack-data --out": lambda f: ["pack-data", "--format", "aitz", "--data", str(f.aitz), "--out", f"{NOWHERE}/pk"],
+    "plan --json": lambda f: ["plan", "--config", "synthetic:quick", "--json", f"{NOWHERE}/plan.json"],
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux) for a path that cannot be created")
+@pytest.mark.parametrize("name", list(OUTPUTS))
+def test_every_output_path_is_checked_before_work(name: str, files: Files, capsys):
+    """An output that cannot be created ends in one line naming the flag and the path, before any work, and
+    leaves nothing behind (the probe removes what it made)."""
+    capsys.readouterr()
+    rc = cli.main(OUTPUTS[name](files))
+    err = capsys.readouterr().err.strip().splitlines()
+    command, flag = name.split()[0], name.split()[-1]
+    assert rc == 2 and len(err) == 1, err
+    assert re.match(
+        rf"^ipl-jax {command}: {flag} {NOWHERE}/\S+: cannot be written \(.+\); choose a writable location$", err[0]
+    ), err[0]
+    assert not (files.root / "trees.jsonl").exists()
+
+
 def test_skip_bad_reports_what_was_skipped(files: Files, capsys):
     rc = cli.main(
         ["score", "--data", str(files.aitz_escape), "--format", "aitz", "--predictions", str(files.preds), "--skip-bad"]
@@ -481,7 +576,7 @@ def test_skip_bad_reports_what_was_skipped(files: Files, capsys):
 def test_job_skip_bad_from_the_config(files: Files):
     """``data.skip_bad`` reaches the job's readers: the bad record is left out and reported; without it the
     reader stops on the record."""
-    from ipl_jax.configs.loader import load_config
+    from ipl_jax.configs.loader import load_settings
     from ipl_jax.data.records import DataError
     from ipl_jax.pipeline.data_stage import load_splits
     from ipl_jax.pipeline.workdir import Workdir
@@ -491,12 +586,13 @@ def test_job_skip_bad_from_the_config(files: Files):
         f"--config.data.root={files.aitz_escape}",
         "--config.data.dev_split=test",
         "--config.data.test_splits=('test',)",
+        "--config.eval.online_episodes=0",
     ]
     lines: list[str] = []
     wd = Workdir(files.root / "skip_job", echo=lines.append)
     with pytest.raises(DataError, match="points outside the dataset root"):
-        load_splits(load_config("synthetic:quick", args), wd)
-    splits = load_splits(load_config("synthetic:quick", args + ["--config.data.skip_bad=true"]), wd)
+        load_splits(load_settings("synthetic:quick", args).data, wd, seed=0)
+    splits = load_splits(load_settings("synthetic:quick", args + ["--config.data.skip_bad=true"]).data, wd, seed=0)
     n_steps = sum(len(e.steps) for e in splits["test"])
     full = sum(len(json.loads(p.read_text())) for p in files.aitz.glob("test/*/*/*.json"))
     assert n_steps == full - 1

@@ -8,8 +8,9 @@ from PIL import Image
 
 pytest.importorskip("transformers")
 
-from ipl_jax.coat.actions import Action  # noqa: E402
-from ipl_jax.data.dialogue import (  # noqa: E402
+from ipl_jax.coat.actions import Action
+from ipl_jax.data.batching import collate, pad_to_bucket, smallest_bucket
+from ipl_jax.data.dialogue import (
     DEFAULT_PROMPTS,
     CoaTPrompts,
     MissingCoaTError,
@@ -17,17 +18,14 @@ from ipl_jax.data.dialogue import (  # noqa: E402
     coat_example,
     coat_segments,
     coat_turn_texts,
-    collate,
     golden_action_texts,
     has_coat,
-    pad_to_bucket,
     qa_example,
-    smallest_bucket,
 )
-from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
-from ipl_jax.data.records import CoaT, DataError, Step, UIElement  # noqa: E402
-from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
-from ipl_jax.data.tokenizer import load_tokenizer  # noqa: E402
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.records import CoaT, DataError, Step, UIElement
+from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
+from ipl_jax.data.tokenizer import load_tokenizer
 
 IMAGE_CFG = ImageProcessorConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 16)
 

@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ipl_jax import model as M  # noqa: E402
-from ipl_jax.cli.eval import main as eval_main  # noqa: E402
-from ipl_jax.cli.sample import main as sample_main  # noqa: E402
-from ipl_jax.cli.score import main as score_main  # noqa: E402
-from ipl_jax.coat.actions import parse_action  # noqa: E402
-from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
-from ipl_jax.data.tokenizer import IM_END, load_tokenizer  # noqa: E402
-from ipl_jax.eval.evaluate import load_dataset  # noqa: E402
-from ipl_jax.sampling import step_prompts  # noqa: E402
+from ipl_jax import model as M
+from ipl_jax.cli.eval import main as eval_main
+from ipl_jax.cli.sample import main as sample_main
+from ipl_jax.cli.score import main as score_main
+from ipl_jax.coat.actions import parse_action
+from ipl_jax.data.datasets import load_dataset
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.tokenizer import IM_END, load_tokenizer
+from ipl_jax.sampling import step_prompts
 
 TURN_TOKENS = (8, 6, 6, 8)
 

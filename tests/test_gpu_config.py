@@ -13,27 +13,26 @@ import jax
 import numpy as np
 import pytest
 
-from ipl_jax.configs.loader import load_config
+from ipl_jax.configs.loader import load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_gpu_config_is_a_20_to_50m_policy_that_sees_full_resolution_screens():
     from ipl_jax.data.image_processing import smart_resize
-    from ipl_jax.data.synthetic.config import world_config
     from ipl_jax.data.tokenizer import SPECIAL_TOKENS
     from ipl_jax.model import Qwen2VLConfig, init_params
     from ipl_jax.pipeline.model_stage import model_config_dict
-    from ipl_jax.pipeline.validate import validate_config
+    from ipl_jax.pipeline.sources import check_job
 
-    c, default = load_config("synthetic:gpu"), load_config("synthetic")
-    validate_config(c)
+    c, default = load_settings("synthetic:gpu"), load_settings("synthetic")
+    check_job(c)
     ids = {s: int(c.model.vocab_size) - len(SPECIAL_TOKENS) + i for i, s in enumerate(SPECIAL_TOKENS)}
-    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(c, ids))
+    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(c.model, ids))
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
     assert 20e6 <= n <= 50e6, n
-    world = world_config(c.world)
+    world = c.world
     # the screenshot is not scaled: its own size, in whole 28-pixel tokens, is what the processor keeps
     h, w = smart_resize(world.height, world.width, 28, int(c.model.min_pixels), int(c.model.max_pixels))
     assert (h, w) == (world.height, world.width)

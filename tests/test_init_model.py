@@ -124,16 +124,16 @@ def test_published_shapes_equal_transformers(arch, capsys):
 
 
 def test_weights_stream_one_shard_at_a_time(tmp_path, monkeypatch):
-    import safetensors.numpy
+    import ipl_jax.model.weights as weights
 
-    real_save = safetensors.numpy.save_file
+    real_save = weights.save_file
     shard_bytes = []
 
     def recording_save(tensors, path, metadata=None):
         shard_bytes.append(sum(a.nbytes for a in tensors.values()))
         return real_save(tensors, path, metadata=metadata)
 
-    monkeypatch.setattr(safetensors.numpy, "save_file", recording_save)
+    monkeypatch.setattr(weights, "save_file", recording_save)  # where write_safetensors calls it
     hf = checkpoint_config("qwen2-vl-2b", SMALL)
     limit = 4 << 20
     summary = write_random_checkpoint(tmp_path / "sharded", hf, seed=0, max_shard_bytes=limit)

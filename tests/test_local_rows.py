@@ -25,14 +25,14 @@ SCRIPT = textwrap.dedent(
     from ipl_jax.training.sft import sft_batch_axes, sft_batch_shardings
 
     assert jax.device_count() == 8
-    cfg, config, tok, examples = L.setup()  # 8 examples: 2 micro-batches of 4 rows
-    full = make_batch_fn(cfg, tok, config)(examples)
+    cfg, layout, tok, examples = L.setup()  # 8 examples: 2 micro-batches of 4 rows
+    full = make_batch_fn(cfg, tok, *layout)(examples)
     mesh = make_mesh((2, 2, 2))
     sh = sft_batch_shardings(full, mesh, grad_accum=True)
     axes = sft_batch_axes(full, grad_accum=True)
 
     # one process holding every device: the rows are all of them and the batch is make_batch_fn's, placed
-    rows = SFTRows(cfg, tok, config, lambda e: e, examples[0], mesh)
+    rows = SFTRows(cfg, tok, *layout, lambda e: e, examples[0], mesh)
     assert rows.rows.tolist() == [0, 1, 2, 3]
     placed, tokens = rows.assemble(rows.local_batch(examples))
     L.assert_same(placed, full)
@@ -92,12 +92,12 @@ def test_one_process_without_a_mesh_builds_the_batch_of_make_batch_fn():
 
     from ipl_jax.pipeline.sft_stage import SFTRows, make_batch_fn
 
-    cfg, config, tok, examples = L.setup()
-    rows = SFTRows(cfg, tok, config, lambda e: e, examples[0], None)
+    cfg, layout, tok, examples = L.setup()
+    rows = SFTRows(cfg, tok, *layout, lambda e: e, examples[0], None)
     local = rows.local_batch(examples)
     assert [len(p) for p in local.examples] == [4, 4]
     batch, tokens = rows.assemble(local)
-    full = make_batch_fn(cfg, tok, config)(examples)
+    full = make_batch_fn(cfg, tok, *layout)(examples)
     L.assert_same(batch, full)
     assert tokens == int(np.sum(full["attention_mask"]))
     assert full["input_ids"].shape[:2] == (2, 4) and full["vision"].patches.shape[:2] == (2, 4)
@@ -109,7 +109,7 @@ GOLDEN = textwrap.dedent(
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from support import rl_setup as R
-    from ipl_jax.configs.loader import load_config
+    from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.sharding import make_mesh
     from ipl_jax.pipeline.model_stage import Policy
     from ipl_jax.pipeline.rounds import golden_update_fn
@@ -118,13 +118,13 @@ GOLDEN = textwrap.dedent(
     tok = R.make_tokenizer(tempfile.mkdtemp())
     cfg = R.make_config(tok)
     overrides = ["--config.ipl.batch_size=4", "--config.sft.micro_batch_size=2", "--config.buckets.tokens=(512,)"]
-    config = load_config("synthetic:quick", overrides)
+    settings = load_settings("synthetic:quick", overrides)
     steps = R.golden_steps(2)[:6]
     rcfg = types.SimpleNamespace(tdpo=T.TDPOConfig(model=cfg, learning_rate=1e-4))
 
     def run(mesh):
         _, params = R.make_model(tok)  # fresh arrays: the step donates the state
-        update = golden_update_fn(config, Policy(params, cfg, tok, R.image_config(), mesh=mesh), steps, rcfg)
+        update = golden_update_fn(settings, Policy(params, cfg, tok, R.image_config(), mesh=mesh), steps, rcfg)
         state, out = update(T.init_state(params, rcfg.tdpo, jax.random.PRNGKey(0)), 2, jax.random.PRNGKey(1))
         kernel = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
         return [m["loss"] for m in out["per_step"]], np.asarray(kernel)

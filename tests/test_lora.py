@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from support import small_models, toy_lm  # noqa: E402
+from support import small_models, toy_lm
 
 from ipl_jax.training import (
-    lora,  # noqa: E402
+    lora,
     sft,
 )
 from ipl_jax.training import optimizer as optim
 from ipl_jax.training import state as tstate
-from ipl_jax.training.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora  # noqa: E402
+from ipl_jax.training.lora import LoraConfig, LoraParams, flatten_with_paths, init_lora, merge_lora
 
 TEXT_KERNELS = [f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo"] + [
     f"model/layers/mlp/{n}_proj/kernel" for n in ("gate", "up", "down")
@@ -91,10 +91,10 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     n_opt = sum(x.size for x in jax.tree.leaves(state.opt_state) if x.ndim)
     assert n_opt == 2 * n_adapter < sum(x.size for x in jax.tree.leaves(params))
     batch = sft.sft_model_batch(cfg, small_models.tiny_training_batch(cfg, 0))
-    step = sft.make_qwen2vl_sft_step(cfg, opt, chunk=8)
+    step_config = sft.SFTStepConfig(model=cfg, optimizer=config, logp_chunk=8)
     losses = []
     for _ in range(3):
-        state, metrics = step(state, batch)
+        state, metrics = sft.sft_step(state, batch, step_config)
         losses.append(float(metrics["loss"]))
     assert losses[2] < losses[0]
     for (path, new), old in zip(flatten_with_paths(state.frozen).items(), jax.tree.leaves(base_before)):

@@ -12,8 +12,9 @@ from ipl_jax.coat.actions import ACTION_TYPES, Action, thought_names_action
 from ipl_jax.preference import losses
 from ipl_jax.preference import pairs as P
 from ipl_jax.preference.grouping import GroupedPairs
-from ipl_jax.preference.packing import PairRef, PrefixGroup
-from ipl_jax.preference.selection import SelectionConfig, balance_types, drop_duplicates, mix_groups, select_round_pairs
+from ipl_jax.preference.packed_batch import PairRef, PrefixGroup
+from ipl_jax.preference.round import RoundConfig
+from ipl_jax.preference.selection import balance_types, drop_duplicates, mix_groups, select_round_pairs
 
 CLICK, TYPE, SCROLL, PRESS, STOP = (ACTION_TYPES.index(x) for x in ("click", "type", "scroll", "press", "stop"))
 
@@ -90,10 +91,10 @@ def test_mix_groups_permutes_groups_and_keeps_every_pair_with_its_texts():
 def test_select_round_pairs_applies_the_switches_in_order():
     groups = [_group([1], [2], [3]), _group([1], [2], [3])]
     pairs = [PairRef(0, 0, 1, 3, CLICK, 0.5), PairRef(1, 0, 1, 3, CLICK, 0.5), PairRef(0, 1, 0, 3, TYPE, 0.2)]
-    out, stats = select_round_pairs(_grouped(groups, pairs), SelectionConfig(dedup=True, type_balance=1.0), 0)
+    out, stats = select_round_pairs(_grouped(groups, pairs), dedup=True, type_balance=1.0, mix_trees=False, seed=0)
     assert stats == {"duplicates": 1, "type_balance": 0} and len(out.pairs) == 2
     with pytest.raises(ValueError, match="type_balance"):
-        SelectionConfig(type_balance=-1.0)
+        RoundConfig(tdpo=None, type_balance=-1.0)
 
 
 # ------------------------------------------------------------------------------------------------- γ modes
@@ -241,10 +242,12 @@ def test_blank_screen_keeps_size_and_replaces_pixels():
 
 
 def test_ipl_settings_are_typed_and_checked():
-    from ipl_jax.configs.loader import load_config
-    from ipl_jax.pipeline.rounds import ipl_settings, round_config
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+    from ipl_jax.pipeline.rounds import round_config
+    from ipl_jax.settings import SettingsError
 
-    c = load_config(
+    s = load_settings(
         "synthetic",
         [
             "--config.ipl.gamma_pairs=consistent",
@@ -254,15 +257,9 @@ def test_ipl_settings_are_typed_and_checked():
             "--config.ipl.mix_trees=false",
         ],
     )
-    s = ipl_settings(c)
-    assert s.gamma_pairs == "consistent" and s.dedup is True and s.type_balance == 1.5
-    assert s.lr(1) == s.learning_rate and s.gamma_cap == s.max_pairs_per_tree
-
-    class Tok:
-        class ids:
-            pad = 0
-
-    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+    ipl = s.ipl
+    assert ipl.gamma_pairs == "consistent" and ipl.dedup is True and ipl.type_balance == 1.5
+    assert ipl.lr(1) == ipl.learning_rate and ipl.gamma_cap == ipl.max_pairs_per_tree
 
     cfg = Qwen2VLConfig(
         vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2),
@@ -276,31 +273,31 @@ def test_ipl_settings_are_typed_and_checked():
             mrope_section=(1, 1, 2),
         ),
     )
-    rc = round_config(c, cfg, Tok(), 1)
+    rc = round_config(s, cfg, 0, 1)
     assert rc.gamma_consistent_only and rc.pairs.gamma_action_pairs and rc.train_on == "golden"
-    assert rc.selection == SelectionConfig(dedup=True, type_balance=1.5, mix_trees=False)
-    g = round_config(load_config("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg, Tok(), 1)
+    assert (rc.dedup, rc.type_balance, rc.mix_trees) == (True, 1.5, False)
+    g = round_config(load_settings("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg, 0, 1)
     assert not g.pairs.gamma_action_pairs and g.pairs.gamma_grounding_pairs and not g.gamma_consistent_only
-    for field, value, msg in (
-        ("gamma_pairs", "all", "gamma_pairs"),
-        ("learning_rate", "-1e-5", "learning_rate"),
-        ("method", "sarsa", "method"),
-        ("sft_norm", "mean", "sft_norm"),
+    for field, value in (
+        ("gamma_pairs", "all"),
+        ("learning_rate", "-1e-5"),
+        ("method", "sarsa"),
+        ("sft_norm", "mean"),
     ):
-        with pytest.raises(ValueError, match=f"config.ipl.{msg}"):
-            ipl_settings(load_config("synthetic", [f"--config.ipl.{field}={value}"]))
+        with pytest.raises(SettingsError, match=rf"^config\.ipl\.{field}="):
+            load_settings("synthetic", [f"--config.ipl.{field}={value}"])
 
 
-def test_optimizer_settings_come_from_one_conversion_per_section():
-    """SFT and each IPL round get an ``OptimizerSettings`` read from their config section; the hand-written values
+def test_optimizer_settings_come_from_the_sections():
+    """SFT and each IPL round get an ``OptimizerSettings`` made from their settings; the hand-written values
     below are what the sections hold."""
-    from ipl_jax.configs.loader import load_config
+    from ipl_jax.configs.loader import load_settings
     from ipl_jax.pipeline.rounds import ipl_optimizer
-    from ipl_jax.pipeline.sft_stage import sft_train_config
+    from ipl_jax.pipeline.sft_stage import sft_optimizer
     from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, round_schedule
-    from ipl_jax.training.optimizer import OptimizerSettings, optimizer_settings
+    from ipl_jax.training.optimizer import OptimizerSettings
 
-    c = load_config(
+    s = load_settings(
         "synthetic",
         [
             "--config.ipl.learning_rate=3e-6",
@@ -315,15 +312,15 @@ def test_optimizer_settings_come_from_one_conversion_per_section():
     want = OptimizerSettings(
         learning_rate=3e-6, schedule="cosine", warmup_steps=5, total_steps=1000, grad_clip_norm=0.5
     )
-    assert ipl_optimizer(c, 1) == want
-    assert ipl_optimizer(c, 2) == dataclasses.replace(want, learning_rate=1e-7)
-    sft = optimizer_settings(sft_train_config(c).optimizer)
-    assert (sft.learning_rate, sft.schedule, sft.total_steps, sft.grad_clip_norm, sft.weight_decay) == (
-        float(c.sft.learning_rate),
-        "cosine",
-        40,
-        0.5,
-        0.02,
+    assert ipl_optimizer(s, 1) == want
+    assert ipl_optimizer(s, 2) == dataclasses.replace(want, learning_rate=1e-7)
+    assert sft_optimizer(s.sft) == OptimizerSettings(
+        learning_rate=s.sft.learning_rate,
+        schedule="cosine",
+        warmup_steps=s.sft.warmup_steps,
+        total_steps=40,
+        weight_decay=0.02,
+        grad_clip_norm=0.5,
     )
     # the learning_rate shortcut sets the one stored shape; a round's cosine spans its updates
     cfg = object()
@@ -360,7 +357,7 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
         assert (
             eval_main(
                 [
-                    "--checkpoint",
+                    "--model",
                     str(ckpt),
                     "--data",
                     str(tmp_path / data),

@@ -146,9 +146,9 @@ def test_two_processes_match_one(jobs):
 def test_only_the_main_process_writes_the_logs(jobs):
     one, two = jobs
     # one line per stage event in either job: the second process logged nothing
-    events = lambda wd: [json.loads(x)["stage"] + json.loads(x)["event"] for x in (wd / "stage_log.jsonl").open()]  # noqa: E731
+    events = lambda wd: [json.loads(x)["stage"] + json.loads(x)["event"] for x in (wd / "stage_log.jsonl").open()]
     assert events(two) == events(one)
-    lines = lambda wd: (wd / "metrics.jsonl").read_text().count("\n")  # noqa: E731
+    lines = lambda wd: (wd / "metrics.jsonl").read_text().count("\n")
     assert lines(two) == lines(one) > 0
     assert (two / "trees.html").is_file() and (two / "export" / "model.safetensors").is_file()
 

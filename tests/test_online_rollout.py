@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from support import rl_setup as S  # noqa: E402
+from support import rl_setup as S
 
-from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding, parse_action  # noqa: E402
-from ipl_jax.rl import rollout as R  # noqa: E402
-from ipl_jax.rl.sampling import Completion  # noqa: E402
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding, parse_action
+from ipl_jax.rl import rollout as R
+from ipl_jax.rl.sampling import Completion
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,7 @@ def _config(tok, batch_size=3):
 
 def test_world_and_expert_accept_any_parsed_action():
     """Random model-like texts, parsed, drive the world; the expert's next action exists at every state reached."""
-    from ipl_jax.configs.synthetic import get_config
-    from ipl_jax.data.synthetic.config import world_config
+    from ipl_jax.configs.loader import load_settings
     from ipl_jax.data.synthetic.expert import expert_decision
     from ipl_jax.data.synthetic.world import World
 
@@ -82,9 +81,8 @@ def test_world_and_expert_accept_any_parsed_action():
         '"Messages"',
         "(500,500)",
     ]
-    tasks = R.split_world_tasks("train", 12, seed=3, config=world_config(get_config().world)) + R.split_world_tasks(
-        "test_task_unseen", 6, seed=3
-    )
+    tasks = R.split_world_tasks("train", 12, seed=3, config=load_settings("synthetic").world)
+    tasks += R.split_world_tasks("test_task_unseen", 6, seed=3)
     applied = set()
     for wt in tasks:
         world = World(wt.world_seed, wt.config)

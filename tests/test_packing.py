@@ -8,6 +8,7 @@ import pytest
 from support.small_models import IMG, VS, make_groups, tiny_cfg, tiny_params
 
 from ipl_jax import model as M
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 
 
@@ -53,8 +54,8 @@ def test_row_layout_and_positions_match_the_unshared_sequence():
     batch = PK.pack_groups(
         cfg,
         groups,
-        [PK.PairRef(0, 0, 1, 2)],
-        PK.PackingConfig(rows=3, max_continuations=4, max_pairs=2, text_buckets=(64,), patch_buckets=(64,)),
+        [PB.PairRef(0, 0, 1, 2)],
+        PB.PackingConfig(rows=3, max_continuations=4, max_pairs=2, text_buckets=(64,), patch_buckets=(64,)),
     )
     assert batch.input_ids.shape == (3, 64) and batch.positions.shape == (3, 3, 64)
     assert np.all(batch.segment_ids[2] == -1)  # the padding row
@@ -86,8 +87,8 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
     cfg = tiny_cfg()
     params = tiny_params(cfg)
     groups = make_groups(cfg, seed=2, scored_groups=(1,))
-    pairs = [PK.PairRef(g, 0, 1, 1) for g in range(3)] + [PK.PairRef(2, 3, 1, 3)]
-    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(32,))
+    pairs = [PB.PairRef(g, 0, 1, 1) for g in range(3)] + [PB.PairRef(2, 3, 1, 3)]
+    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(32,))
     with jax.default_matmul_precision("highest"):
         (batch,) = PK.pack_round(cfg, groups, pairs, packing)
         lp, ntok = PK.score_continuations(params, cfg, batch, chunk=16)
@@ -109,7 +110,7 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
             cfg,
             ugroups,
             upairs,
-            PK.PackingConfig(rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(32,)),
+            PB.PackingConfig(rows=4, max_continuations=1, max_pairs=8, text_buckets=(32,), patch_buckets=(32,)),
         )
         got_pos, got_neg = [], []
         for ub in ubatches:
@@ -125,8 +126,8 @@ def test_packed_and_unpacked_logps_equal_direct_forward():
 def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
     cfg = tiny_cfg()
     groups = make_groups(cfg, seed=3, n_groups=5, conts=(2,))
-    pairs = [PK.PairRef(0, 0, 1), PK.PairRef(0, 1, 0), PK.PairRef(2, 0, 1), PK.PairRef(3, 0, 1), PK.PairRef(4, 1, 0)]
-    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(32,))
+    pairs = [PB.PairRef(0, 0, 1), PB.PairRef(0, 1, 0), PB.PairRef(2, 0, 1), PB.PairRef(3, 0, 1), PB.PairRef(4, 1, 0)]
+    packing = PB.PackingConfig(rows=2, max_continuations=2, max_pairs=3, text_buckets=(64,), patch_buckets=(32,))
     batches = PK.pack_round(cfg, groups, pairs, packing)
     # group 1 has no pair; groups (0, 2) fill rows; then (3, 4)
     assert [b.num_pairs for b in batches] == [3, 2]
@@ -137,22 +138,22 @@ def test_pack_round_splits_by_rows_and_pairs_and_drops_pairless_groups():
 def test_bad_groups_raise_naming_the_group():
     cfg = tiny_cfg()
     (g,) = make_groups(cfg, seed=4, n_groups=1)
-    packing = PK.PackingConfig(rows=2, max_continuations=2, max_pairs=2, text_buckets=(64,), patch_buckets=(32,))
+    packing = PB.PackingConfig(rows=2, max_continuations=2, max_pairs=2, text_buckets=(64,), patch_buckets=(32,))
     with pytest.raises(ValueError, match="g0: 3 continuations exceed"):
         PK.pack_groups(cfg, [g], [], packing)
-    bad = PK.PrefixGroup(prefix_ids=np.array([3, VS, IMG], np.int32), continuations=(np.array([5]),), name="img-end")
+    bad = PB.PrefixGroup(prefix_ids=np.array([3, VS, IMG], np.int32), continuations=(np.array([5]),), name="img-end")
     with pytest.raises(ValueError, match="img-end: the prefix ends with an image token"):
         PK.pack_groups(cfg, [bad], [], packing)
-    empty = PK.PrefixGroup(prefix_ids=np.array([3, 4], np.int32), continuations=(np.array([], np.int32),), name="e")
+    empty = PB.PrefixGroup(prefix_ids=np.array([3, 4], np.int32), continuations=(np.array([], np.int32),), name="e")
     with pytest.raises(ValueError, match="e: continuation 0 must be a non-empty"):
         PK.pack_groups(cfg, [empty], [], packing)
-    long = PK.PrefixGroup(prefix_ids=np.arange(3, 50, dtype=np.int32), continuations=(np.arange(3, 40),), name="L")
+    long = PB.PrefixGroup(prefix_ids=np.arange(3, 50, dtype=np.int32), continuations=(np.arange(3, 40),), name="L")
     with pytest.raises(ValueError, match="packed row length of L"):
         PK.pack_groups(cfg, [long], [], packing)
     with pytest.raises(ValueError, match="pair 0 of g0"):
         PK.pack_groups(
             cfg,
             [g],
-            [PK.PairRef(0, 1, 1)],
-            PK.PackingConfig(rows=1, max_continuations=3, max_pairs=1, text_buckets=(64,), patch_buckets=(32,)),
+            [PB.PairRef(0, 1, 1)],
+            PB.PackingConfig(rows=1, max_continuations=3, max_pairs=1, text_buckets=(64,), patch_buckets=(32,)),
         )

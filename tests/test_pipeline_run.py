@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ipl_jax.configs.loader import load_config
-from ipl_jax.pipeline.ablate import variant_config
+from ipl_jax.configs.loader import load_settings
+from ipl_jax.pipeline.ablate import variant_settings
+from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.run import STAGES, run_job
 
 SCORE_KEYS = {
@@ -62,7 +63,7 @@ def run_cli(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    config = load_config("synthetic:quick")
+    config = load_settings("synthetic:quick")
     workdir = tmp_path_factory.mktemp("quick_job")
     cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
     t0 = time.perf_counter()
@@ -92,7 +93,7 @@ def test_results_schema(quick_run):
     results = json.loads((workdir / "results.json").read_text())
     rounds = results["rounds"]
     assert [r["round"] for r in rounds][:2] == [0, 1]
-    assert len(rounds) == 1 + int(config.ipl.rounds)
+    assert len(rounds) == 1 + config.ipl.rounds
     for r in rounds:
         assert set(r["metrics"]) == set(config.data.test_splits)
         for split, table in r["metrics"].items():
@@ -137,7 +138,8 @@ def test_results_schema(quick_run):
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
     from ipl_jax.coat.tables import score_episodes
-    from ipl_jax.eval.evaluate import load_dataset, load_predictions
+    from ipl_jax.data.datasets import load_dataset
+    from ipl_jax.eval.predictions import load_predictions
 
     workdir = quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())
@@ -161,7 +163,7 @@ def test_outputs(quick_run):
     from PIL import Image
 
     from ipl_jax.data.tokenizer import load_tokenizer
-    from ipl_jax.model import load_params
+    from ipl_jax.model.weights import load_params
 
     workdir = quick_run["workdir"]
     with Image.open(workdir / "step_accuracy.png") as im:
@@ -183,11 +185,10 @@ def test_outputs(quick_run):
     other, _ = load_params(str(src))
     import jax
 
-    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(other)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    jax.tree.map(np.testing.assert_array_equal, params, other)
     sft_lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     sft = [x for x in sft_lines if x.get("stage") == "sft"]
-    assert [x["step"] for x in sft] == list(range(1, int(quick_run["config"].sft.steps) + 1))
+    assert [x["step"] for x in sft] == list(range(1, quick_run["config"].sft.steps + 1))
     assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in sft)
 
 
@@ -375,9 +376,7 @@ def test_resume_skips_finished_stages(quick_run):
 
 
 def test_a_different_config_is_refused(quick_run):
-    config = load_config("synthetic:quick", ["--config.sft.steps=9"])
-    from ipl_jax.pipeline.validate import UsageError
-
+    config = load_settings("synthetic:quick", ["--config.sft.steps=9"])
     with pytest.raises(UsageError, match="different config"):
         run_job(config, quick_run["workdir"], echo=lambda _: None)
 
@@ -390,7 +389,7 @@ def test_select_seed_command(quick_run):
     proc = run_cli(
         [
             "select-seed",
-            "--checkpoints",
+            "--models",
             *candidates,
             "--data",
             str(workdir / "data"),
@@ -439,13 +438,14 @@ def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_pat
 
 
 def test_world_is_a_typed_config_section():
-    from ipl_jax.data.synthetic.config import WorldConfig, world_config
+    from ipl_jax.data.synthetic.config import WorldConfig
+    from ipl_jax.settings import Settings, SettingsError
 
-    # the default config's world section converts into a valid WorldConfig
-    world = world_config(load_config("synthetic").world)
+    # the default config's world section is a valid WorldConfig
+    world = load_settings("synthetic").world
     assert world.shuffle_layout is False and world.n_contacts == (4, 8) and world.themes == WorldConfig().themes
     # fields are overridden like any other config field, with their types
-    c = load_config(
+    w = load_settings(
         "synthetic",
         [
             "--config.world.width=252",
@@ -453,31 +453,32 @@ def test_world_is_a_typed_config_section():
             "--config.world.themes=('rose',)",
             "--config.world.shuffle_layout=true",
         ],
-    )
-    w = world_config(c.world)
+    ).world
     assert (w.width, w.n_contacts, w.themes, w.shuffle_layout) == (252, (3, 20), ("rose",), True)
-    with pytest.raises(ValueError, match="config.world"):
-        world_config(load_config("synthetic", ["--config.world.themes=('pink',)"]).world)
-    with pytest.raises(ValueError, match="config.world.n_contacts"):
-        world_config(dict(load_config("synthetic").world.items(), n_contacts=(1, 2, 3)))
+    with pytest.raises(SettingsError, match=r"^config\.world: WorldConfig\.themes: unknown theme 'pink'"):
+        load_settings("synthetic", ["--config.world.themes=('pink',)"])
+    values = load_settings("synthetic").to_dict()
+    values["world"]["n_contacts"] = (1, 2, 3)
+    with pytest.raises(SettingsError, match=r"^config\.world\.n_contacts=\(1, 2, 3\): must be 2 values"):
+        Settings.from_dict(values)
 
 
 def test_ablation_variants_are_config_switches():
-    from ipl_jax.pipeline.ablate import _ipl_key, variant_config
+    from ipl_jax.pipeline.ablate import _ipl_key, variant_settings
 
-    base = load_config("synthetic")
-    k2 = variant_config(base, "k2")
-    assert tuple(k2.sampler.branching) == (2, 2, 2, 1)
+    base = load_settings("synthetic")
+    k2 = variant_settings(base, "k2")
+    assert k2.sampler.branching == (2, 2, 2, 1)
     assert k2.ipl.rounds == base.ablation.rounds and k2.ipl.early_stop is False
-    assert variant_config(base, "no_negatives").ipl.method == "no_negatives"
-    assert variant_config(base, "naive_dpo").ipl.method == "naive_dpo"
-    assert variant_config(base, "no_evolution").evolution.enabled is False
+    assert variant_settings(base, "no_negatives").ipl.method == "no_negatives"
+    assert variant_settings(base, "naive_dpo").ipl.method == "naive_dpo"
+    assert variant_settings(base, "no_evolution").evolution.enabled is False
     # with the default branching (3, 3, 3, 1), K = 3 is the full method: one run serves both rows
-    assert _ipl_key(variant_config(base, "k3")) == _ipl_key(variant_config(base, "tdpo"))
-    assert _ipl_key(variant_config(base, "k4")) != _ipl_key(variant_config(base, "tdpo"))
-    assert variant_config(base, "grpo").ipl.method == "grpo"
+    assert _ipl_key(variant_settings(base, "k3")) == _ipl_key(variant_settings(base, "tdpo"))
+    assert _ipl_key(variant_settings(base, "k4")) != _ipl_key(variant_settings(base, "tdpo"))
+    assert variant_settings(base, "grpo").ipl.method == "grpo"
     with pytest.raises(ValueError, match="unknown ablation variant"):
-        variant_config(base, "sarsa")
+        variant_settings(base, "sarsa")
 
 
 @pytest.mark.slow
@@ -493,7 +494,7 @@ def test_ablate_quick(tmp_path_factory):
     assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "no_negatives", "k2"]
     assert result["rows"][3]["same_as"] == "tdpo"
     for r in result["rows"][1:3]:
-        assert set(r["metrics"]) == set(load_config("synthetic:quick").data.test_splits)
+        assert set(r["metrics"]) == set(load_settings("synthetic:quick").data.test_splits)
         assert r["pairs"] > 0
     # the variants started from the base seed: their round-1 input policy is the base job's seed
     assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
@@ -531,7 +532,7 @@ def _rl_rows(result: dict, config) -> dict:
         assert set(r["metrics"]) == set(config.data.test_splits)
         if name == "seed":
             continue
-        vc = variant_config(config, name, {name: EXTRA.get(name, {"ipl.method": name})})
+        vc = variant_settings(config, name, {name: EXTRA.get(name, {"ipl.method": name})})
         b = r["budget"]
         assert b == vc.ipl.steps_per_round * 8 and r["method"] == vc.ipl.method
         if vc.ipl.method == "grpo":  # floor(budget / G) prompts x G completions

@@ -1,5 +1,6 @@
 """``ipl-jax plan``: the HLO FLOP counter on known answers, the published architectures' sizes, a tiny job planned
-on fake CPU devices (sharded arguments and FLOPs per device ~1/N of one device's), and one-line errors."""
+on fake CPU devices (sharded arguments and FLOPs per device ~1/N of one device's), the plan lowering the very
+program training runs, and one-line errors."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ import jax.numpy as jnp
 import pytest
 
 from ipl_jax.cli import plan as plan_cli
+from ipl_jax.configs.loader import load_settings
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params, param_shapes
+from ipl_jax.model.sharding import make_mesh
 from ipl_jax.pipeline import plan as plan_lib
+from ipl_jax.pipeline import plan_shapes
+from ipl_jax.preference import tdpo
 from ipl_jax.training.hlo_cost import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +132,7 @@ def test_hlo_flops_counts_only_real_taps_of_a_tpu_batched_matmul():
 
 def test_published_architectures_have_their_parameter_counts():
     counts = {
-        name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d))) for name, d in plan_lib.ARCHITECTURES.items()
+        name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d))) for name, d in plan_shapes.ARCHITECTURES.items()
     }
     assert counts == {"qwen2-vl-2b": 2_208_985_600, "qwen2-vl-7b": 8_291_375_616}  # the Hub's model cards
 
@@ -138,13 +143,14 @@ _PLAN_SCRIPT = textwrap.dedent("""
     status = cli.main(sys.argv[2:])
     assert status == 0, status
     import jax
-    from ipl_jax.configs.loader import load_config
-    from ipl_jax.pipeline import plan as P
-    config = load_config("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
-    _, cfg = P.model_config(config, "synthetic:quick")
+    from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.sharding import make_mesh
+    from ipl_jax.pipeline import plan as P
+    from ipl_jax.pipeline.plan_shapes import model_config
+    settings = load_settings("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
+    _, cfg = model_config(settings.model, "synthetic:quick")
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    one = P.plan_job(config, cfg, mesh, P.PlanSettings(programs=("tdpo",)))[0]
+    one = P.plan_job(settings, cfg, mesh, P.PlanSettings(programs=("tdpo",)))[0]
     json.dump(one.as_dict(), open(sys.argv[1], "w"))
 """)
 
@@ -190,6 +196,38 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
     # and holds a quarter of the activations (rows pinned per layer: not the whole batch with the MLP width split)
     for name in ("tdpo",):
         assert sharded["temporaries"] < 0.4 * single["temporaries"], (name, sharded, single)
+
+
+def test_plan_lowers_the_tdpo_program_that_training_calls(monkeypatch):
+    """The plan's T-DPO figures come from ``tdpo.tdpo_update``, the one jitted function ``train_round`` calls: a
+    recorder in its place sees the plan lower it and training call it."""
+    from support.small_models import tiny_cfg, tiny_params
+    from support.tdpo_rounds import ROUND_TDPO, round_batches
+
+    real, seen = tdpo.tdpo_update, []
+
+    class Recorder:
+        def __call__(self, *args):
+            seen.append("call")
+            return real(*args)
+
+        def lower(self, *args):
+            seen.append("lower")
+            return real.lower(*args)
+
+    monkeypatch.setattr(tdpo, "tdpo_update", Recorder())
+    settings = load_settings("synthetic:quick", ["--config.model.num_hidden_layers=1"])
+    _, cfg = plan_shapes.model_config(settings.model, "synthetic:quick")
+    mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    options = plan_lib.PlanSettings(compute_dtype="float32", remat="none", programs=("tdpo",))
+    (plan,) = plan_lib.plan_job(settings, cfg, mesh, options)
+    assert seen == ["lower"] and plan.flops > 0 and plan.aliased > 0  # the state is donated, as in training
+    small = tiny_cfg()
+    config = tdpo.TDPOConfig(model=small, **ROUND_TDPO)
+    state = tdpo.init_state(tiny_params(small, 0), config, jax.random.PRNGKey(0))
+    _, _, batches = round_batches(small, seed=10)
+    tdpo.train_round(state, tiny_params(small, 0), tdpo.RoundData(batches), jax.random.PRNGKey(1), config)
+    assert seen == ["lower"] + ["call"] * len(batches)
 
 
 @pytest.mark.parametrize(

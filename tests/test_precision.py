@@ -1,22 +1,23 @@
 """bf16 compute against fp32 on the small model (bounded error, fp32 log-softmax and losses), a bf16 T-DPO step
 with fp32 master weights and optimizer state, the job's dtype settings and their one-line errors."""
 
+import dataclasses
 import json
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from support.small_models import make_groups, numpy_params, tiny_cfg
 
 from ipl_jax import model as M
+from ipl_jax.configs.loader import load_settings
 from ipl_jax.model.decode import init_cache
-from ipl_jax.pipeline import validate
-from ipl_jax.pipeline.model_stage import job_precision
 from ipl_jax.preference import losses
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
+from ipl_jax.settings import Precision, SettingsError
 from ipl_jax.training.state import VISION_REGEX, cast_floating
 
 
@@ -28,8 +29,8 @@ def small():
 
 def _packed(cfg):
     groups = make_groups(cfg, seed=5, n_groups=3, conts=(3, 2, 4))
-    pairs = [PK.PairRef(0, 0, 1, 1), PK.PairRef(0, 2, 1, 2), PK.PairRef(1, 1, 0, 3), PK.PairRef(2, 3, 0, 4)]
-    packing = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
+    pairs = [PB.PairRef(0, 0, 1, 1), PB.PairRef(0, 2, 1, 2), PB.PairRef(1, 1, 0, 3), PB.PairRef(2, 3, 0, 4)]
+    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
     (batch,) = PK.pack_round(cfg, groups, pairs, packing)
     return batch
 
@@ -108,21 +109,21 @@ def ipl_params(params):
     return {k: v for k, v in params.items() if k != "visual"}
 
 
-def _job(**model):
-    c = ml_collections.ConfigDict()
-    c.model = ml_collections.ConfigDict(
-        dict(checkpoint="", dtype="auto", param_dtype="auto", attention="reference", remat="none")
-    )
-    c.model.update(model)
-    return c
+def _model(**fields):
+    """The quick job's model settings with ``fields`` changed (checked again, like any settings)."""
+    return dataclasses.replace(load_settings("synthetic:quick").model, **fields)
 
 
 def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "vision_config": {}}))
-    assert job_precision(_job()) == ("float32", "float32")  # a fresh model
-    assert job_precision(_job(checkpoint=str(tmp_path))) == ("bfloat16", "bfloat16")
-    assert job_precision(_job(checkpoint=str(tmp_path), param_dtype="float32")) == ("bfloat16", "float32")
-    assert job_precision(_job(checkpoint=str(tmp_path), dtype="float32")) == ("float32", "float32")
+    ckpt = str(tmp_path)
+    assert _model().precision() == Precision("float32", "float32", "none")  # a fresh model
+    assert _model(checkpoint=ckpt).precision() == Precision("bfloat16", "bfloat16", "none")
+    assert _model(checkpoint=ckpt, param_dtype="float32").precision() == Precision("bfloat16", "float32", "none")
+    assert _model(checkpoint=ckpt, dtype="float32", remat="full").precision() == Precision("float32", "float32", "full")
+    assert _model(checkpoint=ckpt, param_dtype="float32").precision().compute_dtype == "bfloat16"
+    assert Precision("float32", "bfloat16", "none").frozen_dtype == "bfloat16"
+    assert Precision("float32", "float32", "none").frozen_dtype is None
 
 
 @pytest.mark.parametrize(
@@ -131,12 +132,12 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
         (
             dict(dtype="bf16"),
             "cpu",
-            "config.model.dtype='bf16': unknown or not available on cpu (valid: auto, float32, bfloat16, float16)",
+            "config.model.dtype='bf16': unknown (valid: auto, float32, bfloat16, float16)",
         ),
         (
             dict(param_dtype="float16"),
             "tpu",
-            "config.model.param_dtype='float16': unknown or not available on tpu (valid: auto, float32, bfloat16)",
+            "config.model.param_dtype='float16': not available on tpu (valid: auto, float32, bfloat16)",
         ),
         (dict(attention="flash"), "cpu", "config.model.attention='flash': must be one of auto, reference, xla, cudnn"),
         (dict(attention="cudnn"), "cpu", "cuDNN attention needs a GPU, this backend is cpu"),
@@ -148,7 +149,7 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
     ],
 )
 def test_bad_model_settings_are_one_line(model, platform, message):
-    with pytest.raises(validate.UsageError) as e:
-        validate._check_model(_job(**model), platform)
+    with pytest.raises(SettingsError) as e:
+        _model(**model).check_platform(platform)
     text = str(e.value)
     assert message in text and len(text.splitlines()) == 1, text

@@ -7,23 +7,12 @@ import copy
 
 import pytest
 
-from ipl_jax.configs.loader import load_config, resolve_config_path
+from ipl_jax.configs.loader import load_settings
+from ipl_jax.configs.qwen25vl_3b_uir1 import QWEN25VL_3B, uir1_published
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params, param_layout, param_shapes
 from ipl_jax.model.weights import canonical_name
 
-
-def _uir1_module():
-    import importlib.util
-
-    path, _ = resolve_config_path("qwen25vl_3b_uir1")
-    spec = importlib.util.spec_from_file_location("_uir1_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-QWEN25VL_3B = _uir1_module().QWEN25VL_3B
 TEXT_3584 = {"text_config": {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4}}
 
 
@@ -138,14 +127,26 @@ def test_qwen2_vl_configs_stay_qwen2_vl():
 
 
 def test_uir1_job_config():
-    c = load_config("qwen25vl_3b_uir1")
-    assert (c.grpo.learning_rate, c.grpo.group_size, c.grpo.epochs, c.grpo.max_prompt_length) == (9.98e-7, 8, 8, 1024)
-    assert c.grpo.prompts_per_update == 16 and c.model.max_pixels == 12_845_056
-    assert (c.grpo.clip_eps, c.grpo.kl_beta, c.grpo.adv_eps) == (0.2, 0.04, 1e-4)
-    assert c.grpo.think and not c.grpo.dast and c.grpo.prompt_style == "uir1"
+    c = load_settings("qwen25vl_3b_uir1")
+    published = uir1_published("think")
+    assert (published["learning_rate"], published["group_size"], published["epochs"]) == (9.98e-7, 8, 8)
+    assert published["prompts_per_update"] == 16 and c.model.max_pixels == 12_845_056
+    assert (published["clip_eps"], published["kl_beta"], published["adv_eps"]) == (0.2, 0.04, 1e-4)
+    assert published["think"] and not published["dast"] and published["prompt_style"] == "uir1"
+    # the job's GRPO round takes the published settings it has fields for
+    g = c.rl.grpo
+    assert c.ipl.method == "grpo" and g.style == "think_answer" and c.ipl.freeze_vision
+    assert (g.learning_rate, g.group_size, g.prompts_per_batch, g.clip_eps, g.kl_beta, g.dast) == (
+        9.98e-7,
+        8,
+        16,
+        0.2,
+        0.04,
+        False,
+    )
     # the largest image allowed fits the largest buckets
     assert max(c.buckets.patches) >= c.model.max_pixels // (14 * 14)
-    assert max(c.buckets.tokens) >= c.model.max_pixels // (28 * 28) + c.grpo.max_prompt_length
+    assert max(c.buckets.tokens) >= c.model.max_pixels // (28 * 28) + published["max_prompt_length"]
     # c.model repeats the checkpoint's sizes
     arch = Qwen2VLConfig.from_hf_dict(copy.deepcopy(QWEN25VL_3B))
     assert (c.model.hidden_size, c.model.num_hidden_layers, c.model.vision_embed_dim, c.model.vocab_size) == (
@@ -154,8 +155,9 @@ def test_uir1_job_config():
         arch.vision.embed_dim,
         arch.text.vocab_size,
     )
-    dast, nothink = load_config("qwen25vl_3b_uir1:dast"), load_config("qwen25vl_3b_uir1:nothink")
-    assert dast.grpo.dast and dast.grpo.think and dast.grpo.epochs == 4
-    assert not nothink.grpo.dast and not nothink.grpo.think and nothink.grpo.epochs == 4
+    assert load_settings("qwen25vl_3b_uir1:dast").rl.grpo.dast
+    dast, nothink = uir1_published("dast"), uir1_published("nothink")
+    assert dast["dast"] and dast["think"] and dast["epochs"] == 4
+    assert not nothink["dast"] and not nothink["think"] and nothink["epochs"] == 4
     with pytest.raises(Exception, match="unknown variant"):
-        load_config("qwen25vl_3b_uir1:fast")
+        load_settings("qwen25vl_3b_uir1:fast")

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from support import rl_setup as S  # noqa: E402
+from support import rl_setup as S
 
-from ipl_jax.rl import grpo  # noqa: E402
-from ipl_jax.rl import sampling as RS  # noqa: E402
-from ipl_jax.rl.rows import RowConfig, build_rows, frozen_token_logps  # noqa: E402
+from ipl_jax.rl import grpo
+from ipl_jax.rl import sampling as RS
+from ipl_jax.rl.rows import RowConfig, build_rows, frozen_token_logps
 
 ROWS = RowConfig(text_buckets=(256,), patch_buckets=(64,))
 
@@ -43,7 +43,7 @@ def test_coat_groups_and_rows_reproduce_the_sampler(setup):
     groups = RS.sample_coat_groups(params, cfg, items, sc, 5, 2)
     again = RS.sample_coat_groups(params, cfg, items, sc, 5, 2)
     other = RS.sample_coat_groups(params, cfg, items, sc, 6, 2)
-    flat = lambda gs: [tuple(map(tuple, c.turns)) for g in gs for c in g]  # noqa: E731
+    flat = lambda gs: [tuple(map(tuple, c.turns)) for g in gs for c in g]
     assert flat(groups) == flat(again) and flat(groups) != flat(other)
     assert len(set(flat(groups)[:3])) == 3  # the G chains of one step differ
     specs = [RS.coat_row_spec(items[i], c, True, i) for i in range(2) for c in groups[i]]

@@ -1,45 +1,44 @@
-"""The RL baselines as job settings: the ``rl`` config section, its checks, the equal budget and the ablation's
+"""The RL baselines as job settings: the ``rl`` section, its checks, the equal budget and the ablation's
 online / budget table (no model needed; the end-to-end ablation is in test_pipeline_run.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ipl_jax.configs.loader import load_config
-from ipl_jax.pipeline.validate import UsageError, validate_config
+from ipl_jax.configs.loader import load_settings
+from ipl_jax.pipeline.sources import check_job
+from ipl_jax.rl.job import grpo_prompts, round_budget
+from ipl_jax.settings import SettingsError
 
 
-def _config(name="synthetic:quick", **overrides):
-    args = [f"--config.{k}={v}" for k, v in overrides.items()]
-    return load_config(name, args)
+def _settings(name="synthetic:quick", **overrides):
+    return load_settings(name, [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def test_equal_budget_of_the_shipped_configs():
     """One round of any method spends the T-DPO round's sampled completions: steps_per_round x leaves."""
-    from ipl_jax.rl.job import grpo_prompts, round_budget
-
-    quick, default = _config(), _config("synthetic")
-    assert round_budget(quick) == 4 * 8 == 32  # branching (2, 2, 2, 1)
-    assert round_budget(default) == 64 * 27 == 1728  # branching (3, 3, 3, 1)
-    assert grpo_prompts(32, int(quick.rl.grpo.group_size)) * 8 == 32
+    quick, default = _settings(), _settings("synthetic")
+    assert round_budget(quick.ipl, quick.sampler.branching) == 4 * 8 == 32  # branching (2, 2, 2, 1)
+    assert round_budget(default.ipl, default.sampler.branching) == 64 * 27 == 1728  # branching (3, 3, 3, 1)
+    assert grpo_prompts(32, quick.rl.grpo.group_size) * 8 == 32
     assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1735, 8) == 216  # whole groups: never over budget
     assert grpo_prompts(5, 8) == 1  # at least one group
-    frac = _config(**{"ipl.round_fraction": 0.5})
-    assert round_budget(frac, 10) == 5 * 8
+    frac = _settings(**{"ipl.round_fraction": 0.5})
+    assert round_budget(frac.ipl, frac.sampler.branching, 10) == 5 * 8
     with pytest.raises(ValueError, match="round_fraction"):
-        round_budget(frac)
+        round_budget(frac.ipl, frac.sampler.branching)
 
 
 def test_rl_variants_are_method_switches():
-    from ipl_jax.pipeline.ablate import LABELS, VARIANTS, _ipl_key, variant_config
+    from ipl_jax.pipeline.ablate import LABELS, VARIANTS, _ipl_key, variant_settings
 
-    base = _config()
+    base = _settings()
     keys = set()
     for name in ("tdpo", "grpo", "ppo", "gigppo"):
-        vc = variant_config(base, name)
+        vc = variant_settings(base, name)
         assert vc.ipl.method == name and vc.ipl.rounds == base.ablation.rounds and vc.ipl.early_stop is False
-        assert vc.seed == base.seed and vc.rl.to_dict() == base.rl.to_dict()  # the same seed, the same RL settings
-        validate_config(vc, n_devices=1)
+        assert vc.seed == base.seed and vc.rl == base.rl  # the same seed, the same RL settings
+        check_job(vc, n_devices=1)
         keys.add(_ipl_key(vc))
         assert name in VARIANTS and name in LABELS
     assert len(keys) == 4  # four distinct runs
@@ -68,19 +67,21 @@ def test_rl_variants_are_method_switches():
         ({"data.format": "tfds:x"}, r"^config\.eval\.online_episodes=4: online evaluation plays the synthetic world"),
     ],
 )
-def test_bad_rl_settings_are_one_line_usage_errors(overrides, message):
-    with pytest.raises(UsageError, match=message) as e:
-        validate_config(_config(**overrides), n_devices=1)
+def test_bad_rl_settings_are_one_line_errors(overrides, message):
+    with pytest.raises(SettingsError, match=message) as e:
+        _settings(**overrides)
     assert "\n" not in str(e.value)
 
 
 def test_grpo_on_another_dataset_is_allowed():
     """GRPO needs no live world: only the online methods are tied to the synthetic format."""
-    validate_config(_config(**{"ipl.method": "grpo", "data.format": "tfds:x", "eval.online_episodes": 0}), 1)
+    s = _settings(**{"ipl.method": "grpo", "data.format": "tfds:x", "eval.online_episodes": 0})
+    assert s.ipl.method == "grpo" and s.data.format == "tfds:x"
 
 
-def test_rl_section_loads_without_jax():
-    """A config file builds its ``rl`` section without importing the learners (or JAX)."""
+def test_config_files_load_without_jax():
+    """A config file builds its sections (``rl`` and ``world`` included) without importing the learners (or
+    JAX)."""
     import subprocess
     import sys
 

@@ -13,14 +13,14 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from support import rl_setup as S  # noqa: E402
+from support import rl_setup as S
 
-from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding  # noqa: E402
-from ipl_jax.rl import ppo  # noqa: E402
-from ipl_jax.rl import rollout as R  # noqa: E402
-from ipl_jax.rl.rows import RowConfig, frozen_token_logps  # noqa: E402
-from ipl_jax.rl.sampling import Completion  # noqa: E402
-from ipl_jax.training.optimizer import OptimizerSettings  # noqa: E402
+from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.rl import ppo
+from ipl_jax.rl import rollout as R
+from ipl_jax.rl.rows import RowConfig, frozen_token_logps
+from ipl_jax.rl.sampling import Completion
+from ipl_jax.training.optimizer import OptimizerSettings
 
 ROWS = RowConfig(text_buckets=(320,), patch_buckets=(256,))
 

@@ -14,15 +14,15 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from support import rl_setup as S  # noqa: E402
+from support import rl_setup as S
 
-from ipl_jax.configs.loader import load_config  # noqa: E402
-from ipl_jax.pipeline import rl_round  # noqa: E402
-from ipl_jax.pipeline.model_stage import Policy  # noqa: E402
-from ipl_jax.rl import common, grpo, ppo  # noqa: E402
-from ipl_jax.rl.rows import RowConfig, build_rows  # noqa: E402
-from ipl_jax.rl.sampling import Completion, coat_row_spec, state_row_spec  # noqa: E402
-from ipl_jax.training.state import VISION_REGEX  # noqa: E402
+from ipl_jax.configs.loader import load_settings
+from ipl_jax.pipeline import rl_round
+from ipl_jax.pipeline.model_stage import Policy
+from ipl_jax.rl import common, grpo, ppo
+from ipl_jax.rl.rows import RowConfig, build_rows
+from ipl_jax.rl.sampling import Completion, coat_row_spec, state_row_spec
+from ipl_jax.training.state import VISION_REGEX
 
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
 
@@ -40,7 +40,7 @@ def policy(tmp_path_factory):
 
 
 def _job(**model):
-    return load_config("synthetic:quick", [f"--config.model.{k}={v}" for k, v in model.items()])
+    return load_settings("synthetic:quick", [f"--config.model.{k}={v}" for k, v in model.items()])
 
 
 def floats(tree) -> set:
@@ -52,22 +52,22 @@ def _fresh(policy):
 
 
 def test_rl_configs_carry_the_job_precision(policy):
-    from ipl_jax.pipeline.round_settings import tdpo_config
+    from ipl_jax.pipeline.rounds import tdpo_config
 
     job = _job(dtype="bfloat16", remat="full")
-    g, p = rl_round.grpo_settings(job, policy), rl_round.ppo_settings(job, policy, gigppo=True)
+    g, p = rl_round.round_grpo_config(job, policy), rl_round.round_ppo_config(job, policy, gigppo=True)
     t = tdpo_config(job, policy.cfg)
     for c in (g, p, t):
         assert (c.model.dtype, c.compute_dtype, c.remat) == ("bfloat16", "bfloat16", "full")
     assert g.storage_dtype == p.storage_dtype == t.reference_dtype == "bfloat16" and p.gigppo
-    fp32 = rl_round.grpo_settings(_job(), policy)  # a fresh model: fp32 throughout, no remat
+    fp32 = rl_round.round_grpo_config(_job(), policy)  # a fresh model: fp32 throughout, no remat
     assert (fp32.model.dtype, fp32.compute_dtype, fp32.remat, fp32.storage_dtype) == (
         "float32",
         None,
         "none",
         "float32",
     )
-    mixed = rl_round.ppo_settings(_job(dtype="bfloat16", param_dtype="float32"), policy, gigppo=False)
+    mixed = rl_round.round_ppo_config(_job(dtype="bfloat16", param_dtype="float32"), policy, gigppo=False)
     assert (mixed.compute_dtype, mixed.storage_dtype) == ("bfloat16", "float32")
 
 
@@ -135,7 +135,7 @@ def test_bf16_rl_updates_keep_fp32_master_weights_and_moments(policy):
 
     job, tok, cfg = _job(dtype="bfloat16", remat="full"), policy.tokenizer, policy.cfg
     rows_cfg = RowConfig(text_buckets=(256,), patch_buckets=(64,))
-    g = dataclasses.replace(rl_round.grpo_settings(job, policy), rows=rows_cfg, logp_chunk=32)
+    g = dataclasses.replace(rl_round.round_grpo_config(job, policy), rows=rows_cfg, logp_chunk=32)
     item = step_prompts(S.golden_steps(1)[0], tok, policy.image_config, cfg)
     image = [(item.pixel_values, item.image_grid_thw)]
     rows = build_rows(cfg, [coat_row_spec(item, _completion(tok), False, 0)] * 2, image, 2, rows_cfg)
@@ -147,7 +147,7 @@ def test_bf16_rl_updates_keep_fp32_master_weights_and_moments(policy):
     assert "bf16[" in str(jax.make_jaxpr(lambda s, b: grpo._grpo_update(s, b, g))(state, batch))
 
     p = dataclasses.replace(
-        rl_round.ppo_settings(job, policy, gigppo=True), rows=rows_cfg, logp_chunk=32, minibatch_rows=2
+        rl_round.round_ppo_config(job, policy, gigppo=True), rows=rows_cfg, logp_chunk=32, minibatch_rows=2
     )
     critic_rows = build_rows(cfg, [state_row_spec(item, 1, 0)] * 2, image, 2, rows_cfg)
     pb = ppo.PPOBatch(
@@ -176,8 +176,9 @@ def test_the_job_samples_and_evaluates_policy_directories_in_the_storage_dtype(p
     from ipl_jax.pipeline.run import Job
 
     directory = write_policy_dir(tmp_path / "p", policy.params, policy.cfg, Path(policy.source), policy.image_config)
-    job = types.SimpleNamespace(config=_job(dtype="bfloat16"))
+    job = types.SimpleNamespace(settings=_job(dtype="bfloat16"))
     loaded = Job.inference_policy(job, directory)
     assert floats(loaded.params) == {BF16} and loaded.cfg.dtype == "bfloat16"
-    mixed = Job.inference_policy(types.SimpleNamespace(config=_job(dtype="bfloat16", param_dtype="float32")), directory)
+    mixed_job = types.SimpleNamespace(settings=_job(dtype="bfloat16", param_dtype="float32"))
+    mixed = Job.inference_policy(mixed_job, directory)
     assert floats(mixed.params) == {F32} and mixed.cfg.dtype == "bfloat16"

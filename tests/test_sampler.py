@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from support import EOS, IMAGE, VIDEO
+from support.compiles import count_traces
 from support.sampler_models import random_step
 
 from ipl_jax import model as M
@@ -18,7 +19,7 @@ from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.keys import node_keys, step_keys, step_uid
 from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import pack_tree_prompts
-from ipl_jax.sampling.tree_sampler import sample_tree, trace_count
+from ipl_jax.sampling.tree_sampler import sample_tree
 
 CONFIG = SamplerConfig(
     branching=(2, 2, 2, 1),
@@ -33,6 +34,7 @@ CONFIG = SamplerConfig(
 SEED = 7
 PLAN = ([0, 1], [2, 0], [3, 4])  # three batches of two steps; step 0 appears twice, at different rows
 REF_BUCKET = 128  # text bucket of every reference forward / greedy run (one compilation each)
+SAMPLER = "_sample_tree"  # the jitted prefix-sharing sampler's function
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +58,15 @@ def steps(model):
 
 @pytest.fixture(scope="module")
 def batches(model, steps):
-    """(prompts, trees, compilations) for the three batches of PLAN."""
+    """(prompts, trees, compilations of the sampler) for the three batches of PLAN."""
     cfg, params = model
-    before = trace_count()
     prompts, trees = [], []
-    for idx in PLAN:
-        tp = pack_tree_prompts(cfg, [steps[i] for i in idx], CONFIG, SEED, step_index=idx)
-        prompts.append(tp)
-        trees.append(jax.device_get(sample_tree(params, cfg, tp, CONFIG)))
-    return prompts, trees, trace_count() - before
+    with count_traces() as traces:
+        for idx in PLAN:
+            tp = pack_tree_prompts(cfg, [steps[i] for i in idx], CONFIG, SEED, step_index=idx)
+            prompts.append(tp)
+            trees.append(jax.device_get(sample_tree(params, cfg, tp, CONFIG)))
+    return prompts, trees, traces[SAMPLER]
 
 
 def _np(tree):
@@ -186,10 +188,10 @@ def test_greedy_tree_equals_turn_by_turn_greedy_decoding(model, steps, batches):
     computed with ``greedy_generate`` turn by turn on the concatenated dialogue."""
     cfg, params = model
     greedy = CONFIG.replace(temperature=0.0)
-    before = trace_count()
     idx = PLAN[0]
-    tr = _np(sample_tree(params, cfg, pack_tree_prompts(cfg, [steps[i] for i in idx], greedy, SEED), greedy))
-    assert trace_count() == before
+    with count_traces() as traces:
+        tr = _np(sample_tree(params, cfg, pack_tree_prompts(cfg, [steps[i] for i in idx], greedy, SEED), greedy))
+    assert traces[SAMPLER] == 0
     ctx = [list(steps[i].prefix_ids) for i in idx]
     budget = max(CONFIG.max_turn_tokens)
     for t in range(1, NUM_TURNS + 1):
@@ -283,14 +285,14 @@ def test_first_token_frequencies_match_the_model_softmax(model, steps, batches):
     tp = prompts[0]
     temp = 1.5
     config = CONFIG.replace(temperature=(temp, 1.0, 1.0, 0.0))
-    before = trace_count()
     firsts, first_logps = [], []
-    for seed in range(150):
-        keyed = tp.replace(step_keys=step_keys(seed, [steps[i].uid for i in PLAN[0]]))
-        tr = sample_tree(params, cfg, keyed, config)
-        firsts.append(np.asarray(tr.tokens[0][:, :, 0]))
-        first_logps.append(np.asarray(tr.logps[0][:, :, 0]))
-    assert trace_count() == before
+    with count_traces() as traces:
+        for seed in range(150):
+            keyed = tp.replace(step_keys=step_keys(seed, [steps[i].uid for i in PLAN[0]]))
+            tr = sample_tree(params, cfg, keyed, config)
+            firsts.append(np.asarray(tr.tokens[0][:, :, 0]))
+            first_logps.append(np.asarray(tr.logps[0][:, :, 0]))
+    assert traces[SAMPLER] == 0
     firsts, first_logps = np.stack(firsts), np.stack(first_logps)  # [150, B, b1]
     seqs = [list(steps[i].prefix_ids) for i in PLAN[0]]
     inputs = M.prepare_inputs(

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.configs.loader import load_config
+from ipl_jax.configs.loader import load_settings
 from ipl_jax.data.records import CoaT, Episode, Step
 from ipl_jax.pipeline import data_stage
-from ipl_jax.pipeline.validate import UsageError
+from ipl_jax.pipeline.paths import UsageError
 
 
 def _episodes(n: int) -> list[Episode]:
@@ -71,14 +71,13 @@ def test_action_logs_carry_no_annotation_into_anything_the_job_reads(tmp_path, m
     job's splits, the steps the rounds sample, a fresh tokenizer's corpus, warm-up SFT's items and the
     continued-SFT control see the markers of the annotated episodes only. ``oracle_steps`` (``sft_oracle``) reads
     those of the action logs back from the dataset; supervised training handed the logs refuses them."""
-    import ipl_jax.data.synthetic as synthetic
     from ipl_jax.pipeline.model_stage import tokenizer_corpus
     from ipl_jax.pipeline.rounds import golden_steps, golden_update_fn, round_steps
     from ipl_jax.pipeline.run import Job
     from ipl_jax.pipeline.sft_stage import sft_items
     from ipl_jax.pipeline.workdir import Workdir
 
-    generate = synthetic.generate_split
+    generate = data_stage.generate_split
 
     def marked(name, n, seed=0, config=None):
         eps = generate(name, n, seed=seed, config=config)
@@ -93,8 +92,8 @@ def test_action_logs_carry_no_annotation_into_anything_the_job_reads(tmp_path, m
 
         return [dataclasses.replace(e, steps=tuple(mark(e, s) for s in e.steps)) for e in eps]
 
-    monkeypatch.setattr(synthetic, "generate_split", marked)
-    config = load_config("synthetic:quick", SMALL)
+    monkeypatch.setattr(data_stage, "generate_split", marked)  # where the data stage calls it
+    config = load_settings("synthetic:quick", SMALL)
     wd = Workdir(tmp_path / "job", echo=lambda _: None)
     job = Job(config, wd)
     job.data()
@@ -112,14 +111,16 @@ def test_action_logs_carry_no_annotation_into_anything_the_job_reads(tmp_path, m
     held = seen(job.splits, job.train_steps, job.round_pool, round_steps(job.round_pool, config, 1))
     corpus = "\n".join(tokenizer_corpus(job.corpus_steps()))
     items, skipped = sft_items(job.train_steps + job.round_pool, [])
-    control = golden_steps(config, wd, "continued_sft", round_steps(job.round_pool, config, 1), job.train_steps)
+    control_settings = config.replace({"ipl.method": "continued_sft"})
+    control = golden_steps(control_settings, wd, round_steps(job.round_pool, config, 1), job.train_steps)
     assert skipped == len(job.round_pool) and [i.step for i in items] == job.train_steps
     for text in (held, corpus, seen([i.step for i in items]), seen(control)):
         assert not any(m in text for m in marks["logs"])
     for text in (held, corpus, seen(control)):
         assert all(m in text for m in marks["annotated"])
     assert all(s.coat is None for s in round_steps(job.round_pool, config, 1))
-    oracle = golden_steps(config, wd, "sft_oracle", job.round_pool[:4], job.train_steps)
+    oracle_settings = config.replace({"ipl.method": "sft_oracle"})
+    oracle = golden_steps(oracle_settings, wd, job.round_pool[:4], job.train_steps)
     assert [(s.episode_id, s.step_id) for s in oracle] == [(s.episode_id, s.step_id) for s in job.round_pool[:4]]
     assert all(m in seen(oracle) for m in marks["logs"][:4])
     with pytest.raises(UsageError, match=r"ipl.method='tdpo'.* 4 of the 4 steps .* carry no CoaT"):
@@ -140,7 +141,7 @@ def _cli(args: list[str], capsys) -> tuple[int, str]:
     [
         (["--config.data.annotated_episodes=0"], "config.data.annotated_episodes=0: leaves no annotated episode"),
         (["--config.data.action_episodes=280"], "config.data.action_episodes=280: with 30 annotated episodes exceeds"),
-        (["--config.data.action_episodes=-3"], "config.data.action_episodes=-3: must be an integer >= 0"),
+        (["--config.data.action_episodes=-3"], "config.data.action_episodes=-3: must be >= 0"),
         (["--config.data.dev_split=", "--config.data.dev_holdout=10"], "exceeds the 290 training episodes"),
     ],
 )
@@ -160,13 +161,13 @@ def test_a_variant_that_needs_the_logs_annotations_without_logs_stops_in_one_lin
 
 
 def test_scarce_variant_settings():
-    from ipl_jax.pipeline.ablate import variant_config
+    from ipl_jax.pipeline.ablate import variant_settings
 
-    c = load_config("synthetic:scarce")
+    c = load_settings("synthetic:scarce")
     assert (c.data.annotated_episodes, c.data.action_episodes) == (30, 270) and c.ipl.rounds == c.ablation.rounds
     assert set(c.ablation.variants) == {"tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
-    assert variant_config(c, "sft_oracle").ipl.method == "sft_oracle"
-    assert json.loads(c.to_json())["eval"]["every_round"] is False
+    assert variant_settings(c, "sft_oracle").ipl.method == "sft_oracle"
+    assert c.eval.every_round is False
 
 
 QUICK_SCARCE = [

@@ -8,7 +8,7 @@ from PIL import Image
 from ipl_jax.cli.score import main as score_main
 from ipl_jax.coat.actions import Action
 from ipl_jax.data.records import DataError
-from ipl_jax.eval.evaluate import load_predictions, prediction_to_action, split_prediction_text
+from ipl_jax.eval.predictions import load_predictions, prediction_to_action, split_prediction_text
 
 W, H = 270, 600
 

@@ -74,7 +74,7 @@ def test_sample_steps_is_seeded_and_ordered():
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer
+    from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
     from ipl_jax.data.tokenizer import load_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
@@ -120,8 +120,7 @@ def _fake_batches(tokenizer, texts_per_tree, branching):
 
 def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     from ipl_jax.coat.actions import Action
-    from ipl_jax.configs.loader import load_config
-    from ipl_jax.eval import trees as trees_mod
+    from ipl_jax.configs.loader import load_settings
 
     branching = (2, 1, 2, 1)
     good_box = "<|box_start|>(200,120),(400,180)<|box_end|>"  # centre (0.3, 0.15): inside Settings
@@ -142,10 +141,10 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     def fake_iter(policy, steps_, sconfig, seed, batch_size, mesh=None):
         yield SimpleNamespace(tree=fake, steps=list(steps_), prompts=[None] * len(steps_), start=0)
 
-    monkeypatch.setattr(trees_mod, "iter_tree_batches", fake_iter)
-    config = load_config("synthetic:quick", ["--config.sampler.branching=(2,1,2,1)"])
+    monkeypatch.setattr(sel, "iter_tree_batches", fake_iter)
+    settings = load_settings("synthetic:quick", ["--config.sampler.branching=(2,1,2,1)"])
     policy = SimpleNamespace(tokenizer=tokenizer)
-    scores, kind = sel.score_candidates([("p", policy)], steps, config, embedder="tfidf", echo=lambda _: None)
+    scores, kind = sel.score_candidates([("p", policy)], steps, settings, embedder="tfidf", echo=lambda _: None)
     (s,) = scores
     assert kind == "tfidf" and s.leaves == 8 and s.trees == 2
     assert s.acc_s == pytest.approx(2 / 8)

@@ -12,6 +12,7 @@ from support.hf_models import random_image, save_tiny
 
 from ipl_jax import model as M
 from ipl_jax.preference import losses
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 
@@ -19,10 +20,10 @@ BETA = 0.1
 VOCAB = 1000
 # β pairs (0 ≻ 1, 0 ≻ 2), a γ node (golden 3 ≻ each sampled), and a group whose chosen is its second continuation
 PAIRS = [
-    PK.PairRef(0, 0, 1, 1),
-    PK.PairRef(0, 0, 2, 1),
-    *(PK.PairRef(1, 3, k, 3) for k in range(3)),
-    PK.PairRef(2, 1, 0, 2),
+    PB.PairRef(0, 0, 1, 1),
+    PB.PairRef(0, 0, 2, 1),
+    *(PB.PairRef(1, 3, k, 3) for k in range(3)),
+    PB.PairRef(2, 1, 0, 2),
 ]
 
 
@@ -30,7 +31,7 @@ def make_groups(patch_dim: int):
     """Three prefixes (text, one screenshot of 4, 6 or 6 merged tokens, text) with 3, 4 and 2 continuations of
     2..6 random text tokens each closed by EOS."""
     rng = np.random.default_rng(0)
-    text = lambda n: rng.integers(FIRST_TEXT_ID, VOCAB, n).tolist()  # noqa: E731
+    text = lambda n: rng.integers(FIRST_TEXT_ID, VOCAB, n).tolist()
     groups = []
     for g, (grid, n_cont) in enumerate((((4, 4), 3), ((4, 6), 4), ((6, 4), 2))):
         pixels, thw = random_image(rng, grid, patch_dim)
@@ -38,7 +39,7 @@ def make_groups(patch_dim: int):
         prefix = text(5) + [VISION_START] + [IMAGE] * n_img + [VISION_END] + text(7)
         conts = tuple(np.asarray(text(int(rng.integers(2, 7))) + [EOS], np.int32) for _ in range(n_cont))
         groups.append(
-            PK.PrefixGroup(
+            PB.PrefixGroup(
                 prefix_ids=np.asarray(prefix, np.int32),
                 continuations=conts,
                 pixel_values=pixels,
@@ -110,7 +111,7 @@ def numpy_dpo(want):
 def batches(cfg, groups, layout):
     """The pairs in one batch of the packed layout (a row per prefix) or the unpacked one (a row per
     continuation), both of one shape so that the step compiles once."""
-    packing = PK.PackingConfig(rows=9, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(24,))
+    packing = PB.PackingConfig(rows=9, max_continuations=4, max_pairs=8, text_buckets=(64,), patch_buckets=(24,))
     if layout == "packed":
         return PK.pack_round(cfg, groups, PAIRS, packing)
     return PK.pack_unpacked(cfg, *PK.unpack_groups(groups, PAIRS), packing)

@@ -17,7 +17,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 import ipl_jax.data.tfds  # noqa: E402,F401  (registers the builders)
 from ipl_jax.data.aitz import load_aitz  # noqa: E402
 from ipl_jax.data.datasets import load_dataset, scoring_format  # noqa: E402
-from ipl_jax.data.packed import pack_dataset  # noqa: E402
+from ipl_jax.data.packed.writer import pack_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

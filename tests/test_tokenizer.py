@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from ipl_jax.data.tiny import default_corpus, train_tokenizer, write_tokenizer  # noqa: E402
-from ipl_jax.data.tokenizer import SPECIAL_TOKENS, expand_image_tokens, image_token_repeats, load_tokenizer  # noqa: E402
+from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
+from ipl_jax.data.tokenizer import SPECIAL_TOKENS, expand_image_tokens, image_token_repeats, load_tokenizer
 
 QWEN_FIRST_SPECIAL_ID = 151643
 

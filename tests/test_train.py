@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from support import fake_devices
+from support.compiles import count_traces
 from support.small_models import numpy_params, tiny_cfg, tiny_training_batch
 from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params
 
@@ -53,23 +54,6 @@ def test_schedules_known_values():
     np.testing.assert_allclose([float(const(s)) for s in (0, 1, 2, 50)], [0.0, 1.0, 2.0, 2.0], atol=1e-6)
     with pytest.raises(ValueError, match="schedule"):
         optim.make_schedule(opt_config(schedule="linear"))
-    # A job section with its own names (steps, grad_clip) and unrelated fields is read as is.
-    import ml_collections
-
-    section = ml_collections.ConfigDict(
-        {
-            "steps": 14,
-            "learning_rate": 1.0,
-            "warmup_steps": 4,
-            "grad_clip": 0.5,
-            "micro_batch_size": 4,
-            "schedule": "cosine",
-        }
-    )
-    settings = optim.optimizer_settings(section)
-    assert settings.total_steps == 14 and settings.grad_clip_norm == 0.5 and settings.b2 == 0.999
-    sched = optim.make_schedule(section)
-    np.testing.assert_allclose([float(sched(s)) for s in (2, 4, 14)], [0.5, 1.0, 0.0], atol=1e-6)
 
 
 def test_weight_decay_skips_norms_and_biases():
@@ -96,27 +80,21 @@ def test_weight_decay_skips_norms_and_biases():
     np.testing.assert_array_equal(new["visual/proj/bias"], old["visual/proj/bias"])
 
 
-def test_state_from_config_sections():
-    from ipl_jax.configs.loader import load_config
+def test_warm_up_sft_state_follows_the_sft_settings():
+    """``sft.lora_rank`` gives LoRA adapters (alpha = 2 x rank) over frozen base weights; ``sft.freeze_vision``
+    moves the vision tower to the frozen part, kept in ``model.param_dtype``."""
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.pipeline.sft_stage import sft_init_state
     from ipl_jax.training.lora import LoraParams
 
     params = toy_params()
-    lora_cfg = load_config(
-        tstate.default_train_config(),
-        [
-            "--config.lora.enabled=true",
-            "--config.lora.rank=2",
-            "--config.lora.alpha=8",
-            "--config.lora.targets=up_proj/kernel$,down_proj/kernel$",
-        ],
+    lora, _ = sft_init_state(params, load_settings("synthetic:quick", ["--config.sft.lora_rank=2"]))
+    assert isinstance(lora.params, LoraParams) and lora.params.rank == 2 and lora.params.scale == 2.0
+    assert set(flatten_with_paths(lora.frozen)) == set(flatten_with_paths(params))
+    frozen_settings = load_settings(
+        "synthetic:quick", ["--config.sft.freeze_vision=true", "--config.model.param_dtype=bfloat16"]
     )
-    state, _, schedule = tstate.state_from_config(params, lora_cfg, jax.random.PRNGKey(0))
-    assert isinstance(state.params, LoraParams) and state.params.rank == 2 and state.params.scale == 4.0
-    assert set(flatten_with_paths(state.frozen)) == set(flatten_with_paths(params))
-    frozen_cfg = load_config(
-        tstate.default_train_config(), ["--config.freeze_vision=true", "--config.frozen_dtype=bfloat16"]
-    )
-    state, _, _ = tstate.state_from_config(params, frozen_cfg, jax.random.PRNGKey(0))
+    state, _ = sft_init_state(toy_params(), frozen_settings)
     assert "visual" in state.frozen and "visual" not in state.params
     assert state.frozen["visual"]["proj"]["kernel"].dtype == jnp.bfloat16
 
@@ -144,19 +122,20 @@ def test_step_matches_manual_update_and_compiles_once():
     step = sft_step_for(config)
     state = tstate.create_train_state(params, opt, jax.random.PRNGKey(0))
     old_leaf = state.params["lm_head"]["kernel"]
-    state, metrics = step(state, batch)
+    with count_traces() as traces:
+        state, metrics = step(state, batch)
     assert old_leaf.is_deleted()  # the state was donated
     np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-6)
     np.testing.assert_allclose(float(metrics["grad_norm"]), float(grad_norm), rtol=1e-5)
     assert float(metrics["tokens"]) == float(batch["loss_mask"][:, 1:].sum())
     assert float(metrics["lr"]) == 0.0  # first warm-up step
-    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-    for seed in (2, 3):
-        state, metrics = step(state, toy_batch(seed))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), state.params, expected)
+    with count_traces() as retraces:
+        for seed in (2, 3):
+            state, metrics = step(state, toy_batch(seed))
     assert int(state.step) == 3
     np.testing.assert_allclose(float(metrics["lr"]), float(optim.make_schedule(config)(2)), rtol=1e-6)
-    assert step._cache_size() == 1
+    assert traces["step"] == 1 and retraces["step"] == 0
 
 
 def test_grad_accumulation_equals_full_batch_token_mean():
@@ -171,8 +150,7 @@ def test_grad_accumulation_equals_full_batch_token_mean():
     np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-6)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
     assert float(m1["tokens"]) == float(m2["tokens"]) == 18.0
-    for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7), s1.params, s2.params)
 
 
 def test_frozen_vision_never_changes_and_has_no_optimizer_state():
@@ -292,22 +270,20 @@ MESH_SCRIPT = textwrap.dedent(
     assert jax.device_count() == 8
     cfg = t.tiny_cfg()
     config = opt_config(weight_decay=0.01, learning_rate=3e-3)
-    opt, sched = optim.make_optimizer(config), optim.make_schedule(config)
+    opt = optim.make_optimizer(config)
     batches = [sft.sft_model_batch(cfg, t.tiny_training_batch(cfg, s)) for s in range(3)]
+
+    step_config = sft.SFTStepConfig(model=cfg, optimizer=config, logp_chunk=8)
 
     def run(mesh):
         state = tstate.create_train_state(t.numpy_params(cfg), opt, jax.random.PRNGKey(0))
-        if mesh is None:
-            step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8)
-        else:
-            p_sh = S.param_shardings(state.params, mesh)
-            sh = tstate.train_state_shardings(state, opt, mesh, p_sh, {})
-            state = jax.device_put(state, sh)
-            step = sft.make_qwen2vl_sft_step(cfg, opt, sched, chunk=8, mesh=mesh, state_shardings=sh,
-                                               batch_shardings=sft.sft_batch_shardings(batches[0], mesh))
+        if mesh is not None:
+            state = jax.device_put(state, tstate.state_shardings(state, opt, mesh))
         losses = []
         for b in batches:
-            state, m = step(state, b)
+            if mesh is not None:
+                b = jax.device_put(b, sft.sft_batch_shardings(b, mesh))
+            state, m = sft.sft_step(state, b, step_config, mesh=mesh)
             losses.append(float(m["loss"]))
         leaf = state.params["model"]["layers"]["mlp"]["up_proj"]["kernel"]
         mu = state.opt_state[1][0].mu["model"]["layers"]["mlp"]["up_proj"]["kernel"]

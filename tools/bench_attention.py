@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from ipl_jax.model import layers  # noqa: E402
-from ipl_jax.model.text import _spec_masks  # noqa: E402
+from ipl_jax.model import layers
+from ipl_jax.model.text import _spec_masks
 
 
 def decoder_problem(rows: int, length: int, continuations: int = 4):
@@ -123,7 +123,7 @@ def run_problem(name: str, problem: dict, impls: list[str], reps: int, dtype) ->
                     float(jnp.max(jnp.where(real, jnp.abs(a - c), 0))) for a, c in zip(g[1:], base[1][1:])
                 ]
                 res["max_abs_diff_dq"] = float(jnp.max(jnp.where(real, jnp.abs(g[0] - base[1][0]), 0)))
-        except Exception as e:  # noqa: BLE001 - an implementation that does not run here is reported, not fatal
+        except Exception as e:  # an implementation that does not run here is reported, not fatal
             res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         out["impls"][impl] = res
         print(name, impl, json.dumps(res), flush=True)

@@ -27,11 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ipl_jax.data.aitz import load_aitz  # noqa: E402
-from ipl_jax.data.dialogue import coat_example, collate  # noqa: E402
-from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
-from ipl_jax.data.packed import load_packed, open_split, pack_dataset  # noqa: E402
-from ipl_jax.data.pipeline import make_dataset, make_iterator  # noqa: E402
+from ipl_jax.data.aitz import load_aitz
+from ipl_jax.data.batching import collate
+from ipl_jax.data.dialogue import coat_example
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.packed.reader import load_packed, open_split
+from ipl_jax.data.packed.writer import pack_dataset
+from ipl_jax.data.pipeline import make_dataset, make_iterator
 
 IMAGE_CFG = ImageProcessorConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
 TOKEN_BUCKETS = (512, 1024, 2048, 4096)
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
         meta = pack_dataset("synthetic", work / "aitz", work / "packed", shards=args.shards)
         t_pack = time.perf_counter() - t
         n_steps = meta["splits"]["train"]["steps"]
-        size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())  # noqa: E731
+        size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
         print(
             f"{args.episodes} episodes, {n_steps} steps; AITZ layout {size(work / 'aitz') / 1e6:.1f} MB written "
             f"in {t_write:.1f} s; packed to {args.shards} shards, {size(work / 'packed') / 1e6:.1f} MB in "

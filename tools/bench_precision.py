@@ -3,7 +3,7 @@
 One run, one process, the same random weights and the same batches for every variant (fp32 without remat is
 the baseline of the ratios):
 
-  T-DPO step (``preference.tdpo.make_tdpo_step`` on ``packing.pack_round`` batches from ``bench_tdpo``'s
+  T-DPO step (``preference.tdpo.tdpo_update`` on ``packing.pack_round`` batches from ``bench_tdpo``'s
   workload): fp32 / bf16 compute (fp32 master weights and Adam moments either way) x remat off / on. Reported:
   median step seconds, the compiled program's per-device memory (``memory_analysis``: arguments, temporaries,
   total) and matmul FLOPs (``training.hlo_cost``), loss of the first step (bf16 should stay close to fp32).
@@ -28,24 +28,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_models import bench_model  # noqa: E402
-from bench_tdpo import SHAPES as TDPO_SHAPES  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_models import bench_model
+from bench_tdpo import SHAPES as TDPO_SHAPES
 from bench_tdpo import TEXT_BUCKETS, make_workload
-from bench_tree import SHAPES as TREE_SHAPES  # noqa: E402
+from bench_tree import SHAPES as TREE_SHAPES
 from bench_tree import random_steps
 
-from ipl_jax import model as M  # noqa: E402
-from ipl_jax.model.params import count_params  # noqa: E402
-from ipl_jax.model.text import forward_hidden, token_log_probs  # noqa: E402
-from ipl_jax.preference import packing as PK  # noqa: E402
-from ipl_jax.preference import tdpo as ipl  # noqa: E402
-from ipl_jax.sampling import SamplerConfig, pack_tree_prompts  # noqa: E402
-from ipl_jax.sampling.tree_sampler import _sample_tree_jit  # noqa: E402
-from ipl_jax.training.hlo_cost import hlo_flops  # noqa: E402
-from ipl_jax.training.state import cast_floating  # noqa: E402
+from ipl_jax import model as M
+from ipl_jax.model.params import count_params
+from ipl_jax.model.text import forward_hidden, token_log_probs
+from ipl_jax.preference import packed_batch as PB
+from ipl_jax.preference import packing as PK
+from ipl_jax.preference import tdpo as ipl
+from ipl_jax.sampling import SamplerConfig, pack_tree_prompts
+from ipl_jax.sampling.tree_sampler import _sample_tree_jit
+from ipl_jax.training.hlo_cost import hlo_flops
+from ipl_jax.training.state import cast_floating
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
 TDPO_SHAPE = dict(
@@ -96,7 +97,7 @@ def tdpo_batches(cfg, s, groups: int, packed: bool):
             cfg,
             g,
             p,
-            PK.PackingConfig(
+            PB.PackingConfig(
                 rows=groups,
                 max_continuations=4,
                 max_pairs=len(p),
@@ -109,7 +110,7 @@ def tdpo_batches(cfg, s, groups: int, packed: bool):
         cfg,
         ug,
         up,
-        PK.PackingConfig(
+        PB.PackingConfig(
             rows=len(ug),
             max_continuations=1,
             max_pairs=len(p),
@@ -126,7 +127,7 @@ def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
     ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
     batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
     state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-    compiled = ipl.make_tdpo_step(config).lower(state, batch).compile()
+    compiled = ipl.lower_tdpo_step(state, batch, config).compile()
     box = {"state": state}
 
     def one():
@@ -151,7 +152,7 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
     prompts = pack_tree_prompts(scfg, steps, config, 0)
     temperature = jnp.asarray(config.temperature, jnp.float32)
     compiled = _sample_tree_jit.lower(sparams, scfg, prompts, temperature, config.compile_key(), None).compile()
-    call = lambda: compiled(sparams, prompts, temperature)  # noqa: E731
+    call = lambda: compiled(sparams, prompts, temperature)
     jax.block_until_ready(call())
     return {
         "program": "sampler",
@@ -256,7 +257,7 @@ def profile(shape: str, repeats: int) -> list[dict]:
         ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
         batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
         state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-        step = ipl.make_tdpo_step(config).lower(state, batch).compile()
+        step = ipl.lower_tdpo_step(state, batch, config).compile()
         box = {"state": state}
 
         def run_step():

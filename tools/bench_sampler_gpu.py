@@ -27,25 +27,25 @@ import os
 # the transformers subprocess shares the accelerator: JAX takes half of its memory instead of 75 %
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_models import bench_model  # noqa: E402
-from bench_tree import (  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_models import bench_model
+from bench_tree import (
     CompileSpans,
     _span,
     _text_flops,
@@ -53,16 +53,16 @@ from bench_tree import (  # noqa: E402
     random_steps,
     useful_tree_flops,
 )
-from gpu_mfu import matmul_peak, spec_peak  # noqa: E402
+from gpu_mfu import matmul_peak, spec_peak
 
-from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
-from ipl_jax.data.image_processing import ImageProcessorConfig  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from ipl_jax.model.decode import KVCache  # noqa: E402
-from ipl_jax.model.layers import resolve_attention  # noqa: E402
-from ipl_jax.model.params import count_params, init_params  # noqa: E402
-from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree  # noqa: E402
-from ipl_jax.sampling.decoding import prefill_context, sample_config_turn  # noqa: E402
+from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.decode import KVCache
+from ipl_jax.model.layers import resolve_attention
+from ipl_jax.model.params import count_params, init_params
+from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree
+from ipl_jax.sampling.decoding import prefill_context, sample_config_turn
 
 HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12}  # by device kind (SXM)
 PARTS = ("tree", "prefill", "decode", "transformers")
@@ -89,7 +89,7 @@ def _ints(text: str, n: int | None, flag: str) -> tuple[int, ...]:
 def model_config(size: str, dtype: str, attention: str) -> Qwen2VLConfig:
     """The real Qwen2-VL-2B architecture or the tiny test model, computing and storing weights in ``dtype``."""
     if size == "2b":
-        from ipl_jax.pipeline.plan import ARCHITECTURES
+        from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
 
         cfg = Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
     else:
@@ -295,7 +295,7 @@ def _profile_turn(params, cfg, config, shape, temperature, trace_dir: str) -> di
 
         prof = profile_parts(compiled.as_text(), call, 1, trace_dir, top=12)
         release()
-    except Exception as e:  # noqa: BLE001 - a diagnostic: its failure must not cost the measured figures
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
     if "total_ms" in prof:
         prof.update(wall_ms=wall[0] * 1e3, busy_fraction=prof["total_ms"] / 1e3 / wall[0])
@@ -586,7 +586,7 @@ def main(argv=None) -> int:
             decode_weight_bytes=decode_weight_bytes(params, cfg),
             kv_bytes_per_token=kv_bytes_per_token(cfg),
         )
-    except Exception as e:  # noqa: BLE001 - recorded in the JSON; nothing else can run
+    except Exception as e:
         res["errors"]["setup"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
         print(rep.write())
         return 1
@@ -610,7 +610,7 @@ def main(argv=None) -> int:
         try:
             runners[part]()
             res["parts_done"].append(part)
-        except Exception as e:  # noqa: BLE001 - one part's failure (memory, a kernel) leaves the others to run
+        except Exception as e:
             res["errors"][part] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
         print(f"{part}: {json.dumps(res.get(part, res['errors'].get(part)), default=float)[:600]}", flush=True)
         rep.write()

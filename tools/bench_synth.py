@@ -27,9 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ipl_jax.data.synthetic import DEFAULT_SIZES, generate_split  # noqa: E402
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split  # noqa: E402
-from ipl_jax.data.synthetic.render import png_bytes  # noqa: E402
+from ipl_jax.data.synthetic import DEFAULT_SIZES, generate_split
+from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.data.synthetic.render import png_bytes
 
 
 def bench_render(n_screens: int = 400) -> dict:

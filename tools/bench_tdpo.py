@@ -42,17 +42,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_models import bench_model  # noqa: E402
-from bench_tdpo_agreement import print_agreement, run_agreement  # noqa: E402
-from bench_tdpo_trl import make_trl  # noqa: E402
+import jax
+import numpy as np
+from bench_models import bench_model
+from bench_tdpo_agreement import print_agreement, run_agreement
+from bench_tdpo_trl import make_trl
 
-from ipl_jax import model as M  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from ipl_jax.model.params import count_params  # noqa: E402
-from ipl_jax.preference import packing as PK  # noqa: E402
-from ipl_jax.preference import tdpo as ipl  # noqa: E402
+from ipl_jax import model as M
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import count_params
+from ipl_jax.preference import packed_batch as PB
+from ipl_jax.preference import packing as PK
+from ipl_jax.preference import tdpo as ipl
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
@@ -101,7 +102,7 @@ def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches:
     t, h, w = s["grid"]
     n_img = t * h * w // cfg.vision.merge_factor
     eot = cfg.text.eos_token_id[0]
-    text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()  # noqa: E731
+    text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     out = []
     for _ in range(n_batches):
         groups, pairs = [], []
@@ -118,7 +119,7 @@ def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches:
             n_cont = 3 if g % 2 == 0 else 4
             conts = tuple(np.asarray(text(int(rng.integers(*s["action"]))) + [eot], np.int32) for _ in range(n_cont))
             groups.append(
-                PK.PrefixGroup(
+                PB.PrefixGroup(
                     prefix_ids=np.asarray(prefix, np.int32),
                     continuations=conts,
                     pixel_values=rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32),
@@ -127,15 +128,15 @@ def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches:
                 )
             )
             pairs += (
-                [PK.PairRef(g, 0, 1, 3), PK.PairRef(g, 0, 2, 3)]
+                [PB.PairRef(g, 0, 1, 3), PB.PairRef(g, 0, 2, 3)]
                 if n_cont == 3
-                else [PK.PairRef(g, 0, k, 3) for k in (1, 2, 3)]
+                else [PB.PairRef(g, 0, k, 3) for k in (1, 2, 3)]
             )
         out.append((groups, pairs))
     return out
 
 
-def batch_tokens(batch: PK.PackedBatch) -> tuple[int, int]:
+def batch_tokens(batch: PB.PackedBatch) -> tuple[int, int]:
     """(real tokens, padded tokens) fed to the model by one packed batch."""
     seg = np.asarray(batch.segment_ids)
     return int(np.sum(seg >= 0)), int(seg.size)
@@ -156,9 +157,8 @@ class JaxVariant:
         self.name, self.params, self.batches = name, params, list(batches)
         # the step donates its state: train a copy, so that ``params`` stays the shared starting point
         self.state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-        step = ipl.make_tdpo_step(config)
         t0 = time.perf_counter()
-        self.step_exec = step.lower(self.state, self.batches[0]).compile()
+        self.step_exec = ipl.lower_tdpo_step(self.state, self.batches[0], config).compile()
         self.ref_exec = ipl._reference_jit.lower(params, self.batches[0], config.model, False, config.logp_chunk)
         self.ref_exec = self.ref_exec.compile()
         self.compile_s = time.perf_counter() - t0
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
             cfg,
             g,
             p,
-            PK.PackingConfig(
+            PB.PackingConfig(
                 rows=args.groups,
                 max_continuations=4,
                 max_pairs=n_pairs,
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
             cfg,
             ug,
             up,
-            PK.PackingConfig(
+            PB.PackingConfig(
                 rows=rows,
                 max_continuations=1,
                 max_pairs=n_pairs,
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
             f"{r['variant']:10s} {r['rows']:5d} {r['T']:5d} {r['tokens_per_pair']:9.1f} "
             f"{r['padded_tokens_per_pair']:12.1f} {r['step_s']:8.2f} {r['reference_s']:7.2f} {r['pairs_per_s']:9.3f}"
         )
-    fmt = lambda x: "n/a" if x is None else f"{x:.2f}x"  # noqa: E731
+    fmt = lambda x: "n/a" if x is None else f"{x:.2f}x"
     print(
         f"packed vs unpacked: {fmt(summary['ratio_vs_unpacked'])} pairs/s (step only "
         f"{fmt(summary['ratio_vs_unpacked_step_only'])}); vs TRL: packed {fmt(summary['ratio_vs_trl'])} (step only "

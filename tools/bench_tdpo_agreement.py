@@ -20,6 +20,7 @@ from bench_tdpo_trl import trl_agreement_side
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 
@@ -37,7 +38,7 @@ def perturbed(params, key, std: float):
     return jax.tree.unflatten(tree, noisy)
 
 
-def our_side(params, ref_params, batch: PK.PackedBatch, config: ipl.TDPOConfig) -> dict:
+def our_side(params, ref_params, batch: PB.PackedBatch, config: ipl.TDPOConfig) -> dict:
     """Per-pair loss and implicit rewards f64[P] and the gradient of the step's loss on one batch that holds every
     pair (in order)."""
     cfg, beta = config.model, config.dpo.beta
@@ -49,7 +50,7 @@ def our_side(params, ref_params, batch: PK.PackedBatch, config: ipl.TDPOConfig) 
     loss_fn = ipl.make_tdpo_loss(config)
     grad_fn = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None), has_aux=True))
     (loss, _), grads = grad_fn(params, batch)
-    as_np = lambda x: np.asarray(x, np.float64)[:n]  # noqa: E731
+    as_np = lambda x: np.asarray(x, np.float64)[:n]
     return {
         "loss": as_np(pair_loss),
         "chosen_reward": beta * (as_np(pos) - as_np(batch.ref_pos)),
@@ -87,7 +88,7 @@ def run_agreement(cfg: Qwen2VLConfig, params, groups, pairs, *, beta: float, ref
     n = len(pairs)
     buckets = tuple(range(64, 8193, 64))
     patches = max(int(np.prod(g.image_grid_thw)) for g in groups)
-    packing = lambda rows, conts: PK.PackingConfig(  # noqa: E731 - one batch holding every pair
+    packing = lambda rows, conts: PB.PackingConfig(
         rows=rows, max_continuations=conts, max_pairs=n, text_buckets=buckets, patch_buckets=(patches,)
     )
     (packed,) = PK.pack_round(cfg, groups, pairs, packing(len(groups), max(len(g.continuations) for g in groups)))

@@ -59,7 +59,7 @@ def _import_error():
         import datasets  # noqa: F401
         import transformers  # noqa: F401
         import trl  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - report any import problem
+    except Exception as e:
         return f"cannot import TRL and its dependencies: {type(e).__name__}: {e}"
     return None
 
@@ -75,9 +75,7 @@ def _trainer(policy_dir: str, ref_dir: str, beta: float, learning_rate: float, t
     from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
     from trl import DPOConfig, DPOTrainer
 
-    load = lambda d: Qwen2VLForConditionalGeneration.from_pretrained(  # noqa: E731
-        d, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    load = lambda d: Qwen2VLForConditionalGeneration.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     model, ref_model = load(policy_dir), load(ref_dir)
     # A word-level stand-in tokenizer: TRL needs one to build, but every batch here is already token ids.
     vocab = {"<pad>": 0, "<eos>": 1, "a": 2, "b": 3, "c": 4, "<unk>": 5}

@@ -33,16 +33,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from bench_models import bench_model  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from bench_models import bench_model
 
-from ipl_jax import model as M  # noqa: E402
-from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes  # noqa: E402
-from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
-from ipl_jax.model.params import count_params  # noqa: E402
-from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing  # noqa: E402
+from ipl_jax import model as M
+from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import count_params
+from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
@@ -92,7 +92,7 @@ def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) 
     """n steps of identical shapes (so transformers needs no padding): random image and text tokens."""
     t, h, w = s["grid"]
     n_img = t * h * w // cfg.vision.merge_factor
-    text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()  # noqa: E731
+    text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     out = []
     for i in range(n):
         prefix = (

@@ -3,7 +3,7 @@
 Random parameters of the 2B architecture are drawn on the device (fp32 master weights and Adam moments, bf16
 compute, decoder layers rematerialised, the ViT frozen as in the job's IPL rounds); one packed batch of random
 tokens (``--rows`` rows of ``--length`` tokens: a prefix with one screenshot of ``--patches`` patches and K + 1
-continuations, ``--pairs`` pairs) is fed to ``preference.tdpo.make_tdpo_step``, compiled ahead of time; after
+continuations, ``--pairs`` pairs) is fed to ``preference.tdpo.tdpo_update``, compiled ahead of time; after
 ``--warmup`` untimed steps, ``--steps`` steps are timed (each waits for its metrics).
 
 FLOPs per step are counted two ways:
@@ -16,9 +16,8 @@ FLOPs per step are counted two ways:
 Peak: ``--peak-tflops``, else the vendor's dense bf16 figure for the device kind (H100 / H200 SXM: 989.4
 TFLOP/s; A100: 312), and a bf16 matmul measured in the same run for comparison.
 
-Needs only jax, flax, optax, numpy, pillow and ml_collections besides ipl_jax's model / preference / training
-modules (no grain, no tfrecord, no torch); ml_collections is pure Python, so a wheel of it can be installed next to
-a prebuilt JAX (``pip install --no-deps ml_collections==1.1.0``). Results go to stdout and ``--json``.
+Needs only jax, flax, optax, numpy and pillow besides ipl_jax's model / preference / training modules (no grain,
+no tfrecord, no torch, no ml_collections). Results go to stdout and ``--json``.
 
     python tools/gpu_mfu.py [--size 2b|tiny] [--rows 8] [--length 4096] [--patches 4096] [--steps 10]
                             [--json OUT]
@@ -38,18 +37,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig  # noqa: E402
-from ipl_jax.model.layers import resolve_attention  # noqa: E402
-from ipl_jax.model.params import count_params, init_params  # noqa: E402
-from ipl_jax.model.vision import VisionInputs  # noqa: E402
-from ipl_jax.preference import tdpo  # noqa: E402
-from ipl_jax.preference.packing import PackedBatch  # noqa: E402
-from ipl_jax.training.hlo_cost import hlo_flops  # noqa: E402
-from ipl_jax.training.state import VISION_REGEX  # noqa: E402
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.layers import resolve_attention
+from ipl_jax.model.params import count_params, init_params
+from ipl_jax.model.vision import VisionInputs
+from ipl_jax.preference import tdpo
+from ipl_jax.preference.packed_batch import PackedBatch
+from ipl_jax.training.hlo_cost import hlo_flops
+from ipl_jax.training.state import VISION_REGEX
 
 PEAK_BF16_TFLOPS = {"h200": 989.4, "h100": 989.4, "a100": 312.0, "l4": 121.0}  # dense, SXM where it matters
 TINY = Qwen2VLConfig(
@@ -73,7 +72,7 @@ TINY = Qwen2VLConfig(
 
 
 def model_2b() -> Qwen2VLConfig:
-    from ipl_jax.pipeline.plan import ARCHITECTURES
+    from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
 
     return Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
 
@@ -199,7 +198,7 @@ def run(args) -> dict:
     res["params"] = count_params(state.params) + count_params(state.frozen)
     res["init_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    compiled = tdpo.make_tdpo_step(config).lower(state, batch).compile()
+    compiled = tdpo.lower_tdpo_step(state, batch, config).compile()
     res["compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     if mem is not None:
@@ -277,7 +276,7 @@ def main(argv=None) -> int:
     try:
         res = run(args)
         status = 0
-    except Exception as e:  # noqa: BLE001 - record any failure (out of memory, missing kernel) in the JSON too
+    except Exception as e:
         res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
         status = 1
     text = json.dumps(res, indent=2)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ipl_jax.cli.make_tiny import main  # noqa: E402
+from ipl_jax.cli.make_tiny import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

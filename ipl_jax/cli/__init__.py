@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib import metadata
+
+from ipl_jax import __version__
 
 # subcommand -> (module, function, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
@@ -35,9 +38,6 @@ def _usage() -> str:
 
 def version() -> str:
     """The installed distribution's version (the package's own when it is not installed)."""
-    from importlib import metadata
-
-    from ipl_jax import __version__
 
     try:
         return metadata.version("ipl-jax")

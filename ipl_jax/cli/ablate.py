@@ -11,14 +11,14 @@ from pathlib import Path
 
 from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
-from ipl_jax.cli.run import job_config
+from ipl_jax.cli.run import job_settings
+from ipl_jax.pipeline.ablate import VARIANTS, format_ablation, run_ablation, variant_settings
+from ipl_jax.pipeline.sources import check_job
 
 PROG = "ipl-jax ablate"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.pipeline.ablate import VARIANTS
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="directory of the base job and the variants (reused to resume)")
     p.add_argument(
@@ -31,17 +31,15 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.pipeline.ablate import VARIANTS, format_ablation, run_ablation, variant_config
-    from ipl_jax.pipeline.validate import validate_config
-
     p = parser()
-    args, config = job_config(p, argv)
-    names = [v.strip() for v in (args.variants.split(",") if args.variants else config.ablation.variants) if v.strip()]
+    args, settings = job_settings(p, argv)
+    names = [v.strip() for v in (args.variants.split(",") if args.variants else settings.ablation.variants)]
+    names = [n for n in names if n]
     for n in names:
         if n not in VARIANTS:
             p.error(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
-        validate_config(variant_config(config, n))  # every variant's settings, before the base job starts
-    result = run_ablation(config, args.workdir, names)
+        check_job(variant_settings(settings, n))  # every variant's settings, before the base job starts
+    result = run_ablation(settings, args.workdir, names)
     if distributed.is_main():
         print("\n" + format_ablation(result))
         print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")

@@ -10,7 +10,8 @@ import json
 import sys
 
 from ipl_jax.cli.common import CommandParser, command
-from ipl_jax.pipeline.validate import UsageError, model_dir
+from ipl_jax.model.parity import compare
+from ipl_jax.pipeline.paths import UsageError, model_dir
 
 PROG = "ipl-jax check-parity"
 
@@ -35,7 +36,6 @@ def main(argv: list[str]) -> int:
             f"needs torch and transformers (the reference implementation): {e}; install them with "
             f"pip install -e '.[test]'"
         ) from None
-    from ipl_jax.model.parity import compare
 
     try:
         result = compare(args.model, args.seed)

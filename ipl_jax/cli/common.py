@@ -9,10 +9,6 @@ Flags mean one thing across commands:
   Orbax tree of bare parameters;
 * ``--data DIR`` a dataset root, ``--format`` its layout, ``--out`` / ``--json`` / ``--predictions`` outputs.
 
-Older spellings (``--checkpoint`` for a model directory in ``eval`` / ``sample``, ``--checkpoints`` in
-``select-seed``, ``--base-model`` / ``--checkpoint`` / ``--params`` in ``export``, ``--config`` for model
-overrides in ``make-tiny`` and world overrides in ``synth``) keep working as hidden aliases.
-
 Errors: a mistake in the invocation (a flag, a config value, a path) ends in one line on stderr,
 ``ipl-jax COMMAND: <what is wrong and what to do>``, and exit status 2, before any expensive work; a malformed
 data record ends the same way with status 1.
@@ -24,8 +20,13 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from ipl_jax.pipeline.validate import UsageError
+from ipl_jax.configs.loader import ConfigError
+from ipl_jax.data.datasets import skipped_summary
+from ipl_jax.data.records import DataError
+from ipl_jax.pipeline.paths import UsageError
+from ipl_jax.settings import MAX_SEED, SettingsError
 
 USAGE, DATA = 2, 1  # exit statuses: a bad invocation; bad data
 
@@ -44,13 +45,10 @@ def command(prog: str) -> Callable:
     def wrap(fn: Callable[[list[str]], int]) -> Callable[[Sequence[str] | None], int]:
         @functools.wraps(fn)
         def main(argv: Sequence[str] | None = None) -> int:
-            from ipl_jax.configs.loader import ConfigError
-            from ipl_jax.data.records import DataError
-
             argv = list(sys.argv[1:] if argv is None else argv)
             try:
                 return int(fn(argv) or 0)
-            except (UsageError, ConfigError) as e:
+            except (UsageError, ConfigError, SettingsError) as e:
                 return fail(prog, e, USAGE)
             except DataError as e:
                 return fail(prog, e, DATA)
@@ -69,11 +67,6 @@ def fail(prog: str, message, status: int) -> int:
     return status
 
 
-def hidden_alias(parser: argparse.ArgumentParser, flag: str, dest: str, **kwargs) -> None:
-    """An old spelling of a flag: accepted, stored in ``dest``, not shown in ``--help``."""
-    parser.add_argument(flag, dest=dest, default=None, help=argparse.SUPPRESS, **kwargs)
-
-
 def add_skip_bad(
     parser: argparse.ArgumentParser,
     help: str = "leave malformed dataset records out (and say how many) instead of stopping",
@@ -83,7 +76,7 @@ def add_skip_bad(
 
 
 def require(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str, flag: str) -> None:
-    """A flag that is required but has a hidden alias (argparse's ``required`` would reject the alias)."""
+    """A flag that one mode of a command requires (``eval``'s ``--data`` except with ``--online``)."""
     if getattr(args, dest) is None:
         parser.error(f"the following arguments are required: {flag}")
 
@@ -109,8 +102,6 @@ def positive_int(text: str) -> int:
 
 def seed_int(text: str) -> int:
     """argparse type: a random seed, an integer in [0, 2**32 - 1]."""
-    from ipl_jax.pipeline.validate import MAX_SEED
-
     value = nonnegative_int(text)
     if value > MAX_SEED:
         raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_SEED}")
@@ -119,15 +110,11 @@ def seed_int(text: str) -> int:
 
 def report_skipped(prog: str, skipped: Sequence, where: str) -> None:
     """One line on stderr: how many malformed records ``--skip-bad`` left out of ``where``, and why."""
-    from ipl_jax.data.datasets import skipped_summary
-
     if skipped:
         print(f"{prog}: {skipped_summary(skipped, where)}", file=sys.stderr)
 
 
 def write_text(path, text: str) -> None:
-    """Write an output file (its directory created), after ``validate.output_file`` has checked the path."""
-    from pathlib import Path
-
+    """Write an output file (its directory created), after ``paths.output_file`` has checked the path."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text, encoding="utf-8")

@@ -18,19 +18,29 @@ import dataclasses
 import json
 import sys
 
-from ipl_jax.cli.common import CommandParser, add_skip_bad, command, hidden_alias, positive_int, require, write_text
+import jax
+
+from ipl_jax import distributed
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_int, require, write_text
+from ipl_jax.cli.run import start_distributed
 from ipl_jax.cli.score import load_split
-from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
+from ipl_jax.coat.metrics import FORMATS, RULES
+from ipl_jax.coat.tables import format_table
+from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.data.synthetic.dataset import SPLITS
+from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
+from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+from ipl_jax.eval.policy import load_policy
+from ipl_jax.eval.trees import reward_config, sampler_config, sampler_for_batch
+from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.sampling.config import SamplerConfig
 
 PROG = "ipl-jax eval"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.coat.metrics import FORMATS, RULES
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
-    hidden_alias(p, "--checkpoint", "model")  # the old spelling
+    p.add_argument("--model", required=True, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
     p.add_argument("--data", default=None, help="dataset root directory")
     p.add_argument("--format", default=None, choices=FORMATS, dest="fmt", help="dataset format")
     p.add_argument("--split", default=None, help="split (default: test; online: config.eval.online_split)")
@@ -63,8 +73,6 @@ def parser() -> CommandParser:
 
 def load_model(flag: str, directory: str, mesh: bool):
     """``eval.policy.load_policy`` with its failures named after the flag."""
-    from ipl_jax.eval.policy import load_policy
-
     model_dir(directory, flag)
     try:
         return load_policy(directory, mesh)
@@ -84,18 +92,13 @@ def keep_steps(episodes, steps):
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax import distributed
-    from ipl_jax.cli.run import start_distributed
-    from ipl_jax.coat.tables import format_table
-    from ipl_jax.configs.loader import parse_args_with_config
-    from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-    from ipl_jax.sampling import SamplerConfig
-
     p = parser()
     distributed.add_flags(p)
-    args, job = parse_args_with_config(p, argv, default_config="synthetic")
+    args, job = parse_args_with_settings(p, argv, default_config="synthetic")
     start_distributed(args)  # before anything touches a device
-    require(p, args, "model", "--model")
+    for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
+        if path:
+            output_file(path, flag)
     if args.online:
         return online(args, job)
     require(p, args, "data", "--data")
@@ -103,9 +106,6 @@ def main(argv: list[str]) -> int:
     args.split = args.split or "test"
     model_dir(args.model, "--model")
     input_dir(args.data, "--data", f"a {args.fmt} dataset root")
-    for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
-        if path:
-            output_file(path, flag)
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     if args.steps is not None:
         episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][: args.steps])
@@ -134,27 +134,24 @@ def main(argv: list[str]) -> int:
 
 def online(args, job) -> int:
     """``--online``: ``eval.online.online_eval`` on the split's live tasks."""
-    from ipl_jax.data.synthetic.dataset import SPLITS
-    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
-
-    split = args.split or str(job.eval.online_split)
+    split = args.split or job.eval.online_split
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: the synthetic world's splits are {', '.join(SPLITS)}")
-    if job.data.format != "synthetic":
+    if not job.data.synthetic:
         raise UsageError(f"--config: data.format is {job.data.format!r}; --online plays the synthetic world")
     model_dir(args.model, "--model")
-    for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
-        if path:
-            output_file(path, flag)
-    n = args.episodes or int(job.eval.online_episodes) or int(job.data.test_episodes)
-    tasks = job_world_tasks(job, split, n, max_steps=args.max_steps or int(job.eval.online_max_steps))
+    n = args.episodes or job.eval.online_episodes or job.data.test_episodes
+    max_steps = args.max_steps or job.eval.online_max_steps
+    tasks = job_world_tasks(job.data, job.world, job.seed, split, n, max_steps=max_steps)
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
-    oc = online_config(job, tokenizer, image_config, batch_size=args.batch_size)
-    import jax
-
-    out = online_eval(params, cfg, tokenizer, tasks, jax.random.PRNGKey(int(job.seed)), oc, mesh)
+    bs = args.batch_size or job.eval.batch_size
+    greedy = sampler_config(tokenizer, job.sampler, job.buckets, job.eval.batch_size, greedy=True)
+    oc = online_config(
+        sampler_for_batch(greedy, job.buckets, bs), image_config, reward_config(job.reward, job.data), bs
+    )
+    out = online_eval(params, cfg, tokenizer, tasks, jax.random.PRNGKey(job.seed), oc, mesh)
     episodes = out.pop("episodes_detail", [])
-    out = {"split": split, "seed": int(job.seed), **out}
+    out = {"split": split, "seed": job.seed, **out}
     print(
         f"online {split} (seed {out['seed']}, {out['episodes']} episodes): success rate "
         f"{100 * out['success_rate']:.1f}%, mean steps {out['mean_steps']:.2f}, truncated "

@@ -11,8 +11,15 @@ import os
 import shutil
 import sys
 
-from ipl_jax.cli.common import CommandParser, command, hidden_alias, nonnegative_int, require
-from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_dir
+import jax
+import orbax.checkpoint as ocp
+
+from ipl_jax.cli.common import CommandParser, command, nonnegative_int
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import param_shapes
+from ipl_jax.model.weights import load_params, save_params
+from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_dir
+from ipl_jax.training.checkpoint import Checkpointer
 
 PROG = "ipl-jax export"
 
@@ -35,26 +42,23 @@ def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
-        default=None,
+        required=True,
         help="Hugging Face model directory whose config.json describes the model; its tokenizer and "
         "processor files are copied to the output (its weights are exported when no Orbax "
         "source is given)",
     )
-    hidden_alias(p, "--base-model", "model")
     p.add_argument(
         "--orbax-checkpoint",
         dest="orbax_checkpoint",
         default=None,
         help="training checkpoint directory written by ipl-jax (Orbax TrainState; LoRA adapters are merged)",
     )
-    hidden_alias(p, "--checkpoint", "orbax_checkpoint")
     p.add_argument(
         "--orbax-params",
         dest="orbax_params",
         default=None,
         help="Orbax checkpoint directory holding a bare params tree",
     )
-    hidden_alias(p, "--params", "orbax_params")
     p.add_argument(
         "--step", type=nonnegative_int, default=None, help="with --orbax-checkpoint: the step (default: the latest)"
     )
@@ -65,26 +69,18 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    import jax
-
-    from ipl_jax.model.config import Qwen2VLConfig
-    from ipl_jax.model.params import param_shapes
-    from ipl_jax.model.weights import load_params, save_params
 
     p = parser()
     args = p.parse_args(argv)
-    require(p, args, "model", "--model")
     if args.orbax_checkpoint is not None and args.orbax_params is not None:
         p.error("give one of --orbax-checkpoint and --orbax-params")
+    output_dir(args.out, "--out")
     if args.orbax_checkpoint is None and args.orbax_params is None:
         model_dir(args.model, "--model")  # its weights are the ones exported
     elif not os.path.isfile(os.path.join(input_dir(args.model, "--model"), "config.json")):
         raise UsageError(f"--model {args.model}: no config.json; expected a Hugging Face model directory")
-    output_dir(args.out, "--out")
     cfg = Qwen2VLConfig.from_dir(args.model)
     if args.orbax_checkpoint is not None:
-        from ipl_jax.training.checkpoint import Checkpointer
-
         input_dir(args.orbax_checkpoint, "--orbax-checkpoint", "a training checkpoint directory")
         ckpt = Checkpointer(os.path.abspath(args.orbax_checkpoint))
         try:
@@ -92,8 +88,6 @@ def main(argv: list[str]) -> int:
         finally:
             ckpt.close()
     elif args.orbax_params is not None:
-        import orbax.checkpoint as ocp
-
         input_dir(args.orbax_params, "--orbax-params", "an Orbax params directory")
         with ocp.StandardCheckpointer() as ckptr:
             params = ckptr.restore(os.path.abspath(args.orbax_params), param_shapes(cfg))

@@ -18,15 +18,15 @@ import time
 from pathlib import Path
 
 from ipl_jax.cli.common import CommandParser, command, seed_int
-from ipl_jax.pipeline.validate import UsageError, output_dir
+from ipl_jax.cli.make_tiny import read_json_arg
+from ipl_jax.pipeline.init_model import DTYPES, checkpoint_config, tensor_shapes, write_random_checkpoint
+from ipl_jax.pipeline.paths import UsageError, output_dir
+from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
 
 PROG = "ipl-jax init-model"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.pipeline.init_model import DTYPES
-    from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--architecture", required=True, choices=tuple(ARCHITECTURES), help="the published model's shapes")
     p.add_argument("--out", required=True, help="output directory")
@@ -53,10 +53,8 @@ def _claim(out: Path, overwrite: bool) -> None:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.cli.make_tiny import read_json_arg
-    from ipl_jax.pipeline.init_model import checkpoint_config, tensor_shapes, write_random_checkpoint
-
     args = parser().parse_args(argv)
+    out = None if args.dry_run else output_dir(args.out, "--out")  # checked before any work
     overrides = read_json_arg(args.override, "--override") if args.override else None
     try:
         hf_config = checkpoint_config(args.architecture, overrides, args.dtype)
@@ -73,14 +71,8 @@ def main(argv: list[str]) -> int:
             f"{n_params * itemsize / 1e9:.2f} GB in {args.dtype}"
         )
         return 0
-    out = output_dir(args.out, "--out")
     _claim(out, args.overwrite)
-    try:  # a read-only file system or a root-owned place (os.access says yes to root) fails here, not later
-        out.mkdir(parents=True, exist_ok=True)
-        (out / ".write-test").write_bytes(b"")
-        (out / ".write-test").unlink()
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot be written ({e.strerror}); choose a writable directory") from None
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = write_random_checkpoint(out, hf_config, seed=args.seed)
     ids = summary["special_ids"]

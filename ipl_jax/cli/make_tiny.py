@@ -7,14 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from ipl_jax.cli.common import CommandParser, command, hidden_alias, nonnegative_int, positive_int
-from ipl_jax.pipeline.validate import UsageError, input_file, output_dir
+from ipl_jax.cli.common import CommandParser, command, nonnegative_int, positive_int
+from ipl_jax.data.tiny import ARCHS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, DEFAULT_VOCAB_SIZE, make_tiny_checkpoint
+from ipl_jax.data.tiny_tokenizer import MissingDependency
+from ipl_jax.pipeline.paths import UsageError, input_file, output_dir
 
 PROG = "ipl-jax make-tiny"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.data.tiny import ARCHS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, DEFAULT_VOCAB_SIZE
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory")
@@ -24,7 +25,6 @@ def parser() -> CommandParser:
         default=None,
         help="model overrides: a JSON object or a JSON file (nested or flat Hugging Face layout)",
     )
-    hidden_alias(p, "--config", "model_config")  # the old spelling
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--scale", type=float, default=None, help="multiply every Linear/Embedding weight by this")
     p.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE)
@@ -82,7 +82,6 @@ def model_overrides(args) -> dict:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.data.tiny import MissingDependency, make_tiny_checkpoint
 
     args = parser().parse_args(argv)
     output_dir(args.out, "--out")

@@ -15,13 +15,14 @@ from __future__ import annotations
 import sys
 
 from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_int, report_skipped
-from ipl_jax.pipeline.validate import UsageError, input_dir, output_dir
+from ipl_jax.data.packed.writer import DATASETS, check_out, pack_dataset, source_splits
+from ipl_jax.pipeline.paths import UsageError, input_dir, output_dir
+from ipl_jax.progress import progress
 
 PROG = "ipl-jax pack-data"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.data.packed.writer import DATASETS
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -46,12 +47,10 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.data.packed.writer import check_out, pack_dataset, source_splits
-    from ipl_jax.progress import progress
 
     args = parser().parse_args(argv)
-    root = input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     out = output_dir(args.out, "--out")
+    root = input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     splits = None if args.splits is None else [s for s in args.splits.split(",") if s]
     try:
         check_out(out, root)

@@ -11,13 +11,22 @@ backend's temporaries run a few times larger than the TPU's for the same program
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import jax
+from jax._src import xla_bridge
+from jax.experimental import topologies
+
 from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
-from ipl_jax.pipeline.validate import UsageError
+from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.model.sharding import make_mesh
+from ipl_jax.pipeline import plan as plan_lib
+from ipl_jax.pipeline import plan_shapes as shapes_lib
+from ipl_jax.pipeline.paths import UsageError, output_file
 
 PROG = "ipl-jax plan"
 _CHILD = "IPL_JAX_PLAN_CHILD"
@@ -85,9 +94,6 @@ def _xla_flags(flags: str, n: int) -> str:
 def _prepare_backend(args, argv) -> int | None:
     """Point JAX at CPU devices (fake ones for --devices, compile-only TPU ones for --topology) before it starts;
     when it has already started otherwise, re-run this command in a child process. Returns the child's status."""
-    import jax
-    from jax._src import xla_bridge
-
     if args.devices is None and args.topology is None:
         return None
     env = dict(_TPU_ENV) if args.topology else {"JAX_PLATFORMS": "cpu"}
@@ -113,32 +119,26 @@ def _prepare_backend(args, argv) -> int | None:
 
 
 def _devices(args):
-    import jax
-
     if args.topology is None:
         return jax.devices(), jax.default_backend()
-    from jax.experimental import topologies
-
     name = topology_name(args.topology)
     try:
         topo = topologies.get_topology_desc(platform="tpu", topology_name=name)
-    except Exception as e:  # noqa: BLE001 - libtpu's errors (an unknown chip or shape) are runtime errors
+    except Exception as e:
         text = " ".join(str(e).split())[:200]
         raise UsageError(f"--topology {args.topology} ({name}): {text}") from None
     return list(topo.devices), "tpu"
 
 
-def _check_early(args, config, plan_lib, settings, mesh_arg) -> None:
+def _check_early(args, settings, options, mesh_arg) -> None:
     """What can be checked before JAX starts: the mesh against --devices, batches, dtypes, the topology name and
     its compiler."""
-    import importlib.util
-
     if args.devices is not None:
-        shape = plan_lib.mesh_shape(config, mesh_arg, args.devices)
-        plan_lib.validate(config, settings, shape, "cpu")
+        shape = shapes_lib.mesh_shape(settings.mesh, mesh_arg, args.devices)
+        plan_lib.validate(settings, options, shape, "cpu")
     elif args.topology is not None:
         topology_name(args.topology)
-        plan_lib.check_dtype(settings, "tpu")
+        plan_lib.check_dtype(options, "tpu")
         if importlib.util.find_spec("libtpu") is None:
             raise UsageError(
                 f"--topology {args.topology}: no TPU compiler installed (libtpu); install the tpu-plan "
@@ -148,31 +148,29 @@ def _check_early(args, config, plan_lib, settings, mesh_arg) -> None:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.configs.loader import parse_args_with_config
-    from ipl_jax.model.sharding import make_mesh
-    from ipl_jax.pipeline import plan as plan_lib
-
-    args, config = parse_args_with_config(parser(), argv)
+    args, settings = parse_args_with_settings(parser(), argv)
+    if args.json:
+        output_file(args.json, "--json")
     try:
-        mesh_arg = plan_lib.parse_mesh(args.mesh) if args.mesh else None
-        arch, cfg = plan_lib.model_config(config, args.config or "", args.arch)
-        dtype, frozen = plan_lib.plan_dtypes(config, args.dtype, args.frozen_dtype)
-        remat = args.remat or str(config.model.get("remat", "full"))
-        attention = args.attention or str(config.model.get("attention", "auto"))
-        settings = plan_lib.PlanSettings(
+        mesh_arg = shapes_lib.parse_mesh(args.mesh) if args.mesh else None
+        arch, cfg = shapes_lib.model_config(settings.model, args.config or "", args.arch)
+        dtype, frozen = shapes_lib.plan_dtypes(settings.model, args.dtype, args.frozen_dtype)
+        remat = args.remat or settings.model.remat
+        attention = args.attention or settings.model.attention
+        options = plan_lib.PlanSettings(
             compute_dtype=dtype,
             remat=remat,
             frozen_dtype=frozen,
             attention=attention,
             programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()),
         )
-        _check_early(args, config, plan_lib, settings, mesh_arg)
+        _check_early(args, settings, options, mesh_arg)
         status = _prepare_backend(args, argv)
         if status is not None:
             return status
         devices, platform = _devices(args)
-        shape = plan_lib.mesh_shape(config, mesh_arg, len(devices))
-        plan_lib.validate(config, settings, shape, platform)
+        shape = shapes_lib.mesh_shape(settings.mesh, mesh_arg, len(devices))
+        plan_lib.validate(settings, options, shape, platform)
         mesh = make_mesh(shape, devices=devices)
         where = f"{len(devices)} {platform} devices" + (f" ({args.topology})" if args.topology else "")
         info = plan_lib.describe(cfg)
@@ -184,13 +182,13 @@ def main(argv: list[str]) -> int:
         )
         print(header, file=sys.stderr)
         plans = plan_lib.plan_job(
-            config,
+            settings,
             cfg,
             mesh,
-            settings,
+            options,
             on_program=lambda pl: print(f"  compiled {pl.name} in {pl.compile_s:.1f}s", file=sys.stderr),
         )
-    except plan_lib.PlanError as e:
+    except shapes_lib.PlanError as e:
         raise UsageError(str(e)) from None
     print(plan_lib.format_table(plans, header, args.budget_gb))
     if args.json:

@@ -9,8 +9,9 @@
 On TPU pods and under SLURM the processes find each other without the three flags (``ipl_jax/distributed.py``);
 every process needs the same command and a ``--workdir`` on a file system they all see.
 
-The config is checked before anything is written (``pipeline/validate.py``); running the same command again
-resumes after the last finished stage or round.
+The settings are checked before anything is written (``ipl_jax/settings.py``, then ``pipeline/sources.py`` for
+the dataset, the checkpoint and the machine); running the same command again resumes after the last finished
+stage or round.
 """
 
 from __future__ import annotations
@@ -19,23 +20,25 @@ import sys
 
 from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
-from ipl_jax.pipeline.validate import UsageError, output_dir, validate_config
+from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.pipeline.paths import UsageError, output_dir
+from ipl_jax.pipeline.run import STAGES, run_job
+from ipl_jax.pipeline.sources import check_job
 
 PROG = "ipl-jax run"
 
 
-def job_config(parser: CommandParser, argv: list[str]):
-    """(args, config) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) with its
-    ``--config.a.b=v`` overrides, the config's values checked and ``--workdir`` writable -- before any work.
-    A multi-process launch joins the others here, before anything touches a device."""
-    from ipl_jax.configs.loader import parse_args_with_config
-
+def job_settings(parser: CommandParser, argv: list[str]):
+    """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) with its
+    ``--config.a.b=v`` overrides read into checked ``Settings``, the dataset, checkpoint and machine checked and
+    ``--workdir`` writable -- before any work. A multi-process launch joins the others here, before anything
+    touches a device."""
     distributed.add_flags(parser)
-    args, config = parse_args_with_config(parser, argv, default_config="synthetic")
+    args, settings = parse_args_with_settings(parser, argv, default_config="synthetic")
     start_distributed(args)
     output_dir(args.workdir, "--workdir")
-    validate_config(config)
-    return args, config
+    check_job(settings)
+    return args, settings
 
 
 def start_distributed(args) -> None:
@@ -47,8 +50,6 @@ def start_distributed(args) -> None:
 
 
 def parser() -> CommandParser:
-    from ipl_jax.pipeline.run import STAGES
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
     p.add_argument("--stop-after", choices=STAGES, default=None, help="stop once this stage is finished")
@@ -57,10 +58,8 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.pipeline.run import run_job
-
-    args, config = job_config(parser(), argv)
-    run_job(config, args.workdir, args.stop_after)
+    args, settings = job_settings(parser(), argv)
+    run_job(settings, args.workdir, args.stop_after)
     return 0
 
 

@@ -19,27 +19,27 @@ from ipl_jax.cli.common import (
     CommandParser,
     add_skip_bad,
     command,
-    hidden_alias,
     nonnegative_int,
     positive_int,
-    require,
     seed_int,
     write_text,
 )
 from ipl_jax.cli.eval import load_model
 from ipl_jax.cli.score import load_split
-from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
+from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS
+from ipl_jax.eval.sampler import sample_records
+from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.sampling import SamplerConfig
+from ipl_jax.viz.viewer import write_html
 
 PROG = "ipl-jax sample"
 DEFAULT_STEPS = 8
 
 
 def parser() -> CommandParser:
-    from ipl_jax.coat.metrics import FORMATS
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
-    hidden_alias(p, "--checkpoint", "model")  # the old spelling
+    p.add_argument("--model", required=True, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
     p.add_argument("--data", required=True, help="dataset root directory")
     p.add_argument("--format", default="aitz", choices=FORMATS, dest="fmt", help="dataset format")
     p.add_argument("--split", default="train")
@@ -63,23 +63,19 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.coat.metrics import DEFAULT_RULES
-    from ipl_jax.eval.sampler import sample_records
-    from ipl_jax.sampling import SamplerConfig
 
     p = parser()
     args = p.parse_args(argv)
-    require(p, args, "model", "--model")
     if not (args.temperature >= 0 and 0 < args.top_p <= 1 and 0 < args.discount <= 1):
         raise UsageError(
             f"--temperature must be >= 0, --top-p in (0, 1] and --discount in (0, 1]; got "
             f"{args.temperature}, {args.top_p}, {args.discount}"
         )
-    model_dir(args.model, "--model")
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     output_file(args.out, "--out")
     if args.html:
         output_file(args.html, "--html")
+    model_dir(args.model, "--model")
+    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     steps = [s for ep in episodes for s in ep.steps][: args.steps]
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
@@ -112,8 +108,6 @@ def main(argv: list[str]) -> int:
     seconds = time.time() - t0
     write_text(args.out, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
     if args.html:
-        from ipl_jax.viz.viewer import write_html
-
         images = []
         for s in steps[: len(records)]:
             try:

@@ -2,7 +2,7 @@
 
     ipl-jax score --data DIR --format aitz|amex|androidcontrol --predictions FILE [--split test] [--json OUT]
 
-The predictions format is described in ``ipl_jax/eval/evaluate.py``. Exit status 0; 2 for a bad invocation
+The predictions format is described in ``ipl_jax/eval/predictions.py``. Exit status 0; 2 for a bad invocation
 (a missing or wrong kind of path, an unwritable ``--json``); 1 for a malformed predictions line or data record.
 """
 
@@ -12,18 +12,22 @@ import json
 import sys
 
 from ipl_jax.cli.common import CommandParser, add_skip_bad, command, report_skipped, write_text
-from ipl_jax.pipeline.validate import UsageError, input_dir, input_file, output_file
+from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES
+from ipl_jax.coat.tables import format_table, score_episodes
+from ipl_jax.data.datasets import load_dataset_with_report
+from ipl_jax.data.records import DataError
+from ipl_jax.eval.predictions import load_predictions
+from ipl_jax.pipeline.paths import UsageError, input_dir, input_file, output_file
 
 PROG = "ipl-jax score"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS, RULES
 
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="dataset root directory")
     p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/eval/evaluate.py)")
+    p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/eval/predictions.py)")
     p.add_argument(
         "--split", default="test", help="dataset split (default: test; for AMEX 'all' reads every episode file)"
     )
@@ -42,8 +46,6 @@ def parser() -> CommandParser:
 
 def load_split(prog: str, data: str, fmt: str, split, skip_bad: bool):
     """The episodes of a dataset split; a missing split is a usage error, skipped records are reported."""
-    from ipl_jax.data.datasets import load_dataset_with_report
-    from ipl_jax.data.records import DataError
 
     input_dir(data, "--data", f"a {fmt} dataset root")
     try:
@@ -62,14 +64,12 @@ def load_split(prog: str, data: str, fmt: str, split, skip_bad: bool):
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.coat.tables import format_table, score_episodes
-    from ipl_jax.eval.evaluate import load_predictions
 
     args = parser().parse_args(argv)
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
-    input_file(args.predictions, "--predictions", "a predictions JSONL file")
     if args.json:
         output_file(args.json, "--json")
+    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+    input_file(args.predictions, "--predictions", "a predictions JSONL file")
     predictions = load_predictions(args.predictions)
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     table = score_episodes(episodes, predictions, args.fmt, args.rules)

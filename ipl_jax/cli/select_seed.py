@@ -10,20 +10,21 @@ import json
 import sys
 from pathlib import Path
 
-from ipl_jax.cli.common import CommandParser, add_skip_bad, command, hidden_alias, positive_int, write_text
+from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_int, write_text
 from ipl_jax.cli.score import load_split
-from ipl_jax.pipeline.validate import UsageError, input_dir, model_dir, output_file
+from ipl_jax.coat.metrics import FORMATS
+from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
+from ipl_jax.pipeline.model_stage import job_mesh, load_policy
+from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.settings import EMBEDDERS
 
 PROG = "ipl-jax select-seed"
 
 
 def parser() -> CommandParser:
-    from ipl_jax.coat.metrics import FORMATS
-    from ipl_jax.eval.seed_selection import EMBEDDERS
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=None, help="policy model directories (Hugging Face format)")
-    hidden_alias(p, "--checkpoints", "models", nargs="+")
+    p.add_argument("--models", nargs="+", required=True, help="policy model directories (Hugging Face format)")
     p.add_argument("--data", required=True, help="dataset root")
     p.add_argument("--format", default="aitz", choices=FORMATS, dest="fmt", help="dataset format (default aitz)")
     p.add_argument("--split", default="train")
@@ -37,32 +38,26 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.configs.loader import parse_args_with_config
-    from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
-    from ipl_jax.pipeline.model_stage import job_mesh, load_policy
-
     p = parser()
-    args, config = parse_args_with_config(p, argv, default_config="synthetic")
-    if not args.models:
-        p.error("the following arguments are required: --models")
+    args, settings = parse_args_with_settings(p, argv, default_config="synthetic")
+    if args.json:
+        output_file(args.json, "--json")
     for m in args.models:
         model_dir(m, "--models")
     input_dir(args.data, "--data", f"a {args.fmt} dataset root")
-    if args.json:
-        output_file(args.json, "--json")
-    sel = config.seed_selection
+    sel = settings.seed_selection
     n_steps = sel.steps if args.steps is None else args.steps
     embedder = sel.embedder if args.embedder is None else args.embedder
     weight = sel.diversity_weight if args.diversity_weight is None else args.diversity_weight
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
-    steps = sample_steps([s for e in episodes for s in e.steps], int(n_steps), int(config.seed))
-    mesh = job_mesh(config)
+    steps = sample_steps([s for e in episodes for s in e.steps], n_steps, settings.seed)
+    mesh = job_mesh(settings.mesh)
     try:
         candidates = [(str(c), load_policy(Path(c), mesh)) for c in args.models]
-        scores, kind = score_candidates(candidates, steps, config, embedder=embedder)
+        scores, kind = score_candidates(candidates, steps, settings, embedder=embedder)
     except ImportError as e:  # the MiniLM embedder without its optional package
         raise UsageError(f"--embedder {embedder}: {e}") from None
-    chosen = choose(scores, float(weight))
+    chosen = choose(scores, weight)
     print(format_scores(scores, chosen))
     print(
         f"\nseed: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "

@@ -12,7 +12,8 @@ import json
 import sys
 
 from ipl_jax.cli.common import CommandParser, command
-from ipl_jax.cli.run import job_config
+from ipl_jax.cli.run import job_settings
+from ipl_jax.pipeline.run import run_job
 
 PROG = "ipl-jax sft"
 SUMMARY_FIELDS = ("steps", "items", "final_loss", "mean_loss_last_10", "train_seconds", "tokens_per_s", "candidates")
@@ -26,10 +27,8 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.pipeline.run import run_job
-
-    args, config = job_config(parser(), argv)
-    wd = run_job(config, args.workdir, stop_after="sft")
+    args, settings = job_settings(parser(), argv)
+    wd = run_job(settings, args.workdir, stop_after="sft")
     summary = wd.summary("sft")
     wd.echo(json.dumps({k: summary.get(k) for k in SUMMARY_FIELDS}, indent=1))
     wd.echo(f"SFT candidates: {wd.path('sft', 'candidates')}  (metrics log: {wd.path('metrics.jsonl')})")

@@ -19,15 +19,18 @@ import time
 from pathlib import Path
 
 from ipl_jax.cli.common import CommandParser, command, nonnegative_int, seed_int
-from ipl_jax.pipeline.validate import UsageError, output_dir
+from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
+from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES, SPLITS, config_to_json, generate_split
+from ipl_jax.pipeline.paths import UsageError, output_dir
+from ipl_jax.progress import progress
 
 PROG = "ipl-jax synth"
 PNG_LEVELS = range(0, 10)
 
 
 def parser() -> CommandParser:
-    from ipl_jax.data.synthetic.dataset import SPLITS
-
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="root directory; a split goes to OUT/NAME/<subset>/...")
     p.add_argument("--split", default="train", choices=SPLITS + ("all",))
@@ -64,45 +67,23 @@ def parser() -> CommandParser:
     return p
 
 
-def _old_world_overrides(argv: list[str]) -> list[str]:
-    """``--config K=V ...`` (the old spelling of ``--world``) rewritten; ``--config FILE`` is left alone."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--config" and i + 1 < len(argv) and "=" in argv[i + 1] and not argv[i + 1].startswith("-"):
-            out.append("--world")
-            i += 1
-            while i < len(argv) and "=" in argv[i] and not argv[i].startswith("-"):
-                out.append(argv[i])
-                i += 1
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
-
-
 def world_of(argv: list[str]):
-    """(args, WorldConfig) from the command line."""
-    from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides, world_config
-
-    argv = _old_world_overrides(argv)
+    """(args, WorldConfig) from the command line: ``WorldConfig``'s defaults, or a job config's ``world`` section
+    with ``--config``, then the ``--world`` overrides."""
     p = parser()
     if any(a == "--config" or a.startswith("--config.") or a.startswith("--config=") for a in argv):
-        from ipl_jax.configs.loader import parse_args_with_config
-
-        args, config = parse_args_with_config(p, argv, default_config="synthetic")
-        base = world_config(config.world)
+        args, settings = parse_args_with_settings(p, argv, default_config="synthetic")
+        base = settings.world
     else:
         args, base = p.parse_args(argv), WorldConfig()
     try:
         return args, apply_overrides(base, args.world)
     except ValueError as e:
-        raise UsageError(str(e).replace("--config ", "--world ", 1)) from None
+        raise UsageError(str(e)) from None
 
 
 def plan_splits(split: str, episodes) -> dict[str, int]:
     """{split: episodes} to write."""
-    from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES
-
     if split == "all":
         scale = 1.0 if episodes is None else episodes / DEFAULT_SIZES["train"]
         return {s: max(1, round(n * scale)) for s, n in DEFAULT_SIZES.items()}
@@ -127,10 +108,6 @@ def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import config_to_json, generate_split
-    from ipl_jax.progress import progress
-
     args, world = world_of(argv)
     out = output_dir(args.out, "--out")
     plan = plan_splits(args.split, args.episodes)

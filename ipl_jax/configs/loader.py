@@ -6,17 +6,17 @@ A config file is a Python file with a ``get_config(arg=None)`` function returnin
     --config path/to/my_config.py            a path (relative to the working directory)
     --config my_config.py:7b                 ... with an argument passed to get_config
     --config synthetic[:arg]                 a bare name: a config shipped in ipl_jax/configs/<name>.py
-    --config configs/synthetic.py            the same (the shipped configs' old repository paths keep working)
 
 and any field can then be overridden with ``--config.a.b=value`` (or ``--config.a.b value``). The value string is
 parsed with the type the field already has (int, float, bool, str, tuple/list, None-valued fields take a Python
 literal or fall back to the plain string). Unknown fields and values that do not parse raise ``ConfigError``
 naming the field. The returned config is locked: later code cannot add a misspelt field by accident.
 
-    config = load_config("synthetic:quick", ["--config.optimizer.learning_rate=1e-4"])
+    config = load_config("synthetic:quick", ["--config.sft.learning_rate=1e-4"])
+    settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # typed: ipl_jax.settings
 
-For argparse-based subcommands, ``parse_args_with_config(parser, argv, default_config)`` adds ``--config``,
-sends every ``--config.*`` argument to the overrides and returns ``(args, config)``.
+For argparse-based subcommands, ``parse_args_with_settings(parser, argv, default_config)`` adds ``--config``,
+sends every ``--config.*`` argument to the overrides and returns ``(args, settings)``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+
+from ipl_jax.settings import Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent  # the shipped configs live beside this loader
 _OVERRIDE_PREFIX = "--config."
@@ -50,10 +52,8 @@ def resolve_config_path(path_or_name: str) -> tuple[Path, str | None]:
     if ":" in spec:
         spec, arg = spec.split(":", 1)
     candidates = [Path(spec)]
-    if not Path(spec).is_absolute():
-        name = spec[len("configs/") :] if spec.startswith("configs/") else spec
-        if "/" not in name:
-            candidates.append(CONFIG_DIR / (name if name.endswith(".py") else f"{name}.py"))
+    if "/" not in spec:
+        candidates.append(CONFIG_DIR / (spec if spec.endswith(".py") else f"{spec}.py"))
     for candidate in candidates:
         if candidate.is_file():
             return candidate, arg
@@ -101,6 +101,11 @@ def load_config(
         apply_override(config, field, value, source=source)
     config.lock()
     return config
+
+
+def load_settings(path_or_name: str | ml_collections.ConfigDict, overrides: Sequence[str] = ()) -> Settings:
+    """``load_config`` read into the job's typed ``Settings`` (``SettingsError`` names a bad value)."""
+    return Settings.from_dict(load_config(path_or_name, overrides).to_dict())
 
 
 # ------------------------------------------------------------------------------------------------- overrides
@@ -250,3 +255,11 @@ def parse_args_with_config(
     except ConfigError as e:
         parser.error(str(e))
     return args, config
+
+
+def parse_args_with_settings(
+    parser: argparse.ArgumentParser, argv: Sequence[str], default_config: str | None = None
+) -> tuple[argparse.Namespace, Settings]:
+    """``parse_args_with_config`` with the config read into the job's typed ``Settings``."""
+    args, config = parse_args_with_config(parser, argv, default_config)
+    return args, Settings.from_dict(config.to_dict())

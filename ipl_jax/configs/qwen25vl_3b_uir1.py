@@ -16,8 +16,6 @@ The architecture comes from the checkpoint's config.json. ``QWEN25VL_3B`` is the
 Hub's flat layout (what ``Qwen2VLConfig.from_hf_dict`` and transformers both read); ``c.model`` repeats its sizes.
 """
 
-import ml_collections
-
 from ipl_jax.configs import paper_base as _base
 
 MAX_PIXELS = 12_845_056  # UI-R1's training value (= 16384 merged tokens of 28x28 pixels)
@@ -87,24 +85,42 @@ def get_config(arg=None):
     c.buckets.tokens = (2048, 4096, 6144, 8192, 12288, 17408)
     c.buckets.patches = (4096, 8192, 16384, 32768, 65536)
 
-    c.grpo = ml_collections.ConfigDict()
-    c.grpo.prompt_style = "uir1"  # <think>...</think><answer>[{action: ..., coordinate: [x, y]}]</answer>
-    c.grpo.group_size = 8  # num_generations
-    c.grpo.epochs = 8
-    c.grpo.learning_rate = 9.98e-7  # the published start value, decaying to 0
-    c.grpo.schedule = "linear"  # [choice] the trainer's default decay to 0 that the published range implies
-    c.grpo.prompts_per_update = 16  # per-device batch 1 x 2 accumulation steps x 8 GPUs
-    c.grpo.micro_batch_size = 1
-    c.grpo.max_prompt_length = 1024
-    c.grpo.max_new_tokens = 512  # [choice] not published; L_max of the DAST budget
-    c.grpo.temperature = 1.0  # [choice] sampling at the trainer's default temperature
-    c.grpo.clip_eps = 0.2  # docs/method.md §11
-    c.grpo.kl_beta = 0.04  # docs/method.md §11, k3 estimator
-    c.grpo.adv_eps = 1e-4  # docs/method.md §11: (r - mean) / (std + adv_eps)
-    c.grpo.dast = stage == "dast"
-    c.grpo.think = stage != "nothink"
-    if stage in ("dast", "nothink"):
-        c.grpo.epochs = 4  # UI-R1-E: 4 epochs of DAST, then 4 epochs of NOTHINK from the DAST result
-    c.grpo.lora_rank = 0  # [choice] full fine-tuning, like the paper's 3B runs
-    c.grpo.freeze_vision = True  # [choice] not published; the ViT stays as pretrained
+    # the learner: GRPO with UI-R1's rule reward and its <think>/<answer> prompt, as far as the job's rl.grpo
+    # section has the settings; the rest of the published recipe is uir1_published's (below)
+    published = uir1_published(stage)
+    c.ipl.method = "grpo"
+    c.rl.grpo.style = "think_answer"
+    c.rl.grpo.group_size = published["group_size"]
+    c.rl.grpo.learning_rate = published["learning_rate"]
+    c.rl.grpo.prompts_per_batch = published["prompts_per_update"]
+    c.rl.grpo.clip_eps = published["clip_eps"]
+    c.rl.grpo.kl_beta = published["kl_beta"]
+    c.rl.grpo.dast = published["dast"]
+    c.ipl.freeze_vision = published["freeze_vision"]
     return c
+
+
+def uir1_published(stage: str = "think") -> dict:
+    """UI-R1's published training settings of a stage (think, dast, nothink). The job's GRPO round reads
+    group_size, learning_rate, prompts_per_update, clip_eps, kl_beta, dast and freeze_vision (``get_config``);
+    the others (epochs, the decaying schedule, the prompt and answer lengths, the advantage epsilon, the
+    <think>-free stage) have no setting in the job: a round spends the T-DPO round's budget instead."""
+    return {
+        "prompt_style": "uir1",  # <think>...</think><answer>[{action: ..., coordinate: [x, y]}]</answer>
+        "group_size": 8,  # num_generations
+        "epochs": 4 if stage in ("dast", "nothink") else 8,  # UI-R1-E: 4 epochs of DAST, then 4 of NOTHINK
+        "learning_rate": 9.98e-7,  # the published start value, decaying to 0
+        "schedule": "linear",  # [choice] the trainer's default decay to 0 that the published range implies
+        "prompts_per_update": 16,  # per-device batch 1 x 2 accumulation steps x 8 GPUs
+        "micro_batch_size": 1,
+        "max_prompt_length": 1024,
+        "max_new_tokens": 512,  # [choice] not published; L_max of the DAST budget
+        "temperature": 1.0,  # [choice] sampling at the trainer's default temperature
+        "clip_eps": 0.2,  # docs/method.md §11
+        "kl_beta": 0.04,  # docs/method.md §11, k3 estimator
+        "adv_eps": 1e-4,  # docs/method.md §11: (r - mean) / (std + adv_eps)
+        "dast": stage == "dast",
+        "think": stage != "nothink",
+        "lora_rank": 0,  # [choice] full fine-tuning, like the paper's 3B runs
+        "freeze_vision": True,  # [choice] not published; the ViT stays as pretrained
+    }

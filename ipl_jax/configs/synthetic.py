@@ -31,8 +31,7 @@ is usually the seed. The README's "The method on the default job" has the whole 
 
 import ml_collections
 
-from ipl_jax.data.synthetic.config import world_section
-from ipl_jax.rl.section import rl_section
+from ipl_jax.configs.sections import rl_section, world_section
 
 
 def get_config(arg=None):
@@ -194,7 +193,7 @@ def get_config(arg=None):
     c.ipl.heldout_steps = 16
 
     # ------------------------------------------------------------------ RL baselines (ipl.method = grpo|ppo|gigppo)
-    c.rl = rl_section()  # every field documented in rl/section.py; the budget rule in rl/job.py
+    c.rl = rl_section()  # every field documented in configs/sections.py; the budget rule in rl/job.py
 
     # ------------------------------------------------------------------ evaluation
     c.eval = ml_collections.ConfigDict()

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from ipl_jax.coat.actions import Action, format_action
 from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
 from ipl_jax.progress import progress
@@ -58,7 +60,6 @@ _COAT_FIELDS = ("screen_desc", "action_think", "action_desc", "action_result")
 
 def image_size(path: Path) -> tuple[int, int]:
     """(width, height) of an image file, read from its header only (PIL opens lazily, nothing is decoded)."""
-    from PIL import Image
 
     with Image.open(path) as img:
         return img.size

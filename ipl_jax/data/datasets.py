@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from ipl_jax.data.packed.layout import check_packed_format, read_metadata
 from ipl_jax.data.records import Episode
 
 # format -> (module, loader); each loader is ``load(root, split) -> list[Episode]``.
@@ -24,13 +25,11 @@ def scoring_format(fmt: str, root) -> str:
     in their metadata, synthetic data is AITZ, a published format is its own."""
     if fmt == "synthetic":
         return "aitz"
-    if fmt.startswith(TFDS_PREFIX):
+    if fmt.startswith(TFDS_PREFIX):  # the optional tfds extra, imported only for tfds:NAME data
         from ipl_jax.data.tfds.source import tfds_scoring_format
 
         return tfds_scoring_format(fmt[len(TFDS_PREFIX) :], root)
     if fmt == "arrayrecord" or _packed_dir(root):
-        from ipl_jax.data.packed.layout import read_metadata
-
         return read_metadata(root)["scoring_format"]
     return fmt
 
@@ -48,15 +47,13 @@ def load_dataset_with_report(
 ) -> tuple[list[Episode], list]:
     """(episodes, skipped records) of one split. Without ``skip_bad`` a malformed record raises ``DataError``;
     with it, the record is left out and listed (``skipped_summary`` says how many and why)."""
-    if fmt.startswith(TFDS_PREFIX):
+    if fmt.startswith(TFDS_PREFIX):  # the optional tfds extra (see scoring_format)
         from ipl_jax.data.tfds.source import load_tfds_with_report
 
         return load_tfds_with_report(fmt[len(TFDS_PREFIX) :], root, split, skip_bad=skip_bad)
     if fmt not in LOADERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}, {TFDS_PREFIX}NAME")
     if fmt != "arrayrecord" and _packed_dir(root):  # auto-detected: a directory written by `ipl-jax pack-data`
-        from ipl_jax.data.packed.layout import check_packed_format
-
         check_packed_format(root, fmt)
         fmt = "arrayrecord"
     module, name = LOADERS[fmt]

@@ -22,8 +22,7 @@ from the tokenizer's own chat template; this module only cuts the rendered text 
 * A step without its own CoaT (``has_coat``: a record that carries only its action) is refused by every
   supervised path (``MissingCoaTError``) unless the caller opts into made-up fallback texts; the sampler's
   segments never need them.
-* ``TrainingExample``, ``pad_to_bucket`` / ``collate`` (in ``data.batching``, re-exported here) give fixed-shape
-  numpy arrays.
+* ``data.batching`` (``pad_to_bucket`` / ``collate``) turns ``TrainingExample`` s into fixed-shape numpy arrays.
 """
 
 from __future__ import annotations
@@ -34,13 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
-from ipl_jax.data.batching import (  # noqa: F401  (re-exported: callers import these from here)
-    TrainingBatch,
-    TrainingExample,
-    collate,
-    pad_to_bucket,
-    smallest_bucket,
-)
+from ipl_jax.data.batching import TrainingExample
 from ipl_jax.data.image_processing import ImageProcessorConfig, preprocess_images
 from ipl_jax.data.records import Step
 from ipl_jax.data.screenshots import ScreenPixels, decode_pixels

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import grain
+import grain.checkpoint
+import orbax.checkpoint as ocp
 
 
 def make_dataset(
@@ -106,22 +108,18 @@ def restore_iterator(iterator: grain.DatasetIterator, state: dict) -> grain.Data
 
 def checkpoint_save_args(iterator: grain.DatasetIterator):
     """Orbax save arguments for the iterator (an item of ``ocp.args.Composite``)."""
-    import grain.checkpoint
 
     return grain.checkpoint.CheckpointSave(iterator)
 
 
 def checkpoint_restore_args(iterator: grain.DatasetIterator):
     """Orbax restore arguments: restoring sets ``iterator`` (a fresh one of the same pipeline) in place."""
-    import grain.checkpoint
 
     return grain.checkpoint.CheckpointRestore(iterator)
 
 
 def save_iterator(directory: str | Path, iterator: grain.DatasetIterator) -> None:
     """Write the iterator's position under ``directory`` with Orbax and grain's handler."""
-    import grain.checkpoint
-    import orbax.checkpoint as ocp
 
     with ocp.Checkpointer(grain.checkpoint.CheckpointHandler()) as ckpt:
         ckpt.save(Path(directory).absolute(), args=checkpoint_save_args(iterator))
@@ -129,8 +127,6 @@ def save_iterator(directory: str | Path, iterator: grain.DatasetIterator) -> Non
 
 def load_iterator(directory: str | Path, iterator: grain.DatasetIterator) -> grain.DatasetIterator:
     """Restore a position written by ``save_iterator`` into a fresh iterator of the same pipeline."""
-    import grain.checkpoint
-    import orbax.checkpoint as ocp
 
     with ocp.Checkpointer(grain.checkpoint.CheckpointHandler()) as ckpt:
         return ckpt.restore(Path(directory).absolute(), args=checkpoint_restore_args(iterator))

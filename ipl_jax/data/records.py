@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from ipl_jax.coat.actions import Action
 
 ImageRef = str | Path | bytes | Callable[[], Any]
@@ -58,7 +60,6 @@ class Step:
     meta: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def load_image(self):
-        from PIL import Image
 
         ref = self.image
         if callable(ref):
@@ -73,7 +74,6 @@ class Step:
     def image_size(self) -> tuple[int, int] | None:
         """The screenshot's (width, height) without decoding its pixels: from the file header of a path or bytes,
         from the ``size`` attribute of a callable that has one (``ScreenPainter``); None for other callables."""
-        from PIL import Image
 
         ref = self.image
         if callable(ref):

@@ -5,11 +5,10 @@
 * ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): ``Qwen2VLForConditionalGeneration``
   (``arch="qwen2_5_vl"``: ``Qwen2_5_VLForConditionalGeneration``) built from its config in the transformers-5
   nested form (``text_config`` / ``vision_config``), random weights from ``torch.manual_seed(seed)``;
-* ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja`` (``data.tiny_tokenizer``, whose names
-  are re-exported here): a byte-level BPE trained with the
-  ``tokenizers`` library on a corpus (default: GUI-ish sentences and our CoaT prompts), with Qwen2-VL's
-  pre-tokenizer and its special tokens kept whole, placed right after the BPE vocabulary in Qwen's order, and
-  their ids written into the model config (``image_token_id`` etc.);
+* ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja`` (``data.tiny_tokenizer``): a byte-level
+  BPE trained with the ``tokenizers`` library on a corpus (default: GUI-ish sentences and our CoaT prompts), with
+  Qwen2-VL's pre-tokenizer and its special tokens kept whole, placed right after the BPE vocabulary in Qwen's
+  order, and their ids written into the model config (``image_token_id`` etc.);
 * ``preprocessor_config.json`` with small ``min_pixels`` / ``max_pixels``.
 
 Weight choices for a *test* checkpoint (the spec is silent on them):
@@ -30,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ipl_jax.data.image_processing import ImageProcessorConfig
-from ipl_jax.data.tiny_tokenizer import (  # noqa: F401  (re-exported: the tokenizer half of a tiny checkpoint)
-    QWEN2_PRETOKENIZE_REGEX,
+from ipl_jax.data.tiny_tokenizer import (
     MissingDependency,
     default_corpus,
     scaffold_texts,
@@ -197,7 +195,7 @@ def build_config_dict(
 
 
 def _randomise_and_scale(model, seed: int, scale: float | None, random_biases: bool, init_std: float) -> None:
-    import torch
+    import torch  # the test extra (_require_torch_transformers has checked it)
 
     gen = torch.Generator().manual_seed(seed + 1)
     norm_types = (torch.nn.LayerNorm,)

@@ -9,10 +9,14 @@ as a transformers directory also needs ``transformers``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers.models import BPE
 
 from ipl_jax.coat.actions import Action, format_action, format_grounding
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS
@@ -189,8 +193,6 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int, specials_at: int | N
     vocabulary). The learnt BPE vocabulary (at most ``vocab_size`` - 14 entries) is then filled up to that many
     entries with three-byte pieces that no merge produces (they never appear in an encoding; decoding one gives
     its three bytes), so the special tokens land at the ids a real checkpoint's config names."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
 
     n_bpe = vocab_size - len(SPECIAL_TOKENS)
     if n_bpe < 256:
@@ -231,9 +233,6 @@ def train_tokenizer(corpus: Sequence[str], vocab_size: int, specials_at: int | N
 def _fill_vocabulary(tok, size: int):
     """``tok`` with its BPE vocabulary filled to ``size`` entries by unreachable three-byte pieces (no merge
     makes them, so encodings are unchanged)."""
-    import itertools
-
-    from tokenizers import Tokenizer, pre_tokenizers
 
     spec = json.loads(tok.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]

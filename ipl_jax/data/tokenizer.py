@@ -82,7 +82,7 @@ QWEN2VL_CHAT_TEMPLATE = r"""{%- set counts = namespace(image=0, video=0) -%}
 def _import_transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
+    try:  # transformers takes seconds to import: loaded with the first tokenizer, not with every command
         import transformers
     except ImportError as e:  # pragma: no cover - transformers is a core dependency
         raise ImportError("loading a tokenizer needs the 'transformers' package (pip install transformers)") from e

@@ -1,8 +1,8 @@
 """Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by what happens —
 the episode success rate and the mean number of steps — rather than by offline step match.
 
-    tasks = job_world_tasks(config, "test_task_unseen")             # the split's own world seeds and tasks
-    metrics = online_eval(params, cfg, tokenizer, tasks, rng, online_config(config, tokenizer, image_config))
+    tasks = job_world_tasks(settings.data, settings.world, settings.seed, "test_task_unseen")  # the split's own
+    metrics = online_eval(params, cfg, tokenizer, tasks, rng, online_config(sampler, image_config, reward, 8))
 
 An episode succeeds when the agent says ``stop`` with the task's goal reached; an unparsable completion is a
 no-op step; an episode still running at its step limit (``rl.rollout``: twice the expert's steps, at most 25) is
@@ -16,11 +16,15 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
-import ml_collections
 import numpy as np
 
+from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import NUM_TURNS
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.rl.rollout import RolloutConfig, WorldTask, replicate, rollout, rollout_summary, split_world_tasks
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.settings import DataSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,45 +98,31 @@ def online_eval(
 
 
 def job_world_tasks(
-    config: ml_collections.ConfigDict, split: str, n: int | None = None, max_steps: int = 25, step_factor: float = 2.0
+    data: DataSettings,
+    world: WorldConfig,
+    seed: int,
+    split: str,
+    n: int | None = None,
+    max_steps: int = 25,
+    step_factor: float = 2.0,
 ) -> list[WorldTask]:
     """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
-    the job's data stage generated (``n`` default: the split's episode count in the config)."""
-    from ipl_jax.data.synthetic.config import world_config
-
-    if config.data.format != "synthetic":
-        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {config.data.format!r})")
-    if n is None:
-        n = int(
-            config.data.train_episodes
-            if split == "train"
-            else config.data.dev_episodes
-            if split == config.data.dev_split
-            else config.data.test_episodes
-        )
-    return split_world_tasks(
-        split, n, seed=int(config.seed), config=world_config(config.world), max_steps=max_steps, step_factor=step_factor
-    )
+    the job's data stage generated (``n`` default: the split's episode count)."""
+    if not data.synthetic:
+        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {data.format!r})")
+    n = data.episodes_for(split) if n is None else n
+    return split_world_tasks(split, n, seed=seed, config=world, max_steps=max_steps, step_factor=step_factor)
 
 
 def online_config(
-    config: ml_collections.ConfigDict,
-    tokenizer,
-    image_config,
-    batch_size: int | None = None,
+    sampler: SamplerConfig,
+    image_config: ImageProcessorConfig,
+    reward: RewardConfig,
+    batch_size: int,
     temperature: float = 0.0,
     samples_per_task: int = 1,
 ) -> OnlineEvalConfig:
-    """The job's online-evaluation settings: its sampler (budgets, buckets, ids), greedy by default, the leaf
-    reward of ``config.reward`` as the step reward, ``config.eval.batch_size`` worlds per call."""
-    from ipl_jax.eval.trees import reward_config, sampler_config
-    from ipl_jax.rl.job import sampler_for_batch
-
-    bs = int(batch_size or config.eval.batch_size)
-    rc = RolloutConfig(
-        sampler=sampler_for_batch(config, sampler_config(config, tokenizer, greedy=True), bs),
-        image_config=image_config,
-        batch_size=bs,
-        reward=reward_config(config),
-    )
+    """Online-evaluation settings: ``sampler`` (the job's, with patch buckets for ``batch_size`` screenshots),
+    greedy by default, the leaf reward ``reward`` as the step reward, ``batch_size`` worlds per call."""
+    rc = RolloutConfig(sampler=sampler, image_config=image_config, batch_size=batch_size, reward=reward)
     return OnlineEvalConfig(rollout=rc, temperature=temperature, samples_per_task=samples_per_task)

@@ -1,26 +1,17 @@
 """Sampling scored CoaT-trees for dataset steps (the library behind ``ipl-jax sample``): ``sample_records``.
 
 Each record is one tree (``ipl_jax.sampling.tree_records.tree_record``): node texts, leaf actions, leaf values,
-backed-up node values and the α/β/γ class. The sampler library itself lives in ``ipl_jax.sampling``; its main
-names are re-exported here.
+backed-up node values and the α/β/γ class.
 """
 
 from __future__ import annotations
 
-from ipl_jax.data.datasets import dataset_steps  # noqa: F401  (re-exported for callers of this module)
-from ipl_jax.eval.policy import load_policy  # noqa: F401
-from ipl_jax.sampling import (  # noqa: F401
-    SampledBatch,
-    SamplerConfig,
-    StepPrompts,
-    TreePrompts,
-    greedy_config,
-    iter_sampled_batches,
-    pack_tree_prompts,
-    sample_tree,
-    sample_tree_no_sharing,
-    step_prompts,
-)
+from ipl_jax.coat.rewards import RewardConfig
+from ipl_jax.eval.trees import score_tree_batch
+from ipl_jax.progress import progress
+from ipl_jax.sampling.batches import iter_sampled_batches
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.tree_records import leaf_actions, tree_record, turn_texts
 
 
 def sample_records(
@@ -39,11 +30,6 @@ def sample_records(
     """One CoaT-tree per step (``iter_sampled_batches``), its leaves scored against the golden action with the
     rule set ``rules`` and the values backed up with ``discount``; returns (one ``tree_record`` per step, the
     α/β/γ counts)."""
-    from ipl_jax.coat.rewards import RewardConfig
-    from ipl_jax.eval.trees import score_tree_batch
-    from ipl_jax.progress import progress
-    from ipl_jax.sampling.tree_records import leaf_actions, tree_record, turn_texts
-
     reward_config = RewardConfig(rules=rules)
     records, counts = [], {"alpha": 0, "beta": 0, "gamma": 0}
     batches = iter_sampled_batches(params, cfg, tokenizer, image_config, steps, config, seed, batch_size, mesh)

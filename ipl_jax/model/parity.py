@@ -8,9 +8,13 @@ precision), and returns the largest absolute logit difference (``compare``).
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.inputs import prepare_inputs
+from ipl_jax.model.text import forward_inputs
+from ipl_jax.model.weights import load_params
 
 # Image grids (t, h, w) in patches: merged 2x3 and 3x2 (odd along one side).
 DEFAULT_GRIDS = ((1, 4, 6), (1, 6, 4))
@@ -59,13 +63,8 @@ def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRI
 
 def compare(model_dir: str, seed: int = 0) -> dict:
     """Runs both models on one random batch; returns the comparison as a dict."""
-    import jax
-    import torch
+    import torch  # the reference stack (the test extra), needed by this comparison only
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
-
-    from ipl_jax.model.inputs import prepare_inputs
-    from ipl_jax.model.text import forward_inputs
-    from ipl_jax.model.weights import load_params
 
     params, cfg = load_params(model_dir, dtype="float32")
     cfg = cfg.replace(dtype="float32")

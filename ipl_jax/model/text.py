@@ -271,10 +271,10 @@ def token_log_probs(
         hid, tgt, need = args
         if need is None:
             return logps(hid, tgt)
-        skip = lambda hid, tgt: jnp.zeros(tgt.shape, jnp.float32)  # noqa: E731
+        skip = lambda hid, tgt: jnp.zeros(tgt.shape, jnp.float32)
         return jnp.where(need, jax.lax.cond(jnp.any(need), logps, skip, hid, tgt), 0.0)
 
-    split = lambda a: a.reshape((b, t // c, c) + a.shape[2:]).swapaxes(0, 1)  # noqa: E731
+    split = lambda a: a.reshape((b, t // c, c) + a.shape[2:]).swapaxes(0, 1)
     out = jax.lax.map(one, (split(hidden), split(targets), None if needed is None else split(needed)))  # [t/c, B, c]
     return out.swapaxes(0, 1).reshape(b, t)
 

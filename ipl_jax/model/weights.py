@@ -22,9 +22,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.params import ParamEntry, get_path, init_params, param_layout, param_shapes, set_path  # noqa: F401  (re-exported: weights I/O + init in one place)
+from ipl_jax.model.params import ParamEntry, get_path, param_layout, set_path
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -44,7 +47,6 @@ class _TensorSource:
     """Open safetensors files of one checkpoint directory; tensors addressed by canonical name."""
 
     def __init__(self, model_dir: str):
-        from safetensors import safe_open
 
         self.model_dir = model_dir
         index = os.path.join(model_dir, INDEX_FILE)
@@ -175,8 +177,6 @@ def _host_value(leaf) -> np.ndarray:
     """A leaf as numpy; one sharded over other processes' devices is all-gathered (a collective: in a
     multi-process run every process must save, or gather first and let one process save)."""
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
         return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     return np.asarray(leaf)
 
@@ -215,7 +215,6 @@ def write_safetensors(tensors, out_dir: str, max_shard_bytes: int = 4 << 30) -> 
     """Writes (name, numpy array) pairs as ``model.safetensors``, or as shards of at most ``max_shard_bytes``
     plus ``model.safetensors.index.json`` when they do not fit one. ``tensors`` may be a generator: only the
     shard being filled is held in memory. Returns the bytes written."""
-    from safetensors.numpy import save_file
 
     os.makedirs(out_dir, exist_ok=True)
     written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names), in order

@@ -3,7 +3,7 @@
     ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,naive_dpo,k2]
 
 The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs once in ``WORKDIR/base``. Each
-variant then runs ``config.ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>``:
+variant then runs ``ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>``:
 
 * ``tdpo``          T-DPO, the full method
 * ``continued_sft`` the control: the same trees are sampled and packed, then the same number of updates with the
@@ -39,11 +39,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import ml_collections
-
 from ipl_jax import distributed
+from ipl_jax.eval.bootstrap import episode_counts, paired_gain_interval, read_predictions
 from ipl_jax.pipeline import report
+from ipl_jax.pipeline.run import run_job
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.settings import Settings
 
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
@@ -78,28 +79,18 @@ SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
 SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
 
 
-def variant_config(base: ml_collections.ConfigDict, name: str, variants=None) -> ml_collections.ConfigDict:
-    """The base config with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off.
+def variant_settings(base: Settings, name: str, variants=None) -> Settings:
+    """The base settings with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off.
     ``variants``: name -> {"section.field": value} (deeper paths too; default ``VARIANTS``)."""
     variants = VARIANTS if variants is None else variants
     if name not in variants:
         raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
-    c = ml_collections.ConfigDict(base.to_dict())
-    for field, value in variants[name].items():
-        *path, key = field.split(".")  # "section.field" or deeper ("rl.ppo.max_steps")
-        node = c
-        for part in path:
-            node = node[part]
-        node[key] = value
-    c.ipl.rounds = int(base.ablation.rounds)
-    c.ipl.early_stop = False
-    c.lock()
-    return c
+    return base.replace({**variants[name], "ipl.rounds": base.ablation.rounds, "ipl.early_stop": False})
 
 
-def _ipl_key(config: ml_collections.ConfigDict) -> str:
-    """What decides a variant's result: the whole config (two variants with equal configs are one run)."""
-    return json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
+def _ipl_key(settings: Settings) -> str:
+    """What decides a variant's result: all of its settings (two variants with equal settings are one run)."""
+    return json.dumps(settings.to_dict(), sort_keys=True)
 
 
 def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[str]) -> None:
@@ -116,8 +107,6 @@ def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[st
 
 
 def _episode_counts(wd_root: Path, round_dir: str, splits: Sequence[str]) -> list[dict]:
-    from ipl_jax.eval.bootstrap import episode_counts, read_predictions
-
     return [episode_counts(read_predictions(wd_root / "eval" / round_dir / f"{s}.predictions.jsonl")) for s in splits]
 
 
@@ -126,7 +115,7 @@ def _mean_total(metrics: dict, splits: Sequence[str]) -> float:
 
 
 def run_ablation(
-    config: ml_collections.ConfigDict,
+    settings: Settings,
     workdir: str | Path,
     variants: Sequence[str],
     echo=print,
@@ -134,14 +123,11 @@ def run_ablation(
 ) -> dict:
     """The base job once, then each variant's round(s) from its seed. ``extra_variants``: more named variants
     (name -> {"section.field": value}) besides ``VARIANTS`` (for studies of the method's switches)."""
-    from ipl_jax.eval.bootstrap import paired_gain_interval
-    from ipl_jax.pipeline.run import run_job
-
     known = {**VARIANTS, **(extra_variants or {})}
-    splits = list(config.data.test_splits)
+    splits = list(settings.data.test_splits)
     root = Path(workdir)
     echo("== base job (shared seed) ==")
-    base = run_job(config, root / "base", stop_after="eval_seed", echo=echo)
+    base = run_job(settings, root / "base", stop_after="eval_seed", echo=echo)
     base_eval = base.summary("eval_seed")
     seed_counts = _episode_counts(base.root, "round_0", splits)
     rows = [
@@ -160,7 +146,7 @@ def run_ablation(
     ]
     done: dict[str, dict] = {}
     for name in variants:
-        vc = variant_config(config, name, known)
+        vc = variant_settings(settings, name, known)
         key = _ipl_key(vc)
         if key in done:
             echo(f"== {name}: same settings as {done[key]['variant']}; reusing its result ==")
@@ -191,7 +177,7 @@ def run_ablation(
             "trees": summaries[0]["record"]["classes"],
             "seconds": round(sum(s["seconds"] for s in summaries), 1),
             "mean_total": _mean_total(final["metrics"], splits),
-            "method": str(vc.ipl.method),
+            "method": vc.ipl.method,
             "online": final.get("online"),
             "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
             "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
@@ -200,13 +186,13 @@ def run_ablation(
         variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
         if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
             row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
-        row["gain"] = paired_gain_interval(seed_counts, variant_counts, seed=int(config.seed))
+        row["gain"] = paired_gain_interval(seed_counts, variant_counts, seed=settings.seed)
         rows.append(row)
         done[key] = row
     result = {
-        "splits": list(config.data.test_splits),
-        "rounds": int(config.ablation.rounds),
-        "seed": int(config.seed),
+        "splits": list(settings.data.test_splits),
+        "rounds": settings.ablation.rounds,
+        "seed": settings.seed,
         "rows": rows,
     }
     if distributed.is_main():

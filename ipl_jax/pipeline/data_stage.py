@@ -21,12 +21,19 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import ml_collections
 import numpy as np
 
+from ipl_jax.data.datasets import load_dataset, load_dataset_with_report, skipped_summary
+from ipl_jax.data.dialogue import has_coat
+from ipl_jax.data.evolution import evolve_steps, filter_qas, write_qas_jsonl
+from ipl_jax.data.packed.writer import pack_dataset
 from ipl_jax.data.records import Episode, Step
+from ipl_jax.data.synthetic import generate_split
+from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress
+from ipl_jax.settings import DataSettings, EvolutionSettings, Settings
 
 TRAIN, DEV = "train", "dev"
 ACTIONS = "train_actions"  # the action-only training episodes of a scarce-annotation job (not a split on disk)
@@ -35,49 +42,24 @@ ACTIONS = "train_actions"  # the action-only training episodes of a scarce-annot
 # ------------------------------------------------------------------------------------------------ the splits
 
 
-def split_names(config: ml_collections.ConfigDict) -> list[str]:
-    """Every split the job reads: train, dev (when configured) and the test splits."""
-    names = [TRAIN] + ([config.data.dev_split] if config.data.dev_split else []) + list(config.data.test_splits)
-    seen, out = set(), []
-    for n in names:
-        if n not in seen:
-            seen.add(n)
-            out.append(n)
-    return out
+def write_synthetic(settings: Settings, wd: Workdir) -> dict:
+    """Stage 1 (synthetic): generate every split with the synthetic world (``world``, ``seed``) and write it in
+    the AITZ layout.
 
-
-def episodes_for(config: ml_collections.ConfigDict, split: str) -> int:
-    if split == TRAIN:
-        return int(config.data.train_episodes)
-    if split == config.data.dev_split:
-        return int(config.data.dev_episodes)
-    return int(config.data.test_episodes)
-
-
-def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
-    """Stage 1 (synthetic): generate every split with the synthetic world and write it in the AITZ layout.
-
-    With ``config.data.store == "arrayrecord"`` the AITZ splits are packed into ArrayRecord shards in
-    ``WORKDIR/data`` (``config.data.shards`` per split) and the AITZ files removed: the job then reads exactly the
-    same steps, through Grain's ArrayRecord source."""
-    from ipl_jax.data.synthetic import generate_split
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.config import world_config
-
-    world = world_config(config.world)
-    packed = str(config.data.get("store", "aitz")) == "arrayrecord"
+    With ``data.store == "arrayrecord"`` the AITZ splits are packed into ArrayRecord shards in ``WORKDIR/data``
+    (``data.shards`` per split) and the AITZ files removed: the job then reads exactly the same steps, through
+    Grain's ArrayRecord source."""
+    data = settings.data
+    packed = data.store == "arrayrecord"
     out = wd.dir("data")
     root = wd.dir("data_aitz") if packed else out
     summary: dict = {"root": str(out), "splits": {}}
-    for split in split_names(config):
-        episodes = generate_split(split, episodes_for(config, split), seed=int(config.seed), config=world)
+    for split in data.split_names():
+        episodes = generate_split(split, data.episodes_for(split), seed=settings.seed, config=settings.world)
         if (root / split).exists():  # what an interrupted attempt left: never mix its episodes with these
             shutil.rmtree(root / split)
         write_aitz_split(
-            progress(episodes, desc=f"data {split}", unit="episode"),
-            root,
-            split,
-            compress_level=int(config.data.png_level),
+            progress(episodes, desc=f"data {split}", unit="episode"), root, split, compress_level=data.png_level
         )
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
         summary["splits"][split] = {
@@ -90,59 +72,49 @@ def write_synthetic(config: ml_collections.ConfigDict, wd: Workdir) -> dict:
             f"({', '.join(f'{k} {v}' for k, v in sorted(types.items()))})"
         )
     if packed:
-        from ipl_jax.data.packed import pack_dataset
-
-        meta = pack_dataset("synthetic", root, out, shards=int(config.data.get("shards", 1)))
+        meta = pack_dataset("synthetic", root, out, shards=data.shards)
         shutil.rmtree(root)
         summary["arrayrecord"] = {k: len(v["files"]) for k, v in meta["splits"].items()}
         wd.echo(f"  packed into ArrayRecord shards in {out}")
     return summary
 
 
-def data_root(config: ml_collections.ConfigDict, wd: Workdir) -> Path:
-    return wd.path("data") if config.data.format == "synthetic" else Path(config.data.root)
+def data_root(data: DataSettings, wd: Workdir) -> Path:
+    return wd.path("data") if data.synthetic else Path(data.root)
 
 
-def load_splits(config: ml_collections.ConfigDict, wd: Workdir) -> dict[str, list[Episode]]:
+def load_splits(data: DataSettings, wd: Workdir, seed: int) -> dict[str, list[Episode]]:
     """Every split as episodes, read from disk with the format's reader (synthetic data is AITZ).
 
-    Without a dev split (real AITZ has none), the last ``config.data.dev_holdout`` training episodes are held
-    out as dev. With ``config.data.skip_bad`` malformed records are left out (and counted, by field) instead of
-    stopping the job.
+    Without a dev split (real AITZ has none), the last ``data.dev_holdout`` training episodes are held out as
+    dev. With ``data.skip_bad`` malformed records are left out (and counted, by field) instead of stopping the
+    job. With ``data.action_episodes`` the training split is cut into annotated episodes and action logs
+    (``split_annotations``, seeded by ``seed``).
     """
-    from ipl_jax.data.datasets import load_dataset_with_report, skipped_summary
-
-    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
-    root = data_root(config, wd)
-    if config.data.format != "synthetic" and not str(config.data.root):
-        raise ValueError(f"config.data.root must name the {fmt} dataset directory")
-    skip_bad = bool(config.data.get("skip_bad", False))
+    fmt = "aitz" if data.synthetic else data.format
+    root = data_root(data, wd)
     out = {}
-    for split in split_names(config):
-        out[split], skipped = load_dataset_with_report(root, fmt, split, skip_bad=skip_bad)
+    for split in data.split_names():
+        out[split], skipped = load_dataset_with_report(root, fmt, split, skip_bad=data.skip_bad)
         if skipped:
             wd.echo(f"  {skipped_summary(skipped, f'{root} split {split!r}')}")
     for split, eps in out.items():
         if not eps:
             raise ValueError(f"{root}: split {split!r} has no episodes")
-    if not config.data.dev_split:
-        n = max(1, int(config.data.dev_holdout))
+    if not data.dev_split:
+        n = max(1, data.dev_holdout)
         if len(out[TRAIN]) <= n:
             raise ValueError(f"{root}: {len(out[TRAIN])} training episodes cannot spare {n} for dev")
         out[DEV] = out[TRAIN][-n:]
         out[TRAIN] = out[TRAIN][:-n]
-    annotated, actions = scarce_counts(config)
-    if actions:
-        out[TRAIN], out[ACTIONS] = split_annotations(out[TRAIN], annotated, actions, int(config.seed), str(root))
+    if data.action_episodes:
+        out[TRAIN], out[ACTIONS] = split_annotations(
+            out[TRAIN], data.annotated_episodes, data.action_episodes, seed, str(root)
+        )
     return out
 
 
 # ------------------------------------------------------------------------------------ scarce annotations
-
-
-def scarce_counts(config: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(N annotated, M action-only) training episodes; M = 0: every training episode keeps its annotation."""
-    return int(config.data.get("annotated_episodes", 0)), int(config.data.get("action_episodes", 0))
 
 
 # what an action log keeps of a step's meta: where it comes from, never the file that holds its annotation
@@ -161,8 +133,6 @@ def split_annotations(
 ) -> tuple[list[Episode], list[Episode]]:
     """(N annotated episodes as read, M others stripped to action logs), chosen by a seeded permutation and
     each kept in reading order. Raises ``UsageError`` (one line) when N < 1 or N + M exceeds the episodes."""
-    from ipl_jax.pipeline.validate import UsageError
-
     if annotated < 1 or actions < 0 or annotated + actions > len(episodes):
         raise UsageError(
             f"{where}: data.annotated_episodes={annotated} + data.action_episodes={actions} must be >= 1 annotated "
@@ -181,12 +151,9 @@ def split_annotations(
     return [episodes[i] for i in keep], stripped
 
 
-def check_annotations(config: ml_collections.ConfigDict, train_steps: Sequence[Step]) -> None:
+def check_annotations(settings: Settings, train_steps: Sequence[Step]) -> None:
     """Before any training: warm-up SFT needs training steps with CoaT (or ``data.coat_fallback``)."""
-    from ipl_jax.data.dialogue import has_coat
-    from ipl_jax.pipeline.validate import UsageError
-
-    if int(config.sft.steps) > 0 and not bool(config.data.get("coat_fallback", False)):
+    if settings.sft.steps > 0 and not settings.data.coat_fallback:
         if not any(has_coat(s) for s in train_steps):
             raise UsageError(
                 f"config.data.coat_fallback=False: none of the {len(train_steps)} training steps carries a CoaT "
@@ -195,15 +162,12 @@ def check_annotations(config: ml_collections.ConfigDict, train_steps: Sequence[S
             )
 
 
-def oracle_steps(config: ml_collections.ConfigDict, wd: Workdir, steps: Sequence[Step]) -> list[Step]:
+def oracle_steps(data: DataSettings, wd: Workdir, steps: Sequence[Step]) -> list[Step]:
     """The annotated records of action-only ``steps``, read back from the dataset: only the ``sft_oracle``
     upper bound calls this. Raises ValueError naming a step the training split lacks or that has no CoaT there."""
-    from ipl_jax.data.datasets import load_dataset
-    from ipl_jax.data.dialogue import has_coat
-
-    fmt = "aitz" if config.data.format == "synthetic" else config.data.format
-    root = data_root(config, wd)
-    episodes = load_dataset(root, fmt, TRAIN, skip_bad=bool(config.data.get("skip_bad", False)))
+    fmt = "aitz" if data.synthetic else data.format
+    root = data_root(data, wd)
+    episodes = load_dataset(root, fmt, TRAIN, skip_bad=data.skip_bad)
     by_key = {(str(s.episode_id), int(s.step_id)): s for e in episodes for s in e.steps}
     out = []
     for s in steps:
@@ -217,45 +181,31 @@ def oracle_steps(config: ml_collections.ConfigDict, wd: Workdir, steps: Sequence
     return out
 
 
-def dev_name(config: ml_collections.ConfigDict) -> str:
-    return config.data.dev_split or DEV
-
-
 def steps_of(episodes: Sequence[Episode]) -> list[Step]:
     return [s for e in episodes for s in e.steps]
-
-
-def scoring_format(config: ml_collections.ConfigDict) -> str:
-    """The metric table's format: the dataset's own (synthetic data is scored as AITZ; packed and TFDS data name
-    theirs in their metadata)."""
-    from ipl_jax.data.datasets import scoring_format as rules_format
-
-    return rules_format(str(config.data.format), str(config.data.root))
 
 
 # ------------------------------------------------------------------------------------------ instruction evolution
 
 
-def evolve(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step]) -> dict:
+def evolve(evolution: EvolutionSettings, seed: int, wd: Workdir, train_steps: Sequence[Step]) -> dict:
     """Stage 2: Q&A about the training screens (three levels), filtered, capped at ``max_items``; written to
     ``WORKDIR/evolution/qas.jsonl``. With evolution disabled an empty file is written."""
-    from ipl_jax.data.evolution import evolve_steps, filter_qas, write_qas_jsonl
-
     path = wd.dir("evolution") / "qas.jsonl"
-    if not config.evolution.enabled:
+    if not evolution.enabled:
         write_qas_jsonl(path, [])
         return {"enabled": False, "generated": 0, "kept": 0, "path": str(path)}
     raw = evolve_steps(
         progress(train_steps, desc="evolution", unit="screen"),
-        seed=int(config.seed),
-        levels=tuple(config.evolution.levels),
-        per_step=int(config.evolution.per_step),
+        seed=seed,
+        levels=evolution.levels,
+        per_step=evolution.per_step,
     )
     kept, counts = filter_qas(raw)
-    cap = int(config.evolution.max_items)
+    cap = evolution.max_items
     if cap and len(kept) > cap:
         # a seeded sample, kept in step order
-        chosen = sorted(random.Random(int(config.seed)).sample(range(len(kept)), cap))
+        chosen = sorted(random.Random(seed).sample(range(len(kept)), cap))
         kept = [kept[i] for i in chosen]
     write_qas_jsonl(path, kept)
     by_level = collections.Counter(q.level for q in kept)

@@ -20,6 +20,14 @@ import copy
 import json
 from pathlib import Path
 
+import jax
+
+from ipl_jax.data.image_processing import ImageProcessorConfig
+from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
+from ipl_jax.data.tokenizer import SPECIAL_TOKENS
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.params import count_params, param_shapes
+from ipl_jax.model.random_weights import hf_tensor_shapes, write_random_weights
 from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
 
 DEFAULT_BPE_SIZE = 8192  # the most BPE pieces learnt from the corpus (the rest of the vocabulary is filler)
@@ -39,7 +47,6 @@ def checkpoint_config(name: str, overrides: dict | None = None, dtype: str = "bf
     """The ``config.json`` dict of architecture ``name`` with ``overrides`` (flat text fields, ``vision_config``
     and ``rope_scaling`` merged key by key). The merger output (vision ``hidden_size``) follows the text
     ``hidden_size``. Raises ValueError naming a bad architecture or an inconsistent override."""
-    from ipl_jax.model.config import Qwen2VLConfig
 
     if name not in ARCHITECTURES:
         raise ValueError(f"--architecture {name!r} is unknown (valid: {', '.join(ARCHITECTURES)})")
@@ -62,8 +69,6 @@ def checkpoint_config(name: str, overrides: dict | None = None, dtype: str = "bf
 
 def tensor_shapes(hf_config: dict) -> list[tuple[str, tuple[int, ...]]]:
     """(safetensors name, shape) of every tensor ``write_random_checkpoint`` writes for ``hf_config``."""
-    from ipl_jax.model.config import Qwen2VLConfig
-    from ipl_jax.model.random_weights import hf_tensor_shapes
 
     return hf_tensor_shapes(Qwen2VLConfig.from_hf_dict(hf_config))
 
@@ -71,8 +76,6 @@ def tensor_shapes(hf_config: dict) -> list[tuple[str, tuple[int, ...]]]:
 def _write_tokenizer(out: Path, hf_config: dict, bpe_size: int) -> dict[str, int]:
     """Our tokenizer in ``out``, its specials at the config's ids when the vocabulary holds them; returns the
     special ids."""
-    from ipl_jax.data.tiny_tokenizer import default_corpus, train_tokenizer, write_tokenizer
-    from ipl_jax.data.tokenizer import SPECIAL_TOKENS
 
     first, n = int(hf_config["bos_token_id"]), len(SPECIAL_TOKENS)
     vocab = int(hf_config["vocab_size"])
@@ -92,12 +95,6 @@ def write_random_checkpoint(
 ) -> dict:
     """Write the checkpoint directory (see the module doc) into ``out``; returns a summary: parameters, bytes
     written, weight files, tokenizer size and the special-token ids of ``config.json``."""
-    import jax
-
-    from ipl_jax.data.image_processing import ImageProcessorConfig
-    from ipl_jax.model.config import Qwen2VLConfig
-    from ipl_jax.model.params import count_params, param_shapes
-    from ipl_jax.model.random_weights import write_random_weights
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

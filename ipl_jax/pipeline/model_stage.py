@@ -6,7 +6,7 @@ A *policy directory* is a Hugging Face Qwen2-VL checkpoint: ``config.json`` + ``
 directory (``WORKDIR/model/init``, ``WORKDIR/seed``, ``WORKDIR/rounds/<r>/policy``, ``WORKDIR/export``), so any of
 them loads in transformers or in ``ipl-jax eval`` as is.
 
-Without ``config.model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
+Without ``model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
 (``data.tiny_tokenizer.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
 """
 
@@ -18,13 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import ml_collections
 
+from ipl_jax import distributed
+from ipl_jax.coat.actions import format_action, format_grounding
+from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
+from ipl_jax.data.tiny import build_config_dict
+from ipl_jax.data.tiny_tokenizer import scaffold_texts, train_tokenizer, write_tokenizer
+from ipl_jax.data.tokenizer import load_tokenizer
+from ipl_jax.model.config import Qwen2VLConfig, checkpoint_dtype
 from ipl_jax.model.layers import resolve_attention
-from ipl_jax.model.params import count_params
-from ipl_jax.pipeline.validate import UsageError
+from ipl_jax.model.params import count_params, init_params, param_shapes
+from ipl_jax.model.sharding import make_mesh, param_shardings
+from ipl_jax.model.weights import load_params, save_params
+from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.settings import MeshSettings, ModelSettings, Settings
+from ipl_jax.training.state import cast_floating
 
 TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocessor_config.json")
 
@@ -42,29 +53,9 @@ class Policy:
     mesh: object = None
 
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-
-
-def job_precision(config: ml_collections.ConfigDict) -> tuple[str, str]:
-    """(compute, storage) dtype names of ``config.model.dtype`` / ``param_dtype``. 'auto' compute is the dtype
-    the starting checkpoint (``model.checkpoint``) declares, float32 for a fresh model; 'auto' storage is the
-    compute dtype. Storage is what the weights the job does not train are kept in: the sampler's and the
-    evaluator's copy, the frozen reference, frozen base weights (LoRA) and a frozen vision tower. Trained
-    weights and optimizer moments are float32 whatever these say."""
-    from ipl_jax.model.config import checkpoint_dtype
-
-    compute = str(config.model.get("dtype", "auto") or "auto")
-    storage = str(config.model.get("param_dtype", "auto") or "auto")
-    if compute == "auto":
-        ckpt = str(config.model.get("checkpoint", "") or "")
-        compute = checkpoint_dtype(ckpt) if ckpt and (Path(ckpt) / "config.json").is_file() else "float32"
-    return compute, (compute if storage == "auto" else storage)
-
-
-def job_model_config(config: ml_collections.ConfigDict, cfg):
+def job_model_config(cfg: Qwen2VLConfig, model: ModelSettings) -> Qwen2VLConfig:
     """A policy's model config with the job's compute dtype and attention implementation."""
-    compute, _ = job_precision(config)
-    cfg = cfg.replace(dtype=compute, attention=str(config.model.get("attention", "auto")))
+    cfg = cfg.replace(dtype=model.precision().compute, attention=model.attention)
     try:  # a 'cudnn' the model cannot run (dtype, head dims, backend) stops here, before anything compiles
         resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim))
     except ValueError as e:
@@ -72,53 +63,21 @@ def job_model_config(config: ml_collections.ConfigDict, cfg):
     return cfg
 
 
-def job_remat(config: ml_collections.ConfigDict) -> str:
-    """``config.model.remat``: the rematerialisation policy of training (decoder layers and vision blocks)."""
-    return str(config.model.get("remat", "none"))
-
-
-def job_train_precision(config: ml_collections.ConfigDict) -> dict:
-    """The precision fields of every training round's config (``TDPOConfig``, ``GRPOConfig``, ``PPOConfig``):
-    ``remat`` (``job_remat``), ``compute_dtype`` (None for float32: the step reads the fp32 master weights as they
-    are) and ``storage_dtype`` (the frozen reference's and the sampler's copy of the weights)."""
-    compute, storage = job_precision(config)
-    return {
-        "remat": job_remat(config),
-        "compute_dtype": None if compute == "float32" else compute,
-        "storage_dtype": storage,
-    }
-
-
-def job_frozen_dtype(config: ml_collections.ConfigDict) -> str | None:
-    """The dtype a training state keeps its frozen weights in (a frozen vision tower, LoRA's base): the storage
-    dtype, None when that is float32 (kept as loaded)."""
-    _, storage = job_precision(config)
-    return None if storage == "float32" else storage
-
-
-def inference_policy(policy: Policy, config: ml_collections.ConfigDict, params=None) -> Policy:
+def inference_policy(policy: Policy, model: ModelSettings, params=None) -> Policy:
     """``policy`` (or ``params`` in its place) for sampling and evaluation: weights cast to the job's storage
     dtype, the model computing in its compute dtype (so the KV cache is kept in it too)."""
-    from ipl_jax.training.state import cast_floating
-
-    _, storage = job_precision(config)
     params = policy.params if params is None else params
-    return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(config, policy.cfg))
+    storage = model.precision().storage
+    return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(policy.cfg, model))
 
 
-def image_config_from(config: ml_collections.ConfigDict):
-    from ipl_jax.data.image_processing import ImageProcessorConfig
-
-    return ImageProcessorConfig(min_pixels=int(config.model.min_pixels), max_pixels=int(config.model.max_pixels))
+def image_config_from(model: ModelSettings) -> ImageProcessorConfig:
+    return ImageProcessorConfig(min_pixels=model.min_pixels, max_pixels=model.max_pixels)
 
 
 def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
     """Every text the model reads or writes on this data: CoaT turns, instructions, action and grounding
     texts, the thought prompts with their histories, and the evolved Q&A; plus the chat scaffolding."""
-    from ipl_jax.coat.actions import format_action, format_grounding
-    from ipl_jax.data.dialogue import DEFAULT_PROMPTS
-    from ipl_jax.data.tiny_tokenizer import scaffold_texts
-
     lines = scaffold_texts()
     for s in steps:
         lines.append(s.instruction)
@@ -134,27 +93,24 @@ def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
     return [line for line in lines if line and line.strip()]
 
 
-def model_config_dict(config: ml_collections.ConfigDict, special_ids: dict) -> dict:
+def model_config_dict(m: ModelSettings, special_ids: dict) -> dict:
     """The Hugging Face config of a fresh model of the configured size (transformers-5 nested layout)."""
-    from ipl_jax.data.tiny import build_config_dict
-
-    m = config.model
     overrides = {
         "text_config": {
-            "hidden_size": int(m.hidden_size),
-            "intermediate_size": int(m.intermediate_size),
-            "num_hidden_layers": int(m.num_hidden_layers),
-            "num_attention_heads": int(m.num_attention_heads),
-            "num_key_value_heads": int(m.num_key_value_heads),
+            "hidden_size": m.hidden_size,
+            "intermediate_size": m.intermediate_size,
+            "num_hidden_layers": m.num_hidden_layers,
+            "num_attention_heads": m.num_attention_heads,
+            "num_key_value_heads": m.num_key_value_heads,
         },
         "vision_config": {
-            "depth": int(m.vision_depth),
-            "embed_dim": int(m.vision_embed_dim),
-            "num_heads": int(m.vision_num_heads),
+            "depth": m.vision_depth,
+            "embed_dim": m.vision_embed_dim,
+            "num_heads": m.vision_num_heads,
         },
-        "tie_word_embeddings": bool(m.tie_word_embeddings),
+        "tie_word_embeddings": m.tie_word_embeddings,
     }
-    return build_config_dict(overrides, int(m.vocab_size), special_ids)
+    return build_config_dict(overrides, m.vocab_size, special_ids)
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
@@ -164,10 +120,6 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
 
     Multi-process: every process calls it (sharded weights are all-gathered), the main one writes; the caller
     passes a barrier before another process reads the directory."""
-    from ipl_jax import distributed
-    from ipl_jax.data.tokenizer import load_tokenizer
-    from ipl_jax.model import save_params
-
     out = Path(out)
     params = distributed.to_host(params)
     if not distributed.is_main():
@@ -188,28 +140,19 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
     return out
 
 
-def job_mesh(config: ml_collections.ConfigDict):
-    """The ('data', 'fsdp', 'tensor') mesh of ``config.mesh`` over every device, or None on a single device
-    (one CPU or GPU: nothing to shard)."""
+def job_mesh(mesh: MeshSettings):
+    """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device, or None on a single device (one CPU or
+    GPU: nothing to shard)."""
     if jax.device_count() == 1:
         return None
-    from ipl_jax.model.sharding import make_mesh
-
-    return make_mesh((int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)))
+    return make_mesh((mesh.data, mesh.fsdp, mesh.tensor))
 
 
 def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
     """A policy directory, its weights placed by the model's partition rules when a ``mesh`` is given, in
     ``dtype`` (default: the config's ``param_dtype``)."""
-    from ipl_jax.data.image_processing import ImageProcessorConfig
-    from ipl_jax.data.tokenizer import load_tokenizer
-    from ipl_jax.model import load_params
-
     shardings = None
     if mesh is not None:
-        from ipl_jax.model import Qwen2VLConfig, param_shapes
-        from ipl_jax.model.sharding import param_shardings
-
         shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
     params, cfg = load_params(str(directory), shardings=shardings, dtype=dtype)
     return Policy(
@@ -222,33 +165,27 @@ def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
     )
 
 
-def build_initial_model(
-    config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence
-) -> dict:
-    """Stage 3: ``WORKDIR/model/init`` -- a copy of ``config.model.checkpoint``, or a new tokenizer trained on
-    the data plus a freshly initialised model."""
+def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
+    """Stage 3: ``WORKDIR/model/init`` -- a copy of ``model.checkpoint``, or a new tokenizer trained on the data
+    plus a freshly initialised model (``seed``)."""
+    model = settings.model
     out = wd.path("model", "init")
-    if config.model.checkpoint:
-        src = Path(config.model.checkpoint)
+    if model.checkpoint:
+        src = Path(model.checkpoint)
         if not (src / "config.json").is_file():
             raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
-        from ipl_jax.model.config import checkpoint_dtype
-
         # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); the job's image settings apply
         # (e.g. max_pixels) unless the checkpoint's are wanted
         policy = load_policy(src, dtype=checkpoint_dtype(src))
-        write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(config))
+        write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(model))
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
-
-    from ipl_jax.data.tiny_tokenizer import train_tokenizer, write_tokenizer
-    from ipl_jax.model import Qwen2VLConfig, init_params
 
     corpus = tokenizer_corpus(train_steps, qas)
     tok_dir = wd.dir("model", "tokenizer")
-    special_ids = write_tokenizer(train_tokenizer(corpus, int(config.model.vocab_size)), tok_dir)
-    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(config, special_ids))
-    params = init_params(cfg, jax.random.PRNGKey(int(config.seed)))
-    write_policy_dir(out, params, cfg, tok_dir, image_config_from(config))
+    special_ids = write_tokenizer(train_tokenizer(corpus, model.vocab_size), tok_dir)
+    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(model, special_ids))
+    params = init_params(cfg, jax.random.PRNGKey(settings.seed))
+    write_policy_dir(out, params, cfg, tok_dir, image_config_from(model))
     n = count_params(params)
     wd.echo(
         f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "

@@ -1,17 +1,12 @@
 """A memory and FLOP plan of the job's programs, compiled ahead of time on abstract inputs.
 
-``plan_job(config, cfg, mesh, settings)`` builds the warm-up SFT step, the T-DPO step, the tree sampler's prefill
-and one decode step of its widest level for the job config's batch shapes, on ``jax.ShapeDtypeStruct`` inputs
-placed by the same shardings the job uses (nothing is allocated, no checkpoint is read), compiles each for the
-mesh's devices (fake CPU devices, or a TPU topology's compile-only devices) and reads per-device memory from
-``compiled.memory_analysis()`` and FLOPs from the compiled HLO (``hlo_cost``: loops counted as often as they run;
-XLA's own ``cost_analysis()`` counts a loop body once and is reported beside it).
-
-Arguments count everything a step holds as input: trainable (fp32 master) weights, optimizer moments, frozen
-weights, the batch or the KV cache. ``total = arguments + outputs + temporaries - aliased`` (donated inputs that
-the outputs reuse), the program's peak under XLA's buffer assignment.
-
-The inputs (architectures, batch shapes, the mesh, abstract batches) are ``plan_shapes``.
+``plan_job(settings, cfg, mesh, options)`` lowers the programs the job runs -- the warm-up SFT step
+(``training.sft.sft_update``), the T-DPO step (``preference.tdpo.tdpo_update``), the tree sampler's prefill and
+one decode step of its widest level -- for the job's batch shapes (``plan_shapes``) on ``jax.ShapeDtypeStruct``
+inputs carrying the shardings the job places them with (nothing is allocated, no checkpoint is read), compiles
+them for the mesh's devices (fake CPU devices, or a TPU topology's compile-only devices) and reads per-device
+memory from ``compiled.memory_analysis()`` and FLOPs from the compiled HLO (``training.hlo_cost``: loops
+counted as often as they run). ``total = arguments + outputs + temporaries - aliased``.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,42 +26,40 @@ from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
-from ipl_jax.pipeline.plan_shapes import (  # noqa: F401 - re-exported: the plan's public names live here too
+from ipl_jax.pipeline.plan_shapes import (
     _KEY,
     _S,
-    ARCHITECTURES,
     DTYPES,
     GB,
     PROGRAMS,
     JobShapes,
     PlanError,
     _vision,
-    mesh_shape,
-    model_config,
-    parse_mesh,
-    plan_dtypes,
     sampler_config,
     sft_batch,
     tdpo_batch,
 )
+from ipl_jax.pipeline.rounds import tdpo_config
+from ipl_jax.pipeline.sft_stage import sft_optimizer
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
+from ipl_jax.settings import Settings
 from ipl_jax.training import sft as sft_lib
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.lora import LoraConfig
-from ipl_jax.training.optimizer import make_optimizer, make_schedule
-from ipl_jax.training.state import VISION_REGEX, create_train_state
+from ipl_jax.training.optimizer import make_optimizer
+from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shardings
 
 # ---------------------------------------------------------------------------------------------- programs
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
-    """compute_dtype: activations (and the KV cache); remat: the training programs' policy for decoder layers and
-    vision blocks (``model.layers.REMAT_POLICIES``); attention: ``Qwen2VLConfig.attention``; frozen_dtype:
-    storage of the weights not trained (LoRA base, frozen ViT, the sampler's copy), None = the compute dtype;
-    programs: which
-    of ``PROGRAMS`` to plan. Trainable weights and optimizer moments are always fp32."""
+    """The plan's options (``ipl-jax plan``'s flags). compute_dtype: activations (and the KV cache); remat: the
+    training programs' policy for decoder layers and vision blocks (``model.layers.REMAT_POLICIES``); attention:
+    ``Qwen2VLConfig.attention``; frozen_dtype: storage of the weights not trained (LoRA base, frozen ViT, the
+    sampler's copy), None = the compute dtype; programs: which of ``PROGRAMS`` to plan. Trainable weights and
+    optimizer moments are always fp32."""
 
     compute_dtype: str = "bfloat16"
     remat: str = "full"
@@ -106,10 +99,14 @@ def _per_device_bytes(values, shardings) -> int:
     return int(sum(math.prod(sh.shard_shape(v.shape)) * jnp.dtype(v.dtype).itemsize for v, sh in zip(vals, shs)))
 
 
-def _measure(name: str, shapes: str, jitted, args: tuple, mesh, inputs: dict) -> ProgramPlan:
+def _placed(values, shardings):
+    """Abstract ``values`` carrying ``shardings`` (what the job's placed arrays look like to a jitted program)."""
+    return jax.tree.map(lambda v, sh: _S(v.shape, v.dtype, sharding=sh), values, shardings)
+
+
+def _measure(name: str, shapes: str, lower: Callable[[], jax.stages.Lowered], inputs: dict) -> ProgramPlan:
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh):
-        compiled = jitted.lower(*args).compile()
+    compiled = lower().compile()
     seconds = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     xla = compiled.cost_analysis()
@@ -130,8 +127,8 @@ def _measure(name: str, shapes: str, jitted, args: tuple, mesh, inputs: dict) ->
     )
 
 
-def _state_kwargs(settings: PlanSettings, lora_rank: int, freeze_vision: bool) -> dict:
-    frozen = settings.frozen_dtype or settings.compute_dtype
+def _state_kwargs(options: PlanSettings, lora_rank: int, freeze_vision: bool) -> dict:
+    frozen = options.frozen_dtype or options.compute_dtype
     if lora_rank > 0:
         return dict(lora=LoraConfig(rank=lora_rank, alpha=float(2 * lora_rank)), frozen_dtype=frozen)
     return dict(freeze_regex=VISION_REGEX if freeze_vision else None, frozen_dtype=frozen)
@@ -145,25 +142,28 @@ def _state_inputs(state, state_sh) -> dict:
     }
 
 
-def _compute(settings: PlanSettings) -> str | None:
-    return None if settings.compute_dtype == "float32" else settings.compute_dtype
+def _compute(options: PlanSettings) -> str | None:
+    return None if options.compute_dtype == "float32" else options.compute_dtype
 
 
-def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
-    tcfg = tdpo_lib.TDPOConfig(
+def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+    """The T-DPO step as training runs it: ``tdpo_update`` with a round's config (``rounds.tdpo_config``) in the
+    plan's precision, on a state and a packed batch placed by ``state_shardings`` / ``batch_shardings``."""
+    mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
+    tcfg = dataclasses.replace(
+        tdpo_config(settings, cfg),
         model=mcfg,
-        remat=settings.remat,
-        compute_dtype=_compute(settings),
-        learning_rate=float(config.ipl.learning_rate),
+        remat=options.remat,
+        compute_dtype=_compute(options),
+        reference_dtype=options.frozen_dtype,
     )
-    lora = int(config.ipl.get("lora_rank", 0))
-    kw = _state_kwargs(settings, lora, bool(config.ipl.get("freeze_vision", True)))
+    lora = settings.ipl.lora_rank
+    kw = _state_kwargs(options, lora, settings.ipl.freeze_vision)
     state = jax.eval_shape(lambda p, k: tdpo_lib.init_state(p, tcfg, k, **kw), param_shapes(mcfg), _KEY)
     batch = tdpo_batch(mcfg, s)
-    step = tdpo_lib.make_tdpo_step(tcfg, mesh=mesh, state=state, batch=batch)
-    state_sh = tdpo_lib.state_shardings(state, tcfg.optimizer(), mesh)
+    state_sh = state_shardings(state, tcfg.optimizer(), mesh)
     batch_sh = tdpo_lib.batch_shardings(batch, mesh)
+    placed_state, placed_batch = _placed(state, state_sh), _placed(batch, batch_sh)
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
     shapes = (
         f"{s.tdpo_rows} rows x {s.tdpo_length} tokens, {s.tdpo_slots} continuation slots/row, "
@@ -171,30 +171,30 @@ def plan_tdpo(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSett
         + (f", LoRA r={lora}" if lora else ", full weights")
         + (", ViT frozen" if kw.get("freeze_regex") else "")
     )
-    return _measure("tdpo", shapes, step.jitted, (state, batch), mesh, inputs)
+    return _measure("tdpo", shapes, lambda: tdpo_lib.lower_tdpo_step(placed_state, placed_batch, tcfg, mesh), inputs)
 
 
-def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    mcfg = cfg.replace(dtype=settings.compute_dtype, param_dtype="float32", attention=settings.attention)
-    optimizer, schedule = make_optimizer(config.sft), make_schedule(config.sft)
-    lora = int(config.sft.get("lora_rank", 0))
-    kw = _state_kwargs(settings, lora, bool(config.sft.get("freeze_vision", False)))
+def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+    """Warm-up SFT's step as training runs it: ``sft_update`` on a state and a batch placed by
+    ``state_shardings`` / ``sft_batch_shardings``."""
+    mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
+    optimizer_settings = sft_optimizer(settings.sft)
+    optimizer = make_optimizer(optimizer_settings)
+    lora = settings.sft.lora_rank
+    kw = _state_kwargs(options, lora, settings.sft.freeze_vision)
     state = jax.eval_shape(lambda p, k: create_train_state(p, optimizer, k, **kw), param_shapes(mcfg), _KEY)
     batch = sft_batch(mcfg, s)
     accum = s.sft_batch // s.sft_micro
-    state_sh = tdpo_lib.state_shardings(state, optimizer, mesh)
+    state_sh = state_shardings(state, optimizer, mesh)
     batch_sh = sft_lib.sft_batch_shardings(batch, mesh, grad_accum=accum > 1)
-    step = sft_lib.make_qwen2vl_sft_step(
-        mcfg,
-        optimizer,
-        schedule,
-        remat=settings.remat,
+    step_config = sft_lib.SFTStepConfig(
+        model=mcfg,
+        optimizer=optimizer_settings,
         grad_accum_steps=accum,
-        compute_dtype=_compute(settings),
-        mesh=mesh,
-        state_shardings=state_sh,
-        batch_shardings=batch_sh,
+        remat=options.remat,
+        compute_dtype=_compute(options),
     )
+    placed_state, placed_batch = _placed(state, state_sh), _placed(batch, batch_sh)
     inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
     shapes = (
         f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
@@ -202,16 +202,26 @@ def plan_sft(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSetti
         + (f", LoRA r={lora}" if lora else ", full weights")
         + (", ViT frozen" if kw.get("freeze_regex") else "")
     )
-    return _measure("sft", shapes, step.jitted, (state, batch), mesh, inputs)
+    return _measure(
+        "sft", shapes, lambda: sft_lib.lower_sft_step(placed_state, placed_batch, step_config, mesh), inputs
+    )
 
 
 def _row_sharding(mesh, shape) -> NamedSharding:
     return NamedSharding(mesh, batch_spec(mesh, shape))
 
 
-def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
-    sampler = sampler_config(scfg, config, s)
+def _under_mesh(fn, args: tuple, mesh) -> Callable[[], jax.stages.Lowered]:
+    def lower():
+        with jax.set_mesh(mesh):
+            return fn.lower(*args)
+
+    return lower
+
+
+def plan_prefill(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+    scfg = cfg.replace(dtype=options.compute_dtype, param_dtype=options.frozen_dtype or options.compute_dtype)
+    sampler = sampler_config(scfg, settings.sampler, s)
     b, t = s.sampler_batch, s.prefix_length
     size = sampler.cache_size(t, (s.prompt_length,) * 3, upto_turn=1)
     params = param_shapes(scfg)
@@ -230,12 +240,12 @@ def plan_prefill(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanS
     )
     parts = {"weights": _per_device_bytes(params, p_sh), "batch": _per_device_bytes(inputs, in_sh)}
     shapes = f"{b} trees x {t} prefix tokens, {b} image slots of {s.image_patches} patches, cache {size} slots"
-    return _measure("prefill", shapes, fn, (params, inputs), mesh, parts)
+    return _measure("prefill", shapes, _under_mesh(fn, (params, inputs), mesh), parts)
 
 
-def plan_decode(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSettings) -> ProgramPlan:
-    scfg = cfg.replace(dtype=settings.compute_dtype, param_dtype=settings.frozen_dtype or settings.compute_dtype)
-    sampler = sampler_config(scfg, config, s)
+def plan_decode(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+    scfg = cfg.replace(dtype=options.compute_dtype, param_dtype=options.frozen_dtype or options.compute_dtype)
+    sampler = sampler_config(scfg, settings.sampler, s)
     rows = s.sampler_batch * math.prod(s.branching)
     size = sampler.cache_size(s.prefix_length, (s.prompt_length,) * 3)
     tc = scfg.text
@@ -272,51 +282,51 @@ def plan_decode(config, cfg: Qwen2VLConfig, s: JobShapes, mesh, settings: PlanSe
     args = (params, cache, _S((rows,), jnp.int32), _S((rows, 2), jnp.uint32), _S((), jnp.float32))
     parts = {"weights": _per_device_bytes(params, p_sh), "kv_cache": _per_device_bytes(cache, c_sh)}
     shapes = f"{rows} rows (level 4), cache {size} slots, one token"
-    return _measure("decode", shapes, fn, args, mesh, parts)
+    return _measure("decode", shapes, _under_mesh(fn, args, mesh), parts)
 
 
 _PLANNERS = {"sft": plan_sft, "tdpo": plan_tdpo, "prefill": plan_prefill, "decode": plan_decode}
 
 
-def check_dtype(settings: PlanSettings, platform: str) -> None:
+def check_dtype(options: PlanSettings, platform: str) -> None:
     """PlanError for a dtype, remat policy or attention the platform cannot run."""
     valid = DTYPES.get(platform, DTYPES["cpu"])
-    for flag, value in (("--dtype", settings.compute_dtype), ("--frozen-dtype", settings.frozen_dtype)):
+    for flag, value in (("--dtype", options.compute_dtype), ("--frozen-dtype", options.frozen_dtype)):
         if value is not None and value not in valid:
             raise PlanError(f"{flag} {value}: not available on {platform} (valid: {', '.join(valid)})")
-    if settings.remat not in REMAT_POLICIES:
-        raise PlanError(f"--remat {settings.remat}: unknown (valid: {', '.join(REMAT_POLICIES)})")
-    if settings.remat == "offload" and platform not in ("tpu", "gpu"):
+    if options.remat not in REMAT_POLICIES:
+        raise PlanError(f"--remat {options.remat}: unknown (valid: {', '.join(REMAT_POLICIES)})")
+    if options.remat == "offload" and platform not in ("tpu", "gpu"):
         try:
-            check_remat(settings.remat, platform, "--remat")
+            check_remat(options.remat, platform, "--remat")
         except ValueError as e:
             raise PlanError(str(e)) from None
-    if settings.attention not in ATTENTION_IMPLS or (settings.attention == "cudnn" and platform != "gpu"):
+    if options.attention not in ATTENTION_IMPLS or (options.attention == "cudnn" and platform != "gpu"):
         valid = ATTENTION_IMPLS if platform == "gpu" else ("auto", "reference", "xla")
-        raise PlanError(f"--attention {settings.attention}: not available on {platform} (valid: {', '.join(valid)})")
+        raise PlanError(f"--attention {options.attention}: not available on {platform} (valid: {', '.join(valid)})")
 
 
-def validate(config, settings: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:
+def validate(settings: Settings, options: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:
     """The job's shapes, after the checks that need no device: batches against the mesh's batch axes, dtypes
     against the platform, program names (PlanError on the first failure)."""
-    shapes = JobShapes.from_config(config)
+    shapes = JobShapes.of(settings)
     shapes.batch_axes_check(int(shape[0]) * int(shape[1]))
-    check_dtype(settings, platform)
-    unknown = [p for p in settings.programs if p not in _PLANNERS]
-    if unknown or not settings.programs:
+    check_dtype(options, platform)
+    unknown = [p for p in options.programs if p not in _PLANNERS]
+    if unknown or not options.programs:
         raise PlanError(f"--programs {','.join(unknown) or '(none)'}: unknown (valid: {', '.join(PROGRAMS)})")
     return shapes
 
 
 def plan_job(
-    config, cfg: Qwen2VLConfig, mesh, settings: PlanSettings = PlanSettings(), on_program=None
+    settings: Settings, cfg: Qwen2VLConfig, mesh, options: PlanSettings = PlanSettings(), on_program=None
 ) -> list[ProgramPlan]:
-    """Plans of ``settings.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after
+    """Plans of ``options.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after
     each compile."""
-    shapes = validate(config, settings, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
+    shapes = validate(settings, options, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
     out = []
-    for name in settings.programs:
-        out.append(_PLANNERS[name](config, cfg, shapes, mesh, settings))
+    for name in options.programs:
+        out.append(_PLANNERS[name](settings, cfg, shapes, mesh, options))
         if on_program is not None:
             on_program(out[-1])
     return out

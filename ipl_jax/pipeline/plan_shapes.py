@@ -1,7 +1,7 @@
 """The inputs of the plan (``plan.py``): the published Qwen2-VL architectures, the job's batch shapes, the mesh, and
 abstract (``jax.ShapeDtypeStruct``) batches of the SFT step, the T-DPO step and the sampler.
 
-Shapes (``JobShapes.from_config``): T-DPO rows ``ipl.batch_size`` x the largest ``ipl.text_buckets``, K + 1
+Shapes (``JobShapes.of``): T-DPO rows ``ipl.batch_size`` x the largest ``ipl.text_buckets``, K + 1
 continuation slots (K = the largest branching), ``ipl.max_pairs_per_batch`` pair slots and one screenshot of the
 largest ``buckets.patches`` per row; SFT ``sft.batch_size`` dialogues of the largest ``buckets.tokens`` in
 micro-batches of ``sft.micro_batch_size`` (scanned); the sampler ``sampler.batch_size`` trees, the largest prefix
@@ -18,11 +18,12 @@ import re
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig, checkpoint_dtype
 from ipl_jax.model.sharding import AXES
 from ipl_jax.model.vision import VisionInputs
-from ipl_jax.preference.packing import PackedBatch
+from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.settings import MeshSettings, ModelSettings, SamplerSettings, Settings
 
 PROGRAMS = ("sft", "tdpo", "prefill", "decode")
 DTYPES = {
@@ -101,47 +102,46 @@ class PlanError(ValueError):
 # ------------------------------------------------------------------------------------------------ inputs
 
 
-def model_config(config, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
+def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
     """(architecture name, model config): ``arch`` a name of ``ARCHITECTURES``, or 'auto': the config.json of
     ``model.checkpoint`` when that directory exists, else the architecture the config's file name names
-    (qwen2vl_2b_* / qwen2vl_7b_*), else a fresh model of ``config.model``'s sizes (the synthetic job)."""
+    (qwen2vl_2b_* / qwen2vl_7b_*), else a fresh model of the ``model`` section's sizes (the synthetic job)."""
     if arch != "auto":
         if arch not in ARCHITECTURES:
             raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
         return arch, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[arch])
-    ckpt = str(config.model.get("checkpoint", "") or "")
+    ckpt = m.checkpoint
     if ckpt and os.path.isfile(os.path.join(ckpt, "config.json")):
         return ckpt, Qwen2VLConfig.from_dir(ckpt)
     stem = os.path.basename(config_name.split(":")[0])
     for pattern, name in _CONFIG_ARCH:
         if re.match(pattern, stem):
             return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
-    m = config.model
-    head_dim = int(m.hidden_size) // int(m.num_attention_heads)
+    head_dim = m.hidden_size // m.num_attention_heads
     half = head_dim // 2
     t_sec, h_sec = half // 4, (half - half // 4) // 2
-    vocab = int(m.vocab_size)
+    vocab = m.vocab_size
     return "config.model", Qwen2VLConfig(
         vision=VisionConfig(
-            depth=int(m.vision_depth),
-            embed_dim=int(m.vision_embed_dim),
-            num_heads=int(m.vision_num_heads),
-            hidden_size=int(m.hidden_size),
+            depth=m.vision_depth,
+            embed_dim=m.vision_embed_dim,
+            num_heads=m.vision_num_heads,
+            hidden_size=m.hidden_size,
         ),
         text=TextConfig(
             vocab_size=vocab,
-            hidden_size=int(m.hidden_size),
-            intermediate_size=int(m.intermediate_size),
-            num_hidden_layers=int(m.num_hidden_layers),
-            num_attention_heads=int(m.num_attention_heads),
-            num_key_value_heads=int(m.num_key_value_heads),
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
             mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
             eos_token_id=(vocab - 1,),
             bos_token_id=0,
             pad_token_id=0,
             rms_norm_eps=1e-6,
         ),
-        tie_word_embeddings=bool(m.tie_word_embeddings),
+        tie_word_embeddings=m.tie_word_embeddings,
         image_token_id=vocab - 4,
         video_token_id=vocab - 3,
         vision_start_token_id=vocab - 6,
@@ -168,24 +168,22 @@ class JobShapes:
     branching: tuple
 
     @staticmethod
-    def from_config(config) -> JobShapes:
-        branching = tuple(int(b) for b in config.sampler.branching)
-        turns = tuple(int(t) for t in config.buckets.max_turn_tokens)
-        micro = int(config.sft.micro_batch_size) or int(config.sft.batch_size)
+    def of(settings: Settings) -> JobShapes:
+        s = settings
         return JobShapes(
-            tdpo_rows=int(config.ipl.batch_size),
-            tdpo_length=max(int(t) for t in config.ipl.text_buckets),
-            tdpo_slots=max(branching) + 1,
-            tdpo_pairs=int(config.ipl.max_pairs_per_batch),
-            image_patches=max(int(p) for p in config.buckets.patches),
-            sft_batch=int(config.sft.batch_size),
-            sft_micro=micro,
-            sft_length=max(int(t) for t in config.buckets.tokens),
-            sampler_batch=int(config.sampler.batch_size),
-            prefix_length=max(int(t) for t in config.sampler.prefix_buckets),
-            prompt_length=max(int(t) for t in config.sampler.prompt_buckets),
-            turn_tokens=turns,
-            branching=branching,
+            tdpo_rows=s.ipl.batch_size,
+            tdpo_length=max(s.ipl.text_buckets),
+            tdpo_slots=max(s.sampler.branching) + 1,
+            tdpo_pairs=s.ipl.max_pairs_per_batch,
+            image_patches=s.buckets.image_patches,
+            sft_batch=s.sft.batch_size,
+            sft_micro=s.sft.micro,
+            sft_length=max(s.buckets.tokens),
+            sampler_batch=s.sampler.batch_size,
+            prefix_length=max(s.sampler.prefix_buckets),
+            prompt_length=max(s.sampler.prompt_buckets),
+            turn_tokens=s.buckets.max_turn_tokens,
+            branching=s.sampler.branching,
         )
 
     def batch_axes_check(self, batch_devices: int) -> None:
@@ -208,18 +206,15 @@ class JobShapes:
             )
 
 
-def plan_dtypes(config, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
-    """(compute, frozen storage or None = compute) from the flags, else ``config.model.dtype`` / ``param_dtype``;
-    their 'auto' compute is the checkpoint's torch_dtype when ``model.checkpoint`` exists, else bfloat16 (the
+def plan_dtypes(m: ModelSettings, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
+    """(compute, frozen storage or None = compute) from the flags, else ``model.dtype`` / ``param_dtype``; their
+    'auto' compute is the checkpoint's torch_dtype when ``model.checkpoint`` exists, else bfloat16 (the
     published Qwen2-VL weights')."""
-    from ipl_jax.model.config import checkpoint_dtype
-
-    compute = dtype or str(config.model.get("dtype", "auto") or "auto")
+    compute = dtype or m.dtype
     if compute == "auto":
-        ckpt = str(config.model.get("checkpoint", "") or "")
-        found = ckpt and os.path.isfile(os.path.join(ckpt, "config.json"))
-        compute = checkpoint_dtype(ckpt) if found else "bfloat16"
-    stored = frozen or str(config.model.get("param_dtype", "auto") or "auto")
+        found = m.checkpoint and os.path.isfile(os.path.join(m.checkpoint, "config.json"))
+        compute = checkpoint_dtype(m.checkpoint) if found else "bfloat16"
+    stored = frozen or m.param_dtype
     return compute, (None if stored == "auto" else stored)
 
 
@@ -237,10 +232,10 @@ def parse_mesh(text: str) -> dict:
     return out
 
 
-def mesh_shape(config, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor): ``mesh_arg`` or ``config.mesh`` (-1 = the remaining devices), checked against
+def mesh_shape(mesh: MeshSettings, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor): ``mesh_arg`` or the ``mesh`` section (-1 = the remaining devices), checked against
     ``n_devices``."""
-    source = mesh_arg or {a: int(config.mesh[a]) for a in AXES}
+    source = mesh_arg or {a: getattr(mesh, a) for a in AXES}
     shape = [int(source[a]) for a in AXES]
     if shape.count(-1) > 1:
         raise PlanError(f"config.mesh {source} has more than one -1 (valid: at most one axis of -1)")
@@ -273,7 +268,7 @@ def _vision(cfg: Qwen2VLConfig, lead: tuple, patches: int) -> VisionInputs:
 
 def tdpo_batch(cfg: Qwen2VLConfig, s: JobShapes) -> PackedBatch:
     b, t, p = s.tdpo_rows, s.tdpo_length, s.tdpo_pairs
-    i32 = lambda *shape: _S(shape, jnp.int32)  # noqa: E731
+    i32 = lambda *shape: _S(shape, jnp.int32)
     return PackedBatch(
         input_ids=i32(b, t),
         positions=i32(3, b, t),
@@ -304,13 +299,13 @@ def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
     }
 
 
-def sampler_config(cfg: Qwen2VLConfig, config, s: JobShapes) -> SamplerConfig:
+def sampler_config(cfg: Qwen2VLConfig, sampler: SamplerSettings, s: JobShapes) -> SamplerConfig:
     eos = tuple(cfg.text.eos_token_id) or (cfg.text.vocab_size - 1,)
     return SamplerConfig(
         branching=s.branching,
         max_turn_tokens=s.turn_tokens,
         eos_ids=eos,
-        top_k=int(config.sampler.get("top_k", 0)),
-        top_p=float(config.sampler.get("top_p", 1.0)),
+        top_k=sampler.top_k,
+        top_p=sampler.top_p,
         suppress_ids=(cfg.image_token_id, cfg.video_token_id),
     )

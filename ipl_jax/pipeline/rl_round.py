@@ -10,7 +10,7 @@ until ``budget`` environment steps are spent (never more: the last rollout batch
 round record has the keys of a T-DPO round's (``pairs`` is 0, ``classes`` is empty: no trees are sampled) plus
 ``samples`` (completions or environment steps actually used), ``budget`` and ``method``.
 
-Precision as in a T-DPO round (``model_stage.job_train_precision``, ``job_frozen_dtype``, ``inference_policy``):
+Precision as in a T-DPO round (``settings.ModelSettings.precision``, ``model_stage.inference_policy``):
 the learners compute in ``model.dtype`` with ``model.remat``, keep fp32 master weights and moments, and sample,
 roll out and score the reference from copies in the storage dtype; the round's dev evaluation reads the
 ``inference_policy``.
@@ -23,23 +23,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import ml_collections
 
 from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
+from ipl_jax.eval.online import job_world_tasks
+from ipl_jax.eval.seed_selection import sample_steps
+from ipl_jax.eval.trees import reward_config, rules_name, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import (
     Policy,
     inference_policy,
-    job_frozen_dtype,
     job_mesh,
     job_model_config,
-    job_train_precision,
     load_policy,
     write_policy_dir,
 )
 from ipl_jax.pipeline.round_eval import dev_accuracy
-from ipl_jax.pipeline.round_settings import ipl_settings
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.rl import grpo, ppo
+from ipl_jax.rl.grpo import GRPOConfig
+from ipl_jax.rl.job import grpo_config, grpo_prompts, ppo_config, rollout_config, round_budget
+from ipl_jax.rl.ppo import PPOConfig
+from ipl_jax.settings import Settings
+from ipl_jax.training.state import VISION_REGEX, model_params
 
 
 def _scalars(metrics: dict) -> dict:
@@ -53,33 +58,38 @@ def _scalars(metrics: dict) -> dict:
     return out
 
 
-def grpo_settings(config: ml_collections.ConfigDict, policy: Policy):
-    """The round's ``GRPOConfig``: the job's ``rl.grpo`` section with its precision (compute dtype, remat,
-    storage dtype of the sampler's and the reference's weights)."""
-    from ipl_jax.rl import job as rl_job
-
-    cfg = job_model_config(config, policy.cfg)
-    return rl_job.grpo_config(config, cfg, int(policy.tokenizer.ids.pad), **job_train_precision(config))
-
-
-def ppo_settings(config: ml_collections.ConfigDict, policy: Policy, gigppo: bool):
-    """The round's ``PPOConfig``: the job's ``rl.ppo`` section with its precision (as ``grpo_settings``)."""
-    from ipl_jax.rl import job as rl_job
-
-    cfg = job_model_config(config, policy.cfg)
-    return rl_job.ppo_config(config, cfg, int(policy.tokenizer.ids.pad), gigppo, **job_train_precision(config))
+def round_grpo_config(settings: Settings, policy: Policy) -> GRPOConfig:
+    """The round's ``GRPOConfig``: the job's ``rl.grpo`` section in its precision (compute dtype, remat, storage
+    dtype of the sampler's and the reference's weights)."""
+    return grpo_config(
+        settings.rl,
+        settings.buckets,
+        job_model_config(policy.cfg, settings.model),
+        policy.tokenizer.ids.pad,
+        settings.model.precision(),
+        rules_name(settings.data),
+        settings.sft.grad_clip,
+    )
 
 
-def grpo_train(policy: Policy, config: ml_collections.ConfigDict, steps: Sequence[Step], rng, freeze):
+def round_ppo_config(settings: Settings, policy: Policy, gigppo: bool) -> PPOConfig:
+    """The round's ``PPOConfig``: the job's ``rl.ppo`` section in its precision (as ``round_grpo_config``)."""
+    model = job_model_config(policy.cfg, settings.model)
+    return ppo_config(
+        settings.rl, settings.buckets, model, policy.tokenizer.ids.pad, settings.model.precision(), gigppo
+    )
+
+
+def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, freeze):
     """GRPO over ``steps``. Returns (params, metrics, completions sampled)."""
-    from ipl_jax.eval.trees import sampler_config
-    from ipl_jax.rl import grpo
-    from ipl_jax.rl import job as rl_job
-    from ipl_jax.training.state import model_params
-
-    gcfg = grpo_settings(config, policy)
-    sampler = rl_job.sampler_for_batch(config, sampler_config(config, policy.tokenizer), gcfg.prompts_per_batch)
-    state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=job_frozen_dtype(config))
+    precision = settings.model.precision()
+    gcfg = round_grpo_config(settings, policy)
+    sampler = sampler_for_batch(
+        sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
+        settings.buckets,
+        gcfg.prompts_per_batch,
+    )
+    state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=precision.frozen_dtype)
     state, m = grpo.grpo_round(
         state,
         None,
@@ -96,23 +106,24 @@ def grpo_train(policy: Policy, config: ml_collections.ConfigDict, steps: Sequenc
     return model_params(state.params, state.frozen), m, samples
 
 
-def ppo_train(policy: Policy, config: ml_collections.ConfigDict, budget: int, rng, freeze, gigppo: bool):
+def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigppo: bool):
     """Online PPO (GiGPPO) on the training split's live tasks until ``budget`` environment steps are spent.
     Returns (params, metrics, environment steps used)."""
-    from ipl_jax.eval.online import job_world_tasks
-    from ipl_jax.eval.trees import reward_config, sampler_config
-    from ipl_jax.rl import job as rl_job
-    from ipl_jax.rl import ppo
-    from ipl_jax.training.state import model_params
-
-    p = config.rl.ppo
-    pcfg = ppo_settings(config, policy, gigppo)
-    tasks = job_world_tasks(config, "train", max_steps=int(p.max_steps), step_factor=float(p.step_factor))
-    rcfg = rl_job.rollout_config(
-        config, sampler_config(config, policy.tokenizer), policy.image_config, reward_config(config)
+    p = settings.rl.ppo
+    precision = settings.model.precision()
+    pcfg = round_ppo_config(settings, policy, gigppo)
+    tasks = job_world_tasks(
+        settings.data, settings.world, settings.seed, "train", max_steps=p.max_steps, step_factor=p.step_factor
+    )
+    sampler = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
+    rcfg = rollout_config(
+        p,
+        sampler_for_batch(sampler, settings.buckets, p.worlds),
+        policy.image_config,
+        reward_config(settings.reward, settings.data),
     )
     state = ppo.init_ppo_state(
-        policy.params, pcfg, rng, policy_freeze_regex=freeze, frozen_dtype=job_frozen_dtype(config)
+        policy.params, pcfg, rng, policy_freeze_regex=freeze, frozen_dtype=precision.frozen_dtype
     )
     state, m = ppo.ppo_round(
         state,
@@ -130,7 +141,7 @@ def ppo_train(policy: Policy, config: ml_collections.ConfigDict, budget: int, rn
 
 
 def run_rl_round(
-    config: ml_collections.ConfigDict,
+    settings: Settings,
     wd: Workdir,
     round_index: int,
     start: Path,
@@ -140,23 +151,19 @@ def run_rl_round(
     """One GRPO / PPO / GiGPPO round from the policy directory ``start``; writes ``rounds/<r>/policy`` and
     ``round.json``. Returns the round record (``round``, ``method``, ``pairs`` = 0, ``classes`` = {}, ``samples``,
     ``budget``, ``train``, ``dev``, ``seconds``, ``policy``)."""
-    from ipl_jax.eval.seed_selection import sample_steps
-    from ipl_jax.rl import job as rl_job
-    from ipl_jax.training.state import VISION_REGEX
-
-    s = ipl_settings(config)  # validate.py has refused ipl.lora_rank > 0 with these methods
+    s = settings.ipl  # the settings refuse ipl.lora_rank > 0 with these methods
     t0 = time.perf_counter()
-    policy = load_policy(start, job_mesh(config))
-    budget = rl_job.round_budget(config, len(train_steps))
-    rng = jax.random.PRNGKey(int(config.seed) * 7919 + round_index)
+    policy = load_policy(start, job_mesh(settings.mesh))
+    budget = round_budget(s, settings.sampler.branching, len(train_steps))
+    rng = jax.random.PRNGKey(settings.seed * 7919 + round_index)
     freeze = VISION_REGEX if s.freeze_vision else None
     if s.method == "grpo":
-        n = rl_job.grpo_prompts(budget, int(config.rl.grpo.group_size))
-        steps = sample_steps(train_steps, n, int(config.seed) * 1000 + round_index)
+        n = grpo_prompts(budget, settings.rl.grpo.group_size)
+        steps = sample_steps(train_steps, n, settings.seed * 1000 + round_index)
         steps = (steps * -(-n // len(steps)))[:n]  # fewer training steps than prompts: visit them again
-        params, metrics, samples = grpo_train(policy, config, steps, rng, freeze)
+        params, metrics, samples = grpo_train(policy, settings, steps, rng, freeze)
     else:
-        params, metrics, samples = ppo_train(policy, config, budget, rng, freeze, gigppo=s.method == "gigppo")
+        params, metrics, samples = ppo_train(policy, settings, budget, rng, freeze, gigppo=s.method == "gigppo")
     t_train = time.perf_counter() - t0
     record = {
         "round": round_index,
@@ -168,7 +175,7 @@ def run_rl_round(
         "train": _scalars(metrics),
     }
     t1 = time.perf_counter()
-    record["dev"] = dev_accuracy(inference_policy(policy, config, params), dev_episodes, config)
+    record["dev"] = dev_accuracy(inference_policy(policy, settings.model, params), dev_episodes, settings)
     record["seconds"] = {
         "train": t_train,
         "evaluate": time.perf_counter() - t1,

@@ -17,13 +17,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
 from ipl_jax.data.records import Step
+from ipl_jax.eval.evaluate import evaluate_policy
+from ipl_jax.eval.seed_selection import sample_steps
+from ipl_jax.eval.trees import (
+    LeafTally,
+    iter_tree_batches,
+    reward_config,
+    round_scores,
+    row_tallies,
+    sampled_trees,
+    score_batch,
+)
 from ipl_jax.pipeline.model_stage import Policy, inference_policy
 from ipl_jax.pipeline.round_eval import eval_config
+from ipl_jax.preference.round import RoundProbe
 from ipl_jax.progress import progress
+from ipl_jax.sampling.tree_records import turn_texts
+from ipl_jax.settings import Settings
 
 
 def _key(step: Step) -> tuple[str, int]:
@@ -40,43 +53,35 @@ class RoundDiagnostics:
 
     def __init__(
         self,
-        config: ml_collections.ConfigDict,
+        settings: Settings,
         policy: Policy,
         round_steps: Sequence[Step],
         dev_steps: Sequence[Step],
         sconfig,
         round_index: int,
     ):
-        from ipl_jax.eval.seed_selection import sample_steps
-        from ipl_jax.pipeline.round_settings import ipl_settings
-
-        s = ipl_settings(config)
-        seed = int(config.seed)
-        self.config, self.policy, self.sconfig, self.round_index = config, policy, sconfig, round_index
-        self.steps = sample_steps(round_steps, s.diagnostic_steps, seed * 1000 + round_index + 500)
+        ipl, seed = settings.ipl, settings.seed
+        self.settings, self.policy, self.sconfig, self.round_index = settings, policy, sconfig, round_index
+        self.reward = reward_config(settings.reward, settings.data)
+        self.steps = sample_steps(round_steps, ipl.diagnostic_steps, seed * 1000 + round_index + 500)
         self.keys = {_key(x) for x in self.steps}
-        self.heldout_steps = sample_steps(dev_steps, s.heldout_steps, seed) if s.heldout_steps > 0 else []
+        self.heldout_steps = sample_steps(dev_steps, ipl.heldout_steps, seed) if ipl.heldout_steps > 0 else []
         self.tallies: dict = {}
 
     # ------------------------------------------------------------------------------------------- trees
 
     def _trees(self, params, steps: Sequence[Step], seed: int, desc: str):
         """(batch, turn texts, leaf actions, ``eval.trees`` scores) of trees that ``params`` samples on ``steps``."""
-        from ipl_jax.eval.trees import iter_tree_batches, score_batch
-        from ipl_jax.sampling.tree_records import turn_texts
-
-        current = inference_policy(self.policy, self.config, params)
-        bs = int(self.config.sampler.batch_size)
+        current = inference_policy(self.policy, self.settings.model, params)
+        bs = self.settings.sampler.batch_size
         batches = iter_tree_batches(current, steps, self.sconfig, seed, bs)
         for batch in progress(batches, total=-(-len(steps) // bs), desc=desc, unit="batch"):
             texts = turn_texts(batch.tree, self.policy.tokenizer)
-            actions, scores = score_batch(batch, texts, self.config)
+            actions, scores = score_batch(batch, texts, self.reward, self.settings.reward.discount)
             yield batch, texts, actions, scores
 
     def record(self, batch, texts, actions, scores) -> None:
         """Tally the round's own trees of the probe's steps (π(n-1)'s figures)."""
-        from ipl_jax.eval.trees import row_tallies
-
         tallies = row_tallies(texts, actions, scores.exact, batch.steps, batch.tree.step_valid)
         for step, tally in zip(batch.steps, tallies):
             if tally is not None and _key(step) in self.keys:
@@ -84,8 +89,6 @@ class RoundDiagnostics:
 
     def heldout(self, params, rng):
         """Trees of π(n-1) on the held-out dev steps, as the round's ``(SampledTrees, TreeScores)``."""
-        from ipl_jax.eval.trees import round_scores, sampled_trees
-
         if not self.heldout_steps:
             return
         desc = f"round {self.round_index} held-out trees"
@@ -93,8 +96,6 @@ class RoundDiagnostics:
             yield sampled_trees(batch, self.policy.tokenizer), round_scores(batch, texts, actions, scores)
 
     def _tally(self, params, seed: int):
-        from ipl_jax.eval.trees import LeafTally, row_tallies
-
         total = LeafTally()
         desc = f"round {self.round_index} trees after"
         for batch, texts, actions, scores in self._trees(params, self.steps, seed, desc):
@@ -106,14 +107,11 @@ class RoundDiagnostics:
 
     def greedy(self, params) -> float | None:
         """Share of the probe's steps whose greedily decoded action matches the golden one."""
-        from ipl_jax.eval.evaluate import evaluate_policy
-
         if not self.steps:
             return None
-        current = inference_policy(self.policy, self.config, params)
-        records, _ = evaluate_policy(
-            current.params, current.cfg, current.tokenizer, self.steps, eval_config(current, self.config), current.mesh
-        )
+        current = inference_policy(self.policy, self.settings.model, params)
+        config = eval_config(current, self.settings)
+        records, _ = evaluate_policy(current.params, current.cfg, current.tokenizer, self.steps, config, current.mesh)
         return float(np.mean([r["exact_match"] for r in records]))
 
     # ------------------------------------------------------------------------------------------- the probe
@@ -122,10 +120,8 @@ class RoundDiagnostics:
         return {"greedy": self.greedy(params)}
 
     def after(self, params, context: dict) -> dict:
-        from ipl_jax.eval.trees import LeafTally
-
         before = sum(self.tallies.values(), LeafTally())
-        after = self._tally(params, int(self.config.seed) * 7919 + self.round_index)
+        after = self._tally(params, self.settings.seed * 7919 + self.round_index)
         out = {"steps": len(self.steps)}
         for name, tally in (("before", before), ("after", after)):
             out.update({f"{k}_{name}": v for k, v in tally.figures().items()})
@@ -133,6 +129,4 @@ class RoundDiagnostics:
         return {"train_steps": out}
 
     def probe(self):
-        from ipl_jax.preference.round import RoundProbe
-
         return RoundProbe(heldout=self.heldout, before=self.before, after=self.after)

@@ -8,11 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import ml_collections
 
 from ipl_jax import distributed
+from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Episode
+from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
+from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+from ipl_jax.eval.trees import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import Policy
+from ipl_jax.settings import Settings
 
 
 def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]:
@@ -28,18 +32,14 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
     return out
 
 
-def eval_config(policy: Policy, config: ml_collections.ConfigDict, blank_screens: bool = False):
+def eval_config(policy: Policy, settings: Settings, blank_screens: bool = False) -> EvalConfig:
     """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
-    from ipl_jax.eval.evaluate import EvalConfig
-    from ipl_jax.eval.trees import sampler_config
-    from ipl_jax.pipeline.data_stage import scoring_format
-
     return EvalConfig(
-        sampler=sampler_config(config, policy.tokenizer),
+        sampler=sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
         image_config=policy.image_config,
-        batch_size=int(config.eval.batch_size),
-        fmt=scoring_format(config),
-        seed=int(config.seed),
+        batch_size=settings.eval.batch_size,
+        fmt=scoring_format(settings.data.format, settings.data.root),
+        seed=settings.seed,
         blank_screens=blank_screens,
     )
 
@@ -48,7 +48,7 @@ def evaluate_splits(
     policy: Policy,
     splits: dict[str, list[Episode]],
     names: Sequence[str],
-    config: ml_collections.ConfigDict,
+    settings: Settings,
     out_dir: Path,
     echo=print,
     blank_screens: bool = False,
@@ -56,14 +56,12 @@ def evaluate_splits(
     """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
     (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.
     predictions.jsonl`` with ``blank_screens``: every screenshot replaced by a grey image)."""
-    from ipl_jax.eval.evaluate import evaluate_policy
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    ec = eval_config(policy, config, blank_screens)
+    ec = eval_config(policy, settings, blank_screens)
     tables = {}
     for name in names:
         t0 = time.perf_counter()
-        episodes = limit_episodes(splits[name], int(config.eval.max_steps))
+        episodes = limit_episodes(splits[name], settings.eval.max_steps)
         records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
         suffix = ".blank" if blank_screens else ""
         if distributed.is_main():
@@ -79,31 +77,37 @@ def evaluate_splits(
 
 
 def evaluate_policy_splits(
-    policy: Policy, splits: dict[str, list[Episode]], config: ml_collections.ConfigDict, out_dir: Path, echo=print
+    policy: Policy, splits: dict[str, list[Episode]], settings: Settings, out_dir: Path, echo=print
 ) -> dict:
-    """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``config.eval.blank_splits`` with
-    blank screenshots: how much accuracy comes from reading the screen) and ``dev`` (the early-stopping signal)."""
-    test = list(config.data.test_splits)
-    out = {"metrics": evaluate_splits(policy, splits, test, config, out_dir, echo=echo)}
-    blank = [s for s in config.eval.blank_splits if s]
+    """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``eval.blank_splits`` with blank
+    screenshots: how much accuracy comes from reading the screen) and ``online`` (``eval.online_episodes``)."""
+    test = list(settings.data.test_splits)
+    out = {"metrics": evaluate_splits(policy, splits, test, settings, out_dir, echo=echo)}
+    blank = [s for s in settings.eval.blank_splits if s]
     if blank:
-        out["blank"] = evaluate_splits(policy, splits, blank, config, out_dir, echo=echo, blank_screens=True)
-    if int(config.eval.get("online_episodes", 0)) > 0:
-        out["online"] = evaluate_online(policy, config, out_dir, echo=echo)
+        out["blank"] = evaluate_splits(policy, splits, blank, settings, out_dir, echo=echo, blank_screens=True)
+    if settings.eval.online_episodes > 0:
+        out["online"] = evaluate_online(policy, settings, out_dir, echo=echo)
     return out
 
 
-def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: Path, echo=print) -> dict:
+def evaluate_online(policy: Policy, settings: Settings, out_dir: Path, echo=print) -> dict:
     """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``eval.online_split``
     (``eval.online``); the episodes go to ``out_dir/online.episodes.jsonl``. Returns the summary without them:
     split, success_rate, mean_steps, truncated_rate, env_steps, episodes, by_family, ..."""
-    from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
-
     t0 = time.perf_counter()
-    e = config.eval
-    tasks = job_world_tasks(config, str(e.online_split), int(e.online_episodes), max_steps=int(e.online_max_steps))
-    oc = online_config(config, policy.tokenizer, policy.image_config)
-    rng = jax.random.PRNGKey(int(config.seed))
+    e = settings.eval
+    tasks = job_world_tasks(
+        settings.data, settings.world, settings.seed, e.online_split, e.online_episodes, max_steps=e.online_max_steps
+    )
+    greedy = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, e.batch_size, greedy=True)
+    oc = online_config(
+        sampler_for_batch(greedy, settings.buckets, e.batch_size),
+        policy.image_config,
+        reward_config(settings.reward, settings.data),
+        e.batch_size,
+    )
+    rng = jax.random.PRNGKey(settings.seed)
     out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
     out_dir.mkdir(parents=True, exist_ok=True)
     detail = out.pop("episodes_detail", [])
@@ -111,7 +115,7 @@ def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: 
         with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
             for r in detail:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = {"split": str(e.online_split), **out, "seconds": round(time.perf_counter() - t0, 2)}
+    out = {"split": e.online_split, **out, "seconds": round(time.perf_counter() - t0, 2)}
     echo(
         f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
         f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
@@ -119,12 +123,10 @@ def evaluate_online(policy: Policy, config: ml_collections.ConfigDict, out_dir: 
     return out
 
 
-def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], config: ml_collections.ConfigDict) -> dict:
+def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], settings: Settings) -> dict:
     """Dev step / type accuracy of greedy decoding (the round loop's early-stopping signal)."""
-    from ipl_jax.eval.evaluate import evaluate_policy
-
-    episodes = limit_episodes(dev_episodes, int(config.eval.max_steps))
+    episodes = limit_episodes(dev_episodes, settings.eval.max_steps)
     _, table = evaluate_policy(
-        policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, config), policy.mesh
+        policy.params, policy.cfg, policy.tokenizer, episodes, eval_config(policy, settings), policy.mesh
     )
     return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}

@@ -3,7 +3,7 @@ model -> warm-up SFT -> seed selection -> evaluation -> IPL rounds -> export.
 
     ipl-jax run --workdir runs/default                          # configs/synthetic.py
     ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
-    ipl-jax run --config configs/qwen2vl_7b_aitz.py --config.data.root=/data/aitz --workdir runs/aitz
+    ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz --workdir runs/aitz
 
 Every stage writes under the workdir and leaves a marker (``workdir.Workdir``); running the same command again
 resumes after the last finished stage or round (SFT also resumes inside, from its Orbax checkpoints). The
@@ -26,21 +26,27 @@ import shutil
 import time
 from pathlib import Path
 
-import ml_collections
+import jax
 
 from ipl_jax import distributed
+from ipl_jax.data.evolution import read_qas_jsonl
+from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
 from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
-from ipl_jax.pipeline.validate import UsageError, validate_config
+from ipl_jax.pipeline.paths import UsageError
+from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits
+from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
+from ipl_jax.settings import Settings
+from ipl_jax.viz.plots import plot_step_accuracy
 
 STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed", "rounds", "export")
 
 
-def check_workdir_config(wd: Workdir, config: ml_collections.ConfigDict) -> None:
-    """Record the config in a new workdir; refuse a workdir that was made with a different one once a stage has
-    finished with it (before that, e.g. after a first attempt stopped by a malformed record, the new config
-    replaces the old)."""
-    current = json.loads(config.to_json_best_effort())
+def check_workdir_config(wd: Workdir, settings: Settings) -> None:
+    """Record the settings in a new workdir; refuse a workdir that was made with different ones once a stage has
+    finished with it (before that, e.g. after a first attempt stopped by a malformed record, the new settings
+    replace the old)."""
+    current = json.loads(json.dumps(settings.to_dict()))
     path = wd.path("config.json")
     if path.is_file():
         stored = read_json(path)
@@ -76,59 +82,58 @@ def _diff_keys(a, b, prefix=""):
 
 
 class Job:
-    """The job's state between stages: config, workdir, and the data read from disk."""
+    """The job's state between stages: settings, workdir, and the data read from disk."""
 
-    def __init__(self, config: ml_collections.ConfigDict, wd: Workdir):
-        self.config, self.wd = config, wd
+    def __init__(self, settings: Settings, wd: Workdir):
+        self.settings, self.wd = settings, wd
         self.splits: dict = {}
         self.t_start = time.perf_counter()
 
     # ----------------------------------------------------------------------------------------------- data
 
     def data(self) -> None:
-        c, wd = self.config, self.wd
+        s, wd = self.settings, self.wd
         loaded: dict = {}
-        if c.data.format == "synthetic":
-            wd.run_stage("data", lambda: data_stage.write_synthetic(c, wd), main_only=True)
+        if s.data.synthetic:
+            wd.run_stage("data", lambda: data_stage.write_synthetic(s, wd), main_only=True)
         else:
 
             def read():  # inside the stage: a malformed record leaves it unfinished (and the config unpinned)
-                loaded["splits"] = data_stage.load_splits(c, wd)
+                loaded["splits"] = data_stage.load_splits(s.data, wd, s.seed)
                 return {
-                    "root": str(c.data.root),
-                    "format": c.data.format,
+                    "root": s.data.root,
+                    "format": s.data.format,
                     "episodes": {k: len(v) for k, v in loaded["splits"].items()},
                 }
 
             wd.run_stage("data", read)
-        self.splits = loaded.get("splits") or data_stage.load_splits(c, wd)
+        self.splits = loaded.get("splits") or data_stage.load_splits(s.data, wd, s.seed)
         # warm-up SFT's steps (the annotated ones), and the steps the rounds sample (the action-only episodes of a
         # scarce-annotation job, else the same training steps)
         self.train_steps = data_stage.steps_of(self.splits["train"])
         actions = self.splits.get(data_stage.ACTIONS)
         self.round_pool = self.train_steps if actions is None else data_stage.steps_of(actions)
-        self.test_names = list(c.data.test_splits)
-        self.dev = self.splits[data_stage.dev_name(c)]
+        self.test_names = list(s.data.test_splits)
+        self.dev = self.splits[s.data.dev_name]
         if actions is not None:
             wd.echo(
                 f"  scarce annotations: {len(self.splits['train'])} annotated episodes ({len(self.train_steps)} "
                 f"steps) for warm-up SFT, {len(actions)} action-only episodes ({len(self.round_pool)} steps) "
                 f"for the IPL rounds"
             )
-        data_stage.check_annotations(c, self.train_steps)
+        data_stage.check_annotations(s, self.train_steps)
 
     def evolution(self) -> None:
-        from ipl_jax.data.evolution import read_qas_jsonl
-
+        s = self.settings
         self.wd.run_stage(
-            "evolution", lambda: data_stage.evolve(self.config, self.wd, self.train_steps), main_only=True
+            "evolution", lambda: data_stage.evolve(s.evolution, s.seed, self.wd, self.train_steps), main_only=True
         )
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
 
     def model(self) -> None:
         self.wd.run_stage(
             "model",
-            lambda: model_stage.build_initial_model(self.config, self.wd, self.corpus_steps(), self.qas),
+            lambda: model_stage.build_initial_model(self.settings, self.wd, self.corpus_steps(), self.qas),
             main_only=True,
         )
 
@@ -138,14 +143,14 @@ class Job:
 
     def sft(self) -> None:
         self.sft_summary = self.wd.run_stage(
-            "sft", lambda: sft_stage.run_sft(self.config, self.wd, self.train_steps, self.qas)
+            "sft", lambda: sft_stage.run_sft(self.settings, self.wd, self.train_steps, self.qas)
         )
 
     def inference_policy(self, directory: Path) -> model_stage.Policy:
         """A policy directory as the job samples and evaluates with it: weights in the storage dtype, the model
         in the compute dtype (``model_stage.inference_policy``, as a round's sampler and dev evaluation)."""
-        c = self.config
-        return model_stage.inference_policy(model_stage.load_policy(directory, model_stage.job_mesh(c)), c)
+        s = self.settings
+        return model_stage.inference_policy(model_stage.load_policy(directory, model_stage.job_mesh(s.mesh)), s.model)
 
     # ----------------------------------------------------------------------------------------------- seed
 
@@ -153,19 +158,17 @@ class Job:
         self.seed_summary = self.wd.run_stage("seed", self._select_seed)
 
     def _select_seed(self) -> dict:
-        from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
-
-        c, wd = self.config, self.wd
+        s, wd = self.settings, self.wd
         paths = sft_stage.candidate_policies(self.sft_summary)
-        steps = sample_steps(self.train_steps, int(c.seed_selection.steps), int(c.seed))
+        steps = sample_steps(self.train_steps, s.seed_selection.steps, s.seed)
         scores, kind = score_candidates(
             [(p.name, self.inference_policy(p)) for p in paths],
             steps,
-            c,
-            embedder=c.seed_selection.embedder,
+            s,
+            embedder=s.seed_selection.embedder,
             echo=wd.echo,
         )
-        chosen = choose(scores, float(c.seed_selection.diversity_weight))
+        chosen = choose(scores, s.seed_selection.diversity_weight)
         for line in format_scores(scores, chosen).splitlines():
             wd.echo("  " + line)
         target = wd.path("seed")
@@ -186,10 +189,10 @@ class Job:
         def run():
             policy = self.inference_policy(self.wd.path("seed"))
             t0 = time.perf_counter()
-            out = rounds.evaluate_policy_splits(
-                policy, self.splits, self.config, self.wd.dir("eval", "round_0"), echo=self.wd.echo
+            out = evaluate_policy_splits(
+                policy, self.splits, self.settings, self.wd.dir("eval", "round_0"), echo=self.wd.echo
             )
-            out["dev"] = rounds.dev_accuracy(policy, self.dev, self.config)
+            out["dev"] = dev_accuracy(policy, self.dev, self.settings)
             out["eval_seconds"] = time.perf_counter() - t0
             return out
 
@@ -206,23 +209,22 @@ class Job:
         does not beat the best so far (the seed's included). Without ``eval.every_round`` only the last round
         (the configured last, or the one that stops early) is evaluated on the test splits; the others get their
         dev accuracy and diagnostics."""
-        c, wd = self.config, self.wd
+        s, wd = self.settings, self.wd
         start = wd.path("seed")
         best = float(self.seed_eval["dev"]["step_accuracy"])
-        every = bool(c.eval.get("every_round", True))
         self.round_summaries = []
-        for r in range(1, int(c.ipl.rounds) + 1):
+        for r in range(1, s.ipl.rounds + 1):
 
             def run(r=r, start=start, best=best):
                 t0 = time.perf_counter()
-                record = rounds.run_round(c, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
+                record = rounds.run_round(s, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
                 train_seconds = time.perf_counter() - t0
-                stops = bool(c.ipl.early_stop) and float(record["dev"]["step_accuracy"]) <= best
+                stops = s.ipl.early_stop and float(record["dev"]["step_accuracy"]) <= best
                 evaluation: dict = {"metrics": {}}
-                if every or stops or r == int(c.ipl.rounds):
+                if s.eval.every_round or stops or r == s.ipl.rounds:
                     policy = self.inference_policy(Path(record["policy"]))
-                    evaluation = rounds.evaluate_policy_splits(
-                        policy, self.splits, c, wd.dir("eval", f"round_{r}"), echo=wd.echo
+                    evaluation = evaluate_policy_splits(
+                        policy, self.splits, s, wd.dir("eval", f"round_{r}"), echo=wd.echo
                     )
                 return {"record": record, **evaluation, "round_seconds": train_seconds}
 
@@ -243,7 +245,7 @@ class Job:
             self.print_rounds()
             start = Path(summary["record"]["policy"])
             acc = float(summary["record"]["dev"]["step_accuracy"])
-            if bool(c.ipl.early_stop) and acc <= best:
+            if s.ipl.early_stop and acc <= best:
                 wd.echo(
                     f"  early stop: round {r} dev step accuracy {100 * acc:.2f}% does not beat the best "
                     f"({100 * best:.2f}%)"
@@ -296,8 +298,6 @@ class Job:
         self.wd.run_stage("export", self._export, main_only=True)
 
     def _export(self) -> dict:
-        from ipl_jax.viz.plots import plot_step_accuracy
-
         wd = self.wd
         res = self.results()
         rounds_ = res["rounds"]
@@ -322,10 +322,8 @@ class Job:
     def job_report(self) -> dict:
         """``job_report.json`` (``report.job_report``: stage seconds, tokens per second, peak device memory) from
         the stage log and the stage markers; written by the main process."""
-        import jax
-
         rounds_ = []
-        for r in range(1, int(self.config.ipl.rounds) + 1):
+        for r in range(1, self.settings.ipl.rounds + 1):
             summary = self.wd.summary(f"round_{r}")
             if summary is not None:
                 rounds_.append(summary["record"])
@@ -344,18 +342,16 @@ class Job:
         return str(shutil.copyfile(page, self.wd.path("trees.html")))
 
 
-def run_job(
-    config: ml_collections.ConfigDict, workdir: str | Path, stop_after: str | None = None, echo=print
-) -> Workdir:
-    """Run (or resume) the job in ``workdir``; returns its Workdir. The config is checked first
-    (``validate.validate_config``: a ``UsageError`` leaves the workdir untouched). Under a multi-process
-    launcher (SLURM, a TPU pod, JAX's coordinator variables) ``jax.distributed`` starts here unless it already
-    has."""
+def run_job(settings: Settings, workdir: str | Path, stop_after: str | None = None, echo=print) -> Workdir:
+    """Run (or resume) the job in ``workdir``; returns its Workdir. What the job needs from the disk and the
+    machine is checked first (``sources.check_job``: an error leaves the workdir untouched). Under a
+    multi-process launcher (SLURM, a TPU pod, JAX's coordinator variables) ``jax.distributed`` starts here unless
+    it already has."""
     distributed.initialize()
-    validate_config(config)
+    check_job(settings)
     wd = Workdir(workdir, echo=echo)
-    check_workdir_config(wd, config)
-    job = Job(config, wd)
+    check_workdir_config(wd, settings)
+    job = Job(settings, wd)
     for stage in STAGES:
         getattr(job, stage)()
         report_ = job.job_report()  # after every stage: a job stopped later still leaves its figures so far

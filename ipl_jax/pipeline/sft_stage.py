@@ -5,9 +5,9 @@ four-turn CoaT chat, ``dialogue.coat_example``) or a Q&A about a step's screen (
 batches are collated to fixed token / patch buckets (``batching.collate``) and turned into the model's arrays
 (``training.sft.sft_model_batch``). In a multi-process run each process builds only the examples of the batch
 rows its devices hold and the global arrays are made from those (``SFTRows``). Training is
-``training.step.train_loop`` with ``make_qwen2vl_sft_step``; Orbax checkpoints (``checkpoint.Checkpointer``)
+``training.step.train_loop`` with ``training.sft.sft_step``; Orbax checkpoints (``checkpoint.Checkpointer``)
 carry the state and the iterator position, so a killed job resumes inside SFT. The last
-``config.sft.seed_candidates`` checkpoints are exported as policy directories for seed selection.
+``sft.seed_candidates`` checkpoints are exported as policy directories for seed selection.
 """
 
 from __future__ import annotations
@@ -18,22 +18,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import ml_collections
 import numpy as np
 
 from ipl_jax import distributed
+from ipl_jax.data.batching import collate, smallest_bucket
+from ipl_jax.data.dialogue import annotated_steps, coat_example, qa_example
+from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
 from ipl_jax.data.records import Step
-from ipl_jax.pipeline.model_stage import (
-    Policy,
-    job_mesh,
-    job_model_config,
-    job_precision,
-    job_remat,
-    load_policy,
-    write_policy_dir,
-)
-from ipl_jax.pipeline.progress import progress_bar
+from ipl_jax.pipeline.model_stage import job_mesh, job_model_config, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir
+from ipl_jax.progress import progress_bar
+from ipl_jax.settings import BucketSettings, Settings, SFTSettings
+from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.lora import LoraConfig
+from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer
+from ipl_jax.training.sft import SFTStepConfig, sft_batch_axes, sft_batch_shardings, sft_model_batch, sft_step
+from ipl_jax.training.state import VISION_REGEX, create_train_state, model_params, state_shardings
+from ipl_jax.training.step import stack_microbatches, train_loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,6 @@ def sft_items(train_steps: Sequence[Step], qas: Sequence, fallback: bool = False
     """(items, steps left out): CoaT items for the training steps that carry a CoaT annotation (every step with
     ``fallback``: ``dialogue.annotated_steps``), then one item per Q&A (matched to its step by ids; a Q&A needs
     only the screen)."""
-    from ipl_jax.data.dialogue import annotated_steps
-
     by_id = {(str(s.episode_id), int(s.step_id)): s for s in train_steps}
     annotated, skipped = annotated_steps(train_steps, fallback)
     items = [SFTItem(s) for s in annotated]
@@ -61,19 +60,8 @@ def sft_items(train_steps: Sequence[Step], qas: Sequence, fallback: bool = False
     return items, skipped
 
 
-def coat_fallback(config: ml_collections.ConfigDict) -> bool:
-    """``data.coat_fallback``: whether supervised paths may make up the texts of steps without CoaT."""
-    return bool(config.data.get("coat_fallback", False))
-
-
-def patch_buckets(config: ml_collections.ConfigDict, batch_size: int) -> tuple[int, ...]:
-    """``config.buckets.patches`` are per image; a batch packs ``batch_size`` images."""
-    return tuple(int(p) * int(batch_size) for p in config.buckets.patches)
-
-
 def make_example_fn(tokenizer, image_config, fallback: bool = False):
     """item -> ``TrainingExample``; a step without CoaT raises ``MissingCoaTError`` unless ``fallback``."""
-    from ipl_jax.data.dialogue import coat_example, qa_example
 
     def example(item: SFTItem):
         if item.qa is None:
@@ -90,41 +78,45 @@ def make_example_fn(tokenizer, image_config, fallback: bool = False):
     return example
 
 
-def micro_batches(config: ml_collections.ConfigDict) -> tuple[int, int]:
-    """(micro-batch size, number of micro-batches) of an SFT batch: a batch is split into micro-batches whose
-    gradients are accumulated (``training.step.make_train_step``'s scan), bounding activation memory."""
-    bs = int(config.sft.batch_size)
-    micro = int(config.sft.micro_batch_size) or bs
-    if micro < 1 or bs % micro:
-        raise ValueError(f"config.sft.micro_batch_size {micro} must divide sft.batch_size {bs}")
-    return micro, bs // micro
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+    """An SFT batch: ``batch_size`` dialogues in micro-batches of ``micro`` whose gradients are accumulated
+    (``training.step.train_step_fn``'s scan), bounding activation memory."""
+
+    batch_size: int
+    micro: int
+
+    def __post_init__(self):
+        if self.micro < 1 or self.batch_size % self.micro:
+            raise ValueError(f"SFT micro-batches of {self.micro} must divide the batch of {self.batch_size}")
+
+    @property
+    def n_micro(self) -> int:
+        return self.batch_size // self.micro
+
+    @staticmethod
+    def of(sft: SFTSettings) -> BatchShape:
+        return BatchShape(sft.batch_size, sft.micro)
 
 
-def make_batch_builder(cfg, tokenizer, config: ml_collections.ConfigDict):
+def make_batch_builder(cfg, tokenizer, buckets: BucketSettings, shape: BatchShape):
     """(bucket, build): ``bucket(examples)`` is the token bucket of the longest example (ValueError naming it
     when none fits); ``build(parts, t, rows)`` turns A lists of examples (one per micro-batch, at most ``rows``
     each) into the model's SFT arrays at token bucket ``t``: every leaf gets a leading [A, ...] axis when A > 1,
     all micro-batches share ``t``, and rows beyond a list's examples are fully masked."""
-    from ipl_jax.data.batching import collate, smallest_bucket
-    from ipl_jax.training.sft import sft_model_batch
-    from ipl_jax.training.step import stack_microbatches
-
-    token_buckets = tuple(int(t) for t in config.buckets.tokens)
-    micro, _ = micro_batches(config)
-    patches = patch_buckets(config, micro)
-    per_image = max(int(p) for p in config.buckets.patches)
+    patches = buckets.patch_buckets(shape.micro)
 
     def bucket(examples) -> int:
         longest = max(len(e) for e in examples)
         name = next(e.name for e in examples if len(e) == longest)
-        return smallest_bucket(longest, token_buckets, "token length of example " + name)
+        return smallest_bucket(longest, buckets.tokens, "token length of example " + name)
 
     def build(parts, t: int, rows: int):
         arrays = [
             sft_model_batch(
                 cfg,
                 collate(part, (t,), patches, tokenizer.ids.pad, batch_size=rows),
-                image_patches=per_image,  # each image encoded alone: linear, not quadratic, in the images
+                image_patches=buckets.image_patches,  # each image encoded alone: linear, not quadratic, in the images
             )
             for part in parts
         ]
@@ -133,10 +125,10 @@ def make_batch_builder(cfg, tokenizer, config: ml_collections.ConfigDict):
     return bucket, build
 
 
-def make_batch_fn(cfg, tokenizer, config: ml_collections.ConfigDict):
+def make_batch_fn(cfg, tokenizer, buckets: BucketSettings, shape: BatchShape):
     """examples (a whole batch, in order) -> the model's SFT arrays (``make_batch_builder``), on one host."""
-    bucket, build = make_batch_builder(cfg, tokenizer, config)
-    micro, n_micro = micro_batches(config)
+    bucket, build = make_batch_builder(cfg, tokenizer, buckets, shape)
+    micro, n_micro = shape.micro, shape.n_micro
 
     def batch_fn(examples):
         examples = list(examples)
@@ -169,12 +161,10 @@ class SFTRows:
     in the loader threads as before.
     """
 
-    def __init__(self, cfg, tokenizer, config, example_fn, template_item, mesh):
-        from ipl_jax.training.sft import sft_batch_axes, sft_batch_shardings
-
-        self.bucket, self.build = make_batch_builder(cfg, tokenizer, config)
+    def __init__(self, cfg, tokenizer, buckets: BucketSettings, shape: BatchShape, example_fn, template_item, mesh):
+        self.bucket, self.build = make_batch_builder(cfg, tokenizer, buckets, shape)
         self.example_fn = example_fn
-        self.micro, self.n_micro = micro_batches(config)
+        self.micro, self.n_micro = shape.micro, shape.n_micro
         self.mesh = mesh
         self.rows = np.arange(self.micro)
         self.shardings = self.axes = None
@@ -206,39 +196,59 @@ class SFTRows:
         return batch, int(agreed[:, 1].sum())
 
 
-def sft_train_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The training config of warm-up SFT; its optimizer section is ``optimizer_settings(config.sft)`` (the one
-    conversion: ``steps`` spans the schedule, ``grad_clip`` is the clipping norm)."""
-    from ipl_jax.training.optimizer import optimizer_settings, settings_dict
-    from ipl_jax.training.state import default_train_config
-
-    t = default_train_config()
-    t.seed = int(config.seed)
-    t.num_steps = int(config.sft.steps)
-    t.optimizer = ml_collections.ConfigDict(dict(settings_dict(optimizer_settings(config.sft))))
-    t.freeze_vision = bool(config.sft.freeze_vision)
-    t.compute_dtype, t.frozen_dtype = job_precision(config)  # master weights and moments stay float32
-    if int(config.sft.lora_rank) > 0:  # the paper's warm-up SFT: LoRA rank 128
-        t.lora.enabled = True
-        t.lora.rank = int(config.sft.lora_rank)
-        t.lora.alpha = float(2 * int(config.sft.lora_rank))
-    return t
+def sft_optimizer(sft: SFTSettings) -> OptimizerSettings:
+    """Warm-up SFT's optimizer: ``learning_rate`` on ``schedule`` after ``warmup_steps``, spanning ``steps``
+    updates, ``weight_decay``, clipping at ``grad_clip``."""
+    return OptimizerSettings(
+        learning_rate=sft.learning_rate,
+        schedule=sft.schedule,
+        warmup_steps=sft.warmup_steps,
+        total_steps=sft.steps,
+        weight_decay=sft.weight_decay,
+        grad_clip_norm=sft.grad_clip,
+    )
 
 
-def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
+def sft_init_state(params, settings: Settings):
+    """(TrainState, optimizer) of warm-up SFT: full weights, or LoRA adapters of rank ``sft.lora_rank``
+    (alpha = 2 x rank; the paper's warm-up SFT uses rank 128), the vision tower frozen with
+    ``sft.freeze_vision``; frozen weights kept in the storage dtype, trained ones and moments in float32."""
+    sft = settings.sft
+    optimizer = make_optimizer(sft_optimizer(sft))
+    lora = LoraConfig(rank=sft.lora_rank, alpha=float(2 * sft.lora_rank)) if sft.lora_rank > 0 else None
+    freeze = VISION_REGEX if sft.freeze_vision and lora is None else None
+    state = create_train_state(
+        params,
+        optimizer,
+        jax.random.PRNGKey(settings.seed),
+        freeze_regex=freeze,
+        lora=lora,
+        frozen_dtype=settings.model.precision().frozen_dtype,
+    )
+    return state, optimizer
+
+
+def sft_step_config(cfg, settings: Settings, optimizer: OptimizerSettings, shape: BatchShape) -> SFTStepConfig:
+    """The SFT step of the job: the model in its compute dtype and attention, remat, micro-batches."""
+    precision = settings.model.precision()
+    return SFTStepConfig(
+        model=job_model_config(cfg, settings.model),
+        optimizer=optimizer,
+        grad_accum_steps=shape.n_micro,
+        remat=precision.remat,
+        compute_dtype=precision.compute_dtype,
+    )
+
+
+def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
     """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``; the last
-    ``seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
-    from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
-    from ipl_jax.training.checkpoint import Checkpointer
-    from ipl_jax.training.sft import make_qwen2vl_sft_step
-    from ipl_jax.training.state import model_params, state_from_config
-    from ipl_jax.training.step import train_loop
-
-    if int(config.sft.steps) == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
+    ``sft.seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
+    sft = settings.sft
+    if sft.steps == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
-    mesh = job_mesh(config)
+    mesh = job_mesh(settings.mesh)
     init = load_policy(wd.path("model", "init"), mesh)
-    fallback = coat_fallback(config)
+    fallback = settings.data.coat_fallback
     items, skipped = sft_items(train_steps, qas, fallback)
     wd.echo(
         f"  warm-up SFT: {len(train_steps) - skipped} of {len(train_steps)} training steps carry a CoaT annotation"
@@ -249,22 +259,20 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
             f"warm-up SFT: none of the {len(train_steps)} training steps carries a CoaT annotation; pass "
             f"--config.data.coat_fallback=true to train on made-up thoughts, or give annotated data"
         )
-    bs, steps = int(config.sft.batch_size), int(config.sft.steps)
+    shape = BatchShape.of(sft)
     example_fn = make_example_fn(init.tokenizer, init.image_config, fallback)
-    rows = SFTRows(init.cfg, init.tokenizer, config, example_fn, items[0], mesh)
+    rows = SFTRows(init.cfg, init.tokenizer, settings.buckets, shape, example_fn, items[0], mesh)
     # the same global order of items in every process; each builds the examples of its own rows only
     dataset = make_dataset(
-        items, None, batch_size=bs, seed=int(config.seed), num_epochs=None, batch_fn=rows.local_batch
+        items, None, batch_size=sft.batch_size, seed=settings.seed, num_epochs=None, batch_fn=rows.local_batch
     )
-    iterator = make_iterator(dataset, num_threads=int(config.data.loader_threads), prefetch_buffer_size=4)
+    iterator = make_iterator(dataset, num_threads=settings.data.loader_threads, prefetch_buffer_size=4)
 
-    train_cfg = sft_train_config(config)
-    state, optimizer, schedule = state_from_config(init.params, train_cfg, jax.random.PRNGKey(int(config.seed)))
-    keep = max(1, int(config.sft.seed_candidates))
-    ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=int(config.sft.checkpoint_every), keep=keep)
+    state, optimizer = sft_init_state(init.params, settings)
+    keep = sft.seed_candidates
+    ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
     if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
-        state_sh = sft_state_shardings(state, optimizer, mesh)
-        state = distributed.put(state, state_sh)
+        state = distributed.put(state, state_shardings(state, optimizer, mesh))
     else:  # committed to the device like the step's outputs, so the second step runs the first one's program
         state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     if ckpt.latest_step() is not None:
@@ -272,32 +280,15 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         if data_state:
             iterator = restore_iterator(iterator, data_state)
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
-    n_micro = micro_batches(config)[1]
-    cfg = job_model_config(config, init.cfg)
-    compute = None if train_cfg.compute_dtype == "float32" else train_cfg.compute_dtype
-    precision = dict(remat=job_remat(config), compute_dtype=compute)
-    if mesh is None:
-        step_fn = make_qwen2vl_sft_step(cfg, optimizer, schedule, grad_accum_steps=n_micro, **precision)
-    else:
-        step_fn = make_qwen2vl_sft_step(
-            cfg,
-            optimizer,
-            schedule,
-            grad_accum_steps=n_micro,
-            **precision,
-            mesh=mesh,
-            state_shardings=state_sh,
-            batch_shardings=rows.shardings,
-        )
-
+    step_config = sft_step_config(init.cfg, settings, sft_optimizer(sft), shape)
     counter = {"tokens": 0.0}
 
     def counted_step(st, local: LocalRows):
         batch, tokens = rows.assemble(local)
         counter["tokens"] += float(tokens)
-        return step_fn(st, batch)
+        return sft_step(st, batch, step_config, mesh=mesh)
 
-    bar = progress_bar(total=steps, initial=int(state.step), desc="SFT", unit="step")
+    bar = progress_bar(total=sft.steps, initial=int(state.step), desc="SFT", unit="step")
     t0 = time.perf_counter()
     tokens0 = counter["tokens"]
     marks: list[tuple[float, float]] = []  # (seconds since t0, tokens so far) as each step's metrics arrive
@@ -311,13 +302,13 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
         wd.log_metrics(record)
         wd.tensorboard.sft(record)
 
-    metadata = {"stage": "sft", "items": len(items), "batch_size": bs}
+    metadata = {"stage": "sft", "items": len(items), "batch_size": sft.batch_size}
     try:
         state, history = train_loop(
             state,
             counted_step,
             iterator,
-            steps,
+            sft.steps,
             checkpointer=ckpt,
             data_state_fn=lambda: iterator_state(iterator),
             metadata=metadata,
@@ -340,7 +331,7 @@ def run_sft(config: ml_collections.ConfigDict, wd: Workdir, train_steps: Sequenc
     ckpt.close()
     losses = [h["loss"] for h in history]
     return {
-        "steps": steps,
+        "steps": sft.steps,
         "items": len(items),
         "coat_items": len(train_steps) - skipped,
         "steps_without_coat": skipped,
@@ -364,24 +355,5 @@ def steady_rate(marks: list[tuple[float, float]]) -> dict:
     return {"tokens": nn, "first_step_seconds": round(t1, 3), "tokens_per_s_steady": steady}
 
 
-def sft_state_shardings(state, optimizer, mesh):
-    """NamedShardings of an SFT TrainState: params by the model's partition rules (LoRA adapters follow their
-    base kernels), optimizer moments like their params, the rest replicated."""
-    from ipl_jax.model.sharding import param_shardings
-    from ipl_jax.training.lora import LoraParams, lora_shardings
-    from ipl_jax.training.state import train_state_shardings
-
-    frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
-    if isinstance(state.params, LoraParams):
-        params_sh = lora_shardings(state.params, frozen_sh)
-    else:
-        params_sh = param_shardings(state.params, mesh)
-    return train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
-
-
 def candidate_policies(summary: dict) -> list[Path]:
     return [Path(p) for p in summary["candidates"]]
-
-
-def load_candidate(path: Path) -> Policy:
-    return load_policy(path)

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from ipl_jax import distributed
 from ipl_jax.viz.tensorboard_log import TensorBoardLog
 
@@ -147,7 +149,6 @@ class Workdir:
 def device_peak_bytes() -> int | None:
     """The largest ``peak_bytes_in_use`` of this process's devices since it started; None where the backend
     keeps no memory statistics (CPUs)."""
-    import jax
 
     peaks = []
     for device in jax.local_devices():

@@ -24,7 +24,9 @@ import jax
 import numpy as np
 
 from ipl_jax import distributed
+from ipl_jax.model.sharding import param_shardings
 from ipl_jax.preference.packed_batch import PackedBatch
+from ipl_jax.preference.tdpo import reference_logps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +63,8 @@ def attached_logps(batches: Sequence[PackedBatch]) -> PairLogps:
 def pair_logps(params, batches: Sequence[PackedBatch], config, *, mesh=None) -> PairLogps:
     """Per-pair summed log-probs of ``batches`` under ``params`` (``tdpo.reference_logps``: the reference's
     storage dtype, no gradient), as host arrays. ``config``: the round's ``TDPOConfig``."""
-    from ipl_jax.preference.tdpo import reference_logps
 
     if mesh is not None:  # placed by the model's rules, as the round's reference (``tdpo.attach_reference``)
-        from ipl_jax.model.sharding import param_shardings
-
         params = jax.device_put(params, param_shardings(params, mesh))
     parts = []
     for b in batches:

@@ -13,8 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-DPO_KINDS = ("sigmoid", "ipo", "hinge")
-SFT_NORMS = ("token", "sum")
+from ipl_jax.settings import LOSS_KINDS, SFT_NORMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +74,7 @@ def dpo_pair_losses(
     elif kind == "hinge":
         loss = jax.nn.relu(1.0 - margin)
     else:
-        raise ValueError(f"unknown DPO loss kind {kind!r}; expected one of {DPO_KINDS}")
+        raise ValueError(f"unknown DPO loss kind {kind!r}; expected one of {LOSS_KINDS}")
     return loss, margin
 
 

@@ -42,7 +42,7 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import get_rope_index, pick_bucket, prepare_vision
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import VisionInputs, slot_image_features
-from ipl_jax.preference.packed_batch import (  # noqa: F401  (re-exported: the batch format, imported from here)
+from ipl_jax.preference.packed_batch import (
     PAD_SEGMENT,
     PREFIX_SEGMENT,
     PackedBatch,

@@ -28,12 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax import distributed
+from ipl_jax.coat.actions import ACTION_TYPES
 from ipl_jax.preference import diagnostics as diagnostics_lib
 from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packed_batch import PackingConfig
-from ipl_jax.preference.selection import SelectionConfig, select_round_pairs
+from ipl_jax.preference.selection import select_round_pairs
 from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
 from ipl_jax.training import state as state_lib
 from ipl_jax.training.step import check_finite
@@ -113,17 +114,20 @@ class RoundStages:
 class RoundConfig:
     """One round's settings.
 
-    pair_mode: "tdpo" (thinking-level pairs) or "naive" (whole-trajectory DPO baseline). selection: round-level
-    dedup / type balance / tree mixing. train_on: "pairs" (the T-DPO objective of ``tdpo``) or "golden" (the
-    ``continued_sft`` control). gamma_consistent_only: action-turn γ pairs only below thoughts that name the golden
-    action (``TreeScores.thought_names_golden``), so the action turn is never taught to contradict its thought.
+    pair_mode: "tdpo" (thinking-level pairs) or "naive" (whole-trajectory DPO baseline). dedup / type_balance /
+    mix_trees: round-level selection (``preference.selection``). train_on: "pairs" (the T-DPO objective of
+    ``tdpo``) or "golden" (the ``continued_sft`` control). gamma_consistent_only: action-turn γ pairs only below
+    thoughts that name the golden action (``TreeScores.thought_names_golden``), so the action turn is never taught
+    to contradict its thought.
     """
 
     tdpo: TDPOConfig
     packing: PackingConfig = PackingConfig()
     pairs: pairs_lib.PairConfig = pairs_lib.PairConfig()
     pair_mode: str = "tdpo"
-    selection: SelectionConfig = SelectionConfig()
+    dedup: bool = False
+    type_balance: float = 0.0
+    mix_trees: bool = False
     train_on: str = "pairs"
     gamma_consistent_only: bool = False
 
@@ -132,6 +136,8 @@ class RoundConfig:
             raise ValueError(f"RoundConfig.pair_mode must be one of {PAIR_MODES}, got {self.pair_mode!r}")
         if self.train_on not in TRAIN_ON:
             raise ValueError(f"RoundConfig.train_on must be one of {TRAIN_ON}, got {self.train_on!r}")
+        if self.type_balance < 0:
+            raise ValueError(f"RoundConfig.type_balance must be >= 0 (0 = off), got {self.type_balance}")
 
 
 def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, name: str = ""):
@@ -205,7 +211,6 @@ def json_safe(d: Mapping) -> dict:
 
 def pair_counts(grouped: grouping.GroupedPairs) -> dict:
     """Pairs per tree class (``beta``, ``gamma``, ``unknown``) and per positive action type (name -> count)."""
-    from ipl_jax.coat.actions import ACTION_TYPES
 
     by_class = {"beta": 0, "gamma": 0, "unknown": 0}
     by_type: dict[str, int] = {}
@@ -296,7 +301,9 @@ def _sampled_pairs(sampled: Iterable[SampledTrees], score, config: RoundConfig, 
         g, c = round_pairs(batch, score(batch), config, name=f"round {round_index} {name}batch {i} ")
         grouped.extend(g)
         counts += c
-    grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
+    grouped, dropped = select_round_pairs(
+        grouped, dedup=config.dedup, type_balance=config.type_balance, mix_trees=config.mix_trees, seed=round_index
+    )
     return grouped, counts, dropped
 
 

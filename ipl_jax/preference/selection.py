@@ -28,20 +28,6 @@ from ipl_jax.preference.grouping import GroupedPairs
 from ipl_jax.preference.packed_batch import PairRef
 
 
-@dataclasses.dataclass(frozen=True)
-class SelectionConfig:
-    """dedup: drop exact duplicate pairs. type_balance: 0 = off, else the cap ratio of ``balance_types``.
-    mix_trees: permute groups before packing (seeded by the round)."""
-
-    dedup: bool = False
-    type_balance: float = 0.0
-    mix_trees: bool = False
-
-    def __post_init__(self):
-        if self.type_balance < 0:
-            raise ValueError(f"SelectionConfig.type_balance must be >= 0 (0 = off), got {self.type_balance}")
-
-
 def _with_pairs(grouped: GroupedPairs, pairs: list[PairRef], skipped: int = 0) -> GroupedPairs:
     by_turn = np.zeros_like(grouped.pairs_by_turn)
     for p in pairs:
@@ -105,13 +91,16 @@ def mix_groups(grouped: GroupedPairs, seed: int) -> GroupedPairs:
     )
 
 
-def select_round_pairs(grouped: GroupedPairs, config: SelectionConfig, seed: int) -> tuple[GroupedPairs, dict]:
-    """Apply ``config`` in the order dedup -> type balance -> mixing. Returns (pairs, counts of what was dropped)."""
+def select_round_pairs(
+    grouped: GroupedPairs, *, dedup: bool, type_balance: float, mix_trees: bool, seed: int
+) -> tuple[GroupedPairs, dict]:
+    """In the order dedup -> type balance (``type_balance`` > 0: the cap ratio of ``balance_types``) -> mixing
+    (seeded by ``seed``). Returns (pairs, counts of what was dropped)."""
     stats = {"duplicates": 0, "type_balance": 0}
-    if config.dedup:
+    if dedup:
         grouped, stats["duplicates"] = drop_duplicates(grouped)
-    if config.type_balance > 0:
-        grouped, stats["type_balance"] = balance_types(grouped, config.type_balance)
-    if config.mix_trees:
+    if type_balance > 0:
+        grouped, stats["type_balance"] = balance_types(grouped, type_balance)
+    if mix_trees:
         grouped = mix_groups(grouped, seed)
     return grouped, stats

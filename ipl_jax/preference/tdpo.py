@@ -1,26 +1,17 @@
 """T-DPO: reference log-probs, the T-DPO step and ``train_round`` (docs/method.md §7).
 
-A round (``preference.round``) samples CoaT-trees, extracts and packs pairs, then hands them here:
+    packed batches (``preference.round``) ─► reference log-probs with π(n-1), once (``attach_reference``)
+    ─► one epoch of ``tdpo_step`` in an order drawn from the round's key (``train_round``) ─► π(n)
 
-    packed batches ─► reference log-probs with π(n-1) (once) ─► one epoch of T-DPO ─► π(n)
-
-* ``TDPOConfig`` — a frozen (hashable) dataclass: model config, DPO settings (kind, β, λ_sft), the objective
-  (``"tdpo"`` or ``"positive_sft"``: IPL without negatives), ``OptimizerSettings``, remat / chunking.
-* ``attach_reference(ref_params, batches, config)`` — reference log-probs of every pair, computed once per
-  round by a separate jitted function under ``stop_gradient`` (never inside ``value_and_grad``), stored in the
-  batches (``PackedBatch.ref_pos`` / ``ref_neg``).
-* ``tdpo_step(state, batch, config)`` — one jitted update (state donated): packed forward, ``losses.tdpo_loss``
-  (or ``positive_sft_loss``), gradient, optimizer update, built on ``training.step.make_train_step``.
-* ``train_round(state, ref_params, round_data, rng, config)`` — pure: one epoch over the round's batches in an
-  order drawn from ``rng``. Same inputs give the same outputs bit for bit on one device; under a ``mesh`` the
-  batch rows are split over ('data', 'fsdp') and the params follow the model's partition rules.
-
-IPL without negatives is ``TDPOConfig.objective = "positive_sft"`` (the same packed batches, the NLL of the
-positive continuations only).
+``tdpo_update`` is the one jitted program of a T-DPO step (state donated; keyed on the hashable ``TDPOConfig``,
+the mesh and the shapes): training calls it through ``tdpo_step``, ``ipl-jax plan`` and ``tools/`` lower it
+through ``lower_tdpo_step``. The reference log-probs are a separate program under ``stop_gradient``, never
+inside the gradient. IPL without negatives is ``TDPOConfig.objective = "positive_sft"``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -28,13 +19,16 @@ from collections.abc import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ipl_jax import distributed
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.sharding import batch_spec, param_shardings
 from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.progress import progress
+from ipl_jax.settings import LOSS_KINDS
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
@@ -71,8 +65,8 @@ class TDPOConfig:
     def __post_init__(self, learning_rate):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TDPOConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.dpo.kind not in losses.DPO_KINDS:
-            raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.DPO_KINDS}, got {self.dpo.kind!r}")
+        if self.dpo.kind not in LOSS_KINDS:
+            raise ValueError(f"TDPOConfig.dpo.kind must be one of {LOSS_KINDS}, got {self.dpo.kind!r}")
         if learning_rate is not None:
             settings = dataclasses.replace(self.optimizer_settings, learning_rate=float(learning_rate))
             object.__setattr__(self, "optimizer_settings", settings)
@@ -136,14 +130,10 @@ def make_tdpo_loss(config: TDPOConfig):
 def batch_shardings(batch: PackedBatch, mesh):
     """PackedBatch of NamedShardings: rows (text and per-row image patches) over ('data', 'fsdp') when they
     divide; pairs replicated."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from ipl_jax.model.sharding import batch_spec
-
     rep = NamedSharding(mesh, PartitionSpec())
-    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))  # noqa: E731
+    rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))
     if batch.vision is not None and batch.vision.patches.shape[0] != batch.rows:  # a process's rows: global shapes
-        whole = lambda x: jax.ShapeDtypeStruct((batch.rows, *x.shape[1:]), x.dtype)  # noqa: E731
+        whole = lambda x: jax.ShapeDtypeStruct((batch.rows, *x.shape[1:]), x.dtype)
         batch = batch.replace(vision=jax.tree.map(whole, batch.vision))
     return batch.replace(
         input_ids=rows(batch.input_ids),
@@ -176,77 +166,51 @@ def place_batch(batch: PackedBatch, mesh) -> PackedBatch:
     return placed.replace(vision=vision)
 
 
-def state_shardings(state: state_lib.TrainState, optimizer, mesh) -> state_lib.TrainState:
-    """TrainState shardings: params (and Adam moments) by the model's partition rules, the rest replicated."""
-    from ipl_jax.model.sharding import param_shardings
-    from ipl_jax.training.lora import LoraParams, lora_shardings
-
-    frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
-    if isinstance(state.params, LoraParams):
-        params_sh = lora_shardings(state.params, frozen_sh)
-    else:
-        params_sh = param_shardings(state.params, mesh)
-    return state_lib.train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)
-
-
 # ------------------------------------------------------------------------------------------------- the step
 
 
-def _step_options(config: TDPOConfig) -> dict:
-    """``training.step.train_step_fn``'s options of the T-DPO update: each step weighs by its valid pairs."""
-    return dict(schedule=config.schedule_fn(), weight_key="pairs", compute_dtype=config.compute_dtype)
-
-
-def make_tdpo_step(
-    config: TDPOConfig, *, mesh=None, state: state_lib.TrainState | None = None, batch: PackedBatch | None = None
-):
-    """A fresh jitted ``step(state, batch) -> (state, metrics)`` (state donated), for ahead-of-time lowering and
-    benchmarks (``tdpo_step`` is the cached one the round loop uses). Under a ``mesh`` an example ``state`` and
-    ``batch`` fix the shardings.
-
-    metrics: loss, pref_loss, sft_nll, reward_margin, reward_accuracy, chosen_logratio, rejected_logratio
-    (pair means), pairs (valid pairs), grad_norm, lr.
-    """
-    optimizer = config.optimizer()
-    kwargs = _step_options(config)
-    if mesh is not None:
-        if state is None or batch is None:
-            raise ValueError("make_tdpo_step: a mesh needs an example state and batch")
-        kwargs.update(
-            mesh=mesh,
-            state_shardings=state_shardings(state, optimizer, mesh),
-            batch_shardings=batch_shardings(batch, mesh),
-        )
-    return step_lib.make_train_step(make_tdpo_loss(config), optimizer, **kwargs)
-
-
 def _tdpo_update(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, mesh):
-    """The update ``make_tdpo_step`` builds, traced once per (config, mesh, shapes) by ``_tdpo_update_jit``.
-    Under a mesh the batch rows and the new state are pinned to their shardings, so the next step's inputs
-    arrive as this one's did (same program)."""
+    """One update: packed forward, ``losses.tdpo_loss`` (or ``positive_sft_loss``), gradient, optimizer step,
+    each step weighed by its valid pairs. Under a mesh the batch rows and the new state are pinned to their
+    shardings, so the next step's inputs arrive as this one's did (same program)."""
     optimizer = config.optimizer()
     if mesh is not None:
         batch = jax.lax.with_sharding_constraint(batch, batch_shardings(batch, mesh))
-    step = step_lib.train_step_fn(make_tdpo_loss(config), optimizer, **_step_options(config))
+    step = step_lib.train_step_fn(
+        make_tdpo_loss(config),
+        optimizer,
+        schedule=config.schedule_fn(),
+        weight_key="pairs",
+        compute_dtype=config.compute_dtype,
+    )
     new_state, metrics = step(state, batch)
     if mesh is not None:
-        new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(state, optimizer, mesh))
+        new_state = jax.lax.with_sharding_constraint(new_state, state_lib.state_shardings(state, optimizer, mesh))
     return new_state, metrics
 
 
-# jax.jit's own cache (keyed on the hashable config, the mesh and the input shapes) holds the compiled steps
-_tdpo_update_jit = jax.jit(_tdpo_update, static_argnums=(2, 3), donate_argnums=(0,))
+# The one program of a T-DPO step: jax.jit's own cache (keyed on the hashable config, the mesh and the input
+# shapes) holds its compiled forms. metrics: loss, pref_loss, sft_nll, reward_margin, reward_accuracy,
+# chosen_logratio, rejected_logratio (pair means), pairs (valid pairs), grad_norm, lr.
+tdpo_update = jax.jit(_tdpo_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
-    """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
-
-    Returns (new state, metrics dict of f32[] device scalars; see ``make_tdpo_step``)."""
+    """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated. Under a mesh
+    each process places its own devices' rows. Returns (new state, metrics dict of f32[] device scalars)."""
     if mesh is None:
-        return _tdpo_update_jit(state, batch, config, None)
-    batch = place_batch(batch, mesh)  # each process places its own devices' rows
+        return tdpo_update(state, batch, config, None)
+    batch = place_batch(batch, mesh)
     with jax.set_mesh(mesh):
-        return _tdpo_update_jit(state, batch, config, mesh)
+        return tdpo_update(state, batch, config, mesh)
+
+
+def lower_tdpo_step(state, batch: PackedBatch, config: TDPOConfig, mesh=None) -> jax.stages.Lowered:
+    """``tdpo_update`` lowered for ``state`` / ``batch`` (arrays or ``jax.ShapeDtypeStruct`` s; under a mesh
+    carrying the shardings ``tdpo_step`` places them with: ``state_shardings``, ``batch_shardings``), for
+    ahead-of-time memory and FLOP figures of the program training runs."""
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return tdpo_update.lower(state, batch, config, mesh)
 
 
 # ------------------------------------------------------------------------------------------------- reference
@@ -260,12 +224,6 @@ def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: b
 
 
 _reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
-
-
-def trace_counts() -> dict:
-    """How many programs this process holds for the T-DPO update and the reference log-probs (one per config,
-    mesh and input shapes): read from the jitted functions' own caches, no counter of ours."""
-    return {"tdpo_step": _tdpo_update_jit._cache_size(), "reference": _reference_jit._cache_size()}
 
 
 def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
@@ -297,8 +255,6 @@ class RoundData:
 def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOConfig, *, mesh=None) -> RoundData:
     """Reference log-probs of every batch, computed once, stored in the batches (host numpy)."""
     if mesh is not None:
-        from ipl_jax.model.sharding import param_shardings
-
         ref_params = jax.device_put(ref_params, param_shardings(ref_params, mesh))
     else:  # committed, whether fresh or a trained state's: one program for every round
         ref_params = jax.device_put(ref_params, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
@@ -368,7 +324,7 @@ def train_round(
     batches = round_data.batches
     order = epoch_order(rng, len(batches))
     if mesh is not None and batches:
-        sh = state_shardings(state, config.optimizer(), mesh)
+        sh = state_lib.state_shardings(state, config.optimizer(), mesh)
         state = distributed.put(state, sh)
     elif batches:  # committed to the device like the step's outputs, so the second step runs the first one's program
         state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))

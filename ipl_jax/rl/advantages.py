@@ -23,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 
 SIBLING_FEATURES = 4  # (return of the terminal stream, of the dense stream, screen distance, has a sibling)
 
@@ -99,7 +100,6 @@ def normalise_advantages(adv: jax.Array, mask: jax.Array, eps: float = 1e-8) -> 
 
 def screen_thumbnail(image, size: tuple[int, int] = (16, 32)) -> np.ndarray:
     """A screen as a grey-scale thumbnail f32[W·H] in [0, 1] (PIL box filter: the area average)."""
-    from PIL import Image
 
     thumb = image.convert("L").resize(size, Image.BOX)
     return np.asarray(thumb, np.float32).reshape(-1) / 255.0

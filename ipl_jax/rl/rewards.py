@@ -38,8 +38,6 @@ from ipl_jax.coat.metrics import MatchRules, get_rules
 from ipl_jax.coat.rewards import CLICK_ID, LONG_PRESS_ID, GoldenActions, PredictedActions, encode_golden, exact_match
 from ipl_jax.preference import losses
 
-STYLES = ("coat", "think_answer")
-
 
 @dataclasses.dataclass(frozen=True)
 class UIR1RewardConfig:

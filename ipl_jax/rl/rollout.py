@@ -48,8 +48,7 @@ from ipl_jax.rl.sampling import Completion, tree_completions
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts, step_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
-
-STEP_REWARDS = ("leaf", "uir1")
+from ipl_jax.settings import STEP_REWARDS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from ipl_jax.sampling.keys import node_keys, step_keys, step_uid
 from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import StepPrompts, TreePrompts, pack_tree_prompts, step_prompts
 from ipl_jax.sampling.token_sampling import filter_logits, sample_tokens
-from ipl_jax.sampling.tree_sampler import sample_tree, trace_count
+from ipl_jax.sampling.tree_sampler import sample_tree
 
 __all__ = [
     "SampledBatch",
@@ -37,5 +37,4 @@ __all__ = [
     "filter_logits",
     "sample_tokens",
     "sample_tree",
-    "trace_count",
 ]

@@ -69,7 +69,7 @@ class SamplerConfig:
     image_patches: int = 0
 
     def __post_init__(self):
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass normalisation)
+        set_ = lambda k, v: object.__setattr__(self, k, v)
         set_("branching", check_branching(self.branching))
         set_("max_turn_tokens", _per_turn(self.max_turn_tokens, "max_turn_tokens", int))
         set_("temperature", _per_turn(self.temperature, "temperature", float))

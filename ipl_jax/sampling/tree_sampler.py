@@ -96,12 +96,6 @@ def _sample_tree(
 _sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
 
 
-def trace_count() -> int:
-    """How many compilations of the prefix-sharing sampler this process holds (one per static configuration
-    and input shapes): the count lives in the jitted function's own cache, not in a global of ours."""
-    return _sample_tree_jit._cache_size()
-
-
 def prompt_vision_rows(batch_size: int, mesh: jax.sharding.Mesh | None, config: SamplerConfig, devices=None):
     """The sorted sampler rows (of ``batch_size``) whose image slots ``devices`` (default: this process's) hold
     under ``mesh`` — what ``pack_tree_prompts(..., vision_rows=)`` builds in this process — or None when they
@@ -117,7 +111,7 @@ def prefix_shardings(prompts: TreePrompts, mesh: jax.sharding.Mesh):
     prefix = prompts.prefix
     if prompts.vision_rows is not None:
         n, b = len(prompts.vision_rows), prompts.batch_size
-        whole = lambda x: jax.ShapeDtypeStruct((x.shape[0] // n * b, *x.shape[1:]), x.dtype)  # noqa: E731
+        whole = lambda x: jax.ShapeDtypeStruct((x.shape[0] // n * b, *x.shape[1:]), x.dtype)
         prefix = prefix.replace(vision=jax.tree.map(whole, prefix.vision))
     return inputs_shardings(prefix, mesh)
 

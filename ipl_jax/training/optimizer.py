@@ -1,9 +1,8 @@
-"""The optimizer, built once from one typed settings object: AdamW on a warm-up + cosine (or constant) schedule,
+"""The optimizer, built from one typed settings object: AdamW on a warm-up + cosine (or constant) schedule,
 global-norm clipping, weight decay masked off norms and biases.
 
-``OptimizerSettings`` is the one shape of the optimizer's settings; ``optimizer_settings(section)`` is the one
-conversion from a config section (a ConfigDict, a dict, or settings already). Every trainer — warm-up SFT, the
-T-DPO round, the continued-SFT control — builds its optimizer through ``make_optimizer`` and its learning-rate
+``OptimizerSettings`` is the one shape of the optimizer's settings. Every trainer — warm-up SFT, the T-DPO round,
+the continued-SFT control, GRPO, PPO — builds its optimizer through ``make_optimizer`` and its learning-rate
 schedule through ``make_schedule``.
 
 Gradient accumulation is not an optax wrapper: the step scans over micro-batches (``grad_accum_steps``, see
@@ -14,18 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Any
 
 import jax
 import optax
 
+from ipl_jax.settings import SCHEDULES
 from ipl_jax.training.lora import path_str
 
 # Path components containing 'norm' or 'bias', named 'scale' or starting with 'ln_' (layer norms, RMS norms,
 # biases) get no weight decay.
 NO_DECAY_REGEX = r"(^|/)([^/]*(norm|bias)[^/]*|scale|ln_[^/]*)(/|$)"
-SCHEDULES = ("cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +30,7 @@ class OptimizerSettings:
     """learning_rate: peak rate (paper SFT: 3e-6 .. 3e-5; IPL: 1e-6 .. 1e-7); schedule: "cosine" (decays to
     end_lr_ratio * lr at total_steps) or "constant"; warmup_steps: linear warm-up from 0; total_steps: updates the
     schedule spans (warm-up included); b1, b2, eps, weight_decay: AdamW's; no_decay_regex: '/'-paths without
-    weight decay; grad_clip_norm: global-norm clip (<= 0 disables); grad_accum_steps: micro-batches per update."""
+    weight decay; grad_clip_norm: global-norm clip (<= 0 disables)."""
 
     learning_rate: float = 1e-5
     schedule: str = "cosine"
@@ -46,7 +43,6 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     no_decay_regex: str = NO_DECAY_REGEX
     grad_clip_norm: float = 1.0
-    grad_accum_steps: int = 1
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -55,43 +51,10 @@ class OptimizerSettings:
             raise ValueError(f"optimizer.learning_rate must be >= 0, got {self.learning_rate}")
         if self.warmup_steps < 0:
             raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.grad_accum_steps < 1:
-            raise ValueError(f"optimizer.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
 
 
-# Other names a config section may use for the same setting (e.g. configs/synthetic.py's ``sft`` section).
-_ALIASES = {"total_steps": ("steps",), "grad_clip_norm": ("grad_clip",)}
-
-
-def optimizer_settings(section: Any) -> OptimizerSettings:
-    """The optimizer settings of ``section`` (a ConfigDict / mapping, or OptimizerSettings, returned as is);
-    missing fields keep their defaults, unrelated fields are ignored, values are cast to the field's type.
-
-    Accepts ``steps`` for total_steps and ``grad_clip`` for grad_clip_norm, so a job section such as
-    ``config.sft`` can be passed as it is.
-    """
-    if isinstance(section, OptimizerSettings):
-        return section
-    values = {}
-    for field in dataclasses.fields(OptimizerSettings):
-        for key in (field.name, *_ALIASES.get(field.name, ())):
-            if key in section:
-                values[field.name] = type(field.default)(section[key])
-                break
-    return OptimizerSettings(**values)
-
-
-def settings_dict(settings: OptimizerSettings) -> Mapping[str, Any]:
-    """The settings as a plain dict (for a config section's defaults, or JSON)."""
-    return dataclasses.asdict(settings)
-
-
-def make_schedule(settings) -> optax.Schedule:
-    """Learning rate per optimizer update: linear warm-up from 0, then cosine decay or constant.
-
-    ``settings``: OptimizerSettings or a section ``optimizer_settings`` converts.
-    """
-    s = optimizer_settings(settings)
+def make_schedule(s: OptimizerSettings) -> optax.Schedule:
+    """Learning rate per optimizer update: linear warm-up from 0, then cosine decay or constant."""
     lr, warmup = float(s.learning_rate), int(s.warmup_steps)
     if s.schedule == "cosine":
         total = max(int(s.total_steps), warmup + 1)
@@ -107,12 +70,8 @@ def decay_mask(params, no_decay_regex: str = NO_DECAY_REGEX):
     return jax.tree_util.tree_map_with_path(lambda p, _: not regex.search(path_str(p)), params)
 
 
-def make_optimizer(settings) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW on ``make_schedule(settings)``, weight decay masked by ``no_decay_regex``.
-
-    ``settings``: OptimizerSettings or a section ``optimizer_settings`` converts.
-    """
-    s = optimizer_settings(settings)
+def make_optimizer(s: OptimizerSettings) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW on ``make_schedule(s)``, weight decay masked by ``no_decay_regex``."""
     parts = []
     if s.grad_clip_norm > 0:
         parts.append(optax.clip_by_global_norm(s.grad_clip_norm))

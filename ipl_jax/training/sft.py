@@ -3,12 +3,15 @@
 * ``sft_loss`` / ``make_sft_loss`` / ``make_sft_step`` — masked next-token cross-entropy for any
   ``logits_fn(params, batch, rng)``, weighted by tokens across micro-batches.
 * Qwen2-VL: ``sft_model_batch(cfg, TrainingBatch)`` (host: collated dialogue batch -> ids, masks, M-RoPE
-  positions, padded vision inputs), ``make_qwen2vl_sft_step(cfg, optimizer, schedule, ...)`` (the loss reads
-  log-probs from hidden states in chunks, never the full logits), ``sft_batch_shardings`` for a mesh.
+  positions, padded vision inputs); ``sft_update``, the one jitted program of an SFT step, keyed on the
+  hashable ``SFTStepConfig`` (the loss reads log-probs from hidden states in chunks, never the full logits), called
+  through ``sft_step`` by warm-up SFT and the continued-SFT control; ``sft_batch_shardings`` for a mesh.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,11 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import get_rope_index, prepare_vision, prepare_vision_slots
 from ipl_jax.model.sharding import batch_spec
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import encode_images
-from ipl_jax.training.step import LossFn, make_train_step
+from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer, make_schedule
+from ipl_jax.training.state import TrainState, state_shardings
+from ipl_jax.training.step import LossFn, make_train_step, train_step_fn
 
 
 def next_token_nll(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -159,12 +165,55 @@ def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> Los
     return loss_fn
 
 
-def make_qwen2vl_sft_step(cfg, optimizer, schedule=None, *, remat: bool | str = False, chunk: int = 128, **kwargs):
-    """``sft_step(state, batch) -> (state, metrics)`` for the Qwen2-VL model on ``sft_model_batch`` arrays.
+@dataclasses.dataclass(frozen=True)
+class SFTStepConfig:
+    """Settings of the Qwen2-VL SFT step (hashable: the jitted step is cached per config). ``model``: the config in
+    the compute dtype; ``grad_accum_steps``: micro-batches per update (the batch's leading axis when > 1);
+    ``compute_dtype``: the fp32 master weights cast inside the step (None: as held); ``remat``: a policy of
+    ``model.layers.REMAT_POLICIES``; ``logp_chunk``: positions whose vocabulary logits exist at once."""
 
-    metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step``. For bf16 compute pass
-    ``compute_dtype=jnp.bfloat16`` together with a ``cfg`` whose ``dtype`` is 'bfloat16'.
-    """
-    return make_train_step(
-        qwen2vl_sft_loss(cfg, remat=remat, chunk=chunk), optimizer, schedule=schedule, weight_key="tokens", **kwargs
+    model: Qwen2VLConfig
+    optimizer: OptimizerSettings
+    grad_accum_steps: int = 1
+    remat: bool | str = False
+    compute_dtype: str | None = None
+    logp_chunk: int = 128
+
+
+def _sft_update(state: TrainState, batch, config: SFTStepConfig, mesh):
+    """One update on ``sft_model_batch`` arrays, weighted by loss tokens. Under a mesh the batch rows and the new
+    state are pinned to their shardings. metrics: loss, tokens, grad_norm, lr."""
+    optimizer = make_optimizer(config.optimizer)
+    accum = config.grad_accum_steps > 1
+    if mesh is not None:
+        batch = jax.lax.with_sharding_constraint(batch, sft_batch_shardings(batch, mesh, grad_accum=accum))
+    step = train_step_fn(
+        qwen2vl_sft_loss(config.model, remat=config.remat, chunk=config.logp_chunk),
+        optimizer,
+        schedule=make_schedule(config.optimizer),
+        grad_accum_steps=config.grad_accum_steps,
+        weight_key="tokens",
+        compute_dtype=config.compute_dtype,
     )
+    new_state, metrics = step(state, batch)
+    if mesh is not None:
+        new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(state, optimizer, mesh))
+    return new_state, metrics
+
+
+# The one program of a Qwen2-VL SFT step, compiled once per (config, mesh, shapes) by jax.jit's own cache.
+sft_update = jax.jit(_sft_update, static_argnums=(2, 3), donate_argnums=(0,))
+
+
+def sft_step(state: TrainState, batch, config: SFTStepConfig, *, mesh=None):
+    """One SFT update (``state`` donated); under ``mesh`` the batch holds global arrays (``sft_batch_shardings``)
+    and the state is placed by ``training.state.state_shardings``. Returns (new state, metrics)."""
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return sft_update(state, batch, config, mesh)
+
+
+def lower_sft_step(state, batch, config: SFTStepConfig, mesh=None) -> jax.stages.Lowered:
+    """``sft_update`` lowered for ``state`` / ``batch`` (arrays or ``jax.ShapeDtypeStruct`` s carrying their
+    shardings), for ahead-of-time memory and FLOP figures of the program training runs."""
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        return sft_update.lower(state, batch, config, mesh)

@@ -1,4 +1,4 @@
-"""TrainState: what a trainer carries from step to step, and how it is created from parameters and a config.
+"""TrainState: what a trainer carries from step to step, how it is created from parameters, and its shardings.
 
 ``TrainState`` — step, trainable params, frozen params, optimizer state, RNG key (a flax.struct dataclass). What
 is trainable is decided once, by ``create_train_state``: full fine-tuning (everything trainable), a frozen
@@ -14,13 +14,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax.training.lora import LoraConfig, LoraParams, apply_lora, attach_lora, flatten_with_paths, init_lora
-from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer, make_schedule, settings_dict
+from ipl_jax.model.sharding import param_shardings
+from ipl_jax.training.lora import (
+    LoraConfig,
+    LoraParams,
+    apply_lora,
+    attach_lora,
+    flatten_with_paths,
+    init_lora,
+    lora_shardings,
+)
 
 VISION_REGEX = r"^visual/"
 
@@ -35,43 +42,6 @@ class TrainState:
     frozen: Any
     opt_state: Any
     rng: jax.Array
-
-
-# ------------------------------------------------------------------------------------------------ config
-
-
-def default_train_config() -> ml_collections.ConfigDict:
-    """Defaults for the optimizer / LoRA / precision / checkpoint sections (the paper's values: docs/method.md §7)."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.num_steps = 100
-    c.optimizer = ml_collections.ConfigDict(dict(settings_dict(OptimizerSettings())))
-
-    c.freeze_vision = False  # paper: ViT trainable in SFT, optionally frozen in IPL
-    c.freeze_regex = VISION_REGEX
-
-    c.lora = lo = ml_collections.ConfigDict()
-    lo.enabled = False
-    lo.rank = 128  # paper's warm-up SFT rank
-    lo.alpha = 256.0
-    lo.targets = LoraConfig().targets
-
-    c.compute_dtype = "float32"  # "bfloat16": params cast to bf16 inside the step; master weights stay fp32
-    c.frozen_dtype = "float32"  # storage dtype of frozen (LoRA base / frozen tower) params
-
-    c.checkpoint = ck = ml_collections.ConfigDict()
-    ck.directory = ""
-    ck.save_every = 100
-    ck.keep = 3
-    ck.async_save = True
-    return c
-
-
-def lora_config_from(config: ml_collections.ConfigDict) -> LoraConfig | None:
-    """LoraConfig from the ``lora`` section, or None when LoRA is disabled."""
-    if not config.lora.enabled:
-        return None
-    return LoraConfig(rank=int(config.lora.rank), alpha=float(config.lora.alpha), targets=tuple(config.lora.targets))
 
 
 # ------------------------------------------------------------------------------------------------ params
@@ -168,16 +138,6 @@ def create_train_state(
     )
 
 
-def state_from_config(params, config: ml_collections.ConfigDict, rng: jax.Array):
-    """(TrainState, optimizer, schedule) from a ``default_train_config()``-shaped config."""
-    optimizer = make_optimizer(config.optimizer)
-    lora = lora_config_from(config)
-    freeze = config.freeze_regex if (config.freeze_vision and lora is None) else None
-    frozen_dtype = None if config.frozen_dtype == "float32" else config.frozen_dtype
-    state = create_train_state(params, optimizer, rng, freeze_regex=freeze, lora=lora, frozen_dtype=frozen_dtype)
-    return state, optimizer, make_schedule(config.optimizer)
-
-
 def train_state_shardings(state: TrainState, optimizer, mesh, params_shardings, frozen_shardings) -> TrainState:
     """TrainState of NamedShardings: optimizer moments follow their params, everything else is replicated.
 
@@ -200,3 +160,14 @@ def train_state_shardings(state: TrainState, optimizer, mesh, params_shardings, 
         opt_state=opt_shardings,
         rng=replicated,
     )
+
+
+def state_shardings(state: TrainState, optimizer, mesh) -> TrainState:
+    """NamedShardings of a TrainState: params by the model's partition rules (LoRA adapters follow their base
+    kernels), optimizer moments like their params, the rest replicated. ``state`` may be abstract."""
+    frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
+    if isinstance(state.params, LoraParams):
+        params_sh = lora_shardings(state.params, frozen_sh)
+    else:
+        params_sh = param_shardings(state.params, mesh)
+    return train_state_shardings(state, optimizer, mesh, params_sh, frozen_sh)

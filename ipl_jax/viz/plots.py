@@ -19,7 +19,7 @@ def type_accuracy_series(rounds: Sequence[dict], split: str) -> dict[str, list]:
 
 def plot_step_accuracy(rounds: Sequence[dict], split: str, out: str | Path, title: str | None = None) -> Path:
     """A PNG of step accuracy (%) per action type and in total across rounds (round 0 = the seed policy)."""
-    import matplotlib
+    import matplotlib  # a second to import: only the export stage draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,17 +1,19 @@
 """Tokenised SFT examples of the small model (``small_models.tiny_cfg``) of different lengths and image sizes, and
-a config of 2 micro-batches of 4 rows, for the tests of per-process batch building."""
+a batch layout of 2 micro-batches of 4 rows, for the tests of per-process batch building."""
 
 import jax
-import ml_collections
 import numpy as np
 
 from ipl_jax.data.batching import TrainingExample
+from ipl_jax.pipeline.sft_stage import BatchShape
+from ipl_jax.settings import BucketSettings
 
 from .small_models import IMG, VE, VS, tiny_cfg
 
 
 def setup(n: int = 8, seed: int = 0):
-    """(cfg, config, tokenizer stand-in, n TrainingExamples); example lengths spread over two token buckets."""
+    """(cfg, layout: (BucketSettings, BatchShape), tokenizer stand-in, n TrainingExamples); example lengths spread
+    over two token buckets."""
     cfg = tiny_cfg()
     rng = np.random.default_rng(seed)
     examples = []
@@ -25,9 +27,7 @@ def setup(n: int = 8, seed: int = 0):
         examples.append(
             TrainingExample(ids.astype(np.int32), loss, loss.copy(), pixels, np.asarray([[1, h, w]]), f"ex{i}")
         )
-    config = ml_collections.ConfigDict()
-    config.sft = ml_collections.ConfigDict(dict(batch_size=n, micro_batch_size=n // 2))
-    config.buckets = ml_collections.ConfigDict(dict(tokens=(24, 48), patches=(32,)))
+    layout = (BucketSettings(tokens=(24, 48), patches=(32,), max_turn_tokens=(8, 8, 8, 8)), BatchShape(n, n // 2))
 
     class Ids:
         pad = 0
@@ -35,13 +35,16 @@ def setup(n: int = 8, seed: int = 0):
     class Tokenizer:
         ids = Ids()
 
-    return cfg, config, Tokenizer(), examples
+    return cfg, layout, Tokenizer(), examples
 
 
 def assert_same(got, want):
     """Two batches (numpy or jax arrays) with the same structure, shapes, dtypes and values."""
     assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+
+    def same(a, b):
         a, b = np.asarray(a), np.asarray(b)
         assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
         np.testing.assert_array_equal(a, b)
+
+    jax.tree.map(same, got, want)

@@ -54,7 +54,7 @@ def random_step(rng: np.random.Generator, cfg, uid: int, n_text: int, prompt_len
     t, h, w = grid
     pv = rng.standard_normal((t * h * w, cfg.vision.patch_dim)).astype(np.float32)
     n_img = t * h * w // cfg.vision.merge_factor
-    text = lambda n: list(rng.integers(FIRST_TEXT_ID, VOCAB, n))  # noqa: E731
+    text = lambda n: list(rng.integers(FIRST_TEXT_ID, VOCAB, n))
     prefix = np.asarray(text(3) + [VISION_START] + [IMAGE] * n_img + [VISION_END] + text(n_text), np.int32)
     turns = tuple(np.asarray(text(k), np.int32) for k in prompt_lens)
     return StepPrompts(

@@ -9,7 +9,7 @@ from ipl_jax import model as M
 from ipl_jax.data.batching import TrainingBatch
 from ipl_jax.model import param_shapes
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
-from ipl_jax.preference import packing as PK
+from ipl_jax.preference import packed_batch as PB
 
 IMG, VS, VE = 60, 62, 63
 
@@ -106,7 +106,7 @@ def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
             scored = tuple(rng.random(len(c)) < 0.6 for c in cs)
         pv = rng.normal(size=(h * w, cfg.vision.patch_dim)).astype(np.float32)
         groups.append(
-            PK.PrefixGroup(
+            PB.PrefixGroup(
                 prefix_ids=np.asarray(prefix, np.int32),
                 continuations=cs,
                 pixel_values=pv,

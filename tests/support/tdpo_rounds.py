@@ -4,12 +4,13 @@ subprocess."""
 import jax
 import numpy as np
 
+from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from support.small_models import make_groups, tiny_cfg, tiny_params
 
 # one shape for every packed batch of these tests, so that tests share compilations
-ROUND_PACKING = PK.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(32,))
+ROUND_PACKING = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(32,))
 ROUND_TDPO = dict(learning_rate=3e-3, logp_chunk=16)
 
 
@@ -18,9 +19,9 @@ def round_batches(cfg, seed):
     groups = make_groups(cfg, seed=seed, n_groups=8, conts=(3, 2, 4, 2), scored_groups=(5,))
     pairs = []
     for g, group in enumerate(groups):
-        pairs.append(PK.PairRef(g, 0, 1, 1 + g % 4))
+        pairs.append(PB.PairRef(g, 0, 1, 1 + g % 4))
         if len(group.continuations) > 2 and g % 2 == 0:
-            pairs.append(PK.PairRef(g, 2, 0, 3))
+            pairs.append(PB.PairRef(g, 2, 0, 3))
     batches = PK.pack_round(cfg, groups, pairs, ROUND_PACKING)
     assert len(batches) == 2 and all(b.input_ids.shape == (4, 64) for b in batches)
     return groups, pairs, batches

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ipl_jax.training.state import default_train_config
+from ipl_jax.training.optimizer import OptimizerSettings
 
 V, D, H, L = 32, 16, 24, 2
 
@@ -61,12 +61,6 @@ def toy_batch(seed, b=2, t=8, n_masked=None):
     return {"input_ids": ids, "loss_mask": mask, "pixels": rng.normal(size=(b, 4)).astype(np.float32)}
 
 
-def opt_config(**kw):
-    """The optimizer section of the training defaults with a fast toy schedule, updated by ``kw``."""
-    c = default_train_config().optimizer
-    c.learning_rate = 1e-2
-    c.warmup_steps = 2
-    c.total_steps = 10
-    for key, value in kw.items():
-        c[key] = value
-    return c
+def opt_config(**kw) -> OptimizerSettings:
+    """The optimizer defaults with a fast toy schedule, updated by ``kw``."""
+    return OptimizerSettings(**{"learning_rate": 1e-2, "warmup_steps": 2, "total_steps": 10, **kw})

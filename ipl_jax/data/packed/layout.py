@@ -120,6 +120,7 @@ def check_shards(root, split: str, files: list[dict]) -> list[Path]:
     """The shard paths, each checked to open as ArrayRecord and to hold the records the metadata lists.
 
     A missing, truncated or foreign file raises (one line naming it) before any record is read."""
+    # ArrayRecord loads only for packed data, so that the commands reading other formats start without it
     from array_record.python.array_record_module import ArrayRecordReader
 
     paths = []

@@ -17,6 +17,8 @@ import functools
 import io
 from pathlib import Path
 
+from PIL import Image
+
 from ipl_jax.data.packed.encoding import group_episodes, image_offset, split_record, step_from_header
 from ipl_jax.data.packed.layout import METADATA_FILE, check_shards, process_files, read_metadata, split_info
 from ipl_jax.data.records import DataError, Episode, Step
@@ -27,7 +29,7 @@ _CHUNK = 256  # records fetched per read while rebuilding episodes
 @functools.lru_cache(maxsize=64)
 def data_source(paths: tuple[str, ...]):
     """One ``grain.sources.ArrayRecordDataSource`` per tuple of shard paths, shared by the whole process."""
-    import grain
+    import grain  # Grain (and JAX) load only when packed data is read: `ipl-jax score` starts without them
 
     return grain.sources.ArrayRecordDataSource(list(paths))
 
@@ -45,7 +47,6 @@ class RecordImage:
         return payload[image_offset(payload) :]
 
     def __call__(self):
-        from PIL import Image
 
         return Image.open(io.BytesIO(self.encoded()))
 
@@ -63,7 +64,7 @@ class PackedSplit:
         self.meta = read_metadata(self.root)
         self.split, info = split_info(self.meta, self.root, split)
         if process_index is None or process_count is None:
-            import jax
+            import jax  # see data_source
 
             process_index, process_count = jax.process_index(), jax.process_count()
         files = process_files(

@@ -15,6 +15,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ipl_jax.data.aitz import load_aitz_with_report
+from ipl_jax.data.amex import load_amex_with_report
+from ipl_jax.data.android_control import SPLITS, load_android_control_with_report
 from ipl_jax.data.packed.encoding import encode_step, image_bytes
 from ipl_jax.data.packed.layout import FORMAT_NAME, METADATA_FILE, SCORING_FORMATS, VERSION, WRITER_OPTIONS, shard_name
 from ipl_jax.data.records import Episode
@@ -40,7 +43,6 @@ def source_splits(dataset: str, root: Path) -> list[str]:
         if not anno.is_dir():
             return []
         return ["all"] + [d.name for d in sorted(anno.iterdir()) if d.is_dir() and any(d.glob("*.json"))]
-    from ipl_jax.data.android_control import SPLITS
 
     try:
         listed = json.loads((root / "splits.json").read_text(encoding="utf-8"))
@@ -52,14 +54,9 @@ def source_splits(dataset: str, root: Path) -> list[str]:
 def read_split(dataset: str, root: Path, split: str, skip_bad: bool, cache_dir: Path) -> tuple[list[Episode], list]:
     """(episodes, skipped malformed records) of one split, read with the format's reader."""
     if dataset in ("aitz", "synthetic"):
-        from ipl_jax.data.aitz import load_aitz_with_report
-
         return load_aitz_with_report(root, split, skip_bad=skip_bad)
     if dataset == "amex":
-        from ipl_jax.data.amex import load_amex_with_report
-
         return load_amex_with_report(root, None if split == "all" else split, skip_bad=skip_bad)
-    from ipl_jax.data.android_control import load_android_control_with_report
 
     return load_android_control_with_report(root, split, skip_bad=skip_bad, cache_dir=cache_dir)
 
@@ -137,7 +134,7 @@ def write_split(
     on_step: Callable[[], None] | None = None,
 ) -> dict:
     """Write one split's shards under ``out``; returns its metadata entry (without ``skipped``)."""
-    from array_record.python.array_record_module import ArrayRecordWriter
+    from array_record.python.array_record_module import ArrayRecordWriter  # as layout.check_shards: on use
 
     owner = shard_of_episodes([len(e.steps) for e in episodes], shards)
     files = []

@@ -1,4 +1,4 @@
-"""The synthetic world's difficulty knobs, its themes and layout variants, and their config section.
+"""The synthetic world's difficulty knobs (``WorldConfig``, a job's ``world`` settings), its themes and layout variants.
 
 Themes and layout variants are split into *seen* ones (train / dev / test) and *held-out* ones that only the
 ``test_app_unseen`` split uses, like AndroidControl's unseen-app split.
@@ -218,7 +218,7 @@ def _convert(name: str, hint, text: str):
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"--config {name}: {text!r} is not a boolean")
+        raise ValueError(f"{name}: {text!r} is not a boolean")
     if hint is int:
         return int(text)
     if hint is float:
@@ -229,11 +229,11 @@ def _convert(name: str, hint, text: str):
         if args and args[-1] is Ellipsis:
             return tuple(_convert(name, args[0], p) for p in parts)
         if len(parts) != len(args):
-            raise ValueError(f"--config {name}: expected {len(args)} comma-separated values, got {text!r}")
+            raise ValueError(f"{name}: expected {len(args)} comma-separated values, got {text!r}")
         return tuple(_convert(name, a, p) for a, p in zip(args, parts))
     if hint is str:
         return text
-    raise ValueError(f"--config {name}: cannot parse values of type {hint}")
+    raise ValueError(f"{name}: cannot parse values of type {hint}")
 
 
 def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfig:
@@ -244,53 +244,9 @@ def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfi
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in hints:
-            raise ValueError(f"--config {item!r}: expected k=v with k one of {sorted(hints)}")
+            raise ValueError(f"--world {item!r}: expected k=v with k one of {sorted(hints)}")
         try:
             changes[key] = _convert(key, hints[key], value)
         except ValueError as e:
-            raise ValueError(f"--config {item!r}: {e}") from None
+            raise ValueError(f"--world {item!r}: {e}") from None
     return dataclasses.replace(config, **changes)
-
-
-def world_section(**overrides):
-    """The ``world`` section of a job config: every ``WorldConfig`` field with its default, then ``overrides``
-    (an ``ml_collections.ConfigDict``; ``--config.world.FIELD=value`` overrides it like any other field)."""
-    import ml_collections
-
-    values = {f.name: getattr(WorldConfig(), f.name) for f in dataclasses.fields(WorldConfig)}
-    unknown = set(overrides) - set(values)
-    if unknown:
-        raise ValueError(f"world_section: unknown WorldConfig fields {sorted(unknown)}")
-    values.update(overrides)
-    return ml_collections.ConfigDict(values)
-
-
-def world_config(section) -> WorldConfig:
-    """A ``WorldConfig`` from a ``world`` config section (or any mapping of its fields); raises ValueError naming
-    a bad field."""
-    hints = typing.get_type_hints(WorldConfig)
-    values = dict(section.items()) if hasattr(section, "items") else dict(section)
-    unknown = set(values) - set(hints)
-    if unknown:
-        raise ValueError(f"config.world: unknown fields {sorted(unknown)} (known: {sorted(hints)})")
-    changes = {}
-    for name, value in values.items():
-        hint = hints[name]
-        try:
-            if typing.get_origin(hint) is tuple:
-                args = typing.get_args(hint)
-                items = tuple(value)
-                kind = args[0]
-                if args[-1] is not Ellipsis and len(items) != len(args):
-                    raise ValueError(f"expected {len(args)} values")
-                changes[name] = tuple(kind(x) for x in items)
-            elif hint is bool:
-                changes[name] = bool(value)
-            else:
-                changes[name] = hint(value)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"config.world.{name}: {value!r} is not a valid {hint} ({e})") from None
-    try:
-        return WorldConfig(**changes)
-    except ValueError as e:
-        raise ValueError(f"config.world: {e}") from None

@@ -187,7 +187,7 @@ def instruction_text(family: str, template: int, **params) -> str:
 
 
 def _draw_params(family: str, rng) -> dict:
-    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]
     if family == "open_app":
         return dict(app=pick(tuple(content.APP_ICONS)))
     if family == "toggle":

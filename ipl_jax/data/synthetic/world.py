@@ -109,7 +109,7 @@ class World:
 
     def reset(self, task=None) -> Screen:
         """Draw a new phone and put it in ``task``'s start state (the home screen if task is None)."""
-        from ipl_jax.data.synthetic.tasks import prepare_world, task_requirements
+        from ipl_jax.data.synthetic.tasks import prepare_world, task_requirements  # tasks imports this module
 
         rng, cfg = self.rng, self.config
         self.theme = cfg.themes[int(rng.integers(len(cfg.themes)))]

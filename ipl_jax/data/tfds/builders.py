@@ -32,16 +32,19 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow_datasets as tfds
+from PIL import Image
 
+from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.packed.encoding import RECORD_VERSION, canonical_json, image_bytes, step_header
 from ipl_jax.data.packed.writer import portable, source_splits
+from ipl_jax.data.synthetic import generate_split
+from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
 
 SCORING_FORMAT = "aitz"
 
 
 def screenshot_png(data: bytes) -> bytes:
     """The screenshot as an 8-bit RGB PNG (TFDS decodes it as uint8[H, W, 3]); such a PNG is kept byte for byte."""
-    from PIL import Image
 
     img = Image.open(io.BytesIO(data))
     if img.format == "PNG" and img.mode == "RGB":
@@ -76,7 +79,6 @@ def _info(builder, description: str) -> tfds.core.DatasetInfo:
 
 def aitz_examples(root: Path, split: str):
     """(key, example) for every step of an AITZ-layout split under ``root``, in reader order."""
-    from ipl_jax.data.aitz import load_aitz
 
     key = 0
     for ep in portable(load_aitz(root, split), [root]):
@@ -126,8 +128,6 @@ class IplSynthetic(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager):
-        from ipl_jax.data.synthetic import generate_split
-        from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
 
         cfg = self.builder_config
         root = Path(dl_manager.download_dir) / f"ipl_synthetic_{cfg.name}_seed{cfg.seed}"

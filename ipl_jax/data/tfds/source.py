@@ -13,6 +13,8 @@ import functools
 import io
 import json
 
+from PIL import Image
+
 from ipl_jax.data.packed.encoding import group_episodes, step_from_header
 from ipl_jax.data.records import DataError, Episode
 
@@ -87,7 +89,6 @@ class TfdsImage:
         return split_source(self.name, self.data_dir, self.split)[self.key]["screenshot"]
 
     def __call__(self):
-        from PIL import Image
 
         return Image.open(io.BytesIO(self.encoded()))
 

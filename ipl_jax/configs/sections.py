@@ -1,13 +1,27 @@
-"""The ``rl`` section of a job config (``config.rl``): GRPO, PPO / GiGPPO and their rollouts. Kept apart from
-``rl.job`` so that a config file can build it without importing JAX."""
+"""Config sections the job configs share: the synthetic world's (``world``) and the RL learners' (``rl``).
 
-from __future__ import annotations
+Pure Python (no JAX): a config file builds them when it is loaded.
+"""
+
+import dataclasses
 
 import ml_collections
 
+from ipl_jax.data.synthetic.config import WorldConfig
+
+
+def world_section(**overrides) -> ml_collections.ConfigDict:
+    """The ``world`` section: every ``WorldConfig`` field with its default, then ``overrides``."""
+    values = dataclasses.asdict(WorldConfig())
+    unknown = set(overrides) - set(values)
+    if unknown:
+        raise ValueError(f"world_section: unknown WorldConfig fields {sorted(unknown)}")
+    return ml_collections.ConfigDict({**values, **overrides})
+
 
 def rl_section() -> ml_collections.ConfigDict:
-    """Defaults of the ``rl`` config section (GRPO, PPO / GiGPPO, their rollouts)."""
+    """The ``rl`` section: GRPO (UI-R1's values), PPO / GiGPPO and their rollouts (docs/method.md §11; the budget
+    rule that makes one round of them comparable with a T-DPO round is ``rl/job.py``'s)."""
     c = ml_collections.ConfigDict()
     c.grpo = g = ml_collections.ConfigDict()
     g.group_size = 8  # UI-R1

@@ -1,0 +1,120 @@
+"""Checks of the paths a command is given, made before any expensive work.
+
+Every check raises ``UsageError`` with one line that names the flag (or config field), the path and what to do.
+Inputs must exist and be of the right kind (``input_file``, ``input_dir``, ``model_dir``: a Hugging Face model
+directory whose safetensors headers read). Outputs (``output_file``, ``output_dir``) are probed: the missing
+directories are made and a file is written and removed, then whatever the probe made is removed again, so a
+path the file system refuses (read-only, under a file, under ``/proc``) fails here and not after the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from safetensors import safe_open
+
+
+class UsageError(ValueError):
+    """An invocation that cannot work as given: a bad flag, a missing or wrong kind of path, an output that cannot
+    be written. The message is one line naming the flag / field / file and what to do."""
+
+
+def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
+    """``path`` as an existing regular file."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {p}: is a directory, expected {what}")
+    if not p.is_file():
+        raise UsageError(f"{flag} {p}: no such file (expected {what})")
+    return p
+
+
+def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> Path:
+    """``path`` as an existing directory."""
+    p = Path(path)
+    if p.is_file():
+        raise UsageError(f"{flag} {p}: is a file, expected {what}")
+    if not p.is_dir():
+        raise UsageError(f"{flag} {p}: no such directory (expected {what})")
+    return p
+
+
+def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
+    """Make ``directory`` (and its missing parents) and write a file in it, then undo both; errors name ``shown``."""
+    directory = Path(os.path.abspath(directory))
+    missing = []
+    node = directory
+    while not node.exists() and node != node.parent:
+        missing.append(node)
+        node = node.parent
+    if not node.is_dir():
+        raise UsageError(f"{flag} {shown}: cannot be created because {node} is a file; choose another path")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise UsageError(f"{flag} {shown}: cannot be written ({reason}); choose a writable location") from None
+    finally:
+        for d in missing:  # deepest first
+            if d.is_dir():
+                d.rmdir()
+
+
+def output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """A directory that exists or can be created, and can be written into (nothing is left behind)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
+    _probe_dir(p, flag, p)
+    return p
+
+
+def output_file(path: str | os.PathLike, flag: str) -> Path:
+    """A file path that can be written (its directory exists or can be created); checked before the work so that a
+    bad path does not throw the work away."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {p}: is a directory; give a file path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UsageError(f"{flag} {p}: is not writable; choose another file")
+    _probe_dir(p.parent, flag, p)
+    return p
+
+
+def model_dir(path: str | os.PathLike, flag: str) -> Path:
+    """A Hugging Face model directory: ``config.json`` that parses and safetensors weights whose headers read.
+
+    Only the headers are read (the files are memory-mapped), so this is cheap even for a 7B checkpoint."""
+    p = input_dir(path, flag, "a Hugging Face model directory")
+    config = p / "config.json"
+    if not config.is_file():
+        raise UsageError(f"{flag} {p}: no config.json; expected a Hugging Face model directory")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag} {config}: not valid JSON ({e}); re-download or re-export the model") from None
+    weights = sorted(p.glob("*.safetensors"))
+    if not weights:
+        raise UsageError(f"{flag} {p}: no *.safetensors weights; expected a Hugging Face model directory")
+    for w in weights:
+        check_safetensors(w, flag)
+    return p
+
+
+def check_safetensors(path: Path, flag: str) -> None:
+    """Raise ``UsageError`` when ``path`` is not a readable safetensors file (truncated, corrupt header)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            names = list(f.keys())
+    except Exception as e:  # safetensors raises its own error type (and OSError) for a broken file
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise UsageError(
+            f"{flag} {path}: not a valid safetensors file ({reason}); re-download or re-export the model"
+        ) from None
+    if not names:
+        raise UsageError(f"{flag} {path}: a safetensors file without tensors; re-download or re-export the model")

@@ -1,0 +1,103 @@
+"""The job's typed settings: every shipped config reads into them, a bad value / field / type is one line naming the
+dotted field, the machine checks (dtypes, mesh), and no module below the job's edge sees a config dict."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from ipl_jax.configs.loader import CONFIG_DIR, load_config, load_settings
+from ipl_jax.settings import IPLSettings, Settings, SettingsError
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ipl_jax"
+SHIPPED = sorted(
+    p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "loader", "sections", "paper_base")
+)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_reads_into_settings(name):
+    settings = load_settings(name)
+    assert (
+        isinstance(settings.ipl, IPLSettings) and settings.to_dict() == Settings.from_dict(settings.to_dict()).to_dict()
+    )
+    # the typed values are the config's own
+    assert settings.to_dict()["sft"] == load_config(name).sft.to_dict()
+
+
+def test_values_are_typed():
+    s = load_settings("synthetic:quick", ["--config.ipl.learning_rate=1", "--config.sampler.branching=[2, 2, 2, 1]"])
+    assert s.ipl.learning_rate == 1.0 and isinstance(s.ipl.learning_rate, float)
+    assert s.sampler.branching == (2, 2, 2, 1) and isinstance(s.sampler.branching, tuple)
+    assert s.sft.micro == s.sft.micro_batch_size == 4 and s.data.split_names()[:2] == ["train", "dev"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            ("sft", "steps", "many"),
+            r"^config\.sft\.steps='many': must be an integer \(fix it with --config\.sft\.steps",
+        ),
+        (("sft", "freeze_vision", 1), r"^config\.sft\.freeze_vision=1: must be true or false"),
+        (("sampler", "branching", (2, 2)), r"^config\.sampler\.branching=\(2, 2\): must be four integers >= 1"),
+        (("sft", "micro_batch_size", 3), r"^config\.sft\.micro_batch_size=3: must divide sft\.batch_size"),
+        (("reward", "v_type", 0.95), r"^config\.reward\.v_format=0\.1: reward\.v_type \+ reward\.v_format must be"),
+        (("sft", "stepz", 3), r"^config\.sft: unknown field\(s\) stepz \(fields: steps, batch_size, "),
+        (("mesh", "data", 0), r"^config\.mesh \(data, fsdp, tensor\) = \(0, 1, 1\): sizes must be >= 1"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_field(change, message):
+    section, field, value = change
+    values = load_settings("synthetic:quick").to_dict()
+    values[section][field] = value
+    with pytest.raises(SettingsError, match=message) as e:
+        Settings.from_dict(values)
+    assert "\n" not in str(e.value)
+
+
+def test_a_missing_field_or_section_is_named():
+    values = load_settings("synthetic:quick").to_dict()
+    del values["ipl"]["beta"]
+    with pytest.raises(SettingsError, match=r"^config\.ipl: missing field\(s\) beta$"):
+        Settings.from_dict(values)
+    del values["ipl"]
+    with pytest.raises(SettingsError, match=r"^the config: missing field\(s\) ipl$"):
+        Settings.from_dict(values)
+
+
+def test_replace_checks_again():
+    s = load_settings("synthetic:quick")
+    t = s.replace({"ipl.method": "naive_dpo", "rl.ppo.max_steps": 3})
+    assert (t.ipl.method, t.rl.ppo.max_steps) == ("naive_dpo", 3) and s.ipl.method == "tdpo"
+    with pytest.raises(SettingsError, match=r"^config\.ipl\.method='x': must be one of"):
+        s.replace({"ipl.method": "x"})
+    with pytest.raises(SettingsError, match=r"^config\.ipl\.nope: no such field"):
+        s.replace({"ipl.nope": 1})
+    assert dataclasses.replace(s.ipl, rounds=3).rounds == 3
+
+
+def test_machine_checks():
+    s = load_settings("synthetic:quick")
+    s.check_machine("cpu", 1)
+    s.check_machine("cpu", 4)  # every batch of the quick config divides over 4 devices
+    with pytest.raises(SettingsError, match=r"^config\.sft\.micro_batch_size=4: not divisible by the mesh's batch"):
+        s.check_machine("cpu", 8)
+    with pytest.raises(SettingsError, match=r"^config\.mesh \(data, fsdp, tensor\) = \(3, 1, 1\) does not fit 2"):
+        s.replace({"mesh.data": 3}).check_machine("cpu", 2)
+    assert s.replace({"mesh.data": 2, "mesh.fsdp": -1}).mesh.shape(8) == (2, 4, 1)
+    with pytest.raises(SettingsError, match=r"^config\.model\.dtype='float16': not available on tpu"):
+        s.replace({"model.dtype": "float16"}).check_machine("tpu", 1)
+
+
+def test_no_module_below_the_jobs_edge_sees_a_config_dict():
+    """Only the job's edge (pipeline/), the config files and loader (configs/) and the commands (cli/) know
+    ml_collections; everything below takes typed settings."""
+    pattern = re.compile(r"ml_collections|ConfigDict")
+    found = sorted(
+        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text(encoding="utf-8"))
+    )
+    assert found and all(f.split("/")[0] in ("pipeline", "configs", "cli") for f in found), found
