@@ -1,27 +1,13 @@
 """Multi-process (multi-host) runs: starting ``jax.distributed``, which process does what, and moving arrays
 between one host's numpy and the global (mesh-wide) ``jax.Array``.
 
-One process per host (or per GPU under SLURM), every process running the same command on the same job
-directory, which must be on a file system all hosts see (Orbax writes its checkpoints from every process).
-``jax.distributed`` starts
-
-* from the flags ``--coordinator HOST:PORT --num-processes N --process-id I`` when they are given;
-* else from JAX's own variables ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``;
-* else with no arguments (JAX reads the cluster) when the environment is a multi-process one: a SLURM step or an
-  Open MPI job of more than one task, a multi-host Cloud TPU slice (``TPU_WORKER_HOSTNAMES`` / ``MEGASCALE_*``),
-  or ``IPL_JAX_DISTRIBUTED=1``;
-* else not at all: one process, as before.
-
-It must start before anything touches a JAX device, so every job command calls ``initialize`` right after
-parsing its flags. Afterwards: every process computes the same small host-side values (trees, pairs, metrics:
-the job is deterministic given its config), sharded device outputs come back to every host through
-``to_host`` (an all-gather), and only ``is_main()`` writes the job's files (markers, results, plots, the policy
-directories) while the others wait at a ``barrier``. The bulk data is loaded by shares: the SFT batches (warm-up
-and the continued-SFT control) walk the same global order of items in every process but each decodes only the rows
-its devices hold (``held_rows``, read from the batch shardings) and the global arrays are made from those local
-rows (``from_local_rows``), after the processes agree on the padded shapes (``allgather_ints``); T-DPO's packed
-batches and the tree sampler's prompts (with one image slot per row) carry text everywhere but the image patches
-of a process's own rows only (``batch_rows``), and a screenshot is decoded when its pixels are first read.
+One process per host (or per GPU under SLURM) runs the same command on the same job directory, on a file system
+all hosts see. ``initialize`` starts ``jax.distributed`` before anything touches a device. Every process then
+computes the same small host-side values (trees, pairs, metrics: the job is deterministic given its settings),
+sharded outputs come back to every host through ``to_host``, and only ``is_main()`` writes the job's files while
+the others wait at a ``barrier``. Bulk data is loaded by shares: each process decodes only the batch rows its
+devices hold (``held_rows``, ``batch_rows``), the processes agree on padded shapes (``allgather_ints``) and the
+global arrays are made from the local rows (``from_local_rows``).
 """
 
 from __future__ import annotations
@@ -97,9 +83,13 @@ def settings(coordinator=None, num_processes=None, process_id=None, env=None) ->
 
 
 def initialize(coordinator=None, num_processes=None, process_id=None, timeout: int | None = None) -> bool:
-    """Start ``jax.distributed`` when this is a multi-process launch (see the module docstring); call it before
-    any other JAX call. Idempotent. Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the
-    wait for the other processes (JAX's default 300 s)."""
+    """Start ``jax.distributed`` when this is a multi-process launch; call it before any other JAX call.
+
+    It starts from the arguments (``--coordinator HOST:PORT --num-processes N --process-id I``) when given; else
+    from JAX's ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; else with no arguments
+    (JAX reads the cluster) in a multi-process environment (a SLURM step or Open MPI job of more than one task, a
+    multi-host Cloud TPU slice, or ``IPL_JAX_DISTRIBUTED=1``); else not at all (one process). Idempotent.
+    Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the wait for the other processes."""
     if _state["started"] or jax.distributed.is_initialized():
         return True
     kwargs = settings(coordinator, num_processes, process_id)

@@ -105,8 +105,7 @@ def test_gradients_are_the_same_under_every_remat_policy(small, highest_precisio
     assert optax.tree.norm(base) > 1e-2 and optax.tree.norm(base["visual"]) > 1e-4
     for policy, got in zip(policies[1:], others):
         # recomputation regroups XLA's fusions: float32 rounding differences only (a few 1e-6 at most)
-        for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(got)):
-            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4, err_msg=policy)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-4, err_msg=policy), base, got)
 
 
 def test_unknown_remat_policy_is_one_line():
@@ -142,8 +141,7 @@ def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
     (v_scan, g_scan), (v_merged, g_merged) = jax.jit(both)(lora)
     np.testing.assert_allclose(float(v_scan), float(v_merged), atol=1e-6, rtol=0)
     assert optax.tree.norm(g_merged) > 1e-3
-    for a, b in zip(jax.tree.leaves(g_merged), jax.tree.leaves(g_scan)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=1e-6, rtol=0), g_merged, g_scan)
 
 
 @pytest.mark.parametrize("chunk", [0, 5, 8])
@@ -218,8 +216,7 @@ def test_model_gradients_of_the_reference_attention_equal_plain_autodiff(small, 
 
     ref, xla = jax.jit(grads)(params)
     assert optax.tree.norm(ref) > 1e-2 and optax.tree.norm(ref["visual"]) > 1e-4
-    for a, b in zip(jax.tree.leaves(xla), jax.tree.leaves(ref)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-4)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-4), xla, ref)
 
 
 def test_attention_specs_known_answer():
@@ -338,6 +335,5 @@ def test_log_probs_of_needed_positions_skip_other_chunks_with_the_same_values_an
     assert np.all(np.asarray(lp_all)[~needed] < 0.0)  # the unmasked call computes every position
     np.testing.assert_allclose(np.asarray(lp_skip)[needed], np.asarray(lp_all)[needed], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(float(v_skip), float(v_all), rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(g_skip), jax.tree.leaves(g_all)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g_skip, g_all)
     assert np.abs(np.asarray(g_skip[1])[:, :32]).max() == 0.0  # no gradient reaches the skipped positions

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
 from support import small_models, toy_lm
 from support.small_models import tiny_training_batch
+from support.trees import assert_trees_equal
 
 from ipl_jax.training import optimizer as optim
 from ipl_jax.training import sft
@@ -38,15 +40,6 @@ def toy_state(steps=2, **kw):
     for i in range(steps):  # the step is compiled only when steps > 0
         state, _ = step(state, toy_lm.toy_batch(i))
     return state, opt
-
-
-def assert_trees_equal(a, b):
-    fa, fb = flatten_with_paths(a), flatten_with_paths(b)
-    assert fa.keys() == fb.keys()
-    for path in fa:
-        x, y = np.asarray(fa[path]), np.asarray(fb[path])
-        assert x.dtype == y.dtype and x.shape == y.shape, path
-        np.testing.assert_array_equal(x, y, err_msg=path)
 
 
 def test_round_trip_is_exact(tmp_path):
@@ -180,6 +173,7 @@ def _job(run_dir, num_steps, save_every, delay, cache_dir):
     ]
 
 
+@pytest.mark.e2e
 def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     repo = Path(__file__).resolve().parent.parent

@@ -215,6 +215,7 @@ MESH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_train_round_on_8_device_mesh_matches_single_device(tmp_path):
     out_leaf = str(tmp_path / "leaf.npy")
     proc = fake_devices.start(MESH_SCRIPT, HERE, out_leaf)

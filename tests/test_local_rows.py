@@ -11,6 +11,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+import pytest
 from support import fake_devices
 
 SCRIPT = textwrap.dedent(
@@ -83,6 +84,7 @@ def _run(script: str) -> None:
     assert out.strip().endswith("ok"), out[-3000:]
 
 
+@pytest.mark.e2e
 def test_local_rows_assemble_to_the_one_host_batch():
     _run(SCRIPT)
 
@@ -139,6 +141,7 @@ GOLDEN = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_continued_sft_under_a_mesh_matches_one_device():
     """The continued-SFT control's updates on an 8-device mesh (batch rows built by ``SFTRows``, the step with
     warm-up SFT's shardings) equal those without a mesh."""
@@ -196,6 +199,7 @@ PACKED = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_packed_batches_read_only_the_images_of_a_process_rows():
     """T-DPO packing in a process that holds some rows: text and pairs whole, image patches of its rows only
     (only those screenshots read); the pieces of both simulated processes make the one-host batches."""

@@ -38,8 +38,7 @@ def test_init_targets_stacked_kernels_and_is_a_no_op():
         assert np.all(np.abs(np.asarray(flat[path + "/a"])) <= 1 / np.sqrt(d_in))
     assert adapters.scale == 2.0 and adapters.rank == 4
     merged = merge_lora(params, adapters)
-    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(params)):
-        np.testing.assert_array_equal(a, b)
+    jax.tree.map(np.testing.assert_array_equal, merged, params)
     vision = init_lora(params, LoraConfig(rank=2, targets=lora.VISION_TARGETS), jax.random.PRNGKey(0))
     assert len(jax.tree.leaves(vision.adapters)) == 2 * 4  # qkv, proj, fc1, fc2
 
@@ -97,13 +96,9 @@ def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
         state, metrics = sft.sft_step(state, batch, step_config)
         losses.append(float(metrics["loss"]))
     assert losses[2] < losses[0]
-    for (path, new), old in zip(flatten_with_paths(state.frozen).items(), jax.tree.leaves(base_before)):
-        np.testing.assert_array_equal(np.asarray(new), old, err_msg=path)
-    moved = [
-        not np.array_equal(np.asarray(n), o)
-        for n, o in zip(jax.tree.leaves(state.params.adapters), jax.tree.leaves(a_before))
-    ]
-    assert all(moved)
+    jax.tree.map(np.testing.assert_array_equal, state.frozen, base_before)
+    moved = jax.tree.map(lambda n, o: not np.array_equal(n, o), state.params.adapters, a_before)
+    assert all(jax.tree.leaves(moved))
 
     with jax.default_matmul_precision("highest"):
         adapted = tstate.model_params(state.params, state.frozen)  # what the loss saw (merged on the fly)

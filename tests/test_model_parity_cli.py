@@ -22,6 +22,7 @@ def _run(capsys, argv):
     return rc, (json.loads(out[-1]) if out else None)
 
 
+@pytest.mark.e2e
 def test_check_parity_passes_and_reports(checkpoint, capsys):
     rc, res = _run(capsys, ["check-parity", "--model", checkpoint])
     assert rc == 0, res
@@ -30,6 +31,7 @@ def test_check_parity_passes_and_reports(checkpoint, capsys):
     assert res["logit_std"] >= 0.5
 
 
+@pytest.mark.e2e
 def test_check_parity_fails_on_a_mismatch(checkpoint, capsys, monkeypatch):
     real = text_module.forward_inputs
     monkeypatch.setattr(text_module, "forward_inputs", lambda p, c, i: real(p, c, i) + 1e-3)

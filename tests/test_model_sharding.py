@@ -10,6 +10,7 @@ import json
 import textwrap
 
 import numpy as np
+import pytest
 from support import fake_devices
 from support.hf_models import save_tiny, two_image_batch
 
@@ -57,6 +58,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_sharded_forward_equals_single_device(tmp_path):
     model_dir, _ = save_tiny(tmp_path / "ckpt", seed=11, heads=4, kv_heads=2)
     ids, mask, pv, grids = two_image_batch(np.random.default_rng(3), PATCH_DIM, 1000)

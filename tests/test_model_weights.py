@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 from support.hf_models import hf_forward, save_tiny, two_image_batch
+from support.trees import assert_trees_equal
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import prepare_inputs
@@ -40,13 +41,6 @@ def _hf_load(model_dir):
     )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     return model.eval()
-
-
-def _assert_trees_equal(a, b):
-    la, lb = dict(iter_paths(a)), dict(iter_paths(b))
-    assert la.keys() == lb.keys()
-    for k in la:
-        np.testing.assert_array_equal(np.asarray(la[k]), np.asarray(lb[k]), err_msg="/".join(k))
 
 
 def test_export_roundtrip_through_transformers(untied, batch, tmp_path):
@@ -102,7 +96,7 @@ def test_loader_reads_sharded_index_and_in_memory_names(untied, tmp_path):
     (tmp_path / "config.json").write_text(open(os.path.join(model_dir, "config.json")).read())
     loaded, cfg2 = load_params(str(tmp_path))
     assert cfg2 == cfg
-    _assert_trees_equal(loaded, original)
+    assert_trees_equal(loaded, original)
 
 
 def test_save_in_shards_and_bfloat16_roundtrip(untied, tmp_path):
@@ -118,10 +112,10 @@ def test_save_in_shards_and_bfloat16_roundtrip(untied, tmp_path):
     assert stored.dtype == jnp.bfloat16
     again, cfg2 = load_params(str(tmp_path), dtype=jnp.bfloat16)
     assert cfg2.param_dtype == "bfloat16"
-    _assert_trees_equal(again, params)
+    assert_trees_equal(again, params)
     as_f32, cfg3 = load_params(str(tmp_path))  # the default storage dtype is float32, whatever the file holds
     assert cfg3.param_dtype == "float32"
-    _assert_trees_equal(as_f32, jax.tree.map(lambda x: x.astype(jnp.float32), params))
+    assert_trees_equal(as_f32, jax.tree.map(lambda x: x.astype(jnp.float32), params))
 
 
 def test_init_params_has_the_loaded_layout(untied):
@@ -168,7 +162,7 @@ def test_export_command_from_orbax_params(untied, tmp_path):
     assert cli_main(["export", "--base-model", model_dir, "--params", str(tmp_path / "orbax"), "--out", str(out)]) == 0
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
-    _assert_trees_equal(again, changed)
+    assert_trees_equal(again, changed)
 
 
 def test_export_command_from_training_checkpoint(untied, tmp_path):
@@ -196,7 +190,7 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
     )
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
-    _assert_trees_equal(again, changed)
+    assert_trees_equal(again, changed)
     assert (out / "preprocessor_config.json").is_file()
     assert (
         cli_main(

@@ -19,6 +19,8 @@ import pytest
 
 from ipl_jax import distributed
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 
 # every stage of the job, with as little work per stage as keeps each one meaningful

@@ -88,6 +88,7 @@ def _stage_events(workdir: Path) -> list[dict]:
     return [json.loads(x) for x in (workdir / "stage_log.jsonl").read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.e2e
 def test_results_schema(quick_run):
     config, workdir = quick_run["config"], quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())
@@ -135,6 +136,7 @@ def test_results_schema(quick_run):
     assert any(line.startswith("train pairs acc") for line in quick_run["lines"])
 
 
+@pytest.mark.e2e
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
     from ipl_jax.coat.tables import score_episodes
@@ -159,6 +161,7 @@ def test_scores_agree_with_the_predictions_file(quick_run):
     assert table["total"] == results["rounds"][1]["metrics"][split]["total"]
 
 
+@pytest.mark.e2e
 def test_outputs(quick_run):
     from PIL import Image
 
@@ -192,6 +195,7 @@ def test_outputs(quick_run):
     assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in sft)
 
 
+@pytest.mark.e2e
 def test_tensorboard_events_hold_the_jobs_metrics(quick_run):
     """tensorboard/ read back with TensorBoard's own event reader: the SFT scalars are metrics.jsonl's, step by
     step; the per-round scalars are results.json's, round by round; the step-accuracy plot is the PNG file."""
@@ -241,6 +245,7 @@ def test_tensorboard_events_hold_the_jobs_metrics(quick_run):
     assert image.encoded_image_string == (workdir / "step_accuracy.png").read_bytes()
 
 
+@pytest.mark.e2e
 def test_tree_viewer_in_headless_chromium(quick_run, tmp_path):
     """trees.html in a real browser: one rendered section per sampled tree of the last round, each with its
     screenshot decoded at the size of the PNG it embeds and one list item per tree node, and no console error or
@@ -300,6 +305,7 @@ def readme_snippet(heading: str) -> str:
     return section[start : section.index("```", start)]
 
 
+@pytest.mark.e2e
 def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tmp_path):
     """The README's transformers snippet, run on an export for a few test steps, prints the turn-1 text of our
     greedy decoder (``ipl-jax eval``). The export is the quick job's with its weights replaced by random ones of a
@@ -308,10 +314,11 @@ def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tm
     each of them."""
     import jax
 
+    from ipl_jax.data.datasets import load_dataset
     from ipl_jax.data.dialogue import DEFAULT_PROMPTS
     from ipl_jax.data.tokenizer import SPECIAL_TOKENS
-    from ipl_jax.eval.evaluate import load_dataset
-    from ipl_jax.model import init_params, load_params, save_params
+    from ipl_jax.model.params import init_params
+    from ipl_jax.model.weights import load_params, save_params
 
     workdir, config = quick_run["workdir"], quick_run["config"]
     budget = int(config.buckets.max_turn_tokens[0])
@@ -349,6 +356,7 @@ def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tm
         assert scope["description"] == want.strip()
 
 
+@pytest.mark.e2e
 def test_resume_skips_finished_stages(quick_run):
     config, workdir = quick_run["config"], quick_run["workdir"]
     events = _stage_events(workdir)
@@ -375,12 +383,14 @@ def test_resume_skips_finished_stages(quick_run):
     assert any("total match" in line for line in quick_run["lines"])
 
 
+@pytest.mark.e2e
 def test_a_different_config_is_refused(quick_run):
     config = load_settings("synthetic:quick", ["--config.sft.steps=9"])
     with pytest.raises(UsageError, match="different config"):
         run_job(config, quick_run["workdir"], echo=lambda _: None)
 
 
+@pytest.mark.e2e
 def test_select_seed_command(quick_run):
     workdir = quick_run["workdir"]
     candidates = sorted(str(p) for p in (workdir / "sft" / "candidates").iterdir())
@@ -411,6 +421,7 @@ def test_select_seed_command(quick_run):
     assert Path(got["seed"]).name == stage["chosen"]
 
 
+@pytest.mark.e2e
 def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_path):
     """The ``continued_sft`` ablation variant on the quick config, from the quick job as its shared base: it samples
     the same trees as the job's own T-DPO round 1 (same seed and keys), so it packs the same batches, and spends
@@ -506,6 +517,7 @@ def test_ablate_quick(tmp_path_factory):
     assert "T-DPO (full)" in proc.stdout and "IPL w/o negatives" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
     """`ipl-jax eval --online` on the exported policy gives the job's own online numbers for that round."""
     workdir = quick_run["workdir"]
@@ -563,6 +575,7 @@ EXTRA = {
 }
 
 
+@pytest.mark.e2e
 def test_rl_rounds_in_the_ablation(quick_run, tmp_path):
     """The RL methods as rounds of the job's one loop, from the quick job as the shared base, at the smallest
     budget: the round records, the ablation rows (samples = the budget rule, online success) and the table."""

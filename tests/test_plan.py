@@ -155,6 +155,7 @@ _PLAN_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_tiny_job_planned_on_four_fake_devices(tmp_path):
     out4, out1 = tmp_path / "plan4.json", tmp_path / "plan1.json"
     args = [

@@ -97,10 +97,8 @@ def test_bf16_tdpo_step_keeps_fp32_master_weights_and_moments(small):
     np.testing.assert_allclose(np.asarray(b16.ref_pos), np.asarray(b32.ref_pos), atol=0.5, rtol=0.05)
     assert abs(float(metrics["loss"]) - float(metrics32["loss"])) < 0.05 * max(1.0, abs(float(metrics32["loss"])))
     # the update moves the fp32 weights the way the fp32 step does
-    d16 = np.concatenate([np.ravel(a - p) for a, p in zip(jax.tree.leaves(new.params), jax.tree.leaves(new32.params))])
-    step32 = np.concatenate(
-        [np.ravel(n - o) for n, o in zip(jax.tree.leaves(new32.params), jax.tree.leaves(ipl_params(host)))]
-    )
+    d16 = np.concatenate(jax.tree.leaves(jax.tree.map(lambda a, p: np.ravel(a - p), new.params, new32.params)))
+    step32 = np.concatenate(jax.tree.leaves(jax.tree.map(lambda n, o: np.ravel(n - o), new32.params, ipl_params(host))))
     assert np.linalg.norm(step32) > 0 and np.linalg.norm(d16) < 0.5 * np.linalg.norm(step32)
 
 
@@ -141,6 +139,11 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
         ),
         (dict(attention="flash"), "cpu", "config.model.attention='flash': must be one of auto, reference, xla, cudnn"),
         (dict(attention="cudnn"), "cpu", "cuDNN attention needs a GPU, this backend is cpu"),
+        (
+            dict(attention="cudnn", dtype="float32"),
+            "gpu",
+            "config.model.attention='cudnn': cuDNN attention needs model.dtype bfloat16 or float16, not float32",
+        ),
         (
             dict(remat="all"),
             "cpu",

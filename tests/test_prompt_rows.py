@@ -13,6 +13,7 @@ import dataclasses
 import textwrap
 
 import numpy as np
+import pytest
 from support import fake_devices
 
 SCRIPT = textwrap.dedent(
@@ -115,6 +116,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_each_process_decodes_only_its_rows_and_the_pieces_make_the_one_host_prompts():
     out = fake_devices.run(SCRIPT, fake_devices.TESTS, timeout=600)
     assert out.strip().endswith("ok"), out[-3000:]

@@ -298,6 +298,7 @@ MESH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
     import json
 

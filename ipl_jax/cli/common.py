@@ -1,16 +1,10 @@
 """What every ``ipl-jax`` command shares: its argument parser, its error handling and the flags' meanings.
 
-Flags mean one thing across commands:
-
-* ``--config FILE[:VARIANT]`` is a job config file (or the name of one shipped in ``ipl_jax/configs``), with
-  ``--config.section.field=value`` overrides;
-* ``--model DIR`` is a Hugging Face model directory (``config.json`` + safetensors + tokenizer files);
-* ``--orbax-checkpoint DIR`` is a training checkpoint written by ipl-jax (Orbax), ``--orbax-params DIR`` an
-  Orbax tree of bare parameters;
-* ``--data DIR`` a dataset root, ``--format`` its layout, ``--out`` / ``--json`` / ``--predictions`` outputs.
-
-Errors: a mistake in the invocation (a flag, a config value, a path) ends in one line on stderr,
-``ipl-jax COMMAND: <what is wrong and what to do>``, and exit status 2, before any expensive work; a malformed
+``--config FILE[:VARIANT]`` is a job config with ``--config.section.field=value`` overrides; ``--model DIR`` a
+Hugging Face model directory; ``--orbax-checkpoint DIR`` / ``--orbax-params DIR`` an Orbax training checkpoint /
+tree of bare parameters; ``--data DIR`` a dataset root and ``--format`` its layout; ``--out`` / ``--json`` /
+``--predictions`` outputs. A mistake in an invocation (a flag, a setting, a path) ends in one line on stderr,
+``ipl-jax COMMAND: <what is wrong and what to do>``, with exit status 2 before any expensive work; a malformed
 data record ends the same way with status 1.
 """
 

@@ -10,7 +10,6 @@ with ``--config.model.checkpoint=DIR`` in every command that takes a checkpoint,
 
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import sys
@@ -34,8 +33,7 @@ def parser() -> CommandParser:
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="weight dtype (the published: bfloat16)")
     p.add_argument("--dry-run", action="store_true", help="list the tensors and sizes; write nothing")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --out")
-    # config.json overrides (a JSON object or file), for small test models of the same layout
-    p.add_argument("--override", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--override", default=None, help="config.json fields to change (a JSON object or file)")
     return p
 
 

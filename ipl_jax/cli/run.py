@@ -1,17 +1,14 @@
-"""``ipl-jax run``: the main job, resumable stage by stage (see ``ipl_jax/pipeline/run.py``).
+"""``ipl-jax run``: the main job, resumable stage by stage (``ipl_jax/pipeline/run.py``).
 
     ipl-jax run --workdir runs/default                          # the default config: configs/synthetic.py
     ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
     ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz \\
         --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/aitz
-    ipl-jax run ... --coordinator host0:8476 --num-processes 4 --process-id $I   # one process per host
+    ipl-jax run ... --coordinator host0:8476 --num-processes 4 --process-id $I   # one process per host (TPU pods
+                                                                               # and SLURM need no flags)
 
-On TPU pods and under SLURM the processes find each other without the three flags (``ipl_jax/distributed.py``);
-every process needs the same command and a ``--workdir`` on a file system they all see.
-
-The settings are checked before anything is written (``ipl_jax/settings.py``, then ``pipeline/sources.py`` for
-the dataset, the checkpoint and the machine); running the same command again resumes after the last finished
-stage or round.
+The settings, the workdir, the dataset, the checkpoint and the machine are checked before anything is written;
+running the same command again resumes after the last finished stage or round.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     ipl-jax score --data DIR --format aitz|amex|androidcontrol --predictions FILE [--split test] [--json OUT]
 
-The predictions format is described in ``ipl_jax/eval/predictions.py``. Exit status 0; 2 for a bad invocation
+The predictions format is described in docs/formats.md ("Predictions file"). Exit status 0; 2 for a bad invocation
 (a missing or wrong kind of path, an unwritable ``--json``); 1 for a malformed predictions line or data record.
 """
 
@@ -27,7 +27,7 @@ def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="dataset root directory")
     p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--predictions", required=True, help="predictions JSONL file (see ipl_jax/eval/predictions.py)")
+    p.add_argument("--predictions", required=True, help="predictions JSONL file (see docs/formats.md)")
     p.add_argument(
         "--split", default="test", help="dataset split (default: test; for AMEX 'all' reads every episode file)"
     )

@@ -1,34 +1,12 @@
-"""Step-level action matching (Step.Acc): one predicted action against one golden step
-(docs/method.md §8, docs/formats.md).
+"""Step-level action matching (Step.Acc): one predicted action against one golden step (docs/method.md §8,
+docs/formats.md).
 
-Matching compares one predicted ``Action`` with one golden step and never raises on the prediction: an action
-whose ``parsed`` flag is False, a click without a point, or a field of the wrong kind is simply a miss.
-
-Rule sets (``RULES``; each is a :class:`MatchRules`, whose fields the on-device reward kernel in
-``ipl_jax.coat.rewards`` reads too, so training and evaluation judge "exact" the same way):
-
-* ``aitz`` — the modern AITZ rules. Click / long-press: exact if the predicted point lies in some golden-screen
-  UI box, enlarged ×1.2 about its centre and clamped to the screen, that also contains the golden point;
-  otherwise exact if the L2 distance in screen fractions is ≤ 0.14. Scroll: same finger direction. Type:
-  lower-case + strip both texts, exact if either contains the other. Press: same button. Stop: type match.
-* ``aitw`` — Google's older AITW matcher: boxes ×2.4, a scroll matches when its main axis (vertical /
-  horizontal) equals the golden one, typed text is ignored.
-* ``amex`` — the ``aitz`` rules with boxes taken only from clickable elements (AMEX ``clickable_elements``).
-* ``androidcontrol`` — the OS-Atlas protocol: click within 140 on the 0..1000 scale (= 0.14 in screen
-  fractions, L2); type / open_app exact if the lower-cased stripped texts are equal or their token F1 > 0.5.
-* ``androidcontrol_uir1`` — the UI-R1 protocol: click within 0.14 × screen width, measured in pixels.
-
-Choices where the sources are silent [choice]:
-
-* Types are our normalised types (``actions.ACTION_TYPES``): ``press back`` vs ``press home`` is a type match
-  and an exact miss; ``stop`` matches ``stop`` whatever its ``status`` (complete / impossible).
-* "Contains" is Python substring containment after ``lower().strip()``, except that an empty predicted text
-  matches only an empty golden text (otherwise typing nothing would always count as exact).
-* Token F1: tokens are ``text.lower().split()``, counted as multisets; two empty texts have F1 = 1, one empty 0.
-* ``open_app`` uses the rule set's text rule; ``wait`` needs only the type. A golden point action without a
-  point falls back to the centre of its box.
-
-The metric tables built from these verdicts are in ``ipl_jax.coat.tables``.
+Matching never raises on the prediction: an action whose ``parsed`` flag is False, a click without a point, or a
+field of the wrong kind is simply a miss. ``RULES`` holds the benchmarks' rule sets (``MatchRules``: aitz, aitw,
+amex, androidcontrol, androidcontrol_uir1; each described there), whose fields the on-device reward kernel
+(``coat.rewards``) reads too, so training and evaluation judge "exact" the same way; ``DEFAULT_RULES`` is each
+format's own. ``match_step`` judges one step (its docstring lists the [choice]s where the sources are silent);
+the metric tables built from these verdicts are in ``ipl_jax.coat.tables``.
 """
 
 from __future__ import annotations
@@ -84,6 +62,12 @@ class MatchRules:
             raise ValueError(f"MatchRules.text must be 'contains', 'equal_or_f1' or 'ignore', got {self.text!r}")
 
 
+# aitz: the modern AITZ rules -- click / long-press exact if the point lies in a golden-screen UI box (x1.2 about
+# its centre, clamped to the screen) that also holds the golden point, else within 0.14 (L2, screen fractions);
+# scroll: same finger direction; type: lower-case + strip, either contains the other; press: same button; stop:
+# type match. aitw: Google's older matcher (boxes x2.4, a scroll's main axis, typed text ignored). amex: aitz
+# with the boxes of clickable elements only. androidcontrol: OS-Atlas's protocol (click within 140 on the 0..1000
+# scale, texts equal or token F1 > 0.5). androidcontrol_uir1: UI-R1's (click within 0.14 x the width, in pixels).
 RULES: dict[str, MatchRules] = {
     "aitz": MatchRules("aitz"),
     "aitw": MatchRules("aitw", box_scale=2.4, scroll="axis", text="ignore"),
@@ -271,7 +255,13 @@ def match_action(
 
 
 def match_step(pred: Action | None, step: StepLike, rules: str | MatchRules = "aitz") -> Verdict:
-    """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step."""
+    """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step.
+
+    [choice]s where the sources are silent: types are our normalised ``ACTION_TYPES`` (``press back`` vs ``press
+    home``: a type match, an exact miss; ``stop`` matches whatever its status); "contains" is substring
+    containment after ``lower().strip()``, but an empty predicted text matches only an empty golden one; token F1
+    counts ``text.lower().split()`` as multisets (two empty texts: 1, one empty: 0); ``open_app`` uses the text
+    rule, ``wait`` needs only the type; a golden point action without a point uses its box's centre."""
     if pred is None:
         pred = invalid_action()
     try:

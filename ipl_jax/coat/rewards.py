@@ -2,40 +2,15 @@
 
 A leaf is a complete predicted action (s3 plus, for click, s4). Its value against the golden action a*::
 
-    v = 1                               if the leaf matches a* exactly under the evaluation rule
+    v = 1                               if the leaf matches a* exactly under the evaluation rule (``coat.metrics``)
       = v_type + score_match            if the types are equal
       = 0                               otherwise (including output that did not parse)
+    score_match = v_format + (1 - v_type - v_format) · (1 - d)   CLICK whose grounding parsed (d: L2 in fractions)
+                = v_format + (1 - v_type - v_format) · F1        TYPE whose text parsed; 0 otherwise
 
-    score_match = v_format + (1 - v_type - v_format) · (1 - d)    CLICK whose grounding parsed (d clipped to [0, 1])
-                = v_format + (1 - v_type - v_format) · F1         TYPE whose text parsed
-                = 0                                               any other type, or an unparsable argument
-
-"Exact" is decided on device by the same rules as evaluation (``ipl_jax.coat.metrics``; the AITZ modern rule set by
-default, any ``metrics.RULES`` entry via ``RewardConfig.rules``), so a value of 1 here means a hit in the
-Step.Acc tables. ``d`` is the L2 distance between the predicted and golden points in screen fractions.
-
-Host side, :func:`encode_actions` and :func:`encode_golden` turn ``Action`` s and golden ``Step`` s into padded
-arrays; :func:`leaf_rewards` (jitted, ``config`` static) scores any leading batch shape. The golden batch shape
-must be a prefix of the predicted one: golden ``[B]`` against leaves ``[B, b1, b2, b3, b4]`` broadcasts.
-
-Text encodings [choice]:
-
-* The "contains" / "equal" rules compare ``metrics.normalise_text`` (lower-case, stripped) as Unicode code
-  points, padded to ``max_chars`` (default 128); longer texts are compared on their first ``max_chars``
-  characters.
-* Token F1 uses ``metrics.text_tokens`` (lower-cased whitespace words), each word mapped to a 31-bit id by
-  CRC-32 of its UTF-8 bytes (stateless, so predictions and goldens can be encoded apart; two distinct words
-  share an id with probability ~2^-31), padded to ``max_words`` (default 32); longer texts keep their first
-  ``max_words`` words.
-
-Golden boxes [choice]: the box rule only needs the boxes that (enlarged) contain the golden point, so
-:func:`encode_golden` keeps the golden-screen elements whose box enlarged ×``keep_box_scale`` (default 2.4, the
-largest scale of any rule set) contains the golden point, in element order, at most ``max_elements`` (default
-16); the result is exact for every rule set whose scale is at most ``keep_box_scale`` as long as no more than
-``max_elements`` such boxes exist.
-
-Scope [choice]: the distance / F1 terms of ``score_match`` apply to golden ``click`` and ``type`` only
-(docs/method.md §4); ``long_press`` and ``open_app`` leaves that match the type but not exactly get ``v_type``.
+Host side, ``encode_actions`` / ``encode_golden`` turn actions and golden steps into padded arrays (their text and
+box encodings are [choice]s described there); ``leaf_rewards`` (jitted, ``config`` static) scores any leading
+batch shape whose prefix is the golden one's (golden [B] against leaves [B, b1, b2, b3, b4]).
 """
 
 from __future__ import annotations
@@ -188,7 +163,11 @@ def encode_actions(actions: Sequence[Action | None], max_chars: int = 128, max_w
     """Predicted actions (None or unparsed: invalid) as ``PredictedActions`` with leading shape ``[N]``.
 
     Never raises on an action's content. Reshape the result with :func:`reshape_leading` (e.g. to
-    ``[B, b1, b2, b3, b4]``).
+    ``[B, b1, b2, b3, b4]``). Text encodings [choice]: the "contains" / "equal" rules compare
+    ``metrics.normalise_text`` as Unicode code points padded to ``max_chars`` (longer texts: their first
+    ``max_chars``); token F1 uses ``metrics.text_tokens``, each word mapped to a 31-bit id by CRC-32 of its UTF-8
+    bytes (stateless, so predictions and goldens encode apart; a collision has probability ~2^-31), padded to
+    ``max_words`` (longer texts: their first ``max_words`` words).
     """
     n = len(actions)
     out = {
@@ -227,9 +206,12 @@ def encode_golden(
     max_words: int = 32,
     keep_box_scale: float = 2.4,
 ) -> GoldenActions:
-    """Golden steps as ``GoldenActions`` with leading shape ``[N]`` (see the module docstring for boxes).
+    """Golden steps as ``GoldenActions`` with leading shape ``[N]``; texts encoded as in ``encode_actions``.
 
-    Raises ValueError naming the episode and step when a golden action is unusable (unknown type, a point
+    Boxes [choice]: the box rule only needs the boxes that (enlarged) contain the golden point, so the golden
+    screen's elements whose box enlarged x``keep_box_scale`` (2.4: the largest scale of any rule set) contains it
+    are kept, in element order, at most ``max_elements``: exact for every rule set as long as no more such boxes
+    exist. Raises ValueError naming the episode and step when a golden action is unusable (unknown type, a point
     action without point or box).
     """
     n = len(steps)
@@ -395,7 +377,11 @@ def exact_match(pred: PredictedActions, gold: GoldenActions, rules: MatchRules) 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConfig = RewardConfig()) -> LeafRewards:
-    """Leaf values (docs/method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``."""
+    """Leaf values (docs/method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``.
+
+    "Exact" is decided by the evaluation's own rules (``config.rules``), so a value of 1 is a Step.Acc hit. Scope
+    [choice]: the distance / F1 terms apply to golden ``click`` and ``type`` only (method.md §4); ``long_press``
+    and ``open_app`` leaves that match the type but not exactly get ``v_type``."""
     rules = get_rules(config.rules)
     exact, type_match = exact_match(pred, gold, rules)
     gold = _expand_golden(gold, pred.type_id.ndim)

@@ -1,22 +1,14 @@
-"""Config files and command-line overrides, in the ml_collections style.
+"""Config files and command-line overrides, in the ml_collections style, read into the job's typed settings.
 
-A config file is a Python file with a ``get_config(arg=None)`` function returning an
-``ml_collections.ConfigDict``. It is named on the command line as
+A config file has a ``get_config(arg=None)`` returning an ``ml_collections.ConfigDict``; ``--config`` names it as a
+path (``my_config.py[:arg]``) or as a config shipped in ``ipl_jax.configs`` (``synthetic[:quick]``). Any field can
+be overridden with ``--config.a.b=value`` (or ``--config.a.b value``), parsed with the field's type; an unknown
+field or a value that does not parse is a one-line ``ConfigError`` naming it. The config is then locked.
 
-    --config path/to/my_config.py            a path (relative to the working directory)
-    --config my_config.py:7b                 ... with an argument passed to get_config
-    --config synthetic[:arg]                 a bare name: a config shipped in ipl_jax/configs/<name>.py
+    settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # ipl_jax.settings.Settings
 
-and any field can then be overridden with ``--config.a.b=value`` (or ``--config.a.b value``). The value string is
-parsed with the type the field already has (int, float, bool, str, tuple/list, None-valued fields take a Python
-literal or fall back to the plain string). Unknown fields and values that do not parse raise ``ConfigError``
-naming the field. The returned config is locked: later code cannot add a misspelt field by accident.
-
-    config = load_config("synthetic:quick", ["--config.sft.learning_rate=1e-4"])
-    settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # typed: ipl_jax.settings
-
-For argparse-based subcommands, ``parse_args_with_settings(parser, argv, default_config)`` adds ``--config``,
-sends every ``--config.*`` argument to the overrides and returns ``(args, settings)``.
+``parse_args_with_settings(parser, argv, default_config)`` adds ``--config`` to a command's parser, sends every
+``--config.*`` argument to the overrides and returns ``(args, settings)``.
 """
 
 from __future__ import annotations

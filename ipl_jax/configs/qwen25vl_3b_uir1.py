@@ -1,19 +1,13 @@
 """Qwen2.5-VL-3B-Instruct trained the UI-R1 way: rule-based GRPO on a small set of hard low-level mobile steps.
 
-    ipl-jax run --config qwen25vl_3b_uir1[:think|dast|nothink] --config.data.root=/data/android_control \
+    ipl-jax run --config qwen25vl_3b_uir1[:think|dast|nothink] --config.data.root=/data/android_control \\
         --config.model.checkpoint=/models/Qwen2.5-VL-3B-Instruct --workdir runs/uir1
 
-UI-R1's published settings (its appendix table; 8 GPUs of 24 GB, about 8 hours): learning rate 9.98e-7 decaying
-to 0, 8 sampled responses per prompt, 8 epochs, max prompt length 1024, per-device batch 1 with 2 gradient
-accumulation steps (16 prompts per update on its 8 GPUs), max_pixels 12845056; 136 training steps (ScreenSpot
-mobile clicks + AndroidControl scroll / back / open_app / input_text); the <think>/<answer> prompt; reward =
-action type + click inside the box + format, each 0 or 1. UI-R1-E (fast grounding) is two stages of 4 epochs:
-the DAST length reward (``:dast``), then no <think> block (``:nothink``). The loss settings the paper leaves
-out come from docs/method.md §11 (clip 0.2, k3 KL with beta 0.04, advantage (r - mean) / (std + 1e-4)); anything
-else it leaves open is marked [choice]. [choice] data: AndroidControl (ScreenSpot has no reader here).
-
-The architecture comes from the checkpoint's config.json. ``QWEN25VL_3B`` is the published 3B config in the
-Hub's flat layout (what ``Qwen2VLConfig.from_hf_dict`` and transformers both read); ``c.model`` repeats its sizes.
+``uir1_published`` holds UI-R1's published recipe (its appendix: 8 GPUs of 24 GB, 136 training steps, the
+<think>/<answer> prompt, type + click-in-box + format rewards; UI-R1-E's two stages: ``:dast``, ``:nothink``);
+``get_config`` sets what the job's ``rl.grpo`` section has fields for. The loss settings the paper leaves out
+come from docs/method.md §11; [choice] marks the rest (data: AndroidControl). ``QWEN25VL_3B`` is the published
+3B config.json (flat Hub layout); ``c.model`` repeats its sizes.
 """
 
 from ipl_jax.configs import paper_base as _base

@@ -1,32 +1,16 @@
 """The default job: a tiny Qwen2-VL-architecture model trained from scratch on the synthetic GUI world, on a CPU.
 
     ipl-jax run --workdir runs/default                       # this config
-    ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smaller variant (tests, notebook)
+    ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smaller variant (tests, the notebook)
     ipl-jax ablate --config synthetic:scarce ...             # scarce annotations: IPL on action-only episodes
     ipl-jax ablate --config synthetic:gpu ...                # a 30M-parameter policy at full resolution, one GPU
     ipl-jax run --config.sft.steps=1200 ...                  # any field can be overridden
 
-Sizes are chosen for a 2-core CPU (measured stage times: see the pipeline's stage_log.jsonl): the world's
-224x448 screenshots seen at half size (32 image tokens after the 2x2 merge), a 4-layer decoder of width 128, a
-BPE vocabulary of at most 2048 trained on the world's own texts, and the world's easier settings (canonical
-layouts, no distractors, shorter lists). From scratch on a CPU the policy learns the task scripts from the
-instruction and the action history before it learns to read the screen or to copy text from the instruction.
-Warm-up SFT is 900 steps of 8 (about 0.5 s per step on two cores, 7.7 min); measured on the test split, total
-step match after 150 / 300 / 450 / 600 / 750 / 900 steps: 0.0 / 2.7 / 20.5 / 34.8 / 33.0 / 44.6 % -- a seed
-that is decent but far from perfect (typed text is still mostly wrong), so the IPL rounds have room to improve.
-The seed reads the screen: replacing every screenshot by a grey image costs it 10.6 / 7.4 / 21.1 points of
-total match on the test split (seeds 0 / 1 / 2; mean 13.0).
-
-What one IPL round does here (``ipl-jax ablate``, seeds 0 / 1 / 2, 64 sampled steps, K = 3; gain = change of the
-mean of the three test splits' total match over the seed, 3-seed mean ± sd; every variant from the same seed):
-the paper's settings (γ pairs at the action and grounding turns, lr 2e-5) -3.6 ± 2.9 points; the continued-SFT
-control at the same updates -0.3 ± 2.3; γ action pairs only below thoughts that name the golden action, exact
-duplicates dropped, trees mixed in batches, lr 5e-6 (this config's IPL settings, the least harmful setting
-tried) -0.5 ± 0.4 (each seed's 95 % interval contains 0), against +0.6 ± 1.2 for continued SFT with the same
-settings and updates; rerun on today's code (new seed policies) +0.1 ± 0.9 against +0.5 ± 1.3 for continued
-SFT. No T-DPO setting tried makes the agent better than its seed on this world and model; the
-job therefore keeps early stopping on dev and exports the best round, which
-is usually the seed. The README's "The method on the default job" has the whole table.
+Sizes fit a 2-core CPU: the world's 224x448 screenshots seen at half size (32 image tokens after the 2x2
+merge), a 4-layer decoder of width 128, a BPE vocabulary of at most 2048 trained on the world's own texts, and
+the world's easier settings (canonical layouts, no distractors, shorter lists). The job reads each section into
+the typed settings of ``ipl_jax/settings.py``; what this config measures (the seed's SFT curve, one IPL round
+against its continued-SFT control, the other learners): README, "The method on the default job".
 """
 
 import ml_collections
@@ -163,8 +147,7 @@ def get_config(arg=None):
     c.ipl.beta = 0.1
     c.ipl.sft_weight = 1.0
     c.ipl.sft_norm = "token"  # the SFT term's NLL: per token, or "sum" over the turn like the DPO log-probs
-    # round 1. Measured (3 seeds, one round): 2e-5 with the paper's pairs -3.6 points, 5e-6 with the pairs below
-    # -0.5 (2e-4 wrecked the grounding turn of the seed in one round)
+    # round 1: with the pairs below the least harmful rate tried (2e-4 wrecked the seed's grounding turn)
     c.ipl.learning_rate = 5e-6
     c.ipl.later_learning_rate = 0.0  # rounds 2.. (0: same as round 1; the paper: 1e-6 then a constant 1e-7)
     c.ipl.schedule = "constant"  # constant | cosine (over the round's updates), after `warmup_steps` linear warm-up

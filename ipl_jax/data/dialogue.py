@@ -13,16 +13,11 @@ from the tokenizer's own chat template; this module only cuts the rendered text 
 
     [prefix][s1 <|im_end|>][prompt 2][s2 <|im_end|>][prompt 3][s3 <|im_end|>][prompt 4][s4 <|im_end|>]
 
-* ``coat_example`` -> ``TrainingExample``: the ids of the whole chat (up to the last ``<|im_end|>``), tokenised
-  as one text, with ``<|image_pad|>`` expanded; ``loss_mask`` is 1 exactly on the assistant pieces (each turn's
-  text and its closing ``<|im_end|>``), ``turn_index`` gives their turn (1..4, 0 elsewhere).
-* ``coat_segments`` -> ``DialogueSegments``: the prefix and the prompts 2..4, each tokenised on its own and
-  independent of the assistant texts, for the tree sampler: prefix + s1 + <|im_end|> + prompt2 + s2 + ... is
-  exactly the training example (checked by the tests).
-* A step without its own CoaT (``has_coat``: a record that carries only its action) is refused by every
-  supervised path (``MissingCoaTError``) unless the caller opts into made-up fallback texts; the sampler's
-  segments never need them.
-* ``data.batching`` (``pad_to_bucket`` / ``collate``) turns ``TrainingExample`` s into fixed-shape numpy arrays.
+``coat_example`` gives the training example (loss on the assistant pieces), ``coat_segments`` the sampler's
+segments (prefix and prompts 2..4, tokenised apart): prefix + s1 + <|im_end|> + prompt2 + ... is exactly the
+training example. ``data.batching`` pads ``TrainingExample`` s to fixed shapes. A step without its own CoaT
+(``has_coat``) is refused by every supervised path (``MissingCoaTError``) unless the caller opts into made-up
+fallback texts; the sampler's segments never need them.
 """
 
 from __future__ import annotations
@@ -285,7 +280,9 @@ def coat_example(
     fallback: bool = False,
 ) -> TrainingExample:
     """The SFT example of a step: its CoaT dialogue with the golden replies (``MissingCoaTError`` for a step
-    without CoaT unless ``fallback``: ``coat_turn_texts``).
+    without CoaT unless ``fallback``: ``coat_turn_texts``), tokenised as one text up to the last ``<|im_end|>``
+    with ``<|image_pad|>`` expanded; ``loss_mask`` is 1 exactly on the assistant pieces (each turn's text and its
+    closing ``<|im_end|>``), ``turn_index`` gives their turn (1..4, 0 elsewhere).
 
     ``turns``: CoaT turns kept in the dialogue (others are left out entirely); ``loss_turns``: turns whose replies
     get loss (the others stay in the context). ``image`` (PIL) or ``pixels`` ((pixel_values, grid)) skip loading

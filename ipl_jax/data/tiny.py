@@ -1,25 +1,10 @@
 """Random tiny Qwen2-VL checkpoints, written with transformers, plus a tiny byte-level BPE tokenizer.
 
 ``make_tiny_checkpoint(out_dir, ...)`` writes a directory that loads like a real Qwen2-VL checkpoint:
-
-* ``config.json`` + ``model.safetensors`` (+ ``generation_config.json``): ``Qwen2VLForConditionalGeneration``
-  (``arch="qwen2_5_vl"``: ``Qwen2_5_VLForConditionalGeneration``) built from its config in the transformers-5
-  nested form (``text_config`` / ``vision_config``), random weights from ``torch.manual_seed(seed)``;
-* ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja`` (``data.tiny_tokenizer``): a byte-level
-  BPE trained with the ``tokenizers`` library on a corpus (default: GUI-ish sentences and our CoaT prompts), with
-  Qwen2-VL's pre-tokenizer and its special tokens kept whole, placed right after the BPE vocabulary in Qwen's
-  order, and their ids written into the model config (``image_token_id`` etc.);
-* ``preprocessor_config.json`` with small ``min_pixels`` / ``max_pixels``.
-
-Weight choices for a *test* checkpoint (the spec is silent on them):
-
-* ``random_biases`` (default on): transformers initialises biases to 0 and norm weights to 1, which would hide
-  bias / norm bugs in a port; we draw biases from N(0, initializer_range) and norm weights (and LayerNorm biases)
-  as 1 + N(0, 0.1) / N(0, 0.1).
-* ``scale``: every weight and bias of every Linear / Embedding / Conv layer is multiplied by ``scale`` (norms are
-  left alone), so activations and logits are far from zero.
-
-torch and transformers are needed for this tool only; they are imported inside the functions.
+``config.json`` + ``model.safetensors`` (``Qwen2VLForConditionalGeneration``, or Qwen2.5-VL's with
+``arch="qwen2_5_vl"``, in the transformers-5 nested config form, random weights from ``torch.manual_seed``), a
+byte-level BPE tokenizer with Qwen2-VL's pre-tokenizer and special tokens (``data.tiny_tokenizer``) and
+``preprocessor_config.json`` with small pixel limits. torch and transformers are needed for this tool only.
 """
 
 from __future__ import annotations
@@ -232,6 +217,11 @@ def make_tiny_checkpoint(
     ``corpus``: tokenizer training texts (default ``default_corpus()``); the chat scaffolding
     (``scaffold_texts()``: prompts, system message, roles) is always added. ``model_overrides``: see
     ``build_config_dict``. Same arguments => same files.
+
+    Weight choices for a *test* checkpoint: ``random_biases`` (default on) draws biases from N(0,
+    initializer_range) and norm weights as 1 + N(0, 0.1), since transformers' zero biases and unit norms would hide
+    bias / norm bugs in a port; ``scale`` multiplies every Linear / Embedding / Conv weight and bias (norms left
+    alone), so activations and logits are far from zero.
     """
     torch, transformers = _require_torch_transformers()
     out = Path(out_dir)

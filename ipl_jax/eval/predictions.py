@@ -1,26 +1,10 @@
 """The predictions file any agent's actions are scored from (``ipl-jax score``; the tables: ``coat.tables``).
 
-Predictions file (JSONL, one object per line)::
-
-    {"episode_id": "5236...", "step_id": 0, "prediction": P}
-
-``episode_id`` is a string (an integer is accepted and read as its decimal string), ``step_id`` an int. ``P``
-is one of:
-
-* a **string**: the model's raw action(+grounding) text in our CoaT form. If it holds ``<|box_start|>``, the
-  action text is everything before the first ``<|box_start|>`` and the grounding is the rest; otherwise the
-  first line is the action text and the remaining lines (if any) the grounding. E.g.
-  ``"click Wi-Fi\\n<|box_start|>(120,340),(880,400)<|box_end|>"`` or ``"type \\"hello\\""``;
-* ``{"action": s3, "grounding": s4}`` (``grounding`` optional): the two turn texts apart;
-* a **structured action** ``{"type": t, ...}``: ``click`` / ``long_press`` with ``"x"``, ``"y"`` (screen
-  fractions in [0, 1]) or ``"point": [x, y]`` or ``"box": [x1, y1, x2, y2]``; ``type`` / ``open_app`` with
-  ``"text"``; ``scroll`` with ``"direction"`` (the finger's); ``press`` with ``"button"``; ``stop``; ``wait``.
-  (``Action.to_json`` output is accepted as is.)
-
-A prediction that does not parse, or a structured action with a missing or out-of-range field, scores as a miss
-(it is never an error); a step with no line is a miss. A line that is not valid JSON, lacks ``episode_id`` /
-``step_id`` / ``prediction``, or repeats an (episode_id, step_id) pair raises ``DataError`` naming the file and
-line number.
+One JSON line per step, ``{"episode_id", "step_id", "prediction"}``, the prediction being CoaT text (action, then
+grounding), ``{"action", "grounding"}`` or a structured action (docs/formats.md, "Predictions file", has every
+form). ``prediction_to_action`` never raises: a prediction that does not parse, or a structured action with a
+missing or out-of-range field, is a miss. ``load_predictions`` raises ``DataError`` naming the file and line for
+a line that is not valid JSON, lacks a field, or repeats an (episode_id, step_id) pair.
 """
 
 from __future__ import annotations

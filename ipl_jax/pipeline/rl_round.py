@@ -1,19 +1,12 @@
 """One round of the other seeds' learners inside the job's round loop (docs/method.md §11): ``ipl.method`` =
 ``grpo`` (UI-R1's rule-reward GRPO on the round's training steps) or ``ppo`` / ``gigppo`` (online PPO with dense
-rewards in the live synthetic world, GiGPPO's sibling-conditioned critic as a switch).
+rewards in the live synthetic world; GiGPPO's sibling-conditioned critic as a switch).
 
-``pipeline.rounds.run_round`` hands a round to ``run_rl_round`` when the method is one of these; the loop over
-rounds, the evaluation of each round and early stopping stay ``pipeline.run.Job.rounds``. A round spends the
-sampled completions of the job's T-DPO round (``rl.job.round_budget``): GRPO draws ``ceil(budget / G)`` training
-steps (a seeded sample per round, like T-DPO's) with G completions each; PPO plays the training split's tasks
-until ``budget`` environment steps are spent (never more: the last rollout batch is cut at the budget). The
-round record has the keys of a T-DPO round's (``pairs`` is 0, ``classes`` is empty: no trees are sampled) plus
-``samples`` (completions or environment steps actually used), ``budget`` and ``method``.
-
-Precision as in a T-DPO round (``settings.ModelSettings.precision``, ``model_stage.inference_policy``):
-the learners compute in ``model.dtype`` with ``model.remat``, keep fp32 master weights and moments, and sample,
-roll out and score the reference from copies in the storage dtype; the round's dev evaluation reads the
-``inference_policy``.
+``rounds.run_round`` hands such a round to ``run_rl_round``. It spends the T-DPO round's budget of sampled
+completions (``rl.job.round_budget``): GRPO draws ``budget // G`` training steps with G completions each; PPO plays
+the training split's tasks until ``budget`` environment steps are spent. The record has a T-DPO round's keys
+(``pairs`` 0, no tree classes) plus ``samples``, ``budget`` and ``method``. Precision as in a T-DPO round: compute
+in ``model.dtype``, fp32 master weights and moments, sampler and reference copies in the storage dtype.
 """
 
 from __future__ import annotations

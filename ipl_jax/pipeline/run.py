@@ -1,22 +1,13 @@
-"""The main job (``ipl-jax run``; its command line is ``ipl_jax/cli/run.py``): data -> instruction evolution ->
-model -> warm-up SFT -> seed selection -> evaluation -> IPL rounds -> export.
+"""The main job (``ipl-jax run``): data -> instruction evolution -> model -> warm-up SFT -> seed selection ->
+evaluation of the seed -> IPL rounds -> export (docs/method.md §1).
 
-    ipl-jax run --workdir runs/default                          # configs/synthetic.py
-    ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
-    ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz --workdir runs/aitz
-
-Every stage writes under the workdir and leaves a marker (``workdir.Workdir``); running the same command again
-resumes after the last finished stage or round (SFT also resumes inside, from its Orbax checkpoints). The
-workdir remembers its config: a different config needs a different workdir.
-
-Outputs: ``results.json`` (``{"rounds": [{"round", "metrics": {split: score table}, "trees": {alpha, beta,
-gamma}, "pairs", "seconds", "online" (with ``eval.online_episodes``: success rate and mean steps in the live
-world), "samples" (completions / environment steps the round sampled), "diagnostics" (what the round did to its
-pairs, held-out pairs and steps: ``pipeline.round_diagnostics``)}, ...]}``, round 0 = the seed policy),
-``step_accuracy.png``, ``trees.html``,
-``export/`` (the final policy as a Hugging Face checkpoint), ``metrics.jsonl`` (and the same metrics as TensorBoard
-event files in ``tensorboard/``), ``stage_log.jsonl`` and ``job_report.json`` (stage seconds, SFT and T-DPO tokens
-per second, peak device memory; printed as a table at the end).
+``run_job(settings, workdir)`` checks the dataset, checkpoint and machine (``sources.check_job``), records the
+settings in the workdir (a different config needs a different workdir) and runs each stage of ``STAGES`` through
+``Workdir.run_stage``, so running it again resumes after the last finished stage or round. ``Job.rounds`` is the
+one loop over rounds (``rounds.run_round``), with early stopping on dev. Outputs: ``results.json`` (the README
+gives its schema), ``step_accuracy.png``, ``trees.html``, ``export/`` (the best round as a Hugging Face
+checkpoint), ``metrics.jsonl`` and ``tensorboard/``, ``stage_log.jsonl`` and ``job_report.json`` (stage seconds,
+tokens per second, peak device memory).
 """
 
 from __future__ import annotations

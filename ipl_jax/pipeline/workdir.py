@@ -1,9 +1,7 @@
 """The job's working directory: where each stage writes, which stages are finished, and the logs.
 
-Layout (every stage writes only under its own directory and then drops a marker)::
-
     WORKDIR/
-      config.json               the resolved job config (a resumed run must use the same one)
+      config.json               the job's settings (a resumed run must use the same ones)
       stages/<stage>.done       marker: the stage finished; holds its summary as JSON
       stage_log.jsonl           one line per stage start / skip / finish, with seconds (and, where the backend
                                 counts it, the device memory peak of the process so far)
@@ -12,13 +10,9 @@ Layout (every stage writes only under its own directory and then drops a marker)
       tensorboard/{sft,ipl}/    the same metrics as TensorBoard event files (``viz.tensorboard_log``)
       data/ evolution/ model/ sft/ seed/ eval/ rounds/ export/     the stages' outputs
 
-A stage is re-run only when its marker is missing; a marker is written after the stage's outputs are complete,
-so a job killed mid-stage redoes just that stage (stages that keep their own checkpoints, like SFT, resume
-inside it).
-
-In a multi-process run (``ipl_jax.distributed``) every process opens the same workdir; only the main process
-prints, logs and writes markers, and every stage ends at a barrier, so all processes see its marker and outputs
-before the next stage.
+A marker is written once a stage's outputs are complete, so a killed job redoes just the unfinished stage (SFT
+resumes inside it, from its checkpoints). In a multi-process run only the main process prints, logs and writes
+markers; every stage ends at a barrier.
 """
 
 from __future__ import annotations

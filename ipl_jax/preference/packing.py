@@ -1,32 +1,16 @@
 """Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (docs/method.md §7).
 
-A T-DPO pair at turn t compares two continuations of one prefix x = (image, prompts, s_1..s_{t-1}, prompt of
-turn t). Pairs are grouped by prefix (a ``PrefixGroup``: the 3 siblings of a β node, or the sampled actions and
-the golden action of a γ node) and each group becomes one row::
+A T-DPO pair at turn t compares two continuations of one prefix x. Pairs are grouped by prefix (a
+``PrefixGroup``: a β node's siblings, or a γ node's sampled actions and the golden one) and each group is a row::
 
     tokens    [ x_0 .. x_{L-2} | x_{L-1} c1_0 .. c1_{n1-2} | x_{L-1} c2_0 .. c2_{n2-2} | ... | pad ]
     segment   [ 0  ..  0       | 1 ...                    1 | 2 ...                    2 | ... | -1  ]
     targets   [ -  ..  -       | c1_0 ..              c1_{n1-1} | c2_0 ..         c2_{n2-1} | ... ]
 
-Position ``j`` of continuation segment ``i`` predicts token ``j`` of continuation ``i``; the last prefix token
-``x_{L-1}`` (the assistant header's newline) is repeated at the head of every segment so that each position
-predicts exactly one token. That copy sees what the original sees (the prefix before it, and itself) and has
-the same position, so its hidden state is the original's. A continuation's last token (its closing
-``<|im_end|>``) is predicted but never fed in. The cost of sharing is one token per continuation.
-
-Attention (built on device from the compact ``segment_ids``, never shipped as bool[B, T, T]): query ``q`` may
-attend key ``k`` iff ``k <= q`` and key ``k`` is in the prefix (segment 0) or in the query's own segment;
-padding (segment -1) attends nothing and is attended by nothing. Siblings never see each other.
-
-M-RoPE positions: the prefix gets transformers' ``get_rope_index`` positions (image tokens on a 3-D grid);
-token ``j`` of every continuation segment gets position ``p + j`` on all three rows, where ``p`` is the last
-prefix token's (text) position. So a continuation is positioned exactly as if it followed the prefix alone.
-
-The **unpacked** layout (``unpack_groups``) is the same builder with one continuation per group: the prefix is
-repeated for every continuation. It exists for the equality test and the benchmark.
-
-Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots per row, ``P`` pair slots. The data
-types (``PrefixGroup``, ``PairRef``, ``PackingConfig``, ``PackedBatch``) live in ``preference.packed_batch``.
+The last prefix token is repeated at the head of every segment (same position, same hidden state), so each
+position predicts one token. A query attends the prefix and its own segment only (built on device from
+``segment_ids``); continuation token j sits at M-RoPE position p + j (p: the last prefix position), exactly as
+after the prefix alone. Shapes: B rows of T tokens, M continuation slots, P pair slots (``packed_batch``).
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
 """Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (docs/method.md §6).
 
-Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, b4)`` (see ``ipl_jax.coat.tree``):
+Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, b4)`` (``ipl_jax.coat.tree``):
+``node_values``, four arrays f32[B, b1, ..., bt] (the value backup's, docs/method.md §5; level 4 = the leaves);
+``leaf_types`` int32[B, b1, b2, b3, b4] and ``golden_types`` int32[B] (indices into ``ACTION_TYPES``, -1 for
+output that did not parse: ``action_type_id``); ``step_valid`` bool[B] (False for padding rows).
 
-* ``node_values``: a tuple of four arrays, level t = 1..4: f32[B, b1, ..., bt] — the value of every node, as
-  computed by the value backup (docs/method.md §5; level 4 holds the leaf values themselves);
-* ``leaf_types``: int32[B, b1, b2, b3, b4] — each leaf's parsed action type as an index into
-  ``ipl_jax.coat.actions.ACTION_TYPES`` (``-1`` for output that did not parse; see :func:`action_type_id`);
-* ``golden_types``: int32[B] — the golden action's type, same encoding;
-* ``step_valid``: bool[B] — False for padding rows.
-
-Everything here is pure ``jnp`` with shapes fixed by ``B``, the branching, the per-tree caps and the capacity:
-``extract_pairs`` is jitted (``config`` and ``capacity`` static) and never recompiles for new data.
-
-Conventions ([choice] where the paper is silent; each is a :class:`PairConfig` field):
-
-* A value "= 1" means ``v >= 1 - one_tolerance`` (1e-6).
-* A β pair needs ``v(s⁺) - v(s⁻) > 1/K + gap_tolerance`` (1e-6) with ``K`` the branching of that turn. Node
-  values are float32 means and products, so a gap that is exactly ``1/K`` on paper can land a few ulps (~1e-7)
-  above ``1/K`` (e.g. f32(0.54) - f32(0.54 - 1/3)); the margin keeps such ties out. The price: a true gap
-  within 1e-6 above ``1/K`` is not a pair either.
-* β pairs come only from β trees, γ pairs only from γ trees, nothing from α trees or padding rows.
-* β positives are ranked: first those whose subtree holds a value-1 leaf, then, within that tier, round-robin
-  over the positive's action type (the type of its best leaf, first in leaf order among ties), then by larger
-  gap, then by index. The first ``max_beta_pairs_per_tree_turn`` pairs of each (tree, turn) are kept.
-* γ pairs: the golden action text is the positive continuation of the turn-3 prefix ``(s1, s2)`` of a branch,
-  the branch's sampled action ``s3`` the negative; for click / long-press goldens, the golden grounding is
-  also the positive continuation of the prefix ``(s1, s2, s3)`` and the sampled ``s4`` the negative. The
-  golden value is 1, so the recorded gap is ``1 - v(s⁻)``. A sampled ``s3`` of the golden's own click type is
-  not an action-turn negative unless the caller says its text differs from the golden text
-  (``action_text_matches_golden``; without it the two may be the same string and the pair would be void): its
-  error lies in the grounding, and it gets the grounding-turn pair instead (with the text information, only
-  an ``s3`` whose text equals the golden's gets the grounding pair). A same-type non-click ``s3`` in a
-  γ tree has wrong arguments (else its value would be 1) and is a negative. Negatives are ranked round-robin
-  over the level-2 prefix (one per thought first), then by lower value, then by index.
+Everything is pure ``jnp`` with shapes fixed by ``B``, the branching, the per-tree caps and the capacity:
+``extract_pairs`` is jitted (``config`` and ``capacity`` static) and never recompiles for new data. The
+conventions where the paper is silent are ``PairConfig``'s fields and its docstring.
 """
 
 from __future__ import annotations
@@ -58,7 +33,22 @@ CLICK_LIKE_TYPES = (ACTION_TYPES.index("click"), ACTION_TYPES.index("long_press"
 
 @dataclasses.dataclass(frozen=True)
 class PairConfig:
-    """Pair-extraction settings. All defaults are [choice]s (the paper gives no values)."""
+    """Pair-extraction settings. All defaults are [choice]s (the paper gives no values). Conventions:
+
+    * A value "= 1" means ``v >= 1 - one_tolerance``. A β pair needs ``v(s+) - v(s-) > 1/K + gap_tolerance`` (K:
+      the turn's branching): float32 node values can land a few ulps above ``1/K`` for a gap that is exactly
+      ``1/K`` on paper (e.g. f32(0.54) - f32(0.54 - 1/3)); the margin keeps such ties out.
+    * β pairs come only from β trees, γ pairs only from γ trees, nothing from α trees or padding rows.
+    * β positives are ranked: those whose subtree holds a value-1 leaf first, then round-robin over the
+      positive's action type (its best leaf's), then by larger gap, then by index; the first
+      ``max_beta_pairs_per_tree_turn`` of each (tree, turn) are kept.
+    * γ pairs: the golden action text is the positive continuation of a branch's turn-3 prefix (s1, s2) and the
+      sampled s3 the negative; for click-like goldens the golden grounding is also the positive of the prefix
+      (s1, s2, s3) against the sampled s4 (gap ``1 - v(s-)``). A sampled s3 of the golden's own click type is an
+      action-turn negative only when ``action_text_matches_golden`` says its text differs (else the pair may be
+      void): its error lies in the grounding, which gets the pair instead. Negatives are ranked round-robin over
+      the level-2 prefix (one per thought first), then by lower value, then by index.
+    """
 
     max_beta_pairs_per_tree_turn: int = 9
     max_gamma_pairs_per_tree_turn: int = 9
@@ -342,7 +332,7 @@ def extract_pairs(
     node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types: int32[B, b1, b2, b3, b4];
     golden_types: int32[B]; step_valid: bool[B]; step_index: int32[B] (round-level index recorded per pair;
     defaults to the batch row); action_text_matches_golden: optional bool[B, b1, b2, b3], True where the
-    sampled s3 text equals the golden s3 text (see the module docstring); thought_allows_gamma: optional
+    sampled s3 text equals the golden s3 text (see ``PairConfig``); thought_allows_gamma: optional
     bool[B, b1, b2], False where a sampled thought s2 may not root action-turn γ pairs (the "consistent" γ mode:
     only thoughts that name the golden action teach the action turn to follow them).
 

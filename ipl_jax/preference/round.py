@@ -4,16 +4,10 @@
     ─► round-level selection (``preference.selection``) ─► pack (``preference.packing``)
     ─► reference log-probs with π(n-1), once ─► one epoch of T-DPO (``preference.tdpo.train_round``) ─► π(n)
 
-The sampler and the scorer live in higher rooms (they need the model's decoding and the data's goldens), so
-``ipl_round`` takes them as functions (``RoundStages``): the pipeline wires the real ones, tests inject fakes.
-The loop over rounds (evaluation, early stopping, resuming) is the pipeline's (``pipeline.rounds``).
-
-Baselines on the same core: naive full-trajectory DPO (``RoundConfig.pair_mode = "naive"``: the whole CoaT as
-one continuation of the image + first prompt), IPL without negatives (``TDPOConfig.objective =
-"positive_sft"``), K ∈ {2, 3, 4} (the sampler's branching; ``PackingConfig.max_continuations`` >= K + 1), and the
-``continued_sft`` control (``RoundConfig.train_on = "golden"``: the same trees and pairs are sampled and packed,
-then the round's update budget -- one update per packed batch -- is spent on supervised training on the golden
-CoaT of the round's steps instead, by ``RoundStages.golden_update``).
+The sampler and the scorer live in higher rooms, so ``ipl_round`` takes them as functions (``RoundStages``): the
+pipeline wires the real ones, tests inject fakes. The baselines are ``RoundConfig`` switches: naive whole-CoaT
+DPO (``pair_mode``), IPL without negatives (``TDPOConfig.objective``), K (the sampler's branching), and the
+continued-SFT control (``train_on = "golden"``: the round's update budget spent on the golden CoaT instead).
 """
 
 from __future__ import annotations

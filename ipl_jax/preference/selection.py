@@ -1,20 +1,10 @@
 """Round-level selection of preference pairs, between pair extraction and packing (docs/method.md §6).
 
-Pairs are extracted tree by tree (``preference.pairs``); what can only be decided once a whole round's pairs are
-known happens here, on the host, over a ``grouping.GroupedPairs``:
-
-* ``drop_duplicates``: a pair whose prefix, positive and negative token strings all equal an earlier pair's is
-  dropped. Such copies arise when siblings sample the same text (two identical thoughts root two subtrees with
-  equal prefixes): a copy only doubles the weight of one comparison.
-* ``balance_types``: the paper asks to "spread positives over different action types". Within a tree the
-  ranking in ``pairs.extract_pairs`` already does; across a round, the positives follow whatever action types the
-  policy is unsure about, so one type can supply most pairs. Each positive type keeps at most
-  ``ceil(ratio x the median count over the types present)`` pairs, those with the largest value gaps.
-* ``mix_groups``: groups are packed into batches in order, and the groups of one tree are adjacent, so a batch
-  held the pairs of one or two trees; a seeded permutation makes each batch a sample of the whole round.
-
-Each function returns a new ``GroupedPairs`` (groups without pairs are dropped by ``pack_round``) and leaves
-its input unchanged.
+What can only be decided once a whole round's pairs are known happens here, on the host, over a
+``grouping.GroupedPairs``: ``drop_duplicates`` (copies of a comparison, e.g. from identical sibling thoughts),
+``balance_types`` (the paper's "spread positives over different action types" across the round) and
+``mix_groups`` (batches as samples of the whole round rather than of one or two trees), applied in that order by
+``select_round_pairs``. Each returns a new ``GroupedPairs`` and leaves its input unchanged.
 """
 
 from __future__ import annotations

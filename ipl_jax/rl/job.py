@@ -1,16 +1,13 @@
 """The RL learners' configs from the job's settings, and the budget that makes them comparable with a T-DPO round.
 
-Equal budget (one round, any method) = the number of sampled completions of a T-DPO round:
+Equal budget (one round, any method) = the sampled completions of a T-DPO round:
 
     T-DPO:  steps_per_round trees x num_leaves(branching) leaves       (default 64 x 27 = 1728)
     GRPO:   floor(budget / G) prompts x G completions                  (G = 8: 216 steps x 8 = 1728)
-    PPO:    budget environment steps, each one sampled CoaT completion (1728; rollout batches until the budget
-            is spent, the one that reaches it cutting its unfinished episodes there: exactly the budget)
+    PPO:    budget environment steps, each one sampled CoaT completion (the last rollout batch cut at the budget)
 
-No method spends more than the budget: GRPO falls short by less than one group when G does not divide it (at
-least one prompt is drawn, so a budget below G is passed), PPO not at all; the counts are reported. A T-DPO tree
-shares its prefixes, so at an equal number of completions T-DPO decodes fewer tokens; wall time is reported next
-to the budget for that reason.
+No method spends more than the budget (GRPO at least one group); the counts are reported. A T-DPO tree shares its
+prefixes, so at equal completions it decodes fewer tokens: wall time is reported beside the budget.
 """
 
 from __future__ import annotations

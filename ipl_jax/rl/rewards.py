@@ -4,21 +4,10 @@ For a sampled completion with parsed action a and the golden action a*::
 
     R = R_type + R_coord + R_format  (+ R_length with DAST)      each of the first three is 0 or 1
 
-* ``R_type``: a parsed and type(a) == type(a*).
-* ``R_coord``: for a golden click / long_press, the predicted point lies inside the golden target box
-  (``Action.box``; a golden given only as a point falls back to a distance of at most ``click_radius``, the
-  14 %-of-the-screen rule UI-R1 evaluates AndroidControl with). For other golden types, the argument matches
-  under the evaluation rules (``coat.rewards.exact_match``: text, direction, button; stop / wait need only the
-  type) [choice: method.md's "type match for non-click" read as "the action matches", so that a scroll in the
-  wrong direction or a wrongly typed text earns no argument reward].
-* ``R_format``: for our CoaT policies, the completion parses into the expected turns (``coat_format_ok``); for
-  UI-R1's prompt style, the text is exactly ``<think>…</think><answer>…</answer>`` (``think_answer_format_ok``).
-* ``R_length`` (DAST, optional): ``losses.dast_length_reward`` per group with p = c / N, the share of correct
-  samples of the group (UI-R1's definition of the token length budget); "correct" = R_type · R_coord = 1.
-
 Text is parsed on the host with the project's one action parser (``coat.actions``) and encoded with
-``coat.rewards.encode_actions``; the scoring kernel is jnp and jitted. Group advantages are
-``(r − mean) / (std + eps)`` with a group whose rewards are all equal (or not finite) given zero advantage.
+``coat.rewards.encode_actions``; ``uir1_rewards`` (jnp, jitted) defines each term; ``group_rewards`` adds DAST's
+length reward per group; group advantages are ``(r − mean) / (std + eps)``, zero for a group whose rewards are all
+equal (or not finite).
 """
 
 from __future__ import annotations
@@ -93,7 +82,13 @@ def uir1_rewards(
     pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golden, config: UIR1RewardConfig = UIR1RewardConfig()
 ) -> UIR1Rewards:
     """The rule reward of predictions [...] against goldens [...prefix] (the golden shape a prefix of the
-    predictions'). format_ok: bool[...]. DAST is added by ``group_rewards``, not here (r_length = 0)."""
+    predictions'). format_ok: bool[...]. DAST is added by ``group_rewards``, not here (r_length = 0).
+
+    R_type: a parsed and of the golden's type. R_coord: for a golden click / long_press, the point inside the
+    golden target box (a golden given only as a point: within ``click_radius``, UI-R1's 14 % rule); for other
+    types the argument matches under the evaluation rules (text, direction, button) [choice: method.md's "type
+    match for non-click" read as "the action matches"]. R_format: ``format_ok`` (our CoaT turns parse, or UI-R1's
+    exact ``<think>…</think><answer>…</answer>``)."""
     exact, type_match = exact_match(pred, golden.gold, get_rules(config.rules))
     nd, lead = pred.type_id.ndim, golden.has_box.ndim
     extra = (1,) * (nd - lead)  # golden [...prefix] broadcast against predictions [...]

@@ -1,24 +1,12 @@
 """Whole episodes of a policy in a batch of live synthetic worlds (the online PPO learner and ``eval.online``).
 
-Each step, every unfinished world renders its screen; the screen, the task's instruction and the episode's
-action history become a CoaT prompt; one jitted call of the tree sampler (branching (1, 1, 1, 1), a fixed batch
-of ``batch_size`` rows, finished worlds padded) draws one four-turn completion per world; the completion is
-parsed with the project's action parser and drives the world:
-
-* a parsed action is applied (the world accepts any parsed action; one that does not apply changes nothing);
-* an unparsable completion is a no-op step with reward 0 (the world is not touched; the step counts);
-* the step reward is the rule reward of the action against the scripted expert's action *at the state actually
-  reached* (``coat.rewards.leaf_rewards``, method.md §4, or UI-R1's reward / 3 with ``step_reward="uir1"``);
-* ``stop`` ends the episode; the terminal reward is ``success_reward`` if the task's goal then holds, else 0;
-* an episode still running at its step limit is cut there and counts as a failure (terminal reward 0);
-* with a budget of environment steps (``rollout(max_env_steps=...)``, PPO's round budget), a lock-step that would
-  pass it is taken by the first worlds still running only, and the others are cut (``Trajectory.cut``: neither
-  a success nor a failure; the learner does not train on them), so the budget is never exceeded.
-
-Determinism: the completion of world i at step t is drawn from ``fold_in(seed, step_uid(name_i, t))`` — it
-depends on the world's name and the step, not on the batch — and the worlds are deterministic, so the same key
-gives the same episodes. Step limit [choice]: ``min(max_steps, ceil(step_factor · expert steps))`` per task,
-the expert's episode length measured in a copy of the world (default factor 2, cap 25: the dataset's cap).
+Each step, every unfinished world renders its screen; screen, instruction and action history become a CoaT
+prompt; one jitted call of the tree sampler (branching (1, 1, 1, 1), ``batch_size`` rows, finished worlds padded)
+draws one four-turn completion per world; the parsed completion drives the world and earns the rule reward
+against the scripted expert's action at the state actually reached (``rollout`` lists the rules). The completion
+of world i at step t is drawn from ``fold_in(seed, step_uid(name_i, t))`` and the worlds are deterministic, so
+the same key gives the same episodes. Step limit [choice]: ``min(max_steps, ceil(step_factor · expert steps))``
+(default factor 2, cap 25: the dataset's cap).
 """
 
 from __future__ import annotations
@@ -231,6 +219,11 @@ def rollout(
     params: the policy; rng: a raw key (the sampling seed); max_env_steps: at most this many environment steps
     in all (None: no limit): episodes still running when it is spent are cut (``Trajectory.cut``; a task reached
     after that gets an empty cut trajectory). Returns one ``Trajectory`` per task, in order.
+
+    A parsed action is applied (one that does not apply changes nothing); an unparsable completion is a no-op step
+    with reward 0; the step reward is the leaf reward (method.md §4) or UI-R1's reward / 3 (``step_reward``);
+    ``stop`` ends the episode with ``success_reward`` if the goal holds, else 0; an episode at its step limit is a
+    failure; a lock-step that would pass ``max_env_steps`` is taken by the first worlds still running only.
     """
     seed = common.key_seed(rng)
     out = []

@@ -8,18 +8,10 @@ For a batch of B steps and branching (b1, b2, b3, b4), one jitted call does::
     extend(turn-3 prompt) -> fan out x b3 -> sample s3     ...
     extend(turn-4 prompt) -> fan out x b4 -> sample s4     B·b1·b2·b3·b4 rows = the leaves
 
-"Fan out" copies a node's KV cache to its children: a shared prefix is encoded once, at the level where it is
-last shared, and never re-encoded. Each turn prompt is teacher-forced once per parent node, before the copy.
-Rows are ordered (step, k1, ..., kt) row-major, which is the flat node order of ``ipl_jax.coat.tree``; the level-t
-arrays are reshaped to [B, b1, ..., bt, T_t] at the end. The decode loops feed a token, then sample the next
-(``ipl_jax.sampling.decoding``), so a row's context enters the cache exactly once.
-
-The cache grows level by level: level t's rows have ``prefix + Σ_{u<=t}(prompt_u + T_u)`` slots (the copy at a
-fan-out writes the larger cache), so early levels do not attend over slots only later levels fill.
-
-Sampling: each token is drawn from its node's key folded with its position (``ipl_jax.sampling.keys``); the
-stored log-prob is the model's untempered log-softmax (``token_sampling``). A turn stops at its first eos id
-or at its budget; the decode loop is a ``lax.while_loop`` that exits early once every row has stopped.
+"Fan out" copies a node's KV cache to its children, so a shared prefix is encoded once; rows are ordered (step,
+k1, ..., kt) row-major (``ipl_jax.coat.tree``'s flat node order) and the cache grows level by level. Each token
+is drawn from its node's key folded with its position (``sampling.keys``); a turn stops at its first eos id or its
+budget, and the decode loop exits once every row has stopped.
 """
 
 from __future__ import annotations

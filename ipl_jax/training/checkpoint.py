@@ -1,25 +1,14 @@
 """Training checkpoints with orbax-checkpoint's CheckpointManager.
 
-One checkpoint = one step directory holding three items:
-
-* ``state`` — the whole TrainState pytree (step, trainable params, frozen params, optimizer state, raw RNG key),
-  saved with ``StandardSave`` and restored with ``StandardRestore`` against a template, so every leaf comes back
-  bit-exact, with the template's dtype and sharding;
-* ``data`` — the data iterator's state as JSON (a dict from the grain pipeline; ``bytes`` such as grain's
-  ``DataLoader`` iterator state are stored as their UTF-8 text and given back as bytes);
-* ``meta`` — run metadata as JSON (config, step, versions; whatever the caller passes).
-
-Saves happen every ``save_every`` steps and when forced (the end of a run), the last ``keep`` are kept. Orbax
-writes each step into a temporary directory and renames it when complete, so a run killed mid-save leaves the
-previous checkpoint intact; unfinished temporaries are removed when the next manager opens the directory.
-Saving is asynchronous by default: ``wait()`` blocks until the last save is on disk.
+One checkpoint = one step directory of three items: ``state`` (the whole TrainState, restored bit-exact against a
+template, with its dtypes and shardings), ``data`` (the data iterator's state as JSON) and ``meta`` (whatever the
+caller passes). Saves happen every ``save_every`` steps and when forced, asynchronously; the last ``keep`` are
+kept, and a run killed mid-save leaves the previous checkpoint intact (Orbax renames a finished step into place).
 
     ckpt = Checkpointer(run_dir / "checkpoints", save_every=100, keep=3)
     if ckpt.latest_step() is not None:
         state, data_state, meta = ckpt.restore(state)        # `state`: a freshly built (or abstract) template
-    ...
     ckpt.save(step, state, data_state=it.get_state(), metadata={...}, force=last)
-    ckpt.close()
 """
 
 from __future__ import annotations

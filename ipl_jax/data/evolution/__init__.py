@@ -1,23 +1,10 @@
 """Instruction evolution (docs/method.md §10): question/answer pairs about a screen, built from its UI annotations.
 
-Three levels, each a set of *kinds*:
-
-* **Level I** — ``grounding`` ("Where is X?" → ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``), ``referring``
-  ("What is at <box>?" → the element's text), ``page_description``.
-* **Level II** — ``widget_function`` ("What does X do?") and ``nesting`` ("Which element does the label X belong
-  to?", inferred from box containment).
-* **Level III** — ``page_structure`` (top bar / main area / bottom bar from element positions),
-  ``element_region`` ("In which part of the screen is X?") and ``what_happens`` ("What happens if I tap X?",
-  answered from ``step.meta["transitions"]`` when present, else from the CoaT ``action_result`` of the golden
-  click's target).
-
-Every answer is derived from the annotations alone, so it is true of the screen as annotated; a question is only
-asked about an element whose name picks it out unambiguously. Questions are drawn from paraphrase templates; the
-choice is a pure function of ``(seed, episode_id, step_id)``, so a step's Q&A do not depend on which other steps
-are evolved with it.
-
-``filter_qas`` is the automatic counterpart of the paper's human filter (drops answers that justify a given action,
-name several actions, are empty / too short / too long, duplicate another, or carry a malformed box).
+Three levels of kinds (``qa.KINDS_BY_LEVEL``): I grounding, referring, page description; II widget function,
+nesting; III page structure, element region, what happens on a tap. Every answer is derived from the annotations
+alone (true of the screen as annotated), a question is asked only about an element its name picks out, and the
+templates are drawn by a pure function of ``(seed, episode_id, step_id)``. ``filter_qas`` is the automatic
+counterpart of the paper's human filter.
 
 Modules: ``qa`` (the record, levels, JSONL), ``screen`` (facts read off the annotations), ``generate`` (templates,
 the per-kind generators, the per-step selection), ``filters`` (``filter_qas``).

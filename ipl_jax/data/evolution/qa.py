@@ -10,6 +10,10 @@ from pathlib import Path
 from ipl_jax.data.records import DataError
 
 LEVELS = (1, 2, 3)
+# I: grounding ("Where is X?" -> a box), referring ("What is at <box>?" -> the element's text), page description;
+# II: widget function ("What does X do?"), nesting (the element a label belongs to, from box containment);
+# III: page structure (top bar / main area / bottom bar), element region ("In which part of the screen is X?"),
+# what happens on a tap (from step.meta["transitions"] when present, else the golden click's CoaT action_result).
 KINDS_BY_LEVEL = {
     1: ("grounding", "referring", "page_description"),
     2: ("widget_function", "nesting"),

@@ -1,27 +1,14 @@
 """TensorFlow Datasets builders: the synthetic GUI world (``ipl_synthetic``) and AITZ from a local copy
-(``ipl_aitz``), written in TFDS's ``array_record`` file format.
+(``ipl_aitz``), written in TFDS's ``array_record`` file format; building and reading need no TensorFlow.
 
     import ipl_jax.data.tfds  # registers the builders
-    builder = tfds.builder("ipl_synthetic/tiny", data_dir=DIR, file_format="array_record")
-    builder.download_and_prepare()
-    steps = tfds.data_source("ipl_synthetic/tiny", data_dir=DIR)["train"]   # no TensorFlow needed
-    # tfds.load (tf.data) needs TensorFlow and, in TFDS 4.9.10, a build with file_format="tfrecord": TFDS serves
-    # array_record files through data_source only
-
-    # AITZ: the release's train/ and test/ folders in a manual directory
+    tfds.builder("ipl_synthetic/tiny", data_dir=DIR, file_format="array_record").download_and_prepare()
+    steps = tfds.data_source("ipl_synthetic/tiny", data_dir=DIR)["train"]
     tfds.builder("ipl_aitz", data_dir=DIR, file_format="array_record").download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=AITZ_ROOT))
+        download_config=tfds.download.DownloadConfig(manual_dir=AITZ_ROOT))   # the release's train/ and test/
 
-Building needs no TensorFlow either (TFDS serialises examples with its own protos). One example is one step:
-
-    episode_id   Text            step_id  int32            instruction  Text
-    screenshot   Image (PNG, uint8[H, W, 3] once decoded)
-    action       Text: the golden action as JSON (``Action.to_json``)
-    record       bytes: the step's full header as in packed shards (``data.packed.encoding``), from which ipl-jax
-                 rebuilds the exact ``Step`` (elements, CoaT, history, meta)
-
-Steps are read with the AITZ reader (the synthetic world through its AITZ files, as the job does), in reader
-order; shuffling at build time is off so that an episode's steps stay consecutive.
+One example is one step (``features``), read with the AITZ reader in reader order (no shuffling at build time, so
+an episode's steps stay consecutive). ``tfds.load`` (tf.data) needs TensorFlow and a tfrecord build.
 """
 
 from __future__ import annotations
@@ -55,6 +42,9 @@ def screenshot_png(data: bytes) -> bytes:
 
 
 def features() -> tfds.features.FeaturesDict:
+    """One step: episode_id, step_id, instruction, the screenshot (PNG), the golden action as JSON
+    (``Action.to_json``) and ``record``, the step's full header as in packed shards (``data.packed.encoding``),
+    from which the exact ``Step`` (elements, CoaT, history, meta) is rebuilt."""
     return tfds.features.FeaturesDict(
         {
             "episode_id": tfds.features.Text(),
