@@ -83,6 +83,7 @@ def test_vision_features_of_one_image_ignore_the_others_in_the_batch(small, high
         np.testing.assert_allclose(np.asarray(M.encode_images(params, c, alone)), f1[:4], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.e2e
 def test_gradients_are_the_same_under_every_remat_policy(small, highest_precision):
     """Decoder layers and vision blocks under each policy: one program computes the SFT gradients of all."""
     cfg, params = small
@@ -118,6 +119,7 @@ def test_unknown_remat_policy_is_one_line():
         tiny_cfg().replace(attention="flash")
 
 
+@pytest.mark.e2e
 def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
     cfg, params = small
     cfg = cfg.replace(attention_query_chunk=0)
@@ -202,6 +204,7 @@ def test_reference_attention_under_remat_keeps_no_whole_mask():
     assert temps < whole_mask / 2, (temps, whole_mask)
 
 
+@pytest.mark.e2e
 def test_model_gradients_of_the_reference_attention_equal_plain_autodiff(small, highest_precision):
     """The whole SFT gradient (decoder and vision tower, several query chunks) through the reference attention's
     own backward equals autodiff through XLA's attention ('xla': ``jax.nn.dot_product_attention``)."""
@@ -244,6 +247,7 @@ def test_sft_loss_with_one_image_per_slot_equals_the_packed_images(small, highes
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.e2e
 def test_fused_kernels_get_slot_lengths_and_whole_masks_with_the_reference_results(model_type, highest_precision):
     """The fused path hands ``jax.nn.dot_product_attention`` the arguments cuDNN gets on a GPU ('xla' takes the
     same ones): per-slot lengths for one screenshot per slot (Qwen2-VL), a whole segment mask for windows
@@ -291,6 +295,7 @@ def test_attention_resolution_per_backend_and_one_line_refusals():
         M.forward(params, cfg, ids, jnp.zeros((3, 1, 8), jnp.int32), jnp.ones((1, 8), bool))
 
 
+@pytest.mark.e2e
 def test_sampler_prompts_with_one_screenshot_per_slot_give_the_same_logits(sampler_model, highest_precision):
     """``SamplerConfig.image_patches``: each tree's screenshot in its own slot (encoded alone); the prefix's
     logits are those of the packed layout."""

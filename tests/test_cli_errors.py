@@ -369,6 +369,12 @@ CASES = [
         r"^ipl-jax sample: --model .*model\.safetensors: not a valid safetensors file",
     ),
     Case(
+        "the old spelling --checkpoint is gone",
+        lambda f: ["sample", "--checkpoint", str(f.corrupt_model), "--data", str(f.aitz), "--out", str(f.root / "t")],
+        2,
+        r"^ipl-jax sample: the following arguments are required: --model",
+    ),
+    Case(
         "export corrupt safetensors",
         lambda f: ["export", "--model", str(f.corrupt_model), "--out", str(f.root / "exp")],
         2,

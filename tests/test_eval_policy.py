@@ -66,6 +66,7 @@ def _reference_turns(ckpt, steps):
     return out
 
 
+@pytest.mark.e2e
 def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     ckpt, data = setup
     preds_path, table_path = tmp_path / "preds.jsonl", tmp_path / "table.json"
@@ -130,6 +131,7 @@ def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     )
 
 
+@pytest.mark.e2e
 def test_sample_main_writes_trees_and_viewer(setup, tmp_path):
     ckpt, data = setup
     out, page = tmp_path / "trees.jsonl", tmp_path / "trees.html"

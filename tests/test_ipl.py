@@ -68,6 +68,7 @@ def direct_loss(params, direct, n_pos, ref, beta, sft_weight):
 
 
 @pytest.mark.parametrize("sft_weight", [0.0, 1.0])
+@pytest.mark.e2e
 def test_tdpo_loss_and_gradient_match_direct_per_pair_forward(sft_weight):
     cfg = tiny_cfg()
     params, ref_params = tiny_params(cfg, 0), tiny_params(cfg, 1)
@@ -150,6 +151,7 @@ def test_train_round_compiles_its_update_once_and_counts_tokens():
     assert m["first_step_tokens"] == first and 0 < m["first_step_seconds"] <= m["seconds"]
 
 
+@pytest.mark.e2e
 def test_train_round_is_deterministic_learns_and_a_second_round_compiles_nothing(monkeypatch, capsys):
     cfg = tiny_cfg()
     config = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)
@@ -437,6 +439,7 @@ def test_ipl_round_chains_rounds_with_injected_stages():
 
 
 @pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.e2e
 def test_round_pairs_fit_k_plus_one_slots_for_larger_branching(k):
     """K = 3, 4 (the paper's ablation): a group holds at most K + 1 continuations (γ: golden + K sampled)."""
     cfg = tiny_cfg()

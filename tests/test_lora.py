@@ -73,6 +73,7 @@ def test_bad_targets_are_named():
         init_lora(params, LoraConfig(targets=(r"^model/norm/scale$",)), jax.random.PRNGKey(0))
 
 
+@pytest.mark.e2e
 def test_lora_training_changes_only_adapters_and_export_matches(tmp_path):
     """SFT with LoRA: the base weights are bit-identical after training, the adapters moved, the loss went down;
     merged weights written as a Hugging Face checkpoint and loaded back give the adapted model's logits."""

@@ -330,6 +330,7 @@ def test_optimizer_settings_come_from_the_sections():
     assert round_schedule(cos, 7).optimizer_settings.total_steps == 7 and round_schedule(short, 7) is short
 
 
+@pytest.mark.e2e
 def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     """``ipl-jax eval --blank-screens`` on a split gives exactly the predictions of a plain evaluation on a copy of
     the split whose PNGs were painted grey."""

@@ -63,6 +63,7 @@ def test_greedy_matches_transformers_generate(tiny):
     np.testing.assert_array_equal(tokens[1, :stop1], ref[1, :stop1])
 
 
+@pytest.mark.e2e
 def test_extend_segments_with_pads_and_fanout_match_forward(tiny):
     params, cfg, _ = tiny
     rng = np.random.default_rng(1)

@@ -159,14 +159,14 @@ def test_export_command_from_orbax_params(untied, tmp_path):
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(str(tmp_path / "orbax"), changed)
     out = tmp_path / "exported"
-    assert cli_main(["export", "--base-model", model_dir, "--params", str(tmp_path / "orbax"), "--out", str(out)]) == 0
+    assert cli_main(["export", "--model", model_dir, "--orbax-params", str(tmp_path / "orbax"), "--out", str(out)]) == 0
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
     assert_trees_equal(again, changed)
 
 
 def test_export_command_from_training_checkpoint(untied, tmp_path):
-    """``ipl-jax export --checkpoint``: a TrainState checkpoint (vision frozen) -> a HF directory that keeps the
+    """``ipl-jax export --orbax-checkpoint``: a TrainState checkpoint (vision frozen) -> a HF directory that keeps the
     base model's side files and holds exactly the trained weights."""
     import optax
 
@@ -186,7 +186,7 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
     ckpt.close()
     out = tmp_path / "exported"
     assert (
-        cli_main(["export", "--base-model", model_dir, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
+        cli_main(["export", "--model", model_dir, "--orbax-checkpoint", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
     )
     again, cfg2 = load_params(str(out))
     assert cfg2 == cfg
@@ -196,9 +196,9 @@ def test_export_command_from_training_checkpoint(untied, tmp_path):
         cli_main(
             [
                 "export",
-                "--base-model",
+                "--model",
                 model_dir,
-                "--checkpoint",
+                "--orbax-checkpoint",
                 str(tmp_path / "missing"),
                 "--out",
                 str(tmp_path / "x"),

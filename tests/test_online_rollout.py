@@ -154,6 +154,7 @@ def test_scripted_policies_give_known_outcomes(tok, monkeypatch):
     assert summary["success_rate"] == 0.0 and summary["wrong_stop_rate"] == 1.0 and summary["mean_steps"] == 1.0
 
 
+@pytest.mark.e2e
 def test_online_eval_with_the_expert_and_with_a_random_policy(tok, monkeypatch):
     from ipl_jax.eval.online import OnlineEvalConfig, online_eval
 
@@ -176,6 +177,7 @@ def test_online_eval_with_the_expert_and_with_a_random_policy(tok, monkeypatch):
     assert all(e["success"] for e in m["episodes_detail"])
 
 
+@pytest.mark.e2e
 def test_random_policy_rollouts_are_deterministic_under_a_key(tok):
     cfg, params = S.make_model(tok)
     tasks = R.replicate(R.split_world_tasks("train", 2, seed=0, max_steps=3), 2)

@@ -35,6 +35,7 @@ def _packed(cfg):
     return batch
 
 
+@pytest.mark.e2e
 def test_bf16_forward_stays_close_to_fp32(small, highest_precision):
     cfg, params = small
     batch = _packed(cfg)
@@ -64,6 +65,7 @@ def test_kv_cache_is_kept_in_the_compute_dtype(small):
     assert init_cache(cfg, 2, 8).v.dtype == jnp.float32
 
 
+@pytest.mark.e2e
 def test_bf16_tdpo_step_keeps_fp32_master_weights_and_moments(small):
     cfg, params = small
     batch = _packed(cfg)

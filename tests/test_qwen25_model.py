@@ -215,6 +215,7 @@ def test_rows_under_vmap_with_query_chunks(models):
         np.testing.assert_allclose(both[i][:n_merged], single[i][:n_merged], atol=1e-4, rtol=0)
 
 
+@pytest.mark.e2e
 def test_greedy_matches_transformers_generate(models):
     model_dir, hf_model = models["win2"]
     ids, mask, pv, grids = batch("win2", seed=3)

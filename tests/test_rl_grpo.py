@@ -35,6 +35,7 @@ def _copy(params):
     return jax.tree.map(jnp.copy, params)
 
 
+@pytest.mark.e2e
 def test_coat_groups_and_rows_reproduce_the_sampler(setup):
     tok, cfg, params, steps = setup
     config = _config(cfg)
@@ -55,6 +56,7 @@ def test_coat_groups_and_rows_reproduce_the_sampler(setup):
     assert int(rows.target_mask.sum(1)[0]) == sum(len(t) for t in groups[0][0].turns)
 
 
+@pytest.mark.e2e
 def test_think_answer_groups_reproduce_the_sampler(setup):
     tok, cfg, params, steps = setup
     sc = S.sampler_config(tok).replace(max_turn_tokens=(12, 1, 1, 1))
@@ -67,6 +69,7 @@ def test_think_answer_groups_reproduce_the_sampler(setup):
     np.testing.assert_allclose(lp.sum(1), [float(np.sum(c.logps[0])) for g in groups for c in g], atol=2e-3)
 
 
+@pytest.mark.e2e
 def test_grpo_step_follows_the_advantage_sign(setup):
     tok, cfg, params, steps = setup
     config = _config(
@@ -85,6 +88,7 @@ def test_grpo_step_follows_the_advantage_sign(setup):
     assert info["completions"] == 6 and np.asarray(info["rewards"].total).shape == (2, 3)
 
 
+@pytest.mark.e2e
 def test_round_without_reward_signal_changes_nothing(setup):
     """A random policy earns no reward: every group is flat, so every advantage is 0 (never NaN) and — the
     reference being the starting policy — the gradient is only the rounding noise between the reference's and

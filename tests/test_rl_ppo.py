@@ -61,6 +61,7 @@ def _copy(params):
     return jax.tree.map(jnp.copy, params)
 
 
+@pytest.mark.e2e
 def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
@@ -107,6 +108,7 @@ def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, mo
     assert float(m["value_mae"]) < first_mae and float(m["warmup"]) == 0.0
 
 
+@pytest.mark.e2e
 def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
@@ -123,6 +125,7 @@ def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     assert all(np.isfinite(v) for v in (m["value_loss"], m["policy_loss"], m["kl"]))
 
 
+@pytest.mark.e2e
 def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))

@@ -311,6 +311,27 @@ def test_qwen2vl_sft_step_on_8_device_mesh_matches_single_device():
     assert out["param_diff"] <= 1e-5
 
 
+def test_the_sft_step_compiles_once_per_settings():
+    """Each continued-SFT round builds its step's settings anew; equal settings are the same program: the second
+    round traces (and compiles) nothing."""
+    cfg = tiny_cfg()
+    config = opt_config(learning_rate=3e-3)
+    batch = sft.sft_model_batch(cfg, tiny_training_batch(cfg, 0))
+
+    def one_round(seed):
+        step_config = sft.SFTStepConfig(model=cfg, optimizer=config, logp_chunk=8)
+        state = tstate.create_train_state(numpy_params(cfg), optim.make_optimizer(config), jax.random.PRNGKey(seed))
+        for _ in range(2):
+            state, metrics = sft.sft_step(state, batch, step_config)
+        return float(metrics["loss"])
+
+    with count_traces() as first:
+        loss = one_round(0)
+    with count_traces() as second:
+        assert one_round(0) == loss
+    assert first["_sft_update"] <= 1 and second["_sft_update"] == 0
+
+
 def test_train_state_keeps_the_callers_key_alive_through_a_donated_step():
     # A round loop folds batch keys from the key it built the state with (rl.grpo.grpo_round); the state is
     # donated to every step, so the state must hold its own copy of that key.

@@ -1,9 +1,10 @@
-"""A non-editable install: the wheel built from this checkout, installed into a fresh virtual environment, finds
-its shipped configs (``--config synthetic:quick``) when run from another directory.
+"""The job configs live in the repository's top-level ``configs/`` and are the package ``ipl_jax.configs``
+however ipl-jax is used: installed from a wheel, installed in editable mode, or run from a plain checkout; each
+finds ``--config synthetic`` (and ``synthetic:quick``) by name from another directory.
 
-Offline and quick: the wheel is built without build isolation, the new environment has no pip of its own (this
+Offline and quick: the wheel is built without build isolation, each new environment has no pip of its own (this
 environment's pip installs into it with ``--python``) and sees this environment's packages through a ``.pth``
-file, so only ipl-jax itself is installed, from the wheel (``--no-deps --no-index``)."""
+file, so only ipl-jax itself is installed (``--no-deps --no-index``)."""
 
 from __future__ import annotations
 
@@ -29,25 +30,40 @@ def _run(cmd, cwd, timeout=600, env=None):
     return proc
 
 
+def _checkout(dst: Path) -> Path:
+    """A copy of the checkout's sources (building in it leaves nothing in the checkout itself)."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("ipl_jax", "configs"):
+        shutil.copytree(REPO / name, dst / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dst / name)
+    return dst
+
+
+def _venv(path: Path) -> tuple[Path, Path]:
+    """A fresh environment without pip that sees this environment's packages: (its python, its site-packages)."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    _run([base, "-m", "venv", "--without-pip", path], cwd=path.parent)
+    py = path / "bin" / "python"
+    site = Path(
+        _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], path.parent).stdout.strip()
+    )
+    (site / "ipl_jax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py, site
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv python, venv ipl-jax script, a working directory outside the checkout)."""
     root = tmp_path_factory.mktemp("wheel")
-    src = root / "src"  # a copy, so that building leaves nothing (build/, *.egg-info) in the checkout
-    shutil.copytree(REPO / "ipl_jax", src / "ipl_jax", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
+    src = _checkout(root / "src")
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", "."],
         cwd=src,
     )
     (wheel,) = (root / "dist").glob("ipl_jax-*.whl")
     venv = root / "venv"
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    _run([base, "-m", "venv", "--without-pip", venv], cwd=root)
-    py = venv / "bin" / "python"
-    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).stdout.strip())
-    (site / "ipl_jax_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    py, site = _venv(venv)
     _run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel], cwd=root)
     elsewhere = root / "elsewhere"
     elsewhere.mkdir()
@@ -63,12 +79,45 @@ def _env() -> dict:
 def test_wheel_ships_the_configs_and_the_command(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     shipped = {p.relative_to(REPO).as_posix() for p in (REPO / "ipl_jax").rglob("*.py")}
+    shipped |= {"ipl_jax/" + p.relative_to(REPO).as_posix() for p in (REPO / "configs").glob("*.py")}
     assert shipped <= names, sorted(shipped - names)[:5]
     assert {"ipl_jax/configs/synthetic.py", "ipl_jax/configs/qwen2vl_7b_aitz.py"} <= names
+    assert not [n for n in names if n.startswith("configs/")]  # one copy, inside the package
     where = _run([installed["python"], "-c", "import ipl_jax; print(ipl_jax.__file__)"], installed["cwd"], env=_env())
     assert Path(where.stdout.strip()).is_relative_to(installed["site"])  # the installed copy, not the checkout
     version = _run([installed["ipl_jax"], "--version"], installed["cwd"], env=_env())
     assert version.stdout.strip() == "ipl-jax 0.1.0"
+
+
+SMALL = ["--config.data.train_episodes=3", "--config.data.dev_episodes=1", "--config.data.test_episodes=1"]
+
+
+def _data_stage(command: list, cwd: Path, workdir: Path, env: dict) -> dict:
+    """The data stage of ``--config synthetic`` (a few episodes) run by ``command``; returns the recorded config."""
+    _run([*command, "run", "--config", "synthetic", *SMALL, "--stop-after", "data", "--workdir", workdir], cwd, env=env)
+    assert len(list((workdir / "data" / "train").glob("*/*/*.json"))) == 3
+    return json.loads((workdir / "config.json").read_text())
+
+
+def test_the_configs_are_found_from_a_wheel_an_editable_install_and_a_plain_checkout(installed, tmp_path):
+    """``--config synthetic`` resolves to the checkout's ``configs/synthetic.py`` (as ``ipl_jax.configs``) in the
+    three ways of running ipl-jax, from a directory outside the checkout."""
+    from ipl_jax.configs.loader import load_settings
+
+    want = json.loads(json.dumps(load_settings("synthetic", SMALL).to_dict()))
+    wheel = _data_stage([installed["ipl_jax"]], installed["cwd"], tmp_path / "wheel", _env())
+    editable_src = _checkout(tmp_path / "editable_src")
+    py, _ = _venv(tmp_path / "editable")
+    pip = [sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-build-isolation", "-q"]
+    _run([*pip, "-e", editable_src], cwd=tmp_path)
+    editable = _data_stage([tmp_path / "editable" / "bin" / "ipl-jax"], tmp_path, tmp_path / "editable_job", _env())
+    plain_src = _checkout(tmp_path / "plain_src")
+    py, _ = _venv(tmp_path / "plain")  # nothing of ipl-jax installed: the sources on PYTHONPATH
+    plain_env = {**_env(), "PYTHONPATH": str(plain_src)}
+    plain = _data_stage([py, "-m", "ipl_jax.cli"], tmp_path, tmp_path / "plain_job", plain_env)
+    assert wheel == editable == plain == want
+    where = _run([py, "-c", "import ipl_jax.configs.synthetic as m; print(m.__file__)"], tmp_path, env=plain_env)
+    assert Path(where.stdout.strip()) == plain_src / "configs" / "synthetic.py"
 
 
 def test_installed_command_finds_its_configs(installed):
