@@ -4,6 +4,7 @@ another test module."""
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -31,6 +32,7 @@ def device_check_cpu(tmp_path_factory):
     """The folder ``tools/device_check.sh --cpu`` wrote (every part with tiny sizes), run once per session."""
     out = tmp_path_factory.mktemp("device_check")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH", "JAX_PLATFORMS")}
+    env["PYTHON"] = sys.executable  # the interpreter running the tests, also where the checkout has no .venv
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
         ["bash", str(repo / "tools" / "device_check.sh"), "--cpu", "--out", str(out)],

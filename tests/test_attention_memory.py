@@ -33,6 +33,7 @@ def _packed_batch(cfg):
     return batch
 
 
+@pytest.mark.e2e
 def test_fused_attention_equals_reference_on_packed_rows(small, highest_precision):
     cfg, params = small
     batch = _packed_batch(cfg)
@@ -63,6 +64,7 @@ def test_fused_attention_equals_reference_unpacked_with_left_and_right_padding(s
     np.testing.assert_allclose(np.asarray(fused)[valid], np.asarray(ref)[valid], atol=1e-5, rtol=0)
 
 
+@pytest.mark.e2e
 def test_vision_features_of_one_image_ignore_the_others_in_the_batch(small, highest_precision):
     """Two images packed in one call: changing image B's pixels leaves image A's features unchanged, under both
     attention implementations (block-diagonal attention, as Qwen2-VL's cu_seqlens)."""
@@ -146,6 +148,7 @@ def test_lora_inside_the_scan_equals_merged_weights(small, highest_precision):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=1e-6, rtol=0), g_merged, g_scan)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("chunk", [0, 5, 8])
 def test_reference_attention_backward_equals_autodiff_of_the_dense_softmax(chunk, highest_precision):
     """The reference path's own backward pass (saved row statistics, probabilities rebuilt per query chunk) gives

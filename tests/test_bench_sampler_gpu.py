@@ -42,6 +42,7 @@ def report(device_check_cpu):
     return json.loads((device_check_cpu / "sampler.json").read_text())
 
 
+@pytest.mark.e2e
 def test_every_part_runs_and_the_tree_has_27_leaves_per_step(report):
     bench = _bench()
     assert report["parts_done"] == list(bench.PARTS)
@@ -57,6 +58,7 @@ def test_every_part_runs_and_the_tree_has_27_leaves_per_step(report):
     assert report["prefix_tokens"] == 5 + 6 + 2 + report["image_tokens_per_step"]  # text, vision start / end
 
 
+@pytest.mark.e2e
 def test_decode_turns_have_the_tree_shapes_and_bytes(report):
     bench = _bench()
     cfg = bench.model_config("tiny", "bfloat16", "reference")
@@ -96,6 +98,7 @@ def test_decode_turns_have_the_tree_shapes_and_bytes(report):
     assert prof["top_ops"] and "attention" in prof["parts"]
 
 
+@pytest.mark.e2e
 def test_prefill_mfu_and_the_transformers_ratio(report):
     pre = report["prefill"]
     assert pre["rows"] == STEPS and pre["tokens"] == STEPS * (report["prefix_tokens"] - 1)
@@ -108,6 +111,7 @@ def test_prefill_mfu_and_the_transformers_ratio(report):
     assert report["ratio_vs_transformers"] == pytest.approx(hf["s"] / report["tree"]["warm_s"])
 
 
+@pytest.mark.e2e
 def test_time_limit_stops_the_run_and_keeps_the_json(tmp_path):
     proc, res = _run(tmp_path, "--time-limit", "0.5", "--skip-transformers", timeout=120)
     assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 
 def test_device_check_cpu_mode_runs_every_part_and_summarizes(device_check_cpu):
     tmp_path = device_check_cpu

@@ -110,6 +110,7 @@ def _gamma_tree():
     return tuple(jnp.asarray(v) for v in vals), jnp.asarray(types_), jnp.asarray([TYPE]), jnp.asarray([True])
 
 
+@pytest.mark.e2e
 def test_gamma_modes_restrict_action_turn_negatives():
     nv, lt, gt, valid = _gamma_tree()
     paper = P.extract_pairs(nv, lt, gt, valid, config=P.PairConfig())

@@ -119,6 +119,7 @@ def _packed_layout(prefix_len, cont_lens, next_pos):
     return pos, mask
 
 
+@pytest.mark.e2e
 def test_packed_continuations_match_separate_forwards(tiny):
     params, cfg, _ = tiny
     rng = np.random.default_rng(2)

@@ -7,7 +7,7 @@ import json
 import pytest
 from support.hf_models import save_tiny
 
-import ipl_jax.model.text as text_module
+import ipl_jax.model.parity as parity_module
 from ipl_jax.cli import main as cli_main
 
 
@@ -33,8 +33,8 @@ def test_check_parity_passes_and_reports(checkpoint, capsys):
 
 @pytest.mark.e2e
 def test_check_parity_fails_on_a_mismatch(checkpoint, capsys, monkeypatch):
-    real = text_module.forward_inputs
-    monkeypatch.setattr(text_module, "forward_inputs", lambda p, c, i: real(p, c, i) + 1e-3)
+    real = parity_module.forward_inputs
+    monkeypatch.setattr(parity_module, "forward_inputs", lambda p, c, i: real(p, c, i) + 1e-3)
     rc, res = _run(capsys, ["check-parity", "--model", checkpoint, "--tolerance", "5e-4"])
     assert rc == 1 and res["ok"] is False and res["max_abs_logit_diff"] > 5e-4
 

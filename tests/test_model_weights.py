@@ -57,6 +57,7 @@ def test_export_roundtrip_through_transformers(untied, batch, tmp_path):
     assert np.max(np.abs(a - b)[mask.astype(bool)]) <= 1e-5
 
 
+@pytest.mark.e2e
 def test_export_of_our_own_params_is_what_transformers_computes(untied, batch, tmp_path):
     """Weights that never came from transformers (our init, tied embeddings) exported and run by it."""
     _, hf_model = untied

@@ -86,6 +86,7 @@ def node_context(step, tree, row: int, path: tuple, turn: int) -> list[int]:
     return ctx
 
 
+@pytest.mark.e2e
 def test_three_batches_compile_once(batches):
     _, trees, compilations = batches
     assert compilations == 1
@@ -213,6 +214,7 @@ def test_greedy_tree_equals_turn_by_turn_greedy_decoding(model, steps, batches):
     assert sum(len(c) for c in ctx) > 2 * len(steps[0].prefix_ids)
 
 
+@pytest.mark.e2e
 def test_sharing_and_no_sharing_agree(model, steps, batches):
     """Same per-node keys: the no-sharing sampler (every node re-prefilled from scratch) draws the same
     tokens, with log-probs within 1e-4."""

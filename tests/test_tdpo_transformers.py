@@ -117,6 +117,7 @@ def batches(cfg, groups, layout):
     return PK.pack_unpacked(cfg, *PK.unpack_groups(groups, PAIRS), packing)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", ["packed", "unpacked"])
 def test_tdpo_step_is_dpo_on_transformers_log_probs(setup, layout):
     cfg, want, n = setup["cfg"], setup["want"], len(PAIRS)
