@@ -391,6 +391,7 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
     )
 
 
+@pytest.mark.e2e
 def test_ipl_round_chains_rounds_with_injected_stages():
     """Two rounds by hand, as the pipeline's loop runs them: the sampler of round 2 sees round 1's policy, the
     record counts trees, pairs and updates, and the continued-SFT control spends exactly the round's update

@@ -160,6 +160,7 @@ def babble_act(tokenizer):
     return act
 
 
+@pytest.mark.e2e
 def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     tok, cfg, params, _, rc = setup
     monkeypatch.setattr(R, "act", babble_act(tok))
