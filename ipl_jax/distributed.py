@@ -89,7 +89,10 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout: i
     from JAX's ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; else with no arguments
     (JAX reads the cluster) in a multi-process environment (a SLURM step or Open MPI job of more than one task, a
     multi-host Cloud TPU slice, or ``IPL_JAX_DISTRIBUTED=1``); else not at all (one process). Idempotent.
-    Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the wait for the other processes."""
+    Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the wait for the other processes;
+    ``IPL_JAX_HEARTBEAT_TIMEOUT`` (seconds, JAX's default 100) is how long the others go on after one process died
+    (preempted, killed): then each stops with an error instead of waiting at its next collective, so a launcher
+    that restarts every process of the job finds none left hanging."""
     if _state["started"] or jax.distributed.is_initialized():
         return True
     kwargs = settings(coordinator, num_processes, process_id)
@@ -98,6 +101,9 @@ def initialize(coordinator=None, num_processes=None, process_id=None, timeout: i
     timeout = timeout or _int_env("IPL_JAX_INIT_TIMEOUT")
     if timeout:
         kwargs["initialization_timeout"] = timeout
+    heartbeat = _int_env("IPL_JAX_HEARTBEAT_TIMEOUT")
+    if heartbeat:
+        kwargs["heartbeat_timeout_seconds"] = heartbeat
     jax.distributed.initialize(**kwargs)
     _state["started"] = True
     return True

@@ -151,7 +151,7 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
         num_steps,
         checkpointer=ckpt,
         data_state_fn=batches.get_state,
-        metadata={"job": "kill-test"},
+        metadata_fn=lambda: {"job": "kill-test"},
         on_metrics=on_metrics,
     )
     ckpt.close()

@@ -1,23 +1,34 @@
 """Multi-process runs: ``ipl-jax run`` as two processes on this host (two CPU devices each, gloo collectives
-between them) gives the same results and the same final parameters as one process with four devices.
+between them) gives the same results and the same final parameters as one process with four devices; and a job
+whose processes are killed (a preempted pod) resumes to the same results.
 
-Both jobs run at once in subprocesses (a shrunken ``synthetic:quick``: every stage, fewer steps and splits);
-the two-process job's processes meet through ``--coordinator localhost:PORT``.
+The reference jobs run at once in subprocesses (a shrunken ``synthetic:quick``: every stage, fewer steps and
+splits); the two-process job's processes meet through ``--coordinator localhost:PORT``. Preemption: one process
+of a two-process job is killed mid-SFT (after step 2's checkpoint save started, step 1's on disk) and, after a
+restart of both, one mid-round (after its second T-DPO update); the other process must stop by itself, and the
+job restarted once more ends with the uninterrupted two-process job's results and weights, bit for bit. An SFT
+checkpoint written by two processes resumes on one, and one written by one process on two (other device counts,
+so Orbax restores onto another mesh), to the same weights; the slow test does a whole job across 2 -> 1 -> 2
+processes. Kills come from the test-only hook ``ipl_jax.fault_hook`` (``IPL_JAX_TEST_KILL_AT``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ipl_jax import distributed
+from ipl_jax.fault_hook import ENV as KILL_AT
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +53,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(workdir: Path, devices: int, extra: list[str], log: Path) -> subprocess.Popen:
+def launch(workdir: Path, devices: int, extra: list[str], log: Path, env_extra: dict | None = None) -> subprocess.Popen:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -50,10 +61,27 @@ def launch(workdir: Path, devices: int, extra: list[str], log: Path) -> subproce
         JAX_PLATFORMS="cpu",
         IPL_JAX_QUIET="1",
         IPL_JAX_INIT_TIMEOUT="120",
+        **(env_extra or {}),
     )
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     args = [sys.executable, "-m", "ipl_jax.cli", "run", "--config", "synthetic:quick", "--workdir", str(workdir)]
     return subprocess.Popen(args + SMALL + extra, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def launch_processes(
+    workdir: Path, n: int, devices: int, port: int, logs: Path, extra=(), env_extra=None, kill: dict | None = None
+) -> list[tuple[subprocess.Popen, Path]]:
+    """The ``n`` processes of one job (``devices`` CPU devices each; one process: no coordinator), logs
+    ``<logs>.<i>.log``; ``kill`` {process: point} arms the fault hook in those processes."""
+    procs = []
+    for i in range(n):
+        flags = ["--coordinator", f"localhost:{port}", "--num-processes", str(n), "--process-id", str(i)]
+        env = dict(env_extra or {})
+        if kill and i in kill:
+            env[KILL_AT] = kill[i]
+        log = Path(f"{logs}.{i}.log")
+        procs.append((launch(workdir, devices, (flags if n > 1 else []) + list(extra), log, env), log))
+    return procs
 
 
 def finish(procs: list[tuple[subprocess.Popen, Path]]) -> None:
@@ -99,31 +127,35 @@ def load_weights(policy_dir: Path) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("multiprocess")
-    port = free_port()
-    procs = [(launch(root / "one", 4, [], root / "one.log"), root / "one.log")]
-    for i in range(2):
-        flags = ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
-        procs.append((launch(root / "two", 2, flags, root / f"two.{i}.log"), root / f"two.{i}.log"))
-    finish(procs)
+    procs = launch_processes(root / "one", 1, 4, 0, root / "one")
+    finish(procs + launch_processes(root / "two", 2, 2, free_port(), root / "two"))
     return root / "one", root / "two"
 
 
-def test_two_processes_match_one(jobs):
-    one, two = jobs
-    res_one = json.loads((one / "results.json").read_text())
-    res_two = json.loads((two / "results.json").read_text())
-    assert len(res_one["rounds"]) == 2  # the seed and one IPL round
-    assert res_two["rounds"][1]["pairs"] > 0  # the round trained on pairs
-    a, b = strip_seconds(res_one), strip_seconds(res_two)
+def results(workdir: Path) -> dict:
+    return strip_seconds(json.loads((workdir / "results.json").read_text()))
+
+
+def weights_diff(a: Path, b: Path) -> float:
+    """max |a - b| over the weights of two policy directories (same tensors required)."""
+    wa, wb = load_weights(a), load_weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
+
+
+def assert_same_job(a: Path, b: Path) -> None:
+    """Two finished jobs of the same config on different process / device layouts agree: results.json
+    equal up to wall times, training metrics to float32 rounding, final weights and the seed within 1e-5."""
+    ra, rb = results(a), results(b)
     # training metrics are reductions over devices grouped differently: equal to float32 rounding. The share of
     # pairs with a positive reward margin is left out: after a few updates margins are ~1e-3, and a pair within
     # rounding of 0 may count on one side and not on the other
-    ta, tb = a["rounds"][1].pop("train"), b["rounds"][1].pop("train")
+    ta, tb = ra["rounds"][1].pop("train"), rb["rounds"][1].pop("train")
     # the round's diagnostics read log-probs of the same pairs under weights that agree to float32 rounding, and
     # shares of pairs on one side of 0 (accuracies) as the training metrics above: counts and shares of sampled
     # leaves and steps must agree, the other figures to rounding
-    da, db = flat(a["rounds"][1].pop("diagnostics")), flat(b["rounds"][1].pop("diagnostics"))
-    assert a == b
+    da, db = flat(ra["rounds"][1].pop("diagnostics")), flat(rb["rounds"][1].pop("diagnostics"))
+    assert ra == rb
     assert ta.keys() == tb.keys() and da.keys() == db.keys()
     for k in ta:
         if not k.endswith("accuracy"):
@@ -133,16 +165,20 @@ def test_two_processes_match_one(jobs):
             assert da[k] == db[k], k
         elif not k.endswith("accuracy") and da[k] is not None:
             np.testing.assert_allclose(db[k], da[k], rtol=1e-4, atol=1e-5, err_msg=k)
-    # the final parameters (the round's policy) and the SFT seed
     for rel in ("rounds/1/policy", "seed"):
-        wa, wb = load_weights(one / rel), load_weights(two / rel)
-        assert wa.keys() == wb.keys()
-        diff = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
-        assert diff <= 1e-5, f"{rel}: max |one process - two processes| = {diff}"
+        diff = weights_diff(a / rel, b / rel)
+        assert diff <= 1e-5, f"{rel}: max |{a.name} - {b.name}| = {diff}"
+
+
+def test_two_processes_match_one(jobs):
+    one, two = jobs
+    res_one = json.loads((one / "results.json").read_text())
+    res_two = json.loads((two / "results.json").read_text())
+    assert len(res_one["rounds"]) == 2  # the seed and one IPL round
+    assert res_two["rounds"][1]["pairs"] > 0  # the round trained on pairs
+    assert_same_job(one, two)
     # the round moved the weights (so equal final weights are not just the seed's twice)
-    moved = load_weights(one / "rounds/1/policy")
-    seed = load_weights(one / "seed")
-    assert max(float(np.max(np.abs(moved[k] - seed[k]))) for k in moved) > 0
+    assert weights_diff(one / "rounds/1/policy", one / "seed") > 0
 
 
 def test_only_the_main_process_writes_the_logs(jobs):
@@ -153,6 +189,123 @@ def test_only_the_main_process_writes_the_logs(jobs):
     lines = lambda wd: (wd / "metrics.jsonl").read_text().count("\n")
     assert lines(two) == lines(one) > 0
     assert (two / "trees.html").is_file() and (two / "export" / "model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ preemption
+
+HEARTBEAT = 30  # seconds: how long a process goes on after its peer died (IPL_JAX_HEARTBEAT_TIMEOUT)
+RESUMED_SFT = "resuming SFT from its checkpoint at step 1"
+SFT_TIMES = ("seconds", "train_seconds", "tokens_per_s", "candidates")  # wall times and workdir paths
+
+
+def kill_all(procs) -> None:
+    for p, _ in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def preempt(procs, victim: int, timeout: float = 900) -> None:
+    """Wait for process ``victim`` to die by its armed fault hook, then for the others to stop by themselves
+    (a dead peer must not leave them waiting at a collective); anything else fails the test."""
+    p, log = procs[victim]
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    if rc != -signal.SIGKILL or KILL_AT not in log.read_text():
+        kill_all(procs)
+        pytest.fail(f"{log.name}: expected the fault hook's SIGKILL, got exit {rc}:\n{log.read_text()[-3000:]}")
+    deadline = time.monotonic() + 4 * HEARTBEAT
+    for q, qlog in procs:
+        try:
+            rc = q.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_all(procs)
+            pytest.fail(f"{qlog.name}: still running {4 * HEARTBEAT} s after its peer was killed")
+        assert rc != 0, f"{qlog.name}: exited 0 although its peer was killed"
+
+
+def sft_summary(workdir: Path) -> dict:
+    done = json.loads((workdir / "stages" / "sft.done").read_text())
+    return {k: v for k, v in done.items() if k not in SFT_TIMES}
+
+
+def test_preempted_processes_resume_exactly(jobs, tmp_path):
+    _, two = jobs
+    wd, port = tmp_path / "preempted", free_port()
+    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT)}
+    # mid-SFT: process 1 dies right after starting step 2's checkpoint save (step 1's is on disk); process 0,
+    # the coordinator, stops once the heartbeat times out
+    preempt(launch_processes(wd, 2, 2, port, tmp_path / "sft", env_extra=env, kill={1: "sft_step=2"}), 1)
+    assert (wd / "stages" / "model.done").is_file() and not (wd / "stages" / "sft.done").exists()
+    # both restarted at the same address; mid-round: process 0 dies after two T-DPO updates, process 1 follows
+    procs = launch_processes(wd, 2, 2, port, tmp_path / "round", env_extra=env, kill={0: "tdpo_step=2"})
+    preempt(procs, 0)
+    assert RESUMED_SFT in procs[0][1].read_text()
+    assert (wd / "stages" / "eval_seed.done").is_file() and not (wd / "stages" / "round_1.done").exists()
+    # both restarted again: the job ends as the uninterrupted one did, bit for bit
+    finish(launch_processes(wd, 2, 2, port, tmp_path / "end", env_extra=env))
+    assert results(wd) == results(two)
+    for rel in ("sft/candidates/step_000002", "seed", "rounds/1/policy", "export"):
+        assert weights_diff(wd / rel, two / rel) == 0.0, rel
+    # the SFT summary covers the steps before the kill too (the last losses travel in the checkpoints)
+    assert sft_summary(wd) == sft_summary(two)
+
+
+def stopped_after_sft_step_1(src: Path, dst: Path) -> Path:
+    """The workdir of a job stopped after SFT step 1, taken from the finished job ``src``: its config, the stages
+    before SFT with their markers, and SFT's step-1 checkpoint as ``src``'s processes wrote it."""
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst)
+    (dst / "stages").mkdir()
+    for stage in ("data", "evolution", "model"):
+        shutil.copytree(src / stage, dst / stage)
+        shutil.copy(src / "stages" / f"{stage}.done", dst / "stages")
+    shutil.copytree(src / "sft" / "checkpoints" / "1", dst / "sft" / "checkpoints" / "1")
+    return dst
+
+
+@pytest.mark.parametrize(
+    "source, processes, devices",
+    [("two", 1, 2), ("one", 2, 1)],
+    ids=["2x2-to-1x2", "1x4-to-2x1"],
+)
+def test_sft_checkpoint_resumes_on_another_process_count(jobs, tmp_path, source, processes, devices):
+    """An SFT checkpoint written by two processes (four devices) resumes in one process with two devices, and
+    one written by one process (four devices) in two processes with one device each: Orbax restores the state
+    onto the new mesh and the data iterator continues at batch 2, so step 2 gives the source's weights up to
+    the rounding of a gradient reduced over other devices (without the iterator's position, step 2 would train
+    on batch 1 again; without the restored Adam moments it would take another step)."""
+    src = dict(zip(("one", "two"), jobs))[source]
+    wd = stopped_after_sft_step_1(src, tmp_path / "resumed")
+    procs = launch_processes(wd, processes, devices, free_port(), tmp_path / "resume", extra=["--stop-after", "sft"])
+    finish(procs)
+    assert RESUMED_SFT in procs[0][1].read_text()
+    step2 = Path("sft", "candidates", "step_000002")
+    diff = weights_diff(wd / step2, src / step2)
+    assert diff <= 1e-5, f"{step2}: max |resumed - {source}| = {diff}"
+    assert weights_diff(wd / step2, wd / "model" / "init") > 1e-4  # step 2 moved the weights (step 1: lr 0)
+    mine, theirs = sft_summary(wd), sft_summary(src)
+    for k in ("final_loss", "mean_loss_last_10"):
+        np.testing.assert_allclose(mine.pop(k), theirs.pop(k), rtol=1e-5)
+    assert mine == theirs
+
+
+@pytest.mark.slow
+def test_job_resumes_across_process_counts(jobs, tmp_path):
+    """A whole job across 2 -> 1 -> 2 processes: two processes (two devices each) killed mid-SFT, one process
+    (two devices) resuming SFT from their checkpoint and killed mid-round, two processes finishing; the results
+    are the uninterrupted two-process job's (as one process's are: ``assert_same_job``)."""
+    _, two = jobs
+    wd = tmp_path / "moved"
+    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT)}
+    preempt(launch_processes(wd, 2, 2, free_port(), tmp_path / "sft", env_extra=env, kill={1: "sft_step=2"}), 1)
+    procs = launch_processes(wd, 1, 2, 0, tmp_path / "round", kill={0: "tdpo_step=2"})
+    preempt(procs, 0)
+    assert RESUMED_SFT in procs[0][1].read_text()
+    finish(launch_processes(wd, 2, 2, free_port(), tmp_path / "end", env_extra=env))
+    assert_same_job(two, wd)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,8 @@ from ipl_jax.training.sft import SFTStepConfig, sft_batch_axes, sft_batch_shardi
 from ipl_jax.training.state import VISION_REGEX, create_train_state, model_params, state_shardings
 from ipl_jax.training.step import stack_microbatches, train_loop
 
+RECENT_LOSSES = 10  # SFT losses summarised as ``mean_loss_last_10``
+
 
 @dataclasses.dataclass(frozen=True)
 class SFTItem:
@@ -275,10 +277,12 @@ def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: S
         state = distributed.put(state, state_shardings(state, optimizer, mesh))
     else:  # committed to the device like the step's outputs, so the second step runs the first one's program
         state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+    recent: list[float] = []  # the last losses, carried in the checkpoints: a resumed run's summary is the same
     if ckpt.latest_step() is not None:
-        state, data_state, _ = ckpt.restore(state)
+        state, data_state, meta = ckpt.restore(state)
         if data_state:
             iterator = restore_iterator(iterator, data_state)
+        recent = [float(x) for x in meta.get("recent_losses", [])]
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
     step_config = sft_step_config(init.cfg, settings, sft_optimizer(sft), shape)
     counter = {"tokens": 0.0}
@@ -294,6 +298,8 @@ def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: S
     marks: list[tuple[float, float]] = []  # (seconds since t0, tokens so far) as each step's metrics arrive
 
     def on_metrics(step: int, m: dict) -> None:
+        recent.append(float(m["loss"]))
+        del recent[:-RECENT_LOSSES]
         bar.update(1)
         marks.append((time.perf_counter() - t0, counter["tokens"] - tokens0))
         rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
@@ -304,14 +310,14 @@ def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: S
 
     metadata = {"stage": "sft", "items": len(items), "batch_size": sft.batch_size}
     try:
-        state, history = train_loop(
+        state, _ = train_loop(
             state,
             counted_step,
             iterator,
             sft.steps,
             checkpointer=ckpt,
             data_state_fn=lambda: iterator_state(iterator),
-            metadata=metadata,
+            metadata_fn=lambda: {**metadata, "recent_losses": list(recent)},
             on_metrics=on_metrics,
         )
     finally:
@@ -329,15 +335,14 @@ def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: S
         )
         candidates.append(str(out))
     ckpt.close()
-    losses = [h["loss"] for h in history]
     return {
         "steps": sft.steps,
         "items": len(items),
         "coat_items": len(train_steps) - skipped,
         "steps_without_coat": skipped,
         "qa_items": len(qas),
-        "final_loss": losses[-1] if losses else None,
-        "mean_loss_last_10": float(np.mean(losses[-10:])) if losses else None,
+        "final_loss": recent[-1] if recent else None,
+        "mean_loss_last_10": float(np.mean(recent)) if recent else None,
         "train_seconds": round(seconds, 2),
         "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
         **steady_rate(marks),

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax import distributed
+from ipl_jax import distributed, fault_hook
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.sharding import batch_spec, param_shardings
 from ipl_jax.preference import losses
@@ -335,6 +335,7 @@ def train_round(
         for k, i in enumerate(order):
             state, m = tdpo_step(state, batches[i], config, mesh=mesh)
             device_metrics.append(m)
+            fault_hook.kill_at("tdpo_step", k + 1)
             if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
                 jax.block_until_ready(device_metrics[k - 1]["loss"])
                 bar.update(1)

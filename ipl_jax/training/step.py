@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax import distributed
+from ipl_jax import distributed, fault_hook
 from ipl_jax.training.state import TrainState, loss_params
 
 
@@ -183,15 +183,16 @@ def train_loop(
     *,
     checkpointer=None,
     data_state_fn: Callable[[], Any] | None = None,
-    metadata: Mapping[str, Any] | None = None,
+    metadata_fn: Callable[[], Mapping[str, Any]] | None = None,
     on_metrics: Callable[[int, dict], None] | None = None,
 ) -> tuple[TrainState, list[dict]]:
     """Run ``step_fn`` until ``state.step == num_steps``; returns the final state and per-step host metrics.
 
     Every step's metrics are fetched and checked (NaN/inf raise ``NonFiniteLossError`` before anything is
     saved). With a ``checkpointer`` (``checkpoint.Checkpointer``) the state, ``data_state_fn()`` (the data
-    iterator's state after the batches consumed so far) and ``metadata`` are saved on its schedule and at the end.
-    A restored ``state`` resumes from its own step.
+    iterator's state after the batches consumed so far) and ``metadata_fn()`` (JSON-able; called after
+    ``on_metrics``, so it may carry what a resumed run needs to summarise the steps before it) are saved on its
+    schedule and at the end. A restored ``state`` resumes from its own step.
     """
     history: list[dict] = []
     step = int(state.step)
@@ -210,9 +211,10 @@ def train_loop(
                     step,
                     state,
                     data_state=data_state_fn() if data_state_fn else None,
-                    metadata=metadata,
+                    metadata=metadata_fn() if metadata_fn else None,
                     force=step == num_steps,
                 )
+            fault_hook.kill_at("sft_step", step)
     finally:
         if checkpointer is not None:
             checkpointer.wait()
