@@ -54,8 +54,8 @@ def free_port() -> int:
 
 
 def launch(workdir: Path, devices: int, extra: list[str], log: Path, env_extra: dict | None = None) -> subprocess.Popen:
-    env = dict(
-        os.environ,
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         JAX_PLATFORMS="cpu",
@@ -63,7 +63,6 @@ def launch(workdir: Path, devices: int, extra: list[str], log: Path, env_extra: 
         IPL_JAX_INIT_TIMEOUT="120",
         **(env_extra or {}),
     )
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     args = [sys.executable, "-m", "ipl_jax.cli", "run", "--config", "synthetic:quick", "--workdir", str(workdir)]
     return subprocess.Popen(args + SMALL + extra, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -124,11 +123,16 @@ def load_weights(policy_dir: Path) -> dict[str, np.ndarray]:
     return load_file(str(policy_dir / "model.safetensors"))
 
 
+def cache_env(root: Path) -> dict:
+    """A persistent compilation cache shared by the two-process jobs of this module (restarts skip compiling)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(root / "xla_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("multiprocess")
     procs = launch_processes(root / "one", 1, 4, 0, root / "one")
-    finish(procs + launch_processes(root / "two", 2, 2, free_port(), root / "two"))
+    finish(procs + launch_processes(root / "two", 2, 2, free_port(), root / "two", env_extra=cache_env(root)))
     return root / "one", root / "two"
 
 
@@ -193,7 +197,7 @@ def test_only_the_main_process_writes_the_logs(jobs):
 
 # ------------------------------------------------------------------------------------------------ preemption
 
-HEARTBEAT = 30  # seconds: how long a process goes on after its peer died (IPL_JAX_HEARTBEAT_TIMEOUT)
+HEARTBEAT = 15  # seconds: how long a process goes on after its peer died (IPL_JAX_HEARTBEAT_TIMEOUT)
 RESUMED_SFT = "resuming SFT from its checkpoint at step 1"
 SFT_TIMES = ("seconds", "train_seconds", "tokens_per_s", "candidates")  # wall times and workdir paths
 
@@ -234,7 +238,7 @@ def sft_summary(workdir: Path) -> dict:
 def test_preempted_processes_resume_exactly(jobs, tmp_path):
     _, two = jobs
     wd, port = tmp_path / "preempted", free_port()
-    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT)}
+    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT), **cache_env(two.parent)}
     # mid-SFT: process 1 dies right after starting step 2's checkpoint save (step 1's is on disk); process 0,
     # the coordinator, stops once the heartbeat times out
     preempt(launch_processes(wd, 2, 2, port, tmp_path / "sft", env_extra=env, kill={1: "sft_step=2"}), 1)
@@ -299,7 +303,7 @@ def test_job_resumes_across_process_counts(jobs, tmp_path):
     are the uninterrupted two-process job's (as one process's are: ``assert_same_job``)."""
     _, two = jobs
     wd = tmp_path / "moved"
-    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT)}
+    env = {"IPL_JAX_HEARTBEAT_TIMEOUT": str(HEARTBEAT), **cache_env(two.parent)}
     preempt(launch_processes(wd, 2, 2, free_port(), tmp_path / "sft", env_extra=env, kill={1: "sft_step=2"}), 1)
     procs = launch_processes(wd, 1, 2, 0, tmp_path / "round", kill={0: "tdpo_step=2"})
     preempt(procs, 0)
