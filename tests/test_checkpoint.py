@@ -1,5 +1,6 @@
-"""Orbax checkpoints: exact round trip, schedule + retention, export of model params, and a run killed with
-SIGKILL mid-way that resumes to the same final params as an uninterrupted run (bit-equal on CPU).
+"""Orbax checkpoints: exact round trip, schedule + retention, export of model params, a restore onto a mesh of
+other devices, and a run killed with SIGKILL mid-way that resumes to the same final params as an uninterrupted
+run (bit-equal on CPU).
 
 Run as a script, this file is the training job the kill test starts in a subprocess:
     python tests/test_checkpoint.py RUN_DIR NUM_STEPS SAVE_EVERY STEP_DELAY_S XLA_CACHE_DIR
@@ -104,6 +105,54 @@ def test_load_model_params_merges_lora_and_frozen(tmp_path):
         ck.wait()
         params, _ = ck.load_model_params()
     assert_trees_equal(params, expected)
+
+
+# ------------------------------------------------------------------------------- another mesh
+
+MESH_SCRIPT = """
+import sys
+import jax
+import numpy as np
+from support import small_models, toy_lm
+from support.trees import assert_trees_equal
+from ipl_jax.model.sharding import make_mesh
+from ipl_jax.training import optimizer as optim, state as tstate
+from ipl_jax.training.checkpoint import Checkpointer
+
+mode, directory = sys.argv[1], sys.argv[2]
+opt = optim.make_optimizer(toy_lm.opt_config())
+state = tstate.create_train_state(small_models.numpy_params(small_models.tiny_cfg()), opt, jax.random.PRNGKey(0))
+if jax.device_count() > 1:  # the template on this process's mesh: FSDP over every device
+    state = jax.device_put(state, tstate.state_shardings(state, opt, make_mesh((1, -1, 1))))
+split = [x for x in jax.tree.leaves(state) if not x.sharding.is_fully_replicated]
+moved = jax.tree.map(lambda x: x + 3, state)  # what was saved: every leaf (moments, step, key) unlike the template
+if mode == "save":
+    with Checkpointer(directory, save_every=1) as ck:
+        ck.save(3, moved)
+else:
+    restored, _, _ = Checkpointer(directory).restore(state)
+    assert_trees_equal(jax.device_get(restored), jax.device_get(moved))
+    for r, t in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+        assert r.sharding == t.sharding, (r.sharding, t.sharding)
+print(jax.device_count(), len(split))
+"""
+
+
+@pytest.mark.e2e
+def test_restore_onto_another_mesh(tmp_path):
+    """A TrainState saved FSDP-sharded over four devices restores onto two (FSDP over two) and onto one device:
+    the values as saved, each leaf with the template's sharding on the new devices."""
+    from support import fake_devices
+
+    directory = str(tmp_path / "ckpt")
+    run = lambda mode, n: fake_devices.run(
+        f"import sys; sys.path.insert(0, 'tests')\n{MESH_SCRIPT}", mode, directory, devices=n
+    )
+    devices, split = map(int, run("save", 4).split())
+    assert devices == 4 and split > 0  # the saved state is sharded
+    devices, split = map(int, run("restore", 2).split())
+    assert devices == 2 and split > 0
+    assert run("restore", 1).split() == ["1", "0"]
 
 
 # ------------------------------------------------------------------------------- SIGKILL and resume
