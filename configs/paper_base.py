@@ -3,8 +3,12 @@
 Not a job config by itself: ``qwen2vl_{2b,7b}_{aitz,amex,androidcontrol}.py`` call ``paper_config`` here.
 ``get_config`` arguments of those files pick the accelerator layout:
 
-    gpu   (default) one host with N GPUs: data parallel over every device (mesh data = -1)
-    tpu   a TPU pod slice: parameters and optimizer state sharded over the slice (mesh fsdp = -1), batch over it too
+    gpu   (default) one host of 8 GPUs (80 GB each)
+    tpu   a v5p-16 slice (8 chips, 95 GB each)
+
+Both shard parameters, optimizer state and batches over every device (mesh fsdp = -1: 7B full-weight T-DPO does
+not fit replicated), and their batches are multiples of 8, one micro-batch row / tree per device; on another
+device count keep sft.micro_batch_size, sampler.batch_size and ipl.batch_size multiples of it (the job checks).
 
 Paper hyper-parameters (Qwen2-VL-7B): warm-up SFT lr in [3e-6, 3e-5] with LoRA rank 128 for 2 epochs; IPL lr
 1e-6 in round 1 and a constant 1e-7 after, one epoch per round; batch 128; the ViT trainable in SFT and frozen
@@ -53,7 +57,7 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.buckets.max_turn_tokens = (256, 128, 32, 32)
 
     c.sft.batch_size = 128
-    c.sft.micro_batch_size = 4  # [choice] gradient accumulation to fit accelerator memory
+    c.sft.micro_batch_size = 8  # [choice] gradient accumulation: one row per device of the 8 named
     c.sft.steps = 2 * train_samples // 128  # 2 epochs
     c.sft.learning_rate = 1e-5  # in the paper's [3e-6, 3e-5]
     c.sft.warmup_steps = 30
@@ -69,7 +73,7 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
 
     c.sampler.branching = (3, 3, 3, 1)
     c.sampler.temperature = 1.0
-    c.sampler.batch_size = 16
+    c.sampler.batch_size = 8  # [choice] one tree per device: the 4th turn's KV cache of 16 trees passes 60 GB
     c.sampler.prefix_buckets = tuple(b for b in (512, 1024, 2048, 3072, 4096) if b <= 2 * tokens) or (tokens,)
     c.sampler.prompt_buckets = (64, 128, 256, 512)
 
@@ -91,8 +95,5 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.eval.batch_size = 32
     c.eval.online_episodes = 0  # the published datasets have no live world to play episodes in
 
-    if arg == "tpu":
-        c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    else:
-        c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 1, 1
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     return c

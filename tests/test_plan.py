@@ -280,3 +280,54 @@ def test_topology_names_map_to_libtpu_shapes():
     assert plan_cli.topology_name("v5e-16") == "v5e:4x4"
     assert plan_cli.topology_name("v6e-8") == "v6e:2x4"
     assert plan_cli.topology_name("v5p:4x4x4") == "v5p:4x4x4"
+
+
+# ----------------------------------------------------------------------------------- the shipped paper configs
+
+PAPER_CONFIGS = ("qwen2vl_2b_aitz", "qwen2vl_7b_aitz", "qwen2vl_7b_amex", "qwen2vl_7b_androidcontrol")
+NAMED_DEVICES = 8  # ':gpu' one host of 8 x 80 GB GPUs; ':tpu' a v5p-16 slice, 8 chips of 95 GB
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_paper_configs_split_their_batches_over_the_named_devices(name):
+    """As shipped, both variants shard over every device (FSDP) and every batch divides 8 devices: the job's own
+    machine check passes on the hardware the variant names."""
+    for variant, platform in (("gpu", "gpu"), ("tpu", "tpu")):
+        s = load_settings(f"{name}:{variant}")
+        assert (s.mesh.data, s.mesh.fsdp, s.mesh.tensor) == (1, -1, 1)
+        s.check_machine(platform, NAMED_DEVICES)
+
+
+@pytest.mark.slow
+def test_paper_configs_plan_within_60_gb_per_device(tmp_path):
+    """``ipl-jax plan`` of each shipped paper config with no overrides on its named 8 devices (CPU-counted: the CPU
+    backend's temporaries are larger than a GPU's or TPU's for the same program, so this bounds them): every
+    program <= 60 GB per device. The two variants are the same settings, so each config is planned once."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    for name in PAPER_CONFIGS:
+        assert load_settings(f"{name}:gpu").to_dict() == load_settings(f"{name}:tpu").to_dict()
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ipl_jax.cli",
+                "plan",
+                "--config",
+                f"{name}:gpu",
+                "--devices",
+                "8",
+                "--json",
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        doc = json.loads(out.read_text())
+        assert doc["devices"] == NAMED_DEVICES and doc["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+        totals = {p: round(doc["programs"][p]["total"] / 1e9, 1) for p in ("sft", "tdpo", "prefill", "decode")}
+        assert max(totals.values()) <= 60, (name, totals)
