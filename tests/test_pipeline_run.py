@@ -137,6 +137,27 @@ def test_results_schema(quick_run):
 
 
 @pytest.mark.e2e
+def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
+    """The probe samples the round's steps before and after the update with the same seed (paired draws): given
+    the same weights twice -- an update that changed nothing -- every figure of its steps reads the same."""
+    from ipl_jax.eval.trees import sampler_config
+    from ipl_jax.pipeline.data_stage import load_splits, steps_of
+    from ipl_jax.pipeline.model_stage import load_policy
+    from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
+    from ipl_jax.pipeline.workdir import Workdir
+
+    settings, wd = quick_run["config"], Workdir(quick_run["workdir"], echo=lambda *_: None)
+    splits = load_splits(settings.data, wd, settings.seed)
+    policy = load_policy(quick_run["workdir"] / "seed")
+    sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
+    probe = RoundDiagnostics(settings, policy, steps_of(splits["train"]), steps_of(splits["dev"]), sconfig, 1)
+    context = probe.before(policy.params)
+    figures = probe.after(policy.params, context)["train_steps"]
+    assert figures["steps"] == settings.ipl.diagnostic_steps
+    for name in ("pass_at_1", "consistency", "greedy"):
+        assert figures[f"{name}_before"] == figures[f"{name}_after"] is not None, name
+
+
 def test_scores_agree_with_the_predictions_file(quick_run):
     """results.json's tables are the `ipl-jax score` tables of the written predictions (re-scored here)."""
     from ipl_jax.coat.tables import score_episodes

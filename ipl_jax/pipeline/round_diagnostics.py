@@ -3,9 +3,10 @@
 * held-out pairs: ``ipl.heldout_steps`` dev steps (a seeded choice, the same in every round, never trained on)
   get CoaT-trees from the round's starting policy; the round makes, packs and scores their pairs like its own
   (``preference.diagnostics``: ``heldout_pairs``).
-* the round's training steps: a seeded choice of ``ipl.diagnostic_steps`` of them. Before the update their trees
-  are the round's own (tallied while the round scores them: ``record``); after it, π(n) samples them again with
-  the same sampler settings. Greedy decoding of π(n-1) and π(n) on them gives the greedy accuracy.
+* the round's training steps: a seeded choice of ``ipl.diagnostic_steps`` of them, sampled by π(n-1) before the
+  update and by π(n) after it with the same sampler settings and the same seed (paired draws: an update that
+  changes nothing reads exactly 0, and the difference is not swamped by the noise of two independent draws of a
+  dozen trees). Greedy decoding of π(n-1) and π(n) on them gives the greedy accuracy.
 
 ``train_steps`` in the round record's ``diagnostics``: ``steps`` and, each ``_before`` and ``_after`` the update,
 ``pass_at_1`` / ``consistency`` / ``thought_names_golden`` (``eval.trees.LeafTally``: shares of sampled leaves /
@@ -39,17 +40,13 @@ from ipl_jax.sampling.tree_records import turn_texts
 from ipl_jax.settings import Settings
 
 
-def _key(step: Step) -> tuple[str, int]:
-    return str(step.episode_id), int(step.step_id)
-
-
 def _seed(rng) -> int:
     return int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
 
 class RoundDiagnostics:
-    """The probe of one round: ``record`` is called with each scored batch of the round's trees; ``heldout``,
-    ``before`` and ``after`` are the ``RoundProbe``'s functions (``probe()`` bundles them)."""
+    """The probe of one round: ``heldout``, ``before`` and ``after`` are the ``RoundProbe``'s functions
+    (``probe()`` bundles them)."""
 
     def __init__(
         self,
@@ -64,9 +61,8 @@ class RoundDiagnostics:
         self.settings, self.policy, self.sconfig, self.round_index = settings, policy, sconfig, round_index
         self.reward = reward_config(settings.reward, settings.data)
         self.steps = sample_steps(round_steps, ipl.diagnostic_steps, seed * 1000 + round_index + 500)
-        self.keys = {_key(x) for x in self.steps}
         self.heldout_steps = sample_steps(dev_steps, ipl.heldout_steps, seed) if ipl.heldout_steps > 0 else []
-        self.tallies: dict = {}
+        self.tally_seed = seed * 7919 + round_index  # the same draws before and after the update
 
     # ------------------------------------------------------------------------------------------- trees
 
@@ -80,13 +76,6 @@ class RoundDiagnostics:
             actions, scores = score_batch(batch, texts, self.reward, self.settings.reward.discount)
             yield batch, texts, actions, scores
 
-    def record(self, batch, texts, actions, scores) -> None:
-        """Tally the round's own trees of the probe's steps (π(n-1)'s figures)."""
-        tallies = row_tallies(texts, actions, scores.exact, batch.steps, batch.tree.step_valid)
-        for step, tally in zip(batch.steps, tallies):
-            if tally is not None and _key(step) in self.keys:
-                self.tallies[_key(step)] = tally
-
     def heldout(self, params, rng):
         """Trees of π(n-1) on the held-out dev steps, as the round's ``(SampledTrees, TreeScores)``."""
         if not self.heldout_steps:
@@ -95,10 +84,10 @@ class RoundDiagnostics:
         for batch, texts, actions, scores in self._trees(params, self.heldout_steps, _seed(rng), desc):
             yield sampled_trees(batch, self.policy.tokenizer), round_scores(batch, texts, actions, scores)
 
-    def _tally(self, params, seed: int):
+    def _tally(self, params, when: str) -> LeafTally:
         total = LeafTally()
-        desc = f"round {self.round_index} trees after"
-        for batch, texts, actions, scores in self._trees(params, self.steps, seed, desc):
+        desc = f"round {self.round_index} trees {when}"
+        for batch, texts, actions, scores in self._trees(params, self.steps, self.tally_seed, desc):
             for tally in row_tallies(texts, actions, scores.exact, batch.steps, batch.tree.step_valid):
                 total = total if tally is None else total + tally
         return total
@@ -117,11 +106,10 @@ class RoundDiagnostics:
     # ------------------------------------------------------------------------------------------- the probe
 
     def before(self, params) -> dict:
-        return {"greedy": self.greedy(params)}
+        return {"greedy": self.greedy(params), "tally": self._tally(params, "before")}
 
     def after(self, params, context: dict) -> dict:
-        before = sum(self.tallies.values(), LeafTally())
-        after = self._tally(params, self.settings.seed * 7919 + self.round_index)
+        before, after = context["tally"], self._tally(params, "after")
         out = {"steps": len(self.steps)}
         for name, tally in (("before", before), ("after", after)):
             out.update({f"{k}_{name}": v for k, v in tally.figures().items()})

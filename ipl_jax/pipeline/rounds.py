@@ -244,8 +244,6 @@ def run_round(
     def score(sampled):
         batch, texts = pending.pop(id(sampled))
         actions, scores = score_batch(batch, texts, reward, discount)
-        if diagnostics is not None:
-            diagnostics.record(batch, texts, actions, scores)
         for row, step in enumerate(batch.steps):
             if len(kept_trees) < n_view and bool(batch.tree.step_valid[row]):
                 kept_trees.append((tree_record(batch.tree, row, texts, actions, scores, step, discount), step))
