@@ -643,3 +643,27 @@ def test_version(capsys):
 
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"ipl-jax {metadata.version('ipl-jax')}"
+
+
+def test_processes_of_one_job_probe_the_same_new_workdir_at_once(tmp_path):
+    """Every process of a multi-process job checks ``--workdir`` before work: probes of one new path that overlap
+    (each makes the directory, writes a file, removes what it made) all pass and leave no file behind (a directory
+    one process made may stay where another was probing inside it: the job makes it anyway)."""
+    import multiprocessing
+
+    target = tmp_path / "new" / "workdir"
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        outcomes = pool.map(_probe_many, [str(target)] * 8)
+    assert outcomes == ["ok"] * 8
+    assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]
+
+
+def _probe_many(path: str) -> str:
+    from ipl_jax.pipeline.paths import output_dir
+
+    try:
+        for _ in range(200):
+            output_dir(path, "--workdir")
+    except Exception as e:  # reported to the test, which names it
+        return f"{type(e).__name__}: {e}"
+    return "ok"

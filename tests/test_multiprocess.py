@@ -199,7 +199,17 @@ def test_only_the_main_process_writes_the_logs(jobs):
 
 HEARTBEAT = 15  # seconds: how long a process goes on after its peer died (IPL_JAX_HEARTBEAT_TIMEOUT)
 RESUMED_SFT = "resuming SFT from its checkpoint at step 1"
-SFT_TIMES = ("seconds", "train_seconds", "tokens_per_s", "candidates")  # wall times and workdir paths
+# wall times, workdir paths and this invocation's throughput (``sft_stage.steady_rate``: a resumed run counts the
+# tokens of its own steps)
+SFT_TIMES = (
+    "seconds",
+    "train_seconds",
+    "tokens_per_s",
+    "candidates",
+    "tokens",
+    "first_step_seconds",
+    "tokens_per_s_steady",
+)
 
 
 def kill_all(procs) -> None:

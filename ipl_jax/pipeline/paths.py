@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -42,33 +43,50 @@ def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> 
     return p
 
 
+def _kind(path: Path) -> str | None:
+    """'dir', 'other' or None (missing), from one stat: a path that other processes of the job make and remove
+    while probing it is never seen as both existing and not a directory."""
+    try:
+        return "dir" if stat.S_ISDIR(path.stat().st_mode) else "other"
+    except FileNotFoundError:
+        return None
+
+
 def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
     """Make ``directory`` (and its missing parents) and write a file in it, then undo both; errors name ``shown``."""
     directory = Path(os.path.abspath(directory))
     missing = []
     node = directory
-    while not node.exists() and node != node.parent:
+    while _kind(node) is None and node != node.parent:
         missing.append(node)
         node = node.parent
-    if not node.is_dir():
+    if _kind(node) == "other":
         raise UsageError(f"{flag} {shown}: cannot be created because {node} is a file; choose another path")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
+        for attempt in range(10):  # the processes of one job probe the same path: another may just have removed it
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryFile(dir=directory):
+                    pass
+                break
+            except (FileNotFoundError, FileExistsError):  # made or removed by another process meanwhile
+                if attempt == 9:
+                    raise
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise UsageError(f"{flag} {shown}: cannot be written ({reason}); choose a writable location") from None
     finally:
-        for d in missing:  # deepest first
-            if d.is_dir():
+        for d in missing:  # deepest first; gone already or in use by another process: left to it
+            try:
                 d.rmdir()
+            except OSError:
+                pass
 
 
 def output_dir(path: str | os.PathLike, flag: str) -> Path:
     """A directory that exists or can be created, and can be written into (nothing is left behind)."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    if _kind(p) == "other":
         raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
     _probe_dir(p, flag, p)
     return p
