@@ -48,7 +48,7 @@ def _kind(path: Path) -> str | None:
     while probing it is never seen as both existing and not a directory."""
     try:
         return "dir" if stat.S_ISDIR(path.stat().st_mode) else "other"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (the latter: a file stands where a parent should be)
         return None
 
 
