@@ -652,7 +652,7 @@ def test_processes_of_one_job_probe_the_same_new_workdir_at_once(tmp_path):
     import multiprocessing
 
     target = tmp_path / "new" / "workdir"
-    with multiprocessing.get_context("fork").Pool(4) as pool:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:  # not fork: JAX has threads in this process
         outcomes = pool.map(_probe_many, [str(target)] * 8)
     assert outcomes == ["ok"] * 8
     assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]
