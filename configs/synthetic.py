@@ -249,9 +249,10 @@ def scarce(c):
     rejection sampling (``no_negatives``), naive DPO, more SFT on the N annotated episodes (``continued_sft``)
     and SFT on the hidden CoaT of the M episodes (``sft_oracle``, an upper bound). N, M, the rounds and the
     round's optimizer are fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate,
-    ipl.schedule, ...); one round at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on seed 0), about 20
-    minutes per seed of that ablation on two cores: one base SFT, intermediate rounds (with ipl.rounds > 1)
-    evaluated on dev only, no live-world episodes and no blank-screen control."""
+    ipl.schedule, ...); one round at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on seed 0) with its pairs
+    balanced over action types (ipl.type_balance = 1: without it the rounds trade PRESS steps for CLICK; README),
+    about 20 minutes per seed of that ablation on two cores: one base SFT, intermediate rounds (with ipl.rounds >
+    1) evaluated on dev only, no live-world episodes and no blank-screen control."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
     c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
@@ -259,6 +260,7 @@ def scarce(c):
     c.ipl.rounds = c.ablation.rounds = 1
     c.ipl.steps_per_round = 48
     c.ipl.learning_rate = 1e-4
+    c.ipl.type_balance = 1.0
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 12, 8
     c.eval.every_round = False
     c.eval.online_episodes = 0

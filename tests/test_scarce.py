@@ -167,7 +167,7 @@ def test_scarce_variant_settings():
     assert (c.data.annotated_episodes, c.data.action_episodes) == (30, 270) and c.ipl.rounds == c.ablation.rounds
     assert set(c.ablation.variants) == {"tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
     assert variant_settings(c, "sft_oracle").ipl.method == "sft_oracle"
-    assert c.eval.every_round is False
+    assert c.eval.every_round is False and c.ipl.type_balance == 1.0
 
 
 QUICK_SCARCE = [
@@ -198,6 +198,7 @@ QUICK_SCARCE = [
     "--config.ipl.diagnostic_steps=2",
     "--config.ipl.heldout_steps=2",
     "--config.ipl.gamma_pairs=paper",
+    "--config.ipl.type_balance=0.0",  # 4 steps a round: keep every pair, so each variant has updates to compare
     "--config.eval.batch_size=4",
 ]
 
