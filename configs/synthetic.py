@@ -1,16 +1,17 @@
-"""The default job: a tiny Qwen2-VL-architecture model trained from scratch on the synthetic GUI world, on a CPU.
+"""The default job: a tiny Qwen2-VL-architecture model trained from scratch on the synthetic GUI world, on a CPU,
+with scarce annotations: warm-up SFT on the CoaT of a few episodes, IPL rounds on many more action-only ones.
 
-    ipl-jax run --workdir runs/default                       # this config
-    ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smaller variant (tests, the notebook)
-    ipl-jax ablate --config synthetic:scarce ...             # scarce annotations: IPL on action-only episodes
+    ipl-jax run --workdir runs/default                       # this config (the scarce setting)
+    ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smoke run of the same path (tests, the notebook)
+    ipl-jax ablate --workdir runs/ablate                     # T-DPO against its controls from one seed
+    ipl-jax run --config synthetic:full ...                  # every training episode annotated (the old default)
     ipl-jax ablate --config synthetic:gpu ...                # a 30M-parameter policy at full resolution, one GPU
     ipl-jax run --config.sft.steps=1200 ...                  # any field can be overridden
 
 Sizes fit a 2-core CPU: the world's 224x448 screenshots seen at half size (32 image tokens after the 2x2
 merge), a 4-layer decoder of width 128, a BPE vocabulary of at most 2048 trained on the world's own texts, and
 the world's easier settings (canonical layouts, no distractors, shorter lists). The job reads each section into
-the typed settings of ``ipl_jax/settings.py``; what this config measures (the seed's SFT curve, one IPL round
-against its continued-SFT control, the other learners): README, "The method on the default job".
+the typed settings of ``ipl_jax/settings.py``; what it measures: README ("The main job", "Measured outcome").
 """
 
 import ml_collections
@@ -45,6 +46,8 @@ def get_config(arg=None):
     # (golden action, screen and history only), which the IPL rounds sample; N + M <= the training episodes
     c.data.annotated_episodes = 0
     c.data.action_episodes = 0
+    c.data.action_root = ""  # logs from another dataset's train split: N (0: all) of root's annotated, M (0: all) of it
+    c.data.action_format = ""  # its format: aitz | amex | android_control | arrayrecord | tfds:NAME ("": data.format)
 
     # ------------------------------------------------------------------ the synthetic world (data/synthetic/config.py)
     # Every WorldConfig field. The default: canonical layouts (no shuffling or jitter), no distractors, 2-6 extra
@@ -65,6 +68,9 @@ def get_config(arg=None):
     c.evolution.levels = (1, 2, 3)
     c.evolution.per_step = 2  # Q&A items per training screen
     c.evolution.max_items = 1200
+    # screens the Q&A are asked about: "all" training screens (the action-only episodes' too: a Q&A needs the screen
+    # and its UI elements, not a CoaT annotation) or only the "annotated" ones
+    c.evolution.screens = "annotated"
 
     # ------------------------------------------------------------------ model (from scratch)
     c.model = ml_collections.ConfigDict()
@@ -97,6 +103,9 @@ def get_config(arg=None):
     c.buckets.patches = (128,)  # per image; a batch of B images uses B x this
     c.buckets.max_turn_tokens = (64, 36, 10, 22)  # per CoaT turn (end token included): description, thought,
     # action, grounding -- about the longest golden turns of the synthetic data (a box is ~20 tokens: one per digit)
+    # a length over the largest bucket (SFT tokens, patches, sampler prefix / prompts, a bound of the T-DPO rows),
+    # measured before training, adds a bucket for it (the `buckets` stage); True stops the job there instead
+    c.buckets.fixed = False
 
     # ------------------------------------------------------------------ warm-up SFT
     c.sft = ml_collections.ConfigDict()
@@ -186,9 +195,10 @@ def get_config(arg=None):
     # splits also evaluated with every screenshot replaced by a grey image (how much accuracy needs the screen)
     c.eval.blank_splits = ("test",)
     # online evaluation (eval/online.py): the policy acts greedily in the live world on the first N episodes of
-    # `online_split` (their world seeds and tasks); episode success rate and mean steps go into results.json
+    # each of `online_splits` (their world seeds and tasks: seen tasks in `test`, unseen ones in `test_task_unseen`);
+    # episode success rate and mean steps go into results.json (`online`: the first split, `online_splits`: each)
     c.eval.online_episodes = 40  # 0: off
-    c.eval.online_split = "test_task_unseen"
+    c.eval.online_splits = ("test", "test_task_unseen")
     c.eval.online_max_steps = 25  # step limit: min(this, 2 x the expert's steps); a cut episode is a failure
 
     # ------------------------------------------------------------------ final export
@@ -206,40 +216,51 @@ def get_config(arg=None):
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
 
-    if arg == "quick":  # the smallest end-to-end run (tests, the notebook): every stage, a few steps each
-        c.data.train_episodes, c.data.dev_episodes, c.data.test_episodes = 24, 4, 4
-        c.evolution.max_items = 48
-        c.model.num_hidden_layers = 2
-        c.model.vocab_size = 1024
-        # one shape per program: nothing compiles twice
-        c.buckets.tokens = (384,)
-        c.sampler.prefix_buckets = (128,)
-        c.sampler.prompt_buckets = (128,)
-        c.ipl.text_buckets = (640,)
-        c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.checkpoint_every = 8, 4, 4, 4
-        c.sft.warmup_steps = 2
-        c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
-        c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
-        c.ipl.rounds, c.ipl.steps_per_round, c.ipl.batch_size = 1, 4, 4
-        c.ipl.diagnostic_steps, c.ipl.heldout_steps = 4, 4
-        # an 8-step SFT policy's thoughts never name the golden action, so "consistent" γ pairs would leave its few
-        # trees without a single pair: the smoke run takes the paper's pairs so that every stage has work
-        c.ipl.gamma_pairs = "paper"
-        c.eval.batch_size = 4
-        c.eval.online_episodes, c.eval.online_max_steps = 4, 6
-        # RL baselines at the quick round's budget (4 steps x 8 leaves = 32 completions): 4 GRPO prompts x 8; PPO
-        # in batches of 2 tasks x 2 trajectories of at most 4 steps
-        c.rl.row_buckets = (640,)
-        c.rl.ppo.tasks_per_batch, c.rl.ppo.trajectories_per_task, c.rl.ppo.minibatch_rows = 2, 2, 8
-        c.rl.ppo.max_steps, c.rl.ppo.critic_warmup, c.rl.ppo.policy_updates = 4, 1, 1
-        c.export.viewer_steps = 2
-    elif arg == "scarce":
+    if arg in (None, "", "default", "scarce"):  # "scarce": the name this setting had before it became the default
         scarce(c)
+    elif arg == "quick":
+        scarce(c)
+        quick(c)
     elif arg == "gpu":
         gpu(c)
-    elif arg not in (None, "", "default"):
-        raise ValueError(f"configs/synthetic.py: unknown variant {arg!r} (expected quick, scarce, gpu or nothing)")
+    elif arg != "full":
+        raise ValueError(
+            f"configs/synthetic.py: unknown variant {arg!r} (expected nothing, quick, full, scarce or gpu)"
+        )
     return c
+
+
+def quick(c):
+    """The smallest end-to-end run of the default's path (tests, the notebook): every stage, a few steps each,
+    warm-up SFT on 6 annotated episodes and the round on 18 action-only ones."""
+    c.data.annotated_episodes, c.data.action_episodes = 6, 18
+    c.data.train_episodes, c.data.dev_episodes, c.data.test_episodes = 24, 4, 4
+    c.evolution.max_items = 48
+    c.model.num_hidden_layers = 2
+    c.model.vocab_size = 1024
+    # one shape per program: nothing compiles twice
+    c.buckets.tokens = (384,)
+    c.sampler.prefix_buckets = (128,)
+    c.sampler.prompt_buckets = (128,)
+    c.ipl.text_buckets = (640,)
+    c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.checkpoint_every = 8, 4, 4, 4
+    c.sft.warmup_steps, c.sft.seed_candidates = 2, 2
+    c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
+    c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
+    c.ipl.rounds, c.ipl.steps_per_round, c.ipl.batch_size = 1, 4, 4
+    c.ipl.diagnostic_steps, c.ipl.heldout_steps = 4, 4
+    # an 8-step SFT policy's thoughts never name the golden action, so "consistent" γ pairs would leave its few
+    # trees without a single pair: the smoke run takes the paper's pairs so that every stage has work
+    c.ipl.gamma_pairs = "paper"
+    c.eval.batch_size = 4
+    c.eval.online_episodes, c.eval.online_max_steps = 4, 6
+    # RL baselines at the quick round's budget (4 steps x 8 leaves = 32 completions): 4 GRPO prompts x 8; PPO
+    # in batches of 2 tasks x 2 trajectories of at most 4 steps
+    c.rl.row_buckets = (640,)
+    c.rl.ppo.tasks_per_batch, c.rl.ppo.trajectories_per_task, c.rl.ppo.minibatch_rows = 2, 2, 8
+    c.rl.ppo.max_steps, c.rl.ppo.critic_warmup, c.rl.ppo.policy_updates = 4, 1, 1
+    c.export.viewer_steps = 2
+    c.ipl.type_balance = 0.0  # 4 steps a round: keep every pair so that the round has updates
 
 
 def scarce(c):
@@ -263,9 +284,7 @@ def scarce(c):
     c.ipl.type_balance = 1.0
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 12, 8
     c.eval.every_round = False
-    c.eval.online_episodes = 0
-    c.eval.blank_splits = ()
-    c.ablation.variants = ("tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle")
+    c.ablation.variants = ("tdpo", "no_negatives", "continued_sft", "sft_oracle")
 
 
 def gpu(c):

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ipl_jax.data.datasets import LOADERS, TFDS_PREFIX
+from ipl_jax.data.datasets import ALIASES, LOADERS, TFDS_PREFIX, canonical_format
 from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.data.synthetic.dataset import SPLITS
 
@@ -155,6 +155,8 @@ class DataSettings(Section):
     coat_fallback: bool
     annotated_episodes: int
     action_episodes: int
+    action_root: str
+    action_format: str
 
     def __post_init__(self):
         known = self.format == "synthetic" or self.format in LOADERS or self.format.startswith(TFDS_PREFIX)
@@ -167,14 +169,25 @@ class DataSettings(Section):
         self.at_least("shards", 1)
         self.at_least("annotated_episodes action_episodes", 0)
         n, m = self.annotated_episodes, self.action_episodes
-        if m > 0:
+        logs = canonical_format(self.action_format)
+        self.need(
+            "action_format",
+            not logs or logs in LOADERS or logs.startswith(TFDS_PREFIX),
+            f"must be a format holding golden actions: {', '.join([*LOADERS, *ALIASES])} or {TFDS_PREFIX}NAME",
+        )
+        self.need(
+            "action_format", not logs or self.action_root, "has no data.action_root to read (set both, or neither)"
+        )
+        if m > 0 and not self.action_root:
             self.need(
                 "annotated_episodes",
                 n >= 1,
                 f"leaves no annotated episode for warm-up SFT beside the {m} action-only ones",
             )
-        if m > 0 and self.synthetic:
-            pool = self.train_episodes - (0 if self.dev_split else self.dev_holdout)
+        pool = self.train_episodes - (0 if self.dev_split else self.dev_holdout)
+        if self.synthetic and self.action_root:
+            self.need("annotated_episodes", n <= pool, f"exceeds the world's {pool} training episodes")
+        elif self.synthetic and m > 0:
             self.need(
                 "action_episodes",
                 n + m <= pool,
@@ -183,8 +196,13 @@ class DataSettings(Section):
 
     @property
     def scarce(self) -> bool:
-        """Scarce annotations: ``action_episodes`` training episodes are read as action logs."""
-        return self.action_episodes > 0
+        """Scarce annotations: ``action_episodes`` training episodes, or those of ``action_root``, are action logs."""
+        return self.action_episodes > 0 or bool(self.action_root)
+
+    @property
+    def log_format(self) -> str:
+        """The format ``action_root`` is read in: ``action_format``, else ``format`` (synthetic: aitz)."""
+        return canonical_format(self.action_format or ("aitz" if self.synthetic else self.format))
 
     @property
     def synthetic(self) -> bool:
@@ -213,10 +231,12 @@ class EvolutionSettings(Section):
     levels: tuple[int, ...]
     per_step: int
     max_items: int
+    screens: str
 
     def __post_init__(self):
         self.need("levels", bool(self.levels) and set(self.levels) <= {1, 2, 3}, "must be a subset of 1, 2, 3")
         self.at_least("per_step max_items", 0)
+        self.need("screens", self.screens in ("all", "annotated"), "must be all or annotated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,12 +329,14 @@ class ModelSettings(Section):
 @dataclasses.dataclass(frozen=True)
 class BucketSettings(Section):
     """tokens: SFT row lengths; patches: image patches per screenshot; max_turn_tokens: the budget of each CoaT
-    turn (end token included)."""
+    turn (end token included); fixed: data longer than a largest bucket stops the job before training, instead
+    of a bucket being added for it (``pipeline.bucket_fit``)."""
 
     PATH: ClassVar[str] = "buckets"
     tokens: tuple[int, ...]
     patches: tuple[int, ...]
     max_turn_tokens: tuple[int, int, int, int]
+    fixed: bool = False
 
     def __post_init__(self):
         for name in ("tokens", "patches", "max_turn_tokens"):
@@ -579,14 +601,18 @@ class EvalSettings(Section):
     every_round: bool
     blank_splits: tuple[str, ...]
     online_episodes: int
-    online_split: str
+    online_splits: tuple[str, ...]
     online_max_steps: int
 
     def __post_init__(self):
         self.at_least("batch_size online_max_steps", 1)
         self.at_least("max_steps", 0, " (0: every step)")
         self.at_least("online_episodes", 0, " (0: no online evaluation)")
-        self.need("online_split", self.online_split in SPLITS, _one_of(SPLITS))
+        self.need(
+            "online_splits",
+            len(self.online_splits) >= 1 and all(s in SPLITS for s in self.online_splits),
+            f"must name one or more of {', '.join(SPLITS)}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

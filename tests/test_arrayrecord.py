@@ -235,7 +235,7 @@ def test_synthetic_job_stores_its_data_as_arrayrecord(tmp_path):
 
     splits = {}
     for store in ("aitz", "arrayrecord"):
-        settings = load_settings("synthetic").replace(
+        settings = load_settings("synthetic:full").replace(
             {
                 "data.train_episodes": 3,
                 "data.dev_episodes": 1,

@@ -200,7 +200,7 @@ CASES = [
         "unknown config variant",
         lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)],
         2,
-        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected quick, scarce, gpu or nothing\)",
+        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected nothing, quick, full, scarce or gpu\)",
     ),
     Case(
         "missing config file",
@@ -592,6 +592,7 @@ def test_job_skip_bad_from_the_config(files: Files):
         f"--config.data.root={files.aitz_escape}",
         "--config.data.dev_split=test",
         "--config.data.test_splits=('test',)",
+        "--config.data.action_episodes=0",
         "--config.eval.online_episodes=0",
     ]
     lines: list[str] = []

@@ -114,11 +114,15 @@ def test_results_schema(quick_run):
     # round 1 trained on pairs from its trees: a tree batch with no pair at all would mean nothing was learnt
     assert rounds[1]["pairs"] > 0
     # every round, the seed's included, was also played in the live world (eval.online_episodes)
+    # on every split of eval.online_splits (seen and unseen tasks); `online` is the first
     for r in rounds:
-        on = r["online"]
-        assert on["split"] == config.eval.online_split and on["episodes"] == config.eval.online_episodes
-        assert 0.0 <= on["success_rate"] <= 1.0 and 1.0 <= on["mean_steps"] <= config.eval.online_max_steps
-        assert on["env_steps"] == round(on["mean_steps"] * on["episodes"])
+        assert list(r["online_splits"]) == list(config.eval.online_splits)
+        assert r["online"] == r["online_splits"][config.eval.online_splits[0]]
+        for split, on in r["online_splits"].items():
+            assert on["split"] == split and on["episodes"] == config.eval.online_episodes
+            assert 0.0 <= on["success_rate"] <= 1.0 and 1.0 <= on["mean_steps"] <= config.eval.online_max_steps
+            assert on["env_steps"] == round(on["mean_steps"] * on["episodes"])
+            assert on["success_rate"] + on["wrong_stop_rate"] + on["truncated_rate"] == pytest.approx(1.0)
     assert rounds[1]["samples"] == rounds[1]["budget"] == config.ipl.steps_per_round * 8  # tree leaves
     # round 1 explains itself (ipl.diagnostics): its own and held-out pairs before / after, its steps' figures
     d = rounds[1]["diagnostics"]
@@ -387,7 +391,7 @@ def test_resume_skips_finished_stages(quick_run):
     expected.insert(expected.index("export"), "round_1")
     assert started == expected
     skipped = [e["stage"] for e in events if e["event"] == "skipped"]
-    assert skipped == ["data", "evolution", "model", "sft"]
+    assert skipped == ["data", "evolution", "model", "buckets", "sft"]
     before = (workdir / "results.json").read_text()
     n_events = len(events)
     lines: list[str] = []

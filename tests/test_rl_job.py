@@ -19,7 +19,7 @@ def test_equal_budget_of_the_shipped_configs():
     """One round of any method spends the T-DPO round's sampled completions: steps_per_round x leaves."""
     quick, default = _settings(), _settings("synthetic")
     assert round_budget(quick.ipl, quick.sampler.branching) == 4 * 8 == 32  # branching (2, 2, 2, 1)
-    assert round_budget(default.ipl, default.sampler.branching) == 64 * 27 == 1728  # branching (3, 3, 3, 1)
+    assert round_budget(default.ipl, default.sampler.branching) == 48 * 27 == 1296  # branching (3, 3, 3, 1)
     assert grpo_prompts(32, quick.rl.grpo.group_size) * 8 == 32
     assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1735, 8) == 216  # whole groups: never over budget
     assert grpo_prompts(5, 8) == 1  # at least one group
@@ -54,7 +54,10 @@ def test_rl_variants_are_method_switches():
         ({"rl.ppo.critic_warmup": -1}, r"^config\.rl\.ppo\.critic_warmup=-1: must be >= 0"),
         ({"rl.row_buckets": "()"}, r"^config\.rl\.row_buckets=\(\): must be one or more lengths"),
         ({"eval.online_episodes": -1}, r"^config\.eval\.online_episodes=-1: must be >= 0"),
-        ({"eval.online_split": "nope"}, r"^config\.eval\.online_split='nope': must be one of train, dev"),
+        (
+            {"eval.online_splits": "nope"},
+            r"^config\.eval\.online_splits=\('nope',\): must name one or more of train, dev",
+        ),
         ({"ipl.method": "ppo", "ipl.lora_rank": 4}, r"^config\.ipl\.lora_rank=4: must be 0 with ipl\.method=ppo"),
         (
             {"ipl.method": "gigppo", "rl.ppo.trajectories_per_task": 1},

@@ -154,7 +154,7 @@ def test_scarce_splits_out_of_range_stop_in_one_line_before_any_work(tmp_path, c
 def test_a_variant_that_needs_the_logs_annotations_without_logs_stops_in_one_line(tmp_path, capsys):
     workdir = tmp_path / "ablate"
     rc, err = _cli(
-        ["ablate", "--config", "synthetic", "--workdir", str(workdir), "--variants", "tdpo,sft_oracle"], capsys
+        ["ablate", "--config", "synthetic:full", "--workdir", str(workdir), "--variants", "tdpo,sft_oracle"], capsys
     )
     assert rc == 2 and len(err.splitlines()) == 1 and not workdir.exists()
     assert "config.ipl.method='sft_oracle': trains on the CoaT of action-only episodes" in err
@@ -164,8 +164,14 @@ def test_scarce_variant_settings():
     from ipl_jax.pipeline.ablate import variant_settings
 
     c = load_settings("synthetic:scarce")
+    assert c == load_settings("synthetic")  # the default job is the scarce setting ("scarce": its former name)
     assert (c.data.annotated_episodes, c.data.action_episodes) == (30, 270) and c.ipl.rounds == c.ablation.rounds
-    assert set(c.ablation.variants) == {"tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
+    assert c.ablation.variants == ("tdpo", "no_negatives", "continued_sft", "sft_oracle")
+    # the default keeps the blank-screen control and the live world, on seen and unseen tasks
+    assert c.eval.blank_splits == ("test",) and c.eval.online_episodes > 0
+    assert c.eval.online_splits == ("test", "test_task_unseen")
+    full = load_settings("synthetic:full")  # the former default: every training episode annotated
+    assert (full.data.annotated_episodes, full.data.action_episodes) == (0, 0) and not full.data.scarce
     assert variant_settings(c, "sft_oracle").ipl.method == "sft_oracle"
     assert c.eval.every_round is False and c.ipl.type_balance == 1.0
 
@@ -215,7 +221,8 @@ def test_ablate_scarce_quick(tmp_path):
 
     root = tmp_path / "ablate"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), IPL_JAX_QUIET="1")
-    args = ["ablate", "--config", "synthetic:scarce", "--workdir", str(root), *QUICK_SCARCE]
+    variants = "tdpo,no_negatives,naive_dpo,continued_sft,sft_oracle"
+    args = ["ablate", "--config", "synthetic:scarce", "--workdir", str(root), "--variants", variants, *QUICK_SCARCE]
     proc = subprocess.run(
         [sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True, timeout=3000
     )

@@ -15,7 +15,7 @@ COMMANDS = {
     "check-parity": ("ipl_jax.cli.check_parity", "main", "compare our Qwen2-VL with transformers on a checkpoint"),
     "make-tiny": ("ipl_jax.cli.make_tiny", "main", "write a random tiny Qwen2-VL checkpoint + tokenizer"),
     "init-model": ("ipl_jax.cli.init_model", "main", "a random Qwen2-VL-2B/7B checkpoint with our tokenizer"),
-    "synth": ("ipl_jax.cli.synth", "main", "write a synthetic GUI-world split in the AITZ format"),
+    "synth": ("ipl_jax.cli.synth", "main", "write a synthetic GUI-world split (AITZ or AndroidControl format)"),
     "score": ("ipl_jax.cli.score", "main", "score a predictions JSONL file against a dataset"),
     "sft": ("ipl_jax.cli.sft", "main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
     "eval": ("ipl_jax.cli.eval", "main", "greedy CoaT decoding + Step.Acc tables"),

@@ -43,7 +43,9 @@ def parser() -> CommandParser:
     p.add_argument("--model", required=True, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
     p.add_argument("--data", default=None, help="dataset root directory")
     p.add_argument("--format", default=None, choices=FORMATS, dest="fmt", help="dataset format")
-    p.add_argument("--split", default=None, help="split (default: test; online: config.eval.online_split)")
+    p.add_argument(
+        "--split", default=None, help="split (default: test; online: the first of config.eval.online_splits)"
+    )
     p.add_argument("--online", action="store_true", help="play whole episodes in the live synthetic world")
     p.add_argument("--episodes", type=positive_int, default=None, help="online: episodes (default: the config's)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="online: step limit cap (default: config's)")
@@ -134,7 +136,7 @@ def main(argv: list[str]) -> int:
 
 def online(args, job) -> int:
     """``--online``: ``eval.online.online_eval`` on the split's live tasks."""
-    split = args.split or job.eval.online_split
+    split = args.split or job.eval.online_splits[0]
     if split not in SPLITS:
         raise UsageError(f"--split {split!r}: the synthetic world's splits are {', '.join(SPLITS)}")
     if not job.data.synthetic:

@@ -7,6 +7,8 @@ when JAX was already started with another count). ``--topology`` plans for a Clo
 topology API (needs the ``tpu-plan`` extra: ``pip install 'ipl-jax[tpu-plan]'``); it takes the slice names
 v4-N / v5p-N (N TensorCores, two per chip) and v5e-N / v6e-N (N chips), or libtpu's own ``v5p:2x2x2``. The CPU
 backend's temporaries run a few times larger than the TPU's for the same program: budget HBM with a topology.
+``--workdir DIR`` plans with the buckets the job in DIR fitted to its data (its ``buckets`` stage,
+``pipeline/bucket_fit.py``) instead of the configured ones.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from jax.experimental import topologies
 from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.model.sharding import make_mesh
+from ipl_jax.pipeline import bucket_fit
 from ipl_jax.pipeline import plan as plan_lib
 from ipl_jax.pipeline import plan_shapes as shapes_lib
 from ipl_jax.pipeline.paths import UsageError, output_file
@@ -67,6 +70,7 @@ def parser() -> CommandParser:
     p.add_argument("--programs", default="sft,tdpo,prefill,decode", help="comma-separated subset to plan")
     p.add_argument("--budget-gb", type=float, default=None, help="mark programs whose total exceeds this")
     p.add_argument("--json", default=None, help="also write the plan here as JSON")
+    p.add_argument("--workdir", default=None, help="a job's workdir: plan with the buckets it fitted to its data")
     return p
 
 
@@ -149,6 +153,8 @@ def _check_early(args, settings, options, mesh_arg) -> None:
 @command(PROG)
 def main(argv: list[str]) -> int:
     args, settings = parse_args_with_settings(parser(), argv)
+    if args.workdir:  # the buckets the job runs with (its buckets stage), not only the configured ones
+        settings = bucket_fit.apply(settings, bucket_fit.read_fitted(args.workdir))
     if args.json:
         output_file(args.json, "--json")
     try:

@@ -1,12 +1,13 @@
-"""``ipl-jax synth``: write synthetic-world splits in the AITZ format.
+"""``ipl-jax synth``: write synthetic-world splits in the AITZ format (or AndroidControl's).
 
     ipl-jax synth --out DIR --split NAME --episodes N --seed S [--world K=V ...] [--overwrite]
     ipl-jax synth --out DIR --split all --config synthetic [--config.world.width=252 ...]
+    ipl-jax synth --out DIR --split train --format android_control ...   # action logs: TFRecord shards, no CoaT
 
 The world's settings are ``WorldConfig``'s defaults, or a job config's ``world`` section with ``--config``;
 ``--world K=V`` overrides single fields on top. ``--split all`` writes every split with its default size
-(``--episodes`` then scales them all). A split folder that already holds files is refused unless
-``--overwrite`` (which replaces that split), so episodes of two runs never mix.
+(``--episodes`` then scales them all). A split that already holds files (AITZ: its folder; AndroidControl: its
+shard) is refused unless ``--overwrite`` (which replaces that split), so episodes of two runs never mix.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ipl_jax.cli.common import CommandParser, command, nonnegative_int, seed_int
 from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.data.synthetic import android_control_writer as ac
 from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
 from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
 from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES, SPLITS, config_to_json, generate_split
@@ -28,6 +30,7 @@ from ipl_jax.progress import progress
 
 PROG = "ipl-jax synth"
 PNG_LEVELS = range(0, 10)
+FORMATS = ("aitz", "android_control")
 
 
 def parser() -> CommandParser:
@@ -42,6 +45,13 @@ def parser() -> CommandParser:
         "and the others scaled alike)",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, 0 .. 2**32-1")
+    p.add_argument(
+        "--format",
+        default="aitz",
+        choices=FORMATS,
+        help="aitz: CoaT-annotated folders; android_control: GZIP TFRecord shards without CoaT, each episode's final "
+        "stop left out (AndroidControl has no action for it)",
+    )
     p.add_argument(
         "--world",
         nargs="+",
@@ -106,23 +116,37 @@ def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
             raise UsageError(f"--out {out}: {out / s} is a file; choose another --out")
 
 
+def claim_shards(out: Path, splits, overwrite: bool) -> None:
+    """The AndroidControl form of ``claim_split_dirs``: a split's shard is refused (or removed with
+    ``overwrite``), and so is a folder holding AndroidControl data that ``ipl-jax synth`` did not write."""
+    if (out / "splits.json").is_file() and not (out / ac.INFO).is_file():
+        raise UsageError(
+            f"--out {out}: holds an AndroidControl dataset not written by ipl-jax synth; choose another --out"
+        )
+    busy = [ac.shard_path(out, s) for s in splits if ac.shard_path(out, s).exists()]
+    if busy and not overwrite:
+        raise UsageError(
+            f"--out {out}: shard {busy[0].name} already holds a split; pass --overwrite to replace it, or choose "
+            f"another --out"
+        )
+    for shard in busy:
+        shard.unlink()
+
+
 @command(PROG)
 def main(argv: list[str]) -> int:
     args, world = world_of(argv)
     out = output_dir(args.out, "--out")
     plan = plan_splits(args.split, args.episodes)
-    claim_split_dirs(out, plan, args.overwrite)
+    aitz = args.format == "aitz"
+    if not aitz and args.with_meta:
+        raise UsageError("--with-meta: the AndroidControl layout has no field for the step meta; use --format aitz")
+    (claim_split_dirs if aitz else claim_shards)(out, plan, args.overwrite)
     for split, n in plan.items():
         t0 = time.perf_counter()
         episodes = generate_split(split, n, seed=args.seed, config=world)
-        split_dir = write_aitz_split(
-            progress(episodes, desc=f"synth {split}", unit="episode"),
-            out,
-            split,
-            compress_level=args.png_level,
-            with_meta=args.with_meta,
-        )
-        types = collections.Counter(s.action.type for e in episodes for s in e.steps)
+        # the steps written: AndroidControl's shard holds every step but the episodes' final stops
+        types = collections.Counter(s.action.type for e in episodes for s in (e.steps if aitz else e.steps[:-1]))
         n_steps = sum(types.values())
         info = {
             "split": split,
@@ -132,8 +156,13 @@ def main(argv: list[str]) -> int:
             "action_types": dict(sorted(types.items())),
             "config": config_to_json(world),
         }
-        split_dir.mkdir(parents=True, exist_ok=True)
-        (split_dir / "synth_info.json").write_text(json.dumps(info, indent=1))
+        shown = progress(episodes, desc=f"synth {split}", unit="episode")
+        if aitz:
+            split_dir = write_aitz_split(shown, out, split, compress_level=args.png_level, with_meta=args.with_meta)
+            split_dir.mkdir(parents=True, exist_ok=True)
+            (split_dir / "synth_info.json").write_text(json.dumps(info, indent=1))
+        else:
+            split_dir = ac.write_android_control_split(shown, out, split, compress_level=args.png_level, info=info)
         shares = ", ".join(f"{k} {v / max(1, n_steps):.0%}" for k, v in sorted(types.items()))
         print(
             f"{split}: {len(episodes)} episodes, {n_steps} steps -> {split_dir} "

@@ -1,5 +1,6 @@
-"""Android accessibility trees (android_env's ``AndroidAccessibilityForest`` protos) as UI elements, and the
-element a click lands on. The protos are parsed with a partial copy of the schema: only the fields read here."""
+"""Android accessibility trees (android_env's ``AndroidAccessibilityForest`` protos) as UI elements, the element a
+click lands on, and UI elements written back as a forest (``forest_bytes``: the AndroidControl writer, test
+fixtures). The protos are parsed and written with a partial copy of the schema: only the fields read here."""
 
 from __future__ import annotations
 
@@ -73,6 +74,35 @@ def a11y_elements(forest_bytes: bytes, width: int, height: int) -> tuple[UIEleme
                 )
             )
     return tuple(out)
+
+
+def forest_bytes(nodes: Sequence[tuple]) -> bytes:
+    """A serialized one-window forest of ``nodes`` = [((left, top, right, bottom) pixels, text, class_name,
+    clickable)], in android_env's field numbers: what ``a11y_elements`` reads back."""
+    forest = _a11y_forest_class()()
+    tree = forest.windows.add().tree
+    for (left, top, right, bottom), text, class_name, clickable in nodes:
+        node = tree.nodes.add(text=text, class_name=class_name, is_clickable=bool(clickable))
+        r = node.bounds_in_screen
+        r.left, r.top, r.right, r.bottom = (int(v) for v in (left, top, right, bottom))
+    return forest.SerializeToString()
+
+
+def elements_forest(elements: Sequence[UIElement], width: int, height: int) -> bytes:
+    """``forest_bytes`` of UI elements (boxes in screen fractions) on a ``width`` x ``height`` screenshot; the
+    element's ``kind`` becomes the node's class name."""
+    return forest_bytes(
+        [
+            (
+                (round(x1 * width), round(y1 * height), round(x2 * width), round(y2 * height)),
+                el.text,
+                el.kind,
+                el.clickable,
+            )
+            for el in elements
+            for x1, y1, x2, y2 in [el.box]
+        ]
+    )
 
 
 def click_target(elements: Sequence[UIElement], point) -> tuple[tuple | None, str | None]:

@@ -31,7 +31,7 @@ from typing import Any
 from PIL import Image
 
 from ipl_jax.coat.actions import Action, format_action
-from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
+from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement, coat_or_none
 from ipl_jax.progress import progress
 
 SPLITS = ("train", "test")
@@ -192,13 +192,12 @@ def _action(rec: dict, elements: Sequence[UIElement], where) -> Action:
 
 
 def _coat(rec: dict, where) -> CoaT | None:
-    present = {f: rec.get("coat_" + f) for f in _COAT_FIELDS if ("coat_" + f) in rec}
-    if not present:
-        return None
+    """The step's CoaT; None when its ``coat_*`` fields are absent, null or empty (the step reads as action-only)."""
+    present = {f: rec.get("coat_" + f) for f in _COAT_FIELDS}
     for f, v in present.items():
-        if not isinstance(v, str):
+        if v is not None and not isinstance(v, str):
             raise DataError(*where, "coat_" + f, f"expected a string, got {type(v).__name__}")
-    return CoaT(**{f: present.get(f, "") for f in _COAT_FIELDS})
+    return coat_or_none(present)
 
 
 def inside(root: Path, path: Path) -> bool:

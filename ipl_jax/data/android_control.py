@@ -11,7 +11,8 @@ pairs screenshot i with action i; the last screenshot has no action.
 
 Traps honoured here:
 
-* a scroll's ``direction`` is the direction the *content* moves; it is reversed into the finger direction;
+* a scroll's ``direction`` is the direction the *content* moves; it is reversed into the finger direction
+  (``CONTENT_OF_FINGER`` is the writer's way back);
 * click / long_press ``x``, ``y`` are pixels of that step's screenshot (normalised by its own width/height);
 * the screenshots of the real set are tens of GB: one streaming pass writes each PNG, untouched, into a cache
   folder (``<root>/screenshot_cache`` unless ``cache_dir`` is given) and the steps keep only paths. A file
@@ -41,7 +42,10 @@ from ipl_jax.data.tfrecords import iter_tfrecords
 SPLITS = ("train", "validation", "test")
 SUBSPLITS = ("IDD", "app_unseen", "task_unseen", "category_unseen")
 FINGER_OF_CONTENT = {"up": "down", "down": "up", "left": "right", "right": "left"}
-_NAV = {"navigate_home": "home", "navigate_back": "back"}
+CONTENT_OF_FINGER = {finger: content for content, finger in FINGER_OF_CONTENT.items()}
+# keyboard_enter: AndroidWorld's name for the enter key, which AndroidControl's own episodes never hold; the
+# synthetic world's AndroidControl writer uses it for press enter (data/synthetic/android_control_writer.py)
+_NAV = {"navigate_home": "home", "navigate_back": "back", "keyboard_enter": "enter"}
 
 
 # ---------------------------------------------------------------------------------------------- one episode
@@ -266,8 +270,13 @@ def _id_sets(path: Path, keys) -> dict[str, set[str]]:
 
 
 def shard_files(root: Path) -> list[Path]:
-    """The TFRecord shards under ``root``: files named ``*-of-*`` (the published naming), sorted."""
-    return sorted(p for p in root.iterdir() if p.is_file() and "-of-" in p.name and not p.name.endswith(".json"))
+    """The TFRecord shards under ``root``: files named ``*-of-*`` (the published naming), sorted; hidden files (a
+    shard being written) are not shards."""
+    return sorted(
+        p
+        for p in root.iterdir()
+        if p.is_file() and "-of-" in p.name and not p.name.endswith(".json") and not p.name.startswith(".")
+    )
 
 
 def load_android_control_with_report(

@@ -18,6 +18,12 @@ LOADERS = {
     "arrayrecord": ("ipl_jax.data.packed.reader", "load_packed"),  # shards written by `ipl-jax pack-data`
 }
 TFDS_PREFIX = "tfds:"  # "tfds:NAME": a prepared TensorFlow Datasets dataset, read with tfds.data_source
+ALIASES = {"android_control": "androidcontrol"}  # other spellings a reader accepts (data.action_format)
+
+
+def canonical_format(fmt: str) -> str:
+    """``fmt`` under the name ``LOADERS`` knows it by (``android_control`` -> ``androidcontrol``)."""
+    return ALIASES.get(fmt, fmt)
 
 
 def scoring_format(fmt: str, root) -> str:
@@ -51,6 +57,7 @@ def load_dataset_with_report(
         from ipl_jax.data.tfds.source import load_tfds_with_report
 
         return load_tfds_with_report(fmt[len(TFDS_PREFIX) :], root, split, skip_bad=skip_bad)
+    fmt = canonical_format(fmt)
     if fmt not in LOADERS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(LOADERS)}, {TFDS_PREFIX}NAME")
     if fmt != "arrayrecord" and _packed_dir(root):  # auto-detected: a directory written by `ipl-jax pack-data`

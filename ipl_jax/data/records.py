@@ -38,6 +38,16 @@ class CoaT:
     action_result: str = ""
 
 
+COAT_FIELDS = tuple(f.name for f in dataclasses.fields(CoaT))
+
+
+def coat_or_none(fields: dict) -> CoaT | None:
+    """A ``CoaT`` from ``{field: text}`` (a missing or None field reads as ""), or None when every field is blank:
+    a step published without its annotation (fields absent, null or empty) reads as action-only."""
+    texts = {f: fields.get(f) or "" for f in COAT_FIELDS}
+    return CoaT(**texts) if any(t.strip() for t in texts.values()) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One decision step of an episode.

@@ -1,13 +1,13 @@
-"""TFRecord files read without TensorFlow: the framing (``uint64 length, uint32 masked_crc32c(length), data,
-uint32 masked_crc32c(data)``) with both checksums verified, so that a broken record names its file and index.
-The CRC comes from the ``tfrecord`` package."""
+"""TFRecord files read and written without TensorFlow: the framing (``uint64 length, uint32 masked_crc32c(length),
+data, uint32 masked_crc32c(data)``), both checksums verified on reading so that a broken record names its file
+and index. The CRC and ``tf.train.Example`` serialization come from the ``tfrecord`` package."""
 
 from __future__ import annotations
 
 import gzip
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tfrecord.writer import TFRecordWriter
@@ -18,6 +18,28 @@ from ipl_jax.data.records import DataError
 def masked_crc(data: bytes) -> bytes:
     """TFRecord's masked CRC32C of ``data`` as 4 little-endian bytes."""
     return TFRecordWriter.masked_crc(bytes(data))
+
+
+def example_bytes(features: dict) -> bytes:
+    """A serialized ``tf.train.Example`` of ``{key: (values, "int" | "byte" | "float")}``."""
+    return TFRecordWriter.serialize_tf_example(features)
+
+
+def write_tfrecords(path: str | Path, payloads: Iterable[bytes], compression: str | None = "gzip") -> int:
+    """Write ``payloads`` as one TFRecord file (GZIP-compressed by default, as AndroidControl's shards are);
+    returns the number of records. The file appears whole or not at all (written beside it as a hidden file, which
+    readers of shard folders skip, then renamed)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    opener = gzip.open if compression == "gzip" else open
+    n = 0
+    with opener(tmp, "wb") as f:
+        for payload in payloads:
+            length = struct.pack("<Q", len(payload))
+            f.write(length + masked_crc(length) + payload + masked_crc(payload))
+            n += 1
+    tmp.replace(path)
+    return n
 
 
 def iter_tfrecords(

@@ -125,6 +125,7 @@ def run_ablation(
             "seconds": 0.0,
             "mean_total": _mean_total(base_eval["metrics"], splits),
             "online": base_eval.get("online"),
+            "online_splits": base_eval.get("online_splits"),
             "samples": 0,
         }
     ]
@@ -163,6 +164,7 @@ def run_ablation(
             "mean_total": _mean_total(final["metrics"], splits),
             "method": vc.ipl.method,
             "online": final.get("online"),
+            "online_splits": final.get("online_splits"),
             "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
             "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
             "diagnostics": [s["record"].get("diagnostics") for s in summaries],

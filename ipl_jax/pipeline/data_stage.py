@@ -8,8 +8,10 @@ Synthetic data is written under ``WORKDIR/data/<split>`` with ``write_aitz_split
 Scarce annotations (``data.action_episodes`` M > 0): of the training episodes, a seeded choice of
 ``data.annotated_episodes`` N keep their CoaT (warm-up SFT, evolution, the ``continued_sft`` control) and M
 others become action logs as they are read (``strip_annotation``: the golden action, screen and history only),
-returned as the pseudo-split ``train_actions`` that the IPL rounds sample. Only ``oracle_steps`` (the
-``sft_oracle`` upper bound) reads their annotations back, from the dataset itself.
+returned as the pseudo-split ``train_actions`` that the IPL rounds sample. With ``data.action_root`` the logs are
+the training episodes of that second dataset instead (``action_logs``: M of them, 0 all; N of ``data.root``'s,
+0 all), checked against the first before anything is written. Only ``oracle_steps`` (the ``sft_oracle`` upper
+bound) reads their annotations back, from the dataset that holds them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import collections
 import dataclasses
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ from ipl_jax.data.packed.writer import pack_dataset
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.data.synthetic import generate_split
 from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.data.synthetic.dataset import episode_id
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress
@@ -50,6 +53,8 @@ def write_synthetic(settings: Settings, wd: Workdir) -> dict:
     (``data.shards`` per split) and the AITZ files removed: the job then reads exactly the same steps, through
     Grain's ArrayRecord source."""
     data = settings.data
+    if data.action_root:  # a bad mix of the two datasets stops here, before the world is written
+        action_logs(data, settings.seed, synthetic_ids(data, settings.seed), "the synthetic world", lambda _: None)
     packed = data.store == "arrayrecord"
     out = wd.dir("data")
     root = wd.dir("data_aitz") if packed else out
@@ -88,8 +93,9 @@ def load_splits(data: DataSettings, wd: Workdir, seed: int) -> dict[str, list[Ep
 
     Without a dev split (real AITZ has none), the last ``data.dev_holdout`` training episodes are held out as
     dev. With ``data.skip_bad`` malformed records are left out (and counted, by field) instead of stopping the
-    job. With ``data.action_episodes`` the training split is cut into annotated episodes and action logs
-    (``split_annotations``, seeded by ``seed``).
+    job. With ``data.action_root`` N training episodes are kept and the action logs read from that root
+    (``action_logs``); else with ``data.action_episodes`` the training split is cut into annotated episodes and
+    action logs (``split_annotations``). Both choices are seeded by ``seed``.
     """
     fmt = "aitz" if data.synthetic else data.format
     root = data_root(data, wd)
@@ -107,7 +113,12 @@ def load_splits(data: DataSettings, wd: Workdir, seed: int) -> dict[str, list[Ep
             raise ValueError(f"{root}: {len(out[TRAIN])} training episodes cannot spare {n} for dev")
         out[DEV] = out[TRAIN][-n:]
         out[TRAIN] = out[TRAIN][:-n]
-    if data.action_episodes:
+    if data.action_root:
+        where = "the synthetic world" if data.synthetic else f"config.data.root={data.root!r}"
+        taken = {e.episode_id: split for split, eps in out.items() for e in eps}
+        out[TRAIN] = _seeded(out[TRAIN], data.annotated_episodes, seed, "annotated_episodes", where)
+        out[ACTIONS] = action_logs(data, seed, taken, where, wd.echo)
+    elif data.action_episodes:
         out[TRAIN], out[ACTIONS] = split_annotations(
             out[TRAIN], data.annotated_episodes, data.action_episodes, seed, str(root)
         )
@@ -140,15 +151,61 @@ def split_annotations(
         )
     order = np.random.default_rng(seed).permutation(len(episodes))
     keep, logs = sorted(order[:annotated].tolist()), sorted(order[annotated : annotated + actions].tolist())
-    stripped = [
-        dataclasses.replace(
-            episodes[i],
-            steps=tuple(strip_annotation(s) for s in episodes[i].steps),
-            meta={k: v for k, v in episodes[i].meta.items() if k in _LOG_META},
+    return [episodes[i] for i in keep], [strip_episode(episodes[i]) for i in logs]
+
+
+def strip_episode(episode: Episode) -> Episode:
+    """An episode as an action log: every step ``strip_annotation``-ed, no pointer to the annotated record."""
+    return dataclasses.replace(
+        episode,
+        steps=tuple(strip_annotation(s) for s in episode.steps),
+        meta={k: v for k, v in episode.meta.items() if k in _LOG_META},
+    )
+
+
+def _seeded(episodes: Sequence[Episode], n: int, seed, field: str, where: str) -> list[Episode]:
+    """A seeded choice of ``n`` episodes (0: all), kept in reading order; ``UsageError`` when there are fewer."""
+    if n > len(episodes):
+        raise UsageError(
+            f"config.data.{field}={n}: exceeds the {len(episodes)} training episodes of {where} (0: all of them)"
         )
-        for i in logs
-    ]
-    return [episodes[i] for i in keep], stripped
+    if n == 0:
+        return list(episodes)
+    return [episodes[i] for i in sorted(np.random.default_rng(seed).permutation(len(episodes))[:n].tolist())]
+
+
+def synthetic_ids(data: DataSettings, seed: int) -> dict[str, str]:
+    """{episode id: split} of every split the synthetic world's job writes (known before it is written)."""
+    return {episode_id(s, seed, i): s for s in data.split_names() for i in range(data.episodes_for(s))}
+
+
+def action_logs(
+    data: DataSettings, seed: int, taken: Mapping[str, str], where: str, echo: Callable[[str], None]
+) -> list[Episode]:
+    """The action logs of a two-dataset job: ``data.action_episodes`` M (0: all) training episodes of
+    ``data.action_root`` read as ``data.log_format``, a seeded choice kept in reading order, each
+    ``strip_episode``-d. ``taken`` maps the episode ids of the annotated dataset (``where``) to their splits.
+    Raises ``UsageError`` (one line) when the root holds no training episode or fewer than M, or shares an
+    episode id with the annotated dataset."""
+    root, fmt = data.action_root, data.log_format
+    here = f"config.data.action_root={root!r}"
+    episodes, skipped = load_dataset_with_report(root, fmt, TRAIN, skip_bad=data.skip_bad)
+    if skipped:
+        echo(f"  {skipped_summary(skipped, f'{root} split {TRAIN!r}')}")
+    if not episodes:
+        raise UsageError(
+            f"{here}: its {TRAIN} split holds no episodes (read as {fmt}); pass a dataset whose training split holds "
+            f"action logs"
+        )
+    shared = [e.episode_id for e in episodes if e.episode_id in taken]
+    if shared:
+        raise UsageError(
+            f"{here}: episode {shared[0]} is also in the {taken[shared[0]]} split of {where} ({len(shared)} shared "
+            f"episode{'s' * (len(shared) > 1)}); an episode is annotated or an action log, never both: take it out "
+            f"of one of the datasets"
+        )
+    chosen = _seeded(episodes, data.action_episodes, [seed, 1], "action_episodes", here)  # apart from N's stream
+    return [strip_episode(e) for e in chosen]
 
 
 def check_annotations(settings: Settings, train_steps: Sequence[Step]) -> None:
@@ -163,18 +220,21 @@ def check_annotations(settings: Settings, train_steps: Sequence[Step]) -> None:
 
 
 def oracle_steps(data: DataSettings, wd: Workdir, steps: Sequence[Step]) -> list[Step]:
-    """The annotated records of action-only ``steps``, read back from the dataset: only the ``sft_oracle``
-    upper bound calls this. Raises ValueError naming a step the training split lacks or that has no CoaT there."""
-    fmt = "aitz" if data.synthetic else data.format
-    root = data_root(data, wd)
+    """The annotated records of action-only ``steps``, read back from the dataset that holds them (``action_root``
+    as ``log_format`` in a two-dataset job): only the ``sft_oracle`` upper bound calls this. Raises ``UsageError``
+    (one line) naming a step the training split lacks or that has no CoaT there."""
+    if data.action_root:
+        root, fmt = Path(data.action_root), data.log_format
+    else:
+        root, fmt = data_root(data, wd), "aitz" if data.synthetic else data.format
     episodes = load_dataset(root, fmt, TRAIN, skip_bad=data.skip_bad)
     by_key = {(str(s.episode_id), int(s.step_id)): s for e in episodes for s in e.steps}
     out = []
     for s in steps:
         full = by_key.get((str(s.episode_id), int(s.step_id)))
         if full is None or not has_coat(full):
-            raise ValueError(
-                f"{root}: episode {s.episode_id} step {s.step_id} has no CoaT annotation in split {TRAIN!r}; "
+            raise UsageError(
+                f"{root}: episode {s.episode_id} step {s.step_id} has no CoaT annotation in split {TRAIN!r} ({fmt}); "
                 f"the sft_oracle variant needs the annotations of the action-only episodes"
             )
         out.append(full)

@@ -23,6 +23,15 @@ def _pct(v: float | None) -> str:
     return "   -  " if v is None else f"{100.0 * v:6.2f}"
 
 
+def data_line(use: dict) -> str:
+    """One line: the episodes warm-up SFT and the rounds used, of which kind (``Job.data_use``)."""
+    sft, rounds, evo = use["warmup_sft"], use["rounds"], use["evolution"]
+    return (
+        f"episodes: warm-up SFT {sft['episodes']} {sft['kind']} ({sft['steps']} steps), rounds {rounds['episodes']} "
+        f"{rounds['kind']} ({rounds['steps']} steps); evolution {evo['items']} Q&A on {evo['screens']} screens"
+    )
+
+
 def round_table(rounds: Sequence[dict], split: str) -> str:
     """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts (and, when
     the rounds carry them, samples and the online success rate)."""
@@ -42,7 +51,14 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
     lines.append(f"{'seconds':<18}" + "".join(f"{r['seconds']:>10.0f}" for r in rounds))
     if any("samples" in r for r in rounds):  # completions (environment steps for PPO) the round sampled
         lines.append(f"{'samples':<18}" + "".join(f"{r.get('samples', 0):>10}" for r in rounds))
-    if any(r.get("online") for r in rounds):
+    online_splits = list(dict.fromkeys(s for r in rounds for s in (r.get("online_splits") or {})))
+    if online_splits:  # success rate per live-world split (seen tasks, unseen tasks)
+        for name in online_splits:
+            cells = [
+                f"{_pct(((r.get('online_splits') or {}).get(name) or {}).get('success_rate')):>10}" for r in rounds
+            ]
+            lines.append(f"{'online ' + name:<18.18}" + "".join(cells))
+    elif any(r.get("online") for r in rounds):
         cells = [f"{_pct((r.get('online') or {}).get('success_rate')):>10}" for r in rounds]
         lines.append(f"{'online success':<18}" + "".join(cells))
     if any(r.get("diagnostics") for r in rounds):

@@ -87,18 +87,20 @@ def evaluate_policy_splits(
     if blank:
         out["blank"] = evaluate_splits(policy, splits, blank, settings, out_dir, echo=echo, blank_screens=True)
     if settings.eval.online_episodes > 0:
-        out["online"] = evaluate_online(policy, settings, out_dir, echo=echo)
+        by_split = {s: evaluate_online(policy, settings, s, out_dir, echo=echo) for s in settings.eval.online_splits}
+        out["online"] = by_split[settings.eval.online_splits[0]]
+        out["online_splits"] = by_split
     return out
 
 
-def evaluate_online(policy: Policy, settings: Settings, out_dir: Path, echo=print) -> dict:
-    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``eval.online_split``
-    (``eval.online``); the episodes go to ``out_dir/online.episodes.jsonl``. Returns the summary without them:
-    split, success_rate, mean_steps, truncated_rate, env_steps, episodes, by_family, ..."""
+def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Path, echo=print) -> dict:
+    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``split``; the episodes
+    go to ``out_dir/online.<split>.episodes.jsonl``. Returns the summary without them: split, success_rate,
+    mean_steps, truncated_rate, wrong_stop_rate, env_steps, episodes, by_family, ..."""
     t0 = time.perf_counter()
     e = settings.eval
     tasks = job_world_tasks(
-        settings.data, settings.world, settings.seed, e.online_split, e.online_episodes, max_steps=e.online_max_steps
+        settings.data, settings.world, settings.seed, split, e.online_episodes, max_steps=e.online_max_steps
     )
     greedy = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, e.batch_size, greedy=True)
     oc = online_config(
@@ -112,12 +114,13 @@ def evaluate_online(policy: Policy, settings: Settings, out_dir: Path, echo=prin
     out_dir.mkdir(parents=True, exist_ok=True)
     detail = out.pop("episodes_detail", [])
     if distributed.is_main():
-        with open(out_dir / "online.episodes.jsonl", "w", encoding="utf-8") as f:
+        with open(out_dir / f"online.{split}.episodes.jsonl", "w", encoding="utf-8") as f:
             for r in detail:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = {"split": e.online_split, **out, "seconds": round(time.perf_counter() - t0, 2)}
+    out = {"split": split, **out, "seconds": round(time.perf_counter() - t0, 2)}
     echo(
         f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
+        f"wrong stops {100 * out['wrong_stop_rate']:.1f}%, step limit {100 * out['truncated_rate']:.1f}%, "
         f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
     )
     return out

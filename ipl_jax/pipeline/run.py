@@ -1,5 +1,5 @@
-"""The main job (``ipl-jax run``): data -> instruction evolution -> model -> warm-up SFT -> seed selection ->
-evaluation of the seed -> IPL rounds -> export (docs/method.md §1).
+"""The main job (``ipl-jax run``): data -> instruction evolution -> model -> buckets fitted to the data -> warm-up
+SFT -> seed selection -> evaluation of the seed -> IPL rounds -> export (docs/method.md §1).
 
 ``run_job(settings, workdir)`` checks the dataset, checkpoint and machine (``sources.check_job``), records the
 settings in the workdir (a different config needs a different workdir) and runs each stage of ``STAGES`` through
@@ -22,7 +22,7 @@ import jax
 from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
-from ipl_jax.pipeline import data_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline import bucket_fit, data_stage, model_stage, report, rounds, sft_stage
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits
 from ipl_jax.pipeline.sources import check_job
@@ -30,7 +30,7 @@ from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 from ipl_jax.settings import Settings
 from ipl_jax.viz.plots import plot_step_accuracy
 
-STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed", "rounds", "export")
+STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "export")
 
 
 def check_workdir_config(wd: Workdir, settings: Settings) -> None:
@@ -117,7 +117,9 @@ class Job:
     def evolution(self) -> None:
         s = self.settings
         self.wd.run_stage(
-            "evolution", lambda: data_stage.evolve(s.evolution, s.seed, self.wd, self.train_steps), main_only=True
+            "evolution",
+            lambda: data_stage.evolve(s.evolution, s.seed, self.wd, self.evolution_steps()),
+            main_only=True,
         )
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
 
@@ -128,13 +130,27 @@ class Job:
             main_only=True,
         )
 
+    def evolution_steps(self) -> list:
+        """The screens instruction evolution asks about: the annotated training steps, and with
+        ``evolution.screens == "all"`` the action logs' steps too (a Q&A needs a screen, not a CoaT)."""
+        if self.settings.evolution.screens == "annotated":
+            return self.train_steps
+        return self.corpus_steps()
+
     def corpus_steps(self) -> list:
         """The steps whose texts build a fresh tokenizer: the training steps and the action logs."""
         return self.train_steps + ([] if self.round_pool is self.train_steps else self.round_pool)
 
+    def buckets(self) -> None:
+        """The buckets checked against the data (``bucket_fit``; in every process, so that data over a fixed bucket
+        stops each with the same line); the job goes on with the buckets it fitted."""
+        s, wd = self.settings, self.wd
+        fit = lambda: bucket_fit.fit_stage(s, wd, self.splits, self.train_steps, self.round_pool, self.qas)
+        self.settings = bucket_fit.apply(s, wd.run_stage("buckets", fit))
+
     def sft(self) -> None:
         self.sft_summary = self.wd.run_stage(
-            "sft", lambda: sft_stage.run_sft(self.settings, self.wd, self.train_steps, self.qas)
+            "sft", lambda: sft_stage.run_sft(self.settings, self.wd, self.train_steps, self.qas, self.round_pool)
         )
 
     def inference_policy(self, directory: Path) -> model_stage.Policy:
@@ -248,7 +264,7 @@ class Job:
 
     def results(self) -> dict:
         seed_trees = self.seed_summary["trees"]
-        seed_extra = {k: self.seed_eval[k] for k in ("blank", "online") if k in self.seed_eval}
+        seed_extra = {k: self.seed_eval[k] for k in ("blank", "online", "online_splits") if k in self.seed_eval}
         out = [
             report.results_round(
                 0,
@@ -262,7 +278,7 @@ class Job:
         ]
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
-            extra = {k: s[k] for k in ("blank", "online") if k in s}
+            extra = {k: s[k] for k in ("blank", "online", "online_splits") if k in s}
             extra.update({k: rec[k] for k in ("method", "samples", "budget", "diagnostics") if k in rec})
             out.append(
                 report.results_round(
@@ -278,9 +294,25 @@ class Job:
                     **extra,
                 )
             )
-        return {"rounds": out}
+        return {"data": self.data_use(), "rounds": out}
+
+    def data_use(self) -> dict:
+        """Which episodes each stage used and of which kind: warm-up SFT's annotated ones, the rounds' pool
+        (action-only episodes in a scarce-annotation job) and the screens instruction evolution asked about."""
+        actions = self.splits.get(data_stage.ACTIONS)
+        rounds = self.splits["train"] if actions is None else actions
+        return {
+            "warmup_sft": {"kind": "annotated", "episodes": len(self.splits["train"]), "steps": len(self.train_steps)},
+            "rounds": {
+                "kind": "annotated" if actions is None else "action-only",
+                "episodes": len(rounds),
+                "steps": len(self.round_pool),
+            },
+            "evolution": {"screens": len(self.evolution_steps()), "items": len(self.qas)},
+        }
 
     def print_rounds(self) -> None:
+        self.wd.echo("\n" + report.data_line(self.data_use()))
         res = self.results()["rounds"]
         for split in self.test_names:
             self.wd.echo("\n" + report.round_table(res, split) + "\n")

@@ -47,11 +47,13 @@ class SFTItem:
     qa: object = None
 
 
-def sft_items(train_steps: Sequence[Step], qas: Sequence, fallback: bool = False) -> tuple[list[SFTItem], int]:
+def sft_items(
+    train_steps: Sequence[Step], qas: Sequence, fallback: bool = False, screens: Sequence[Step] = ()
+) -> tuple[list[SFTItem], int]:
     """(items, steps left out): CoaT items for the training steps that carry a CoaT annotation (every step with
-    ``fallback``: ``dialogue.annotated_steps``), then one item per Q&A (matched to its step by ids; a Q&A needs
-    only the screen)."""
-    by_id = {(str(s.episode_id), int(s.step_id)): s for s in train_steps}
+    ``fallback``: ``dialogue.annotated_steps``), then one item per Q&A (matched to its step by ids among
+    ``train_steps`` and ``screens``, the action logs' steps: a Q&A needs only the screen)."""
+    by_id = {(str(s.episode_id), int(s.step_id)): s for s in (*screens, *train_steps)}
     annotated, skipped = annotated_steps(train_steps, fallback)
     items = [SFTItem(s) for s in annotated]
     for qa in qas:
@@ -242,16 +244,19 @@ def sft_step_config(cfg, settings: Settings, optimizer: OptimizerSettings, shape
     )
 
 
-def run_sft(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
-    """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``; the last
-    ``sft.seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
+def run_sft(
+    settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence, screens: Sequence[Step] = ()
+) -> dict:
+    """Stage 4: train from ``WORKDIR/model/init`` on the CoaT of ``train_steps`` and the Q&A (about those steps'
+    screens or ``screens``'); checkpoints in ``WORKDIR/sft/checkpoints``; the last ``sft.seed_candidates``
+    exported to ``WORKDIR/sft/candidates/step_<n>``."""
     sft = settings.sft
     if sft.steps == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
     mesh = job_mesh(settings.mesh)
     init = load_policy(wd.path("model", "init"), mesh)
     fallback = settings.data.coat_fallback
-    items, skipped = sft_items(train_steps, qas, fallback)
+    items, skipped = sft_items(train_steps, qas, fallback, screens)
     wd.echo(
         f"  warm-up SFT: {len(train_steps) - skipped} of {len(train_steps)} training steps carry a CoaT annotation"
         + (f"; the {skipped} without one are left out (data.coat_fallback=false)" if skipped else "")

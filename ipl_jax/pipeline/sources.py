@@ -3,34 +3,54 @@
 
 A job on a published benchmark reads its dataset from ``data.root`` (in the benchmark's layout, or packed by
 ``ipl-jax pack-data``) and starts from the Hugging Face checkpoint ``model.checkpoint``; the synthetic job needs
-neither. Every failure is one ``UsageError`` / ``SettingsError`` line naming the config field and what to pass.
+neither. Action logs from a second dataset (``data.action_root``) need its training split; what needs their
+episodes read (counts, ids shared with the annotated dataset) is checked by the data stage before it writes
+anything (``data_stage.action_logs``). Every failure is one ``UsageError`` / ``SettingsError`` line naming the
+config field and what to pass.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
 
 from ipl_jax.data.datasets import TFDS_PREFIX
-from ipl_jax.data.packed.layout import is_packed
+from ipl_jax.data.packed.layout import is_packed, read_metadata
 from ipl_jax.pipeline.paths import UsageError, model_dir
 from ipl_jax.settings import DataSettings, ModelSettings, Settings
 
 PUBLISHED = ("aitz", "amex", "androidcontrol")  # the benchmarks' own layouts (the paper configs read them)
+NO_COAT = ("amex", "androidcontrol")  # published without CoaT annotations
+# where each layout keeps its training split (data.action_root)
+TRAIN_SPLIT = {
+    "aitz": "AITZ layout: ROOT/train/<subset>/<episode>/",
+    "amex": "AMEX layout: ROOT/instruction_anno/train/<episode>.json",
+    "androidcontrol": "AndroidControl layout: a 'train' list in ROOT/splits.json",
+    "arrayrecord": "packed by ipl-jax pack-data: a train split in ROOT/ipl_jax_arrayrecord.json",
+}
 
 
 def check_job(settings: Settings, n_devices: int | None = None, platform: str | None = None) -> None:
     """``check_sources``, then ``Settings.check_machine`` on ``platform`` / ``n_devices`` (default: JAX's)."""
     check_sources(settings.data, settings.model)
+    logs = settings.data.log_format
+    if settings.ipl.method == "sft_oracle" and settings.data.action_root and logs in NO_COAT:
+        raise UsageError(
+            f"config.ipl.method='sft_oracle' trains on the CoaT of the action logs, and config.data.action_root is "
+            f"{logs} data, published without CoaT; leave sft_oracle out (ipl-jax ablate --variants ...)"
+        )
     settings.check_machine(platform or jax.default_backend(), jax.device_count() if n_devices is None else n_devices)
 
 
 def check_sources(data: DataSettings, model: ModelSettings) -> None:
     """A job on a published benchmark needs its dataset directory and a starting checkpoint (a fresh model of the
     config's tiny size is meant for the synthetic world only); a packed or published dataset needs its
-    directory, in its layout."""
+    directory, in its layout, and ``data.action_root`` a training split in ``data.log_format``'s."""
     fmt, root, checkpoint = data.format, data.root, model.checkpoint
+    if data.action_root:
+        _check_action_root(data)
     if fmt in PUBLISHED and not root and not checkpoint:
         raise UsageError(
             f"config.data.root and config.model.checkpoint are empty: a job on {fmt} data reads its dataset from "
@@ -74,3 +94,38 @@ def _check_root(data: DataSettings) -> None:
         raise UsageError(f"config.data.root={root!r}: no instruction_anno/ folder (AMEX layout; see README: Datasets)")
     elif fmt == "androidcontrol" and not (p / "splits.json").is_file():
         raise UsageError(f"config.data.root={root!r}: no splits.json (AndroidControl layout; see README: Datasets)")
+
+
+def _check_action_root(data: DataSettings) -> None:
+    """``data.action_root`` is a directory holding a training split in ``data.log_format``'s layout."""
+    root, fmt = data.action_root, data.log_format
+    p = Path(root)
+    if not p.is_dir():
+        raise UsageError(
+            f"config.data.action_root={root!r}: no such directory; pass --config.data.action_root=DIR holding the "
+            f"action logs ({fmt} layout)"
+        )
+    if fmt.startswith(TFDS_PREFIX):
+        return  # a prepared TFDS dataset: its reader names what is missing
+    if fmt == "arrayrecord" or is_packed(p):
+        try:
+            found, fmt = "train" in read_metadata(p)["splits"], "arrayrecord"
+        except (OSError, ValueError) as e:
+            raise UsageError(f"config.data.action_root={root!r}: {e}") from None
+    elif fmt == "androidcontrol":
+        found = (p / "splits.json").is_file() and "train" in _json_object(p / "splits.json", root)
+    else:
+        found = (p / ("train" if fmt == "aitz" else "instruction_anno/train")).is_dir()
+    if not found:
+        raise UsageError(
+            f"config.data.action_root={root!r}: no train split ({TRAIN_SPLIT[fmt]}); the action logs are read "
+            f"from a dataset's training split"
+        )
+
+
+def _json_object(path: Path, root: str) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"config.data.action_root={root!r}: {path.name} unreadable ({e})") from None
+    return value if isinstance(value, dict) else {}

@@ -4,7 +4,6 @@ cover every action type the format has, UI elements, CoaT fields and more than o
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 from pathlib import Path
@@ -131,30 +130,11 @@ def write_amex(
 # ---------------------------------------------------------------------------------------------- AndroidControl
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _tag(number: int, payload) -> bytes:
-    if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
-
-
 def a11y_forest(nodes) -> bytes:
     """An accessibility forest (android_env's field numbers) of ``nodes`` = [(uid, (l, t, r, b), text, clickable)]."""
-    encoded = []
-    for uid, ltrb, text, clickable in nodes:
-        node = _tag(1, uid) + _tag(2, b"".join(_tag(i, v) for i, v in enumerate(ltrb, 1)))
-        node += _tag(3, b"android.widget.TextView") + (_tag(7, text.encode()) if text else b"")
-        node += _tag(14, 1) if clickable else b""
-        encoded.append(_tag(1, node))
-    return _tag(1, _tag(11, b"".join(encoded)))
+    from ipl_jax.data.a11y import forest_bytes
+
+    return forest_bytes([(ltrb, text, "android.widget.TextView", clickable) for _, ltrb, text, clickable in nodes])
 
 
 _AC_ACTIONS = [
@@ -170,7 +150,7 @@ _AC_ACTIONS = [
 def write_android_control(root: Path, episodes=((11, 3), (12, 4), (13, 2)), size=(270, 600)) -> Path:
     """AndroidControl layout: one GZIP TFRecord shard of ``tf.train.Example`` per two episodes, splits.json and
     test_subsplits.json (episode 11 train, 12 validation, 13 test)."""
-    from tfrecord.writer import TFRecordWriter
+    from ipl_jax.data.tfrecords import example_bytes, write_tfrecords
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -192,14 +172,8 @@ def write_android_control(root: Path, episodes=((11, 3), (12, 4), (13, 2)), size
             }
         )
     for k in range(0, len(examples), 2):
-        raw = root / "shard.raw"
-        writer = TFRecordWriter(str(raw))
-        for ex in examples[k : k + 2]:
-            writer.write(ex)
-        writer.close()
-        with gzip.open(root / f"android_control-{k // 2:05d}-of-{(len(examples) + 1) // 2:05d}", "wb") as f:
-            f.write(raw.read_bytes())
-        raw.unlink()
+        shard = root / f"android_control-{k // 2:05d}-of-{(len(examples) + 1) // 2:05d}"
+        write_tfrecords(shard, [example_bytes(ex) for ex in examples[k : k + 2]])
     ids = [e for e, _ in episodes]
     (root / "splits.json").write_text(json.dumps({"train": ids[:1], "validation": ids[1:2], "test": ids[2:]}))
     (root / "test_subsplits.json").write_text(

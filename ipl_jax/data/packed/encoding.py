@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.records import CoaT, DataError, Episode, Step, UIElement
+from ipl_jax.data.records import DataError, Episode, Step, UIElement, coat_or_none
 
 MAGIC = b"IPLSTEP"
 RECORD_VERSION = 1
@@ -169,9 +169,9 @@ def step_from_header(header: dict, image: Any, where: tuple) -> tuple[Step, dict
         raise DataError(*where, "elements", f"malformed element: {e!r}") from None
     coat = header.get("coat")
     if coat is not None:
-        if not isinstance(coat, dict) or not all(isinstance(coat.get(f, ""), str) for f in _COAT_FIELDS):
+        if not isinstance(coat, dict) or not all(isinstance(coat.get(f) or "", str) for f in _COAT_FIELDS):
             raise DataError(*where, "coat", "expected an object of four strings")
-        coat = CoaT(**{f: coat.get(f, "") for f in _COAT_FIELDS})
+        coat = coat_or_none(coat)  # all blank: the step is action-only
     step_instruction = header.get("step_instruction")
     if step_instruction is not None and not isinstance(step_instruction, str):
         raise DataError(*where, "step_instruction", "expected a string or null")

@@ -57,6 +57,12 @@ def episode_seed(seed: int, split: str, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), SPLIT_CODES[split], int(index)]).generate_state(1)[0])
 
 
+def episode_id(split: str, seed: int, index: int) -> str:
+    """The id of episode ``index`` of a split, in digits as AITZ's and AndroidControl's are: the split's code, the
+    seed (at least 4 digits) and the index (6)."""
+    return f"{SPLIT_CODES[split]}{int(seed):04d}{index:06d}"
+
+
 def generate_episode(world_seed: int, task: Task, config: WorldConfig, episode_id: str, split: str = "") -> Episode:
     """Run the expert on ``task`` in ``World(world_seed, config)`` and annotate every step."""
     world = World(world_seed, config)
@@ -123,7 +129,7 @@ def generate_split(name: str, n_episodes: int, seed: int = 0, config: WorldConfi
     for i in range(n_episodes):
         ws = episode_seed(seed, name, i)
         task = sample_task(np.random.default_rng([ws, 2]), cfg, unseen=(name == "test_task_unseen"))
-        out.append(generate_episode(ws, task, cfg, episode_id=f"{SPLIT_CODES[name]}{int(seed):04d}{i:06d}", split=name))
+        out.append(generate_episode(ws, task, cfg, episode_id=episode_id(name, seed, i), split=name))
     return out
 
 
