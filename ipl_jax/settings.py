@@ -20,23 +20,18 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.data.datasets import ALIASES, LOADERS, TFDS_PREFIX, canonical_format
-from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.data.synthetic.dataset import SPLITS
+from ipl_jax.data.synthetic.config import SPLITS, WorldConfig
+
+if typing.TYPE_CHECKING:
+    from ipl_jax.training.state import Precision
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
-DTYPES = ("float32", "bfloat16", "float16")
-BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # the other backends: DTYPES
-SCHEDULES = ("cosine", "constant")
-EMBEDDERS = ("auto", "minilm", "tfidf")
 RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
 GOLDEN_METHODS = ("continued_sft", "sft_oracle")  # supervised training on golden CoaT at the round's update budget
 GAMMA_MODES = ("paper", "consistent", "grounding", "none")
-LOSS_KINDS = ("sigmoid", "ipo", "hinge")
-SFT_NORMS = ("token", "sum")
-GRPO_STYLES = ("coat", "think_answer")
-LENGTH_NORMS = ("sequence", "token")
-STEP_REWARDS = ("leaf", "uir1")
+# The names a library accepts are the library's own (preference.losses.LOSS_KINDS, training.optimizer.SCHEDULES,
+# ...): a section imports them when it is made, so that importing this module loads no JAX (commands start fast).
 
 
 class SettingsError(ValueError):
@@ -240,27 +235,6 @@ class EvolutionSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class Precision:
-    """compute: the dtype the model computes in; storage: the dtype of the weights the job does not train (the
-    sampler's and evaluator's copy, the frozen reference, a frozen base or vision tower); remat: the training
-    programs' rematerialisation policy. Trained weights and optimizer moments are always float32."""
-
-    compute: str
-    storage: str
-    remat: str
-
-    @property
-    def compute_dtype(self) -> str | None:
-        """What a training step casts the fp32 master weights to (None: float32, read as they are)."""
-        return None if self.compute == "float32" else self.compute
-
-    @property
-    def frozen_dtype(self) -> str | None:
-        """What a training state keeps its frozen weights in (None: float32, kept as loaded)."""
-        return None if self.storage == "float32" else self.storage
-
-
-@dataclasses.dataclass(frozen=True)
 class ModelSettings(Section):
     PATH: ClassVar[str] = "model"
     checkpoint: str
@@ -282,7 +256,7 @@ class ModelSettings(Section):
     max_pixels: int
 
     def __post_init__(self):
-        # ipl_jax.model imports JAX: imported when a model section is made, so that commands start fast
+        from ipl_jax.model.config import DTYPES  # see the names above
         from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES
 
         for name in ("dtype", "param_dtype"):
@@ -300,7 +274,8 @@ class ModelSettings(Section):
     def precision(self) -> Precision:
         """'auto' compute is the dtype the starting checkpoint declares (float32 for a fresh model); 'auto'
         storage is the compute dtype."""
-        from ipl_jax.model.config import checkpoint_dtype  # see __post_init__
+        from ipl_jax.model.config import checkpoint_dtype  # see the names above
+        from ipl_jax.training.state import Precision
 
         compute = self.dtype
         if compute == "auto":
@@ -310,7 +285,8 @@ class ModelSettings(Section):
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""
-        from ipl_jax.model.layers import check_remat  # see __post_init__
+        from ipl_jax.model.config import BACKEND_DTYPES, DTYPES  # see the names above
+        from ipl_jax.model.layers import check_remat
 
         valid = ("auto", *BACKEND_DTYPES.get(platform, DTYPES))
         for name in ("dtype", "param_dtype"):
@@ -370,6 +346,8 @@ class SFTSettings(Section):
     lora_rank: int
 
     def __post_init__(self):
+        from ipl_jax.training.optimizer import SCHEDULES  # see the names above
+
         self.at_least("steps warmup_steps lora_rank", 0)
         self.at_least("batch_size checkpoint_every seed_candidates", 1)
         self.at_least("micro_batch_size", 0, " (0: no micro-batches)")
@@ -393,6 +371,8 @@ class SeedSelectionSettings(Section):
     embedder: str
 
     def __post_init__(self):
+        from ipl_jax.eval.seed_selection import EMBEDDERS  # see the names above
+
         self.at_least("steps", 1)
         self.need("diversity_weight", _nonneg(self.diversity_weight), "must be >= 0")
         self.need("embedder", self.embedder in EMBEDDERS, _one_of(EMBEDDERS))
@@ -477,6 +457,9 @@ class IPLSettings(Section):
     heldout_steps: int
 
     def __post_init__(self):
+        from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # see the names above
+        from ipl_jax.training.optimizer import SCHEDULES
+
         self.need("method", self.method in METHODS, _one_of(METHODS))
         self.need("loss_kind", self.loss_kind in LOSS_KINDS, _one_of(LOSS_KINDS))
         self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, _one_of(GAMMA_MODES))
@@ -532,6 +515,8 @@ class GRPOSettings(Section):
     length_norm: str
 
     def __post_init__(self):
+        from ipl_jax.rl.common import GRPO_STYLES, LENGTH_NORMS  # see the names above
+
         self.at_least("group_size prompts_per_batch updates_per_batch", 1)
         self.need("style", self.style in GRPO_STYLES, _one_of(GRPO_STYLES))
         self.need("length_norm", self.length_norm in LENGTH_NORMS, "must be sequence or token")
@@ -562,6 +547,8 @@ class PPOSettings(Section):
     step_factor: float
 
     def __post_init__(self):
+        from ipl_jax.rl.rollout import STEP_REWARDS  # see the names above
+
         for name in ("gamma_dense", "lam"):
             self.need(name, _nonneg(getattr(self, name)) and getattr(self, name) <= 1, "must be in [0, 1]")
         for name in ("kl_coef", "success_reward"):

@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 # every stage of the job, with as little work per stage as keeps each one meaningful
 SMALL = [
     "--config.data.train_episodes=8",
+    "--config.data.annotated_episodes=3",  # the default's scarce path: warm-up SFT on 3, the rounds on 5 action logs
+    "--config.data.action_episodes=5",
     "--config.data.test_splits=test",
     "--config.evolution.max_items=8",
     "--config.sft.steps=2",

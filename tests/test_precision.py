@@ -17,8 +17,8 @@ from ipl_jax.preference import losses
 from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
-from ipl_jax.settings import Precision, SettingsError
-from ipl_jax.training.state import VISION_REGEX, cast_floating
+from ipl_jax.settings import SettingsError
+from ipl_jax.training.state import VISION_REGEX, Precision, cast_floating
 
 
 @pytest.fixture(scope="module")

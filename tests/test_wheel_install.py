@@ -89,7 +89,13 @@ def test_wheel_ships_the_configs_and_the_command(installed):
     assert version.stdout.strip() == "ipl-jax 0.1.0"
 
 
-SMALL = ["--config.data.train_episodes=3", "--config.data.dev_episodes=1", "--config.data.test_episodes=1"]
+SMALL = [
+    "--config.data.train_episodes=3",
+    "--config.data.annotated_episodes=1",
+    "--config.data.action_episodes=2",
+    "--config.data.dev_episodes=1",
+    "--config.data.test_episodes=1",
+]
 
 
 def _data_stage(command: list, cwd: Path, workdir: Path, env: dict) -> dict:

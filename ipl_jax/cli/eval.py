@@ -27,12 +27,13 @@ from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import FORMATS, RULES
 from ipl_jax.coat.tables import format_table
 from ipl_jax.configs.loader import parse_args_with_settings
-from ipl_jax.data.synthetic.dataset import SPLITS
+from ipl_jax.data.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy
 from ipl_jax.eval.trees import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.pipeline.round_eval import job_world_tasks
 from ipl_jax.sampling.config import SamplerConfig
 
 PROG = "ipl-jax eval"

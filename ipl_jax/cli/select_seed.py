@@ -14,10 +14,10 @@ from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_in
 from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import FORMATS
 from ipl_jax.configs.loader import parse_args_with_settings
-from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
+from ipl_jax.eval.seed_selection import EMBEDDERS, choose, format_scores, sample_steps, score_candidates
+from ipl_jax.pipeline.data_stage import split_annotations
 from ipl_jax.pipeline.model_stage import job_mesh, load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
-from ipl_jax.settings import EMBEDDERS
 
 PROG = "ipl-jax select-seed"
 
@@ -50,6 +50,10 @@ def main(argv: list[str]) -> int:
     embedder = sel.embedder if args.embedder is None else args.embedder
     weight = sel.diversity_weight if args.diversity_weight is None else args.diversity_weight
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
+    data = settings.data
+    if args.split == "train" and data.action_episodes and not data.action_root:
+        # a scarce-annotation config: the job scores its candidates on the annotated episodes it keeps
+        episodes = split_annotations(episodes, data.annotated_episodes, data.action_episodes, settings.seed)[0]
     steps = sample_steps([s for e in episodes for s in e.steps], n_steps, settings.seed)
     mesh = job_mesh(settings.mesh)
     try:

@@ -6,9 +6,12 @@ import collections
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ipl_jax.data.packed.layout import check_packed_format, read_metadata
-from ipl_jax.data.records import Episode
+
+if TYPE_CHECKING:  # records imports PIL; the job's settings read this module's names without it
+    from ipl_jax.data.records import Episode
 
 # format -> (module, loader); each loader is ``load(root, split) -> list[Episode]``.
 LOADERS = {

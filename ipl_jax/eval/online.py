@@ -1,7 +1,7 @@
 """Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by what happens —
 the episode success rate and the mean number of steps — rather than by offline step match.
 
-    tasks = job_world_tasks(settings.data, settings.world, settings.seed, "test_task_unseen")  # the split's own
+    tasks = split_world_tasks("test_task_unseen", n, seed=seed, config=world)  # the job's: round_eval.job_world_tasks
     metrics = online_eval(params, cfg, tokenizer, tasks, rng, online_config(sampler, image_config, reward, 8))
 
 An episode succeeds when the agent says ``stop`` with the task's goal reached; an unparsable completion is a
@@ -21,10 +21,8 @@ import numpy as np
 from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import NUM_TURNS
 from ipl_jax.data.image_processing import ImageProcessorConfig
-from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.rl.rollout import RolloutConfig, WorldTask, replicate, rollout, rollout_summary, split_world_tasks
+from ipl_jax.rl.rollout import RolloutConfig, WorldTask, replicate, rollout, rollout_summary
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.settings import DataSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,23 +93,6 @@ def online_eval(
 
 
 # ------------------------------------------------------------------------------------------------ job wiring
-
-
-def job_world_tasks(
-    data: DataSettings,
-    world: WorldConfig,
-    seed: int,
-    split: str,
-    n: int | None = None,
-    max_steps: int = 25,
-    step_factor: float = 2.0,
-) -> list[WorldTask]:
-    """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
-    the job's data stage generated (``n`` default: the split's episode count)."""
-    if not data.synthetic:
-        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {data.format!r})")
-    n = data.episodes_for(split) if n is None else n
-    return split_world_tasks(split, n, seed=seed, config=world, max_steps=max_steps, step_factor=step_factor)
 
 
 def online_config(

@@ -25,8 +25,9 @@ from ipl_jax.data.records import Step
 from ipl_jax.eval.trees import iter_tree_batches, reward_config, sampler_config, score_batch
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import turn_texts
-from ipl_jax.settings import EMBEDDERS, Settings
+from ipl_jax.settings import Settings
 
+EMBEDDERS = ("auto", "minilm", "tfidf")  # resolve_embedder's kinds (the job's seed_selection.embedder)
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 

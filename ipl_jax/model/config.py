@@ -17,7 +17,8 @@ import json
 import os
 from typing import Any
 
-_DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a model computes and stores in (the job's model.dtype)
+BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # the dtypes a backend runs (the other backends: DTYPES)
 _ATTENTION = ("auto", "reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
 _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
 
@@ -126,8 +127,8 @@ class Qwen2VLConfig:
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"Qwen2VLConfig.{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"Qwen2VLConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if self.attention not in _ATTENTION:
             raise ValueError(f"attention {self.attention!r} is unknown (valid: {', '.join(_ATTENTION)})")
         if self.attention_query_chunk < 0:
@@ -359,7 +360,7 @@ def checkpoint_dtype(path: str | os.PathLike) -> str:
     text = d.get("text_config") or {}
     name = d.get("torch_dtype") or d.get("dtype") or text.get("torch_dtype") or text.get("dtype") or "float32"
     name = str(name).removeprefix("torch.")
-    return name if name in _DTYPES else "float32"
+    return name if name in DTYPES else "float32"
 
 
 def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:

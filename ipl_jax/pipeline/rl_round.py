@@ -19,7 +19,6 @@ import jax
 
 from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.eval.online import job_world_tasks
 from ipl_jax.eval.seed_selection import sample_steps
 from ipl_jax.eval.trees import reward_config, rules_name, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import (
@@ -30,7 +29,7 @@ from ipl_jax.pipeline.model_stage import (
     load_policy,
     write_policy_dir,
 )
-from ipl_jax.pipeline.round_eval import dev_accuracy
+from ipl_jax.pipeline.round_eval import dev_accuracy, job_world_tasks
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.rl import grpo, ppo
 from ipl_jax.rl.grpo import GRPOConfig

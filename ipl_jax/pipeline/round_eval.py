@@ -12,11 +12,13 @@ import jax
 from ipl_jax import distributed
 from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Episode
+from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import job_world_tasks, online_config, online_eval
+from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.trees import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import Policy
-from ipl_jax.settings import Settings
+from ipl_jax.rl.rollout import WorldTask, split_world_tasks
+from ipl_jax.settings import DataSettings, Settings
 
 
 def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]:
@@ -91,6 +93,23 @@ def evaluate_policy_splits(
         out["online"] = by_split[settings.eval.online_splits[0]]
         out["online_splits"] = by_split
     return out
+
+
+def job_world_tasks(
+    data: DataSettings,
+    world: WorldConfig,
+    seed: int,
+    split: str,
+    n: int | None = None,
+    max_steps: int = 25,
+    step_factor: float = 2.0,
+) -> list[WorldTask]:
+    """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
+    the job's data stage generated (``n`` default: the split's episode count)."""
+    if not data.synthetic:
+        raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {data.format!r})")
+    n = data.episodes_for(split) if n is None else n
+    return split_world_tasks(split, n, seed=seed, config=world, max_steps=max_steps, step_factor=step_factor)
 
 
 def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Path, echo=print) -> dict:

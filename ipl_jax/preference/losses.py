@@ -13,7 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.settings import LOSS_KINDS, SFT_NORMS
+LOSS_KINDS = ("sigmoid", "ipo", "hinge")  # dpo_pair_losses' kinds (the job's ipl.loss_kind)
+SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.sft_norm)
 
 
 @dataclasses.dataclass(frozen=True)

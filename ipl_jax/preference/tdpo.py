@@ -28,7 +28,6 @@ from ipl_jax.preference import losses
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.progress import progress
-from ipl_jax.settings import LOSS_KINDS
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
@@ -65,8 +64,8 @@ class TDPOConfig:
     def __post_init__(self, learning_rate):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TDPOConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.dpo.kind not in LOSS_KINDS:
-            raise ValueError(f"TDPOConfig.dpo.kind must be one of {LOSS_KINDS}, got {self.dpo.kind!r}")
+        if self.dpo.kind not in losses.LOSS_KINDS:
+            raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.LOSS_KINDS}, got {self.dpo.kind!r}")
         if learning_rate is not None:
             settings = dataclasses.replace(self.optimizer_settings, learning_rate=float(learning_rate))
             object.__setattr__(self, "optimizer_settings", settings)

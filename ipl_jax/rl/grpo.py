@@ -35,7 +35,6 @@ from ipl_jax.rl import sampling as rl_sampling
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import step_prompts
-from ipl_jax.settings import GRPO_STYLES, LENGTH_NORMS
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
@@ -78,10 +77,10 @@ class GRPOConfig:
     storage_dtype: str | None = None
 
     def __post_init__(self):
-        if self.style not in GRPO_STYLES:
-            raise ValueError(f"GRPOConfig.style must be one of {GRPO_STYLES}, got {self.style!r}")
-        if self.length_norm not in LENGTH_NORMS:
-            raise ValueError(f"GRPOConfig.length_norm must be one of {LENGTH_NORMS}, got {self.length_norm!r}")
+        if self.style not in common.GRPO_STYLES:
+            raise ValueError(f"GRPOConfig.style must be one of {common.GRPO_STYLES}, got {self.style!r}")
+        if self.length_norm not in common.LENGTH_NORMS:
+            raise ValueError(f"GRPOConfig.length_norm must be one of {common.LENGTH_NORMS}, got {self.length_norm!r}")
         for f in ("group_size", "updates_per_batch", "prompts_per_batch"):
             if getattr(self, f) < 1:
                 raise ValueError(f"GRPOConfig.{f} must be >= 1, got {getattr(self, f)}")

@@ -24,8 +24,9 @@ from ipl_jax.rl.rewards import UIR1RewardConfig
 from ipl_jax.rl.rollout import RolloutConfig
 from ipl_jax.rl.rows import RowConfig
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.settings import BucketSettings, GRPOSettings, IPLSettings, PPOSettings, Precision, RLSettings
+from ipl_jax.settings import BucketSettings, GRPOSettings, IPLSettings, PPOSettings, RLSettings
 from ipl_jax.training.optimizer import OptimizerSettings
+from ipl_jax.training.state import Precision
 
 
 def round_budget(ipl: IPLSettings, branching: Sequence[int], n_train_steps: int | None = None) -> int:

@@ -36,7 +36,8 @@ from ipl_jax.rl.sampling import Completion, tree_completions
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts, step_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
-from ipl_jax.settings import STEP_REWARDS
+
+STEP_REWARDS = ("leaf", "uir1")  # _step_rewards' rewards of a step (the job's rl.ppo.step_reward)
 
 
 @dataclasses.dataclass(frozen=True)

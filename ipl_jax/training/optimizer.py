@@ -17,8 +17,9 @@ import re
 import jax
 import optax
 
-from ipl_jax.settings import SCHEDULES
 from ipl_jax.training.lora import path_str
+
+SCHEDULES = ("cosine", "constant")  # make_schedule's shapes (the job's sft.schedule and ipl.schedule)
 
 # Path components containing 'norm' or 'bias', named 'scale' or starting with 'ln_' (layer norms, RMS norms,
 # biases) get no weight decay.

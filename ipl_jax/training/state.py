@@ -5,10 +5,13 @@ is trainable is decided once, by ``create_train_state``: full fine-tuning (every
 subset (e.g. the vision tower: those leaves move to ``frozen``, get no gradient and no optimizer state, so they
 can never change), or LoRA (all base weights frozen, ``params`` is a ``lora.LoraParams``).
 ``model_params(state.params, state.frozen)`` rebuilds the full parameter tree the model reads.
+``Precision`` — the dtypes a trainer computes in and keeps its frozen weights in, and its remat policy (made from
+the job's ``model`` settings).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -42,6 +45,27 @@ class TrainState:
     frozen: Any
     opt_state: Any
     rng: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """compute: the dtype the model computes in; storage: the dtype of the weights the job does not train (the
+    sampler's and evaluator's copy, the frozen reference, a frozen base or vision tower); remat: the training
+    programs' rematerialisation policy. Trained weights and optimizer moments are always float32."""
+
+    compute: str
+    storage: str
+    remat: str
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """What a training step casts the fp32 master weights to (None: float32, read as they are)."""
+        return None if self.compute == "float32" else self.compute
+
+    @property
+    def frozen_dtype(self) -> str | None:
+        """What a training state keeps its frozen weights in (None: float32, kept as loaded)."""
+        return None if self.storage == "float32" else self.storage
 
 
 # ------------------------------------------------------------------------------------------------ params

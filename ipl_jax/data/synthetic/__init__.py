@@ -1,23 +1,31 @@
 """The synthetic GUI world: a deterministic phone simulator, tasks with a scripted expert, CoaT annotations,
-and the project's default dataset written in the AITZ format (``ipl-jax synth``)."""
+and the project's default dataset written in the AITZ format (``ipl-jax synth``).
 
-from ipl_jax.data.synthetic.config import WorldConfig, apply_overrides
-from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES, SPLITS, generate_episode, generate_split, replay, split_config
-from ipl_jax.data.synthetic.tasks import Task, is_done, sample_task
-from ipl_jax.data.synthetic.world import Screen, World
+The names below are imported from their modules on first use, so that reading the world's config (``config``:
+``WorldConfig``, ``SPLITS``, as a job's settings do) loads neither the world nor its renderer (PIL).
+"""
 
-__all__ = [
-    "WorldConfig",
-    "apply_overrides",
-    "DEFAULT_SIZES",
-    "SPLITS",
-    "generate_episode",
-    "generate_split",
-    "replay",
-    "split_config",
-    "Task",
-    "is_done",
-    "sample_task",
-    "Screen",
-    "World",
-]
+import importlib
+
+_MODULES = {  # name -> the module of this package that defines it
+    "WorldConfig": "config",
+    "apply_overrides": "config",
+    "SPLITS": "config",
+    "DEFAULT_SIZES": "dataset",
+    "generate_episode": "dataset",
+    "generate_split": "dataset",
+    "replay": "dataset",
+    "split_config": "dataset",
+    "Task": "tasks",
+    "is_done": "tasks",
+    "sample_task": "tasks",
+    "Screen": "world",
+    "World": "world",
+}
+__all__ = list(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)

@@ -116,6 +116,9 @@ HELD_OUT_VARIANTS = ("tiles",)
 
 # Task families (tasks.py defines them); ``toggle_pair`` is held out for test_task_unseen.
 FAMILIES = ("open_app", "toggle", "sub_toggle", "toggle_pair", "search_open", "add_to_cart", "install", "send_message")
+# The dataset's splits (dataset.py): test_app_unseen plays the held-out themes and variants, test_task_unseen the
+# held-out tasks.
+SPLITS = ("train", "dev", "test", "test_app_unseen", "test_task_unseen")
 
 
 @dataclasses.dataclass(frozen=True)

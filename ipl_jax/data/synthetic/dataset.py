@@ -19,12 +19,11 @@ import numpy as np
 from ipl_jax.coat.actions import format_action
 from ipl_jax.data.records import CoaT, Episode, Step
 from ipl_jax.data.synthetic import coat as coat_text
-from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig
+from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, SPLITS, WorldConfig
 from ipl_jax.data.synthetic.expert import expert_decision
 from ipl_jax.data.synthetic.tasks import Task, is_done, sample_task
 from ipl_jax.data.synthetic.world import World
 
-SPLITS = ("train", "dev", "test", "test_app_unseen", "test_task_unseen")
 SPLIT_CODES = {"train": 1, "dev": 2, "test": 3, "test_app_unseen": 4, "test_task_unseen": 5}
 # The default dataset (the `ipl-jax run` job's data); sizes chosen so that warm-up SFT of a tiny model on two
 # CPU cores sees every template and family several times in a few minutes.
