@@ -173,6 +173,13 @@ def put(tree, shardings):
     return jax.tree.map(one, tree, shardings)
 
 
+def on_first_device(tree):
+    """``tree`` committed to this process's first device, where a jitted step without a mesh leaves its outputs:
+    a fresh (uncommitted) state then runs the same compiled program as the states the step returns, so the
+    second step does not compile again."""
+    return jax.device_put(tree, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+
+
 def allgather_ints(values) -> np.ndarray:
     """int64[process_count, n]: every process's ``values`` (n small ints), in process order. A collective: every
     process calls it at the same point, from the main thread; one process returns ``values`` without talking."""

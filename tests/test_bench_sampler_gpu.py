@@ -1,4 +1,4 @@
-"""tools/bench_sampler_gpu.py in its CPU mode (``--size tiny``): every part runs in one subprocess, as on an
+"""``python -m tools.bench_sampler_gpu`` in its CPU mode (``--size tiny``): every part runs in one subprocess, as on an
 accelerator, and its figures follow from the tree's shapes (rows and cache slots per level, bytes a decode step
 reads, leaves per batch); ``--time-limit`` stops the run with the partial JSON; bad flags are one line."""
 
@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-SCRIPT = TOOLS / "bench_sampler_gpu.py"
+REPO = Path(__file__).resolve().parent.parent
 STEPS = 2
 
 
 def _bench():
-    sys.path.insert(0, str(TOOLS))
-    import bench_sampler_gpu
+    from tools import bench_sampler_gpu  # the repository root is on sys.path under ``python -m pytest``
 
     return bench_sampler_gpu
 
@@ -26,7 +24,9 @@ def _bench():
 def _run(tmp_path, *flags, timeout=600):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--size", "tiny", "--steps", str(STEPS), "--json", str(out), *flags],
+        [sys.executable, "-m", "tools.bench_sampler_gpu", "--size", "tiny", "--steps", str(STEPS), "--json", str(out)]
+        + list(flags),
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -12,26 +12,22 @@ For each: forward time, forward + backward time (median of ``--reps`` after a wa
 difference from ``reference`` on the real tokens (outputs and the three input gradients; padding rows get a zero
 cotangent, as in training). Ratios are against ``reference``.
 
-    python tools/bench_attention.py [--problem decoder|vision|both] [--impls reference,xla,cudnn] [--json OUT]
+    python -m tools.bench_attention [--problem decoder|vision|both] [--impls reference,xla,cudnn] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ipl_jax.model import layers
-from ipl_jax.model.text import _spec_masks
+from ipl_jax.model.text import spec_masks
+from tools.harness import median_time, write_json
 
 
 def decoder_problem(rows: int, length: int, continuations: int = 4):
@@ -41,7 +37,7 @@ def decoder_problem(rows: int, length: int, continuations: int = 4):
     seg[:, :prefix] = 0
     for k in range(continuations):
         seg[:, prefix + k * cont : prefix + (k + 1) * cont] = k + 1
-    mask_of, per_query, per_key = _spec_masks(jnp.asarray(seg))
+    mask_of, per_query, per_key = spec_masks(jnp.asarray(seg))
     shapes = dict(b=rows, t=length, hq=12, hkv=2, d=128)
     return dict(seg=seg, mask_of=mask_of, per_query=per_query, per_key=per_key, causal=True, **shapes)
 
@@ -53,7 +49,7 @@ def vision_problem(images: int, patches: int):
     shapes = dict(b=images, t=patches, hq=16, hkv=16, d=80)
     return dict(
         seg=seg,
-        mask_of=layers._same_segment,
+        mask_of=layers.same_segment,
         per_query=jnp.asarray(seg),
         per_key=jnp.asarray(seg),
         causal=False,
@@ -85,16 +81,6 @@ def attend(impl: str, problem: dict):
     raise ValueError(f"unknown implementation {impl!r}")
 
 
-def _time(fn, args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def run_problem(name: str, problem: dict, impls: list[str], reps: int, dtype) -> dict:
     b, t, hq, hkv, d = (problem[k] for k in ("b", "t", "hq", "hkv", "d"))
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
@@ -112,8 +98,8 @@ def run_problem(name: str, problem: dict, impls: list[str], reps: int, dtype) ->
             fn = attend(impl, problem)
             fwd = jax.jit(fn)
             grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum((fn(q, k, v) * cot).astype(jnp.float32)), (0, 1, 2)))
-            res["forward_ms"] = 1e3 * _time(fwd, (q, k, v), reps)
-            res["forward_backward_ms"] = 1e3 * _time(lambda *a: (fwd(*a), grad(*a)), (q, k, v), reps)
+            res["forward_ms"] = 1e3 * median_time(fwd, q, k, v, repeats=reps)
+            res["forward_backward_ms"] = 1e3 * median_time(lambda *a: (fwd(*a), grad(*a)), q, k, v, repeats=reps)
             o, g = fwd(q, k, v), grad(q, k, v)
             if base is None:
                 base = (o, g)
@@ -156,9 +142,8 @@ def main(argv=None) -> int:
         fused = ["cudnn_lengths", "cudnn_bias", "cudnn_nomask"] if gpu else []
         impls = args.impls.split(",") if args.impls else ["reference", "xla"] + fused
         results["vision"] = run_problem("vision", vision_problem(args.rows, args.length), impls, args.reps, dtype)
-    text = json.dumps(results, indent=1)
     if args.json:
-        Path(args.json).write_text(text)
+        write_json(args.json, results)
     for prob in ("decoder", "vision"):
         for impl, res in results.get(prob, {}).get("impls", {}).items():
             if "forward_ms" in res:

@@ -13,7 +13,7 @@ threads; nothing read up front). Reported: first-batch latency (reading the spli
 the first batch) and steady-state batches/s over the next ``--batches``; ratios are against ``aitz`` with the
 same thread count.
 
-    nice python tools/bench_data.py [--episodes 40] [--batches 20] [--batch-size 4] [--json OUT]
+    nice python -m tools.bench_data [--episodes 40] [--batches 20] [--batch-size 4] [--json OUT]
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.batching import collate

@@ -14,28 +14,18 @@ the baseline of the ratios):
 as ``bench_tdpo`` runs it): the [B, T, T] mask, the vision tower, the decoder forward and forward+backward, the
 log-prob head and the whole step, each jitted alone, with its matmul FLOPs and achieved GFLOP/s.
 
-    python tools/bench_precision.py [--repeats R] [--json OUT] [--profile [--shape default|quick]]
+    python -m tools.bench_precision [--repeats R] [--json OUT] [--profile [--shape default|quick]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_models import bench_model
-from bench_tdpo import SHAPES as TDPO_SHAPES
-from bench_tdpo import TEXT_BUCKETS, make_workload
-from bench_tree import SHAPES as TREE_SHAPES
-from bench_tree import random_steps
 
 from ipl_jax import model as M
 from ipl_jax.model.params import count_params
@@ -44,9 +34,15 @@ from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from ipl_jax.sampling import SamplerConfig, pack_tree_prompts
-from ipl_jax.sampling.tree_sampler import _sample_tree_jit
+from ipl_jax.sampling.tree_sampler import sample_tree_jit
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import cast_floating
+from tools import harness
+from tools.bench_models import bench_model
+from tools.bench_tdpo import SHAPES as TDPO_SHAPES
+from tools.bench_tdpo import TEXT_BUCKETS, make_workload
+from tools.bench_tree import SHAPES as TREE_SHAPES
+from tools.bench_tree import random_steps
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
 TDPO_SHAPE = dict(
@@ -69,21 +65,17 @@ TDPO_SHAPE = dict(
 
 
 def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``repeats`` calls (the callers warm up first)."""
+    return harness.median_time(fn, warmup=0, repeats=repeats)
 
 
 def memory(compiled) -> dict:
-    m = compiled.memory_analysis()
-    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    """The compiled program's per-device memory as ``ipl-jax plan`` counts it, and its HLO GFLOPs."""
+    m = harness.compiled_memory(compiled)
     return {
-        "args_mb": m.argument_size_in_bytes / 1e6,
-        "temps_mb": m.temp_size_in_bytes / 1e6,
-        "total_mb": total / 1e6,
+        "args_mb": m["arguments"] / 1e6,
+        "temps_mb": m["temporaries"] / 1e6,
+        "total_mb": m["total"] / 1e6,
         "gflop": hlo_flops(compiled.as_text()).flops / 1e9,
     }
 
@@ -151,7 +143,7 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
     sparams = cast_floating(params, dtype)
     prompts = pack_tree_prompts(scfg, steps, config, 0)
     temperature = jnp.asarray(config.temperature, jnp.float32)
-    compiled = _sample_tree_jit.lower(sparams, scfg, prompts, temperature, config.compile_key(), None).compile()
+    compiled = sample_tree_jit.lower(sparams, scfg, prompts, temperature, config.compile_key(), None).compile()
     call = lambda: compiled(sparams, prompts, temperature)
     jax.block_until_ready(call())
     return {
@@ -250,7 +242,7 @@ def profile(shape: str, repeats: int) -> list[dict]:
             ),
             "decoder fwd+bwd": (jax.jit(jax.grad(decoder_loss)), (params, mask)),
             "logp head fwd": (
-                jax.jit(lambda p, h: token_log_probs(p, cfg, h, batch.target_ids, PK._chunk_for(batch.length, 64))),
+                jax.jit(lambda p, h: token_log_probs(p, cfg, h, batch.target_ids, PK.chunk_for(batch.length, 64))),
                 (params, hidden),
             ),
         }
@@ -323,7 +315,7 @@ def main(argv=None) -> int:
         rows = precision_table(args.repeats)
         print_precision(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        harness.write_json(args.json, rows, indent=2)
     return 0
 
 

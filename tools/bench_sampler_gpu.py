@@ -16,7 +16,7 @@ Peaks come from the device kind (or ``--peak-tflops`` / ``--hbm-gbps``; both are
 is hard: at the limit the JSON (partial results, ``stopped``) is written and the process exits with 124.
 ``--size tiny`` runs every part on a small model on a CPU (about a minute, mostly compiling).
 
-    python tools/bench_sampler_gpu.py [--size 2b|tiny] [--steps 4] [--turns 256,128,32,32] [--decode-turns 1,3]
+    python -m tools.bench_sampler_gpu [--size 2b|tiny] [--steps 4] [--turns 256,128,32,32] [--decode-turns 1,3]
                                       [--time-limit 90] [--skip-transformers] [--profile DIR] --json OUT
 """
 
@@ -30,7 +30,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
 import argparse
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,21 +38,9 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_models import bench_model
-from bench_tree import (
-    CompileSpans,
-    _span,
-    _text_flops,
-    _vision_flops,
-    random_steps,
-    useful_tree_flops,
-)
-from gpu_mfu import matmul_peak, spec_peak
 
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
 from ipl_jax.data.image_processing import ImageProcessorConfig
@@ -63,9 +50,21 @@ from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params, init_params
 from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree
 from ipl_jax.sampling.decoding import prefill_context, sample_config_turn
+from tools import harness
+from tools.bench_models import bench_model
+from tools.bench_tree import (
+    CompileSpans,
+    _span,
+    _text_flops,
+    _vision_flops,
+    random_steps,
+    useful_tree_flops,
+)
+from tools.gpu_mfu import spec_peak
 
 HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12}  # by device kind (SXM)
 PARTS = ("tree", "prefill", "decode", "transformers")
+REPO = Path(__file__).resolve().parents[1]  # the transformers worker runs as ``python -m tools.bench_sampler_gpu``
 PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}  # one trace event per kernel
 TINY_MODEL = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512, v_dim=32, v_depth=1, v_heads=2)
 # per size: screenshot (width x height), pixel limit (the paper's 1280x720 on AMEX / AndroidControl; AITZ's
@@ -161,23 +160,9 @@ def hbm_bandwidth_measured(nbytes: int, reps: int = 5) -> float:
     """Best bytes/s of a jitted sum over a bfloat16 array of ``nbytes`` (one streaming read)."""
     x = jnp.ones((nbytes // 2,), jnp.bfloat16)
     f = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
-    jax.block_until_ready(f(x))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        best = min(best, time.perf_counter() - t0)
+    best = harness.best_time(f, x, warmup=1, repeats=reps)
     del x
     return nbytes / best
-
-
-def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 # ------------------------------------------------------------------------------------------------ parts
@@ -189,9 +174,7 @@ def run_tree(params, cfg, steps, config, res, clock: CompileSpans) -> None:
     t0, c0 = time.perf_counter(), time.time()
     jax.block_until_ready(sample_tree(params, cfg, prompts[0], config))
     first, compile_s = time.perf_counter() - t0, clock.total(c0, time.time())
-    t0 = time.perf_counter()
-    tree = jax.block_until_ready(sample_tree(params, cfg, prompts[1], config))
-    warm = time.perf_counter() - t0
+    tree, warm = harness.timed(sample_tree, params, cfg, prompts[1], config)
     made = int(np.sum(np.asarray(tree.lengths[-1]) == config.max_turn_tokens[-1]))
     if made != leaves:
         raise RuntimeError(f"the tree has {made} full-length leaves, expected {leaves}")
@@ -216,8 +199,7 @@ def run_prefill(params, cfg, steps, config, res, reps: int) -> None:
     t0 = time.perf_counter()
     compiled = jax.jit(lambda p, x: prefill_context(p, cfg, x, size)).lower(params, prefix).compile()
     compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(params, prefix))
-    sec = _median_time(lambda: compiled(params, prefix), reps)
+    sec = harness.median_time(compiled, params, prefix, warmup=1, repeats=reps)
     n = len(steps[0].prefix_ids) - 1  # the last prompt token is held back as the first decode feed
     flops = len(steps) * (_vision_flops(cfg, steps[0].pixel_values.shape[0]) + _text_flops(cfg, n, _span(0, n), 0))
     vision = len(steps) * _vision_flops(cfg, steps[0].pixel_values.shape[0])
@@ -273,15 +255,14 @@ def _timed_turn(params, cfg, config, shape, temperature, reps: int, options=None
     t0 = time.perf_counter()
     compiled, run, release = _turn_program(params, cfg, config, shape, temperature, options)
     compile_s = time.perf_counter() - t0
-    jax.block_until_ready(run())
-    return compile_s, _median_time(run, reps), compiled, run, release
+    return compile_s, harness.median_time(run, warmup=1, repeats=reps), compiled, run, release
 
 
 def _profile_turn(params, cfg, config, shape, temperature, trace_dir: str) -> dict:
     """Where one turn's device time goes: the turn compiled without XLA's command buffers (which would report a
     layer's kernels as one event), traced for one call: kernel milliseconds by part and the top instructions
     (``xla_profile.profile_parts``), and the fraction of the call's wall time the device was busy."""
-    from xla_profile import profile_parts
+    from tools.xla_profile import profile_parts
 
     try:
         compiled, run, release = _turn_program(params, cfg, config, shape, temperature, PROFILE_OPTIONS)
@@ -370,9 +351,9 @@ def run_transformers(cfg, steps, config, res, args, deadline: float | None, box:
         )
         (Path(d) / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ, JAX_PLATFORMS="cpu")  # the worker never touches the accelerator through JAX
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--transformers-worker", d]
+        cmd = [sys.executable, "-m", "tools.bench_sampler_gpu", "--transformers-worker", d]
         timeout = None if deadline is None else max(1.0, deadline - time.monotonic() - 2.0)
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         box["child"] = proc
         try:
             log, _ = proc.communicate(timeout=timeout)
@@ -398,10 +379,11 @@ def transformers_worker(d: str) -> int:
     device (bf16 on a GPU), then the level-by-level ``generate`` tree."""
     import torch
     import transformers
-    from bench_tree import transformers_tree_seconds
     from transformers import Qwen2VLConfig as HFQwen2VLConfig
     from transformers import Qwen2VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
+
+    from tools.bench_tree import transformers_tree_seconds
 
     hf_logging.set_verbosity_error()
     spec = json.loads((Path(d) / "spec.json").read_text())
@@ -546,7 +528,7 @@ def main(argv=None) -> int:
         spec_bw = next((bw for k, bw in HBM_BYTES_PER_S.items() if k in kind), None)
         gpu = dev.platform == "gpu"
         measured_bw = hbm_bandwidth_measured(2**30 if gpu else 2**27)
-        measured_peak = matmul_peak(jnp.dtype(args.dtype), n=8192 if gpu else 512)
+        measured_peak = harness.matmul_peak(jnp.dtype(args.dtype), n=8192 if gpu else 512)
         peak = args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev) or measured_peak
         res.update(
             size=args.size,

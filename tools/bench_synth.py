@@ -9,7 +9,7 @@ Measures, in one process (one core):
   * a screen-blind baseline: a policy that knows each click's target label and predicts that label's mean
     training position, scored with AITZ's 0.14 distance rule (how much the screen is needed).
 
-    python tools/bench_synth.py [--scale 1.0] [--json OUT] [--keep DIR]
+    python -m tools.bench_synth [--scale 1.0] [--json OUT] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ipl_jax.data.synthetic import DEFAULT_SIZES, generate_split
 from ipl_jax.data.synthetic.aitz_writer import write_aitz_split

@@ -26,8 +26,8 @@ TRL is not a project dependency (``pip install -e ".[bench]"`` adds it). It runs
 puts a directory with trl, datasets, accelerate and their dependencies first on ``sys.path``); otherwise the TRL
 row (or the agreement's ``trl`` entry) says why it did not run.
 
-    python tools/bench_tdpo.py [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
-    python tools/bench_tdpo.py --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
+    python -m tools.bench_tdpo [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
+    python -m tools.bench_tdpo --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,15 +38,9 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import numpy as np
-from bench_models import bench_model
-from bench_tdpo_agreement import print_agreement, run_agreement
-from bench_tdpo_trl import make_trl
 
 from ipl_jax import model as M
 from ipl_jax.model.config import Qwen2VLConfig
@@ -54,6 +48,10 @@ from ipl_jax.model.params import count_params
 from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
+from tools import harness
+from tools.bench_models import bench_model
+from tools.bench_tdpo_agreement import print_agreement, run_agreement
+from tools.bench_tdpo_trl import make_trl
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
@@ -159,22 +157,19 @@ class JaxVariant:
         self.state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
         t0 = time.perf_counter()
         self.step_exec = ipl.lower_tdpo_step(self.state, self.batches[0], config).compile()
-        self.ref_exec = ipl._reference_jit.lower(params, self.batches[0], config.model, False, config.logp_chunk)
+        self.ref_exec = ipl.reference_jit.lower(params, self.batches[0], config.model, False, config.logp_chunk)
         self.ref_exec = self.ref_exec.compile()
         self.compile_s = time.perf_counter() - t0
         self.ref_times, self.step_times, self.with_ref = [], [], [None] * len(self.batches)
 
     def round(self):
         for i, batch in enumerate(self.batches):
-            t = time.perf_counter()
-            rp, rn = jax.block_until_ready(self.ref_exec(self.params, batch))
-            self.ref_times.append(time.perf_counter() - t)
+            (rp, rn), seconds = harness.timed(self.ref_exec, self.params, batch)
+            self.ref_times.append(seconds)
             if self.with_ref[i] is None:
                 self.with_ref[i] = batch.with_reference(np.asarray(rp), np.asarray(rn))
-            t = time.perf_counter()
-            self.state, self.metrics = self.step_exec(self.state, self.with_ref[i])
-            jax.block_until_ready(self.metrics)
-            self.step_times.append(time.perf_counter() - t)
+            (self.state, self.metrics), seconds = harness.timed(self.step_exec, self.state, self.with_ref[i])
+            self.step_times.append(seconds)
 
     def result(self) -> dict:
         first = self.with_ref[0]
@@ -240,8 +235,7 @@ def main(argv=None) -> int:
             )
         print_agreement(agreement)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"trl_agreement": agreement}, f, indent=2)
+            harness.write_json(args.json, {"trl_agreement": agreement}, indent=2)
         return 0 if agreement["pass"] else 1
 
     patch_bucket = int(np.prod(s["grid"]))  # per row: one screenshot
@@ -337,8 +331,7 @@ def main(argv=None) -> int:
         f"{fmt(summary['unpacked_vs_trl_step_only'])})"
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+        harness.write_json(args.json, summary, indent=2)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The agreement mode of tools/bench_tdpo.py (``--agreement``): our T-DPO step against TRL's ``DPOTrainer``.
+"""The agreement mode of tools.bench_tdpo (``--agreement``): our T-DPO step against TRL's ``DPOTrainer``.
 
 The policy and a reference that differs from it (the policy's weights plus Gaussian noise) score the same
 pairs three ways: our packed step, our unpacked step (one row per continuation) and TRL. For every pair: the
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from bench_tdpo_trl import trl_agreement_side
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.preference import losses
 from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
+from tools.bench_tdpo_trl import trl_agreement_side
 
 LOSS_TARGET = 1e-4  # max |Δ per-pair loss|
 COSINE_TARGET = 0.9999  # gradient cosine over all trained parameters

@@ -1,4 +1,4 @@
-"""The TRL side of tools/bench_tdpo.py: ``DPOTrainer`` on a ``Qwen2VLForConditionalGeneration`` loaded from the
+"""The TRL side of tools.bench_tdpo: ``DPOTrainer`` on a ``Qwen2VLForConditionalGeneration`` loaded from the
 same weights, fed the same pairs pre-tokenised in TRL's own layout. TRL is not a project dependency."""
 
 from __future__ import annotations

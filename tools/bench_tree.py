@@ -16,33 +16,28 @@ sharing (vision once per step, each prefix / prompt token once, one logits row p
 attention over the real context); achieved FLOP/s is that over each method's time, compared with the best of a
 few large ``jnp`` matmuls measured in the same run.
 
-    python tools/bench_tree.py [--quick | --full] [--steps B] [--json OUT] [--skip-transformers]
+    python -m tools.bench_tree [--quick | --full] [--steps B] [--json OUT] [--skip-transformers]
                                [--skip-no-sharing]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_models import bench_model
 
 from ipl_jax import model as M
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params
 from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing
+from tools import harness
+from tools.bench_models import bench_model
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
@@ -150,21 +145,6 @@ class CompileSpans:
         return total
 
 
-def matmul_peak(n: int = 2048, reps: int = 4) -> float:
-    """Best FLOP/s of an f32 [n, n] @ [n, n] jnp matmul (4 independent products per call)."""
-    keys = jax.random.split(jax.random.PRNGKey(0), 8)
-    a = [jax.random.normal(k, (n, n), jnp.float32) for k in keys[:4]]
-    b = [jax.random.normal(k, (n, n), jnp.float32) for k in keys[4:]]
-    f = jax.jit(lambda a, b: [x @ y for x, y in zip(a, b)])
-    jax.block_until_ready(f(a, b))
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        best = min(best, time.perf_counter() - t0)
-    return 4 * 2 * n**3 / best
-
-
 # ------------------------------------------------------------------------------------------------ FLOPs
 
 
@@ -220,13 +200,10 @@ def useful_tree_flops(cfg: Qwen2VLConfig, steps: list[StepPrompts], config: Samp
 def run_ours(params, cfg, steps, config, seed=0) -> tuple[float, float, object]:
     """(compile+first call seconds, warm call seconds, tree)."""
     tp = pack_tree_prompts(cfg, steps, config, seed)
-    t0 = time.perf_counter()
-    jax.block_until_ready(sample_tree(params, cfg, tp, config))
-    first = time.perf_counter() - t0
+    _, first = harness.timed(sample_tree, params, cfg, tp, config)
     tp = pack_tree_prompts(cfg, steps, config, seed + 1)
-    t0 = time.perf_counter()
-    tree = jax.block_until_ready(sample_tree(params, cfg, tp, config))
-    return first, time.perf_counter() - t0, tree
+    tree, warm = harness.timed(sample_tree, params, cfg, tp, config)
+    return first, warm, tree
 
 
 def run_no_sharing(params, cfg, steps, config, clock: CompileSpans, seed=0) -> tuple[float, float]:
@@ -335,7 +312,7 @@ def main(argv=None) -> int:
     )
     leaves = n_steps * num_leaves(config.branching)
     flops = useful_tree_flops(cfg, steps, config)
-    peak = matmul_peak()
+    peak = harness.matmul_peak(jnp.float32, n=2048, reps=4, products=4)  # f32, 4 independent products per call
     res = {
         "shape": shape,
         "params": count_params(params),
@@ -394,9 +371,7 @@ def main(argv=None) -> int:
             flush=True,
         )
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+        harness.write_json(args.json, res, indent=2)
     return 0
 
 

@@ -7,7 +7,7 @@
 # On a GPU machine with its own JAX (e.g. JAX 0.11.2 with CUDA 13), the project and the wheels in --wheels (default
 # .whl) are installed beside that JAX with --no-deps into /tmp/site, never replacing it. Each part has a hard
 # time limit and writes its JSON as it goes, so a part that crashes or runs out of time leaves the others' results;
-# DIR/summary.json collects them (tools/device_summary.py). --cpu runs every part with tiny sizes on the CPU
+# DIR/summary.json collects them (python -m tools.device_summary). --cpu runs every part with tiny sizes on the CPU
 # (the CI test, so the script keeps working between GPU runs). Sized to finish in <= 8 minutes on one H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,33 +95,33 @@ print(json.dumps(info)); open('$OUT/env.json', 'w').write(json.dumps(info, inden
 
 if [ "$CPU" = 0 ]; then
   # in order of importance, so that what the budget cuts is the least needed
-  part parity 45 $PY tools/gpu_parity.py --size small --json "$OUT/parity.json"
+  part parity 45 $PY -m tools.gpu_parity --size small --json "$OUT/parity.json"
   # the T-DPO step at the 2B shape with the job's attention ('auto' = cuDNN here) and remat
-  part mfu 70 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 5 --json "$OUT/mfu.json"
+  part mfu 70 $PY -m tools.gpu_mfu --size 2b --attention auto --remat dots_no_batch --steps 5 --json "$OUT/mfu.json"
   # its profile (one event per kernel: XLA's command buffers off, so timed apart from `mfu`): time per part and
   # phase; `mfu_before` (only when named in --parts) profiles the first-measured configuration
-  part mfu_profile 50 $PY tools/gpu_mfu.py --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
+  part mfu_profile 50 $PY -m tools.gpu_mfu --size 2b --attention auto --remat dots_no_batch --steps 1 --skip-matmul \
     --profile /tmp/trace_after --json "$OUT/mfu_profile.json"
   # the tree sampler at 2B with phone screenshots (1,122 image tokens per step): leaves/s, prefill MFU, decode
   # against its bandwidth bound, transformers generate on the same GPU; its own limit writes the partial JSON
-  part sampler 90 bash -c '$0 tools/bench_sampler_gpu.py --size 2b --steps 2 --turns 128,64,32,32 \
+  part sampler 90 bash -c '$0 -m tools.bench_sampler_gpu --size 2b --steps 2 --turns 128,64,32,32 \
     --decode-turns 3,1 --decode-options xla_gpu_enable_dynamic_slice_fusion=true \
     --time-limit $((DEVICE_CHECK_LIMIT - 10)) --json "$1"' "$PY" "$OUT/sampler.json"
   # the whole job at 2B: init-model, phone-resolution synthetic AITZ, data -> SFT -> seed -> one round -> export
   part job 210 env PYTHON="$PY" bash tools/paper_job.sh --out /tmp/paper_job --json "$OUT/job.json"
-  part attention 45 $PY tools/bench_attention.py --reps 3 --json "$OUT/attention.json"
-  part mfu_before 70 $PY tools/gpu_mfu.py --size 2b --attention reference --remat full --steps 1 --skip-matmul \
+  part attention 45 $PY -m tools.bench_attention --reps 3 --json "$OUT/attention.json"
+  part mfu_before 70 $PY -m tools.gpu_mfu --size 2b --attention reference --remat full --steps 1 --skip-matmul \
     --profile /tmp/trace_before --json "$OUT/mfu_before.json"
 else
-  part parity 300 $PY tools/gpu_parity.py --size tiny --dtype float32 --json "$OUT/parity.json"
-  part attention 120 $PY tools/bench_attention.py --rows 1 --length 256 --reps 1 --dtype float32 \
+  part parity 300 $PY -m tools.gpu_parity --size tiny --dtype float32 --json "$OUT/parity.json"
+  part attention 120 $PY -m tools.bench_attention --rows 1 --length 256 --reps 1 --dtype float32 \
     --json "$OUT/attention.json"
-  part mfu 240 $PY tools/gpu_mfu.py --size tiny --rows 2 --length 256 --patches 64 --steps 2 --warmup 1 \
+  part mfu 240 $PY -m tools.gpu_mfu --size tiny --rows 2 --length 256 --patches 64 --steps 2 --warmup 1 \
     --dtype float32 --skip-matmul --profile "$OUT/mfu_trace" --json "$OUT/mfu.json"
-  part sampler 300 bash -c '$0 tools/bench_sampler_gpu.py --size tiny --steps 2 \
+  part sampler 300 bash -c '$0 -m tools.bench_sampler_gpu --size tiny --steps 2 \
     --time-limit $((DEVICE_CHECK_LIMIT - 10)) --decode-options xla_cpu_enable_fast_math=false \
     --profile "$1/sampler_trace" --json "$1/sampler.json"' "$PY" "$OUT"
   part job 600 env PYTHON="$PY" bash tools/paper_job.sh --cpu --out "$OUT/paper_job" --json "$OUT/job.json"
 fi
 
-$PY tools/device_summary.py "$OUT" --seconds $(( $(date +%s) - START ))
+$PY -m tools.device_summary "$OUT" --seconds $(( $(date +%s) - START ))

@@ -1,6 +1,6 @@
 """The accelerator check's one summary: the key figures of every part's JSON in ``DIR`` -> ``DIR/summary.json``.
 
-    python tools/device_summary.py DIR [--seconds S]
+    python -m tools.device_summary DIR [--seconds S]
 
 Parts that failed or ran out of time appear with their exit status (from ``DIR/status.jsonl``) and the last lines
 of their log, so a partial run still says what it measured.

@@ -19,7 +19,7 @@ TFLOP/s; A100: 312), and a bf16 matmul measured in the same run for comparison.
 Needs only jax, flax, optax, numpy and pillow besides ipl_jax's model / preference / training modules (no grain,
 no tfrecord, no torch, no ml_collections). Results go to stdout and ``--json``.
 
-    python tools/gpu_mfu.py [--size 2b|tiny] [--rows 8] [--length 4096] [--patches 4096] [--steps 10]
+    python -m tools.gpu_mfu [--size 2b|tiny] [--rows 8] [--length 4096] [--patches 4096] [--steps 10]
                             [--json OUT]
 """
 
@@ -33,9 +33,6 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +46,7 @@ from ipl_jax.preference import tdpo
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import VISION_REGEX
+from tools import harness
 
 PEAK_BF16_TFLOPS = {"h200": 989.4, "h100": 989.4, "a100": 312.0, "l4": 121.0}  # dense, SXM where it matters
 TINY = Qwen2VLConfig(
@@ -143,20 +141,6 @@ def model_flops(cfg: Qwen2VLConfig, rows: int, length: int, patches: int) -> dic
     return {"decoder": 3 * decoder, "head": 3 * head, "vision": vision, "total": 3 * (decoder + head) + vision}
 
 
-def matmul_peak(dtype=jnp.bfloat16, n: int = 8192, reps: int = 5) -> float:
-    """Best FLOP/s of an [n, n] @ [n, n] product in ``dtype`` on the default device."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
-    f = jax.jit(lambda a, b: a @ b)
-    jax.block_until_ready(f(a, b))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
-
-
 def spec_peak(device) -> float | None:
     kind = device.device_kind.lower()
     for key, tflops in PEAK_BF16_TFLOPS.items():
@@ -200,11 +184,10 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     compiled = tdpo.lower_tdpo_step(state, batch, config).compile()
     res["compile_s"] = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
+    mem = harness.compiled_memory(compiled)
     if mem is not None:
-        res["memory_gb"] = {
-            k: getattr(mem, f"{k}_size_in_bytes") / 1e9 for k in ("argument", "output", "temp", "alias")
-        }
+        names = {"argument": "arguments", "output": "outputs", "temp": "temporaries", "alias": "aliased"}
+        res["memory_gb"] = {k: mem[v] / 1e9 for k, v in names.items()}
     cost = hlo_flops(compiled.as_text())
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, (list, tuple)) else (xla or {})
@@ -214,23 +197,17 @@ def run(args) -> dict:
     box = {"state": state}
 
     def step():
-        box["state"], metrics = compiled(box["state"], batch)
-        return jax.block_until_ready(metrics)
+        box["state"], box["metrics"] = compiled(box["state"], batch)
+        return jax.block_until_ready(box["metrics"])
 
-    for _ in range(args.warmup):
-        m = step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        m = step()
-        times.append(time.perf_counter() - t0)
+    times = harness.timings(step, warmup=args.warmup, repeats=args.steps)
     sec = statistics.median(times)
-    res.update(step_s_median=sec, step_s_all=times, loss=float(m["loss"]))
+    res.update(step_s_median=sec, step_s_all=times, loss=float(box["metrics"]["loss"]))
     res["attention_resolved"] = resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim))
-    stats = dev.memory_stats() or {}
-    res["peak_memory_gb"] = stats["peak_bytes_in_use"] / 1e9 if "peak_bytes_in_use" in stats else None
+    peak_bytes = harness.device_peak_bytes(dev)
+    res["peak_memory_gb"] = None if peak_bytes is None else peak_bytes / 1e9
     peak = args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev)
-    measured = matmul_peak(jnp.dtype(args.dtype)) if not args.skip_matmul else None
+    measured = harness.matmul_peak(jnp.dtype(args.dtype), n=8192) if not args.skip_matmul else None
     res.update(
         peak_flops=peak,
         peak_source="--peak-tflops" if args.peak_tflops else "device kind",
@@ -238,7 +215,7 @@ def run(args) -> dict:
     )
     mf, hf = res["model_flops"]["total"], cost.flops
     if args.profile:
-        from xla_profile import profile_parts
+        from tools.xla_profile import profile_parts
 
         res["profile"] = profile_parts(compiled.as_text(), step, calls=2, trace_dir=args.profile)
     res["achieved_model_tflops"] = mf / sec / 1e12
@@ -282,7 +259,7 @@ def main(argv=None) -> int:
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:
-        Path(args.json).write_text(text)
+        harness.write_json(args.json, res, indent=2)
     if status == 0 and "mfu" in res:
         print(
             f"MFU {100 * res['mfu']:.1f}% (model {res['achieved_model_tflops']:.1f} TFLOP/s of "

@@ -20,20 +20,18 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gpu_mfu import TINY, model_2b, random_batch
 
 from ipl_jax import model as M
 from ipl_jax.model import decode
 from ipl_jax.model.inputs import prepare_vision_slots
 from ipl_jax.model.params import init_params
 from ipl_jax.preference import packing as PK
+from tools import harness
+from tools.gpu_mfu import TINY, model_2b, random_batch
 
 
 def small_model(size: str, dtype: str):
@@ -170,13 +168,13 @@ def main(argv=None) -> int:
         res[name]["seconds"] = time.perf_counter() - t0
         print(name, json.dumps(res[name]), flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=1))
+            harness.write_json(args.json, res)
     logit_diffs = [res["decoder"].get("logits_max_abs"), res["sampler"].get("prefill_logits_max_abs")]
     res["ok"] = all(d is not None and d <= args.tolerance for d in logit_diffs) and all(
         "error" not in res[k] for k in checks
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        harness.write_json(args.json, res)
     print(f"{impl} vs reference: {'ok' if res['ok'] else 'FAILED'} (max |Δlogit| {logit_diffs})")
     return 0 if res["ok"] else 1
 

@@ -1,9 +1,6 @@
 """Write a random tiny Qwen2-VL checkpoint + tokenizer (same as `ipl-jax make-tiny`)."""
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ipl_jax.cli.make_tiny import main
 

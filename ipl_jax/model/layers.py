@@ -392,12 +392,10 @@ def segment_attention(
     int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time.
     ``lengths`` int32[B]: the hint that each row is one segment of that many tokens followed by padding (see
     ``masked_attention``)."""
-    return masked_attention(
-        q, k, v, _same_segment, q_segments, k_segments, query_chunk, implementation, lengths=lengths
-    )
+    return masked_attention(q, k, v, same_segment, q_segments, k_segments, query_chunk, implementation, lengths=lengths)
 
 
-def _same_segment(q_segments, k_segments):
+def same_segment(q_segments, k_segments):
     return q_segments[:, :, None] == k_segments[:, None, :]
 
 

@@ -59,7 +59,7 @@ def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
     docstring). The forward never builds it; it is the definition the chunked masks follow."""
     if attention_spec.ndim == 3:
         return attention_spec.astype(bool)
-    mask_of, per_query, per_key = _spec_masks(attention_spec)
+    mask_of, per_query, per_key = spec_masks(attention_spec)
     return mask_of(per_query, per_key)
 
 
@@ -67,7 +67,7 @@ def _is_packed(spec) -> bool:
     return spec.ndim == 2 and jnp.issubdtype(spec.dtype, jnp.integer)
 
 
-def _spec_masks(spec: jnp.ndarray):
+def spec_masks(spec: jnp.ndarray):
     """(mask_of, per_query, per_key) of a [B, T] spec: mask_of(per-query chunk, per_key) -> bool[B, c, T]
     (``masked_attention``)."""
     if spec.ndim != 2:
@@ -80,6 +80,9 @@ def _spec_masks(spec: jnp.ndarray):
     if _is_packed(spec):
         return _packed_mask, (q_pos, spec.astype(jnp.int32)), spec.astype(jnp.int32)
     return _padded_mask, q_pos, spec.astype(bool)
+
+
+_spec_masks = spec_masks  # the former private name (tests/test_attention_memory.py)
 
 
 def _packed_mask(per_query, k_seg):
@@ -180,7 +183,7 @@ def self_attention(cfg: Qwen2VLConfig, spec: jnp.ndarray) -> Callable:
     if spec.ndim == 3:
         mask, causal = spec.astype(bool), False
     else:
-        mask_of, per_query, per_key = _spec_masks(spec)
+        mask_of, per_query, per_key = spec_masks(spec)
         if impl == "reference":
             return lambda q, k, v, layer: masked_attention(q, k, v, mask_of, per_query, per_key, chunk, impl)
         mask, causal = mask_of(per_query, per_key), True

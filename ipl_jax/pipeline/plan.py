@@ -40,13 +40,13 @@ from ipl_jax.pipeline.plan_shapes import (
     tdpo_batch,
 )
 from ipl_jax.pipeline.rounds import tdpo_config
-from ipl_jax.pipeline.sft_stage import sft_optimizer
+from ipl_jax.pipeline.sft_stage import BatchShape, sft_optimizer, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
 from ipl_jax.settings import Settings
 from ipl_jax.training import sft as sft_lib
 from ipl_jax.training.hlo_cost import hlo_flops
-from ipl_jax.training.lora import LoraConfig
+from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.optimizer import make_optimizer
 from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shardings
 
@@ -86,10 +86,28 @@ class ProgramPlan:
 
     @property
     def total(self) -> int:
-        return self.arguments + self.outputs + self.temporaries - self.aliased
+        return total_bytes(self.arguments, self.outputs, self.temporaries, self.aliased)
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "total": self.total}
+
+
+def total_bytes(arguments: int, outputs: int, temporaries: int, aliased: int) -> int:
+    """A compiled program's per-device memory: its arguments, outputs and temporaries less the outputs that
+    reuse (alias) an argument's buffer."""
+    return arguments + outputs + temporaries - aliased
+
+
+def compiled_bytes(compiled) -> dict:
+    """Per-device bytes of a compiled program (``compiled.memory_analysis()``): arguments, outputs, aliased,
+    temporaries; what ``ipl-jax plan`` reports for each program (``ProgramPlan``)."""
+    mem = compiled.memory_analysis()
+    return dict(
+        arguments=int(mem.argument_size_in_bytes),
+        outputs=int(mem.output_size_in_bytes),
+        aliased=int(mem.alias_size_in_bytes),
+        temporaries=int(mem.temp_size_in_bytes),
+    )
 
 
 def _per_device_bytes(values, shardings) -> int:
@@ -108,17 +126,13 @@ def _measure(name: str, shapes: str, lower: Callable[[], jax.stages.Lowered], in
     t0 = time.perf_counter()
     compiled = lower().compile()
     seconds = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, (list, tuple)) else (xla or {})
     cost = hlo_flops(compiled.as_text())
     return ProgramPlan(
         name=name,
         shapes=shapes,
-        arguments=int(mem.argument_size_in_bytes),
-        outputs=int(mem.output_size_in_bytes),
-        aliased=int(mem.alias_size_in_bytes),
-        temporaries=int(mem.temp_size_in_bytes),
+        **compiled_bytes(compiled),
         flops=cost.flops,
         xla_flops=float(xla.get("flops", 0.0)),
         unknown_loops=cost.unknown_loops,
@@ -130,7 +144,7 @@ def _measure(name: str, shapes: str, lower: Callable[[], jax.stages.Lowered], in
 def _state_kwargs(options: PlanSettings, lora_rank: int, freeze_vision: bool) -> dict:
     frozen = options.frozen_dtype or options.compute_dtype
     if lora_rank > 0:
-        return dict(lora=LoraConfig(rank=lora_rank, alpha=float(2 * lora_rank)), frozen_dtype=frozen)
+        return dict(lora=lora_of_rank(lora_rank), frozen_dtype=frozen)
     return dict(freeze_regex=VISION_REGEX if freeze_vision else None, frozen_dtype=frozen)
 
 
@@ -187,10 +201,9 @@ def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options
     accum = s.sft_batch // s.sft_micro
     state_sh = state_shardings(state, optimizer, mesh)
     batch_sh = sft_lib.sft_batch_shardings(batch, mesh, grad_accum=accum > 1)
-    step_config = sft_lib.SFTStepConfig(
+    step_config = dataclasses.replace(  # the job's step (``sft_stage.sft_step_config``) in the plan's precision
+        sft_step_config(cfg, settings, optimizer_settings, BatchShape(s.sft_batch, s.sft_micro)),
         model=mcfg,
-        optimizer=optimizer_settings,
-        grad_accum_steps=accum,
         remat=options.remat,
         compute_dtype=_compute(options),
     )

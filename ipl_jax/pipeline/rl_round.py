@@ -30,6 +30,7 @@ from ipl_jax.pipeline.model_stage import (
     write_policy_dir,
 )
 from ipl_jax.pipeline.round_eval import dev_accuracy, job_world_tasks
+from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.rl import grpo, ppo
 from ipl_jax.rl.grpo import GRPOConfig
@@ -147,11 +148,11 @@ def run_rl_round(
     t0 = time.perf_counter()
     policy = load_policy(start, job_mesh(settings.mesh))
     budget = round_budget(s, settings.sampler.branching, len(train_steps))
-    rng = jax.random.PRNGKey(settings.seed * 7919 + round_index)
+    rng = jax.random.PRNGKey(round_seed(settings.seed, round_index, "rng"))
     freeze = VISION_REGEX if s.freeze_vision else None
     if s.method == "grpo":
         n = grpo_prompts(budget, settings.rl.grpo.group_size)
-        steps = sample_steps(train_steps, n, settings.seed * 1000 + round_index)
+        steps = sample_steps(train_steps, n, round_seed(settings.seed, round_index, "steps"))
         steps = (steps * -(-n // len(steps)))[:n]  # fewer training steps than prompts: visit them again
         params, metrics, samples = grpo_train(policy, settings, steps, rng, freeze)
     else:

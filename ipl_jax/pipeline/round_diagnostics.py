@@ -34,6 +34,7 @@ from ipl_jax.eval.trees import (
 )
 from ipl_jax.pipeline.model_stage import Policy, inference_policy
 from ipl_jax.pipeline.round_eval import eval_config
+from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.preference.round import RoundProbe
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import turn_texts
@@ -60,9 +61,9 @@ class RoundDiagnostics:
         ipl, seed = settings.ipl, settings.seed
         self.settings, self.policy, self.sconfig, self.round_index = settings, policy, sconfig, round_index
         self.reward = reward_config(settings.reward, settings.data)
-        self.steps = sample_steps(round_steps, ipl.diagnostic_steps, seed * 1000 + round_index + 500)
+        self.steps = sample_steps(round_steps, ipl.diagnostic_steps, round_seed(seed, round_index, "diagnostic_steps"))
         self.heldout_steps = sample_steps(dev_steps, ipl.heldout_steps, seed) if ipl.heldout_steps > 0 else []
-        self.tally_seed = seed * 7919 + round_index  # the same draws before and after the update
+        self.tally_seed = round_seed(seed, round_index, "rng")  # the same draws before and after the update
 
     # ------------------------------------------------------------------------------------------- trees
 

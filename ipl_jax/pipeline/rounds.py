@@ -1,20 +1,26 @@
 """Stage 7: one IPL round (docs/method.md §6, §7), from the policy directory of the round before.
 
-A round is ``preference.round.ipl_round`` with the pipeline's pieces plugged in as its ``RoundStages``: ``sample``
-draws CoaT-trees on the round's training steps with the round's starting policy, ``score`` gives leaf rewards and
-backed-up values (``eval.trees``), ``golden_update`` is the ``continued_sft`` control's supervised training. The
-round's configs (``RoundConfig``, ``TDPOConfig``) are made here from the job's ``ipl`` settings. The new policy
-is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on dev; with ``ipl.method`` = grpo / ppo / gigppo the
-round is ``pipeline.rl_round``'s. The loop over rounds is ``pipeline.run.Job.rounds``.
+A round is ``preference.round.ipl_round`` with the pipeline's pieces plugged in as its ``RoundStages``:
+``sample_trees`` draws CoaT-trees on the round's training steps (``round_steps``) with the round's starting
+policy and hands each batch on as a ``TreeBatch`` (the round's ``SampledTrees`` plus the sampler's batch and its
+decoded texts); ``score_trees`` gives that batch's leaf rewards and backed-up values (``eval.trees``) and keeps a
+few trees for the viewer (``ViewerTrees``); ``ipl_round`` makes, selects and packs the pairs of each scored batch
+and trains on them; ``golden_update_fn`` is the ``continued_sft`` / ``sft_oracle`` controls' supervised training
+instead. The round's configs (``RoundConfig``, ``TDPOConfig``) are made here from the job's ``ipl`` settings,
+its seeds by ``seeds.round_seed``. The new policy is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on
+dev; with ``ipl.method`` = grpo / ppo / gigppo the round is ``pipeline.rl_round``'s. The loop over rounds is
+``pipeline.run.Job.rounds``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -45,20 +51,21 @@ from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.rl_round import run_rl_round
 from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
 from ipl_jax.pipeline.round_eval import dev_accuracy
-from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn
+from ipl_jax.pipeline.seeds import round_seed
+from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn, sft_step_config
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.preference.losses import DPOConfig
 from ipl_jax.preference.packed_batch import PackingConfig
 from ipl_jax.preference.pairs import PairConfig
-from ipl_jax.preference.round import RoundConfig, RoundStages, ipl_round
+from ipl_jax.preference.round import RoundConfig, RoundStages, SampledTrees, TreeScores, ipl_round
 from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
 from ipl_jax.rl.job import round_budget
 from ipl_jax.sampling.tree_records import tree_record, turn_texts
 from ipl_jax.settings import GOLDEN_METHODS, RL_METHODS, Settings
-from ipl_jax.training.lora import LoraConfig
+from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.optimizer import OptimizerSettings
-from ipl_jax.training.sft import SFTStepConfig, sft_step
+from ipl_jax.training.sft import sft_step
 from ipl_jax.training.state import VISION_REGEX, model_params, state_shardings
 from ipl_jax.viz.viewer import write_html
 
@@ -125,12 +132,68 @@ def round_config(settings: Settings, cfg, pad_id: int, round_index: int = 1) -> 
 
 def round_steps(train_steps: Sequence[Step], settings: Settings, round_index: int) -> list[Step]:
     """The training steps whose trees are sampled in a round: a seeded sample per round (all when
-    ``steps_per_round`` is 0 or exceeds the data)."""
+    ``steps_per_round`` is 0 or exceeds the data; ``seeds.round_seed``)."""
     n = settings.ipl.steps_in_round(len(train_steps))
-    return sample_steps(train_steps, n, settings.seed * 1000 + round_index)
+    return sample_steps(train_steps, n, round_seed(settings.seed, round_index, "steps"))
 
 
 # ------------------------------------------------------------------------------------------------ one round
+#
+# run_round, top to bottom: the round's steps and configs; its stages (sample_trees -> score_trees, each batch
+# of trees with the round's starting policy; golden_update for the supervised variants; the diagnostics probe);
+# the starting state (round_state); ``ipl_round`` (pairs from each scored batch, selection, packing, reference
+# log-probs, the update); the new policy's dev accuracy; the files.
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeBatch(SampledTrees):
+    """One sampler batch of a round's CoaT-trees: the ``SampledTrees`` the round makes pairs of, plus what
+    ``score_trees`` reads: the sampler's ``batch`` (``eval.trees.iter_tree_batches``: trees and steps) and its
+    decoded turn ``texts`` (``sampling.tree_records.turn_texts``)."""
+
+    batch: Any = None
+    texts: Any = None
+
+
+def sample_trees(
+    policy: Policy, settings: Settings, sconfig, steps: Sequence[Step], params, round_index: int, rng
+) -> Iterator[TreeBatch]:
+    """``RoundStages.sample`` once ``policy``, ``settings``, ``sconfig`` and the round's ``steps`` are bound: the
+    CoaT-trees that ``params`` (π(n-1)) samples on ``steps``, ``sampler.batch_size`` steps a batch, seeded by
+    ``rng``. The weights are sampled from in the storage dtype with a compute-dtype cache."""
+    current = inference_policy(policy, settings.model, params)
+    seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
+    bs = settings.sampler.batch_size
+    batches = iter_tree_batches(current, steps, sconfig, seed, bs)
+    for batch in progress(batches, total=-(-len(steps) // bs), desc=f"round {round_index} trees", unit="batch"):
+        sampled = sampled_trees(batch, policy.tokenizer)
+        yield TreeBatch(**vars(sampled), batch=batch, texts=turn_texts(batch.tree, policy.tokenizer))
+
+
+@dataclasses.dataclass
+class ViewerTrees:
+    """The first ``limit`` valid trees a round scores, as ``(tree_record, step)`` (``trees.jsonl`` / the
+    viewer; ``write_trees``)."""
+
+    limit: int
+    discount: float
+    kept: list[tuple[dict, Step]] = dataclasses.field(default_factory=list)
+
+    def keep(self, trees: TreeBatch, actions, scores) -> None:
+        batch = trees.batch
+        for row, step in enumerate(batch.steps):
+            if len(self.kept) < self.limit and bool(batch.tree.step_valid[row]):
+                record = tree_record(batch.tree, row, trees.texts, actions, scores, step, self.discount)
+                self.kept.append((record, step))
+
+
+def score_trees(trees: TreeBatch, reward, discount: float, viewer: ViewerTrees) -> TreeScores:
+    """``RoundStages.score`` once ``reward``, ``discount`` and ``viewer`` are bound: the rule rewards of the
+    batch's leaves and their backed-up values (``eval.trees.score_batch`` / ``round_scores``); the batch's first
+    valid trees go to ``viewer``."""
+    actions, scores = score_batch(trees.batch, trees.texts, reward, discount)
+    viewer.keep(trees, actions, scores)
+    return round_scores(trees.batch, trees.texts, actions, scores)
 
 
 def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], rcfg: RoundConfig):
@@ -160,15 +223,9 @@ def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], 
         tdpo = round_schedule(rcfg.tdpo, n_updates)
         if mesh is not None:
             state = distributed.put(state, state_shardings(state, tdpo.optimizer(), mesh))
-        else:  # committed like the step's outputs: one program for every update
-            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-        step_config = SFTStepConfig(
-            model=tdpo.model,
-            optimizer=tdpo.optimizer_settings,
-            grad_accum_steps=shape.n_micro,
-            remat=tdpo.remat,
-            compute_dtype=tdpo.compute_dtype,
-        )
+        else:
+            state = distributed.on_first_device(state)
+        step_config = sft_step_config(policy.cfg, settings, tdpo.optimizer_settings, shape)
         seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
         order: list[int] = []
@@ -180,8 +237,10 @@ def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], 
             batch, _ = rows.assemble(rows.local_batch([SFTItem(steps[i]) for i in chosen]))
             state, m = sft_step(state, batch, step_config, mesh=mesh)
             per_step.append({k: float(v) for k, v in distributed.to_host(m).items()})
+        # ``summarize_steps`` weights the round means by each step's "pairs" entry: here the dialogues per update
+        dialogues = float(bs)
         for m in per_step:
-            m.setdefault("pairs", float(bs))  # weight for the round means: dialogues per update
+            m.setdefault("pairs", dialogues)
         out = summarize_steps(per_step)
         out["per_step"] = per_step
         return state, out
@@ -198,6 +257,18 @@ def golden_steps(
     if settings.ipl.method == "sft_oracle":
         return oracle_steps(settings.data, wd, steps)
     return list(annotated) if settings.data.scarce and annotated is not None else list(steps)
+
+
+def round_state(settings: Settings, policy: Policy, rcfg: RoundConfig, rng):
+    """The round's starting ``TrainState`` from ``policy`` (π(n-1)): LoRA adapters of rank ``ipl.lora_rank``
+    (``lora_of_rank``) or the full weights (the vision tower frozen with ``ipl.freeze_vision``); frozen base /
+    vision tower in the storage dtype, trained weights and moments in float32."""
+    ipl = settings.ipl
+    frozen = settings.model.precision().frozen_dtype
+    if ipl.lora_rank > 0:
+        return init_state(policy.params, rcfg.tdpo, rng, lora=lora_of_rank(ipl.lora_rank), frozen_dtype=frozen)
+    vision = VISION_REGEX if ipl.freeze_vision else None
+    return init_state(policy.params, rcfg.tdpo, rng, freeze_regex=vision, frozen_dtype=frozen)
 
 
 def run_round(
@@ -217,52 +288,30 @@ def run_round(
     ipl = settings.ipl
     if ipl.method in RL_METHODS:
         return run_rl_round(settings, wd, round_index, start, train_steps, dev_episodes)
+    # the round's steps and configs
     policy = load_policy(start, job_mesh(settings.mesh))
     steps = round_steps(train_steps, settings, round_index)
     rcfg = round_config(settings, policy.cfg, policy.tokenizer.ids.pad, round_index)
     sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
     reward = reward_config(settings.reward, settings.data)
     discount = settings.reward.discount
-    out_dir = wd.dir("rounds", str(round_index))
-    diagnostics = None
-    if ipl.diagnostics:
-        diagnostics = RoundDiagnostics(settings, policy, steps, steps_of(dev_episodes), sconfig, round_index)
-    kept_trees: list[tuple[dict, Step]] = []
-    pending: dict[int, tuple] = {}
-    n_view = settings.export.viewer_steps
-
-    def sample(params, _n, rng):
-        current = inference_policy(policy, settings.model, params)  # storage-dtype weights, compute-dtype cache
-        seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
-        bs = settings.sampler.batch_size
-        batches = iter_tree_batches(current, steps, sconfig, seed, bs)
-        for batch in progress(batches, total=-(-len(steps) // bs), desc=f"round {round_index} trees", unit="batch"):
-            sampled = sampled_trees(batch, policy.tokenizer)
-            pending[id(sampled)] = (batch, turn_texts(batch.tree, policy.tokenizer))
-            yield sampled
-
-    def score(sampled):
-        batch, texts = pending.pop(id(sampled))
-        actions, scores = score_batch(batch, texts, reward, discount)
-        for row, step in enumerate(batch.steps):
-            if len(kept_trees) < n_view and bool(batch.tree.step_valid[row]):
-                kept_trees.append((tree_record(batch.tree, row, texts, actions, scores, step, discount), step))
-        return round_scores(batch, texts, actions, scores)
-
+    # its stages: sample trees with π(n-1), score them (a few kept for the viewer), the supervised update, the probe
+    viewer = ViewerTrees(limit=settings.export.viewer_steps, discount=discount)
     golden = None
     if rcfg.train_on == "golden":
         golden = golden_update_fn(settings, policy, golden_steps(settings, wd, steps, annotated), rcfg)
-    rng = jax.random.PRNGKey(settings.seed * 7919 + round_index)
-    frozen = settings.model.precision().frozen_dtype  # frozen base / vision tower; trained weights stay fp32
-    if ipl.lora_rank > 0:
-        lora = LoraConfig(rank=ipl.lora_rank, alpha=float(2 * ipl.lora_rank))
-        state = init_state(policy.params, rcfg.tdpo, rng, lora=lora, frozen_dtype=frozen)
-    else:
-        vision = VISION_REGEX if ipl.freeze_vision else None
-        state = init_state(policy.params, rcfg.tdpo, rng, freeze_regex=vision, frozen_dtype=frozen)
+    probe = None
+    if ipl.diagnostics:
+        probe = RoundDiagnostics(settings, policy, steps, steps_of(dev_episodes), sconfig, round_index).probe()
     stages = RoundStages(
-        sample=sample, score=score, golden_update=golden, probe=None if diagnostics is None else diagnostics.probe()
+        sample=functools.partial(sample_trees, policy, settings, sconfig, steps),
+        score=functools.partial(score_trees, reward=reward, discount=discount, viewer=viewer),
+        golden_update=golden,
+        probe=probe,
     )
+    # the round: pairs from each scored batch, selected and packed, then the update from π(n-1)'s state
+    rng = jax.random.PRNGKey(round_seed(settings.seed, round_index, "rng"))
+    state = round_state(settings, policy, rcfg, rng)
     state, record = ipl_round(state, rcfg, stages, round_index, rng, mesh=policy.mesh)
     params = model_params(state.params, state.frozen)
     del state
@@ -278,9 +327,12 @@ def run_round(
         f"loss {record['train'].get('loss', float('nan')):.4f}, dev step accuracy "
         f"{record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s"
     )
+    # the files
+    out_dir = wd.dir("rounds", str(round_index))
     write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
     if wd.main:
-        write_trees(out_dir, kept_trees, f"IPL round {round_index}: trees sampled with the round's starting policy")
+        title = f"IPL round {round_index}: trees sampled with the round's starting policy"
+        write_trees(out_dir, viewer.kept, title)
         write_json(out_dir / "round.json", record)
     distributed.barrier(f"round {round_index} written")
     record["policy"] = str(out_dir / "policy")

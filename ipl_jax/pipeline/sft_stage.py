@@ -30,7 +30,7 @@ from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress_bar
 from ipl_jax.settings import BucketSettings, Settings, SFTSettings
 from ipl_jax.training.checkpoint import Checkpointer
-from ipl_jax.training.lora import LoraConfig
+from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer
 from ipl_jax.training.sft import SFTStepConfig, sft_batch_axes, sft_batch_shardings, sft_model_batch, sft_step
 from ipl_jax.training.state import VISION_REGEX, create_train_state, model_params, state_shardings
@@ -215,11 +215,11 @@ def sft_optimizer(sft: SFTSettings) -> OptimizerSettings:
 
 def sft_init_state(params, settings: Settings):
     """(TrainState, optimizer) of warm-up SFT: full weights, or LoRA adapters of rank ``sft.lora_rank``
-    (alpha = 2 x rank; the paper's warm-up SFT uses rank 128), the vision tower frozen with
+    (``lora_of_rank``: alpha = 2 x rank; the paper's warm-up SFT uses rank 128), the vision tower frozen with
     ``sft.freeze_vision``; frozen weights kept in the storage dtype, trained ones and moments in float32."""
     sft = settings.sft
     optimizer = make_optimizer(sft_optimizer(sft))
-    lora = LoraConfig(rank=sft.lora_rank, alpha=float(2 * sft.lora_rank)) if sft.lora_rank > 0 else None
+    lora = lora_of_rank(sft.lora_rank) if sft.lora_rank > 0 else None
     freeze = VISION_REGEX if sft.freeze_vision and lora is None else None
     state = create_train_state(
         params,
@@ -280,8 +280,8 @@ def run_sft(
     ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
     if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
         state = distributed.put(state, state_shardings(state, optimizer, mesh))
-    else:  # committed to the device like the step's outputs, so the second step runs the first one's program
-        state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+    else:
+        state = distributed.on_first_device(state)
     recent: list[float] = []  # the last losses, carried in the checkpoints: a resumed run's summary is the same
     if ckpt.latest_step() is not None:
         state, data_state, meta = ckpt.restore(state)

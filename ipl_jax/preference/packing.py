@@ -343,7 +343,7 @@ def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
     return causal & visible & (q >= 0) & (k >= 0)
 
 
-def _chunk_for(t: int, chunk: int) -> int:
+def chunk_for(t: int, chunk: int) -> int:
     c = min(int(chunk), t)
     return c if t % c == 0 else t
 
@@ -365,7 +365,7 @@ def packed_token_logps(
     segments = jnp.asarray(batch.segment_ids, jnp.int32)
     hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, segments, feats, remat=remat)
     needed = jnp.asarray(batch.score_slot) >= 0  # only the scored positions: other chunks skip the vocabulary
-    return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=_chunk_for(batch.length, chunk), needed=needed)
+    return token_log_probs(params, cfg, hidden, batch.target_ids, chunk=chunk_for(batch.length, chunk), needed=needed)
 
 
 def slot_one_hot(batch: PackedBatch) -> jax.Array:

@@ -222,7 +222,7 @@ def _reference_unjitted(params, batch: PackedBatch, cfg: Qwen2VLConfig, remat: b
     return jnp.where(valid, pos, 0.0), jnp.where(valid, neg, 0.0)
 
 
-_reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
+reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
 
 
 def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
@@ -233,10 +233,10 @@ def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=
     if stored is not None:
         ref_params = state_lib.cast_floating(ref_params, stored)
     if mesh is None:
-        return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
+        return reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
     with jax.set_mesh(mesh):
         batch = place_batch(batch, mesh)
-        return _reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
+        return reference_jit(ref_params, batch, cfg, False, config.logp_chunk)
 
 
 @dataclasses.dataclass
@@ -256,7 +256,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
     if mesh is not None:
         ref_params = jax.device_put(ref_params, param_shardings(ref_params, mesh))
     else:  # committed, whether fresh or a trained state's: one program for every round
-        ref_params = jax.device_put(ref_params, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+        ref_params = distributed.on_first_device(ref_params)
     out = []
     for batch in progress(batches, desc="reference log-probs", unit="batch"):
         ref_pos, ref_neg = reference_logps(ref_params, batch, config, mesh=mesh)
@@ -325,8 +325,8 @@ def train_round(
     if mesh is not None and batches:
         sh = state_lib.state_shardings(state, config.optimizer(), mesh)
         state = distributed.put(state, sh)
-    elif batches:  # committed to the device like the step's outputs, so the second step runs the first one's program
-        state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+    elif batches:
+        state = distributed.on_first_device(state)
     device_metrics = []
     t0 = time.perf_counter()
     first_step = None

@@ -85,7 +85,7 @@ def _sample_tree(
     )
 
 
-_sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
+sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
 
 
 def prompt_vision_rows(batch_size: int, mesh: jax.sharding.Mesh | None, config: SamplerConfig, devices=None):
@@ -151,4 +151,4 @@ def sample_tree(
     ('data', 'fsdp').
     """
     temperature = jnp.asarray(config.temperature, jnp.float32)
-    return _sample_tree_jit(params, cfg, place_prompts(prompts, mesh), temperature, config.compile_key(), mesh)
+    return sample_tree_jit(params, cfg, place_prompts(prompts, mesh), temperature, config.compile_key(), mesh)

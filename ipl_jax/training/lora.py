@@ -49,6 +49,12 @@ class LoraConfig:
         return self.alpha / self.rank
 
 
+def lora_of_rank(rank: int) -> LoraConfig:
+    """The job's adapters of rank ``rank`` (warm-up SFT's ``sft.lora_rank``, a round's ``ipl.lora_rank``):
+    alpha = 2 x rank, so the adapters' scale is 2 whatever the rank."""
+    return LoraConfig(rank=rank, alpha=float(2 * rank))
+
+
 @struct.dataclass
 class LoraParams:
     """adapters: nested dict mirroring the base tree, target leaf -> {'a': [..., in, r], 'b': [..., r, out]}."""
