@@ -371,7 +371,7 @@ class SeedSelectionSettings(Section):
     embedder: str
 
     def __post_init__(self):
-        from ipl_jax.eval.seed_selection import EMBEDDERS  # see the names above
+        from ipl_jax.eval.embeddings import EMBEDDERS  # see the names above
 
         self.at_least("steps", 1)
         self.need("diversity_weight", _nonneg(self.diversity_weight), "must be >= 0")

@@ -9,11 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ipl_jax.eval import embeddings
 from ipl_jax.eval import seed_selection as sel
 
 
 def test_tfidf_known_answer():
-    emb = sel.tfidf_embed(["click wifi", "click bluetooth", ""])
+    emb = embeddings.tfidf_embed(["click wifi", "click bluetooth", ""])
     # vocabulary in order of appearance: click, wifi, bluetooth; N = 3 documents
     idf_click = math.log(4 / 3) + 1.0  # df 2
     idf_rare = math.log(4 / 2) + 1.0  # df 1
@@ -26,7 +27,7 @@ def test_tfidf_known_answer():
 
 def test_embed_texts_deduplicates_and_keeps_order():
     texts = ["b a", "a", "b a", "c"]
-    emb = sel.embed_texts(texts, "tfidf")
+    emb = embeddings.embed_texts(texts, "tfidf")
     assert emb.shape[0] == 4
     np.testing.assert_array_equal(emb[0], emb[2])
     assert not np.allclose(emb[0], emb[1])
@@ -151,7 +152,7 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     assert (s.alpha, s.beta, s.gamma) == (0.0, 0.5, 0.5)
     # Div_R by hand with the same TF-IDF space
     texts = [x for tree in (tree0, tree1) for level in tree for x in level]
-    table = sel.tfidf_embed(sorted(set(texts)))
+    table = embeddings.tfidf_embed(sorted(set(texts)))
     index = {t: i for i, t in enumerate(sorted(set(texts)))}
 
     def div(tree):
