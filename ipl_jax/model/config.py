@@ -1,13 +1,8 @@
 """Qwen2-VL configuration as frozen (hashable) dataclasses, so a config can be a static ``jax.jit`` argument.
 
-``Qwen2VLConfig.from_hf_dict`` reads both layouts found in the wild:
-
-* the flat Hub layout (text fields at the top level, ``rope_scaling={"type": "mrope", "mrope_section": ...}``,
-  ``rope_theta`` at the top level), and
-* the nested transformers-5 layout (``text_config`` with ``rope_parameters`` holding ``mrope_section`` and
-  ``rope_theta``; the vision config's ``rope_parameters.rope_theta``).
-
-``to_hf_dict`` writes the nested transformers-5 layout (what ``save_pretrained`` of 5.24 writes).
+``Qwen2VLConfig.from_hf_dict`` reads the flat Hub layout (``rope_scaling.mrope_section``, top-level
+``rope_theta``) and the nested transformers-5 layout (``text_config.rope_parameters``); ``to_hf_dict`` writes
+the nested one.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one v
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
-    """The vision tower (ViT + 2x2 patch merger).
-
-    Qwen2.5-VL (``Qwen2VLConfig.model_type == "qwen2_5_vl"``) names the ViT width ``hidden_size`` and the merger
-    output ``out_hidden_size`` in its HF config; here they are ``embed_dim`` and ``hidden_size`` for both models.
+    """The vision tower (ViT + 2x2 patch merger). ``embed_dim`` is the ViT width, ``hidden_size`` the merger output
+    (Qwen2.5-VL's HF config names them ``hidden_size`` and ``out_hidden_size``).
     """
 
     depth: int = 32
@@ -55,7 +48,7 @@ class VisionConfig:
 
     @property
     def window_tokens(self) -> int:
-        """Side of an attention window in merged tokens (112 // 2 // 14 = 4 for Qwen2.5-VL); 0 = no windows."""
+        """Side of an attention window in merged tokens (4 for Qwen2.5-VL); 0 = no windows."""
         return self.window_size // self.spatial_merge_size // self.patch_size
 
     @property
@@ -275,8 +268,7 @@ class Qwen2VLConfig:
             raise ValueError(f"{file}: {e}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The nested transformers-5 layout, loadable by ``Qwen2VLForConditionalGeneration.from_pretrained``
-        (``Qwen2_5_VLForConditionalGeneration`` for model_type qwen2_5_vl)."""
+        """The nested transformers-5 layout, loadable by transformers' ``from_pretrained``."""
         t, v = self.text, self.vision
         torch_dtype = self.param_dtype
         eos = list(t.eos_token_id)
@@ -351,8 +343,7 @@ class Qwen2VLConfig:
 
 
 def checkpoint_dtype(path: str | os.PathLike) -> str:
-    """The dtype a Hugging Face checkpoint's ``config.json`` declares (``torch_dtype``, transformers-5 ``dtype``,
-    or the text config's), as one of float32 / bfloat16 / float16; float32 when it declares none."""
+    """The dtype a checkpoint's ``config.json`` declares (float32 / bfloat16 / float16; float32 when none)."""
     p = os.fspath(path)
     file = os.path.join(p, "config.json") if os.path.isdir(p) else p
     with open(file) as f:

@@ -1,22 +1,10 @@
 """KV cache, prefill, extension (teacher-forced segments or single decode steps) and greedy generation.
 
-The cache is *compact*: row b holds its valid tokens in slots ``0 .. length[b]-1``, in order, whatever the
-padding of the inputs that produced them (pads are never written). Keys are stored already rotated, so the
-slot of a token and its M-RoPE position are independent; ``next_pos[b]`` is the position the next text token
-of row b gets (all three M-RoPE rows equal for text).
-
-``extend`` appends T tokens per row: new valid tokens attend to every valid cache slot of their row and,
-among the new tokens, causally (or by an explicit bool[B, T, T] mask). Rows may append different numbers of
-valid tokens; pads (``valid_mask`` False) are neither written nor counted. When more tokens arrive than the
-cache has room for, the excess is dropped and ``length`` saturates at the cache size: size caches generously.
-
-Every path runs ``model.text.decoder_stack`` (the one decoder layer); they differ in the attention passed in.
-Prefill attends among the prompt's tokens only; an append attends to the cache and the new tokens as two key
-blocks with one softmax (``layers.two_block_attention``). The cache is never carried through the layer scan:
-each layer only *reads* its slice, the new keys / values are the scan's outputs, and one scatter after the scan
-writes all layers' entries. Carrying the stacked cache [L, B, S, Hkv, D] through the scan instead makes XLA copy
-all of it in every layer of every step (O(L * cache) memory traffic per token instead of O(cache)); inside the
-sampler's decode loop, where the cache is a loop carry, the single scatter happens in place.
+The cache is compact: row b holds its valid tokens in slots ``0 .. length[b]-1`` (pads are never written);
+keys are stored rotated, and ``next_pos[b]`` is the next text token's M-RoPE position. Tokens beyond the
+cache size are dropped and ``length`` saturates, so size caches generously. Each layer only reads its cache
+slice and one scatter after the layer scan writes all layers' new entries (carrying the cache through the
+scan would copy it every layer).
 """
 
 from __future__ import annotations
@@ -105,10 +93,9 @@ def _layer(a: jnp.ndarray, layer) -> jnp.ndarray:
 
 
 def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new_mask, valid, read_cache: bool):
-    """The decoder over x dtype[B, T, hidden] with the new tokens attending to each other by new_mask
-    bool[B, T, T] and, with ``read_cache``, to the row's valid cache slots; then one scatter appends the valid
-    tokens' keys / values of every layer after the row's cached ones. Returns (hidden, cache with the new
-    ``length``; ``next_pos`` unchanged)."""
+    """The decoder over x dtype[B, T, hidden] (new tokens attend by new_mask bool[B, T, T] and, with
+    ``read_cache``, to the row's valid slots), then one scatter of the valid tokens' keys / values. Returns
+    (hidden, cache with the new ``length``; ``next_pos`` unchanged)."""
     s = cache.size
     chunk = cfg.attention_query_chunk
     if read_cache:
@@ -172,8 +159,8 @@ def append_tokens(
     image_features: jnp.ndarray | None = None,
     logits: bool = True,
 ):
-    """``extend`` unjitted, for callers tracing their own loop (the sampler): with the cache a loop carry, the
-    append scatters in place. ``logits=False`` skips the lm_head and returns (None, cache)."""
+    """``extend`` unjitted, for callers tracing their own loop (the cache then updates in place as a loop carry).
+    ``logits=False`` skips the lm_head and returns (None, cache)."""
     ids = jnp.asarray(input_ids)
     valid = jnp.asarray(valid_mask).astype(bool)
     b, t = ids.shape
@@ -210,12 +197,10 @@ def extend(
 ):
     """Appends T tokens per row to the cache (donated) and returns (logits f32[B, T, V], new cache).
 
-    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads may sit anywhere; they are not written).
-    positions: int32[3, B, T] or None (default: text positions continuing from ``cache.next_pos``; with
-      explicit positions ``next_pos`` becomes max(next_pos, largest valid position + 1)).
-    attention_mask: bool[B, T, T] among the new tokens or None (causal). Cache slots are always visible.
-      Note that every valid new token is written, so after a packed extension later tokens see all of them.
-    image_features: f32[N, hidden] for image-pad tokens inside ``input_ids`` (then pass their positions too).
+    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads anywhere, not written). positions: int32[3, B, T] or
+    None (text positions from ``cache.next_pos``; explicit ones set next_pos to max(next_pos, largest valid + 1)).
+    attention_mask: bool[B, T, T] among the new tokens or None (causal); cache slots are always visible.
+    image_features: f32[N, hidden] for image-pad tokens in ``input_ids``.
     """
     return append_tokens(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
 
@@ -271,12 +256,10 @@ def greedy_generate(
     eos_ids: Sequence[int] = (),
     pad_id: int | None = None,
 ):
-    """Greedy decoding: prefill, then one cached step per token inside a ``lax.while_loop`` (jitted; the end
-    ids and pad id are traced values, so changing them does not recompile; ``max_new_tokens`` is static).
+    """Greedy decoding: prefill, then cached steps in a jitted ``lax.while_loop`` (end / pad ids traced).
 
     Returns (tokens int32[B, max_new_tokens], num_tokens int32[B]). A row stops after its first token in
-    ``eos_ids`` (at most 8 ids; the end token is kept); later entries are ``pad_id`` (default: the first end
-    id, else 0), as transformers' ``generate`` pads finished rows. The loop ends early once every row is done.
+    ``eos_ids`` (at most 8; kept); later entries are ``pad_id`` (default: the first end id, else 0).
     """
     eos_ids = [int(e) for e in eos_ids]
     if len(eos_ids) > MAX_EOS_IDS:

@@ -1,14 +1,9 @@
-"""Host-side (numpy) preparation: Hugging Face style inputs -> fixed-shape device arrays.
+"""Host-side (numpy) preparation: Hugging Face style inputs -> fixed-shape device arrays (``ModelInputs``).
 
-``prepare_inputs`` takes what the Qwen2-VL processor returns (``input_ids``, ``attention_mask``,
-``pixel_values`` f32[N, C*T*ps*ps], ``image_grid_thw`` int[n, 3]) and returns a ``ModelInputs``:
-
-* text padded on the **right** to the smallest text bucket that fits (pad id ``pad_id``, mask False,
-  position 0). Rows already left-padded by the caller stay so: every consumer works from the mask, and the KV
-  cache stores only valid tokens, so either padding side decodes the same;
-* M-RoPE positions int32[3, B, T] and rope deltas int32[B] (transformers 5's ``get_rope_index``);
-* patches padded to the smallest patch bucket that fits, with (row, column) rotary ids and per-image segment
-  ids (-1 for pad patches), so image sizes inside one bucket never recompile anything.
+``prepare_inputs`` pads text on the right to the smallest text bucket (mask False, position 0; rows left-padded
+by the caller stay so), computes M-RoPE positions int32[3, B, T] and rope deltas int32[B], and pads patches to
+the smallest patch bucket with (row, column) rotary ids and per-image segment ids (-1 = pad), so image sizes
+within a bucket never recompile.
 """
 
 from __future__ import annotations
@@ -162,8 +157,7 @@ def prepare_vision_slots(
     cfg: Qwen2VLConfig, pixel_values: np.ndarray, image_grid_thw: np.ndarray, slot_patches: int
 ) -> VisionInputs:
     """One image per slot: leaves [N, slot_patches, ...] for the N images of ``image_grid_thw`` (int[N, 3], in
-    the order of ``pixel_values``' rows; an all-zero grid is an empty slot), each padded alone (``prepare_vision``
-    with one bucket), so the tower can encode every image by itself (``vision.slot_image_features``)."""
+    ``pixel_values``' row order; an all-zero grid is an empty slot), each padded alone."""
     pv = np.asarray(pixel_values, dtype=np.float32)
     grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
     sizes = np.prod(grids, axis=1)

@@ -1,19 +1,11 @@
 """Small numeric building blocks shared by the vision tower and the text decoder.
 
-They follow transformers' eager numerics: norms in float32 then cast back, attention scores in the compute
-dtype, softmax in float32 cast back to the compute dtype before multiplying by V.
-
-Attention implementations (``Qwen2VLConfig.attention``): ``reference`` is the masked softmax written here (the
-parity path, and the one for CPUs and TPUs); ``xla`` and ``cudnn`` go through ``jax.nn.dot_product_attention``
-(XLA's fused attention, cuDNN flash attention on GPUs); ``auto`` picks per backend (``resolve_attention``). The
-reference builds masks from compact per-token arrays one query chunk at a time (``masked_attention``); cuDNN
-takes one [B, 1, T, S] mask (or per-row lengths) with the batch shape it expects, never under ``vmap``.
-
-Rematerialisation policies (``REMAT_POLICIES``, ``remat_body``): ``none``; ``full`` (save only a layer's input,
-recompute the rest in the backward pass); ``dots_saveable`` (keep matmul outputs, recompute the elementwise
-work; the reference attention's [T, S] score products count as matmuls); ``dots_no_batch`` (keep only the
-outputs of products without batch dimensions: the projections, not attention scores); ``offload`` (those
-outputs moved to pinned host memory; needs a backend with a ``pinned_host`` memory space).
+Numerics follow transformers' eager path: norms in float32 cast back, scores in the compute dtype, softmax in
+float32 cast back before multiplying by V. Attention implementations (``Qwen2VLConfig.attention``):
+``reference`` (masked softmax built one query chunk at a time; the parity path), ``xla`` and ``cudnn``
+(``jax.nn.dot_product_attention``), ``auto`` (``resolve_attention``). Remat policies (``REMAT_POLICIES``):
+``none``, ``full`` (save a layer's input only), ``dots_saveable`` (keep matmul outputs), ``dots_no_batch``
+(keep only products without batch dimensions), ``offload`` (those moved to pinned host memory).
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch", "offload")
 
 @functools.cache
 def cudnn_unavailable() -> str | None:
-    """Why cuDNN attention cannot run on the default backend (None when it can): a GPU is needed, and one
-    small ``jax.nn.dot_product_attention(implementation='cudnn')`` must compile there."""
+    """Why cuDNN attention cannot run on the default backend (None when it can)."""
     backend = jax.default_backend()
     if backend != "gpu":
         return f"it needs a GPU, this backend is {backend}"
@@ -45,7 +36,7 @@ def cudnn_unavailable() -> str | None:
 
 
 def cudnn_refusal(dtype, head_dims) -> str | None:
-    """Why cuDNN attention cannot run this model (None when it can): a 16-bit compute dtype, head dims that are
+    """Why cuDNN attention cannot run this model (None when it can): needs a 16-bit dtype, head dims that are
     multiples of 8 up to ``CUDNN_MAX_HEAD_DIM``, and a backend where it compiles."""
     name = jnp.dtype(dtype).name
     if name not in CUDNN_DTYPES:
@@ -57,9 +48,8 @@ def cudnn_refusal(dtype, head_dims) -> str | None:
 
 
 def resolve_attention(name: str, dtype, head_dims=()) -> str:
-    """The implementation that runs for the setting ``name``: 'auto' is 'cudnn' where it can run (a GPU, a 16-bit
-    dtype; measured fastest there, see docs/gpu.md) and 'reference' elsewhere, so it never fails; 'cudnn' that
-    cannot run raises ValueError (one line naming the setting and what works)."""
+    """The implementation that runs for the setting ``name``: 'auto' is 'cudnn' where it can run, else 'reference'
+    (never fails); an explicit 'cudnn' that cannot run raises ValueError."""
     if name not in ATTENTION_IMPLS:
         raise ValueError(f"model.attention={name!r} is unknown (valid: {', '.join(ATTENTION_IMPLS)})")
     if name == "auto":
@@ -96,8 +86,7 @@ def check_remat(remat, platform: str, setting: str = "remat") -> str:
 
 
 def remat_body(body, remat):
-    """``body`` (a scan body) wrapped in ``jax.checkpoint`` under the policy ``remat`` names (see the module
-    docstring); 'none' returns it unchanged."""
+    """``body`` (a scan body) under ``jax.checkpoint`` with the policy ``remat`` names; 'none' returns it as is."""
     name = remat_policy_name(remat)
     if name == "none":
         return body
@@ -112,10 +101,9 @@ def remat_body(body, remat):
 
 
 def shard_rows(x: jnp.ndarray) -> jnp.ndarray:
-    """x with its leading (row) axis split over the ambient mesh's ('data', 'fsdp') axes (``jax.set_mesh``), when
-    there is such a mesh and the rows divide; unchanged otherwise. Pinning the activations at each layer keeps
-    FSDP what it is (weights gathered per layer, rows split): left to propagation, XLA may instead keep every row
-    on every device and split the MLP's width, holding the whole batch's [B, T, 4H] activations per device."""
+    """x with its leading (row) axis split over the ambient mesh's ('data', 'fsdp') axes when there is such a mesh
+    and the rows divide; unchanged otherwise. Pinning rows per layer stops XLA from splitting the MLP's width
+    instead (which would hold the whole batch's [B, T, 4H] activations per device)."""
     mesh = jax.sharding.get_abstract_mesh()
     names = tuple(n for n in ("data", "fsdp") if not mesh.empty and n in mesh.axis_names)
     size = 1
@@ -130,8 +118,7 @@ def shard_rows(x: jnp.ndarray) -> jnp.ndarray:
 def dense(p: dict, x: jnp.ndarray, dtype) -> jnp.ndarray:
     """x @ kernel (+ bias). p: {'kernel': [in, out], optional 'bias': [out]}; x: [..., in] -> dtype[..., out].
 
-    A LoRA adapter attached to the layer (``lora_a`` [in, r], ``lora_b`` [r, out], the scale folded into b; see
-    ``training.lora.attach_lora``) is merged here, one layer at a time inside the layer scan:
+    An attached LoRA adapter (``lora_a`` [in, r], ``lora_b`` [r, out], scale folded into b) is merged here:
     kernel + a @ b, in the kernel's dtype."""
     kernel = p["kernel"]
     if "lora_a" in p:
@@ -184,8 +171,7 @@ def _attention_dense(q, k, v, mask):
 
 
 def _query_chunks(t: int, query_chunk: int) -> tuple[int, int]:
-    """(n, size): the fewest chunks of at most ``query_chunk`` of T queries, all of one size (T = 2116 with
-    ``query_chunk`` 2048 runs 2 chunks of 1058, not 2 of 2048: padded queries cost a full row of scores each)."""
+    """(n, size): the fewest equal chunks of at most ``query_chunk`` of T queries (padded queries cost full rows)."""
     n = 1 if not query_chunk or t <= query_chunk else -(-t // query_chunk)
     return n, -(-t // n)
 
@@ -203,9 +189,8 @@ def _merge_queries(out, t: int):
 
 
 def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
-    """fn(q, per_query) evaluated at most ``query_chunk`` queries at a time (``_query_chunks``). q: [B, T, ...];
-    per_query: a pytree of arrays with the query axis at 1. Chunks run under ``lax.map`` and are rematerialised
-    in the backward pass."""
+    """fn(q, per_query) on at most ``query_chunk`` queries at a time under ``lax.map`` (rematerialised). q: [B, T, ...];
+    per_query: a pytree with the query axis at 1."""
     t = q.shape[1]
     n, size = _query_chunks(t, query_chunk)
     if n == 1:
@@ -216,10 +201,8 @@ def _chunked(fn, q: jnp.ndarray, per_query, query_chunk: int) -> jnp.ndarray:
 
 
 def _fused_attention(q, k, v, mask_of, per_query, per_key, implementation: str, causal: bool, lengths):
-    """``jax.nn.dot_product_attention`` on the whole sequence, with the batch shape the kernels expect: per-row
-    ``lengths`` (the padding mask, no mask array) or one bool[B, 1, T, S] mask (broadcast over heads), plus the
-    causal hint. 'xla' and 'cudnn' receive exactly the same arguments, so the CPU tests of 'xla' check what
-    cuDNN is given."""
+    """``jax.nn.dot_product_attention`` on the whole sequence: per-row ``lengths`` (no mask array) or one
+    bool[B, 1, T, S] mask, plus the causal hint. 'xla' and 'cudnn' get the same arguments."""
     if lengths is not None:
         n = jnp.asarray(lengths, jnp.int32)
         return jax.nn.dot_product_attention(
@@ -252,8 +235,7 @@ def _unheads(x, t):
 
 
 def _masked_scores(qh, kh, mask, t):
-    """f32[B, Hkv, G*T, S]: scaled scores in the compute dtype, masked entries at its minimum (a query with no
-    allowed key then averages uniformly instead of producing NaN)."""
+    """f32[B, Hkv, G*T, S]: scaled scores, masked entries at the dtype's minimum (a fully masked row stays finite)."""
     b, hkv, gt, d = qh.shape
     scores = jnp.einsum("bkqd,bksd->bkqs", qh, kh) * jnp.asarray(d**-0.5, qh.dtype)
     scores = scores.reshape(b, hkv, gt // t, t, -1)
@@ -345,17 +327,13 @@ def masked_attention(
     causal: bool = False,
     lengths: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
-    """Attention whose mask is built per query chunk: ``mask_of(per_query_chunk, per_key) -> bool[B, c, S]`` from
-    ``per_query`` (a pytree of arrays [B, T, ...], e.g. query positions and segment ids) and ``per_key`` (a pytree,
-    e.g. the keys' segment ids [B, S]); ``mask_of`` must read nothing but its two arguments. q: [B, T, Hq, D];
-    k, v: [B, S, Hkv, D]. ``implementation``: one of ``ATTENTION_IMPLS`` (``resolve_attention``). 'reference'
-    runs ``query_chunk`` queries at a time (even chunks) with its own backward pass (see ``_blocked``); 'xla' and
-    'cudnn' run on the whole sequence (``_fused_attention``; XLA's then holds [B, H, T, S] scores).
+    """Attention whose mask is built per query chunk by ``mask_of(per_query_chunk, per_key) -> bool[B, c, S]``.
 
-    Hints for the fused kernels (the result is the same without them): ``causal`` says the mask allows no key
-    after its query (cuDNN then skips the blocks above the diagonal); ``lengths`` int32[B] says the mask is
-    exactly "query and key both among the row's first ``lengths`` tokens" (cuDNN's padding mask, no mask array;
-    queries past the length then read zeros instead of averaging the padding)."""
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; ``per_query``: pytree of [B, T, ...]; ``per_key``: pytree (e.g.
+    segment ids [B, S]); ``mask_of`` must read only its two arguments. ``implementation``: one of
+    ``ATTENTION_IMPLS``; 'reference' runs ``query_chunk`` queries at a time with its own backward pass, 'xla' and
+    'cudnn' run the whole sequence. Optional hints (same result without them): ``causal`` (no key after its query);
+    ``lengths`` int32[B] (the mask is exactly "query and key among the row's first ``lengths`` tokens")."""
     dims = {q.shape[-1], v.shape[-1]}
     implementation = resolve_attention(implementation, q.dtype, tuple(dims))
     if implementation == "reference":
@@ -366,14 +344,9 @@ def masked_attention(
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
     """Masked softmax attention with grouped key/value heads.
 
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D] with Hq a multiple of Hkv (query head h reads KV head h // (Hq/Hkv),
-    i.e. transformers' ``repeat_kv``); mask: bool[B, T, S] (True = may attend). Returns [B, T, Hq, D] in q's
-    dtype.
-
-    Masked scores are set to the dtype's minimum (not -inf), so a query row with no allowed key (a pad) gives
-    a finite (uniform) average instead of NaN. With ``query_chunk`` > 0 and T > query_chunk, queries are
-    processed ``query_chunk`` at a time, so the score tensor never exceeds [B, H, query_chunk, S]; the result
-    is the same.
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (query head h reads KV head h // (Hq/Hkv));
+    mask: bool[B, T, S] (True = may attend). Returns [B, T, Hq, D] in q's dtype. A row with no allowed key gives
+    a finite uniform average, not NaN. ``query_chunk`` > 0 bounds the scores to [B, H, query_chunk, S].
     """
     return _chunked(lambda qc, mc: _attention_dense(qc, k, v, mc), q, mask, query_chunk)
 
@@ -388,10 +361,10 @@ def segment_attention(
     implementation: str = "reference",
     lengths: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
-    """Block-diagonal attention: query t attends key s iff their segment ids are equal. q_segments:
-    int32[B, T], k_segments: int32[B, S]; the [T, S] mask is only ever built one query chunk at a time.
-    ``lengths`` int32[B]: the hint that each row is one segment of that many tokens followed by padding (see
-    ``masked_attention``)."""
+    """Block-diagonal attention: query t attends key s iff their segment ids are equal.
+
+    q_segments: int32[B, T], k_segments: int32[B, S]. ``lengths`` int32[B]: hint that each row is one segment of
+    that many tokens followed by padding."""
     return masked_attention(q, k, v, same_segment, q_segments, k_segments, query_chunk, implementation, lengths=lengths)
 
 
@@ -434,12 +407,10 @@ def two_block_attention(
     new_mask: jnp.ndarray,
     query_chunk: int = 0,
 ) -> jnp.ndarray:
-    """``attention`` over two key blocks — a KV cache and the new tokens — with one joint softmax, without
-    concatenating them (so a cache is only read, never copied).
+    """``attention`` over two key blocks (a KV cache, the new tokens) with one joint softmax; the cache is not copied.
 
-    q: [R, T, Hq, D]; k_old, v_old: [R, S, Hkv, D] (the cache, any dtype); old_mask: bool[R, S] (the same for
-    every query); k_new, v_new: [R, T, Hkv, D]; new_mask: bool[R, T, T]. Same head grouping, masking and float32
-    softmax as ``attention``; returns [R, T, Hq, D] in q's dtype.
+    q: [R, T, Hq, D]; k_old, v_old: [R, S, Hkv, D]; old_mask: bool[R, S]; k_new, v_new: [R, T, Hkv, D];
+    new_mask: bool[R, T, T]. Returns [R, T, Hq, D] in q's dtype.
     """
     return _chunked(
         lambda qc, mc: _two_block_dense(qc, k_old, v_old, old_mask, k_new, v_new, mc), q, new_mask, query_chunk

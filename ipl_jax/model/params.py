@@ -1,27 +1,9 @@
 """The parameter tree: its layout, its Hugging Face names, and random initialisation.
 
-Layout (stacked leaves carry a leading layer axis L / Lv; linear kernels are (in, out))::
-
-    visual/patch_embed/kernel                    [C*T*ps*ps, E]       visual.patch_embed.proj.weight (conv5d)
-    visual/blocks/{norm1,norm2}/{scale,bias}     [Lv, E]              visual.blocks.{i}.norm1.weight / .bias
-    visual/blocks/attn/qkv/{kernel,bias}         [Lv, E, 3E], [Lv, 3E]
-    visual/blocks/attn/proj/{kernel,bias}        [Lv, E, E], [Lv, E]
-    visual/blocks/mlp/fc1/{kernel,bias}          [Lv, E, mlp], [Lv, mlp]
-    visual/blocks/mlp/fc2/{kernel,bias}          [Lv, mlp, E], [Lv, E]
-      Qwen2.5-VL instead: norm1/norm2/ln_q have no bias (RMSNorm), and the MLP is
-    visual/blocks/mlp/{gate,up}_proj/{kernel,bias}   [Lv, E, mlp], [Lv, mlp]
-    visual/blocks/mlp/down_proj/{kernel,bias}        [Lv, mlp, E], [Lv, E]
-    visual/merger/ln_q/{scale,bias}              [E]
-    visual/merger/mlp_0/{kernel,bias}            [4E, 4E], [4E]       visual.merger.mlp.0.*
-    visual/merger/mlp_2/{kernel,bias}            [4E, H], [H]         visual.merger.mlp.2.*
-    model/embed_tokens/embedding                 [V, H]
-    model/layers/{input,post_attention}_layernorm/scale   [L, H]
-    model/layers/self_attn/{q,k,v}_proj/{kernel,bias}     [L, H, heads*D], [L, heads*D]
-    model/layers/self_attn/o_proj/kernel                  [L, Hq*D, H]
-    model/layers/mlp/{gate,up}_proj/kernel                [L, H, I]
-    model/layers/mlp/down_proj/kernel                     [L, I, H]
-    model/norm/scale                             [H]
-    lm_head/kernel                               [H, V]               absent when embeddings are tied
+Leaves are nested dicts keyed like ``model/layers/self_attn/q_proj/kernel``; stacked leaves carry a leading
+layer axis (L text, Lv vision) and linear kernels are (in, out). ``param_layout`` lists every leaf with its
+shape and HF name; ``lm_head/kernel`` is absent when embeddings are tied, and Qwen2.5-VL's vision blocks use
+RMSNorm and a gated MLP.
 """
 
 from __future__ import annotations
@@ -38,9 +20,8 @@ from ipl_jax.model.config import Qwen2VLConfig
 
 @dataclasses.dataclass(frozen=True)
 class ParamEntry:
-    """One leaf: path in the tree, full shape, init kind, HF tensor name (with ``{i}`` when stacked), and how
-    the HF tensor maps to ours: 'copy', 'linear' (transpose (out, in) -> (in, out)) or 'conv' (flatten
-    (E, C, T, ps, ps) to (E, C*T*ps*ps), then transpose)."""
+    """One leaf: tree path, full shape, init kind, HF tensor name (``{i}`` when stacked) and the HF -> ours mapping:
+    'copy', 'linear' ((out, in) -> (in, out)) or 'conv' ((E, C, T, ps, ps) flattened to (E, C*T*ps*ps), transposed)."""
 
     path: tuple[str, ...]
     shape: tuple[int, ...]
@@ -172,8 +153,7 @@ def iter_paths(tree, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, 
 
 
 def init_params(cfg: Qwen2VLConfig, rng: jax.Array, std: float = 0.02) -> dict:
-    """Random parameters: normal(0, std) for kernels and embeddings, ones for norm scales, zeros for biases.
-    Leaves are ``cfg.param_dtype``."""
+    """Random ``cfg.param_dtype`` parameters: normal(0, std) kernels and embeddings, unit norm scales, zero biases."""
     dtype = jnp.dtype(cfg.param_dtype)
     layout = param_layout(cfg)
     keys = jax.random.split(rng, len(layout))

@@ -1,9 +1,8 @@
 """Our logits vs transformers' on random text and images (the library behind ``ipl-jax check-parity``).
 
-Builds a left-padded batch of two samples (the first with two images of different sizes, one non-square with
-an odd merged dimension; for Qwen2.5-VL the first image spans several attention windows and cuts the last
-ones short), runs transformers (eager attention, float32, CPU) and our model (float32, highest matmul
-precision), and returns the largest absolute logit difference (``compare``).
+One left-padded batch of two samples with images of different sizes (non-square, odd merged dims, several
+Qwen2.5-VL windows) runs through transformers (eager, float32, CPU) and our model (float32, highest
+precision); ``compare`` returns the largest absolute logit difference.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ WINDOW_GRIDS = ((1, 10, 12), (1, 6, 4))
 def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRIDS, text_len: int = 12):
     """Left-padded ids int64[2, T], mask int64[2, T], pixel_values f32[N, patch_dim], grids int64[n, 3].
 
-    Row 0: text, image grids[0], text, image grids[1], text. Row 1: text, image grids[1], shorter text.
-    Text ids avoid every special id and stay below the first Qwen special token.
+    Row 0: text, image grids[0], text, image grids[1], text; row 1: text, image grids[1], text. Text ids avoid
+    special ids.
     """
     v = cfg.vision
     special = {cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id}

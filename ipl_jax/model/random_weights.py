@@ -1,13 +1,9 @@
 """Random weights of a Qwen2-VL architecture, drawn and written tensor by tensor.
 
-``random_hf_tensors(cfg, key)`` yields (Hugging Face tensor name, numpy array in the HF layout) one tensor at a
-time, in ``params.param_layout`` order: a stacked leaf [L, ...] is drawn layer by layer with the key
-``fold_in(fold_in(key, leaf index), layer)``, so the largest array held is one tensor (the embedding). The init
-is ``params.init_params``'s: normal(0, std) for kernels and embeddings, ones for norm scales, zeros for biases,
-drawn in float32 on JAX's default device (an accelerator draws a 7B model in seconds), in the file's layout, and
-cast to ``dtype``.
-``write_random_weights(out_dir, cfg, key)`` streams them into safetensors shards (``weights.write_safetensors``),
-so host memory peaks at one shard (4 GiB by default) whatever the model's size.
+``random_hf_tensors`` yields (HF name, array in HF layout) one tensor at a time, a stacked leaf layer by layer
+with key ``fold_in(fold_in(key, leaf index), layer)``; the init is ``params.init_params``'s, drawn in float32
+on the default device and cast to ``dtype``. ``write_random_weights`` streams them into safetensors shards, so
+host memory peaks at one shard.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ def _draw(key: jax.Array, shape: tuple[int, ...], init: str, dtype: str, std: fl
 def random_hf_tensors(
     cfg: Qwen2VLConfig, key: jax.Array, dtype: str = "bfloat16", std: float = 0.02
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, array) of every tensor of ``cfg``'s checkpoint, drawn one at a time in the file's layout (an
-    (out, in) kernel of iid normals is as random as its transpose)."""
+    """(HF name, array) of every tensor of ``cfg``'s checkpoint, drawn one at a time in the file's layout."""
     dtype = jnp.dtype(dtype).name
     for name, shape, init, key_path in _tensors(cfg):
         k = key

@@ -29,19 +29,12 @@ def _inv_freq(theta: float, dim: int) -> np.ndarray:
 
 
 def mrope_section_rows(mrope_section: tuple[int, ...]) -> np.ndarray:
-    """For each of the head_dim/2 frequencies, which position row (0=T, 1=H, 2=W) it reads.
-
-    transformers splits the half-dimension by ``mrope_section`` and takes chunk i from row ``i % 3``.
-    """
+    """For each of the head_dim/2 frequencies, the position row (0=T, 1=H, 2=W) it reads (chunk i reads row i % 3)."""
     return np.concatenate([np.full(s, i % 3, dtype=np.int32) for i, s in enumerate(mrope_section)])
 
 
 def text_cos_sin(positions: jnp.ndarray, cfg: TextConfig, dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """M-RoPE tables.
-
-    positions: int32[3, B, T] (rows T, H, W). Returns cos, sin: dtype[B, T, head_dim].
-    Frequency j of the half-dimension uses row ``mrope_section_rows[j]``; the table is ``cat(f, f)``.
-    """
+    """M-RoPE tables: positions int32[3, B, T] (rows T, H, W) -> cos, sin dtype[B, T, head_dim] (``cat(f, f)``)."""
     d = cfg.head_dim
     inv = jnp.asarray(_inv_freq(cfg.rope_theta, d))  # f32[d/2]
     rows = mrope_section_rows(cfg.mrope_section)  # [d/2] static
@@ -52,10 +45,8 @@ def text_cos_sin(positions: jnp.ndarray, cfg: TextConfig, dtype) -> tuple[jnp.nd
 
 
 def vision_cos_sin(pos_hw: jnp.ndarray, cfg: VisionConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Axial 2D tables for the ViT.
-
-    pos_hw: int32[..., P, 2] (row, column of each patch). Returns cos, sin: f32[..., P, head_dim] laid out as
-    ``[f_h, f_w, f_h, f_w]`` with ``head_dim/4`` frequencies each.
+    """Axial 2D tables for the ViT: pos_hw int32[..., P, 2] -> cos, sin f32[..., P, head_dim] as
+    ``[f_h, f_w, f_h, f_w]`` (``head_dim/4`` frequencies each).
     """
     hd = cfg.head_dim
     inv = jnp.asarray(_inv_freq(cfg.rope_theta, hd // 2))  # f32[hd/4]

@@ -1,16 +1,10 @@
 """Meshes, partition rules and the shardings of parameters, model inputs and KV caches.
 
-One mesh with axes ``('data', 'fsdp', 'tensor')``. Parameters are sharded by regex rules over '/'-joined
-paths (first match wins): column-parallel q/k/v/gate/up/qkv/fc1 (output dim on 'tensor', input dim on
-'fsdp'), row-parallel o/down/proj/fc2 (input dim on 'tensor', output dim on 'fsdp'), the embedding split over
-vocabulary ('tensor') and width ('fsdp'); norms and biases of row-parallel layers are replicated. Stacked
-layer leaves keep their leading layer axis unsharded. A mesh axis that does not divide its dimension is
-dropped for that leaf (so tiny test models and odd vocabularies still shard). Activations: the batch is split
-over ('data', 'fsdp') when it divides; under ``jax.set_mesh`` every decoder layer and vision block pins its rows
-so (``layers.shard_rows``) and GSPMD propagates the rest: the model's functions run unchanged on arrays placed
-with these shardings (there is no separate sharded entry point).
-
-jax 0.10: ``jax.make_mesh`` defaults to Explicit axes; meshes here are built with ``AxisType.Auto``.
+One mesh with axes ``('data', 'fsdp', 'tensor')`` (``AxisType.Auto``). Parameters follow regex rules over
+'/'-joined paths (first match wins): column-parallel kernels split output on 'tensor' and input on 'fsdp',
+row-parallel ones the reverse, the embedding vocabulary on 'tensor' and width on 'fsdp'. Stacked leaves keep
+the layer axis unsharded; a mesh axis that does not divide its dimension is dropped for that leaf. Batches are
+split over ('data', 'fsdp') when they divide; the model's functions run unchanged on placed arrays.
 """
 
 from __future__ import annotations
@@ -119,9 +113,8 @@ def batch_spec(mesh: Mesh, shape: Sequence[int], batch_axis: int = 0) -> P:
 
 
 def inputs_shardings(inputs, mesh: Mesh):
-    """Shardings for a ModelInputs pytree: text arrays split over the batch, and the images' patch rows too
-    (never a replica of every image per device; with images of one size the split falls on image boundaries,
-    else GSPMD moves what crosses them; a patch count that does not divide stays replicated)."""
+    """Shardings for a ModelInputs pytree: text arrays and the images' patch rows split over the batch (a patch
+    count that does not divide stays replicated)."""
 
     def one(a, batch_axis):
         return NamedSharding(mesh, batch_spec(mesh, a.shape, batch_axis))

@@ -1,22 +1,10 @@
 """The Qwen2 text decoder with M-RoPE, as pure functions over a stacked-layer parameter dict.
 
-``decoder_layer`` is the one decoder layer and ``decoder_stack`` the one loop over layers (``lax.scan``). They
-serve the plain forward, the prefix-packed forward, prefill and every cached decode (``model.decode``, which the
-sampler's decode loop runs too); those differ only in the attention function they pass in (the new tokens
-alone, or a KV cache's slots followed by the new tokens). Attention specifications of the forward:
-
-* key-padding mask bool[B, T]: causal attention restricted to valid keys (left or right padding both work);
-* explicit mask bool[B, T, T] (True = query t may attend key s);
-* packed segment ids int32[B, T] (prefix packing: segment 0 the prefix, 1.. the continuations, -1 padding):
-  causal, a key is visible when it is in the prefix or in the query's own segment, so several continuations
-  follow one prefix and each attends to the prefix and causally to itself only.
-
-The key-padding and packed specs are expanded into masks one query chunk at a time, inside each layer's
-attention (``cfg.attention`` picks the reference softmax or ``jax.nn.dot_product_attention``; cuDNN takes the
-whole mask, built once per forward).
-
-Image features are scattered, in order, into the ``<|image_pad|>`` positions of ``input_ids`` (row-major over
-the batch, like transformers' ``masked_scatter``); padding must therefore never use the image token id.
+``decoder_layer`` and ``decoder_stack`` (one ``lax.scan``) serve the forward, prefill and cached decoding,
+which differ only in the attention function passed in. Attention specs: key padding bool[B, T] (causal over
+valid keys), explicit bool[B, T, T] (True = may attend), or packed segment ids int32[B, T] (0 = shared
+prefix visible to all, 1.. continuations causal within themselves, -1 padding). Image features fill the
+``<|image_pad|>`` positions in row-major order, so padding must never use the image token id.
 """
 
 from __future__ import annotations
@@ -55,8 +43,8 @@ def embed_tokens(
 
 
 def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
-    """The whole mask bool[B, T, T] of a spec (key padding, explicit or packed segment ids; see the module
-    docstring). The forward never builds it; it is the definition the chunked masks follow."""
+    """The whole mask bool[B, T, T] of a spec; the reference definition the chunked masks follow (never built by
+    the forward)."""
     if attention_spec.ndim == 3:
         return attention_spec.astype(bool)
     mask_of, per_query, per_key = spec_masks(attention_spec)
@@ -110,12 +98,9 @@ def decoder_layer(
     """One Qwen2 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual).
 
     lp: the layer's parameters; x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D] (``text_cos_sin``).
-    attend(q, k, v) -> dtype[B, T, Hq, D]: attention of the layer's rotated queries [B, T, Hq, D] over keys it
-      chooses — the new tokens' own (k, v [B, T, Hkv, D]) alone, or a cache's followed by them. This is the one
-      thing that differs between the full forward, prefill and cached decoding.
-    kv_dtype: the dtype the new keys / values are stored in (a cache's); they are rounded to it before
-      attending, so a token sees itself exactly as later tokens will see it in the cache.
-    Returns (x dtype[B, T, hidden], (k, v) each [B, T, Hkv, D] in ``kv_dtype``, or the compute dtype).
+    attend(q, k, v) -> dtype[B, T, Hq, D]: attention of the rotated queries over the new keys k, v [B, T, Hkv, D]
+    alone or a cache's followed by them. kv_dtype: new keys / values are rounded to it before attending, so a
+    token sees itself as later tokens will in the cache. Returns (x dtype[B, T, hidden], (k, v) [B, T, Hkv, D]).
     """
     t_cfg = cfg.text
     dtype = x.dtype
@@ -150,14 +135,11 @@ def decoder_stack(
     kv_dtype=None,
     remat: bool | str = False,
 ):
-    """Runs every decoder layer (one ``lax.scan`` over the stacked layer parameters) and the final norm.
+    """Every decoder layer (one ``lax.scan``) and the final norm.
 
-    x: dtype[B, T, hidden]; positions: int32[3, B, T] (M-RoPE rows T, H, W).
-    attend(q, k, v, layer) -> dtype[B, T, Hq, D]: ``decoder_layer``'s attention, also given the layer index
-      (int32[], traced) so that a cached caller can read that layer's slice of its cache.
-    kv_dtype: None (the new keys / values are not returned) or the dtype to return them in.
-    remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full') for each layer in the backward pass.
-    Returns (hidden dtype[B, T, hidden], None or (k, v) each [L, B, T, Hkv, D]).
+    x: dtype[B, T, hidden]; positions: int32[3, B, T]; attend(q, k, v, layer) as in ``decoder_layer`` plus the
+    traced layer index; kv_dtype: None (keys / values not returned) or their dtype; remat: a policy of
+    ``layers.REMAT_POLICIES`` (True = 'full'). Returns (hidden dtype[B, T, hidden], None or (k, v) [L, B, T, Hkv, D]).
     """
     cos, sin = text_cos_sin(positions, cfg.text, x.dtype)
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
@@ -174,10 +156,8 @@ def decoder_stack(
 
 
 def self_attention(cfg: Qwen2VLConfig, spec: jnp.ndarray) -> Callable:
-    """``decoder_stack``'s attend for a sequence without a cache: the new tokens attend to each other under
-    ``spec`` (see the module docstring), by ``cfg.attention``: the reference builds each layer's mask a query
-    chunk (``cfg.attention_query_chunk``) at a time; the fused kernels get one bool[B, T, T] mask built here,
-    outside the layer loop, and the causal hint for the key-padding and packed specs (both allow no later key)."""
+    """``decoder_stack``'s attend without a cache: the new tokens attend to each other under ``spec``; fused kernels
+    get one bool[B, T, T] mask built once outside the layer loop."""
     chunk = cfg.attention_query_chunk
     impl = layers.resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim,))
     if spec.ndim == 3:
@@ -220,9 +200,8 @@ def forward_hidden(
     """Final-norm hidden states dtype[B, T, hidden].
 
     input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE rows T, H, W); attention_spec: bool[B, T]
-    (key padding, causal), int32[B, T] (packed segment ids) or bool[B, T, T] (explicit, True = may attend);
-    image_features: f32[N, hidden] or None; remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full') for
-    each layer in the backward pass (saves activation memory when training).
+    (key padding), int32[B, T] (packed segment ids) or bool[B, T, T] (explicit); image_features: f32[N, hidden]
+    or None; remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full').
     """
     return _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features, remat)
 
@@ -250,13 +229,10 @@ def token_log_probs(
     chunk: int = 128,
     needed: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
-    """log p(targets) f32[B, T] from hidden [B, T, hidden], materialising logits for ``chunk`` positions at a
-    time (T must be a multiple of ``chunk`` or smaller than it). targets: int32[B, T].
+    """log p(targets) f32[B, T] from hidden [B, T, hidden], with logits for only ``chunk`` positions at a time.
 
-    needed: optional bool[B, T], the positions whose log-prob is used; the others read 0. A chunk of positions
-    none of whose rows needs any skips the vocabulary projection, forward and backward (``lax.cond``): a
-    preference row scores only its continuations, a few tens of its ~1k positions, and the projection onto the
-    whole vocabulary is a large share of the step."""
+    targets: int32[B, T]; T must be a multiple of ``chunk`` or smaller. needed: optional bool[B, T]; other
+    positions read 0, and a chunk with no needed position skips the vocabulary projection."""
     b, t, h = hidden.shape
     c = min(chunk, t)
     if t % c:

@@ -1,19 +1,10 @@
 """The Qwen2.5-VL vision tower on the same fixed-shape packed patches as Qwen2-VL (``vision_common.VisionInputs``).
 
-What differs from Qwen2-VL: RMSNorm instead of LayerNorm (blocks and the merger's ``ln_q``), a SwiGLU MLP with
-biases, and windowed attention. Each image slice's merged tokens (2x2 patch groups) are tiled into windows of
-``window_tokens`` x ``window_tokens`` merged tokens (112 px = 4x4 merged = 8x8 patches in the real models);
-windows on the bottom and right edges are cut short when the merged grid is not a multiple of the window. The
-tower runs in *window order*: patch groups are permuted so that every window is contiguous (transformers'
-``window_index``), all blocks run, the merger concatenates each group, and the merged tokens are put back with
-the inverse permutation. Blocks in ``fullatt_block_indexes`` attend within an image slice (``cu_seqlens``),
-the others within a window (``cu_window_seqlens``).
-
-Here the permutation is computed on device by a stable sort of the merged tokens over (segment, window row,
-window column), from the patches' (row, column) and segment ids, so image sizes stay traced values and any mix
-of images within one patch bucket reuses one compilation. Window membership becomes a second segment-id array
-for ``segment_attention``. Pad patches (segment -1) sort last and form one window of their own.
-``window_index_host`` computes transformers' (window_index, cu_window_seqlens) in numpy, for tests and callers.
+Differences from Qwen2-VL: RMSNorm, a SwiGLU MLP with biases, and windowed attention (``window_tokens`` merged
+tokens square; edge windows cut short). The tower runs in window order: a stable sort on device over (segment,
+window row, window column) permutes the merged tokens so that windows are contiguous, and the inverse
+permutation restores the input order, so image sizes stay traced. Blocks in ``fullatt_block_indexes`` attend
+within an image slice, the others within a window; pad patches (segment -1) form one last window.
 """
 
 from __future__ import annotations
@@ -33,10 +24,9 @@ _NORM_EPS = 1e-6
 def window_order(pos_hw: jnp.ndarray, segment_ids: jnp.ndarray, cfg: Qwen2VLConfig):
     """The window permutation of the merged tokens, on device.
 
-    pos_hw: int32[P, 2] (block-major over merge blocks, as ``VisionInputs``); segment_ids: int32[P] (-1 = pad).
-    Returns (perm, inverse, window) each int32[N], N = P // merge_factor: window-order slot i holds merged token
-    ``perm[i]``; ``inverse`` undoes it (``x[perm][inverse] == x``); ``window[i]`` numbers the window of slot i
-    (0, 1, ... in order; the pads share the last one).
+    pos_hw: int32[P, 2] (block-major, as ``VisionInputs``); segment_ids: int32[P] (-1 = pad). Returns (perm,
+    inverse, window) each int32[N], N = P // merge_factor: slot i holds merged token ``perm[i]``,
+    ``x[perm][inverse] == x``, and ``window[i]`` numbers slot i's window (the pads share the last one).
     """
     v = cfg.vision
     m, ws, mf = v.spatial_merge_size, v.window_tokens, v.merge_factor
@@ -63,9 +53,8 @@ def _mlp(mp, h, dtype):  # SwiGLU with biases
 
 
 def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
-    """ViT + merger of Qwen2.5-VL on rows of patches (leaves [N, P, ...], each row windowed on its own). Returns
-    f32[N * P // merge_factor, hidden] in the input's merged-token order (images first, pad rows at the end of
-    each row, as ``vision.encode_images``)."""
+    """ViT + merger of Qwen2.5-VL on rows of patches (leaves [N, P, ...], each row windowed on its own).
+    Returns f32[N * P // merge_factor, hidden] in the input's merged-token order (as ``vision.encode_images``)."""
     v = cfg.vision
     mf = v.merge_factor
     n, p = vision.segment_ids.shape
@@ -96,10 +85,10 @@ def encode_images_qwen25(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs,
 
 
 def window_index_host(grid_thw, cfg: Qwen2VLConfig) -> tuple[np.ndarray, np.ndarray]:
-    """transformers' window bookkeeping in numpy, for images packed in order.
+    """transformers' window bookkeeping in numpy, for images packed in order (tests).
 
-    grid_thw: int[n, 3] (patches). Returns (window_index int64[N]: the merged token in each window-order slot,
-    N = sum(t*h*w) / merge_factor; cu_window_seqlens int32[W + 1]: cumulative window lengths in *patches*).
+    grid_thw: int[n, 3]. Returns (window_index int64[N], N = sum(t*h*w) / merge_factor; cu_window_seqlens
+    int32[W + 1], cumulative window lengths in patches).
     """
     v = cfg.vision
     m, ws, mf = v.spatial_merge_size, v.window_tokens, v.merge_factor

@@ -1,7 +1,5 @@
 """What the Qwen2-VL and Qwen2.5-VL vision towers share: the packed patch inputs, the pre-norm block and the
-patch merger. The towers differ in their norm (LayerNorm vs RMSNorm, passed in as ``norm(params, x)``), their MLP
-(``mlp(params, x, dtype)``) and, for Qwen2.5-VL, the window order (``vision25``). Blocks run on a batch of
-patch rows [N, P, E]: N = 1 for all images packed in one row, N = images for one image per slot.
+patch merger. Norm and MLP are passed in; blocks run on patch rows [N, P, E] (N = 1 packed, N = images per slot).
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ Norm = Callable[[dict, jnp.ndarray], jnp.ndarray]
 class VisionInputs:
     """Padded patches of every image of a batch.
 
-    patches: f32[P, C*T*ps*ps] (the processor's ``pixel_values`` rows, zero rows for padding)
-    pos_hw: int32[P, 2] (row, column of each patch in its image grid, block-major over merge blocks)
-    segment_ids: int32[P] (index of the image's temporal slice, -1 for padding)
-    P is a multiple of ``merge_factor``; merged outputs number P // merge_factor.
+    patches: f32[P, C*T*ps*ps] (zero rows for padding); pos_hw: int32[P, 2] (row, column, block-major over merge
+    blocks); segment_ids: int32[P] (image temporal slice, -1 pad). P is a multiple of ``merge_factor``.
     """
 
     patches: jnp.ndarray
@@ -37,8 +33,8 @@ class VisionInputs:
 def attention_residual(cfg: Qwen2VLConfig, norm: Norm, x, bp, cos, sin, seg, lengths=None):
     """x + proj(attention(rope(qkv(norm1(x))))) of one pre-norm block, attending within ``seg``.
 
-    x: [N, P, E]; cos/sin: f32[N, P, hd]; seg: int32[N, P] (image slice or window ids, -1 pad); lengths: None or
-    int32[N], the hint that row n is one segment of ``lengths[n]`` patches followed by padding."""
+    x: [N, P, E]; cos/sin: f32[N, P, hd]; seg: int32[N, P] (-1 pad); lengths: None or int32[N] (row n is one
+    segment of ``lengths[n]`` patches then padding)."""
     v = cfg.vision
     dtype = x.dtype
     n, p_len = x.shape[:2]

@@ -1,15 +1,10 @@
 """Hugging Face safetensors in and out.
 
-``load_params`` reads ``config.json`` and ``model.safetensors`` or a sharded ``model.safetensors.index.json``,
-accepts both tensor namings (on-disk ``model.layers.*`` / ``visual.*`` and in-memory
-``model.language_model.*`` / ``model.visual.*``), ties ``lm_head`` to the embeddings when it is absent, and
-builds every leaf with ``jax.make_array_from_callback``: each device's shard is read straight from the file
-(a slice of one tensor, or of each layer's tensor for stacked leaves), so the whole model is never assembled
-on one device or in host memory.
-
-``save_params`` writes ``config.json`` + safetensors with on-disk HF names and (out, in) linear layout, which
-``transformers.Qwen2VLForConditionalGeneration.from_pretrained`` loads; ``write_safetensors`` is its writer of
-(name, array) streams, one shard in memory at a time.
+``load_params`` reads a (possibly sharded) safetensors checkpoint under either tensor naming (``model.*`` /
+``visual.*`` on disk, ``model.language_model.*`` / ``model.visual.*`` in memory), ties a missing ``lm_head`` to
+the embeddings, and reads each device's shard straight from the file (the model is never assembled on one
+device or in host memory). ``save_params`` writes on-disk HF names in the (out, in) linear layout that
+transformers loads.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def canonical_name(name: str) -> str:
-    """Maps in-memory transformers>=4.52 names to on-disk names: model.language_model.* -> model.*,
-    model.visual.* -> visual.*."""
+    """transformers>=4.52 in-memory names -> on-disk ones (model.language_model.* -> model.*, model.visual.*)."""
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model.") :]
     if name.startswith("model.visual."):
@@ -136,13 +130,11 @@ def _leaf_reader(src: _TensorSource, ent: ParamEntry, name_fmt: str, dtype) -> C
 def load_params(
     model_dir: str, cfg: Qwen2VLConfig | None = None, shardings: Any = None, dtype: Any = None
 ) -> tuple[dict, Qwen2VLConfig]:
-    """Loads a Hugging Face Qwen2-VL checkpoint.
+    """Loads a Hugging Face Qwen2-VL checkpoint; returns (params, cfg).
 
-    model_dir: directory with config.json and safetensors. cfg: overrides the config read from the directory.
-    shardings: None (default device), one ``jax.sharding.Sharding`` for every leaf, or a pytree of shardings
-      matching the parameter tree (e.g. ``sharding.param_shardings(param_shapes(cfg), mesh)``).
-    dtype: leaf dtype (default ``cfg.param_dtype``; when given, the returned config's param_dtype follows it).
-    Returns (params, cfg).
+    model_dir: directory with config.json and safetensors; cfg: overrides the directory's config. shardings: None
+    (default device), one ``Sharding`` for every leaf, or a pytree matching the parameter tree. dtype: leaf dtype
+    (default ``cfg.param_dtype``; the returned config follows it).
     """
     model_dir = os.fspath(model_dir)
     if cfg is None:
@@ -174,8 +166,7 @@ def load_params(
 
 
 def _host_value(leaf) -> np.ndarray:
-    """A leaf as numpy; one sharded over other processes' devices is all-gathered (a collective: in a
-    multi-process run every process must save, or gather first and let one process save)."""
+    """A leaf as numpy; one sharded over other processes' devices is all-gathered (a collective: all processes call)."""
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated:
         return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     return np.asarray(leaf)
@@ -212,9 +203,8 @@ def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes:
 
 
 def write_safetensors(tensors, out_dir: str, max_shard_bytes: int = 4 << 30) -> int:
-    """Writes (name, numpy array) pairs as ``model.safetensors``, or as shards of at most ``max_shard_bytes``
-    plus ``model.safetensors.index.json`` when they do not fit one. ``tensors`` may be a generator: only the
-    shard being filled is held in memory. Returns the bytes written."""
+    """Writes (name, numpy array) pairs as ``model.safetensors``, or shards of at most ``max_shard_bytes`` plus an
+    index. ``tensors`` may be a generator (one shard in memory at a time). Returns the bytes written."""
 
     os.makedirs(out_dir, exist_ok=True)
     written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names), in order
