@@ -15,10 +15,7 @@ from ipl_jax.data.records import UIElement
 
 @functools.cache  # one class per process: building a descriptor pool per tree would be wasteful
 def _a11y_forest_class():
-    """A message class for android_env's ``AndroidAccessibilityForest`` holding only the fields read here.
-
-    Field numbers follow android_env/proto/a11y/*.proto; every other field is skipped by the parser.
-    """
+    """A message class for android_env's ``AndroidAccessibilityForest`` with only the fields read here."""
     F = descriptor_pb2.FieldDescriptorProto
     fd = descriptor_pb2.FileDescriptorProto(name="ipl_jax_a11y.proto", package="ipl_jax_a11y", syntax="proto3")
 
@@ -55,8 +52,7 @@ def _a11y_forest_class():
 def a11y_elements(forest_bytes: bytes, width: int, height: int) -> tuple[UIElement, ...]:
     """The nodes of a serialized accessibility forest with a non-empty box, boxes in screen fractions.
 
-    ``kind`` is the node's class name; ``text`` its text, else its content description. Raises
-    ``google.protobuf.message.DecodeError`` when the bytes do not parse.
+    ``kind``: the class name; ``text``: text, else content description. Raises ``DecodeError`` on bad bytes.
     """
     forest = _a11y_forest_class().FromString(forest_bytes)
     out = []
@@ -106,10 +102,8 @@ def elements_forest(elements: Sequence[UIElement], width: int, height: int) -> b
 
 
 def click_target(elements: Sequence[UIElement], point) -> tuple[tuple | None, str | None]:
-    """(box, text) of the smallest clickable element containing ``point`` (any element if none is clickable).
-
-    When that element has no text, the text of the smallest text-bearing element inside it that contains the
-    point is used (a clickable row often carries its label on a child).
+    """(box, text) of the smallest clickable element containing ``point`` (any element if none is clickable); a
+    textless target takes the text of its smallest text-bearing child containing the point.
     """
     containing = [e for e in elements if box_contains(e.box, point)]
     if not containing:

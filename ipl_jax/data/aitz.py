@@ -1,21 +1,10 @@
 """Reader for AITZ (Android-in-the-Zoo), the CoaT dataset, in its published layout.
 
-Layout: ``<root>/<split>/<subset>/<SUBSET>-<episode_id>/<SUBSET>-<episode_id>.json`` (a JSON list of step
-records, one episode) next to one PNG per step. Several fields hold JSON *inside a string*
-(``ui_positions``, ``ui_text``, ``ui_types``, ``result_touch_yx``, ``result_lift_yx``); UI boxes are
-``[top, left, height, width]`` in pixels of the step's own PNG; gesture points are ``[y, x]`` fractions.
-
-A DUAL_POINT gesture is a tap when the touch and lift points lie within 0.04 of each other (screen
-fractions, L2), otherwise a scroll whose direction is the direction the finger moved. A tap's target is the
-smallest UI box containing the touch point (``None`` when no box contains it).
-
-Images stay on disk: ``Step.image`` is the PNG's path, and only its header is read (for the size).
-
-An ``image_path`` that leads outside the dataset root (``../../x.png``, an absolute path) is a malformed record:
-the reader would otherwise read, and the tree viewer embed, any image on the machine.
-
-The geometry helpers here (``image_size``, ``smallest_box_containing``, ``inside``) are shared with the AMEX and
-AndroidControl readers.
+``<root>/<split>/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json`` (a list of step records) next to one PNG per step.
+Some fields hold JSON inside a string; UI boxes are ``[top, left, height, width]`` pixels, gesture points
+``[y, x]`` fractions. A DUAL_POINT is a tap when touch and lift are within 0.04 (L2), else a scroll in the
+finger's direction; a tap's target is the smallest box containing it. ``Step.image`` stays a path; an image
+path leading outside the dataset root is a malformed record.
 """
 
 from __future__ import annotations
@@ -59,7 +48,7 @@ _COAT_FIELDS = ("screen_desc", "action_think", "action_desc", "action_result")
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) of an image file, read from its header only (PIL opens lazily, nothing is decoded)."""
+    """(width, height) of an image file, from its header only."""
 
     with Image.open(path) as img:
         return img.size
@@ -201,8 +190,7 @@ def _coat(rec: dict, where) -> CoaT | None:
 
 
 def inside(root: Path, path: Path) -> bool:
-    """Whether ``path`` stays inside ``root`` once ``..`` and absolute parts are resolved (lexically, so that a
-    dataset reached through a symlink still reads)."""
+    """Whether ``path`` stays inside ``root`` once ``..`` and absolute parts are resolved (lexically)."""
     base = os.path.normpath(os.path.abspath(root))
     target = os.path.normpath(os.path.abspath(path))
     return target == base or target.startswith(base + os.sep)
@@ -266,8 +254,7 @@ def parse_step(rec: Any, file: Path, index: int, split_dir: Path, subset: str) -
 
 
 def _synth_meta(rec: dict, where) -> dict:
-    """The optional ``synth_meta`` field written by ``ipl-jax synth --with-meta`` (a JSON object in a string:
-    app, page, transitions, ...). Readers of the published format never see it; ours keeps it in Step.meta."""
+    """The optional ``synth_meta`` JSON-in-a-string field of ``ipl-jax synth --with-meta``, kept in Step.meta."""
     raw = rec.get("synth_meta")
     if raw is None:
         return {}
@@ -348,11 +335,10 @@ def _load_episode(subset: str, file: Path, split_dir: Path, skip_bad: bool, skip
 def load_aitz_with_report(
     root: str | Path, split: str, skip_bad: bool = False
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load one AITZ split; also return the malformed records that were skipped (empty unless ``skip_bad``).
+    """Load one AITZ split; also return the malformed records skipped (empty unless ``skip_bad``).
 
-    A malformed step record raises ``DataError`` (file, record index, field); with ``skip_bad=True`` it is
-    skipped and listed instead, the episode's other steps are kept, and the steps after it carry
-    ``meta["history_gap"] = True`` (their history lacks the skipped action).
+    A malformed record raises ``DataError`` (file, index, field); with ``skip_bad=True`` it is skipped and listed,
+    and the episode's later steps carry ``meta["history_gap"] = True``.
     """
     split_dir = Path(root) / split
     if not split_dir.is_dir():

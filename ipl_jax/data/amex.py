@@ -1,23 +1,10 @@
 """Reader for AMEX (Android Multi-annotation EXpo) in its published layout.
 
-Layout under ``root``::
-
-    instruction_anno/<episode_id>.json    {"episode_id", "instruction", "steps": [...]}
-    element_anno/<screenshot stem>.json   {"clickable_elements": [...], "scrollable_elements": [...]}
-    screenshot/<image_path>
-
-Each step has ``step_id``, ``image_path``, ``action`` (TAP, SWIPE, TYPE, PRESS_BACK, PRESS_HOME, PRESS_ENTER,
-TASK_COMPLETE, TASK_IMPOSSIBLE), ``touch_coord`` / ``lift_coord`` as **pixel [x, y]**, ``type_text`` and
-``device_dim`` [W, H]; gesture points and element boxes (``bbox`` [x1, y1, x2, y2] px) are normalised by
-``device_dim``. A SWIPE's direction is the direction the finger moves: horizontal when |Δx|/W > |Δy|/H.
-A TAP's target is the smallest clickable element box containing the touch point.
-
-Step ids must be unique within an episode, and ``image_path`` must stay inside the dataset root (``../x.png``
-or an absolute path is a malformed record). AMEX publishes no split files. ``split=None`` reads every
-``instruction_anno/*.json``; ``split="test"`` (or any
-name) reads ``instruction_anno/<split>/*.json`` when that folder exists; ``episode_ids`` selects episodes by
-id. ``Step.meta["app"]`` names the app of the instruction's ``Open <App>.`` sentence (the per-app columns of
-MobileIPL's AMEX table), or is None.
+``instruction_anno/<episode>.json`` (steps), ``element_anno/<stem>.json`` (elements) and ``screenshot/``.
+Touch / lift coords and ``bbox`` are pixels, normalised by ``device_dim``; a SWIPE is horizontal when
+|Δx|/W > |Δy|/H; a TAP's target is the smallest clickable box containing it. ``split=None`` reads every
+``instruction_anno/*.json``, a named split ``instruction_anno/<split>/``. ``Step.meta["app"]`` is the app of
+an ``Open <App>.`` instruction, or None. Step ids must be unique per episode and image paths inside the root.
 """
 
 from __future__ import annotations
@@ -302,10 +289,10 @@ def load_amex_with_report(
     skip_bad: bool = False,
     episode_ids: Iterable[str] | None = None,
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load AMEX episodes; also return the malformed records that were skipped (empty unless ``skip_bad``).
+    """Load AMEX episodes; also return the malformed records skipped (empty unless ``skip_bad``).
 
     A malformed step raises ``DataError`` (file, ``steps[i]``, field); with ``skip_bad=True`` it is skipped and
-    listed, the episode's other steps are kept, and the steps after it carry ``meta["history_gap"] = True``.
+    listed, and the episode's later steps carry ``meta["history_gap"] = True``.
     """
     root = Path(root)
     wanted = None if episode_ids is None else {str(e) for e in episode_ids}

@@ -1,26 +1,10 @@
-"""Reader for AndroidControl: GZIP TFRecord shards of ``tf.train.Example``, read without TensorFlow.
+"""Reader for AndroidControl: GZIP TFRecord shards of ``tf.train.Example`` (one episode each), read without TensorFlow.
 
-Layout under ``root``: the shards (``android_control-000NN-of-00020``), ``splits.json`` (``train``,
-``validation``, ``test`` → episode ids) and ``test_subsplits.json`` (``IDD``, ``app_unseen``, ``task_unseen``,
-``category_unseen`` → test episode ids; they overlap).
-
-One record is one episode: ``episode_id`` (int64), ``goal`` (bytes), ``screenshots`` (N PNGs),
-``screenshot_widths`` / ``screenshot_heights`` (N int64), ``accessibility_trees`` (N serialized
-``AndroidAccessibilityForest`` protos), ``actions`` (N−1 JSON strings) and ``step_instructions`` (N−1). Step i
-pairs screenshot i with action i; the last screenshot has no action.
-
-Traps honoured here:
-
-* a scroll's ``direction`` is the direction the *content* moves; it is reversed into the finger direction
-  (``CONTENT_OF_FINGER`` is the writer's way back);
-* click / long_press ``x``, ``y`` are pixels of that step's screenshot (normalised by its own width/height);
-* the screenshots of the real set are tens of GB: one streaming pass writes each PNG, untouched, into a cache
-  folder (``<root>/screenshot_cache`` unless ``cache_dir`` is given) and the steps keep only paths. A file
-  already in the cache with the same size is not written again.
-
-The framing is read by ``data.tfrecords`` (both checksums verified, so a broken record names its shard and index);
-the ``tf.train.Example`` comes from the ``tfrecord`` package. The click target box and text come from the
-accessibility tree (``data.a11y``: the smallest clickable node containing the point).
+Under ``root``: shards ``android_control-000NN-of-00020``, ``splits.json`` and ``test_subsplits.json``
+(episode ids). Step i pairs screenshot i with action i. A scroll's ``direction`` is the content's, reversed
+here into the finger's; click coordinates are pixels of that step's screenshot. Screenshots are written once,
+untouched, into a cache folder (``<root>/screenshot_cache`` by default) and steps keep paths. A click's target
+box and text come from the accessibility tree (``data.a11y``).
 """
 
 from __future__ import annotations
@@ -139,7 +123,7 @@ def parse_episode(
 ) -> Episode | None:
     """One serialized ``tf.train.Example`` as an episode, its screenshots written to ``cache_dir``.
 
-    Returns None when ``wanted`` (a set of episode ids) does not hold the episode. Raises ``DataError``.
+    None when ``wanted`` (a set of episode ids) does not hold it. Raises ``DataError``.
     """
     where = (file, index)
     ex = example_pb2.Example()
@@ -270,8 +254,7 @@ def _id_sets(path: Path, keys) -> dict[str, set[str]]:
 
 
 def shard_files(root: Path) -> list[Path]:
-    """The TFRecord shards under ``root``: files named ``*-of-*`` (the published naming), sorted; hidden files (a
-    shard being written) are not shards."""
+    """The TFRecord shards under ``root``: ``*-of-*`` files, sorted; hidden files (shards being written) excluded."""
     return sorted(
         p
         for p in root.iterdir()
@@ -288,14 +271,11 @@ def load_android_control_with_report(
     skip_bad: bool = False,
     keep_elements: bool = False,
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load one split (optionally one test subsplit); also return the skipped malformed records.
+    """Load one split (optionally one test subsplit) in one streaming pass; also return the skipped malformed records.
 
-    One streaming pass over the shards: only the selected episodes are parsed into steps and have their
-    screenshots written to the cache. ``high_level=False`` puts each step's low-level instruction in
-    ``Step.step_instruction`` (it is always in ``meta["step_instruction"]``). ``keep_elements`` keeps the
-    accessibility-tree nodes on each step (memory heavy on the full set). A malformed episode raises
-    ``DataError`` (shard, record index, field); with ``skip_bad=True`` the episode is skipped and listed
-    instead, as is an episode named by ``splits.json`` but found in no shard.
+    ``high_level=False`` puts the low-level instruction in ``Step.step_instruction`` (always in
+    ``meta["step_instruction"]``); ``keep_elements`` keeps the a11y nodes. A malformed episode raises ``DataError``
+    (shard, record index, field); with ``skip_bad=True`` it is listed instead, as is a missing episode.
     """
     root = Path(root)
     if split not in SPLITS:
@@ -359,6 +339,5 @@ def load_android_control_with_report(
 
 
 def load_android_control(root: str | Path, split: str, subsplit: str | None = None, **options) -> list[Episode]:
-    """Load one AndroidControl split as episodes of steps; ``options`` (high_level, cache_dir, skip_bad,
-    keep_elements) and the rest as in ``load_android_control_with_report``."""
+    """Load one AndroidControl split as episodes; options as in ``load_android_control_with_report``."""
     return load_android_control_with_report(root, split, subsplit, **options)[0]

@@ -1,18 +1,10 @@
 """Optional Q&A annotation by a vision-language model behind an OpenAI-compatible chat completions API.
 
-``annotate_steps`` sends each screenshot (as a PNG data URL) with its UI annotations to ``POST
-{base_url}/chat/completions`` and turns the JSON list of ``{type, question, answer}`` in the reply into ``QA``
-records (``meta["source"] == "annotator"``). Run the result through ``evolution.filter_qas`` before training.
-
-* The API key is read from the environment variable ``config.api_key_env`` when a request is made; it is sent
-  only in the Authorization header, only over https (plain http only to localhost), and never written to logs,
-  errors or results.
-* A reply that is not a JSON list of Q&A (code fences are tolerated) is counted in ``stats.malformed`` and
-  skipped; a request that fails after ``1 + max_retries`` attempts (timeouts, connection errors, HTTP 429 / 5xx)
-  is counted in ``stats.failed`` and skipped. Other HTTP errors (401, 404, ...) mean the configuration is wrong
-  and raise ``AnnotatorError`` at once.
-
-Only the standard library is used (urllib).
+``annotate_steps`` sends each screenshot with its UI annotations and turns the reply's JSON list of
+``{type, question, answer}`` into ``QA`` records (filter them with ``evolution.filter_qas``). The API key comes
+from ``config.api_key_env``, goes only in the Authorization header over https (http only to localhost) and is
+never logged. Malformed replies and requests failing after ``1 + max_retries`` attempts are counted and
+skipped; other HTTP errors raise ``AnnotatorError``. Standard library only.
 """
 
 from __future__ import annotations
@@ -78,8 +70,7 @@ class AnnotatorStats:
 
 
 def annotation_prompt(step: Step, n_questions: int = 15) -> str:
-    """The Q&A annotation prompt for one screen: the elements (box in 0..1000, text, type) and, when present, the
-    CoaT screen description."""
+    """The Q&A annotation prompt for one screen: its elements (box in 0..1000, text, type) and CoaT description."""
     lines = []
     for i, el in enumerate(usable_elements(step), 1):
         text = " ".join(el.text.split())
@@ -180,8 +171,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def check_base_url(base_url: str) -> None:
-    """The API key travels in a header: only ``https://`` URLs may carry it, except to this machine
-    (``http://localhost``, ``127.0.0.1``, ``[::1]``: a local server). Raises ``AnnotatorError``."""
+    """Raises ``AnnotatorError`` unless ``base_url`` is ``https://`` or local http (localhost, 127.0.0.1, [::1])."""
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise AnnotatorError(f"annotator: base_url must be an https:// URL, got {base_url!r}")
@@ -194,8 +184,7 @@ def check_base_url(base_url: str) -> None:
 
 
 def request_reply(body: dict, config: AnnotatorConfig, stats: AnnotatorStats | None = None) -> str | None:
-    """POST ``body`` to ``{base_url}/chat/completions`` with bounded retries; the reply text, or None when every
-    attempt failed."""
+    """POST ``body`` to ``{base_url}/chat/completions`` with bounded retries; the reply text, or None if all failed."""
     check_base_url(config.base_url)
     key = _api_key(config)
     url = config.base_url.rstrip("/") + "/chat/completions"
@@ -219,11 +208,7 @@ _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 
 
 def parse_qa_reply(text: str) -> list[dict] | None:
-    """The Q&A items of a reply, or None when it is not a JSON list of objects. Never raises.
-
-    Accepted shapes: a list of objects; an object holding such a list under any key; an object with parallel
-    ``questions`` and ``answers`` lists. The JSON may sit inside a code fence or amid prose.
-    """
+    """The Q&A items of a reply, or None when it holds no JSON list of objects (fences and prose are tolerated)."""
     if not isinstance(text, str) or not text.strip():
         return None
     candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
@@ -257,7 +242,7 @@ def _items_of(data) -> list[dict] | None:
 
 
 def qas_from_items(step: Step, items: list[dict], model: str, stats: AnnotatorStats | None = None) -> list[QA]:
-    """QA records for the well-formed items; an item without a non-empty string question and answer is skipped."""
+    """QA records for the well-formed items (non-empty string question and answer)."""
     out = []
     for item in items:
         q, a = item.get("question"), item.get("answer")

@@ -1,10 +1,4 @@
-"""Fixed-shape batches: pad tokenised examples to length buckets and stack them (no shape ever depends on the data
-beyond the bucket chosen, so each bucket compiles once).
-
-* ``smallest_bucket`` / ``pad_to_bucket``: the bucket an example length falls into, and padding to it.
-* ``TrainingExample``: one tokenised chat (built by ``data.dialogue``).
-* ``collate``: ``TrainingExample``s -> one ``TrainingBatch`` of right-padded numpy arrays.
-"""
+"""Fixed-shape batches: tokenised examples padded to length buckets and stacked, so each bucket compiles once."""
 
 from __future__ import annotations
 
@@ -71,12 +65,11 @@ def pad_to_bucket(
 
 @dataclasses.dataclass(frozen=True)
 class TrainingBatch:
-    """Fixed-shape arrays for B examples (right-padded).
+    """Fixed-shape arrays for B examples (right-padded; padded rows fully masked; T and P are buckets).
 
-    input_ids: int32[B, T]; attention_mask: bool[B, T]; loss_mask: int32[B, T]; turn_index: int32[B, T];
-    pixel_values: float32[P, patch_dim] (all images packed in example order, zero-padded to a patch bucket);
-    patch_mask: bool[P]; image_grid_thw: int64[B*I, 3] (I images per row slot, zero rows for absent images);
-    image_mask: bool[B*I]. T and P are buckets; padded example rows are fully masked.
+    input_ids, loss_mask, turn_index: int32[B, T]; attention_mask: bool[B, T]; pixel_values: float32[P, patch_dim]
+    (all images packed in example order); patch_mask: bool[P]; image_grid_thw: int64[B*I, 3] (I image slots per
+    row, zero rows for absent images); image_mask: bool[B*I].
     """
 
     input_ids: np.ndarray
@@ -101,8 +94,8 @@ def collate(
     batch_size: int | None = None,
     images_per_example: int = 1,
 ) -> TrainingBatch:
-    """Stack examples into fixed shapes: T = smallest token bucket >= the longest example, P = smallest patch
-    bucket >= the total patch count, B = ``batch_size`` (default: len(examples))."""
+    """Stack examples into fixed shapes: T and P the smallest token / patch buckets that fit, B = ``batch_size``
+    (default: len(examples))."""
     b = len(examples) if batch_size is None else int(batch_size)
     if not examples or len(examples) > b:
         raise ValueError(f"collate: {len(examples)} examples for batch size {b}")

@@ -30,8 +30,8 @@ def canonical_format(fmt: str) -> str:
 
 
 def scoring_format(fmt: str, root) -> str:
-    """The format whose metric rules apply to data read as ``fmt`` from ``root``: packed and TFDS data carry it
-    in their metadata, synthetic data is AITZ, a published format is its own."""
+    """The format whose metric rules apply to data read as ``fmt`` from ``root`` (packed / TFDS: from metadata;
+    synthetic: AITZ)."""
     if fmt == "synthetic":
         return "aitz"
     if fmt.startswith(TFDS_PREFIX):  # the optional tfds extra, imported only for tfds:NAME data
@@ -54,8 +54,7 @@ def _packed_dir(root) -> bool:
 def load_dataset_with_report(
     root: str | Path, fmt: str, split: str | None, skip_bad: bool = False
 ) -> tuple[list[Episode], list]:
-    """(episodes, skipped records) of one split. Without ``skip_bad`` a malformed record raises ``DataError``;
-    with it, the record is left out and listed (``skipped_summary`` says how many and why)."""
+    """(episodes, skipped records) of one split; a malformed record raises ``DataError`` unless ``skip_bad``."""
     if fmt.startswith(TFDS_PREFIX):  # the optional tfds extra (see scoring_format)
         from ipl_jax.data.tfds.source import load_tfds_with_report
 
@@ -73,16 +72,12 @@ def load_dataset_with_report(
 
 
 def load_dataset(root: str | Path, fmt: str, split: str | None, skip_bad: bool = False) -> list[Episode]:
-    """The episodes of one split of a dataset in format ``fmt`` (imports the reader on demand).
-
-    AMEX has no published splits: ``split`` None (or "all") reads every episode file.
-    """
+    """The episodes of one split in format ``fmt``; for AMEX, ``split`` None (or "all") reads every episode file."""
     return load_dataset_with_report(root, fmt, split, skip_bad)[0]
 
 
 def skipped_summary(skipped: Sequence, where: str) -> str:
-    """One line: how many malformed records were skipped in ``where`` and why (counts by field), with the
-    first one in full."""
+    """One line: how many malformed records were skipped in ``where`` and why, the first one in full."""
     by_field = collections.Counter(getattr(e, "field", "?") for e in skipped)
     reasons = ", ".join(f"{field}: {n}" for field, n in by_field.most_common())
     return (

@@ -1,23 +1,11 @@
 """CoaT steps as four-turn chats (docs/method.md §2), tokenised as training examples and as sampler segments.
 
-A ``Step`` becomes::
-
-    system    (the template's default unless ``CoaTPrompts.system`` is set)
-    user      <image> + DESCRIBE                      -> assistant s1: the screen description
-    user      THINK(instruction, action history)      -> assistant s2: the thought
-    user      ACT (lists the action forms)            -> assistant s3: format_action(step.action)
-    user      GROUND                                  -> assistant s4: format_grounding(target box)  (click/long_press)
-
-The prompt wording lives in ``CoaTPrompts`` (short on purpose: a tiny model is trained on CPU). All text comes
-from the tokenizer's own chat template; this module only cuts the rendered text at the assistant turns:
-
-    [prefix][s1 <|im_end|>][prompt 2][s2 <|im_end|>][prompt 3][s3 <|im_end|>][prompt 4][s4 <|im_end|>]
-
-``coat_example`` gives the training example (loss on the assistant pieces), ``coat_segments`` the sampler's
-segments (prefix and prompts 2..4, tokenised apart): prefix + s1 + <|im_end|> + prompt2 + ... is exactly the
-training example. ``data.batching`` pads ``TrainingExample`` s to fixed shapes. A step without its own CoaT
-(``has_coat``) is refused by every supervised path (``MissingCoaTError``) unless the caller opts into made-up
-fallback texts; the sampler's segments never need them.
+A ``Step`` becomes system + four user/assistant turns: DESCRIBE (with the image) -> s1 screen description,
+THINK(instruction, history) -> s2 thought, ACT -> s3 ``format_action``, GROUND -> s4 ``format_grounding``
+(click / long_press only). Text comes from the tokenizer's chat template, cut at the assistant turns;
+``coat_example`` is the training example, ``coat_segments`` the sampler's pieces (their concatenation with
+the replies is exactly the example). A step without its own CoaT (``has_coat``) raises ``MissingCoaTError`` in
+supervised paths unless the caller opts into fallback texts.
 """
 
 from __future__ import annotations
@@ -42,10 +30,8 @@ TURN_NAMES = {1: "description", 2: "thought", 3: "action", 4: "grounding"}
 
 @dataclasses.dataclass(frozen=True)
 class CoaTPrompts:
-    """The user-turn wording of the CoaT dialogue. ``think`` is formatted with ``instruction`` and ``history``.
-
-    The content follows the paper's appendix prompts (page description; thought from task + history; the action
-    forms; a 0..1000 box for the tap), in as few tokens as we could.
+    """The user-turn wording of the CoaT dialogue (the paper's appendix prompts, shortened); ``think`` is formatted
+    with ``instruction`` and ``history``.
     """
 
     system: str | None = None  # None: the chat template's default system message
@@ -96,8 +82,7 @@ def has_coat(step: Step) -> bool:
 
 
 def annotated_steps(steps: Sequence[Step], fallback: bool = False) -> tuple[list[Step], int]:
-    """(the steps a supervised path may train on, how many were left out): every step with ``fallback``,
-    else only those ``has_coat`` accepts."""
+    """(steps a supervised path may train on, how many were left out): all with ``fallback``, else ``has_coat`` ones."""
     kept = list(steps) if fallback else [s for s in steps if has_coat(s)]
     return kept, len(steps) - len(kept)
 
@@ -105,10 +90,8 @@ def annotated_steps(steps: Sequence[Step], fallback: bool = False) -> tuple[list
 def coat_turn_texts(step: Step, fallback: bool = False) -> dict[int, str]:
     """The golden assistant texts {1: s1, 2: s2, 3: s3, 4: s4}; key 4 only for click / long_press.
 
-    A step without a CoaT annotation (``has_coat``) raises ``MissingCoaTError`` unless ``fallback``: then (a
-    choice for datasets published without CoaT, AMEX and AndroidControl) s1 lists the UI element texts (or says
-    "A phone screen.") and s2 is the step instruction (AndroidControl), the action description, or "The next
-    action is <s3>.". ``golden_action_texts`` gives turns 3 and 4 alone, which every step has.
+    A step without CoaT raises ``MissingCoaTError`` unless ``fallback``: then s1 lists the UI element texts (or
+    "A phone screen.") and s2 is the step instruction, the action description, or "The next action is <s3>.".
     """
     if not fallback and not has_coat(step):
         raise MissingCoaTError(
@@ -131,8 +114,7 @@ def coat_turn_texts(step: Step, fallback: bool = False) -> dict[int, str]:
 
 
 def golden_action_texts(step: Step) -> dict[int, str]:
-    """The golden action turn {3: s3} and, for click / long_press, its grounding {4: s4}: what a record that
-    carries only its action holds."""
+    """The golden action turn {3: s3} and, for click / long_press, its grounding {4: s4}."""
     out = {3: format_action(step.action)}
     if needs_grounding(step.action):
         box = step.action.box
@@ -171,9 +153,8 @@ def coat_messages(
 ) -> tuple[list[dict], tuple[int, ...]]:
     """Chat messages of a step and the turn number of each assistant message.
 
-    ``turns``: which CoaT turns to keep (dropped turns lose their prompt and reply; turn 4 is dropped anyway for
-    actions without grounding). ``assistant_texts``: replies by turn (default: the golden ``coat_turn_texts``,
-    with its ``fallback``).
+    ``turns``: CoaT turns kept (turn 4 is dropped anyway for actions without grounding); ``assistant_texts``:
+    replies by turn (default: ``coat_turn_texts`` with ``fallback``).
     """
     turns = _check_turns(turns)
     texts = coat_turn_texts(step, fallback) if assistant_texts is None else dict(assistant_texts)
@@ -195,10 +176,8 @@ def coat_messages(
 def split_rendered_chat(tok: QwenTokenizer, messages: list[dict]) -> list[str]:
     """Cut the rendered chat at its assistant replies: [context0, reply1, context1, reply2, ...].
 
-    Each reply piece is the message text plus the ``<|im_end|>`` that closes it (what the model generates);
-    each context piece is everything up to the next reply's first character (for the first: system, user turn and
-    the assistant header). Text after the last reply's ``<|im_end|>`` is dropped. Raises if the template does not
-    render each assistant message verbatim, directly followed by ``<|im_end|>``.
+    Each reply piece is the message text plus its closing ``<|im_end|>``; text after the last reply is dropped.
+    Raises ValueError if the template does not render each assistant message verbatim, followed by ``<|im_end|>``.
     """
     full = tok.render(messages)
     pieces, pos = [], 0
@@ -237,9 +216,8 @@ def chat_example(
 ) -> TrainingExample:
     """Tokenise a chat whose k-th assistant message is CoaT turn ``reply_turns[k]``.
 
-    The ids come from tokenising the whole rendered text at once; the per-piece tokenisation is only used to place
-    the masks, and must agree with it (else a ValueError: the tokenizer merges across a turn boundary).
-    ``loss_turns``: turns that get loss (default: all replies).
+    Ids come from tokenising the whole text; per-piece tokenisation only places the masks and must agree (else
+    ValueError). ``loss_turns``: turns that get loss (default: all replies).
     """
     pieces = split_rendered_chat(tok, messages)
     if len(reply_turns) != len(pieces) // 2:
@@ -279,14 +257,11 @@ def coat_example(
     pixels=None,
     fallback: bool = False,
 ) -> TrainingExample:
-    """The SFT example of a step: its CoaT dialogue with the golden replies (``MissingCoaTError`` for a step
-    without CoaT unless ``fallback``: ``coat_turn_texts``), tokenised as one text up to the last ``<|im_end|>``
-    with ``<|image_pad|>`` expanded; ``loss_mask`` is 1 exactly on the assistant pieces (each turn's text and its
-    closing ``<|im_end|>``), ``turn_index`` gives their turn (1..4, 0 elsewhere).
+    """The SFT example of a step: its CoaT dialogue with the golden replies, ``<|image_pad|>`` expanded.
 
-    ``turns``: CoaT turns kept in the dialogue (others are left out entirely); ``loss_turns``: turns whose replies
-    get loss (the others stay in the context). ``image`` (PIL) or ``pixels`` ((pixel_values, grid)) skip loading
-    the screenshot again.
+    ``loss_mask`` is 1 exactly on the assistant pieces (text + closing ``<|im_end|>``), ``turn_index`` gives their
+    turn (1..4, 0 elsewhere). ``turns``: turns kept; ``loss_turns``: turns with loss. ``image`` / ``pixels`` skip
+    reloading the screenshot. Raises ``MissingCoaTError`` for a step without CoaT unless ``fallback``.
     """
     messages, kept = coat_messages(step, prompts, turns, fallback=fallback)
     pv, grid = decode_pixels(step, image_config, image, pixels)
@@ -303,8 +278,7 @@ def qa_example(
     name: str = "",
     pixels=None,
 ) -> TrainingExample:
-    """A single-turn image Q&A example (instruction evolution): user [image + question] -> assistant answer.
-    The answer is turn 1."""
+    """A single-turn image Q&A example: user [image + question] -> assistant answer (turn 1)."""
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]},
         {"role": "assistant", "content": answer},
@@ -323,10 +297,9 @@ def qa_example(
 class DialogueSegments:
     """The fixed pieces of a step's CoaT dialogue, for decoding turn by turn.
 
-    prefix_ids: int32[P]: everything before the first turn's reply (system, user turn with the expanded image,
-    the assistant header). turn_prompt_ids[t]: int32[Q_t] for each later turn t: the tokens between turn t-1's
-    closing ``<|im_end|>`` (the model's stop token) and turn t's first reply token. target_ids[t]: the golden
-    reply of turn t plus ``<|im_end|>`` (present when the step has it). turns: the turns, in order.
+    prefix_ids: int32[P], everything before turn 1's reply; turn_prompt_ids[t]: int32[Q_t], the tokens between
+    turn t-1's closing ``<|im_end|>`` and turn t's reply; target_ids[t]: the golden reply + ``<|im_end|>`` (when
+    the step has it); turns: the turns, in order.
     """
 
     prefix_ids: np.ndarray
@@ -347,10 +320,8 @@ def coat_segments(
     image=None,
     pixels=None,
 ) -> DialogueSegments:
-    """Prefix and per-turn prompt ids of a step (all four turns by default, whatever its action type: the
-    sampler decides whether a sampled action needs grounding). Prompts do not depend on the replies.
-    ``pixels`` may be a ``ScreenPixels``: only its grid is read (its pixels stay undecoded) and it becomes the
-    segments' ``pixel_values``."""
+    """Prefix and per-turn prompt ids of a step (all four turns by default; prompts do not depend on the replies).
+    A ``ScreenPixels`` ``pixels`` is read for its grid only and becomes the segments' ``pixel_values``."""
     turns = _check_turns(turns)
     placeholder = {t: "x" for t in TURNS}  # the prompts between replies do not depend on the replies
     messages, kept = coat_messages(step, prompts, turns, assistant_texts=placeholder)

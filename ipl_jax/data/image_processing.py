@@ -1,16 +1,9 @@
 """Qwen2-VL image preprocessing in numpy + PIL, identical to transformers' ``Qwen2VLImageProcessorPil``.
 
-Pipeline per image (transformers 5.24, PIL backend):
-
-1. convert to RGB, compositing any transparency onto white;
-2. resize with PIL bicubic on the uint8 image to ``smart_resize(h, w)`` (both sides multiples of
-   ``patch_size * merge_size``, area within [min_pixels, max_pixels]);
-3. rescale: ``float64(x) * (1/255)`` cast to float32;
-4. normalise with the OpenAI CLIP mean / std (float32);
-5. patchify into rows of ``C * temporal_patch_size * patch_size**2`` values, the frame repeated
-   ``temporal_patch_size`` times, rows ordered merge-block by merge-block.
-
-Images of one call are concatenated along the patch axis; ``image_grid_thw`` holds ``[1, h/14, w/14]`` per image.
+Per image: RGB (transparency composited onto white); PIL bicubic resize of the uint8 image to
+``smart_resize(h, w)``; ``float64(x) * (1/255)`` cast to float32; CLIP mean / std normalisation; patchify into
+rows of ``C * temporal_patch_size * patch_size**2`` (frame repeated in time), ordered merge block by merge block.
+Images of one call are concatenated along the patch axis; ``image_grid_thw`` holds ``[1, h/14, w/14]`` each.
 """
 
 from __future__ import annotations
@@ -38,8 +31,8 @@ PREPROCESSOR_CONFIG = "preprocessor_config.json"
 def smart_resize(
     height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
 ) -> tuple[int, int]:
-    """The (height, width) an image is resized to: multiples of ``factor``, area in [min_pixels, max_pixels],
-    aspect ratio kept as closely as possible. Raises ValueError for an aspect ratio above 200."""
+    """The (height, width) an image is resized to: multiples of ``factor``, area in [min_pixels, max_pixels], aspect
+    ratio kept as closely as possible. Raises ValueError for an aspect ratio above 200."""
     if height <= 0 or width <= 0:
         raise ValueError(f"smart_resize: image size must be positive, got {height}x{width}")
     if max(height, width) / min(height, width) > 200:
@@ -91,8 +84,7 @@ class ImageProcessorConfig:
 
     @staticmethod
     def from_dict(d: dict, source: str = "<dict>") -> ImageProcessorConfig:
-        """Read either the Hub form (``min_pixels``/``max_pixels``) or the transformers-5 form
-        (``size={"shortest_edge": min, "longest_edge": max}``); explicit min/max_pixels win, as in transformers."""
+        """Read the Hub form (``min_pixels``/``max_pixels``) or transformers-5's ``size`` form; explicit min/max win."""
         size = d.get("size") or {}
         if not isinstance(size, dict):
             raise ValueError(f"{source}: field 'size': expected a dict, got {size!r}")
@@ -166,8 +158,7 @@ class ImageProcessorConfig:
 
 
 def to_rgb(image: Image.Image | np.ndarray) -> Image.Image:
-    """A PIL RGB image; transparency is composited onto white (as transformers does).
-    numpy input must be uint8 [H, W] or [H, W, 1|3|4]."""
+    """A PIL RGB image, transparency composited onto white; numpy input must be uint8 [H, W] or [H, W, 1|3|4]."""
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8:
             raise ValueError(f"image array must be uint8 [H, W, C], got dtype {image.dtype}")
@@ -186,7 +177,7 @@ def to_rgb(image: Image.Image | np.ndarray) -> Image.Image:
 
 
 def _patchify(chw: np.ndarray, cfg: ImageProcessorConfig) -> np.ndarray:
-    """float32[C, H, W] -> float32[(H/p)*(W/p), C*T*p*p], rows grouped by merge block (see module docstring)."""
+    """float32[C, H, W] -> float32[(H/p)*(W/p), C*T*p*p], rows grouped by merge block."""
     c, h, w = chw.shape
     p, m, t = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     gh, gw = h // p, w // p
@@ -220,10 +211,9 @@ def preprocess_images(
     temporal_patch_size: int = 2,
     config: ImageProcessorConfig | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Images -> (pixel_values float32[N, 3*T*p*p], image_grid_thw int64[n, 3]).
+    """Images -> (pixel_values float32[N, 3*T*p*p], image_grid_thw int64[n, 3]), N = sum of h*w in patches.
 
-    N = sum over the n images of h*w (in patches). Either pass ``config`` or the individual fields
-    (unset min/max_pixels take the Hub values 3136 / 12845056).
+    Pass ``config`` or the individual fields (unset min/max_pixels: the Hub's 3136 / 12845056).
     """
     if config is None:
         config = ImageProcessorConfig(

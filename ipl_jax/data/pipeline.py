@@ -1,19 +1,9 @@
 """The Grain input pipeline: shuffled, repeated, transformed, batched examples with a resumable iterator.
 
-``source`` is any random-access sequence (a list of ``records.Step``, a grain data source, ...). The
-pipeline is index based (``grain.MapDataset``), so the whole position of an iterator is one integer:
-
-    source[shard_index::shard_count] -> shuffle(seed, reshuffled every epoch) -> repeat(num_epochs)
-      -> map(transform) -> batch(batch_size, drop_remainder) -> threads + prefetch -> iterator
-
-* ``transform(example) -> pytree of fixed-shape numpy arrays`` runs lazily in the reading threads, so a step's
-  screenshot is opened only when its batch is about to be used (e.g. ``step.load_image()`` inside it).
-* Epochs are concatenated before batching: a batch may straddle an epoch boundary and only the final partial
-  batch of the whole run is dropped, so every example is seen exactly ``num_epochs`` times up to that tail.
-* ``iterator.get_state()`` is a small JSON-able dict (``{"next_index": k}``); ``restore_iterator`` puts a
-  fresh iterator of the same pipeline back at that batch. ``checkpoint_save_args`` / ``checkpoint_restore_args``
-  give Orbax arguments (grain's own ``CheckpointHandler``) so that a training checkpoint made with
-  ``ocp.args.Composite(..., data=checkpoint_save_args(it))`` carries the data position.
+source[shard_index::shard_count] -> shuffle(seed, per epoch) -> repeat(num_epochs) -> map(transform) ->
+batch -> threads + prefetch. ``transform`` runs lazily in the reading threads. Epochs are concatenated before
+batching, so only the run's final partial batch is dropped. An iterator's position is one integer
+(``{"next_index": k}``); ``restore_iterator`` and the Orbax ``checkpoint_*_args`` save and restore it.
 """
 
 from __future__ import annotations
@@ -41,17 +31,12 @@ def make_dataset(
     shard_index: int = 0,
     shard_count: int = 1,
 ) -> grain.MapDataset:
-    """A batched ``grain.MapDataset`` over ``source``; ``len()`` of it is the number of batches.
+    """A batched ``grain.MapDataset`` over ``source``; its ``len()`` is the number of batches.
 
-    Args:
-      source: random-access examples (``__len__`` and ``__getitem__``), e.g. a list of ``records.Step``.
-      transform: one example -> a pytree of numpy arrays with the same shapes for every example; None passes
-        the source's items to ``batch_fn`` as they are (e.g. a batch_fn that builds only some of a batch's rows).
-      batch_size: examples per batch B; leaves of a batch get a leading axis B (``float32[B, ...]``).
-      seed: shuffle seed in [0, 2**32); each epoch is shuffled differently, deterministically.
-      num_epochs: passes over the source; None repeats forever.
-      batch_fn: replaces grain's stacking (e.g. a collate that pads to shape buckets).
-      shard_index, shard_count: this process's slice of the source (``jax.process_index()`` / ``_count()``).
+    source: random-access examples; transform: example -> pytree of numpy arrays with fixed shapes (None passes
+    items to ``batch_fn`` as they are); batch_size: B, the leading axis of every leaf; seed: in [0, 2**32), each
+    epoch shuffled differently; num_epochs: None repeats forever; batch_fn: replaces grain's stacking;
+    shard_index, shard_count: this process's slice of the source.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -74,8 +59,8 @@ def make_dataset(
 def make_iterator(
     dataset: grain.MapDataset, *, num_threads: int = 2, prefetch_buffer_size: int = 4
 ) -> grain.DatasetIterator:
-    """An iterator over ``dataset`` whose transforms run in ``num_threads`` threads, keeping at most
-    ``prefetch_buffer_size`` batches ahead (so at most that many batches' images are in memory)."""
+    """An iterator over ``dataset`` with transforms in ``num_threads`` threads and at most ``prefetch_buffer_size``
+    batches ahead."""
     options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size)
     return iter(dataset.to_iter_dataset(options))
 

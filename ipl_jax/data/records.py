@@ -42,8 +42,7 @@ COAT_FIELDS = tuple(f.name for f in dataclasses.fields(CoaT))
 
 
 def coat_or_none(fields: dict) -> CoaT | None:
-    """A ``CoaT`` from ``{field: text}`` (a missing or None field reads as ""), or None when every field is blank:
-    a step published without its annotation (fields absent, null or empty) reads as action-only."""
+    """A ``CoaT`` from ``{field: text}`` (missing / None read as ""), or None when every field is blank."""
     texts = {f: fields.get(f) or "" for f in COAT_FIELDS}
     return CoaT(**texts) if any(t.strip() for t in texts.values()) else None
 
@@ -52,9 +51,8 @@ def coat_or_none(fields: dict) -> CoaT | None:
 class Step:
     """One decision step of an episode.
 
-    ``image`` is a path, PNG/JPEG bytes, or a zero-argument callable returning a PIL image; images are loaded
-    lazily (``load_image``) so that a dataset never holds all its screenshots in memory.
-    ``history`` holds the action-turn texts (s3) of the episode's previous steps.
+    ``image``: a path, PNG/JPEG bytes, or a zero-argument callable returning a PIL image, loaded lazily
+    (``load_image``). ``history``: the action texts (s3) of the episode's previous steps.
     """
 
     episode_id: str
@@ -82,8 +80,7 @@ class Step:
         return img.convert("RGB")
 
     def image_size(self) -> tuple[int, int] | None:
-        """The screenshot's (width, height) without decoding its pixels: from the file header of a path or bytes,
-        from the ``size`` attribute of a callable that has one (``ScreenPainter``); None for other callables."""
+        """The screenshot's (width, height) without decoding it (file header, or a callable's ``size``); else None."""
 
         ref = self.image
         if callable(ref):

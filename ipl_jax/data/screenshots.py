@@ -1,11 +1,8 @@
 """A step's screenshot as model input, decoded only when its pixels are read.
 
-A step's token ids need only the screenshot's patch grid (how many ``<|image_pad|>`` tokens it expands to),
-which follows from the image's size — the file header (``Step.image_size``) — and the image processor
-(``ImageProcessorConfig.grid_for``). Decoding, resizing and patchifying (``preprocess_images``) is the costly
-part; ``ScreenPixels`` does it when its values are first read and keeps them, so a process of a multi-process
-job decodes the screenshots of the rows its devices hold only, and each of them once however many batches
-(sampler, preference packing) read it.
+Token ids need only the patch grid, known from the image header and the image processor; ``ScreenPixels``
+decodes and preprocesses on first read and keeps the result, so each process decodes only the screenshots its
+devices hold, once.
 """
 
 from __future__ import annotations
@@ -28,12 +25,10 @@ def step_error(step: Step, field: str, problem: str) -> DataError:
 
 
 class ScreenPixels:
-    """The pixel values f32[N, patch_dim] of a screenshot (N = Σ t·h·w over ``grid``), computed on first read.
+    """The pixel values f32[N, patch_dim] of a screenshot, computed on first read.
 
-    grid: int64[n, 3] (n = 1 for a step), known up front; ``values()`` (or ``np.asarray(x)``) runs ``load`` — a
-    zero-argument callable returning (pixel_values, grid) — once and keeps its result; ``given`` wraps arrays
-    that are already there. A decoded grid that differs from the announced one is an error (the prompt's image
-    tokens were counted from it).
+    grid: int64[n, 3], known up front; ``values()`` (or ``np.asarray``) runs ``load() -> (pixel_values, grid)``
+    once and keeps the result (a grid differing from the announced one raises); ``given`` wraps existing arrays.
     """
 
     def __init__(
@@ -91,10 +86,8 @@ def decode_pixels(step: Step, image_config: ImageProcessorConfig, image=None, pi
 
 
 def screen_pixels(step: Step, image_config: ImageProcessorConfig) -> ScreenPixels:
-    """A step's screenshot with its grid read now from the image's size and its pixels decoded on first read.
-
-    Only a callable image reference without a ``size`` is loaded now (its size is known no other way); its
-    image is kept and preprocessed on first read."""
+    """A step's screenshot with its grid read now from the image size and its pixels decoded on first read (a
+    callable image without ``size`` is loaded now)."""
     try:
         size = step.image_size()
         image = None if size is not None else step.load_image()

@@ -1,6 +1,5 @@
-"""TFRecord files read and written without TensorFlow: the framing (``uint64 length, uint32 masked_crc32c(length),
-data, uint32 masked_crc32c(data)``), both checksums verified on reading so that a broken record names its file
-and index. The CRC and ``tf.train.Example`` serialization come from the ``tfrecord`` package."""
+"""TFRecord files read and written without TensorFlow (framing: uint64 length, masked CRC32C of it, data, masked
+CRC32C of the data); both checksums are verified on reading. CRC and ``tf.train.Example`` come from ``tfrecord``."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ def example_bytes(features: dict) -> bytes:
 
 
 def write_tfrecords(path: str | Path, payloads: Iterable[bytes], compression: str | None = "gzip") -> int:
-    """Write ``payloads`` as one TFRecord file (GZIP-compressed by default, as AndroidControl's shards are);
-    returns the number of records. The file appears whole or not at all (written beside it as a hidden file, which
-    readers of shard folders skip, then renamed)."""
+    """Write ``payloads`` as one TFRecord file (GZIP by default); returns the record count. The file appears whole
+    or not at all (written as a hidden file, then renamed)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     opener = gzip.open if compression == "gzip" else open
@@ -47,9 +45,8 @@ def iter_tfrecords(
 ) -> Iterator[tuple[int, bytes | None, DataError | None]]:
     """Yield ``(index, payload, None)`` for each record of a TFRecord file, verifying both checksums.
 
-    A record whose data checksum fails is yielded as ``(index, None, DataError)``: the stream stays readable,
-    so the caller may skip it and go on. Any other framing error (bad length checksum, truncation, broken
-    gzip) ends the file and is raised as ``DataError(path, index, "<framing>", ...)``.
+    A record failing its data checksum is yielded as ``(index, None, DataError)`` (the stream goes on); any other
+    framing error (length checksum, truncation, broken gzip) raises ``DataError``.
     """
     path = Path(path)
     opener = gzip.open if compression == "gzip" else open

@@ -1,10 +1,8 @@
 """Random tiny Qwen2-VL checkpoints, written with transformers, plus a tiny byte-level BPE tokenizer.
 
-``make_tiny_checkpoint(out_dir, ...)`` writes a directory that loads like a real Qwen2-VL checkpoint:
-``config.json`` + ``model.safetensors`` (``Qwen2VLForConditionalGeneration``, or Qwen2.5-VL's with
-``arch="qwen2_5_vl"``, in the transformers-5 nested config form, random weights from ``torch.manual_seed``), a
-byte-level BPE tokenizer with Qwen2-VL's pre-tokenizer and special tokens (``data.tiny_tokenizer``) and
-``preprocessor_config.json`` with small pixel limits. torch and transformers are needed for this tool only.
+``make_tiny_checkpoint`` writes ``config.json`` + ``model.safetensors`` (Qwen2-VL or Qwen2.5-VL, nested
+transformers-5 config), a BPE tokenizer with Qwen2-VL's specials (``data.tiny_tokenizer``) and a
+``preprocessor_config.json`` with small pixel limits. Needs torch and transformers.
 """
 
 from __future__ import annotations
@@ -106,14 +104,11 @@ def _default_mrope_section(head_dim: int) -> list[int]:
 def build_config_dict(
     model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int], arch: str = "qwen2_vl"
 ) -> dict:
-    """The nested Qwen2VLConfig (``arch="qwen2_5_vl"``: Qwen2_5_VLConfig) kwargs for our tiny defaults updated by
-    ``model_overrides``.
+    """The nested Qwen2VLConfig (or Qwen2_5_VLConfig) kwargs: our tiny defaults updated by ``model_overrides``.
 
-    ``model_overrides`` may hold ``text_config`` / ``vision_config`` dicts (merged into the defaults), the root
-    keys ``tie_word_embeddings`` and the vision token ids, and flat text fields at the top level (the Hub's flat
-    layout). The merger output (vision ``hidden_size``; Qwen2.5-VL: ``out_hidden_size``) always equals the text
-    ``hidden_size``; token ids must match the tokenizer. Qwen2.5-VL: the last vision block attends over the whole
-    image unless ``fullatt_block_indexes`` is given.
+    ``model_overrides`` may hold ``text_config`` / ``vision_config`` dicts, root keys and flat text fields. The
+    merger output always equals the text ``hidden_size``; Qwen2.5-VL's last block attends fully unless
+    ``fullatt_block_indexes`` is given.
     """
     over = copy.deepcopy(model_overrides or {})
     text = copy.deepcopy(TINY_TEXT_CONFIG)
@@ -213,15 +208,10 @@ def make_tiny_checkpoint(
 ) -> Path:
     """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
 
-    ``vocab_size`` is the model's embedding size; the tokenizer (BPE + 14 specials) is trained to at most that.
-    ``corpus``: tokenizer training texts (default ``default_corpus()``); the chat scaffolding
-    (``scaffold_texts()``: prompts, system message, roles) is always added. ``model_overrides``: see
-    ``build_config_dict``. Same arguments => same files.
-
-    Weight choices for a *test* checkpoint: ``random_biases`` (default on) draws biases from N(0,
-    initializer_range) and norm weights as 1 + N(0, 0.1), since transformers' zero biases and unit norms would hide
-    bias / norm bugs in a port; ``scale`` multiplies every Linear / Embedding / Conv weight and bias (norms left
-    alone), so activations and logits are far from zero.
+    ``vocab_size``: the embedding size (the tokenizer is trained to at most that); ``corpus``: tokenizer texts
+    (the chat scaffolding is always added). ``random_biases`` draws biases from N(0, initializer_range) and norm
+    weights as 1 + N(0, 0.1), and ``scale`` multiplies every weight, so port bugs in biases / norms show.
+    Deterministic: same arguments, same files.
     """
     torch, transformers = _require_torch_transformers()
     out = Path(out_dir)

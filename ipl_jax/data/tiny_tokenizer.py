@@ -1,10 +1,6 @@
-"""The tiny byte-level BPE tokenizer of our test and synthetic-job checkpoints (needs ``tokenizers``; writing it
-as a transformers directory also needs ``transformers``).
-
-* ``default_corpus`` / ``scaffold_texts``: deterministic GUI-ish training texts plus the CoaT prompts and chat
-  roles, so that every piece of a chat is a few tokens;
-* ``train_tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, Qwen's special tokens appended in Qwen's order;
-* ``write_tokenizer``: the ``tokenizer.json`` / ``tokenizer_config.json`` / chat template directory.
+"""The tiny byte-level BPE tokenizer of our test and synthetic-job checkpoints (needs ``tokenizers``; writing it as
+a transformers directory also ``transformers``): a deterministic GUI-ish corpus plus the chat scaffolding,
+Qwen2's pre-tokenizer, Qwen's special tokens in Qwen's order.
 """
 
 from __future__ import annotations
@@ -134,8 +130,7 @@ _VERBS = ["open", "find", "search for", "turn on", "turn off", "add", "delete", 
 
 
 def scaffold_texts() -> list[str]:
-    """The texts of every chat whatever the data: the CoaT prompts, the default system message, the roles
-    (repeated so that the roles become single tokens)."""
+    """The texts of every chat (CoaT prompts, default system message, roles repeated so they become single tokens)."""
     return DEFAULT_PROMPTS.texts() * 5 + ["You are a helpful assistant."] * 5 + ["system\nuser\nassistant\n"] * 20
 
 
@@ -186,13 +181,11 @@ def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0
 
 
 def train_tokenizer(corpus: Sequence[str], vocab_size: int, specials_at: int | None = None):
-    """A ``tokenizers.Tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, then the Qwen special tokens
-    appended in Qwen's order (ids ``n_bpe + 0 .. n_bpe + 13``). ``vocab_size`` bounds the total size.
+    """A ``tokenizers.Tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, then the 14 Qwen specials in Qwen's order.
 
-    ``specials_at``: the id of the first special token (``<|endoftext|>``; 151643 in the published Qwen2-VL
-    vocabulary). The learnt BPE vocabulary (at most ``vocab_size`` - 14 entries) is then filled up to that many
-    entries with three-byte pieces that no merge produces (they never appear in an encoding; decoding one gives
-    its three bytes), so the special tokens land at the ids a real checkpoint's config names."""
+    ``vocab_size`` bounds the total size. ``specials_at``: the id of the first special (``<|endoftext|>``); the
+    BPE vocabulary is then filled up to it with unreachable three-byte pieces (``_fill_vocabulary``), so specials
+    land at the ids a real checkpoint's config names."""
 
     n_bpe = vocab_size - len(SPECIAL_TOKENS)
     if n_bpe < 256:

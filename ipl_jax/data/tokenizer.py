@@ -1,16 +1,8 @@
 """The Qwen2-VL tokenizer and chat template, loaded through transformers from a local checkpoint directory.
 
-``load_tokenizer(dir)`` works on a real Qwen2-VL / Qwen2.5-VL directory and on the tiny ones written by
-``ipl_jax.data.tiny``: every id we need is looked up by token string, never hard-coded.
-
-The chat-template convention (Qwen2-VL's; ``QWEN2VL_CHAT_TEMPLATE`` is our rendering of it)::
-
-    <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n        (only if the first message is not system)
-    <|im_start|>user\\n<|vision_start|><|image_pad|><|vision_end|>TEXT<|im_end|>\\n
-    <|im_start|>assistant\\nREPLY<|im_end|>\\n
-    <|im_start|>assistant\\n                                               (add_generation_prompt)
-
-One ``<|image_pad|>`` stands for one image until ``expand_image_tokens`` repeats it t*h*w/merge**2 times.
+Works on real Qwen2-VL / Qwen2.5-VL directories and on ``data.tiny`` ones: every id is looked up by token
+string. In the chat template (``QWEN2VL_CHAT_TEMPLATE``) a default system turn is added when the first message is
+not one, and one ``<|image_pad|>`` stands for an image until ``expand_image_tokens`` repeats it t*h*w/merge**2 times.
 """
 
 from __future__ import annotations
@@ -189,10 +181,9 @@ class QwenTokenizer:
 
 
 def image_token_repeats(ids: Sequence[int], image_grid_thw, merge_size: int = 2, *, image_pad_id: int) -> np.ndarray:
-    """int64[T]: how many copies each token becomes (1, or t*h*w/merge_size**2 for the k-th ``<|image_pad|>``).
+    """int64[T]: copies of each token (1, or t*h*w/merge_size**2 for the k-th ``<|image_pad|>``), for ``np.repeat``.
 
-    ``image_grid_thw``: int[n, 3], one row per ``<|image_pad|>`` in order. Use with ``np.repeat`` to expand
-    arrays aligned with ``ids`` (masks, turn indices).
+    ``image_grid_thw``: int[n, 3], one row per ``<|image_pad|>`` in order.
     """
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     grids = np.asarray(image_grid_thw, dtype=np.int64).reshape(-1, 3)
@@ -227,8 +218,7 @@ def _generation_eos(directory: Path) -> list[int]:
 
 
 def _separate_chat_template(directory: Path) -> str | None:
-    """The template of a checkpoint that keeps it beside the tokenizer config (``chat_template.jinja``, or the
-    processor-level ``chat_template.json`` of some Hub Qwen2-VL folders)."""
+    """The template a checkpoint keeps beside the tokenizer config (``chat_template.jinja`` or ``.json``), or None."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()

@@ -1,13 +1,9 @@
 """Instruction evolution (docs/method.md §10): question/answer pairs about a screen, built from its UI annotations.
 
-Three levels of kinds (``qa.KINDS_BY_LEVEL``): I grounding, referring, page description; II widget function,
-nesting; III page structure, element region, what happens on a tap. Every answer is derived from the annotations
-alone (true of the screen as annotated), a question is asked only about an element its name picks out, and the
-templates are drawn by a pure function of ``(seed, episode_id, step_id)``. ``filter_qas`` is the automatic
-counterpart of the paper's human filter.
-
-Modules: ``qa`` (the record, levels, JSONL), ``screen`` (facts read off the annotations), ``generate`` (templates,
-the per-kind generators, the per-step selection), ``filters`` (``filter_qas``).
+Levels (``qa.KINDS_BY_LEVEL``): I grounding, referring, page description; II widget function, nesting; III
+page structure, region, tap effect. Answers derive from the annotations alone, questions name elements
+unambiguously, and templates are a pure function of ``(seed, episode_id, step_id)``. ``filter_qas`` stands in
+for the paper's human filter.
 """
 
 from ipl_jax.data.evolution.filters import FILTER_REASONS, boxes_valid, drop_reason, filter_qas, normalise_text

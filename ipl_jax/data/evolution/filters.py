@@ -121,11 +121,9 @@ def drop_reason(
 def filter_qas(qas: Iterable[QA], *, near_duplicate_ratio: float = 0.92, **limits) -> tuple[list[QA], dict[str, int]]:
     """Keep the Q&A that pass ``drop_reason`` and are not duplicates; returns ``(kept, counts)``.
 
-    ``counts`` has one entry per reason in FILTER_REASONS (0 when nothing was dropped for it) plus ``kept``.
-    Duplicates are judged per screen (``episode_id``, ``step_id``), the first one kept: ``duplicate`` when the
-    question and answer are identical up to surrounding whitespace; ``near_duplicate`` when the normalised
-    questions are equal (the same question asked twice, whatever the answers), or when the normalised answers are
-    equal and the normalised questions are at least ``near_duplicate_ratio`` similar (difflib).
+    ``counts``: one entry per FILTER_REASONS plus ``kept``. Per screen, the first is kept: ``duplicate`` = same
+    question and answer (whitespace aside); ``near_duplicate`` = equal normalised questions, or equal normalised
+    answers with questions at least ``near_duplicate_ratio`` similar (difflib).
     """
     counts = {reason: 0 for reason in FILTER_REASONS}
     kept: list[QA] = []

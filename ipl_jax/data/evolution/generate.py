@@ -296,8 +296,7 @@ def candidate_qas(step: Step, seed: int, levels: Iterable[int] = LEVELS) -> dict
 
 
 def evolve_step(step: Step, seed: int, levels: Iterable[int] = LEVELS, per_step: int = 8) -> list[QA]:
-    """At most ``per_step`` Q&A for one step, spread over the kinds: kinds are visited in an order drawn from the
-    step's RNG, one Q&A of each kind per pass, until ``per_step`` are taken or every kind is used up."""
+    """At most ``per_step`` Q&A for one step, one of each kind per pass in an order drawn from the step's RNG."""
     levels = tuple(levels)
     if not levels or any(level not in LEVELS for level in levels):
         raise ValueError(f"evolve_step: levels must be a non-empty subset of {LEVELS}, got {levels!r}")

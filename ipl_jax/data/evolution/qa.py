@@ -31,9 +31,8 @@ MAX_ANSWER_WORDS = 60
 class QA:
     """One question/answer pair about the screen of step ``(episode_id, step_id)``.
 
-    ``level`` is 1, 2 or 3; ``kind`` names the question family (see ``KINDS_BY_LEVEL``); ``meta`` records where the
-    answer came from (``source``: elements / coat / transitions / annotator), the element it is about
-    (``target``: its name, ``box``: its box in screen fractions) and the template index.
+    ``level``: 1, 2 or 3; ``kind``: see ``KINDS_BY_LEVEL``; ``meta``: ``source`` (elements / coat / transitions /
+    annotator), ``target`` and ``box`` of the element, and the template index.
     """
 
     episode_id: str

@@ -171,8 +171,8 @@ def step_label(step: Step) -> tuple[str, str]:
 
 
 def usable_elements(step: Step) -> list[UIElement]:
-    """The step's elements outside the status bar with a non-empty box, in reading order (top to bottom, left to
-    right). Raises DataError for a box that is not four finite fractions in [0, 1] with x1 <= x2, y1 <= y2."""
+    """The step's elements outside the status bar with a non-empty box, in reading order. Raises DataError for a box
+    that is not four finite fractions in [0, 1] with x1 <= x2, y1 <= y2."""
     file, record = step_label(step)
     out = []
     for i, el in enumerate(step.elements):
@@ -198,10 +198,8 @@ def usable_elements(step: Step) -> list[UIElement]:
 
 
 def referents(elements: Sequence[UIElement]) -> dict[str, UIElement]:
-    """Names that pick out one element, mapped to that element.
-
-    A name shared by several elements still has a referent when they are nested one inside the next (a label inside
-    its button): the outermost one, the thing a tap lands on. Names longer than MAX_NAME_CHARS are left out.
+    """Names that pick out one element (at most MAX_NAME_CHARS), mapped to it; a name shared by nested elements
+    refers to the outermost one.
     """
     groups: dict[str, list[UIElement]] = {}
     for el in elements:
@@ -247,8 +245,7 @@ def transitions_of(step: Step) -> dict[str, str]:
 
 
 def known_function(element: UIElement) -> str | None:
-    """The function of a widely used widget, or None. Words of a text are only trusted on a widget (a button, an
-    icon), never on a bare text element: a page title "Settings" does not open the settings."""
+    """The function of a widely used widget, or None (text words count only on a widget, never on bare text)."""
     text = clean_text(element.text).lower()
     if text in FUNCTION_BY_WORD and not is_text_kind(element.kind):
         return FUNCTION_BY_WORD[text]

@@ -1,23 +1,10 @@
 """One step record as bytes: the stable encoding of ``records.Step`` inside ArrayRecord shards.
 
-Layout of a record (version 1), all integers little-endian::
-
-    offset 0   7 bytes   magic  b"IPLSTEP"
-    offset 7   uint8     record version (1)
-    offset 8   uint32    H, length of the header in bytes
-    offset 12  H bytes   header: UTF-8 JSON object, keys sorted, no spaces (``json.dumps(sort_keys=True,
-                         separators=(",", ":"), ensure_ascii=False, allow_nan=False)``)
-    offset 12+H          the screenshot's encoded bytes (PNG or JPEG, as the dataset published them)
-
-Header keys: ``episode_id`` (str), ``step_id`` (int), ``instruction`` (str), ``screen_size`` ([w, h] pixels),
-``action`` (``Action.to_json()``), ``history`` ([str]), ``elements`` ([{box, text, kind, clickable}]), ``coat``
-({screen_desc, action_think, action_desc, action_result} or null), ``step_instruction`` (str or null), ``meta``
-(the step's meta, JSON values), ``episode`` ({instruction, meta}: the episode the step belongs to) and
-``image_format`` ("png" | "jpeg"). Floats are written by ``repr`` (shortest round-trip form), so a decoded step's
-boxes and points equal the encoded ones bit for bit; tuples in ``meta`` come back as lists.
-
-Paths in ``meta`` (``file``) are written relative to the dataset root by the packer, so the same dataset packed
-from two places gives the same bytes.
+Version 1, little-endian: magic ``b"IPLSTEP"`` (7 bytes), uint8 version, uint32 header length H, H bytes of
+header (``canonical_json`` of the step's fields: episode_id, step_id, instruction, screen_size, action, history,
+elements, coat, step_instruction, meta, episode, image_format), then the screenshot's encoded bytes (PNG or
+JPEG). Floats round-trip bit for bit; tuples in ``meta`` come back as lists; ``meta`` paths are relative to the
+dataset root so the bytes do not depend on where it was packed.
 """
 
 from __future__ import annotations
@@ -54,8 +41,7 @@ def image_format(data: bytes) -> str | None:
 
 
 def image_bytes(step: Step, compress_level: int = 6) -> bytes:
-    """The step's screenshot as encoded bytes: a file's or a ``bytes`` image as is (PNG/JPEG), anything else
-    (a rendering callable, another file type) encoded as PNG at ``compress_level``."""
+    """The step's screenshot as encoded bytes: PNG/JPEG files or bytes as they are, anything else encoded as PNG."""
     ref = step.image
     data = None
     if isinstance(ref, (bytes, bytearray)):
@@ -101,9 +87,7 @@ def encode_step(step: Step, episode: Episode, image: bytes) -> bytes:
 
 
 def split_record(payload: bytes, where: tuple) -> tuple[dict, memoryview]:
-    """(header dict, image bytes view) of one record; ``where`` = (file, record) for the error.
-
-    Raises ``DataError`` naming the part that is wrong (magic, version, header, image)."""
+    """(header dict, image bytes view) of one record; raises ``DataError`` naming ``where`` and the bad part."""
     if len(payload) < _PREFIX.size:
         raise DataError(*where, "<record>", f"{len(payload)} bytes: too short for an ipl-jax step record")
     magic, version, n = _PREFIX.unpack_from(payload)
@@ -146,8 +130,7 @@ def _field(header: dict, key: str, kind: type, where):
 
 def step_from_header(header: dict, image: Any, where: tuple) -> tuple[Step, dict]:
     """(Step, episode info {instruction, meta}) from a decoded header; ``image`` becomes ``Step.image``.
-
-    Raises ``DataError`` naming the first field that is missing or of the wrong type."""
+    Raises ``DataError`` naming the first bad field."""
     size = _field(header, "screen_size", list, where)
     if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
         raise DataError(*where, "screen_size", f"expected [width, height] > 0, got {size!r}")
@@ -199,8 +182,8 @@ def step_from_header(header: dict, image: Any, where: tuple) -> tuple[Step, dict
 
 
 def group_episodes(steps: Iterable[tuple[Step, dict]]) -> list[Episode]:
-    """Episodes from (step, episode info) pairs in packing order (``step_from_header``'s output): the steps of one
-    episode are consecutive, and the info (``instruction``, ``meta``) of its first step describes the episode."""
+    """Episodes from (step, episode info) pairs in packing order; an episode's steps are consecutive and its first
+    step's info describes it."""
     episodes = []
     for _, run in itertools.groupby(steps, key=lambda pair: pair[0].episode_id):
         run = list(run)

@@ -1,21 +1,9 @@
 """The on-disk layout of a packed dataset: shard names, the metadata file, and which shards a process reads.
 
-A packed directory holds, per split, ``N`` ArrayRecord files named ``<split>.array_record-<k>-of-<N>`` (five
-digits each, as TFDS names its shards) and one metadata file, ``ipl_jax_arrayrecord.json``::
-
-    {"format": "ipl-jax-arrayrecord", "version": 1, "dataset": "aitz", "scoring_format": "aitz",
-     "source_sha256": "<hex>", "shards": N,
-     "splits": {"train": {"episodes": E, "steps": S, "skipped": 0,
-                          "files": [{"name": "train.array_record-00000-of-00002", "records": r, "sha256": "<hex>"},
-                                    ...]}, ...}}
-
-``dataset`` is the format the data was read from (aitz | amex | androidcontrol | synthetic), ``scoring_format``
-the metric rules that apply to it, ``source_sha256`` a digest of every file of the source directory (relative
-path, size and content), ``skipped`` the malformed source records left out with ``--skip-bad``. Whole episodes
-stay inside one shard. The metadata file is written last: a directory without it is not a packed dataset.
-
-With P processes, process p reads shards ``[p·N/P, (p+1)·N/P)`` (N must be a multiple of P), so each host
-opens only its own files and every record is read by exactly one process.
+Per split, N ArrayRecord files ``<split>.array_record-<k>-of-<N>`` (5 digits, as TFDS) holding whole episodes,
+and one ``ipl_jax_arrayrecord.json`` written last (format, version, dataset, scoring_format, source_sha256,
+shards, and per split episodes / steps / skipped / files with records and sha256). With P processes, process p
+reads shards ``[p·N/P, (p+1)·N/P)`` (N a multiple of P).
 """
 
 from __future__ import annotations
@@ -48,7 +36,7 @@ def _bad(path: Path, problem: str) -> ValueError:
 
 def read_metadata(root) -> dict:
     """The validated metadata of a packed directory. Raises ``FileNotFoundError`` when there is none and
-    ``ValueError`` (one line, naming the file) when it is malformed or of another version."""
+    ``ValueError`` when it is malformed or of another version."""
     path = Path(root) / METADATA_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{root}: no {METADATA_FILE}; not a packed dataset (write one with ipl-jax pack-data)")
@@ -117,9 +105,7 @@ def process_files(files: list, process_index: int, process_count: int, where: st
 
 
 def check_shards(root, split: str, files: list[dict]) -> list[Path]:
-    """The shard paths, each checked to open as ArrayRecord and to hold the records the metadata lists.
-
-    A missing, truncated or foreign file raises (one line naming it) before any record is read."""
+    """The shard paths, each checked to open and hold the records the metadata lists (raises before any read)."""
     # ArrayRecord loads only for packed data, so that the commands reading other formats start without it
     from array_record.python.array_record_module import ArrayRecordReader
 

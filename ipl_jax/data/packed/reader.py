@@ -1,13 +1,8 @@
 """Reading packed datasets through Grain's ``ArrayRecordDataSource``.
 
-* ``open_split(root, split)`` is a random-access source of decoded ``Step``s over this process's shard files
-  (``jax.process_index()`` of ``jax.process_count()``, or explicit ``process_index`` / ``process_count``): give it
-  to ``data.pipeline.make_dataset`` for shuffled, resumable batches.
-* ``load_packed(root, split)`` rebuilds a whole split's episodes (what the format readers return), for the
-  stages that need episodes: evaluation, ``score``, sampling, evolution, the job's data stage.
-
-A decoded step's ``image`` is a ``RecordImage``: it reads its record again when the image is needed, so a split
-never holds its screenshots in memory.
+``open_split`` is a random-access source of decoded ``Step``s over this process's shards (for
+``data.pipeline.make_dataset``); ``load_packed`` rebuilds a whole split's episodes. A step's ``image`` is a
+``RecordImage`` that rereads its record when needed.
 """
 
 from __future__ import annotations
@@ -52,10 +47,8 @@ class RecordImage:
 
 
 class PackedSplit:
-    """Decoded steps of one packed split (this process's shards): ``len()`` and ``[i] -> Step``.
-
-    Attributes: ``meta`` (the directory's metadata), ``split``, ``paths`` (this process's shard files),
-    ``source`` (the underlying ``grain.sources.ArrayRecordDataSource`` of raw records)."""
+    """Decoded steps of one packed split (this process's shards): ``len()`` and ``[i] -> Step``; ``meta``,
+    ``split``, ``paths`` and ``source`` (the raw ``ArrayRecordDataSource``)."""
 
     def __init__(
         self, root, split: str | None = None, *, process_index: int | None = None, process_count: int | None = None
@@ -134,10 +127,8 @@ def open_split(
 
 
 def load_packed_with_report(root, split: str | None, skip_bad: bool = False) -> tuple[list[Episode], list]:
-    """(episodes, skipped records) of a whole packed split, in the order they were packed.
-
-    Steps of one episode are consecutive records; a record that does not decode raises ``DataError`` naming the
-    shard file and position, or with ``skip_bad`` is left out and listed."""
+    """(episodes, skipped records) of a whole packed split, in packing order. A record that does not decode raises
+    ``DataError`` (shard file, position), or with ``skip_bad`` is left out and listed."""
     packed = PackedSplit(root, split, process_index=0, process_count=1)
     skipped: list = []
 

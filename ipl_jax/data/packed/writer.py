@@ -1,8 +1,7 @@
 """Packing a dataset into ArrayRecord shards of step records (``ipl-jax pack-data``).
 
-The source is read with the format's own reader, so a packed split holds exactly the steps that reader gives
-(same order, same fields; see ``encoding`` for the record bytes and ``layout`` for the files). Packing is
-deterministic: the same source gives byte-identical shards and metadata, wherever the source directory lies.
+The source is read with its format's reader, so a packed split holds exactly the steps that reader gives.
+Packing is deterministic: the same source gives byte-identical shards and metadata wherever it lies.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ _CACHE_DIR = "screenshot_cache"  # AndroidControl's default screenshot cache ins
 
 
 def source_splits(dataset: str, root: Path) -> list[str]:
-    """The splits a source directory holds: AITZ-layout folders (``<split>/<subset>/<episode>/<episode>.json``);
-    AMEX's ``all`` plus each ``instruction_anno/<split>/`` folder; AndroidControl's ``splits.json`` keys."""
+    """The splits a source directory holds (AITZ-layout folders, AMEX's ``all`` plus ``instruction_anno/<split>/``,
+    AndroidControl's ``splits.json`` keys)."""
     if dataset in ("aitz", "synthetic"):
         return [
             d.name
@@ -62,8 +61,7 @@ def read_split(dataset: str, root: Path, split: str, skip_bad: bool, cache_dir: 
 
 
 def tree_sha256(root: Path, exclude: Sequence[Path] = ()) -> str:
-    """A digest of every file under ``root`` (sorted relative POSIX paths, sizes and contents), skipping the
-    ``exclude`` folders."""
+    """A digest of every file under ``root`` (sorted relative paths, sizes, contents), skipping ``exclude`` folders."""
     skip = [os.path.abspath(p) for p in exclude]
     digest = hashlib.sha256()
     files = []
@@ -80,8 +78,7 @@ def tree_sha256(root: Path, exclude: Sequence[Path] = ()) -> str:
 
 
 def _relative(meta: Mapping, roots: Sequence[Path]) -> dict:
-    """``meta`` with its ``file`` made relative to the first of ``roots`` that holds it (so that the bytes do not
-    depend on where the source lies)."""
+    """``meta`` with its ``file`` made relative to the first of ``roots`` that holds it."""
     out = dict(meta)
     f = out.get("file")
     if isinstance(f, str):
@@ -107,8 +104,7 @@ def portable(episodes: Iterable[Episode], roots: Sequence[Path]) -> list[Episode
 
 
 def shard_of_episodes(step_counts: Sequence[int], shards: int) -> list[int]:
-    """The shard of each episode: episode e goes to ⌊first_step(e)·N / total_steps⌋, so shards hold whole,
-    consecutive episodes and about the same number of steps."""
+    """The shard of each episode (⌊first_step(e)·N / total_steps⌋): whole consecutive episodes, even step counts."""
     total = max(1, sum(step_counts))
     out, start = [], 0
     for n in step_counts:
@@ -189,10 +185,10 @@ def write_packed(
     png_level: int = 6,
     on_step: Callable[[], None] | None = None,
 ) -> dict:
-    """Write ``splits`` (name -> episodes, in order) as a packed directory; returns the metadata written.
+    """Write ``splits`` (name -> episodes) as a packed directory; returns the metadata written.
 
-    ``dataset``: the source format (aitz | amex | androidcontrol | synthetic); ``png_level``: PNG compression for
-    screenshots that are not already PNG/JPEG bytes (e.g. the synthetic world's rendering callables)."""
+    ``dataset``: aitz | amex | androidcontrol | synthetic; ``png_level``: PNG compression for screenshots that are
+    not already PNG/JPEG bytes."""
     if dataset not in SCORING_FORMATS:
         raise ValueError(f"unknown dataset format {dataset!r}; known: {', '.join(SCORING_FORMATS)}")
     if shards < 1:
@@ -229,10 +225,10 @@ def pack_dataset(
     on_split: Callable[[str, int, list], None] | None = None,
     on_step: Callable[[], None] | None = None,
 ) -> dict:
-    """Read every split (or ``splits``) of the dataset at ``root`` in format ``dataset`` and pack it to ``out``.
+    """Read every split (or ``splits``) of ``root`` in format ``dataset`` and pack it to ``out``.
 
-    Malformed source records raise ``DataError`` unless ``skip_bad`` (then they are left out and counted per
-    split in the metadata). ``on_split(split, episodes, skipped)`` is called after each split is read."""
+    Malformed records raise ``DataError`` unless ``skip_bad`` (then counted per split). ``on_split(split,
+    episodes, skipped)`` is called after each split is read."""
     if dataset not in SCORING_FORMATS:
         raise ValueError(f"--format {dataset!r}: must be one of {', '.join(SCORING_FORMATS)}")
     root, out = Path(root), Path(out)

@@ -1,13 +1,7 @@
-"""Writing episodes in AITZ's published layout (see docs/formats.md, AITZ section).
-
-``<root>/<split>/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json`` holds the episode's step records (a JSON list)
-and ``<SUBSET>-<id>_<step>.png`` each step's screenshot. String-encoded JSON fields, pixel
-``[top, left, height, width]`` boxes and ``[y, x]`` gesture points follow the published files. A click is a
-DUAL_POINT whose touch and lift are both the click point; a scroll is a DUAL_POINT whose finger moves
-``SWIPE`` of the screen in the scroll direction.
-
-AITZ records cannot hold ``Step.meta`` (app, page, transitions, ...). With ``with_meta=True`` each record gets
-one extra field, ``synth_meta``: the step's meta as a JSON string (readers of the published format ignore it).
+"""Writing episodes in AITZ's published layout (docs/formats.md): one JSON list of step records and one PNG per
+step per episode folder, fields encoded as the published files. A click is a DUAL_POINT touching and lifting at
+the click point; a scroll moves the finger ``SWIPE`` of the screen. ``with_meta=True`` adds one field,
+``synth_meta``: the step's meta as a JSON string.
 """
 
 from __future__ import annotations
@@ -96,10 +90,8 @@ def step_record(step: Step, episode_length: int, image_path: str, size: tuple[in
 def write_aitz_split(
     episodes: Iterable[Episode], root, split: str, compress_level: int = 1, with_meta: bool = False
 ) -> Path:
-    """Write episodes under ``root/split`` in the AITZ layout; returns the split directory.
-
-    The subset comes from each step's ``meta["subset"]`` (default ``general``); ids must be digits.
-    ``with_meta`` adds the ``synth_meta`` field (see the module docstring)."""
+    """Write episodes under ``root/split`` in the AITZ layout; returns the split directory. The subset is
+    ``meta["subset"]`` (default ``general``); ids must be digits."""
     split_dir = Path(root) / split
     for ep in episodes:
         if not ep.steps:

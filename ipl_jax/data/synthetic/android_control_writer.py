@@ -1,14 +1,8 @@
-"""Writing episodes in AndroidControl's published layout (docs/formats.md): one GZIP TFRecord shard of
-``tf.train.Example`` s per split (``android_control-<split>-00000-of-00001``), ``splits.json`` and
-``test_subsplits.json``, rebuilt after each split from ``synth_info.json`` (the ids every written split holds).
-Synthetic splits map to AndroidControl's: train, dev -> validation, test / test_app_unseen / test_task_unseen ->
-test, and the subsplits IDD / app_unseen / task_unseen.
-
-N screenshots for N-1 actions: AndroidControl has no action for the end of a task; its last screenshot is where
-the last action led. A synthetic episode ends with ``stop`` on that very screen, so its K steps are written as K
-screenshots (accessibility trees from the UI elements) and K-1 actions, and read back as its first K-1 steps,
-action for action (the stop is dropped). Clicks are integer pixels, a scroll names the *content* direction (the
-reverse of the finger's), and press enter, which AndroidControl lacks, is AndroidWorld's ``keyboard_enter``.
+"""Writing episodes in AndroidControl's published layout (docs/formats.md): one GZIP TFRecord shard per split,
+plus ``splits.json`` and ``test_subsplits.json`` rebuilt from ``synth_info.json``. train -> train, dev ->
+validation, test* -> test (subsplits IDD / app_unseen / task_unseen). An episode of K steps ending in ``stop``
+becomes K screenshots and K-1 actions (AndroidControl has no end action) and reads back as its first K-1 steps.
+Clicks are integer pixels, scrolls name the content direction, press enter is ``keyboard_enter``.
 """
 
 from __future__ import annotations
@@ -67,8 +61,8 @@ def _png(step: Step, compress_level: int) -> tuple[bytes, tuple[int, int]]:
 
 
 def episode_example(ep: Episode, compress_level: int = 1) -> bytes:
-    """One episode as a serialized ``tf.train.Example``. Raises ValueError (naming the episode) unless its id is
-    digits and it ends with its only ``stop``, after at least one action."""
+    """One episode as a serialized ``tf.train.Example``. Raises ValueError unless its id is digits and it ends with
+    its only ``stop`` after at least one action."""
     steps = ep.steps
     if not str(ep.episode_id).isdigit():
         raise ValueError(f"episode {ep.episode_id!r}: AndroidControl episode ids are integers")
@@ -104,9 +98,8 @@ def read_info(root) -> dict:
 def write_android_control_split(
     episodes: Iterable[Episode], root, split: str, compress_level: int = 1, info: dict | None = None
 ) -> Path:
-    """Write a synthetic split's episodes as its shard under ``root`` (replacing the split's earlier shard), record
-    their ids (with ``info``) in ``synth_info.json`` and rebuild ``splits.json`` / ``test_subsplits.json``;
-    returns the shard's path."""
+    """Write a split's episodes as its shard under ``root`` (replacing an earlier one), record their ids in
+    ``synth_info.json`` and rebuild the split files; returns the shard's path."""
     if split not in SPLIT_OF:
         raise ValueError(f"split {split!r}: expected one of {', '.join(SPLIT_OF)}")
     root = Path(root)

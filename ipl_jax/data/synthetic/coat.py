@@ -1,9 +1,5 @@
-"""CoaT annotations from the world state, with seeded paraphrase variety and short texts.
-
-* ``describe_screen`` (s1, ``coat_screen_desc``): the page and its visible elements by region, <= 40 words.
-* ``think`` (s2, ``coat_action_think``): done / screen / need / next, <= 35 words.
-* ``action_result`` (``coat_action_result``): what the action does.
-The action turn (s3) is ``format_action`` and the grounding turn (s4) ``format_grounding`` of the click box.
+"""CoaT annotations from the world state, with seeded paraphrase variety and short texts: ``describe_screen`` (s1,
+<= 40 words), ``think`` (s2, <= 35 words), ``action_result``. s3 and s4 are ``format_action`` / ``format_grounding``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The synthetic world's difficulty knobs (``WorldConfig``, a job's ``world`` settings), its themes and layout variants.
-
-Themes and layout variants are split into *seen* ones (train / dev / test) and *held-out* ones that only the
-``test_app_unseen`` split uses, like AndroidControl's unseen-app split.
+"""The synthetic world's difficulty knobs (``WorldConfig``), its themes and layout variants; held-out themes and
+variants appear only in the ``test_app_unseen`` split.
 """
 
 from __future__ import annotations
@@ -125,23 +123,13 @@ SPLITS = ("train", "dev", "test", "test_app_unseen", "test_task_unseen")
 class WorldConfig:
     """Knobs of the synthetic world. Ranges ``(lo, hi)`` are inclusive and drawn per episode.
 
-    width, height: the screen's layout size in pixels (224 x 448 = 8 x 16 Qwen2-VL tokens of 28 x 28 pixels = 128
-        tokens), and the screenshots' size unless ``render_size`` says otherwise.
-    render_size: (width, height) of the screenshots; empty: width x height. A screen laid out at width x height
-        is drawn and resized to this (e.g. a phone's 1080 x 2400); boxes are screen fractions and stay in place.
-    font_size: the body text size in pixels (PIL's default font at that size).
-    n_extra_apps: distractor apps on the home screen besides Settings / Shop / Store / Messages.
-    settings_rows: rows of the main settings list (the screen shows about nine: longer lists need scrolling).
-    n_contacts, n_results: lengths of the contact list and of a search's result list.
-    n_distractors: extra elements per page (chips, banners, recommended cards, chat bubbles).
-    shuffle_layout: shuffle home icons, settings rows, contacts and results per episode (off: canonical order).
-    layout_jitter: per-episode header / row / margin / navigation-bar sizes, so no element has a fixed place.
-    themes, variants: the palettes and layout variants episodes draw from (see THEMES / VARIANTS).
-    randomize_icon_colors: draw app icon colours at random instead of each app's own colour (harder: labels only).
-    home_grid: (columns, rows) of the home-screen icon grid; 0 keeps the layout variant's own.
-    p_start_home, p_start_other_app: where an episode starts; the rest start inside the task's app on a page
-        the task must leave (needs ``press back``).
-    task_weights: relative frequency of each task family, as ``family:weight`` strings.
+    width, height: layout size in pixels (also the screenshots' unless ``render_size`` is set; boxes are fractions).
+    font_size: body text size in pixels. n_extra_apps: distractor apps on the home screen. settings_rows: rows of
+    the settings list (about nine fit a screen). n_contacts, n_results: list lengths. n_distractors: extra
+    elements per page. shuffle_layout: shuffle icons, rows, contacts and results per episode. layout_jitter:
+    per-episode element sizes. themes, variants: what episodes draw from. randomize_icon_colors: random icon
+    colours (labels only). home_grid: (columns, rows), 0 = the variant's. p_start_home, p_start_other_app: where
+    episodes start (the rest inside the task's app, needing ``press back``). task_weights: ``family:weight`` strings.
     """
 
     width: int = 224

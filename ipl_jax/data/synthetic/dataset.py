@@ -1,13 +1,8 @@
 """Episodes from the world + expert + CoaT annotator, and the held-out splits.
 
-Splits (like AndroidControl's):
-
-* ``train``, ``dev``, ``test`` -- in distribution: seen themes and layout variants, seen task families,
-  templates and entity combinations; disjoint world seeds.
-* ``test_app_unseen`` -- every episode uses a held-out theme; a third of them also the held-out layout
-  variant (3-column home grid, switches left of labels, results as cards, the composer on top).
-* ``test_task_unseen`` -- every task has a held-out template, a held-out entity combination, or comes from
-  the held-out ``toggle_pair`` family (see tasks.py); appearance as in train.
+``train``, ``dev``, ``test``: in distribution, disjoint world seeds. ``test_app_unseen``: a held-out theme
+(a third also the held-out layout variant). ``test_task_unseen``: a held-out template, entity combination or
+the ``toggle_pair`` family.
 """
 
 from __future__ import annotations
@@ -57,8 +52,7 @@ def episode_seed(seed: int, split: str, index: int) -> int:
 
 
 def episode_id(split: str, seed: int, index: int) -> str:
-    """The id of episode ``index`` of a split, in digits as AITZ's and AndroidControl's are: the split's code, the
-    seed (at least 4 digits) and the index (6)."""
+    """The id of episode ``index`` of a split, all digits: the split's code, the seed (>= 4 digits), the index (6)."""
     return f"{SPLIT_CODES[split]}{int(seed):04d}{index:06d}"
 
 
@@ -133,9 +127,7 @@ def generate_split(name: str, n_episodes: int, seed: int = 0, config: WorldConfi
 
 
 def replay(episode: Episode, actions=None):
-    """Re-run an episode's actions (default: its golden ones) in a fresh world.
-
-    Returns (world, done, goal_reached)."""
+    """Re-run an episode's actions (default: its golden ones) in a fresh world; returns (world, done, goal_reached)."""
     meta = episode.meta
     world = World(meta["world_seed"], config_from_json(meta["config"]))
     task = Task.from_json(meta["task"])

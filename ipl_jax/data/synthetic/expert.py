@@ -1,8 +1,5 @@
-"""The scripted expert: from the live world state, the next golden action of a task.
-
-The expert is closed-loop (it reads the state, not a fixed plan), so it also recovers from any start state.
-Its clicks are normalised ``Action``s with ``point`` = the centre of the target element's box, ``box`` = that
-box and ``target`` = the element's text, all in screen fractions.
+"""The scripted expert: the next golden action of a task from the live world state (closed loop, so it recovers
+from any start state). Clicks carry ``point`` (box centre), ``box`` and ``target`` text, in screen fractions.
 """
 
 from __future__ import annotations

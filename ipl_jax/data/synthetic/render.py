@@ -1,8 +1,5 @@
-"""Drawing screens with PIL.
-
-A screen is painted from plain tuples ``(style, box, text, colour, glyph, on, size)`` (``Widget.paint_item``),
-so a ``ScreenPainter`` pickles and can render lazily in a data-loader worker. Text is drawn from cached glyph
-masks: rasterising a string costs ~150 us, stamping a cached mask ~8 us, which keeps a screen near 1 ms.
+"""Drawing screens with PIL from picklable paint tuples (``Widget.paint_item``), so a ``ScreenPainter`` can render
+lazily in a loader worker; text is stamped from cached glyph masks.
 """
 
 from __future__ import annotations
@@ -221,8 +218,7 @@ def paint(size: tuple[int, int], theme: str, items, base_size: int = 11) -> Imag
 
 @dataclasses.dataclass(frozen=True)
 class ScreenPainter:
-    """A picklable zero-argument callable that renders one screen (``Step.image`` can hold it): drawn at ``size``,
-    then resized to ``out_size`` (bicubic) when that is given and differs."""
+    """A picklable zero-argument callable rendering one screen at ``size``, resized to ``out_size`` when given."""
 
     size: tuple[int, int]
     theme: str

@@ -1,8 +1,7 @@
 """Tasks: families, instruction templates (with paraphrases), held-out rules, start states and goal checks.
 
-Held-out rules (``test_task_unseen``): the last two templates of each family, about a fifth of each family's
-entity combinations (by a stable hash of the combination), and the whole ``toggle_pair`` family never occur in
-train / dev / test. So no ``test_task_unseen`` instruction string can occur in those splits.
+Held out for ``test_task_unseen`` (never in train / dev / test): each family's last two templates, about a fifth
+of its entity combinations (stable hash), and the whole ``toggle_pair`` family.
 """
 
 from __future__ import annotations
@@ -212,8 +211,7 @@ def _draw_params(family: str, rng) -> dict:
 
 
 def sample_task(rng, config, unseen: bool = False) -> Task:
-    """A random task. ``unseen=False``: never a held-out family, template or combination. ``unseen=True``:
-    always at least one of them (a held-out family, else a held-out template or combination)."""
+    """A random task: never held out with ``unseen=False``; at least one held-out part with ``unseen=True``."""
     weights = config.family_weights()
     fams = [f for f in FAMILIES if f not in HELD_OUT_FAMILIES and weights.get(f, 0) > 0]
     w = [weights[f] for f in fams]

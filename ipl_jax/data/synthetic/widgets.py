@@ -1,8 +1,5 @@
-"""Screen building blocks: a ``Widget`` (what is drawn, and what tapping it does), per-episode ``Geometry``,
-and cached font metrics.
-
-All widget boxes are integer pixels ``(x1, y1, x2, y2)`` with x2/y2 exclusive, so that boxes survive the trip
-through AITZ's pixel ``ui_positions`` exactly.
+"""Screen building blocks: ``Widget`` (what is drawn, what tapping it does), per-episode ``Geometry``, cached font
+metrics. Boxes are integer pixels ``(x1, y1, x2, y2)``, x2/y2 exclusive (exact through AITZ's pixel boxes).
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ Box = tuple[int, int, int, int]
 
 @dataclasses.dataclass(frozen=True)
 class Widget:
-    """One drawn thing. ``kind`` is its AITZ ui_type (``TEXT``, ``ICON_…``); an empty kind marks decoration
-    that is drawn but not listed as a UI element. ``effect`` says what tapping it does (Level III questions)."""
+    """One drawn thing. ``kind``: its AITZ ui_type (empty: decoration only); ``effect``: what tapping it does."""
 
     box: Box
     style: str

@@ -1,9 +1,7 @@
 """The live simulator: ``World(seed, config).reset(task) -> Screen`` and ``step(action) -> (Screen, done)``.
 
-One world is one episode's phone: ``reset`` draws the theme, layout variant, geometry, home-screen icon order
-and every app's content from the world's seeded generator, then puts the phone in the task's start state.
-``step`` accepts any object: actions that do not apply (a click on nothing, an out-of-range or missing point,
-an unknown type, typing with no focused box) leave the state unchanged. ``stop`` ends the episode.
+``reset`` draws the phone (theme, layout, content) from the seeded generator and puts it in the task's start
+state. ``step`` never raises: an action that does not apply leaves the state unchanged; ``stop`` ends the episode.
 """
 
 from __future__ import annotations

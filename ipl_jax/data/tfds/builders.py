@@ -1,14 +1,8 @@
 """TensorFlow Datasets builders: the synthetic GUI world (``ipl_synthetic``) and AITZ from a local copy
-(``ipl_aitz``), written in TFDS's ``array_record`` file format; building and reading need no TensorFlow.
+(``ipl_aitz``), in TFDS's ``array_record`` format; building and reading need no TensorFlow.
 
-    import ipl_jax.data.tfds  # registers the builders
-    tfds.builder("ipl_synthetic/tiny", data_dir=DIR, file_format="array_record").download_and_prepare()
-    steps = tfds.data_source("ipl_synthetic/tiny", data_dir=DIR)["train"]
-    tfds.builder("ipl_aitz", data_dir=DIR, file_format="array_record").download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=AITZ_ROOT))   # the release's train/ and test/
-
-One example is one step (``features``), read with the AITZ reader in reader order (no shuffling at build time, so
-an episode's steps stay consecutive). ``tfds.load`` (tf.data) needs TensorFlow and a tfrecord build.
+``import ipl_jax.data.tfds`` registers them; ``ipl_aitz`` takes the release as ``manual_dir``. One example is
+one step, in reader order (episodes stay consecutive). ``tfds.load`` needs TensorFlow and a tfrecord build.
 """
 
 from __future__ import annotations
@@ -42,9 +36,8 @@ def screenshot_png(data: bytes) -> bytes:
 
 
 def features() -> tfds.features.FeaturesDict:
-    """One step: episode_id, step_id, instruction, the screenshot (PNG), the golden action as JSON
-    (``Action.to_json``) and ``record``, the step's full header as in packed shards (``data.packed.encoding``),
-    from which the exact ``Step`` (elements, CoaT, history, meta) is rebuilt."""
+    """One step: episode_id, step_id, instruction, screenshot (PNG), action (``Action.to_json``) and ``record``, the
+    full header of ``data.packed.encoding`` from which the exact ``Step`` is rebuilt."""
     return tfds.features.FeaturesDict(
         {
             "episode_id": tfds.features.Text(),

@@ -1,9 +1,6 @@
-"""``data.format = "tfds:NAME"``: episodes from a prepared TFDS dataset, read with ``tfds.data_source`` (random
-access over its ArrayRecord files; no TensorFlow needed). ``config.data.root`` is the TFDS data directory.
-
-Any dataset built by the builders in ``builders.py`` works (``NAME`` may carry a config and version:
-``ipl_synthetic/tiny:1.0.0``). Screenshots are not decoded while reading: a step's ``image`` is a ``TfdsImage``
-that fetches its PNG when needed.
+"""``data.format = "tfds:NAME"``: episodes of a TFDS dataset built by ``builders.py``, read with
+``tfds.data_source`` (no TensorFlow). ``config.data.root`` is the TFDS data directory; ``NAME`` may carry a
+config and version. Steps' images are ``TfdsImage``s fetched when needed.
 """
 
 from __future__ import annotations
@@ -94,10 +91,8 @@ class TfdsImage:
 
 
 def load_tfds_with_report(name: str, data_dir, split: str | None, skip_bad: bool = False) -> tuple[list[Episode], list]:
-    """(episodes, skipped records) of one split of a prepared TFDS dataset built by ipl-jax's builders.
-
-    An example whose ``record`` does not decode raises ``DataError`` naming the dataset, split and index; with
-    ``skip_bad`` it is left out and listed."""
+    """(episodes, skipped records) of one split of a TFDS dataset built by ipl-jax. An undecodable ``record``
+    raises ``DataError`` (dataset, split, index), or with ``skip_bad`` is listed."""
     data_dir = str(data_dir) if data_dir else None
     split = "train" if split is None else split
     source = split_source(name, data_dir, split)

@@ -19,10 +19,8 @@ class Host(Protocol):
 
 
 class App:
-    """A state machine with pages. Subclasses set ``root_page`` and implement ``widgets``.
-
-    The event methods return True when the event changed something (False: the world ignores it, or for
-    ``back`` the world goes to the home screen).
+    """A state machine with pages. Subclasses set ``root_page`` and implement ``widgets``. Event methods return True
+    when they changed something (False from ``back``: the world goes home).
     """
 
     root_page = "main"
@@ -100,8 +98,8 @@ def header(geo: Geometry, title: str, host: Host, back: bool) -> list[Widget]:
 class ListView:
     """A vertical list of ``n`` rows of ``row_h`` pixels shown from pixel row ``top`` to ``bottom``.
 
-    ``offset`` is the first visible row; only fully visible rows are shown. A swipe moves the list by
-    ``visible - 2`` rows (at least one): finger up shows later rows, finger down earlier ones.
+    ``offset`` is the first visible row (only whole rows show). A swipe moves ``visible - 2`` rows (at least one):
+    finger up shows later rows.
     """
 
     n: int
