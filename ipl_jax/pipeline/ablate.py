@@ -1,14 +1,9 @@
 """``ipl-jax ablate``: the ablation table (docs/method.md §8, §11) -- IPL variants as settings switches.
 
-    ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,naive_dpo,k2]
-
-The base job (data, evolution, model, SFT, seed selection, seed evaluation) runs once in ``WORKDIR/base``; each
-variant (``VARIANTS``) then runs ``ablation.rounds`` IPL round(s) in ``WORKDIR/variants/<name>`` from the shared
-seed (its directories linked, its markers copied), and a variant whose settings equal another's reuses its
-result. Everything resumes like ``ipl-jax run``. Printed and written to ``WORKDIR/ablation.json``: per test
-split the step accuracy by action type of every variant and the seed, each variant's gain over the seed with a
-95 % paired-bootstrap interval over test episodes (``eval.bootstrap``), blank-screen accuracy, α/β/γ shares,
-pairs by class and turn, and what each variant spent (samples, budget, updates, online success, wall time).
+The base job runs once in ``WORKDIR/base``; each variant (``VARIANTS``) runs ``ablation.rounds`` round(s) in
+``WORKDIR/variants/<name>`` from the shared seed, and variants with equal settings share one run. Resumes like
+``ipl-jax run``. ``WORKDIR/ablation.json`` holds per test split each variant's accuracy by action type, its
+gain over the seed with a 95 % paired-bootstrap interval, pair statistics and what it spent.
 """
 
 from __future__ import annotations
@@ -64,8 +59,8 @@ SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a
 
 
 def variant_settings(base: Settings, name: str, variants=None) -> Settings:
-    """The base settings with the variant's switches and ``ipl.rounds = ablation.rounds``, early stop off.
-    ``variants``: name -> {"section.field": value} (deeper paths too; default ``VARIANTS``)."""
+    """The base settings with the variant's switches, ``ipl.rounds = ablation.rounds`` and early stop off.
+    ``variants``: name -> {"section.field": value} (default ``VARIANTS``)."""
     variants = VARIANTS if variants is None else variants
     if name not in variants:
         raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
@@ -73,7 +68,7 @@ def variant_settings(base: Settings, name: str, variants=None) -> Settings:
 
 
 def _ipl_key(settings: Settings) -> str:
-    """What decides a variant's result: all of its settings (two variants with equal settings are one run)."""
+    """What decides a variant's result: all of its settings (equal settings, one run)."""
     return json.dumps(settings.to_dict(), sort_keys=True)
 
 
@@ -105,8 +100,7 @@ def run_ablation(
     echo=print,
     extra_variants: dict | None = None,
 ) -> dict:
-    """The base job once, then each variant's round(s) from its seed. ``extra_variants``: more named variants
-    (name -> {"section.field": value}) besides ``VARIANTS`` (for studies of the method's switches)."""
+    """The base job once, then each variant's round(s) from its seed; ``extra_variants`` adds named variants."""
     known = {**VARIANTS, **(extra_variants or {})}
     splits = list(settings.data.test_splits)
     root = Path(workdir)

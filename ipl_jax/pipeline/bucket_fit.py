@@ -1,26 +1,9 @@
 """Stage ``buckets``: the shape buckets checked against the data the job reads, before any training.
 
-Every program pads to the smallest bucket that fits (``data.batching.smallest_bucket``, ``model.inputs.pick_bucket``),
-so a length over the largest bucket would stop the job where it first shows up: in a Grain worker in the middle of
-warm-up SFT, or in a round after its trees were sampled. This stage runs after the model stage (the tokenizer and
-image processor are the starting policy's) and measures once, before warm-up SFT, the longest of each length the
-job can know up front:
-
-    buckets.tokens          SFT dialogues: warm-up SFT's CoaT steps and evolved Q&A, and the golden CoaT the
-                            continued_sft / sft_oracle rounds train on, tokenised as the loader tokenises them
-    buckets.patches         the patches of every screenshot of every split
-    sampler.prefix_buckets  the sampler's prefix (system, image, turn-1 prompt) of every step it samples or
-                            evaluates (every split)
-    sampler.prompt_buckets  the turn-2..4 prompts of those steps (turn 2 holds the action history)
-    ipl.text_buckets        a bound of the packed T-DPO rows (``preference.packing``) of the steps the rounds
-                            sample (and the dev steps of the held-out diagnostics): ``tdpo_row_bound``
-
-Screenshots are never decoded: a grid comes from the image header (``screenshots.screen_pixels``), the dialogues are
-tokenised once each with stand-in pixels. ``fit``: with ``buckets.fixed`` false (the default) a field whose longest
-length is over its largest bucket gets one more bucket, the length rounded up to a multiple of ``ROUND``, and the
-job runs on with those settings (``apply``, from the stage's summary: a resumed job, and ``ipl-jax plan
---workdir``, use the same); with ``buckets.fixed`` it stops with one ``UsageError`` line naming the example, its
-length, the largest bucket and the flag to change. Data that fit leave every bucket as configured.
+After the model stage, measures the longest length of each bucket field (``buckets.tokens``, ``buckets.patches``,
+``sampler.prefix_buckets``, ``sampler.prompt_buckets``, ``ipl.text_buckets``) without decoding screenshots.
+A length over its field's largest bucket adds one bucket (rounded up to ``ROUND``) that the job then uses
+(``apply``); with ``buckets.fixed`` it stops with a one-line ``UsageError`` instead.
 """
 
 from __future__ import annotations
@@ -89,8 +72,8 @@ def round_up(n: int, multiple: int = ROUND) -> int:
 
 
 def fit(settings: Settings, longest: Iterable[Longest]) -> dict[str, list[int]]:
-    """The buckets to change: {field: buckets with one appended} for each length over its field's largest bucket
-    (none when the data fit). With ``buckets.fixed`` the first such length raises the one-line ``UsageError``."""
+    """The buckets to change: {field: buckets with one appended} per length over its largest bucket (empty when the
+    data fit). With ``buckets.fixed`` the first such length raises ``UsageError``."""
     changed: dict[str, list[int]] = {}
     for item in longest:
         current = buckets_of(settings, item.field)
@@ -114,7 +97,7 @@ def apply(settings: Settings, summary: dict | None) -> Settings:
 
 
 def read_fitted(workdir: str | Path) -> dict:
-    """The summary of a job's ``buckets`` stage (``WORKDIR/stages/buckets.done``); UsageError when it has none."""
+    """The summary of a job's ``buckets`` stage; UsageError when it has none."""
     wd = Path(workdir)
     marker = wd / "stages" / f"{STAGE}.done"
     if not marker.is_file():
@@ -140,12 +123,11 @@ def describe(settings: Settings, longest: dict[str, Longest], changed: dict[str,
 def tdpo_row_bound(
     prefix: int, prompts: Sequence[int], golden: dict[int, int], branching: Sequence[int], turn_tokens, ipl: IPLSettings
 ) -> int:
-    """The longest packed T-DPO row a step's pairs can make (``preference.packing``: a row is the group's prefix
-    less its last token, then every continuation). A turn-t group's prefix is the step prefix (``prefix`` tokens)
-    and s_1, prompt 2, ..., s_{t-1}, prompt t, each s_l at most its budget ``turn_tokens[l-1]``; its continuations
-    are the b_t sampled siblings (at most ``turn_tokens[t-1]`` each) and, for the γ turns (3: action, 4: grounding),
-    the golden text (``golden[t]`` tokens). Naive DPO: one group per tree, its two continuations whole CoaTs.
-    prompts: the turn-2, -3, -4 prompt lengths."""
+    """The longest packed T-DPO row a step's pairs can make (``preference.packing``).
+
+    A turn-t group's row is its prefix less the last token (step prefix, then s_l and prompt l+1 at their
+    budgets ``turn_tokens``) and every continuation (b_t siblings, plus the golden text ``golden[t]`` on turns
+    3 and 4). Naive DPO: one group per tree, whole CoaTs. prompts: the turn-2, -3, -4 prompt lengths."""
     whole = sum(turn_tokens) + sum(prompts)
     if ipl.method == "naive_dpo":
         return prefix - 1 + 2 * whole
@@ -159,7 +141,7 @@ def tdpo_row_bound(
 
 
 def _stand_in(grid) -> tuple[np.ndarray, np.ndarray]:
-    """Pixels that only carry the grid: a dialogue's token ids need the image's size, not its values."""
+    """Pixels that only carry the grid (token ids need the image size, not its values)."""
     return np.zeros((0, 1), np.float32), np.asarray(grid, np.int64).reshape(-1, 3)
 
 
@@ -197,8 +179,8 @@ def scan(
     sft_items: Sequence,
     tdpo_steps: Sequence[Step],
 ) -> LengthScan:
-    """The longest lengths of the job: SFT tokens of ``sft_items``; patches, sampler prefix and prompts of every
-    step of ``steps``; the T-DPO row bound of ``tdpo_steps`` (a subset of ``steps``; empty: no packed rounds)."""
+    """The longest lengths of the job: SFT tokens of ``sft_items``; patches, sampler prefix and prompts of ``steps``;
+    the T-DPO row bound of ``tdpo_steps`` (empty: no packed rounds)."""
     out = LengthScan()
     grids = _Grids(image_config)
     for length, name in sft_lengths(sft_items, tokenizer, image_config, grids, settings.data.coat_fallback):
@@ -243,8 +225,7 @@ def fit_stage(
     round_pool: Sequence[Step],
     qas: Sequence,
 ) -> dict:
-    """Stage ``buckets`` (every process): scan the job's data with ``WORKDIR/model/init``'s tokenizer and image
-    processor, decide (``fit``), echo one line; the summary holds each longest length and the changed buckets."""
+    """Stage ``buckets`` (every process): scan with ``WORKDIR/model/init``'s tokenizer, ``fit``, echo one line."""
     policy_dir = wd.path("model", "init")
     tokenizer, image_config = load_tokenizer(policy_dir), ImageProcessorConfig.load(policy_dir)
     ipl, fallback = settings.ipl, settings.data.coat_fallback

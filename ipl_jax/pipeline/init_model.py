@@ -1,17 +1,9 @@
-"""Random checkpoints of the published Qwen2-VL architectures (``ipl-jax init-model``): real shapes, our tokenizer,
-nothing downloaded.
+"""Random checkpoints of the published Qwen2-VL architectures (``ipl-jax init-model``): real shapes, our
+tokenizer, nothing downloaded.
 
-``checkpoint_config(name, overrides)`` is the architecture's ``config.json`` (``plan_shapes.ARCHITECTURES``: the
-flat Hub layout of the published files, ``torch_dtype`` bfloat16) with ``overrides`` merged in (tests shrink it).
-``write_random_checkpoint(out, hf_config, seed)`` writes a directory that loads like the published one:
-
-* tokenizer files (``data.tiny_tokenizer``): a byte-level BPE learnt on GUI texts and the CoaT prompts, its
-  vocabulary filled so that the 14 Qwen special tokens sit at the ids the config names (151643 ... 151656, below
-  the published vocab_size); a vocab_size override too small for that puts them right after the learnt BPE and
-  the config takes their ids;
-* ``config.json``, ``generation_config.json`` and ``preprocessor_config.json`` (Qwen2-VL's pixel limits);
-* safetensors drawn and written tensor by tensor (``model.random_weights``): shards of at most 4 GiB plus
-  ``model.safetensors.index.json``, so host memory never holds more than one shard.
+``write_random_checkpoint`` writes our tokenizer (its 14 specials at the config's ids when the vocabulary
+holds them), ``config.json``, ``generation_config.json``, ``preprocessor_config.json`` and random
+safetensors shards of at most 4 GiB written tensor by tensor.
 """
 
 from __future__ import annotations
@@ -44,9 +36,8 @@ _CONFIG_IDS = {
 
 
 def checkpoint_config(name: str, overrides: dict | None = None, dtype: str = "bfloat16") -> dict:
-    """The ``config.json`` dict of architecture ``name`` with ``overrides`` (flat text fields, ``vision_config``
-    and ``rope_scaling`` merged key by key). The merger output (vision ``hidden_size``) follows the text
-    ``hidden_size``. Raises ValueError naming a bad architecture or an inconsistent override."""
+    """The ``config.json`` dict of architecture ``name`` with ``overrides`` merged key by key (the merger output
+    follows the text ``hidden_size``). ValueError for a bad architecture or an inconsistent override."""
 
     if name not in ARCHITECTURES:
         raise ValueError(f"--architecture {name!r} is unknown (valid: {', '.join(ARCHITECTURES)})")
@@ -74,8 +65,7 @@ def tensor_shapes(hf_config: dict) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _write_tokenizer(out: Path, hf_config: dict, bpe_size: int) -> dict[str, int]:
-    """Our tokenizer in ``out``, its specials at the config's ids when the vocabulary holds them; returns the
-    special ids."""
+    """Our tokenizer in ``out``, specials at the config's ids when the vocabulary holds them; returns the ids."""
 
     first, n = int(hf_config["bos_token_id"]), len(SPECIAL_TOKENS)
     vocab = int(hf_config["vocab_size"])
@@ -93,8 +83,7 @@ def write_random_checkpoint(
     bpe_size: int = DEFAULT_BPE_SIZE,
     max_shard_bytes: int = 4 << 30,
 ) -> dict:
-    """Write the checkpoint directory (see the module doc) into ``out``; returns a summary: parameters, bytes
-    written, weight files, tokenizer size and the special-token ids of ``config.json``."""
+    """Write the checkpoint directory into ``out``; returns a summary (parameters, bytes, files, special ids)."""
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,8 @@
 """Stage 3: the tokenizer and the starting model, and the policy directory format the job passes around.
 
-A *policy directory* is a Hugging Face Qwen2-VL checkpoint: ``config.json`` + ``model.safetensors``
-(``save_params``), the tokenizer files with the chat template, ``preprocessor_config.json`` and
-``generation_config.json`` (the ids a turn ends at). Every stage hands its model to the next one as such a
-directory (``WORKDIR/model/init``, ``WORKDIR/seed``, ``WORKDIR/rounds/<r>/policy``, ``WORKDIR/export``), so any of
-them loads in transformers or in ``ipl-jax eval`` as is.
-
-Without ``model.checkpoint`` the job trains a byte-level BPE on the training data's own texts
-(``data.tiny_tokenizer.train_tokenizer`` -- no torch) and initialises a fresh model of the configured size.
+A policy directory is a Hugging Face Qwen2-VL checkpoint (weights, tokenizer with chat template,
+preprocessor and generation configs) that loads in transformers or ``ipl-jax eval`` as is. Without
+``model.checkpoint`` the job trains a BPE tokenizer on the data and initialises a fresh model.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ TOKENIZER_FILES_EXCLUDE = ("config.json", "generation_config.json", "preprocesso
 
 @dataclasses.dataclass
 class Policy:
-    """A loaded policy: params (pytree), model config, tokenizer (``QwenTokenizer``), image config, and the
-    mesh its params are placed on (None: one device)."""
+    """A loaded policy: params, model config, ``QwenTokenizer``, image config, and its mesh (None: one device)."""
 
     params: dict
     cfg: object
@@ -64,8 +58,8 @@ def job_model_config(cfg: Qwen2VLConfig, model: ModelSettings) -> Qwen2VLConfig:
 
 
 def inference_policy(policy: Policy, model: ModelSettings, params=None) -> Policy:
-    """``policy`` (or ``params`` in its place) for sampling and evaluation: weights cast to the job's storage
-    dtype, the model computing in its compute dtype (so the KV cache is kept in it too)."""
+    """``policy`` (or ``params``) for sampling and evaluation: weights in the storage dtype, compute (and KV cache)
+    in the compute dtype."""
     params = policy.params if params is None else params
     storage = model.precision().storage
     return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(policy.cfg, model))
@@ -76,8 +70,7 @@ def image_config_from(model: ModelSettings) -> ImageProcessorConfig:
 
 
 def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
-    """Every text the model reads or writes on this data: CoaT turns, instructions, action and grounding
-    texts, the thought prompts with their histories, and the evolved Q&A; plus the chat scaffolding."""
+    """Every text the model reads or writes on this data (CoaT turns, prompts, Q&A) plus the chat scaffolding."""
     lines = scaffold_texts()
     for s in steps:
         lines.append(s.instruction)
@@ -114,12 +107,9 @@ def model_config_dict(m: ModelSettings, special_ids: dict) -> dict:
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
-    """Write a policy directory: weights + config (``save_params``), tokenizer files, preprocessor config, and a
-    ``generation_config.json`` holding only the ids our decoder ends a turn at (and the pad id), so that
-    transformers' ``generate`` stops where ours does (a checkpoint's own sampling settings are not copied).
+    """Write a policy directory; ``generation_config.json`` holds only our end-of-turn ids and pad id.
 
-    Multi-process: every process calls it (sharded weights are all-gathered), the main one writes; the caller
-    passes a barrier before another process reads the directory."""
+    Multi-process: every process calls it (weights are all-gathered), the main one writes; barrier before reading."""
     out = Path(out)
     params = distributed.to_host(params)
     if not distributed.is_main():
@@ -141,16 +131,14 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
 
 
 def job_mesh(mesh: MeshSettings):
-    """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device, or None on a single device (one CPU or
-    GPU: nothing to shard)."""
+    """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device, or None on a single device."""
     if jax.device_count() == 1:
         return None
     return make_mesh((mesh.data, mesh.fsdp, mesh.tensor))
 
 
 def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
-    """A policy directory, its weights placed by the model's partition rules when a ``mesh`` is given, in
-    ``dtype`` (default: the config's ``param_dtype``)."""
+    """A policy directory, placed by the partition rules when ``mesh`` is given, in ``dtype`` (default param_dtype)."""
     shardings = None
     if mesh is not None:
         shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
@@ -166,8 +154,7 @@ def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
 
 
 def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
-    """Stage 3: ``WORKDIR/model/init`` -- a copy of ``model.checkpoint``, or a new tokenizer trained on the data
-    plus a freshly initialised model (``seed``)."""
+    """Stage 3: ``WORKDIR/model/init``, a copy of ``model.checkpoint`` or a new tokenizer + fresh model (``seed``)."""
     model = settings.model
     out = wd.path("model", "init")
     if model.checkpoint:

@@ -1,10 +1,7 @@
 """Checks of the paths a command is given, made before any expensive work.
 
-Every check raises ``UsageError`` with one line that names the flag (or config field), the path and what to do.
-Inputs must exist and be of the right kind (``input_file``, ``input_dir``, ``model_dir``: a Hugging Face model
-directory whose safetensors headers read). Outputs (``output_file``, ``output_dir``) are probed: the missing
-directories are made and a file is written and removed, then whatever the probe made is removed again, so a
-path the file system refuses (read-only, under a file, under ``/proc``) fails here and not after the work.
+Each raises ``UsageError`` (one line: flag, path, what to do). Inputs must exist and be of the right kind;
+outputs are probed (directories made, a file written, then all undone), so an unwritable path fails here.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from safetensors import safe_open
 
 
 class UsageError(ValueError):
-    """An invocation that cannot work as given: a bad flag, a missing or wrong kind of path, an output that cannot
-    be written. The message is one line naming the flag / field / file and what to do."""
+    """An invocation that cannot work as given; the message is one line naming the flag / field / file and the fix."""
 
 
 def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
@@ -44,8 +40,7 @@ def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> 
 
 
 def _kind(path: Path) -> str | None:
-    """'dir', 'other' or None (missing), from one stat: a path that other processes of the job make and remove
-    while probing it is never seen as both existing and not a directory."""
+    """'dir', 'other' or None (missing), from one stat (safe against other processes probing the same path)."""
     try:
         return "dir" if stat.S_ISDIR(path.stat().st_mode) else "other"
     except (FileNotFoundError, NotADirectoryError):  # (the latter: a file stands where a parent should be)
@@ -93,8 +88,7 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
 
 
 def output_file(path: str | os.PathLike, flag: str) -> Path:
-    """A file path that can be written (its directory exists or can be created); checked before the work so that a
-    bad path does not throw the work away."""
+    """A file path that can be written (its directory exists or can be created)."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {p}: is a directory; give a file path")
@@ -105,9 +99,7 @@ def output_file(path: str | os.PathLike, flag: str) -> Path:
 
 
 def model_dir(path: str | os.PathLike, flag: str) -> Path:
-    """A Hugging Face model directory: ``config.json`` that parses and safetensors weights whose headers read.
-
-    Only the headers are read (the files are memory-mapped), so this is cheap even for a 7B checkpoint."""
+    """A Hugging Face model directory: parseable ``config.json`` and safetensors whose headers read (cheap)."""
     p = input_dir(path, flag, "a Hugging Face model directory")
     config = p / "config.json"
     if not config.is_file():

@@ -1,12 +1,9 @@
 """A memory and FLOP plan of the job's programs, compiled ahead of time on abstract inputs.
 
-``plan_job(settings, cfg, mesh, options)`` lowers the programs the job runs -- the warm-up SFT step
-(``training.sft.sft_update``), the T-DPO step (``preference.tdpo.tdpo_update``), the tree sampler's prefill and
-one decode step of its widest level -- for the job's batch shapes (``plan_shapes``) on ``jax.ShapeDtypeStruct``
-inputs carrying the shardings the job places them with (nothing is allocated, no checkpoint is read), compiles
-them for the mesh's devices (fake CPU devices, or a TPU topology's compile-only devices) and reads per-device
-memory from ``compiled.memory_analysis()`` and FLOPs from the compiled HLO (``training.hlo_cost``: loops
-counted as often as they run). ``total = arguments + outputs + temporaries - aliased``.
+``plan_job`` lowers the SFT step, the T-DPO step and the sampler's prefill and widest decode step on sharded
+``ShapeDtypeStruct`` inputs (nothing allocated), compiles them for the mesh's devices, and reads per-device
+memory from ``memory_analysis()`` and FLOPs from the HLO (``training.hlo_cost``).
+``total = arguments + outputs + temporaries - aliased``.
 """
 
 from __future__ import annotations
@@ -55,11 +52,8 @@ from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shard
 
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
-    """The plan's options (``ipl-jax plan``'s flags). compute_dtype: activations (and the KV cache); remat: the
-    training programs' policy for decoder layers and vision blocks (``model.layers.REMAT_POLICIES``); attention:
-    ``Qwen2VLConfig.attention``; frozen_dtype: storage of the weights not trained (LoRA base, frozen ViT, the
-    sampler's copy), None = the compute dtype; programs: which of ``PROGRAMS`` to plan. Trainable weights and
-    optimizer moments are always fp32."""
+    """The plan's options (``ipl-jax plan``'s flags): compute_dtype, remat policy, attention, frozen_dtype (None:
+    compute dtype), programs (of ``PROGRAMS``). Trainable weights and optimizer moments are fp32."""
 
     compute_dtype: str = "bfloat16"
     remat: str = "full"
@@ -93,14 +87,12 @@ class ProgramPlan:
 
 
 def total_bytes(arguments: int, outputs: int, temporaries: int, aliased: int) -> int:
-    """A compiled program's per-device memory: its arguments, outputs and temporaries less the outputs that
-    reuse (alias) an argument's buffer."""
+    """Per-device memory: arguments + outputs + temporaries - aliased outputs."""
     return arguments + outputs + temporaries - aliased
 
 
 def compiled_bytes(compiled) -> dict:
-    """Per-device bytes of a compiled program (``compiled.memory_analysis()``): arguments, outputs, aliased,
-    temporaries; what ``ipl-jax plan`` reports for each program (``ProgramPlan``)."""
+    """Per-device bytes of a compiled program: arguments, outputs, aliased, temporaries."""
     mem = compiled.memory_analysis()
     return dict(
         arguments=int(mem.argument_size_in_bytes),
@@ -161,8 +153,7 @@ def _compute(options: PlanSettings) -> str | None:
 
 
 def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
-    """The T-DPO step as training runs it: ``tdpo_update`` with a round's config (``rounds.tdpo_config``) in the
-    plan's precision, on a state and a packed batch placed by ``state_shardings`` / ``batch_shardings``."""
+    """The T-DPO step as training runs it (``tdpo_update``, the round's config, placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
     tcfg = dataclasses.replace(
         tdpo_config(settings, cfg),
@@ -189,8 +180,7 @@ def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, option
 
 
 def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
-    """Warm-up SFT's step as training runs it: ``sft_update`` on a state and a batch placed by
-    ``state_shardings`` / ``sft_batch_shardings``."""
+    """Warm-up SFT's step as training runs it (``sft_update`` on a placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
     optimizer_settings = sft_optimizer(settings.sft)
     optimizer = make_optimizer(optimizer_settings)
@@ -320,8 +310,7 @@ def check_dtype(options: PlanSettings, platform: str) -> None:
 
 
 def validate(settings: Settings, options: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:
-    """The job's shapes, after the checks that need no device: batches against the mesh's batch axes, dtypes
-    against the platform, program names (PlanError on the first failure)."""
+    """The job's shapes after the device-free checks (batches vs mesh, dtypes vs platform, names); PlanError."""
     shapes = JobShapes.of(settings)
     shapes.batch_axes_check(int(shape[0]) * int(shape[1]))
     check_dtype(options, platform)
@@ -349,8 +338,7 @@ def plan_job(
 
 
 def format_table(plans: Sequence[ProgramPlan], header: str, budget_gb: float | None = None) -> str:
-    """The plan as a text table, per device: memory in GB (1e9 bytes; MB when every total is below 1 GB) and
-    matmul TFLOP (GFLOP) per step."""
+    """The plan as a text table, per device: memory in GB (MB when all below 1 GB) and TFLOP (GFLOP) per step."""
     big = max((p.total for p in plans), default=0) >= GB
     unit, scale = ("GB", GB) if big else ("MB", 1e6)
     funit, fscale = ("TFLOP", 1e12) if max((p.flops for p in plans), default=0) >= 1e12 else ("GFLOP", 1e9)

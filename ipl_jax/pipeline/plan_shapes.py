@@ -1,11 +1,5 @@
-"""The inputs of the plan (``plan.py``): the published Qwen2-VL architectures, the job's batch shapes, the mesh, and
-abstract (``jax.ShapeDtypeStruct``) batches of the SFT step, the T-DPO step and the sampler.
-
-Shapes (``JobShapes.of``): T-DPO rows ``ipl.batch_size`` x the largest ``ipl.text_buckets``, K + 1
-continuation slots (K = the largest branching), ``ipl.max_pairs_per_batch`` pair slots and one screenshot of the
-largest ``buckets.patches`` per row; SFT ``sft.batch_size`` dialogues of the largest ``buckets.tokens`` in
-micro-batches of ``sft.micro_batch_size`` (scanned); the sampler ``sampler.batch_size`` trees, the largest prefix
-and prompt buckets, the decode step at level 4 (B * b1*b2*b3*b4 rows, the whole tree's cache).
+"""The plan's inputs: the published Qwen2-VL architectures, the job's batch shapes (``JobShapes.of``: the
+largest buckets of each program), the mesh, and abstract batches of the SFT step, T-DPO step and sampler.
 """
 
 from __future__ import annotations
@@ -96,16 +90,15 @@ _KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 class PlanError(ValueError):
-    """A plan that cannot be made as asked: the message is one line naming the setting and its valid values."""
+    """A plan that cannot be made as asked; one line naming the setting and its valid values."""
 
 
 # ------------------------------------------------------------------------------------------------ inputs
 
 
 def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
-    """(architecture name, model config): ``arch`` a name of ``ARCHITECTURES``, or 'auto': the config.json of
-    ``model.checkpoint`` when that directory exists, else the architecture the config's file name names
-    (qwen2vl_2b_* / qwen2vl_7b_*), else a fresh model of the ``model`` section's sizes (the synthetic job)."""
+    """(architecture name, model config): ``arch`` from ``ARCHITECTURES``, or 'auto' (the checkpoint's config.json,
+    else the config file's name, else the ``model`` section's sizes)."""
     if arch != "auto":
         if arch not in ARCHITECTURES:
             raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
@@ -207,9 +200,8 @@ class JobShapes:
 
 
 def plan_dtypes(m: ModelSettings, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
-    """(compute, frozen storage or None = compute) from the flags, else ``model.dtype`` / ``param_dtype``; their
-    'auto' compute is the checkpoint's torch_dtype when ``model.checkpoint`` exists, else bfloat16 (the
-    published Qwen2-VL weights')."""
+    """(compute, frozen storage or None) from the flags, else ``model`` settings; 'auto' compute is the checkpoint's
+    dtype, else bfloat16."""
     compute = dtype or m.dtype
     if compute == "auto":
         found = m.checkpoint and os.path.isfile(os.path.join(m.checkpoint, "config.json"))
@@ -233,8 +225,7 @@ def parse_mesh(text: str) -> dict:
 
 
 def mesh_shape(mesh: MeshSettings, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor): ``mesh_arg`` or the ``mesh`` section (-1 = the remaining devices), checked against
-    ``n_devices``."""
+    """(data, fsdp, tensor) from ``mesh_arg`` or the ``mesh`` section (-1 = remaining devices), checked."""
     source = mesh_arg or {a: getattr(mesh, a) for a in AXES}
     shape = [int(source[a]) for a in AXES]
     if shape.count(-1) > 1:

@@ -33,8 +33,7 @@ def data_line(use: dict) -> str:
 
 
 def round_table(rounds: Sequence[dict], split: str) -> str:
-    """Step accuracy (exact %) by action type, one column per round, then α/β/γ shares and pair counts (and, when
-    the rounds carry them, samples and the online success rate)."""
+    """Step accuracy (%) by action type, one column per round, then α/β/γ shares, pairs (samples, online success)."""
     head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}" for r in rounds)
     lines = [head, "-" * len(head)]
     for row in TYPE_ROWS + ("total",):
@@ -104,8 +103,7 @@ def diagnostic_cell(diagnostics: dict | None, section: str, key: str) -> str:
 
 
 def diagnostics_table(rows: Sequence[dict]) -> str:
-    """One line per (variant, round) of the ablation: what each round did to its pairs, to held-out pairs (h/o)
-    and to its steps (``DIAGNOSTIC_ROWS``, before->after the update)."""
+    """One line per (variant, round) of the ablation: ``DIAGNOSTIC_ROWS`` before->after the update."""
     head = f"{'variant':<26}{'round':>6}" + "".join(f" {name:>15}" for name in _SHORT)
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -128,8 +126,7 @@ def ablation_table(rows: Sequence[dict], split: str) -> str:
 
 
 def ablation_summary(rows: Sequence[dict]) -> str:
-    """One line per variant: mean total match, gain [95 % interval], blank-screen total match, α/β/γ shares,
-    updates, pairs by class (β/γ) and by turn (1..4)."""
+    """One line per variant: mean match, gain [95 % interval], blank-screen match, α/β/γ, updates, pairs."""
     head = (
         f"{'variant':<26}{'total':>7}{'gain [95% CI]':>22}{'blank':>7}{'α/β/γ %':>14}{'updates':>8}"
         f"{'pairs β/γ':>11}  pairs by turn"
@@ -154,8 +151,7 @@ def ablation_summary(rows: Sequence[dict]) -> str:
 
 
 def online_budget_table(rows: Sequence[dict]) -> str:
-    """One line per variant: online success rate (%) and mean steps in the live world, samples used / budget,
-    updates, wall time (s)."""
+    """One line per variant: online success (%), mean live steps, samples / budget, updates, wall time (s)."""
     head = f"{'variant':<26}{'online %':>9}{'steps':>7}{'samples':>9}{'budget':>8}{'updates':>8}{'seconds':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -174,11 +170,8 @@ def _rate(tokens, seconds) -> float | None:
 
 
 def job_report(stage_log: Sequence[dict], sft: dict | None, rounds: Sequence[dict], device: str) -> dict:
-    """``job_report.json``: per stage (in the order they first started) its seconds and the process's device
-    memory peak when it finished (the last run of each: a resumed job reports the runs that made its outputs);
-    warm-up SFT's and each T-DPO round's trained tokens per second (``tokens_per_s``, compile included, and
-    ``tokens_per_s_steady``, the steps after the first); ``peak_device_bytes`` (None where the backend counts no
-    memory, e.g. CPUs). ``rounds`` are the round records (``rounds.run_round``)."""
+    """``job_report.json``: per stage its seconds and device memory peak (last run of each), SFT and T-DPO
+    ``tokens_per_s`` (compile included) and ``tokens_per_s_steady``, ``peak_device_bytes`` (None if uncounted)."""
     finished: dict[str, dict] = {}
     for e in stage_log:
         if e.get("event") == "finished":

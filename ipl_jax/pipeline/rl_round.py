@@ -1,12 +1,7 @@
-"""One round of the other seeds' learners inside the job's round loop (docs/method.md §11): ``ipl.method`` =
-``grpo`` (UI-R1's rule-reward GRPO on the round's training steps) or ``ppo`` / ``gigppo`` (online PPO with dense
-rewards in the live synthetic world; GiGPPO's sibling-conditioned critic as a switch).
-
-``rounds.run_round`` hands such a round to ``run_rl_round``. It spends the T-DPO round's budget of sampled
-completions (``rl.job.round_budget``): GRPO draws ``budget // G`` training steps with G completions each; PPO plays
-the training split's tasks until ``budget`` environment steps are spent. The record has a T-DPO round's keys
-(``pairs`` 0, no tree classes) plus ``samples``, ``budget`` and ``method``. Precision as in a T-DPO round: compute
-in ``model.dtype``, fp32 master weights and moments, sampler and reference copies in the storage dtype.
+"""One round of the other seeds' learners in the job's round loop (docs/method.md §11): ``ipl.method`` ``grpo``
+(rule-reward GRPO) or ``ppo`` / ``gigppo`` (online PPO in the live synthetic world), spending the T-DPO round's
+budget of sampled completions (``rl.job.round_budget``). The record has a T-DPO round's keys plus ``samples``,
+``budget`` and ``method``.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def _scalars(metrics: dict) -> dict:
 
 
 def round_grpo_config(settings: Settings, policy: Policy) -> GRPOConfig:
-    """The round's ``GRPOConfig``: the job's ``rl.grpo`` section in its precision (compute dtype, remat, storage
-    dtype of the sampler's and the reference's weights)."""
+    """The round's ``GRPOConfig``: the ``rl.grpo`` section in the job's precision."""
     return grpo_config(
         settings.rl,
         settings.buckets,
@@ -100,8 +94,7 @@ def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, f
 
 
 def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigppo: bool):
-    """Online PPO (GiGPPO) on the training split's live tasks until ``budget`` environment steps are spent.
-    Returns (params, metrics, environment steps used)."""
+    """Online PPO (GiGPPO) until ``budget`` environment steps are spent; returns (params, metrics, steps used)."""
     p = settings.rl.ppo
     precision = settings.model.precision()
     pcfg = round_ppo_config(settings, policy, gigppo)
@@ -141,9 +134,8 @@ def run_rl_round(
     train_steps: Sequence[Step],
     dev_episodes: Sequence[Episode],
 ) -> dict:
-    """One GRPO / PPO / GiGPPO round from the policy directory ``start``; writes ``rounds/<r>/policy`` and
-    ``round.json``. Returns the round record (``round``, ``method``, ``pairs`` = 0, ``classes`` = {}, ``samples``,
-    ``budget``, ``train``, ``dev``, ``seconds``, ``policy``)."""
+    """One GRPO / PPO / GiGPPO round from policy directory ``start``; writes ``rounds/<r>/policy`` and
+    ``round.json``, returns the round record."""
     s = settings.ipl  # the settings refuse ipl.lora_rank > 0 with these methods
     t0 = time.perf_counter()
     policy = load_policy(start, job_mesh(settings.mesh))

@@ -1,16 +1,9 @@
 """The job's probe of an IPL round (``preference.round.RoundProbe``): what the update did beyond its loss.
 
-* held-out pairs: ``ipl.heldout_steps`` dev steps (a seeded choice, the same in every round, never trained on)
-  get CoaT-trees from the round's starting policy; the round makes, packs and scores their pairs like its own
-  (``preference.diagnostics``: ``heldout_pairs``).
-* the round's training steps: a seeded choice of ``ipl.diagnostic_steps`` of them, sampled by π(n-1) before the
-  update and by π(n) after it with the same sampler settings and the same seed (paired draws: an update that
-  changes nothing reads exactly 0, and the difference is not swamped by the noise of two independent draws of a
-  dozen trees). Greedy decoding of π(n-1) and π(n) on them gives the greedy accuracy.
-
-``train_steps`` in the round record's ``diagnostics``: ``steps`` and, each ``_before`` and ``_after`` the update,
-``pass_at_1`` / ``consistency`` / ``thought_names_golden`` (``eval.trees.LeafTally``: shares of sampled leaves /
-thoughts) and ``greedy`` (share of steps whose greedy action matches the golden one, the evaluation's rules).
+Held-out pairs: ``ipl.heldout_steps`` fixed dev steps, never trained on, get trees and pairs like the round's
+own. Training steps: ``ipl.diagnostic_steps`` of them are sampled by π(n-1) and π(n) with the same seed (paired
+draws) and decoded greedily; ``_before`` / ``_after`` values of ``pass_at_1``, ``consistency``,
+``thought_names_golden`` and ``greedy`` go in the record's ``diagnostics``.
 """
 
 from __future__ import annotations
@@ -46,8 +39,7 @@ def _seed(rng) -> int:
 
 
 class RoundDiagnostics:
-    """The probe of one round: ``heldout``, ``before`` and ``after`` are the ``RoundProbe``'s functions
-    (``probe()`` bundles them)."""
+    """The probe of one round: ``heldout``, ``before`` and ``after`` (``probe()`` bundles them)."""
 
     def __init__(
         self,

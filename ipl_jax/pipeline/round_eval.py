@@ -35,7 +35,7 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
 
 
 def eval_config(policy: Policy, settings: Settings, blank_screens: bool = False) -> EvalConfig:
-    """``evaluate.EvalConfig`` of the job: its sampler settings (made greedy), the policy's image settings."""
+    """``evaluate.EvalConfig`` of the job: its sampler settings (greedy) and the policy's image settings."""
     return EvalConfig(
         sampler=sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
         image_config=policy.image_config,
@@ -55,9 +55,8 @@ def evaluate_splits(
     echo=print,
     blank_screens: bool = False,
 ) -> dict:
-    """Greedy CoaT decoding + the Step.Acc table (the ``ipl-jax score`` JSON) of each split in ``names``
-    (``evaluate.evaluate_policy``); predictions go to ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.
-    predictions.jsonl`` with ``blank_screens``: every screenshot replaced by a grey image)."""
+    """Greedy CoaT decoding + the Step.Acc table of each split in ``names``; predictions go to
+    ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.predictions.jsonl`` with grey ``blank_screens``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ec = eval_config(policy, settings, blank_screens)
     tables = {}
@@ -81,8 +80,7 @@ def evaluate_splits(
 def evaluate_policy_splits(
     policy: Policy, splits: dict[str, list[Episode]], settings: Settings, out_dir: Path, echo=print
 ) -> dict:
-    """A round's evaluation record: ``metrics`` (the test splits), ``blank`` (``eval.blank_splits`` with blank
-    screenshots: how much accuracy comes from reading the screen) and ``online`` (``eval.online_episodes``)."""
+    """A round's evaluation record: ``metrics`` (test splits), ``blank`` (blank screenshots) and ``online``."""
     test = list(settings.data.test_splits)
     out = {"metrics": evaluate_splits(policy, splits, test, settings, out_dir, echo=echo)}
     blank = [s for s in settings.eval.blank_splits if s]
@@ -104,8 +102,8 @@ def job_world_tasks(
     max_steps: int = 25,
     step_factor: float = 2.0,
 ) -> list[WorldTask]:
-    """The live tasks of a synthetic job's split: the same world seeds, tasks and world config as the episodes
-    the job's data stage generated (``n`` default: the split's episode count)."""
+    """The live tasks of a synthetic job's split: the episodes' world seeds, tasks and config (``n``: all by
+    default)."""
     if not data.synthetic:
         raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {data.format!r})")
     n = data.episodes_for(split) if n is None else n
@@ -113,9 +111,8 @@ def job_world_tasks(
 
 
 def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Path, echo=print) -> dict:
-    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``split``; the episodes
-    go to ``out_dir/online.<split>.episodes.jsonl``. Returns the summary without them: split, success_rate,
-    mean_steps, truncated_rate, wrong_stop_rate, env_steps, episodes, by_family, ..."""
+    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``split`` (written to
+    ``out_dir/online.<split>.episodes.jsonl``); returns the summary (success_rate, mean_steps, ...)."""
     t0 = time.perf_counter()
     e = settings.eval
     tasks = job_world_tasks(

@@ -1,15 +1,10 @@
 """Stage 7: one IPL round (docs/method.md §6, §7), from the policy directory of the round before.
 
-A round is ``preference.round.ipl_round`` with the pipeline's pieces plugged in as its ``RoundStages``:
-``sample_trees`` draws CoaT-trees on the round's training steps (``round_steps``) with the round's starting
-policy and hands each batch on as a ``TreeBatch`` (the round's ``SampledTrees`` plus the sampler's batch and its
-decoded texts); ``score_trees`` gives that batch's leaf rewards and backed-up values (``eval.trees``) and keeps a
-few trees for the viewer (``ViewerTrees``); ``ipl_round`` makes, selects and packs the pairs of each scored batch
-and trains on them; ``golden_update_fn`` is the ``continued_sft`` / ``sft_oracle`` controls' supervised training
-instead. The round's configs (``RoundConfig``, ``TDPOConfig``) are made here from the job's ``ipl`` settings,
-its seeds by ``seeds.round_seed``. The new policy is written as ``WORKDIR/rounds/<r>/policy`` and evaluated on
-dev; with ``ipl.method`` = grpo / ppo / gigppo the round is ``pipeline.rl_round``'s. The loop over rounds is
-``pipeline.run.Job.rounds``.
+A round is ``preference.round.ipl_round`` with this module's ``RoundStages``: ``sample_trees`` (CoaT-trees on
+``round_steps``), ``score_trees`` (rule rewards and backed-up values, a few trees kept for the viewer) and, for
+the ``continued_sft`` / ``sft_oracle`` controls, ``golden_update_fn``. The new policy goes to
+``WORKDIR/rounds/<r>/policy`` and is evaluated on dev; ``ipl.method`` grpo / ppo / gigppo rounds are
+``pipeline.rl_round``'s.
 """
 
 from __future__ import annotations
@@ -73,8 +68,8 @@ from ipl_jax.viz.viewer import write_html
 
 
 def ipl_optimizer(settings: Settings, round_index: int = 1) -> OptimizerSettings:
-    """A round's optimizer: the ``ipl`` section's learning rate (``later_learning_rate`` from round 2 when set),
-    schedule and warm-up, SFT's gradient clipping."""
+    """A round's optimizer: ``ipl``'s learning rate (``later_learning_rate`` from round 2 when set), schedule and
+    warm-up, SFT's gradient clipping."""
     ipl = settings.ipl
     return dataclasses.replace(
         IPL_OPTIMIZER,
@@ -131,8 +126,7 @@ def round_config(settings: Settings, cfg, pad_id: int, round_index: int = 1) -> 
 
 
 def round_steps(train_steps: Sequence[Step], settings: Settings, round_index: int) -> list[Step]:
-    """The training steps whose trees are sampled in a round: a seeded sample per round (all when
-    ``steps_per_round`` is 0 or exceeds the data; ``seeds.round_seed``)."""
+    """The training steps a round samples: a seeded sample per round (all when ``steps_per_round`` is 0 or exceeds)."""
     n = settings.ipl.steps_in_round(len(train_steps))
     return sample_steps(train_steps, n, round_seed(settings.seed, round_index, "steps"))
 
@@ -147,9 +141,8 @@ def round_steps(train_steps: Sequence[Step], settings: Settings, round_index: in
 
 @dataclasses.dataclass(frozen=True)
 class TreeBatch(SampledTrees):
-    """One sampler batch of a round's CoaT-trees: the ``SampledTrees`` the round makes pairs of, plus what
-    ``score_trees`` reads: the sampler's ``batch`` (``eval.trees.iter_tree_batches``: trees and steps) and its
-    decoded turn ``texts`` (``sampling.tree_records.turn_texts``)."""
+    """One sampler batch of a round's CoaT-trees: ``SampledTrees`` plus the sampler's ``batch`` and decoded
+    ``texts``."""
 
     batch: Any = None
     texts: Any = None
@@ -158,9 +151,8 @@ class TreeBatch(SampledTrees):
 def sample_trees(
     policy: Policy, settings: Settings, sconfig, steps: Sequence[Step], params, round_index: int, rng
 ) -> Iterator[TreeBatch]:
-    """``RoundStages.sample`` once ``policy``, ``settings``, ``sconfig`` and the round's ``steps`` are bound: the
-    CoaT-trees that ``params`` (π(n-1)) samples on ``steps``, ``sampler.batch_size`` steps a batch, seeded by
-    ``rng``. The weights are sampled from in the storage dtype with a compute-dtype cache."""
+    """``RoundStages.sample`` (once ``policy``, ``settings``, ``sconfig``, ``steps`` are bound): the CoaT-trees
+    ``params`` samples on ``steps``, ``sampler.batch_size`` steps a batch, seeded by ``rng``."""
     current = inference_policy(policy, settings.model, params)
     seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
     bs = settings.sampler.batch_size
@@ -172,8 +164,7 @@ def sample_trees(
 
 @dataclasses.dataclass
 class ViewerTrees:
-    """The first ``limit`` valid trees a round scores, as ``(tree_record, step)`` (``trees.jsonl`` / the
-    viewer; ``write_trees``)."""
+    """The first ``limit`` valid trees a round scores, as ``(tree_record, step)``."""
 
     limit: int
     discount: float
@@ -188,21 +179,17 @@ class ViewerTrees:
 
 
 def score_trees(trees: TreeBatch, reward, discount: float, viewer: ViewerTrees) -> TreeScores:
-    """``RoundStages.score`` once ``reward``, ``discount`` and ``viewer`` are bound: the rule rewards of the
-    batch's leaves and their backed-up values (``eval.trees.score_batch`` / ``round_scores``); the batch's first
-    valid trees go to ``viewer``."""
+    """``RoundStages.score`` (once ``reward``, ``discount``, ``viewer`` are bound): leaf rewards and backed-up
+    values of the batch; its first valid trees go to ``viewer``."""
     actions, scores = score_batch(trees.batch, trees.texts, reward, discount)
     viewer.keep(trees, actions, scores)
     return round_scores(trees.batch, trees.texts, actions, scores)
 
 
 def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], rcfg: RoundConfig):
-    """``RoundStages.golden_update`` of the ``continued_sft`` / ``sft_oracle`` variants: ``n`` supervised updates
-    with the round's optimizer on the golden CoaT of ``steps``, ``ipl.batch_size`` dialogues per update, epochs in
-    seeded orders. A step without CoaT is refused here, before the round samples anything (unless
-    ``data.coat_fallback``). Batches are built as warm-up SFT's (``sft_stage.SFTRows``): under the policy's mesh
-    each process builds only its devices' rows and the step runs with the state and batch shardings of warm-up
-    SFT."""
+    """``RoundStages.golden_update`` of ``continued_sft`` / ``sft_oracle``: ``n`` supervised updates on the golden
+    CoaT of ``steps``, ``ipl.batch_size`` dialogues each, seeded epochs, batches as warm-up SFT's. A step without
+    CoaT raises before sampling (unless ``data.coat_fallback``)."""
     fallback = settings.data.coat_fallback
     _, missing = annotated_steps(steps, fallback)
     if missing or not steps:
@@ -251,18 +238,16 @@ def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], 
 def golden_steps(
     settings: Settings, wd: Workdir, steps: Sequence[Step], annotated: Sequence[Step] | None
 ) -> list[Step]:
-    """What a supervised variant trains on: ``continued_sft`` the golden CoaT of the round's steps, or, when they
-    are action logs (scarce annotations), of the annotated training steps (no new labels); ``sft_oracle`` the
-    annotations of the round's action-only steps, read back from the dataset (``data_stage.oracle_steps``)."""
+    """What a supervised variant trains on: ``continued_sft`` the golden CoaT of the round's steps (of the annotated
+    steps when those are action logs); ``sft_oracle`` the action-only steps' annotations read back."""
     if settings.ipl.method == "sft_oracle":
         return oracle_steps(settings.data, wd, steps)
     return list(annotated) if settings.data.scarce and annotated is not None else list(steps)
 
 
 def round_state(settings: Settings, policy: Policy, rcfg: RoundConfig, rng):
-    """The round's starting ``TrainState`` from ``policy`` (π(n-1)): LoRA adapters of rank ``ipl.lora_rank``
-    (``lora_of_rank``) or the full weights (the vision tower frozen with ``ipl.freeze_vision``); frozen base /
-    vision tower in the storage dtype, trained weights and moments in float32."""
+    """The round's starting ``TrainState`` from π(n-1): LoRA of rank ``ipl.lora_rank`` or full weights
+    (``ipl.freeze_vision``); frozen weights in the storage dtype, trained ones and moments in float32."""
     ipl = settings.ipl
     frozen = settings.model.precision().frozen_dtype
     if ipl.lora_rank > 0:
@@ -280,11 +265,10 @@ def run_round(
     dev_episodes: Sequence[Episode],
     annotated: Sequence[Step] | None = None,
 ) -> dict:
-    """One IPL round from the policy directory ``start`` on trees sampled from ``train_steps`` (the action-only
-    steps of a scarce-annotation job); writes ``rounds/<r>/policy``, ``trees.jsonl`` (a few sampled trees for the
-    viewer) and ``round.json``. Returns the round record of ``ipl_round`` plus ``dev`` (the new policy's dev
-    accuracy) and ``policy``. ``annotated``: warm-up SFT's steps, what ``continued_sft`` trains on when the round's
-    steps carry no CoaT (default: ``train_steps``)."""
+    """One IPL round from the policy directory ``start`` on trees sampled from ``train_steps``.
+
+    Writes ``rounds/<r>/policy``, ``trees.jsonl`` and ``round.json``; returns ``ipl_round``'s record plus
+    ``dev`` and ``policy``. ``annotated``: what ``continued_sft`` trains on when the steps carry no CoaT."""
     ipl = settings.ipl
     if ipl.method in RL_METHODS:
         return run_rl_round(settings, wd, round_index, start, train_steps, dev_episodes)
@@ -340,7 +324,7 @@ def run_round(
 
 
 def write_trees(out_dir: Path, kept: Sequence[tuple[dict, Step]], title: str) -> None:
-    """``trees.jsonl`` (one ``tree_record`` per line) and ``trees.html`` (the viewer, screenshots inline)."""
+    """``trees.jsonl`` (one ``tree_record`` per line) and ``trees.html`` (the viewer)."""
     with open(out_dir / "trees.jsonl", "w", encoding="utf-8") as f:
         for record, _ in kept:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -1,13 +1,9 @@
 """The main job (``ipl-jax run``): data -> instruction evolution -> model -> buckets fitted to the data -> warm-up
 SFT -> seed selection -> evaluation of the seed -> IPL rounds -> export (docs/method.md §1).
 
-``run_job(settings, workdir)`` checks the dataset, checkpoint and machine (``sources.check_job``), records the
-settings in the workdir (a different config needs a different workdir) and runs each stage of ``STAGES`` through
-``Workdir.run_stage``, so running it again resumes after the last finished stage or round. ``Job.rounds`` is the
-one loop over rounds (``rounds.run_round``), with early stopping on dev. Outputs: ``results.json`` (the README
-gives its schema), ``step_accuracy.png``, ``trees.html``, ``export/`` (the best round as a Hugging Face
-checkpoint), ``metrics.jsonl`` and ``tensorboard/``, ``stage_log.jsonl`` and ``job_report.json`` (stage seconds,
-tokens per second, peak device memory).
+``run_job`` checks sources and machine, records the settings in the workdir (a different config needs a
+different workdir) and runs each of ``STAGES`` through ``Workdir.run_stage``, so a rerun resumes after the last
+finished stage or round. Outputs are listed in the README (``results.json``, ``export/``, ...).
 """
 
 from __future__ import annotations
@@ -34,9 +30,8 @@ STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "
 
 
 def check_workdir_config(wd: Workdir, settings: Settings) -> None:
-    """Record the settings in a new workdir; refuse a workdir that was made with different ones once a stage has
-    finished with it (before that, e.g. after a first attempt stopped by a malformed record, the new settings
-    replace the old)."""
+    """Record the settings in a new workdir; refuse different ones once a stage has finished there (before that the
+    new settings replace the old)."""
     current = json.loads(json.dumps(settings.to_dict()))
     path = wd.path("config.json")
     if path.is_file():
@@ -61,8 +56,7 @@ def check_workdir_config(wd: Workdir, settings: Settings) -> None:
 
 
 def _diff_keys(a, b, prefix=""):
-    """Dotted names of the fields that differ. A field the stored config lacks (added to the configs after the
-    workdir was made) counts only when it is set to something other than an off value (False, 0, "", None)."""
+    """Dotted names of the fields that differ; a field the stored config lacks counts only when not off."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in set(a) | set(b):
             if k not in a and not b[k]:
@@ -131,8 +125,8 @@ class Job:
         )
 
     def evolution_steps(self) -> list:
-        """The screens instruction evolution asks about: the annotated training steps, and with
-        ``evolution.screens == "all"`` the action logs' steps too (a Q&A needs a screen, not a CoaT)."""
+        """The screens evolution asks about: annotated training steps, plus the action logs' with ``screens ==
+        "all"``."""
         if self.settings.evolution.screens == "annotated":
             return self.train_steps
         return self.corpus_steps()
@@ -142,8 +136,8 @@ class Job:
         return self.train_steps + ([] if self.round_pool is self.train_steps else self.round_pool)
 
     def buckets(self) -> None:
-        """The buckets checked against the data (``bucket_fit``; in every process, so that data over a fixed bucket
-        stops each with the same line); the job goes on with the buckets it fitted."""
+        """The buckets checked against the data (``bucket_fit``, every process); the job goes on with the fitted
+        ones."""
         s, wd = self.settings, self.wd
         fit = lambda: bucket_fit.fit_stage(s, wd, self.splits, self.train_steps, self.round_pool, self.qas)
         self.settings = bucket_fit.apply(s, wd.run_stage("buckets", fit))
@@ -154,8 +148,7 @@ class Job:
         )
 
     def inference_policy(self, directory: Path) -> model_stage.Policy:
-        """A policy directory as the job samples and evaluates with it: weights in the storage dtype, the model
-        in the compute dtype (``model_stage.inference_policy``, as a round's sampler and dev evaluation)."""
+        """A policy directory as the job samples and evaluates it (``model_stage.inference_policy``)."""
         s = self.settings
         return model_stage.inference_policy(model_stage.load_policy(directory, model_stage.job_mesh(s.mesh)), s.model)
 
@@ -211,11 +204,10 @@ class Job:
     # ----------------------------------------------------------------------------------------------- rounds
 
     def rounds(self) -> None:
-        """The round loop (the only one): each round from the last round's policy, evaluated on the test splits,
-        resumable round by round; with ``ipl.early_stop``, stop after the first round whose dev step accuracy
-        does not beat the best so far (the seed's included). Without ``eval.every_round`` only the last round
-        (the configured last, or the one that stops early) is evaluated on the test splits; the others get their
-        dev accuracy and diagnostics."""
+        """The round loop: each round from the last round's policy, resumable round by round.
+
+        With ``ipl.early_stop`` it stops after the first round whose dev accuracy does not beat the best so far (seed
+        included). Without ``eval.every_round`` only the last round is evaluated on the test splits."""
         s, wd = self.settings, self.wd
         start = wd.path("seed")
         best = float(self.seed_eval["dev"]["step_accuracy"])
@@ -297,8 +289,7 @@ class Job:
         return {"data": self.data_use(), "rounds": out}
 
     def data_use(self) -> dict:
-        """Which episodes each stage used and of which kind: warm-up SFT's annotated ones, the rounds' pool
-        (action-only episodes in a scarce-annotation job) and the screens instruction evolution asked about."""
+        """Which episodes each stage used, and of which kind (SFT's, the rounds' pool, evolution's screens)."""
         actions = self.splits.get(data_stage.ACTIONS)
         rounds = self.splits["train"] if actions is None else actions
         return {
@@ -343,8 +334,7 @@ class Job:
         }
 
     def job_report(self) -> dict:
-        """``job_report.json`` (``report.job_report``: stage seconds, tokens per second, peak device memory) from
-        the stage log and the stage markers; written by the main process."""
+        """``job_report.json`` (``report.job_report``) from the stage log and markers (main process)."""
         rounds_ = []
         for r in range(1, self.settings.ipl.rounds + 1):
             summary = self.wd.summary(f"round_{r}")
@@ -357,7 +347,7 @@ class Job:
         return out
 
     def _viewer(self):
-        """The tree viewer page of the last round (a few trees sampled in it) as ``WORKDIR/trees.html``."""
+        """The last round's tree viewer page as ``WORKDIR/trees.html``."""
         last = max([0] + [s["record"]["round"] for s in getattr(self, "round_summaries", [])])
         page = self.wd.path("rounds", str(last), "trees.html")
         if last == 0 or not page.is_file():
@@ -366,10 +356,10 @@ class Job:
 
 
 def run_job(settings: Settings, workdir: str | Path, stop_after: str | None = None, echo=print) -> Workdir:
-    """Run (or resume) the job in ``workdir``; returns its Workdir. What the job needs from the disk and the
-    machine is checked first (``sources.check_job``: an error leaves the workdir untouched). Under a
-    multi-process launcher (SLURM, a TPU pod, JAX's coordinator variables) ``jax.distributed`` starts here unless
-    it already has."""
+    """Run (or resume) the job in ``workdir``; returns its Workdir.
+
+    ``sources.check_job`` runs first (an error leaves the workdir untouched); under a multi-process launcher
+    ``jax.distributed`` starts here unless it already has."""
     distributed.initialize()
     check_job(settings)
     wd = Workdir(workdir, echo=echo)

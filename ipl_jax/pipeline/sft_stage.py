@@ -1,13 +1,8 @@
 """Stage 4: warm-up SFT on the CoaT dialogues of the training steps plus the evolved Q&A.
 
-Examples are built lazily in the Grain pipeline (``data.pipeline``): a training item is either a step (its
-four-turn CoaT chat, ``dialogue.coat_example``) or a Q&A about a step's screen (``dialogue.qa_example``);
-batches are collated to fixed token / patch buckets (``batching.collate``) and turned into the model's arrays
-(``training.sft.sft_model_batch``). In a multi-process run each process builds only the examples of the batch
-rows its devices hold and the global arrays are made from those (``SFTRows``). Training is
-``training.step.train_loop`` with ``training.sft.sft_step``; Orbax checkpoints (``checkpoint.Checkpointer``)
-carry the state and the iterator position, so a killed job resumes inside SFT. The last
-``sft.seed_candidates`` checkpoints are exported as policy directories for seed selection.
+Examples are built lazily in the Grain pipeline, collated to buckets and turned into model arrays; each process
+builds only its devices' rows (``SFTRows``). Orbax checkpoints carry the state and iterator position, so a
+killed job resumes inside SFT; the last ``sft.seed_candidates`` are exported for seed selection.
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ class SFTItem:
 def sft_items(
     train_steps: Sequence[Step], qas: Sequence, fallback: bool = False, screens: Sequence[Step] = ()
 ) -> tuple[list[SFTItem], int]:
-    """(items, steps left out): CoaT items for the training steps that carry a CoaT annotation (every step with
-    ``fallback``: ``dialogue.annotated_steps``), then one item per Q&A (matched to its step by ids among
-    ``train_steps`` and ``screens``, the action logs' steps: a Q&A needs only the screen)."""
+    """(items, steps left out): CoaT items of the annotated training steps (all with ``fallback``), then one item
+    per Q&A matched by ids to ``train_steps`` or ``screens``."""
     by_id = {(str(s.episode_id), int(s.step_id)): s for s in (*screens, *train_steps)}
     annotated, skipped = annotated_steps(train_steps, fallback)
     items = [SFTItem(s) for s in annotated]
@@ -84,8 +78,7 @@ def make_example_fn(tokenizer, image_config, fallback: bool = False):
 
 @dataclasses.dataclass(frozen=True)
 class BatchShape:
-    """An SFT batch: ``batch_size`` dialogues in micro-batches of ``micro`` whose gradients are accumulated
-    (``training.step.train_step_fn``'s scan), bounding activation memory."""
+    """An SFT batch: ``batch_size`` dialogues in micro-batches of ``micro`` with accumulated gradients."""
 
     batch_size: int
     micro: int
@@ -104,10 +97,9 @@ class BatchShape:
 
 
 def make_batch_builder(cfg, tokenizer, buckets: BucketSettings, shape: BatchShape):
-    """(bucket, build): ``bucket(examples)`` is the token bucket of the longest example (ValueError naming it
-    when none fits); ``build(parts, t, rows)`` turns A lists of examples (one per micro-batch, at most ``rows``
-    each) into the model's SFT arrays at token bucket ``t``: every leaf gets a leading [A, ...] axis when A > 1,
-    all micro-batches share ``t``, and rows beyond a list's examples are fully masked."""
+    """(bucket, build): ``bucket(examples)`` is the longest example's token bucket (ValueError when none fits);
+    ``build(parts, t, rows)`` makes the SFT arrays of A micro-batch lists at bucket ``t``, a leading [A, ...]
+    axis when A > 1, rows beyond a list's examples fully masked."""
     patches = buckets.patch_buckets(shape.micro)
 
     def bucket(examples) -> int:
@@ -143,9 +135,8 @@ def make_batch_fn(cfg, tokenizer, buckets: BucketSettings, shape: BatchShape):
 
 @dataclasses.dataclass(frozen=True)
 class LocalRows:
-    """One process's share of an SFT batch, built in the loader threads: ``examples[a]`` are micro-batch a's
-    rows ``SFTRows.rows``, ``bucket`` their token bucket, ``tokens`` their total length and ``arrays`` the
-    model's arrays of those rows at ``bucket`` (what the batch is unless another process needs a larger one)."""
+    """One process's share of an SFT batch: ``examples[a]`` micro-batch a's rows, their ``bucket``, ``tokens``
+    and ``arrays``."""
 
     examples: list
     bucket: int
@@ -156,13 +147,9 @@ class LocalRows:
 class SFTRows:
     """Which rows of each SFT batch this process builds, and the global arrays made from them.
 
-    The loader batches the *items* of the global order (the same in every process); ``local_batch`` (in the
-    loader threads) builds only the examples of the rows this process's devices hold, read from the batch
-    shardings (``held_rows``), so each host decodes only its share of the screenshots. ``assemble`` (main
-    thread: a collective) agrees on the token bucket (the largest of the processes') and the batch's token
-    count, re-pads the local rows when the agreed bucket is larger than their own, and makes the global arrays
-    from them. With every row local (one process, or no mesh) the arrays are exactly ``make_batch_fn``'s, built
-    in the loader threads as before.
+    ``local_batch`` (loader threads) builds only the rows this process's devices hold; ``assemble`` (a
+    collective) agrees on the largest token bucket and the token count, re-pads if needed and makes the global
+    arrays. With every row local the arrays equal ``make_batch_fn``'s.
     """
 
     def __init__(self, cfg, tokenizer, buckets: BucketSettings, shape: BatchShape, example_fn, template_item, mesh):
@@ -192,7 +179,7 @@ class SFTRows:
         return local.arrays if t == local.bucket else self.build(local.examples, t, len(self.rows))
 
     def assemble(self, local: LocalRows):
-        """-> (the batch: global arrays with ``shardings``, or host arrays without a mesh; its token count)."""
+        """(the batch: global arrays with ``shardings``, or host arrays without a mesh; its token count)."""
         agreed = distributed.allgather_ints([local.bucket, local.tokens])
         batch = self.local_arrays(local, int(agreed[:, 0].max()))
         if self.mesh is not None:
@@ -201,8 +188,7 @@ class SFTRows:
 
 
 def sft_optimizer(sft: SFTSettings) -> OptimizerSettings:
-    """Warm-up SFT's optimizer: ``learning_rate`` on ``schedule`` after ``warmup_steps``, spanning ``steps``
-    updates, ``weight_decay``, clipping at ``grad_clip``."""
+    """Warm-up SFT's optimizer from the ``sft`` section (learning rate, schedule, warm-up, decay, clipping)."""
     return OptimizerSettings(
         learning_rate=sft.learning_rate,
         schedule=sft.schedule,
@@ -214,9 +200,8 @@ def sft_optimizer(sft: SFTSettings) -> OptimizerSettings:
 
 
 def sft_init_state(params, settings: Settings):
-    """(TrainState, optimizer) of warm-up SFT: full weights, or LoRA adapters of rank ``sft.lora_rank``
-    (``lora_of_rank``: alpha = 2 x rank; the paper's warm-up SFT uses rank 128), the vision tower frozen with
-    ``sft.freeze_vision``; frozen weights kept in the storage dtype, trained ones and moments in float32."""
+    """(TrainState, optimizer) of warm-up SFT: full weights or LoRA of rank ``sft.lora_rank`` (alpha = 2 x rank),
+    ``sft.freeze_vision``; frozen weights in the storage dtype, trained ones and moments in float32."""
     sft = settings.sft
     optimizer = make_optimizer(sft_optimizer(sft))
     lora = lora_of_rank(sft.lora_rank) if sft.lora_rank > 0 else None
@@ -247,9 +232,8 @@ def sft_step_config(cfg, settings: Settings, optimizer: OptimizerSettings, shape
 def run_sft(
     settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence, screens: Sequence[Step] = ()
 ) -> dict:
-    """Stage 4: train from ``WORKDIR/model/init`` on the CoaT of ``train_steps`` and the Q&A (about those steps'
-    screens or ``screens``'); checkpoints in ``WORKDIR/sft/checkpoints``; the last ``sft.seed_candidates``
-    exported to ``WORKDIR/sft/candidates/step_<n>``."""
+    """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``, the last
+    ``sft.seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
     sft = settings.sft
     if sft.steps == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
@@ -356,8 +340,7 @@ def run_sft(
 
 
 def steady_rate(marks: list[tuple[float, float]]) -> dict:
-    """``tokens`` (this invocation's), ``first_step_seconds`` (compile included) and ``tokens_per_s_steady``
-    (the steps after the first; None with one step) from (seconds, tokens so far) after each step."""
+    """``tokens``, ``first_step_seconds`` and ``tokens_per_s_steady`` (None with one step) from per-step marks."""
     if not marks:
         return {"tokens": 0.0, "first_step_seconds": None, "tokens_per_s_steady": None}
     (t1, n1), (tn, nn) = marks[0], marks[-1]

@@ -1,12 +1,6 @@
 """What a job needs from the disk and the machine before any stage runs: its dataset and starting checkpoint
-(``check_sources``), and the settings that depend on the backend and the device count (``check_job``).
-
-A job on a published benchmark reads its dataset from ``data.root`` (in the benchmark's layout, or packed by
-``ipl-jax pack-data``) and starts from the Hugging Face checkpoint ``model.checkpoint``; the synthetic job needs
-neither. Action logs from a second dataset (``data.action_root``) need its training split; what needs their
-episodes read (counts, ids shared with the annotated dataset) is checked by the data stage before it writes
-anything (``data_stage.action_logs``). Every failure is one ``UsageError`` / ``SettingsError`` line naming the
-config field and what to pass.
+(``check_sources``) and the backend-dependent settings (``check_job``). Failures are one
+``UsageError`` / ``SettingsError`` line naming the field.
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ def check_job(settings: Settings, n_devices: int | None = None, platform: str | 
 
 
 def check_sources(data: DataSettings, model: ModelSettings) -> None:
-    """A job on a published benchmark needs its dataset directory and a starting checkpoint (a fresh model of the
-    config's tiny size is meant for the synthetic world only); a packed or published dataset needs its
-    directory, in its layout, and ``data.action_root`` a training split in ``data.log_format``'s."""
+    """A benchmark job needs its dataset directory in its layout and a starting checkpoint; ``data.action_root``
+    needs a training split in ``data.log_format``'s layout."""
     fmt, root, checkpoint = data.format, data.root, model.checkpoint
     if data.action_root:
         _check_action_root(data)

@@ -1,18 +1,9 @@
 """The job's working directory: where each stage writes, which stages are finished, and the logs.
 
-    WORKDIR/
-      config.json               the job's settings (a resumed run must use the same ones)
-      stages/<stage>.done       marker: the stage finished; holds its summary as JSON
-      stage_log.jsonl           one line per stage start / skip / finish, with seconds (and, where the backend
-                                counts it, the device memory peak of the process so far)
-      job_report.json           per-stage seconds, SFT / T-DPO tokens per second, peak device memory
-      metrics.jsonl             training and evaluation metrics (one JSON object per line)
-      tensorboard/{sft,ipl}/    the same metrics as TensorBoard event files (``viz.tensorboard_log``)
-      data/ evolution/ model/ sft/ seed/ eval/ rounds/ export/     the stages' outputs
-
-A marker is written once a stage's outputs are complete, so a killed job redoes just the unfinished stage (SFT
-resumes inside it, from its checkpoints). In a multi-process run only the main process prints, logs and writes
-markers; every stage ends at a barrier.
+``config.json`` (settings), ``stages/<stage>.done`` (marker + summary JSON), ``stage_log.jsonl``,
+``job_report.json``, ``metrics.jsonl``, ``tensorboard/``, and one folder per stage's outputs. A marker is written
+once a stage's outputs are complete, so a killed job redoes only the unfinished stage. In a multi-process run
+only the main process prints, logs and writes markers; every stage ends at a barrier.
 """
 
 from __future__ import annotations
@@ -91,12 +82,10 @@ class Workdir:
             write_json(self.marker(stage), summary)
 
     def run_stage(self, stage: str, fn: Callable[[], dict], main_only: bool = False) -> dict:
-        """Run ``fn`` unless ``stage`` is finished; returns the stage's summary either way.
+        """Run ``fn`` unless ``stage`` is finished; returns the stage's summary (with ``seconds``) either way.
 
-        The summary gets a ``seconds`` field (the stage's wall time when it ran). Starts, skips and finishes
-        go to ``stage_log.jsonl``. Every process runs ``fn`` (it may hold collectives and must write its files
-        only in the main process), or with ``main_only`` (host work that writes files) only the main one, the
-        others reading its summary from the marker after the stage's barrier.
+        Every process runs ``fn`` (files written by the main one only), or with ``main_only`` the main one alone,
+        the others reading its marker after the barrier.
         """
         # Processes may see the marker at different moments (a fast main-only stage can finish before another
         # process looks), so a skip passes the same closing barrier as a run: the barriers always pair up.
@@ -141,8 +130,7 @@ class Workdir:
 
 
 def device_peak_bytes() -> int | None:
-    """The largest ``peak_bytes_in_use`` of this process's devices since it started; None where the backend
-    keeps no memory statistics (CPUs)."""
+    """The largest ``peak_bytes_in_use`` of this process's devices; None where the backend keeps no statistics."""
 
     peaks = []
     for device in jax.local_devices():
@@ -156,4 +144,4 @@ def device_peak_bytes() -> int | None:
 
 
 def _silent(*_args, **_kwargs) -> None:
-    """The echo of a process other than the main one (it would print every line once more)."""
+    """The echo of non-main processes."""
