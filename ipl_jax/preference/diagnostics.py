@@ -1,18 +1,9 @@
 """What a round did to preference pairs: accuracy and margins before and after its update.
 
-Inputs are the summed log-probs of each pair's chosen (s⁺) and rejected (s⁻) continuation under the round's
-starting policy π(n-1) -- the frozen reference of the round -- and under its result π(n) (``PairLogps``: f32[P]
-each, with validity and turn). The figures (``pair_figures``), over valid pairs:
-
-    accuracy_before / _after       share of pairs with log π(s⁺) > log π(s⁻) (strictly; ties count as wrong),
-                                   π = π(n-1) / π(n): the policy's own preference, meaningful before the update
-    logp_margin_before / _after    mean of log π(s⁺) − log π(s⁻)
-    reward_margin / reward_accuracy  DPO's implicit reward margin β·[(log π(n)(s⁺) − log π(n-1)(s⁺))
-                                   − (log π(n)(s⁻) − log π(n-1)(s⁻))] after the update (identically 0 before):
-                                   its mean and the share of pairs where it is > 0
-
-``pair_logps`` computes the per-pair log-probs of packed batches for any weights (the jitted reference forward
-of ``tdpo``, one program per batch shape); ``attached_logps`` reads those a round already attached.
+From each pair's summed log-probs of chosen (s⁺) and rejected (s⁻) under π(n-1) and π(n) (``PairLogps``),
+``pair_figures`` gives over valid pairs: ``accuracy_before`` / ``_after`` (share with log π(s⁺) > log π(s⁻),
+ties wrong), ``logp_margin_before`` / ``_after`` (mean log π(s⁺) − log π(s⁻)), and ``reward_margin`` /
+``reward_accuracy`` (DPO's implicit reward margin β·[Δ⁺ − Δ⁻] after the update: its mean and share > 0).
 """
 
 from __future__ import annotations
@@ -61,8 +52,8 @@ def attached_logps(batches: Sequence[PackedBatch]) -> PairLogps:
 
 
 def pair_logps(params, batches: Sequence[PackedBatch], config, *, mesh=None) -> PairLogps:
-    """Per-pair summed log-probs of ``batches`` under ``params`` (``tdpo.reference_logps``: the reference's
-    storage dtype, no gradient), as host arrays. ``config``: the round's ``TDPOConfig``."""
+    """Per-pair summed log-probs of ``batches`` under ``params`` (the reference forward, no gradient), as host
+    arrays. ``config``: the round's ``TDPOConfig``."""
 
     if mesh is not None:  # placed by the model's rules, as the round's reference (``tdpo.attach_reference``)
         params = jax.device_put(params, param_shardings(params, mesh))
@@ -103,9 +94,8 @@ def _figures(start: PairLogps, end: PairLogps, beta: float, keep: np.ndarray) ->
 
 
 def pair_figures(start: PairLogps, end: PairLogps, beta: float) -> dict:
-    """The module's figures over the valid pairs (None where there is no pair), and the same per CoaT turn
-    (``by_turn``: {"1".."4" or "0" for whole trajectories: figures}). ``start`` and ``end`` must list the same
-    pairs in the same order."""
+    """The module's figures over the valid pairs (None when there is none), and per CoaT turn in ``by_turn``
+    ({"0".."4": figures}, 0 = whole trajectories). ``start`` and ``end`` must list the same pairs in order."""
     if start.valid.shape != end.valid.shape or not np.array_equal(start.valid, end.valid):
         raise ValueError("pair_figures: start and end log-probs must cover the same pairs")
     valid = np.asarray(start.valid, bool)

@@ -1,6 +1,5 @@
-"""Pairs of sampled CoaT-trees grouped by shared prefix, ready for packing (``packing.pack_round``): one
-``PrefixGroup`` per (tree row, turn, prefix node) with each distinct continuation once, and ``PairRef`` pairs
-pointing into it; the naive-DPO baseline's whole-trajectory pairs likewise."""
+"""Pairs of sampled CoaT-trees grouped by shared prefix, ready for ``packing.pack_round``: one ``PrefixGroup``
+per (tree row, turn, prefix node) with each distinct continuation once, and ``PairRef`` s into it."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ def _np(x):
 
 
 def _step_prefix(step, upto_turn: int, turn_texts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Prefix of turn ``upto_turn`` for one step: image prefix, then for l < upto_turn: s_l and the turn-(l+1)
-    prompt. ``turn_texts[l-1]``: the sampled s_l tokens. Returns (ids, scored) where scored marks s_l tokens."""
+    """Prefix of turn ``upto_turn`` for one step: image prefix, then s_l and prompt l+1 for l < upto_turn.
+    Returns (ids, scored) where scored marks s_l tokens."""
     parts, scored = [np.asarray(step.prefix_ids, np.int32)], [np.zeros(len(step.prefix_ids), bool)]
     for level in range(1, upto_turn):
         s = np.asarray(turn_texts[level - 1], np.int32)
@@ -36,9 +35,8 @@ def _step_prefix(step, upto_turn: int, turn_texts: Sequence[np.ndarray]) -> tupl
 class GroupedPairs:
     """Groups and pairs of one or more tree batches, ready for ``pack_round``.
 
-    skipped: pairs left out because a continuation was empty or both continuations were the same tokens (a void
-    pair: its loss would carry no preference); pairs_by_turn: kept pairs per CoaT turn (index 0: whole-trajectory
-    pairs of the naive baseline, 1..4: turns).
+    skipped: pairs left out (an empty continuation, or both the same tokens); pairs_by_turn: kept pairs per
+    turn (index 0: the naive baseline's whole trajectories).
     """
 
     groups: list = dataclasses.field(default_factory=list)
@@ -97,9 +95,8 @@ class _GroupBuilder:
 
 
 def _pixels(step):
-    """A step's screenshot for its groups: the step's ``ScreenPixels`` when it has one (``StepPrompts.pixels``),
-    so it stays undecoded until packing reads it and decodes once for every group of the step; else its
-    ``pixel_values``."""
+    """A step's screenshot for its groups: its ``ScreenPixels`` when it has one (decoded once, at packing), else
+    its ``pixel_values``."""
     pixels = getattr(step, "pixels", None)
     return step.pixel_values if pixels is None else pixels
 
@@ -107,16 +104,10 @@ def _pixels(step):
 def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=None) -> GroupedPairs:
     """Thinking-level pairs of one tree batch, grouped by prefix node.
 
-    steps: per tree row, the step's prompt segments (``sampling.prompts.StepPrompts`` or anything with
-    ``prefix_ids``, ``turn_prompt_ids`` (turns 2, 3, 4), ``pixel_values``, ``image_grid_thw``);
-    pair_tokens: ``pairs.PairTokens`` of the batch (``pairs.gather_pair_tokens``).
-
-    The prefix of a pair at turn t is the step prefix, then s_1, prompt 2, ..., s_{t-1}, prompt t; pairs whose
-    (tree row, turn, prefix path) agree share one group, and a continuation used by several pairs (a β
-    positive against two negatives, the golden action against every sampled one) appears once in it. A group
-    is named ``step S (row R) turn T prefix nodes (n_1, ..., n_{T-1})`` with flat node indices per level.
-    ``pair_batch`` (the ``pairs.PairBatch`` the tokens were gathered from) adds each pair's positive type, value
-    gap and tree class to its ``PairRef``.
+    steps: per tree row, the step's prompt segments (``prefix_ids``, ``turn_prompt_ids``, ``pixel_values``,
+    ``image_grid_thw``); pair_tokens: ``pairs.PairTokens`` of the batch. A turn-t prefix is the step prefix, then
+    s_1, prompt 2, ..., s_{t-1}, prompt t; pairs with the same (row, turn, prefix path) share a group and a
+    shared continuation appears once. ``pair_batch`` adds positive type, value gap and tree class to each ``PairRef``.
     """
     pt = jax.tree.map(_np, pair_tokens)
     meta_arrays = None
@@ -153,11 +144,9 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=No
 def naive_pair_groups(steps: Sequence, naive_tokens: dict, with_grounding: np.ndarray, name: str = "") -> GroupedPairs:
     """Whole-trajectory pairs of the naive-DPO baseline (docs/method.md §11), one group per tree.
 
-    The prefix is the step prefix (image + first prompt); a continuation is the whole CoaT
-    s1, prompt 2, s2, prompt 3, s3[, prompt 4, s4], scored on the assistant turns only (the user prompts in
-    between are context) [choice]. naive_tokens: ``pairs.gather_naive_dpo_tokens`` output; with_grounding:
-    bool[B, 2] — whether the chosen / rejected leaf's action takes a grounding turn (click-like) [choice: s4 of
-    other actions is not part of the action].
+    The prefix is the step prefix; a continuation is the whole CoaT, scored on the assistant turns only.
+    naive_tokens: ``pairs.gather_naive_dpo_tokens`` output; with_grounding: bool[B, 2], whether the chosen /
+    rejected leaf's action takes a grounding turn.
     """
     nt = jax.tree.map(_np, naive_tokens)
     with_grounding = np.asarray(with_grounding, bool)

@@ -1,9 +1,5 @@
-"""Preference and policy-gradient losses as pure functions of per-sequence / per-token log-probabilities.
-
-Nothing here runs a model: callers compute log-probs (e.g. with the prefix-packed forward) and pass them in, so
-each loss can be tested against a direct formula and reused by every trainer.
-
-Shapes: ``P`` pairs, ``G`` groups of ``N`` samples, ``T`` tokens.
+"""Preference and policy-gradient losses as pure functions of per-sequence / per-token log-probabilities
+(no model runs here). Shapes: ``P`` pairs, ``G`` groups of ``N`` samples, ``T`` tokens.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ def _masked_mean(x: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def positive_nll(policy_pos: jax.Array, pos_tokens: jax.Array, norm: str = "token") -> jax.Array:
-    """NLL of each positive continuation f32[P]: per token (``-policy_pos / pos_tokens``) or summed over the turn
-    (``-policy_pos``, the same scale as the DPO term's log-probs)."""
+    """NLL of each positive continuation f32[P]: per token (``norm="token"``) or summed over the turn (``"sum"``)."""
     if norm == "token":
         return -policy_pos / jnp.maximum(pos_tokens, 1.0)
     if norm == "sum":
@@ -90,12 +85,9 @@ def tdpo_loss(
 ) -> tuple[jax.Array, dict]:
     """Thinking-level DPO with an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
 
-    ``policy_*`` / ``ref_*``: f32[P] log-probs summed over the tokens of turn t only. ``pos_tokens``: f32[P], the
-    number of tokens of the positive continuation. ``valid``: bool[P] (padding pairs contribute nothing).
-
-    The SFT term is the positive continuation's NLL, per token (``−policy_pos / pos_tokens``, ``sft_norm="token"``)
-    or summed over the turn (``−policy_pos``, ``"sum"``: the scale of the DPO log-probs) [choice: the paper does not
-    say; per token keeps λ_sft comparable across turns of different lengths, summed weighs long turns more].
+    ``policy_*`` / ``ref_*``: f32[P] log-probs summed over turn t's tokens; ``pos_tokens``: f32[P] token count of
+    the positive; ``valid``: bool[P]. The SFT term is ``positive_nll`` with ``sft_norm`` ("token" keeps λ_sft
+    comparable across turn lengths).
     """
     pair_loss, margin = dpo_pair_losses(
         policy_pos, policy_neg, ref_pos, ref_neg, config.beta, config.kind, config.label_smoothing
@@ -150,10 +142,9 @@ def grpo_loss(
     clip_eps: float = 0.2,
     kl_beta: float = 0.04,
 ) -> tuple[jax.Array, dict]:
-    """Token-level clipped policy loss with a k3 KL penalty (UI-R1).
+    """Token-level clipped policy loss with a k3 KL penalty (UI-R1), averaged over valid tokens.
 
-    ``*_logps``: f32[S, T] per-token log-probs of S sampled responses; ``advantages``: f32[S] (one per response);
-    ``mask``: [S, T] valid response tokens. Averaged over all valid tokens.
+    ``*_logps``: f32[S, T] per-token log-probs; ``advantages``: f32[S]; ``mask``: [S, T] valid response tokens.
     """
     ratio = jnp.exp(policy_logps - old_logps)
     adv = advantages[:, None]
@@ -169,11 +160,10 @@ def grpo_loss(
 
 
 def dast_length_reward(lengths: jax.Array, correct: jax.Array, max_length: float, p: float = 0.5) -> jax.Array:
-    """DAST length reward (docs/method.md §11) for one group. lengths: true (unpadded) lengths f32[N];
-    correct: bool[N].
+    """DAST length reward (docs/method.md §11) for one group. lengths: f32[N] unpadded; correct: bool[N].
 
-    L_budget = p·mean(L of correct samples) + (1 − p)·L_max (the mean falls back to L_max when none is correct);
-    λ = (L − L_budget)/L_budget; R = max(−0.5λ + 0.5, 0.1) if correct else min(0.9λ − 0.1, −0.1).
+    L_budget = p·mean(L of correct) + (1 − p)·L_max (L_max when none is correct); λ = (L − L_budget)/L_budget;
+    R = max(−0.5λ + 0.5, 0.1) if correct else min(0.9λ − 0.1, −0.1).
     """
     lengths = lengths.astype(jnp.float32)
     c = correct.astype(jnp.float32)
@@ -188,10 +178,10 @@ def dast_length_reward(lengths: jax.Array, correct: jax.Array, max_length: float
 
 
 def dense_returns(step_rewards: jax.Array, terminal_reward: jax.Array, mask: jax.Array, gamma_dense: float = 0.5):
-    """Returns with asymmetric discounting: the terminal reward undiscounted (γ = 1), step rewards with γ_dense.
+    """Returns with asymmetric discounting: terminal reward undiscounted, step rewards with γ_dense.
 
-    step_rewards: f32[B, S]; terminal_reward: f32[B]; mask: bool[B, S] valid steps (a prefix of each row).
-    G_t = R_terminal + Σ_{k ≥ t} γ_dense^{k−t} r_k over valid steps. Returns f32[B, S] (0 on padding).
+    step_rewards: f32[B, S]; terminal_reward: f32[B]; mask: bool[B, S] (a prefix of each row).
+    G_t = R_terminal + Σ_{k ≥ t} γ_dense^{k−t} r_k; returns f32[B, S] (0 on padding).
     """
     m = mask.astype(jnp.float32)
     r = step_rewards * m

@@ -1,8 +1,6 @@
-"""The data types of prefix-packed T-DPO batches (the layout itself is described and built in
-``preference.packing``): ``PrefixGroup`` (one prefix and its continuations, host numpy), ``PairRef`` (a pair of
-continuations of one group), ``PackingConfig`` (the fixed shapes) and ``PackedBatch`` (the device pytree).
-
-Shapes: ``B`` rows, ``T`` tokens per row (a bucket), ``M`` continuation slots per row, ``P`` pair slots.
+"""The data types of prefix-packed T-DPO batches (built in ``preference.packing``): ``PrefixGroup``, ``PairRef``,
+``PackingConfig`` and ``PackedBatch``. Shapes: ``B`` rows, ``T`` tokens (a bucket), ``M`` continuation slots
+per row, ``P`` pair slots.
 """
 
 from __future__ import annotations
@@ -25,12 +23,9 @@ PREFIX_SEGMENT = 0
 class PrefixGroup:
     """One shared prefix and the continuations scored after it (numpy, unpadded).
 
-    prefix_ids: int32[L] (image pads expanded; the last token must be text);
-    continuations: tuple of int32[n_i] (each a complete turn, closing ``<|im_end|>`` included when it has one);
-    scored: tuple of bool[n_i] or None (all True): which continuation tokens count in its summed log-prob (the
-      naive-DPO baseline keeps the user prompts between turns in the continuation but does not score them);
-    pixel_values: f32[N, patch_dim], a ``data.screenshots.ScreenPixels`` (decoded when packing reads it as
-    an array) or None; image_grid_thw: int[n, 3] or None; name: for error messages.
+    prefix_ids: int32[L] (image pads expanded; the last token must be text); continuations: int32[n_i] each (a
+    complete turn with its closing ``<|im_end|>``); scored: bool[n_i] each or None (all True); pixel_values:
+    f32[N, patch_dim], a ``ScreenPixels`` or None; image_grid_thw: int[n, 3] or None; name: for errors.
     """
 
     prefix_ids: np.ndarray
@@ -52,10 +47,9 @@ class PrefixGroup:
 
 @dataclasses.dataclass(frozen=True)
 class PairRef:
-    """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` is
-    the CoaT turn they belong to (0 for whole-trajectory pairs), kept for metrics. ``pos_type`` (the positive's
-    action type, ``pairs.action_type_id``; -1 unknown), ``gap`` (its value gap) and ``tree_class``
-    (``pairs.BETA`` / ``GAMMA``; -1 unknown) serve round-level selection and metrics (``preference.selection``)."""
+    """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` (0 for
+    whole trajectories); ``pos_type`` (``pairs.action_type_id``, -1 unknown), ``gap`` (value gap) and
+    ``tree_class`` (``pairs.BETA`` / ``GAMMA``, -1 unknown) for selection and metrics."""
 
     group: int
     pos: int
@@ -70,11 +64,9 @@ class PairRef:
 class PackingConfig:
     """Fixed shapes of packed batches.
 
-    rows (B), max_continuations (M: continuation slots per row; a β node needs K, a γ node K + 1), max_pairs
-    (P: pair slots per batch). ``text_buckets``: a batch takes the smallest bucket that fits its longest row.
-    ``patch_buckets``: buckets for the image patches of **one row** (a row's screenshot); every row of a batch
-    gets the smallest bucket that fits the batch's largest row. Give one bucket each to make every batch of
-    every round one shape.
+    rows (B); max_continuations (M per row: a β node needs K, a γ node K + 1); max_pairs (P per batch).
+    ``text_buckets``: a batch takes the smallest that fits its longest row; ``patch_buckets``: per-row image
+    buckets, every row of a batch taking the one that fits its largest row.
     """
 
     rows: int = 8
@@ -95,14 +87,11 @@ class PackingConfig:
 class PackedBatch:
     """A fixed-shape batch of prefix-packed rows and the pairs that compare their continuations.
 
-    input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE); segment_ids: int32[B, T] (-1 pad, 0 prefix,
-    i + 1 continuation slot i); target_ids: int32[B, T] (the token predicted at each position, 0 where none);
-    score_slot: int32[B, T] (the continuation slot whose scored token is predicted at each position, -1 where
-    none); vision: VisionInputs with a leading row axis (patches f32[B, Pr, patch_dim], pos_hw int32[B, Pr, 2],
-    segment_ids int32[B, Pr]: each row's images, padded per row) or None. The vision tower runs row by row, so
-    its attention cost grows with the patches of one row, not of the whole batch.
-    Pairs: pair_pos / pair_neg int32[P] (flat slot index row * M + slot of the chosen / rejected continuation);
-    pair_valid bool[P]; pair_turn int32[P]; ref_pos / ref_neg f32[P] (reference log-probs, 0 until attached).
+    input_ids: int32[B, T]; positions: int32[3, B, T]; segment_ids: int32[B, T] (-1 pad, 0 prefix, i + 1
+    continuation slot i); target_ids: int32[B, T] (0 where none); score_slot: int32[B, T] (slot whose scored
+    token is predicted, -1 where none); vision: VisionInputs with a leading row axis ([B, Pr, ...]) or None.
+    pair_pos / pair_neg: int32[P] (flat slot row * M + slot); pair_valid: bool[P]; pair_turn: int32[P];
+    ref_pos / ref_neg: f32[P] (reference log-probs, 0 until attached).
     """
 
     input_ids: jax.Array

@@ -1,16 +1,9 @@
 """Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (docs/method.md §7).
 
-A T-DPO pair at turn t compares two continuations of one prefix x. Pairs are grouped by prefix (a
-``PrefixGroup``: a β node's siblings, or a γ node's sampled actions and the golden one) and each group is a row::
-
-    tokens    [ x_0 .. x_{L-2} | x_{L-1} c1_0 .. c1_{n1-2} | x_{L-1} c2_0 .. c2_{n2-2} | ... | pad ]
-    segment   [ 0  ..  0       | 1 ...                    1 | 2 ...                    2 | ... | -1  ]
-    targets   [ -  ..  -       | c1_0 ..              c1_{n1-1} | c2_0 ..         c2_{n2-1} | ... ]
-
-The last prefix token is repeated at the head of every segment (same position, same hidden state), so each
-position predicts one token. A query attends the prefix and its own segment only (built on device from
-``segment_ids``); continuation token j sits at M-RoPE position p + j (p: the last prefix position), exactly as
-after the prefix alone. Shapes: B rows of T tokens, M continuation slots, P pair slots (``packed_batch``).
+Each ``PrefixGroup`` is one row: the prefix less its last token (segment 0), then per continuation i the last
+prefix token followed by the continuation less its last token (segment i + 1), then padding (-1), so each
+position predicts one token. A query attends the prefix and its own segment; continuation token j sits at
+M-RoPE position p + j (p: the last prefix position), exactly as after the prefix alone.
 """
 
 from __future__ import annotations
@@ -104,12 +97,10 @@ def pack_groups(
     packing: PackingConfig,
     vision_rows: np.ndarray | None = None,
 ) -> PackedBatch:
-    """One PackedBatch (numpy arrays) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
+    """One PackedBatch (numpy) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
 
-    Pair ``group`` indices refer to positions in ``groups``. T is the smallest text bucket that fits the longest
-    row, the per-row patch axis the smallest patch bucket that fits the row with the most patches (read from the
-    image grids). ``vision_rows`` (sorted row indices; None: all): the vision leaves hold only these rows
-    ([len(vision_rows), Pr, ...], a process's share of a multi-process batch), so only their images are read.
+    Pair ``group`` indices refer to ``groups``. T and the per-row patch axis are the smallest buckets that fit.
+    ``vision_rows`` (sorted; None: all): the vision leaves hold only these rows ([len(vision_rows), Pr, ...]).
     """
     B, M, P = packing.rows, packing.max_continuations, packing.max_pairs
     if packing.pad_id == cfg.image_token_id:
@@ -188,8 +179,7 @@ def _row_vision(
     patch_buckets: Sequence[int],
     vision_rows: np.ndarray | None = None,
 ) -> VisionInputs | None:
-    """Per-row padded patches [R, Pr, ...] of rows ``vision_rows`` (default all ``rows``; padding rows: no patches,
-    segment -1), or None without images. Pr comes from every group's grid; only the kept rows' pixels are read."""
+    """Per-row padded patches [R, Pr, ...] of ``vision_rows`` (padding rows: segment -1), or None without images."""
     if all(g.image_grid_thw is None for g in groups):
         return None
     counts = [0 if g.image_grid_thw is None else int(np.prod(g.image_grid_thw, axis=-1).sum()) for g in groups]
@@ -219,11 +209,9 @@ def pack_round(
     packing: PackingConfig,
     vision_rows: np.ndarray | None = None,
 ) -> list[PackedBatch]:
-    """All groups of a round, in order, into as few batches as the row and pair capacities allow
-    (``vision_rows``: see ``pack_groups``).
+    """All groups of a round, in order, into as few batches as the row and pair capacities allow.
 
-    Groups are taken in order; a batch is closed when the next group would overflow its rows or pair slots.
-    Groups without pairs are dropped. A group with more pairs than ``max_pairs`` raises ValueError.
+    Groups without pairs are dropped; a group with more pairs than ``max_pairs`` raises ValueError.
     """
     by_group: dict[int, list[PairRef]] = {}
     for pr in pairs:
@@ -256,10 +244,8 @@ def pack_round(
 
 
 def unpack_groups(groups: Sequence[PrefixGroup], pairs: Sequence[PairRef]) -> tuple[list[PrefixGroup], list[PairRef]]:
-    """The unpacked layout: one group (row) per (prefix, continuation), the prefix repeated for each.
-
-    A pair then compares slot 0 of two rows; ``pack_groups`` / ``pack_round`` handle it like any other batch
-    (use ``max_continuations=1``). Pairs keep their order; pair ``group`` indices refer to the new list."""
+    """The unpacked layout: one group (row) per (prefix, continuation); pair ``group`` indices refer to the new list
+    (pack with ``max_continuations=1``)."""
     out_groups: list[PrefixGroup] = []
     index: dict[tuple[int, int], int] = {}
     for g, group in enumerate(groups):
@@ -284,8 +270,7 @@ class PairUnpacked:
 def pack_unpacked(
     cfg: Qwen2VLConfig, groups: Sequence[PrefixGroup], pairs: Sequence[PairUnpacked], packing: PackingConfig
 ) -> list[PackedBatch]:
-    """Batches of the unpacked layout: each pair's two rows go in the same batch; rows shared by several pairs
-    of one batch are laid out once. ``packing.max_continuations`` may be 1."""
+    """Batches of the unpacked layout: each pair's two rows in one batch, shared rows laid out once."""
     batches: list[PackedBatch] = []
     rows: list[int] = []
     cur: list[PairUnpacked] = []
@@ -332,9 +317,8 @@ def stack_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
 
 
 def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
-    """bool[B, T, T] from int32[B, T] segment ids (the meaning of the forward's packed spec): causal; a key is
-    visible if it is in the prefix (segment 0) or in the query's own segment; padding (-1)
-    sees nothing and is seen by nothing."""
+    """bool[B, T, T] from int32[B, T] segment ids: causal; keys visible in the prefix (0) or the query's own
+    segment; padding (-1) sees and is seen by nothing."""
     t = segment_ids.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))[None]
     q = segment_ids[:, :, None]
@@ -349,17 +333,15 @@ def chunk_for(t: int, chunk: int) -> int:
 
 
 def row_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jax.Array:
-    """The vision tower row by row (``model.vision.slot_image_features``: one row's image is a slot), the real
-    merged features of all rows in row order: f32[B * Pr / merge, hidden] (fill rows at the end). ``remat``:
-    the tower's rematerialisation policy (``model.layers.REMAT_POLICIES``)."""
+    """The vision tower row by row (one row's image is a slot): f32[B * Pr / merge, hidden] in row order, fill rows
+    last. ``remat``: a ``model.layers.REMAT_POLICIES`` policy."""
     return slot_image_features(params, cfg, vision, remat)
 
 
 def packed_token_logps(
     params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128
 ) -> jax.Array:
-    """log p(target_ids) f32[B, T] at the scored positions of a packed batch (``score_slot`` >= 0), 0 elsewhere.
-    Traceable; call inside a jitted function."""
+    """log p(target_ids) f32[B, T] at the scored positions (``score_slot`` >= 0), 0 elsewhere. Traceable."""
     feats = None if batch.vision is None else row_image_features(params, cfg, batch.vision, remat)
     # the segment ids are the attention spec: each layer builds the mask a query chunk at a time
     segments = jnp.asarray(batch.segment_ids, jnp.int32)
@@ -377,8 +359,8 @@ def slot_one_hot(batch: PackedBatch) -> jax.Array:
 def continuation_logps(
     params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: bool = False, chunk: int = 128
 ) -> tuple[jax.Array, jax.Array]:
-    """Summed log-probs f32[B, M] of every continuation slot (over its scored tokens only, closing
-    ``<|im_end|>`` included) and their token counts f32[B, M] (0 for empty slots)."""
+    """Summed log-probs f32[B, M] of every continuation slot over its scored tokens (closing ``<|im_end|>``
+    included) and their token counts f32[B, M] (0 for empty slots)."""
     logp = packed_token_logps(params, cfg, batch, remat=remat, chunk=chunk)
     onehot = slot_one_hot(batch)
     return jnp.einsum("bt,btm->bm", logp, onehot), jnp.sum(onehot, axis=1)

@@ -1,5 +1,4 @@
-"""Token ids of preference pairs: the two continuations and the shared prefix turns of every pair of a
-``pairs.PairBatch`` (``gather_pair_tokens``), and the whole-trajectory pairs of the naive-DPO baseline
+"""Token ids of preference pairs (``gather_pair_tokens``) and of the naive-DPO baseline's whole-trajectory pairs
 (``naive_dpo_pairs``, ``gather_naive_dpo_tokens``). Pure ``jnp``, jitted, fixed shapes."""
 
 from __future__ import annotations
@@ -19,20 +18,14 @@ from ipl_jax.preference.pairs import BETA, PairBatch, classify_trees, is_one
 
 @struct.dataclass
 class PairTokens:
-    """Token ids of each pair's two continuations and of its shared prefix turns; ``P`` pairs, ``Tc`` tokens.
+    """Token ids of each pair's two continuations and its shared prefix turns; ``P`` pairs, ``Tc`` tokens.
 
-    * ``batch_row``, ``step_index``, ``turn``, ``valid``: int32/bool[P], copied from the PairBatch;
-    * ``prefix_path``: int32[P, 3] — flat node index of the prefix at levels 1..3 (-1 at levels >= turn);
-    * ``prefix_tokens``: 3 arrays int32[P, T_l] — the sampled text of prefix turn l (padding where l >= turn);
-    * ``prefix_lengths``: int32[P, 3] — their lengths (0 where l >= turn);
-    * ``positive_tokens`` / ``negative_tokens``: int32[P, Tc]; ``positive_lengths`` / ``negative_lengths``:
-      int32[P]; Tc = max of the four turn budgets and the golden widths;
-    * ``positive_logps`` / ``negative_logps``: f32[P, Tc] — the sampler's per-token log-probs (0 for golden
-      positives and on padding). These are under the *sampling* distribution (temperature etc.); use them as
-      reference log-probs only if sampling was untempered.
-    * ``same_text``: bool[P] — the two continuations are the same token string (possible for β action-turn
-      pairs whose s3 texts agree and whose values differ through their groundings): such a pair carries no
-      preference signal, only the SFT term; a trainer may drop it.
+    ``batch_row``, ``step_index``, ``turn``, ``valid``: [P], from the PairBatch. ``prefix_path``: int32[P, 3] flat
+    node index at levels 1..3 (-1 at levels >= turn). ``prefix_tokens``: 3 arrays int32[P, T_l];
+    ``prefix_lengths``: int32[P, 3] (0 where l >= turn). ``positive_tokens`` / ``negative_tokens``:
+    int32[P, Tc]; ``*_lengths``: int32[P]. ``positive_logps`` / ``negative_logps``: f32[P, Tc], the sampler's
+    (tempered) log-probs, 0 for golden positives and padding. ``same_text``: bool[P], both continuations are the
+    same tokens (no preference signal, only the SFT term).
     """
 
     batch_row: jax.Array
@@ -68,12 +61,10 @@ def gather_pair_tokens(
     golden_grounding_lengths: jax.Array,
     pad_id: int = 0,
 ) -> PairTokens:
-    """Continuation and prefix token ids of every pair.
+    """Continuation and prefix token ids of every pair (invalid pairs: padding, length 0).
 
-    tree: the CoaTTree the pairs came from; golden_action_ids: int32[B, Tg3] (the golden s3 text of each tree
-    row), golden_action_lengths: int32[B]; golden_grounding_ids: int32[B, Tg4], golden_grounding_lengths:
-    int32[B] (any content for non-click goldens: only used by turn-4 golden positives). Invalid pairs get
-    padding and length 0.
+    golden_action_ids: int32[B, Tg3], golden_action_lengths: int32[B]; golden_grounding_ids: int32[B, Tg4],
+    golden_grounding_lengths: int32[B] (read only by turn-4 golden positives).
     """
     B = tree.batch_size
     for name, x, ndim in (
@@ -162,10 +153,8 @@ def gather_pair_tokens(
 
 @struct.dataclass
 class NaiveDPOPairs:
-    """One whole-CoaT pair per tree for the naive-DPO baseline (docs/method.md §11).
-
-    * ``chosen_leaf`` / ``rejected_leaf``: int32[B] — flat leaf indices (``tree.leaf_paths`` gives each level);
-    * ``valid``: bool[B] — True for β trees only (a tree needs both a correct and a wrong leaf).
+    """One whole-CoaT pair per tree (naive-DPO baseline): ``chosen_leaf`` / ``rejected_leaf`` int32[B] flat leaf
+    indices; ``valid`` bool[B] (β trees only).
     """
 
     chosen_leaf: jax.Array
@@ -175,8 +164,7 @@ class NaiveDPOPairs:
 
 @functools.partial(jax.jit, static_argnames=("one_tolerance",))
 def naive_dpo_pairs(leaf_values: jax.Array, step_valid: jax.Array, one_tolerance: float = 1e-6) -> NaiveDPOPairs:
-    """Chosen = the first value-1 leaf; rejected = the lowest-valued leaf (first among ties) [choice].
-
+    """Chosen = the first value-1 leaf; rejected = the lowest-valued leaf (first among ties).
     leaf_values: f32[B, b1, b2, b3, b4]; step_valid: bool[B].
     """
     B = leaf_values.shape[0]
@@ -194,10 +182,8 @@ def naive_dpo_pairs(leaf_values: jax.Array, step_valid: jax.Array, one_tolerance
 
 @functools.partial(jax.jit, static_argnames=("pad_id",))
 def gather_naive_dpo_tokens(tree: tree_lib.CoaTTree, pairs: NaiveDPOPairs, pad_id: int = 0) -> dict:
-    """The four turn texts of each chosen / rejected leaf path.
-
-    Returns ``{"chosen_tokens": (int32[B, T_1], ..., int32[B, T_4]), "chosen_lengths": int32[B, 4],
-    "rejected_tokens": ..., "rejected_lengths": ..., "valid": bool[B]}`` (padding / 0 for invalid rows).
+    """The four turn texts of each chosen / rejected leaf path: ``{"chosen_tokens": 4 x int32[B, T_l],
+    "chosen_lengths": int32[B, 4], "rejected_tokens", "rejected_lengths", "valid": bool[B]}``.
     """
     paths = jnp.asarray(tree_lib.leaf_paths(tree.branching))  # [L, 4]
     rows = jnp.arange(tree.batch_size)

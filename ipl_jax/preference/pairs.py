@@ -1,13 +1,9 @@
 """Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (docs/method.md §6).
 
-Inputs are the arrays of one batch of ``B`` trees with branching ``(b1, b2, b3, b4)`` (``ipl_jax.coat.tree``):
-``node_values``, four arrays f32[B, b1, ..., bt] (the value backup's, docs/method.md §5; level 4 = the leaves);
-``leaf_types`` int32[B, b1, b2, b3, b4] and ``golden_types`` int32[B] (indices into ``ACTION_TYPES``, -1 for
-output that did not parse: ``action_type_id``); ``step_valid`` bool[B] (False for padding rows).
-
-Everything is pure ``jnp`` with shapes fixed by ``B``, the branching, the per-tree caps and the capacity:
-``extract_pairs`` is jitted (``config`` and ``capacity`` static) and never recompiles for new data. The
-conventions where the paper is silent are ``PairConfig``'s fields and its docstring.
+Inputs: one batch of ``B`` trees with branching ``(b1, b2, b3, b4)``: ``node_values`` 4 arrays f32[B, b1..bt]
+(level 4 = leaves); ``leaf_types`` int32[B, b1, b2, b3, b4] and ``golden_types`` int32[B] (``action_type_id``,
+-1 unparsed); ``step_valid`` bool[B]. Pure ``jnp`` with fixed shapes; ``extract_pairs`` never recompiles for
+new data.
 """
 
 from __future__ import annotations
@@ -33,21 +29,15 @@ CLICK_LIKE_TYPES = (ACTION_TYPES.index("click"), ACTION_TYPES.index("long_press"
 
 @dataclasses.dataclass(frozen=True)
 class PairConfig:
-    """Pair-extraction settings. All defaults are [choice]s (the paper gives no values). Conventions:
+    """Pair-extraction settings (defaults are our choices; the paper gives none).
 
-    * A value "= 1" means ``v >= 1 - one_tolerance``. A β pair needs ``v(s+) - v(s-) > 1/K + gap_tolerance`` (K:
-      the turn's branching): float32 node values can land a few ulps above ``1/K`` for a gap that is exactly
-      ``1/K`` on paper (e.g. f32(0.54) - f32(0.54 - 1/3)); the margin keeps such ties out.
-    * β pairs come only from β trees, γ pairs only from γ trees, nothing from α trees or padding rows.
-    * β positives are ranked: those whose subtree holds a value-1 leaf first, then round-robin over the
-      positive's action type (its best leaf's), then by larger gap, then by index; the first
-      ``max_beta_pairs_per_tree_turn`` of each (tree, turn) are kept.
-    * γ pairs: the golden action text is the positive continuation of a branch's turn-3 prefix (s1, s2) and the
-      sampled s3 the negative; for click-like goldens the golden grounding is also the positive of the prefix
-      (s1, s2, s3) against the sampled s4 (gap ``1 - v(s-)``). A sampled s3 of the golden's own click type is an
-      action-turn negative only when ``action_text_matches_golden`` says its text differs (else the pair may be
-      void): its error lies in the grounding, which gets the pair instead. Negatives are ranked round-robin over
-      the level-2 prefix (one per thought first), then by lower value, then by index.
+    A value "= 1" means ``v >= 1 - one_tolerance``. A β pair needs ``v(s+) - v(s-) > 1/K + gap_tolerance``
+    (float32 ties at exactly 1/K are kept out). β pairs come only from β trees, γ pairs from γ trees. β positives
+    rank: subtree holds a value-1 leaf, then round-robin over action type, larger gap, index; the first
+    ``max_beta_pairs_per_tree_turn`` per (tree, turn) are kept. γ pairs: golden s3 vs sampled s3 on the (s1, s2)
+    prefix and, for click-like goldens, golden s4 vs sampled s4 (gap ``1 - v(s-)``); a sampled s3 of the golden's
+    click type is a negative only when ``action_text_matches_golden`` says its text differs. Negatives rank
+    round-robin over the thought, then lower value, then index.
     """
 
     max_beta_pairs_per_tree_turn: int = 9
@@ -103,16 +93,13 @@ def classify_trees(
 
 
 def tree_class_counts(classes: jax.Array) -> jax.Array:
-    """Number of α, β, γ trees (padding rows excluded). classes: int32[B] -> int32[3]. Sum over batches freely."""
+    """Number of α, β, γ trees (padding excluded): int32[B] -> int32[3]."""
     return jnp.stack([jnp.sum(classes == c) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32)
 
 
 def tree_class_shares(counts) -> dict:
-    """Shares of a round from (summed) class counts int[3].
-
-    Returns floats: ``alpha``, ``beta``, ``gamma``; ``potential_correct`` = α + β; ``valid_sampling`` = β + γ;
-    ``correct_sample`` = share of steps with at least one leaf = 1 (equal to α + β by definition, reported
-    under the paper's name for it); ``trees`` = the number of trees. All shares are 0 when there are no trees.
+    """Shares of a round from class counts int[3]: ``alpha``, ``beta``, ``gamma``, ``potential_correct`` (α + β),
+    ``valid_sampling`` (β + γ), ``correct_sample`` (= α + β), ``trees``. All 0 without trees.
     """
     a, b, g = (float(x) for x in np.asarray(counts))
     n = a + b + g
@@ -135,24 +122,12 @@ def tree_class_shares(counts) -> dict:
 class PairBatch:
     """Preference pairs of one tree batch, padded to capacity ``P``; pair ``i`` is real iff ``valid[i]``.
 
-    Every pair shares the prefix ``s_1..s_{t-1}`` of tree row ``batch_row`` and compares two continuations of
-    turn ``t``:
-
-    * ``batch_row``: int32[P] — row of the tree in the tree batch (index into ``CoaTTree`` arrays);
-    * ``step_index``: int32[P] — the round-level step index (``CoaTTree.step_index[batch_row]``);
-    * ``turn``: int32[P] — t in 1..4;
-    * ``prefix_node``: int32[P] — flat node index at level t-1 (0 = the root for t = 1);
-    * ``positive_node``: int32[P] — flat node index at level t of the positive, or -1 when golden;
-    * ``positive_golden``: bool[P] — the positive is the golden action (t = 3) / grounding (t = 4) text;
-    * ``negative_node``: int32[P] — flat node index at level t of the negative;
-    * ``positive_value``, ``negative_value``, ``value_gap``: f32[P] — node values (golden = 1) and their gap;
-    * ``positive_type``: int32[P] — the positive's action type (``action_type_id``): for β pairs the type of
-      the positive's best leaf, for γ pairs the golden type (used to balance positives over a round);
-    * ``tree_class``: int32[P] — BETA or GAMMA;
-    * ``valid``: bool[P];
-    * ``count``: int32[] — number of valid pairs (they come first, ordered by batch row, then turn);
-    * ``count_by_turn``: int32[4]; ``count_by_class``: int32[3] (α, β, γ — α is always 0);
-    * ``dropped``: int32[] — selected pairs that did not fit in ``P`` (the last ones in that order).
+    Each pair shares the prefix s_1..s_{t-1} of tree row ``batch_row`` and compares two turn-t continuations.
+    int32[P]: ``batch_row``, ``step_index``, ``turn`` (1..4), ``prefix_node`` (flat index at level t-1),
+    ``positive_node`` (-1 when golden), ``negative_node``, ``positive_type`` (β: its best leaf's; γ: golden's),
+    ``tree_class``. bool[P]: ``positive_golden``, ``valid``. f32[P]: ``positive_value``, ``negative_value``
+    (golden = 1), ``value_gap``. ``count`` int32[] (valid pairs first, by row then turn), ``count_by_turn``
+    int32[4], ``count_by_class`` int32[3], ``dropped`` int32[] (selected pairs beyond ``P``).
     """
 
     batch_row: jax.Array
@@ -179,11 +154,9 @@ class PairBatch:
 
 
 def _rank_and_take(mask, tier, group, gap, cap: int):
-    """Rank candidates per row and return the first ``cap``.
-
-    mask bool[R, N], tier int32[R, N] in {0, 1} (1 first), group int32[R, N] (any ints), gap f32[R, N].
-    Order: valid first; higher tier; round-robin over ``(tier, group)`` (the r-th candidate of every group comes
-    before the (r+1)-th of any); larger gap; lower index. Returns (index int32[R, cap], taken bool[R, cap]).
+    """The first ``cap`` candidates per row: valid first, higher tier, round-robin over ``(tier, group)``, larger
+    gap, lower index. mask bool[R, N], tier int32[R, N], group int32[R, N], gap f32[R, N]; returns (index, taken)
+    [R, cap].
     """
     R, N = mask.shape
     gap = jnp.where(mask, gap, 0.0)
@@ -281,9 +254,8 @@ def _gamma_block(node_values, classes, golden_types, branching, turn, eligible, 
 
 
 def _gamma_eligibility(leaf_types, golden_types, branching, action_text_matches_golden, thought_allows_gamma=None):
-    """Which sampled s3 (bool[B, n3]) and s4 (bool[B, n4]) may be γ negatives (see the module docstring).
-    ``thought_allows_gamma`` (bool[B, b1, b2] or None) further restricts action-turn negatives to the s3 nodes
-    below the thoughts it marks."""
+    """Which sampled s3 (bool[B, n3]) and s4 (bool[B, n4]) may be γ negatives; ``thought_allows_gamma`` (bool[B,
+    b1, b2] or None) restricts action-turn negatives to s3 below the marked thoughts."""
     B = golden_types.shape[0]
     n3 = tree_lib.num_nodes(branching, 3)
     golden_click = jnp.isin(golden_types, jnp.asarray(CLICK_LIKE_TYPES))[:, None]  # [B, 1]
@@ -327,18 +299,12 @@ def extract_pairs(
     config: PairConfig = PairConfig(),
     capacity: int | None = None,
 ) -> PairBatch:
-    """β and γ preference pairs of a batch of scored CoaT-trees, padded to a fixed capacity.
+    """β and γ preference pairs of a batch of scored CoaT-trees, padded to a fixed capacity (jitted).
 
-    node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types: int32[B, b1, b2, b3, b4];
-    golden_types: int32[B]; step_valid: bool[B]; step_index: int32[B] (round-level index recorded per pair;
-    defaults to the batch row); action_text_matches_golden: optional bool[B, b1, b2, b3], True where the
-    sampled s3 text equals the golden s3 text (see ``PairConfig``); thought_allows_gamma: optional
-    bool[B, b1, b2], False where a sampled thought s2 may not root action-turn γ pairs (the "consistent" γ mode:
-    only thoughts that name the golden action teach the action turn to follow them).
-
-    ``capacity`` (static) defaults to the most pairs the batch could yield, so nothing is dropped. The function
-    is jitted (``config`` and ``capacity`` static): one compilation per batch shape and setting. Valid pairs come
-    first, ordered by batch row, then turn (β before γ within a turn), then rank.
+    node_values: 4 arrays f32[B, b1..bt]; leaf_types: int32[B, b1, b2, b3, b4]; golden_types: int32[B];
+    step_valid: bool[B]; step_index: int32[B] (default: the row); action_text_matches_golden: optional
+    bool[B, b1, b2, b3]; thought_allows_gamma: optional bool[B, b1, b2] (the "consistent" γ mode). ``capacity``
+    (static) defaults to the most pairs possible. Valid pairs first, by row, then turn (β before γ), then rank.
     """
     B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
     node_values = tuple(jnp.asarray(v, jnp.float32) for v in node_values)

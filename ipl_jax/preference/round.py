@@ -1,13 +1,9 @@
 """One IPL round (docs/method.md §1, §6, §7), from the policy π(n-1) to π(n).
 
-    sample CoaT-trees with π(n-1) ─► score leaves, back values up ─► α/β/γ classes, pairs ─► group by prefix
-    ─► round-level selection (``preference.selection``) ─► pack (``preference.packing``)
-    ─► reference log-probs with π(n-1), once ─► one epoch of T-DPO (``preference.tdpo.train_round``) ─► π(n)
-
-The sampler and the scorer live in higher rooms, so ``ipl_round`` takes them as functions (``RoundStages``): the
-pipeline wires the real ones, tests inject fakes. The baselines are ``RoundConfig`` switches: naive whole-CoaT
-DPO (``pair_mode``), IPL without negatives (``TDPOConfig.objective``), K (the sampler's branching), and the
-continued-SFT control (``train_on = "golden"``: the round's update budget spent on the golden CoaT instead).
+Sample CoaT-trees with π(n-1), score them, extract α/β/γ pairs, group by prefix, select (``selection``), pack
+(``packing``), attach reference log-probs once, then one epoch of T-DPO (``tdpo.train_round``). The sampler
+and scorer are passed in (``RoundStages``). Baselines are ``RoundConfig`` switches: naive DPO (``pair_mode``),
+no negatives (``TDPOConfig.objective``), and continued SFT (``train_on = "golden"``).
 """
 
 from __future__ import annotations
@@ -41,10 +37,9 @@ TRAIN_ON = ("pairs", "golden")
 class SampledTrees:
     """One batch of sampled CoaT-trees and what is needed to turn them into pairs.
 
-    tree: ``tree.CoaTTree`` (B rows); steps: per row, the step's prompt segments (``sampling.prompts.StepPrompts``:
-    prefix_ids, turn_prompt_ids for turns 2..4, pixel_values, image_grid_thw); golden_action_ids int32[B, Tg3]
-    / golden_action_lengths int32[B]: the golden s3 text + ``<|im_end|>``; golden_grounding_ids int32[B, Tg4] /
-    golden_grounding_lengths int32[B]: the golden s4 (any content for non-click goldens).
+    tree: ``tree.CoaTTree`` (B rows); steps: per row, the step's prompt segments (``StepPrompts``);
+    golden_action_ids int32[B, Tg3] / golden_action_lengths int32[B]: golden s3 + ``<|im_end|>``;
+    golden_grounding_ids int32[B, Tg4] / golden_grounding_lengths int32[B]: golden s4.
     """
 
     tree: Any
@@ -57,12 +52,9 @@ class SampledTrees:
 
 @dataclasses.dataclass(frozen=True)
 class TreeScores:
-    """Scored trees (``ipl_jax.coat.rewards``: leaf rewards, then the value backup).
-
-    node_values: 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4] and
-    golden_types int32[B] (``pairs.action_type_id``); action_text_matches_golden: bool[B, b1, b2, b3] or None;
-    thought_names_golden: bool[B, b1, b2] or None -- whether each sampled thought names the golden action
-    (used by the "consistent" γ mode).
+    """Scored trees: node_values, 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4];
+    golden_types int32[B]; action_text_matches_golden bool[B, b1, b2, b3] or None; thought_names_golden
+    bool[B, b1, b2] or None (for the "consistent" γ mode).
     """
 
     node_values: tuple
@@ -74,13 +66,11 @@ class TreeScores:
 
 @dataclasses.dataclass(frozen=True)
 class RoundProbe:
-    """Diagnostics around a round's update (figures: ``preference.diagnostics``; the job's probe:
-    ``pipeline.round_diagnostics``). The round always scores its own pairs under π(n-1) and π(n); besides:
+    """Diagnostics around a round's update (``preference.diagnostics``; the job's: ``pipeline.round_diagnostics``).
 
-    heldout(params, rng) -> iterable of (SampledTrees, TreeScores): trees on held-out steps (never trained on),
-    sampled with π(n-1) and scored; their pairs are made, selected and packed like the round's and scored under
-    π(n-1) and π(n). before(params) -> context: measurements of π(n-1), taken before the update; after(params,
-    context) -> dict: those of π(n), merged into the record's ``diagnostics``.
+    heldout(params, rng) -> iterable of (SampledTrees, TreeScores) on held-out steps, paired and scored like the
+    round's; before(params) -> context, measured on π(n-1); after(params, context) -> dict merged into
+    ``diagnostics``.
     """
 
     heldout: Callable[[Any, jax.Array], Iterable[tuple[SampledTrees, TreeScores]]] | None = None
@@ -90,12 +80,9 @@ class RoundProbe:
 
 @dataclasses.dataclass(frozen=True)
 class RoundStages:
-    """The pieces of a round that live in other rooms, passed in as functions.
-
-    sample(params, round_index, rng) -> iterable of SampledTrees (the round's training steps, with π(n-1));
-    score(sampled) -> TreeScores; golden_update(state, n_updates, rng) -> (state, metrics): ``n_updates``
-    supervised updates on the golden CoaT of the round's steps (only for ``train_on = "golden"``); probe: the
-    round's diagnostics (``RoundProbe``; None: none are taken).
+    """The pieces of a round passed in as functions: sample(params, round_index, rng) -> iterable of SampledTrees;
+    score(sampled) -> TreeScores; golden_update(state, n_updates, rng) -> (state, metrics) (``train_on =
+    "golden"`` only); probe: ``RoundProbe`` or None.
     """
 
     sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
@@ -106,13 +93,8 @@ class RoundStages:
 
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
-    """One round's settings.
-
-    pair_mode: "tdpo" (thinking-level pairs) or "naive" (whole-trajectory DPO baseline). dedup / type_balance /
-    mix_trees: round-level selection (``preference.selection``). train_on: "pairs" (the T-DPO objective of
-    ``tdpo``) or "golden" (the ``continued_sft`` control). gamma_consistent_only: action-turn γ pairs only below
-    thoughts that name the golden action (``TreeScores.thought_names_golden``), so the action turn is never taught
-    to contradict its thought.
+    """One round's settings: pair_mode "tdpo" | "naive"; dedup / type_balance / mix_trees (``selection``); train_on
+    "pairs" | "golden"; gamma_consistent_only: action-turn γ pairs only below thoughts naming the golden action.
     """
 
     tdpo: TDPOConfig
@@ -221,12 +203,8 @@ def ipl_round(
 ) -> tuple[state_lib.TrainState, dict]:
     """One round from ``state`` (π(n-1), also the frozen reference). Returns (π(n)'s state, the round record).
 
-    The record: round, classes (``pairs.tree_class_shares``), pairs_by_turn ([whole-trajectory, turn 1..4]),
-    pairs (after selection), pair_counts (by class / positive type), skipped_pairs, dropped (by selection),
-    groups, batches, train (round means of ``train_round`` or of the golden updates), seconds per phase; with a
-    ``stages.probe``, ``diagnostics``: ``train_pairs`` and ``heldout_pairs`` (``diagnostics.pair_figures``,
-    the latter with its ``trees``) and whatever the probe's ``after`` returns.
-    A non-finite loss raises ``train.NonFiniteLossError``.
+    The record: round, classes, pairs_by_turn, pairs, pair_counts, skipped_pairs, dropped, groups, batches, train,
+    seconds per phase and, with a probe, ``diagnostics``. A non-finite loss raises ``train.NonFiniteLossError``.
     """
     probe_rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()
@@ -287,8 +265,7 @@ def ipl_round(
 
 
 def _sampled_pairs(sampled: Iterable[SampledTrees], score, config: RoundConfig, round_index: int, name: str = ""):
-    """Pairs of scored tree batches (``round_pairs``), grouped and selected for the round
-    (``select_round_pairs``) -> (GroupedPairs, tree class counts int[3], what selection dropped)."""
+    """Pairs of scored tree batches, grouped and selected -> (GroupedPairs, class counts int[3], dropped)."""
     grouped = grouping.GroupedPairs()
     counts = np.zeros(3, np.int64)
     for i, batch in enumerate(sampled):

@@ -1,10 +1,6 @@
-"""Round-level selection of preference pairs, between pair extraction and packing (docs/method.md §6).
-
-What can only be decided once a whole round's pairs are known happens here, on the host, over a
-``grouping.GroupedPairs``: ``drop_duplicates`` (copies of a comparison, e.g. from identical sibling thoughts),
-``balance_types`` (the paper's "spread positives over different action types" across the round) and
-``mix_groups`` (batches as samples of the whole round rather than of one or two trees), applied in that order by
-``select_round_pairs``. Each returns a new ``GroupedPairs`` and leaves its input unchanged.
+"""Round-level selection of preference pairs, between extraction and packing (docs/method.md §6), on the host:
+``drop_duplicates``, ``balance_types`` (spread positives over action types) and ``mix_groups``, applied in
+that order by ``select_round_pairs``. Each returns a new ``GroupedPairs``.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ def _with_pairs(grouped: GroupedPairs, pairs: list[PairRef], skipped: int = 0) -
 
 
 def drop_duplicates(grouped: GroupedPairs) -> tuple[GroupedPairs, int]:
-    """(pairs without exact copies -- same prefix, positive and negative tokens -- first kept, number dropped)."""
+    """(pairs without exact copies, first kept; number dropped)."""
     seen, kept = set(), []
     for p in grouped.pairs:
         g = grouped.groups[p.group]
@@ -46,8 +42,8 @@ def drop_duplicates(grouped: GroupedPairs) -> tuple[GroupedPairs, int]:
 
 
 def balance_types(grouped: GroupedPairs, ratio: float) -> tuple[GroupedPairs, int]:
-    """Cap the pairs of each positive type at ``ceil(ratio * median count)``; keep the largest gaps (earlier pairs
-    first among equal gaps), in their original order. Returns (selected pairs, number dropped)."""
+    """Cap each positive type's pairs at ``ceil(ratio * median count)``, keeping the largest gaps (earlier first on
+    ties) in their order. Returns (selected pairs, number dropped)."""
     if ratio <= 0 or not grouped.pairs:
         return grouped, 0
     types = np.asarray([p.pos_type for p in grouped.pairs])
@@ -84,8 +80,7 @@ def mix_groups(grouped: GroupedPairs, seed: int) -> GroupedPairs:
 def select_round_pairs(
     grouped: GroupedPairs, *, dedup: bool, type_balance: float, mix_trees: bool, seed: int
 ) -> tuple[GroupedPairs, dict]:
-    """In the order dedup -> type balance (``type_balance`` > 0: the cap ratio of ``balance_types``) -> mixing
-    (seeded by ``seed``). Returns (pairs, counts of what was dropped)."""
+    """dedup -> type balance (``type_balance`` > 0) -> seeded mixing. Returns (pairs, counts dropped)."""
     stats = {"duplicates": 0, "type_balance": 0}
     if dedup:
         grouped, stats["duplicates"] = drop_duplicates(grouped)

@@ -1,12 +1,8 @@
 """T-DPO: reference log-probs, the T-DPO step and ``train_round`` (docs/method.md §7).
 
-    packed batches (``preference.round``) ─► reference log-probs with π(n-1), once (``attach_reference``)
-    ─► one epoch of ``tdpo_step`` in an order drawn from the round's key (``train_round``) ─► π(n)
-
-``tdpo_update`` is the one jitted program of a T-DPO step (state donated; keyed on the hashable ``TDPOConfig``,
-the mesh and the shapes): training calls it through ``tdpo_step``, ``ipl-jax plan`` and ``tools/`` lower it
-through ``lower_tdpo_step``. The reference log-probs are a separate program under ``stop_gradient``, never
-inside the gradient. IPL without negatives is ``TDPOConfig.objective = "positive_sft"``.
+Reference log-probs are computed once per round by a separate program (``attach_reference``, never inside the
+gradient); ``train_round`` runs one epoch of ``tdpo_step`` in an order drawn from the round's key.
+``tdpo_update`` is the one jitted step (state donated, keyed on ``TDPOConfig``, mesh and shapes).
 """
 
 from __future__ import annotations
@@ -45,10 +41,8 @@ IPL_OPTIMIZER = optimizer_lib.OptimizerSettings(learning_rate=1e-6, schedule="co
 class TDPOConfig:
     """Settings of the T-DPO step (hashable: the jitted step is cached per config).
 
-    Paper values (docs/method.md §7): IPL lr 1e-6..1e-7 in round 1, constant 1e-7 after; β = 0.1, λ_sft = 1.0.
-    ``optimizer_settings``: the one optimizer shape (``training.optimizer.OptimizerSettings``); its
-    ``total_steps`` spans the cosine schedule when ``schedule == "cosine"`` (``round_schedule`` sets it per round).
-    ``learning_rate``: a shortcut that sets ``optimizer_settings.learning_rate`` (not stored on its own).
+    ``optimizer_settings``: the optimizer (``total_steps`` spans a cosine schedule, set per round by
+    ``round_schedule``); ``learning_rate``: a shortcut setting ``optimizer_settings.learning_rate``.
     """
 
     model: Qwen2VLConfig
@@ -87,8 +81,7 @@ def round_schedule(config: TDPOConfig, n_updates: int) -> TDPOConfig:
 
 
 def init_state(params, config: TDPOConfig, rng, **kwargs) -> state_lib.TrainState:
-    """A TrainState for ``config``'s optimizer; ``kwargs`` go to ``training.state.create_train_state`` (freeze_regex,
-    lora, frozen_dtype)."""
+    """A TrainState for ``config``'s optimizer; ``kwargs`` go to ``training.state.create_train_state``."""
     return state_lib.create_train_state(params, config.optimizer(), rng, **kwargs)
 
 
@@ -102,9 +95,8 @@ def pair_terms(params: dict, cfg: Qwen2VLConfig, batch: PackedBatch, *, remat: b
 
 
 def pair_loss(pos, neg, pos_tokens, batch: PackedBatch, config: TDPOConfig):
-    """The objective on summed pair log-probs f32[P] (``pos_tokens``: the chosen continuation's scored token
-    count): T-DPO (``losses.tdpo_loss`` with ``config.dpo``) or, for ``positive_sft``, the per-token NLL of the
-    chosen continuations only. Returns (loss f32[], metrics)."""
+    """The objective on summed pair log-probs f32[P]: ``losses.tdpo_loss`` or, for ``positive_sft``, the chosen
+    continuations' per-token NLL. Returns (loss f32[], metrics)."""
     valid = batch.pair_valid
     if config.objective == "positive_sft":
         return losses.positive_sft_loss(pos, pos_tokens, valid, config.dpo.sft_norm)
@@ -112,8 +104,7 @@ def pair_loss(pos, neg, pos_tokens, batch: PackedBatch, config: TDPOConfig):
 
 
 def make_tdpo_loss(config: TDPOConfig):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``training.step.make_train_step``; metrics include
-    ``pairs`` (the step's weight)."""
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``training.step.make_train_step`` (metrics: ``pairs``)."""
 
     def loss_fn(params, batch: PackedBatch, rng):
         del rng  # no dropout in Qwen2-VL
@@ -127,8 +118,7 @@ def make_tdpo_loss(config: TDPOConfig):
 
 
 def batch_shardings(batch: PackedBatch, mesh):
-    """PackedBatch of NamedShardings: rows (text and per-row image patches) over ('data', 'fsdp') when they
-    divide; pairs replicated."""
+    """PackedBatch of NamedShardings: rows over ('data', 'fsdp') when they divide; pairs replicated."""
     rep = NamedSharding(mesh, PartitionSpec())
     rows = lambda x, axis=0: NamedSharding(mesh, batch_spec(mesh, np.shape(x), axis))
     if batch.vision is not None and batch.vision.patches.shape[0] != batch.rows:  # a process's rows: global shapes
@@ -151,9 +141,7 @@ def batch_shardings(batch: PackedBatch, mesh):
 
 
 def place_batch(batch: PackedBatch, mesh) -> PackedBatch:
-    """A packed batch as global arrays with ``batch_shardings``: the text and pair leaves (host values, the same
-    in every process) slice by slice, the vision leaves from this process's rows (``distributed.batch_rows``) when
-    it holds only some of them."""
+    """A packed batch as global arrays with ``batch_shardings`` (vision leaves from this process's rows)."""
     sh = batch_shardings(batch, mesh)
     if batch.vision is None or batch.vision.patches.shape[0] == batch.rows:
         return distributed.put(batch, sh)
@@ -169,9 +157,7 @@ def place_batch(batch: PackedBatch, mesh) -> PackedBatch:
 
 
 def _tdpo_update(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, mesh):
-    """One update: packed forward, ``losses.tdpo_loss`` (or ``positive_sft_loss``), gradient, optimizer step,
-    each step weighed by its valid pairs. Under a mesh the batch rows and the new state are pinned to their
-    shardings, so the next step's inputs arrive as this one's did (same program)."""
+    """One update weighted by its valid pairs; under a mesh, rows and the new state are pinned to their shardings."""
     optimizer = config.optimizer()
     if mesh is not None:
         batch = jax.lax.with_sharding_constraint(batch, batch_shardings(batch, mesh))
@@ -195,8 +181,8 @@ tdpo_update = jax.jit(_tdpo_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
-    """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated. Under a mesh
-    each process places its own devices' rows. Returns (new state, metrics dict of f32[] device scalars)."""
+    """One T-DPO update on a packed batch with reference log-probs attached; ``state`` is donated.
+    Returns (new state, metrics of f32[] device scalars)."""
     if mesh is None:
         return tdpo_update(state, batch, config, None)
     batch = place_batch(batch, mesh)
@@ -205,9 +191,8 @@ def tdpo_step(state: state_lib.TrainState, batch: PackedBatch, config: TDPOConfi
 
 
 def lower_tdpo_step(state, batch: PackedBatch, config: TDPOConfig, mesh=None) -> jax.stages.Lowered:
-    """``tdpo_update`` lowered for ``state`` / ``batch`` (arrays or ``jax.ShapeDtypeStruct`` s; under a mesh
-    carrying the shardings ``tdpo_step`` places them with: ``state_shardings``, ``batch_shardings``), for
-    ahead-of-time memory and FLOP figures of the program training runs."""
+    """``tdpo_update`` lowered for ``state`` / ``batch`` (arrays or ``ShapeDtypeStruct`` s with the shardings
+    ``tdpo_step`` uses), for ahead-of-time memory and FLOP figures."""
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         return tdpo_update.lower(state, batch, config, mesh)
 
@@ -226,8 +211,7 @@ reference_jit = jax.jit(_reference_unjitted, static_argnums=(2, 3, 4))
 
 
 def reference_logps(ref_params, batch: PackedBatch, config: TDPOConfig, *, mesh=None):
-    """(ref_pos f32[P], ref_neg f32[P]): the frozen reference's summed log-probs of each pair's continuations
-    (0 for padding pairs). Jitted once per batch shape; no gradient ever flows through it."""
+    """(ref_pos f32[P], ref_neg f32[P]): the frozen reference's summed log-probs of each pair (0 for padding pairs)."""
     cfg = config.model
     stored = config.reference_dtype or config.compute_dtype
     if stored is not None:
@@ -269,8 +253,7 @@ def attach_reference(ref_params, batches: Sequence[PackedBatch], config: TDPOCon
 
 
 def epoch_order(rng, n: int) -> np.ndarray:
-    """A permutation of range(n) drawn from ``rng`` (raw uint32[2] key) on the host: no device program, so a
-    round with a different number of batches compiles nothing."""
+    """A permutation of range(n) drawn from ``rng`` (raw uint32[2] key) on the host."""
     seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
     return np.random.default_rng(seed).permutation(n)
 
@@ -303,17 +286,12 @@ def summarize_steps(per_step: Sequence[Mapping[str, float]]) -> dict:
 def train_round(
     state: state_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *, mesh=None
 ) -> tuple[state_lib.TrainState, dict]:
-    """One epoch of T-DPO over the round's batches, in an order drawn from ``rng``.
+    """One epoch of T-DPO over the round's batches, in an order drawn from ``rng`` (raw uint32[2] key).
 
-    state: TrainState (donated step by step: do not reuse the passed-in state); ref_params: the frozen reference
-    (the policy at the start of the round), used only when ``round_data`` has no reference log-probs yet — they
-    are then computed before the first update, so ``ref_params`` may alias ``state``'s params; rng: raw
-    uint32[2] key; mesh: optional, the state is placed on it by the model's partition rules.
-
-    Returns (new state, metrics): the round means of ``summarize_steps``, ``tokens`` / ``first_step_tokens``
-    (non-padding tokens trained on, all / in the first update) and ``seconds`` / ``first_step_seconds`` (wall time
-    of the updates, all / until the first finished, its compile included), plus ``per_step`` (list of dicts, in
-    training order) and ``order`` (batch indices in training order).
+    state: donated step by step (do not reuse it); ref_params: the frozen reference, used only when
+    ``round_data`` has no reference log-probs yet (computed before the first update, so it may alias ``state``'s
+    params). Returns (new state, metrics): ``summarize_steps`` means, ``tokens`` / ``first_step_tokens``,
+    ``seconds`` / ``first_step_seconds``, ``per_step`` and ``order`` (batch indices in training order).
     """
     config = round_schedule(config, len(round_data.batches))
     if not round_data.has_reference:
@@ -353,5 +331,5 @@ def train_round(
 
 
 def batch_tokens(batch: PackedBatch) -> int:
-    """The non-padding tokens of a packed batch (its text leaves are the same host values in every process)."""
+    """The non-padding tokens of a packed batch."""
     return int(np.sum(np.asarray(batch.segment_ids) >= 0))
