@@ -1,21 +1,10 @@
 """Step-level advantages for online PPO (method.md §11) and GiGPPO's nearest-sibling features.
 
-Asymmetric discounting. A trajectory's reward has two streams: dense step rewards r_t (discounted with
-γ_dense = 1/2, so that stretching an episode to collect step rewards does not pay) and the terminal reward R_T
-(task success, undiscounted: γ = 1). The critic has one value head per stream, V = V_T + V_D, so GAE is exact for
-any λ: each stream has its own TD residuals with its own discount,
-
-    δ^s_t = r^s_t + γ_s · V_s(s_{t+1}) − V_s(s_t),   A^s_t = δ^s_t + γ_s · λ · A^s_{t+1},   A_t = A^T_t + A^D_t
-
-with r^T_t = R_T at the last step only and V_s(s_{n}) = 0 after the last step (an episode cut at its step limit is
-a failure, not bootstrapped). With λ = 1 (the spec) this is ``losses.dense_returns − V``: the realised return
-minus the critic's estimate. The value targets are the per-stream λ-returns A^s + V_s.
-
-GiGPPO. The critic of a state also reads the realised return of the *visually nearest sibling state*: the state,
-among all states of the other trajectories of the same task in the same rollout batch, whose screen is closest;
-and that screen distance. Screen distance [choice; the seed defines none]: the mean absolute difference of two
-grey-scale thumbnails in [0, 1] (``screen_thumbnail``, default 16x32 pixels, area-averaged), so identical
-screens are at 0 and a white and a black screen at 1.
+Asymmetric discounting: the terminal reward R_T is undiscounted (γ = 1), dense step rewards use γ_dense; the
+critic has one head per stream (V = V_T + V_D), so each stream gets its own GAE and A_t = A^T_t + A^D_t. The
+value after the last step is 0 (a cut episode is a failure, not bootstrapped). GiGPPO conditions the critic on
+the realised return of the nearest state of another trajectory of the same task, by screen distance: the mean
+absolute difference of grey-scale thumbnails in [0, 1] (``screen_thumbnail``).
 """
 
 from __future__ import annotations
@@ -29,8 +18,8 @@ SIBLING_FEATURES = 4  # (return of the terminal stream, of the dense stream, scr
 
 
 def stream_gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float, lam: float):
-    """GAE of one reward stream. rewards, values: f32[B, S]; mask: bool[B, S] (a prefix of each row). The value
-    after a row's last valid step is 0. Returns (advantages, λ-returns), both f32[B, S], 0 on padding."""
+    """GAE of one reward stream. rewards, values: f32[B, S]; mask: bool[B, S] (a prefix of each row).
+    Returns (advantages, λ-returns), both f32[B, S], 0 on padding."""
     m = jnp.asarray(mask, jnp.float32)
     r = jnp.asarray(rewards, jnp.float32) * m
     v = jnp.asarray(values, jnp.float32) * m
@@ -58,9 +47,8 @@ def asymmetric_gae(
 ):
     """Step-level GAE with asymmetric discounting.
 
-    step_rewards: f32[B, S]; terminal_reward: f32[B]; values: f32[B, S, 2] (terminal head, dense head);
-    mask: bool[B, S] valid steps (a prefix). Returns (advantages f32[B, S], returns f32[B, S, 2]: the value
-    targets of the two heads).
+    step_rewards: f32[B, S]; terminal_reward: f32[B]; values: f32[B, S, 2] (terminal, dense); mask: bool[B, S].
+    Returns (advantages f32[B, S], returns f32[B, S, 2]: the two heads' value targets).
     """
     m = jnp.asarray(mask, bool)
     n = jnp.sum(m.astype(jnp.int32), axis=1)
@@ -78,8 +66,7 @@ def stream_returns(
     gamma_dense: float = 0.5,
     gamma_terminal: float = 1.0,
 ) -> jax.Array:
-    """Realised returns of both streams f32[B, S, 2] (λ = 1 with zero values); their sum is
-    ``losses.dense_returns`` when ``gamma_terminal`` is 1."""
+    """Realised returns of both streams f32[B, S, 2] (λ = 1, zero values)."""
     zeros = jnp.zeros(jnp.shape(step_rewards) + (2,), jnp.float32)
     _, g = asymmetric_gae(step_rewards, terminal_reward, zeros, mask, gamma_dense, 1.0, gamma_terminal)
     return g
@@ -113,9 +100,8 @@ def screen_distance(a: jax.Array, b: jax.Array) -> jax.Array:
 def nearest_siblings(thumbs: jax.Array, group: jax.Array, trajectory: jax.Array, valid: jax.Array):
     """For each state, the nearest state of another trajectory of the same group.
 
-    thumbs: f32[N, D]; group, trajectory: int32[N] (task group, trajectory id); valid: bool[N].
-    Returns (index int32[N], distance f32[N], has bool[N]); ties go to the lowest index; a state without a
-    sibling (or invalid) gets has = False, index 0, distance 0.
+    thumbs: f32[N, D]; group, trajectory: int32[N]; valid: bool[N]. Returns (index int32[N], distance f32[N],
+    has bool[N]); ties go to the lowest index; no sibling: has False, index 0, distance 0.
     """
     d = screen_distance(thumbs[:, None, :], thumbs[None, :, :])
     ok = (
@@ -132,8 +118,8 @@ def nearest_siblings(thumbs: jax.Array, group: jax.Array, trajectory: jax.Array,
 
 
 def sibling_features(returns: jax.Array, index: jax.Array, distance: jax.Array, has: jax.Array) -> jax.Array:
-    """GiGPPO's conditioning f32[N, 4]: the sibling's realised returns (terminal, dense), the screen distance and
-    a has-sibling flag; all zero without a sibling. returns: f32[N, 2] realised returns of every state."""
+    """GiGPPO's conditioning f32[N, 4]: the sibling's returns (terminal, dense), the distance, a has-sibling flag
+    (zeros without one). returns: f32[N, 2]."""
     h = has.astype(jnp.float32)
     sib = jnp.take(returns, index, axis=0) * h[:, None]
     return jnp.concatenate([sib, (distance * h)[:, None], h[:, None]], axis=1)

@@ -27,8 +27,7 @@ def completion_texts(tokenizer, c: Completion) -> list[str]:
 
 
 def parse_completion(tokenizer, c: Completion, style: str) -> tuple[Action, bool, bool]:
-    """(action, format_ok, uses_grounding) of a completion; never raises. ``uses_grounding``: the CoaT s4 is
-    part of the answer (the action needs grounding)."""
+    """(action, format_ok, uses_grounding) of a completion; never raises."""
     texts = completion_texts(tokenizer, c)
     if style == "think_answer":
         action, ok = rewards_lib.parse_think_answer(texts[0])
@@ -46,8 +45,8 @@ def answer_length(c: Completion, uses_grounding: bool, style: str) -> int:
 
 
 def sequence_weights(rows: Rows, norm: str) -> jax.Array:
-    """Per-token loss weights f32[R, T]: "token" — every generated token of the batch weighs the same;
-    "sequence" — each completion's tokens share weight 1 (UI-R1's (1/G)·Σ_i (1/|o_i|)·Σ_t)."""
+    """Per-token loss weights f32[R, T]: "token" (every generated token equal) or "sequence" (each completion sums
+    to 1)."""
     mask = jnp.asarray(rows.target_mask, jnp.float32)
     if norm == "token":
         return mask
@@ -64,8 +63,7 @@ def reference_logps(ref_params, cfg, rows: Rows, chunk: int, compute_dtype: str 
 
 
 def copy_params(params, dtype=None):
-    """A copy of a parameter tree that no donated train step can invalidate, floating leaves in ``dtype`` (None:
-    as they are): the frozen reference."""
+    """A copy of a parameter tree no donated step can invalidate, floating leaves in ``dtype`` (None: as they are)."""
 
     def leaf(x):
         to = dtype if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
@@ -75,8 +73,8 @@ def copy_params(params, dtype=None):
 
 
 def policy_params(state: state_lib.TrainState, dtype=None):
-    """The full parameter tree of a training state (trainable ∪ frozen), floating leaves cast to ``dtype`` (None:
-    as held): the sampler's copy. It may share buffers with ``state``: drop it before the next (donating) step."""
+    """The full parameter tree of a training state, floating leaves in ``dtype`` (None: as held). It may share
+    buffers with ``state``: drop it before the next donating step."""
     params = state_lib.model_params(state.params, state.frozen)
     return params if dtype is None else state_lib.cast_floating(params, dtype)
 
@@ -94,8 +92,8 @@ def host_metrics(m: Mapping) -> dict:
 
 
 def mean_metrics(per_step: Sequence[Mapping[str, float]], weight_key: str) -> dict:
-    """Weighted means (weights ``weight_key``) of per-step metrics, each over the steps that report it; the sum
-    of the weight; the step count."""
+    """Weighted means (by ``weight_key``) of per-step metrics over the steps reporting each, the weight sum, the
+    count."""
     out = {"steps": len(per_step), weight_key: float(sum(m.get(weight_key, 0.0) for m in per_step))}
     keys = sorted({k for m in per_step for k in m} - {weight_key})
     for key in keys:

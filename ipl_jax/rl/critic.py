@@ -1,19 +1,9 @@
 """The PPO critic: a separate copy of the policy's model with a two-stream value head, and GiGPPO's sibling net.
 
-Why a separate critic rather than a value head on the policy [choice, as the seed does: its critic is the SFT
-checkpoint with a fresh value head]: (1) critic warm-up trains the critic alone, which a shared trunk could not
-do without moving the policy; (2) the two learn at rates two orders of magnitude apart (the seed: 1e-6 policy,
-1e-4 critic), which needs two optimizers; (3) the value loss never touches the policy's weights, so the policy
-changes only through the clipped objective and its KL leash. The cost is a second set of weights and one forward
-per state over a short row (screen, instruction, history: ``rl.sampling.state_row_spec``).
-
-    critic params = {"model": Qwen2-VL params (a copy of the policy's), "head": {kernel f32[H, 2], bias f32[2]},
-                     "sibling": {w1 f32[H + 4, S], b1 f32[S], w2 f32[S, 2], b2 f32[2]}}
-
-The value of a state is ``head(h) (+ sibling(h, φ) with GiGPPO)``, h the final hidden state at the state row's
-last token, φ the nearest sibling's features (``advantages.sibling_features``). Column 0 estimates the terminal
-(success) return, column 1 the dense step-reward return. The head and the sibling net's output layer start at
-zero, so a fresh critic predicts 0 and GiGPPO starts equal to PPO.
+Separate so that critic warm-up and its own learning rate never move the policy. Params: ``{"model": a copy of
+the policy's, "head": {kernel f32[H, 2], bias f32[2]}, "sibling": {w1 f32[H + 4, S], b1, w2 f32[S, 2], b2}}``.
+A state's value is ``head(h)`` (+ ``sibling(h, φ)`` with GiGPPO), h the hidden state at the state row's last
+token; column 0 is the terminal return, 1 the dense one. Output layers start at zero.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ CRITIC_VISION_REGEX = r"^model/visual/"
 
 
 def init_critic(policy_params: dict, cfg: Qwen2VLConfig, rng, sibling_width: int = 64) -> dict:
-    """Critic params: a copy of ``policy_params`` as the trunk, a zero value head, the sibling net (first layer
-    ~N(0, 1/fan_in), output layer zero)."""
+    """Critic params: a copy of ``policy_params``, a zero value head, the sibling net (output layer zero)."""
     h = cfg.text.hidden_size
     w1 = jax.random.normal(jnp.asarray(rng), (h + SIBLING_FEATURES, sibling_width), jnp.float32)
     return {

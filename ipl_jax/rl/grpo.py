@@ -1,18 +1,9 @@
 """GRPO with UI-R1's rule reward (method.md §11) on the project's model and sampler.
 
-    steps ─► G completions per step (``rl.sampling``: CoaT chains, or UI-R1's think/answer turn)
-          ─► parse (``coat.actions``) ─► R_type + R_coord + R_format (+ DAST) on device (``rl.rewards``)
-          ─► group-normalised advantages (0 for a group of equal rewards) ─► rows (``rl.rows``)
-          ─► ``grpo_step``: reference log-probs once (own jitted program), μ updates of the token-level clipped
-             objective with the k3 KL to the reference (``preference.losses.grpo_loss``)
-
-* ``GRPOConfig`` — frozen, hashable: the jitted step is cached per config.
-* ``grpo_step(state, ref_params, batch, rng, config)`` — pure: the same inputs give the same outputs.
-* ``grpo_round(state, ref_params, steps, rng, config, ...)`` — one pass over ``steps`` in batches of
-  ``prompts_per_batch`` prompts, sampling with the current policy before each update (on-policy).
-
-Budget: a round samples ``len(steps) · group_size`` completions; ``rl.job.grpo_prompts`` gives the number of
-steps that fits a T-DPO round's leaves.
+Per batch: G completions per step, parsed and scored on device (``rl.rewards``), group-normalised advantages
+(0 for equal rewards), rows (``rl.rows``), then ``grpo_step``: reference log-probs once, μ updates of the
+token-level clipped objective with the k3 KL. ``grpo_round`` samples with the current policy before each update.
+A round samples ``len(steps) · group_size`` completions.
 """
 
 from __future__ import annotations
@@ -42,17 +33,12 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO settings. UI-R1's values: G = 8, ε = 0.2, β = 0.04 (k3 KL), lr ~1e-6, one update per batch.
+    """GRPO settings (UI-R1's: G = 8, ε = 0.2, β = 0.04, lr ~1e-6, one update per batch).
 
-    style: "coat" (our four-turn policies; R_format = the completion parses into the expected turns) or
-    "think_answer" (UI-R1's ``<think>…</think><answer>…</answer>`` prompt; R_format = exactly that form).
-    length_norm: "sequence" (UI-R1's 1/|o_i| per completion, then the mean over completions) or "token" (every
-    generated token of the batch weighs the same). updates_per_batch: μ; with μ > 1 the behaviour log-probs are
-    computed once before the first update (else the ratio is exp(logπ − stop_gradient(logπ)) = 1).
-    Precision: ``model.dtype`` is the compute dtype of sampling (the KV cache too) and of every forward;
-    ``compute_dtype`` casts the (fp32 master) weights inside the update (None: as held); ``remat`` a policy of
-    ``model.layers.REMAT_POLICIES``; ``storage_dtype`` the dtype of the sampler's and the reference's copy of the
-    weights (None: as held).
+    style: "coat" or "think_answer" (UI-R1's prompt and format reward). length_norm: "sequence" or "token".
+    updates_per_batch: μ (with μ > 1 behaviour log-probs are computed once before the first update).
+    Precision: ``model.dtype`` computes; ``compute_dtype`` casts the fp32 master weights in the update (None: as
+    held); ``remat``: a REMAT_POLICIES policy; ``storage_dtype``: the sampler's and reference's copies.
     """
 
     model: Qwen2VLConfig
@@ -88,8 +74,8 @@ class GRPOConfig:
 
 @struct.dataclass
 class GRPOBatch:
-    """rows: ``Rows`` [R = prompts · G]; advantages f32[R] (0 on padding rows); old_logps f32[R, T] or None
-    (then the behaviour policy is the current one); ref_logps f32[R, T] or None (computed by ``grpo_step``)."""
+    """rows: ``Rows`` [R = prompts · G]; advantages f32[R] (0 on padding); old_logps f32[R, T] or None (current
+    policy); ref_logps f32[R, T] or None (computed by ``grpo_step``)."""
 
     rows: Rows
     advantages: jax.Array
@@ -131,8 +117,7 @@ _grpo_update_jit = jax.jit(_grpo_update, static_argnums=(2,), donate_argnums=(0,
 
 
 def make_grpo_update(config: GRPOConfig):
-    """The jitted ``update(state, batch) -> (state, metrics)`` (state donated): one optimizer step on
-    ``grpo_objective``. metrics: loss, kl, clip_frac, completions, grad_norm, lr."""
+    """The jitted ``update(state, batch) -> (state, metrics)`` (state donated): one optimizer step."""
     return lambda state, batch: _grpo_update_jit(state, batch, config)
 
 
@@ -144,10 +129,8 @@ def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainStat
 def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
     """μ = ``config.updates_per_batch`` updates on one sampled batch. Returns (state, metrics of the last update).
 
-    state is donated (do not reuse it); ref_params: the frozen reference (must not alias ``state``'s params).
-    The reference (and, for μ > 1, the behaviour) log-probs are computed first by a separate jitted forward
-    under ``stop_gradient``. rng: accepted so that every RL step has the same signature; the update itself
-    draws nothing (no dropout; the batch is already sampled).
+    state is donated; ref_params must not alias its params. Reference (and behaviour) log-probs come first from a
+    separate forward under ``stop_gradient``. rng is accepted for the common signature; nothing is drawn.
     """
     del rng
     cfg = config.model
@@ -183,9 +166,7 @@ def sample_batch(
     params, steps: Sequence, tokenizer, image_config, sampler: SamplerConfig, seed, config: GRPOConfig, mesh=None
 ):
     """Sample, parse and score G completions for each of ``steps`` (at most ``prompts_per_batch``).
-
-    Returns (GRPOBatch, info): info holds the rewards (``UIR1Rewards`` [B, G]), the parsed actions and
-    ``completions`` (real ones)."""
+    Returns (GRPOBatch, info: rewards ``UIR1Rewards`` [B, G], parsed actions, ``completions``)."""
     b, g = config.prompts_per_batch, config.group_size
     steps = list(steps)
     items = _prompts(steps, tokenizer, image_config, config)
@@ -255,14 +236,11 @@ def grpo_round(
     sampler: SamplerConfig,
     mesh=None,
 ) -> tuple[state_lib.TrainState, dict]:
-    """One GRPO pass over ``steps`` (golden ``Step``s): for each batch of ``prompts_per_batch`` steps, sample G
-    completions with the current policy, score them and take ``grpo_step``.
+    """One GRPO pass over ``steps`` in batches of ``prompts_per_batch``, each sampled with the current policy.
 
-    ref_params: the frozen reference; None takes a copy of the starting policy (π(n-1), as T-DPO's reference) in
-    ``config.storage_dtype``; the sampler reads the current policy in that dtype too.
-    sampler: the job's ``SamplerConfig`` (budgets, buckets, temperatures; the branching is set to (G, 1, 1, 1)).
-    rng: raw key; batch i samples with ``fold_in(rng, i)``. Returns (state, metrics): means over batches of the
-    reward terms and update metrics, ``completions`` (sampled), ``updates``, ``per_step``.
+    ref_params: None copies the starting policy in ``config.storage_dtype``. sampler: the job's ``SamplerConfig``
+    (branching set to (G, 1, 1, 1)). rng: raw key, batch i uses ``fold_in(rng, i)``. Returns (state, metrics:
+    reward and update means, ``completions``, ``updates``, ``per_step``).
     """
     steps = list(steps)
     if not steps:

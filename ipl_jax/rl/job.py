@@ -1,13 +1,7 @@
-"""The RL learners' configs from the job's settings, and the budget that makes them comparable with a T-DPO round.
+"""The RL learners' configs from the job's settings, and the equal budget that makes them comparable with T-DPO.
 
-Equal budget (one round, any method) = the sampled completions of a T-DPO round:
-
-    T-DPO:  steps_per_round trees x num_leaves(branching) leaves       (default 64 x 27 = 1728)
-    GRPO:   floor(budget / G) prompts x G completions                  (G = 8: 216 steps x 8 = 1728)
-    PPO:    budget environment steps, each one sampled CoaT completion (the last rollout batch cut at the budget)
-
-No method spends more than the budget (GRPO at least one group); the counts are reported. A T-DPO tree shares its
-prefixes, so at equal completions it decodes fewer tokens: wall time is reported beside the budget.
+A round's budget is the sampled completions of a T-DPO round (steps_per_round x tree leaves): GRPO spends
+floor(budget / G) groups of G (at least one), PPO ``budget`` environment steps. No method exceeds it.
 """
 
 from __future__ import annotations
@@ -45,7 +39,7 @@ def grpo_prompts(budget: int, group_size: int) -> int:
 
 
 def row_config(rl: RLSettings, buckets: BucketSettings, rows_per_batch: int, pad_id: int) -> RowConfig:
-    """Training rows of ``rl.row_buckets``, with patch buckets for one screenshot and for a batch's."""
+    """Training rows of ``rl.row_buckets``, with patch buckets for one screenshot and for a batch."""
     return RowConfig(
         text_buckets=rl.row_buckets,
         patch_buckets=tuple(sorted({p * n for p in buckets.patches for n in (1, rows_per_batch)})),
@@ -62,8 +56,7 @@ def grpo_config(
     rules: str,
     grad_clip: float,
 ) -> GRPOConfig:
-    """``GRPOConfig`` of the job: its ``rl.grpo`` section, the reward rules of its data format (``rules``), the
-    gradient clipping of SFT. ``cfg``: the model config in the job's compute dtype."""
+    """``GRPOConfig`` of the job (``rl.grpo``, the data format's reward ``rules``, SFT's clipping, ``cfg``)."""
     g: GRPOSettings = rl.grpo
     return GRPOConfig(
         model=cfg,
@@ -116,8 +109,7 @@ def ppo_config(
 def rollout_config(
     ppo: PPOSettings, sampler: SamplerConfig, image_config: ImageProcessorConfig, reward: RewardConfig
 ) -> RolloutConfig:
-    """PPO's ``RolloutConfig``: ``sampler`` = the job's sampling settings with patch buckets for ``ppo.worlds``
-    screenshots, ``reward`` = its leaf ``RewardConfig``."""
+    """PPO's ``RolloutConfig``: the job's sampler with patch buckets for ``ppo.worlds`` screenshots, its leaf reward."""
     return RolloutConfig(
         sampler=sampler,
         image_config=image_config,

@@ -1,18 +1,9 @@
 """Online PPO with dense rewards in the live synthetic world, and GiGPPO (method.md §11).
 
-    tasks ─► rollouts (``rl.rollout``: K concurrent trajectories per task, the policy's parsed action drives the
-             world, rule reward per step vs the expert at the state reached, success at the end)
-          ─► critic values of every state (``rl.critic``; with GiGPPO conditioned on the nearest sibling state's
-             realised return and screen distance, ``rl.advantages``)
-          ─► step-level GAE with asymmetric discounting (γ = λ = 1 on success, γ_dense = 1/2 on step rewards)
-          ─► minibatches of fixed shape: critic update(s) (clipped value loss), then, after the critic warm-up,
-             policy update(s) (dual-clip PPO on every token of the step's CoaT, k3 KL to the reference)
-
-* ``PPOConfig`` — frozen, hashable; the seed's values as defaults where they fit a CPU-sized round.
-* ``PPOState`` — the policy's and the critic's ``TrainState`` s; the warm-up counts critic updates.
-* ``ppo_step(state, ref_params, batch, rng, config)`` — the updates of one minibatch (pure).
-* ``ppo_round(state, ref_params, world_tasks, rng, config, ...)`` — rollouts and updates until a budget of
-  environment steps is spent.
+Rollouts (K trajectories per task, rule reward per step, success at the end) -> critic values (GiGPPO:
+conditioned on the nearest sibling) -> asymmetric GAE -> fixed-shape minibatches: critic updates, then after
+the warm-up policy updates (dual-clip PPO on every CoaT token, k3 KL). ``ppo_round`` runs until a budget of
+environment steps is spent.
 """
 
 from __future__ import annotations
@@ -41,17 +32,11 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-    """PPO / GiGPPO settings. The seed's: γ_dense 1/2, γ = λ = 1 on the terminal reward, dual clip ε_low 0.18,
-    ε_high 0.22, c = 3, KL 0.01, value clip 0.5, policy lr 1e-6 and critic lr 1e-4 (AdamW, weight decay 0.01,
-    clip 1.0), two policy steps and one critic step per batch, 8 trajectories per task, critic warm-up 15 steps.
+    """PPO / GiGPPO settings (defaults from the seed where they fit a CPU-sized round).
 
-    critic_warmup [choice]: critic updates before the policy moves (the seed's 15 of 336 steps; 4 here, about
-    the same share of a one-round budget). length_norm: "sequence" (each step's CoaT weighs 1) or "token".
-    normalize_advantages: standardise the advantages of each rollout batch (0 when they are all equal).
-    Precision (policy and critic alike): ``model.dtype`` computes every forward and the rollouts' KV cache;
-    ``compute_dtype`` casts the fp32 master weights inside the updates (None: as held); ``remat`` a policy of
-    ``model.layers.REMAT_POLICIES``; ``storage_dtype`` is the dtype of the rollout's and the reference's copy of
-    the policy (None: as held).
+    critic_warmup: critic updates before the policy moves. length_norm: "sequence" or "token".
+    normalize_advantages: standardise each rollout batch's advantages (0 when all equal). Precision as in
+    ``GRPOConfig`` (``compute_dtype``, ``remat``, ``storage_dtype``), for policy and critic alike.
     """
 
     model: Qwen2VLConfig
@@ -115,9 +100,8 @@ class PPOState:
 class PPOBatch:
     """One minibatch of M environment steps.
 
-    policy_rows / critic_rows: ``Rows`` [M] (state + sampled CoaT; state only); advantages f32[M];
-    returns f32[M, 2] and old_values f32[M, 2] (terminal, dense); sibling f32[M, 4] (zeros without GiGPPO);
-    old_logps / ref_logps f32[M, T] or None (filled by ``ppo_step``)."""
+    policy_rows / critic_rows: ``Rows`` [M]; advantages f32[M]; returns, old_values f32[M, 2] (terminal, dense);
+    sibling f32[M, 4] (zeros without GiGPPO); old_logps / ref_logps f32[M, T] or None (filled by ``ppo_step``)."""
 
     policy_rows: Rows
     critic_rows: Rows
@@ -132,9 +116,8 @@ class PPOBatch:
 def init_ppo_state(
     policy_params, config: PPOConfig, rng, *, policy_freeze_regex: str | None = None, frozen_dtype=None
 ) -> PPOState:
-    """Policy and critic TrainStates; the critic is a copy of the policy with a fresh head (``rl.critic``).
-    ``policy_params`` are taken by the policy state (donated by its updates: do not reuse them); frozen weights
-    of either (a frozen vision tower) are kept in ``frozen_dtype`` (None: as given)."""
+    """Policy and critic TrainStates (critic: a copy of the policy, fresh head). ``policy_params`` are donated to
+    the policy state; frozen weights are kept in ``frozen_dtype`` (None: as given)."""
     rng_p, rng_c, rng_init = jax.random.split(jnp.asarray(rng), 3)
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
     pstate = state_lib.create_train_state(
@@ -218,10 +201,9 @@ def _update(kind: str, config: PPOConfig):
 
 
 def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfig):
-    """The updates of one minibatch: ``critic_updates`` critic steps, then — once the critic has had
-    ``critic_warmup`` updates before this call — ``policy_updates`` policy steps against the behaviour
-    log-probs of the policy as it was before them. state is donated; ref_params must not alias it. rng: accepted
-    for the common signature of the RL steps; nothing is drawn. Returns (state, metrics)."""
+    """The updates of one minibatch: ``critic_updates`` critic steps, then (once ``critic_warmup`` critic updates
+    preceded this call) ``policy_updates`` policy steps. state is donated; ref_params must not alias it; rng is
+    unused. Returns (state, metrics)."""
     del rng
     cfg = config.model
     warm = int(state.critic.step) < config.critic_warmup
@@ -301,11 +283,9 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOConfig, end_id: int):
-    """Critic values, GiGPPO sibling features, GAE advantages and value targets of one rollout batch.
-
-    Returns (states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2],
-    sibling f32[N, 4]) over the N states of the trajectories not cut by the budget (``Trajectory.cut``), in
-    (trajectory, step) order; N must be >= 1."""
+    """Critic values, sibling features, advantages and targets of one rollout batch: (states, critic rows per
+    minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2], sibling f32[N, 4]) over its N >= 1
+    states not cut by the budget."""
     st = _flatten(trajs)
     n, m = len(st.records), config.minibatch_rows
     e, s_max = len(trajs), max(tr.num_steps for tr in trajs)
@@ -345,8 +325,7 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
 
 
 def _train_on_batch(state: PPOState, ref_params, trajs, key, config: PPOConfig, end_id: int, per_update: list):
-    """``ppo_step`` on each minibatch of one rollout batch's trained states; appends host metrics to
-    ``per_update``. Returns the new state."""
+    """``ppo_step`` on each minibatch of one rollout batch; appends host metrics to ``per_update``."""
     st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
     m = config.minibatch_rows
     for k, sel in enumerate(_minibatches(len(st.records), m)):
@@ -385,15 +364,10 @@ def ppo_round(
 ) -> tuple[PPOState, dict]:
     """Online PPO (GiGPPO with ``config.gigppo``) until ``env_steps`` environment steps are spent.
 
-    world_tasks: the training tasks (``rl.rollout.WorldTask``), visited in an order drawn from ``rng``,
-    ``tasks_per_batch`` at a time, each played by ``trajectories_per_task`` concurrent trajectories (the
-    rollout batch size is set to their product). The round never spends more than ``env_steps``: each rollout
-    batch may spend what is left, and the one that reaches the budget cuts its unfinished episodes there
-    (``rollout(max_env_steps=...)``; their steps count, but are not trained on: they have no outcome).
-    ``env_steps`` in the metrics is the exact count. ref_params: the frozen reference (None: a copy of the
-    starting policy in ``config.storage_dtype``; the rollouts read the current policy in that dtype too).
-    Returns (state, metrics): training-episode summary (``rollout_summary``), means of the update metrics,
-    ``updates`` / ``critic_updates``, ``per_batch``.
+    world_tasks: visited in an order drawn from ``rng``, ``tasks_per_batch`` at a time, each by
+    ``trajectories_per_task`` trajectories. The batch reaching the budget cuts its unfinished episodes (counted,
+    not trained on). ref_params: None copies the starting policy in ``config.storage_dtype``. Returns (state,
+    metrics: ``rollout_summary``, update means, ``updates`` / ``critic_updates``, ``per_batch``).
     """
     if not world_tasks:
         raise ValueError("ppo_round: no world tasks")

@@ -1,13 +1,8 @@
 """UI-R1's rule reward (method.md §11), computed on device, and group-relative advantages.
 
-For a sampled completion with parsed action a and the golden action a*::
-
-    R = R_type + R_coord + R_format  (+ R_length with DAST)      each of the first three is 0 or 1
-
-Text is parsed on the host with the project's one action parser (``coat.actions``) and encoded with
-``coat.rewards.encode_actions``; ``uir1_rewards`` (jnp, jitted) defines each term; ``group_rewards`` adds DAST's
-length reward per group; group advantages are ``(r − mean) / (std + eps)``, zero for a group whose rewards are all
-equal (or not finite).
+R = R_type + R_coord + R_format (each 0 or 1), + R_length with DAST (per group, ``group_rewards``). Text is
+parsed on the host (``coat.actions``); advantages are ``(r − mean) / (std + eps)``, 0 for a group of equal or
+non-finite rewards.
 """
 
 from __future__ import annotations
@@ -30,10 +25,8 @@ from ipl_jax.preference import losses
 
 @dataclasses.dataclass(frozen=True)
 class UIR1RewardConfig:
-    """UI-R1 reward settings (frozen: a jit static argument).
-
-    rules: the exact-match rule set of the non-click arguments (a ``coat.metrics.RULES`` name or MatchRules).
-    click_radius: distance bound (screen fractions) for goldens without a box. dast: add the DAST length reward.
+    """UI-R1 reward settings (a static jit argument): rules (``coat.metrics.RULES`` name or MatchRules),
+    click_radius (for goldens without a box, screen fractions), dast.
     """
 
     rules: str | MatchRules = "aitz"
@@ -46,8 +39,7 @@ class UIR1RewardConfig:
 
 @struct.dataclass
 class UIR1Golden:
-    """gold: ``coat.rewards.GoldenActions`` [N]; box f32[N, 4] the golden click target (screen fractions);
-    has_box bool[N]."""
+    """gold: ``coat.rewards.GoldenActions`` [N]; box: f32[N, 4] golden click target (fractions); has_box: bool[N]."""
 
     gold: GoldenActions
     box: jax.Array
@@ -81,14 +73,11 @@ def encode_uir1_golden(steps: Sequence, max_elements: int = 16) -> UIR1Golden:
 def uir1_rewards(
     pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golden, config: UIR1RewardConfig = UIR1RewardConfig()
 ) -> UIR1Rewards:
-    """The rule reward of predictions [...] against goldens [...prefix] (the golden shape a prefix of the
-    predictions'). format_ok: bool[...]. DAST is added by ``group_rewards``, not here (r_length = 0).
+    """The rule reward of predictions [...] against goldens [prefix of ...]; format_ok: bool[...]; r_length = 0.
 
-    R_type: a parsed and of the golden's type. R_coord: for a golden click / long_press, the point inside the
-    golden target box (a golden given only as a point: within ``click_radius``, UI-R1's 14 % rule); for other
-    types the argument matches under the evaluation rules (text, direction, button) [choice: method.md's "type
-    match for non-click" read as "the action matches"]. R_format: ``format_ok`` (our CoaT turns parse, or UI-R1's
-    exact ``<think>…</think><answer>…</answer>``)."""
+    R_type: parsed and of the golden's type. R_coord: click / long_press inside the golden box (or within
+    ``click_radius`` of a point-only golden); other types: the argument matches under the evaluation rules.
+    R_format: ``format_ok``."""
     exact, type_match = exact_match(pred, golden.gold, get_rules(config.rules))
     nd, lead = pred.type_id.ndim, golden.has_box.ndim
     extra = (1,) * (nd - lead)  # golden [...prefix] broadcast against predictions [...]
@@ -117,8 +106,8 @@ def uir1_rewards(
 
 
 def group_rewards(rewards: UIR1Rewards, lengths: jax.Array, max_length: float, dast: bool) -> UIR1Rewards:
-    """Adds the DAST length reward per group when ``dast``. rewards: fields [G, N]; lengths: true (unpadded)
-    completion lengths [G, N]; max_length: the longest possible completion (L_max)."""
+    """Adds the DAST length reward per group when ``dast``. rewards: [G, N]; lengths: unpadded [G, N];
+    max_length: L_max."""
     if not dast:
         return rewards
     p = jnp.mean(rewards.correct.astype(jnp.float32), axis=-1)  # c / N per group
@@ -131,9 +120,9 @@ def group_rewards(rewards: UIR1Rewards, lengths: jax.Array, max_length: float, d
 def safe_group_advantages(
     rewards: jax.Array, valid: jax.Array | None = None, eps: float = 1e-4, min_std: float = 1e-6
 ) -> jax.Array:
-    """``losses.group_advantages`` that never returns NaN: a group whose valid rewards are all equal (std below
-    ``min_std``), hold a non-finite value, or has fewer than two valid samples gets advantage 0; invalid samples
-    get 0 and do not enter the mean / std. rewards: f32[G, N]; valid: bool[G, N] (default all)."""
+    """``losses.group_advantages`` without NaN: a group with equal valid rewards (std < ``min_std``), a non-finite
+    value or fewer than two valid samples gets 0; invalid samples get 0 and are left out. rewards: f32[G, N];
+    valid: bool[G, N]."""
     r = jnp.asarray(rewards, jnp.float32)
     v = jnp.ones(r.shape, bool) if valid is None else jnp.asarray(valid, bool)
     finite = jnp.all(jnp.where(v, jnp.isfinite(r), True), axis=-1, keepdims=True)
@@ -164,9 +153,8 @@ def think_answer_format_ok(text: str) -> bool:
 
 
 def parse_think_answer(text: str) -> tuple[Action, bool]:
-    """(action, format_ok) of a UI-R1-style completion. The answer holds our action text, with the click
-    point ``(x,y)`` (or a box) in 0..1000 anywhere in it: ``<answer>click Wi-Fi (500,120)</answer>``. Parsed
-    with ``coat.actions`` (never raises); no ``<answer>`` tag gives an invalid action."""
+    """(action, format_ok) of a UI-R1-style completion: our action text in ``<answer>``, click point in 0..1000;
+    never raises (no ``<answer>``: invalid action)."""
     if not isinstance(text, str):
         return invalid_action(), False
     m = _ANSWER.search(text)
@@ -179,8 +167,7 @@ def parse_think_answer(text: str) -> tuple[Action, bool]:
 
 
 def coat_format_ok(s3: str, s4: str | None, finished: Sequence[bool]) -> bool:
-    """The CoaT format reward: the turns that make the action ended with their end-of-turn token (s1, s2, s3,
-    and s4 for click / long_press), the action turn parses, and for click / long_press the grounding parses."""
+    """The CoaT format reward: the action's turns ended with the end token, s3 parses, and s4 too for clicks."""
     a = parse_action_text(s3)
     if not a.parsed:
         return False

@@ -1,12 +1,9 @@
 """Whole episodes of a policy in a batch of live synthetic worlds (the online PPO learner and ``eval.online``).
 
-Each step, every unfinished world renders its screen; screen, instruction and action history become a CoaT
-prompt; one jitted call of the tree sampler (branching (1, 1, 1, 1), ``batch_size`` rows, finished worlds padded)
-draws one four-turn completion per world; the parsed completion drives the world and earns the rule reward
-against the scripted expert's action at the state actually reached (``rollout`` lists the rules). The completion
-of world i at step t is drawn from ``fold_in(seed, step_uid(name_i, t))`` and the worlds are deterministic, so
-the same key gives the same episodes. Step limit [choice]: ``min(max_steps, ceil(step_factor · expert steps))``
-(default factor 2, cap 25: the dataset's cap).
+Each step one jitted tree-sampler call (branching (1, 1, 1, 1)) draws a CoaT completion per unfinished world;
+the parsed action drives the world and earns the rule reward against the expert's action at that state. World
+i's step t draws from ``fold_in(seed, step_uid(name_i, t))``, so a key gives the same episodes. Step limit:
+``min(max_steps, ceil(step_factor · expert steps))``.
 """
 
 from __future__ import annotations
@@ -78,8 +75,7 @@ def split_world_tasks(
     max_steps: int = MAX_STEPS,
     step_factor: float = 2.0,
 ) -> list[WorldTask]:
-    """The first ``n`` episodes of a synthetic split as live tasks: the same world seeds, tasks and world
-    config as ``data.synthetic.generate_split(split, n, seed, config)``'s episodes (held-out splits included)."""
+    """The first ``n`` episodes of a synthetic split as live tasks (as ``generate_split``'s episodes)."""
     cfg = split_config(split, config)
     out = []
     for i in range(int(n)):
@@ -96,10 +92,8 @@ def replicate(tasks: Sequence[WorldTask], k: int) -> list[WorldTask]:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """How episodes are played. sampler: the tree sampler's settings (branching forced to (1, 1, 1, 1); greedy
-    or sampled by its temperatures); image_config: the policy's image preprocessing; batch_size: worlds per
-    jitted call (a fixed shape); step_reward: "leaf" | "uir1"; success_reward: the terminal reward of a success;
-    thumb_size: the screen thumbnail (GiGPPO's distance); keep_prompts: keep each step's prompt (for training)."""
+    """How episodes are played: sampler (branching forced to (1, 1, 1, 1)), image_config, batch_size (worlds per
+    call), step_reward "leaf" | "uir1", success_reward, thumb_size, keep_prompts."""
 
     sampler: SamplerConfig
     image_config: ImageProcessorConfig
@@ -121,8 +115,7 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class StepRecord:
-    """One environment step: prompt (None unless kept), the sampled completion, its turn texts, the parsed
-    action, the expert's action, the step reward, the screen thumbnail, where the world was."""
+    """One environment step: prompt (if kept), completion, turn texts, parsed and expert actions, reward, thumbnail."""
 
     t: int
     prompt: StepPrompts | None
@@ -138,9 +131,8 @@ class StepRecord:
 
 @dataclasses.dataclass
 class Trajectory:
-    """One episode: its task, steps, and the outcome (``stopped``: the agent said stop; ``success``: it stopped
-    with the goal reached; ``truncated``: cut at the step limit; ``cut``: stopped unfinished when the budget of
-    environment steps ran out, outcome unknown)."""
+    """One episode: task, steps, and outcome flags ``stopped``, ``success`` (stopped at the goal), ``truncated`` (step
+    limit), ``cut`` (budget ran out, outcome unknown)."""
 
     task: WorldTask
     steps: list = dataclasses.field(default_factory=list)
@@ -196,9 +188,8 @@ def act(
     config: RolloutConfig,
     mesh=None,
 ) -> list[Completion]:
-    """One completion per prompt: the tree sampler with branching (1, 1, 1, 1) on a batch padded to
-    ``config.batch_size`` rows. ``steps`` (the prompts' golden steps) are not read by the policy; they are part
-    of the signature so that a scripted stand-in (tests) can play the expert."""
+    """One completion per prompt (branching (1, 1, 1, 1), padded to ``config.batch_size``); ``steps`` is unread
+    (a scripted stand-in may use it)."""
     del steps
     packed = pack_tree_prompts(cfg, list(items), config.sampler, seed, batch_size=config.batch_size)
     tree = distributed.to_host(sample_tree(params, cfg, packed, config.sampler, mesh))
@@ -215,16 +206,11 @@ def rollout(
     mesh=None,
     max_env_steps: int | None = None,
 ) -> list[Trajectory]:
-    """Play every task of ``world_tasks`` to its end, ``config.batch_size`` worlds at a time.
+    """Play every task to its end, ``config.batch_size`` worlds at a time; one ``Trajectory`` per task, in order.
 
-    params: the policy; rng: a raw key (the sampling seed); max_env_steps: at most this many environment steps
-    in all (None: no limit): episodes still running when it is spent are cut (``Trajectory.cut``; a task reached
-    after that gets an empty cut trajectory). Returns one ``Trajectory`` per task, in order.
-
-    A parsed action is applied (one that does not apply changes nothing); an unparsable completion is a no-op step
-    with reward 0; the step reward is the leaf reward (method.md §4) or UI-R1's reward / 3 (``step_reward``);
-    ``stop`` ends the episode with ``success_reward`` if the goal holds, else 0; an episode at its step limit is a
-    failure; a lock-step that would pass ``max_env_steps`` is taken by the first worlds still running only.
+    max_env_steps (None: no limit) cuts episodes still running when spent. An unparsable completion is a no-op
+    with reward 0; step reward: leaf reward or UI-R1's / 3; ``stop`` earns ``success_reward`` if the goal holds;
+    the step limit is a failure.
     """
     seed = common.key_seed(rng)
     out = []
@@ -300,9 +286,8 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
 
 
 def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
-    """Episode success rate, mean steps (all episodes, successful ones), truncations and wrong stops over the
-    episodes played to their end; unparsable steps, mean step reward and env steps over every step; ``budget_cut``
-    episodes cut unfinished by a budget of environment steps."""
+    """Success rate, mean steps, truncations and wrong stops over finished episodes; unparsable steps, mean reward,
+    env steps over all steps; ``budget_cut`` episodes."""
     n = len(trajs)
     if n == 0:
         return {"episodes": 0, "success_rate": None, "mean_steps": None}

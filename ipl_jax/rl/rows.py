@@ -1,19 +1,9 @@
-"""Fixed-shape training rows for the RL learners: each sampled completion (or each state, for the critic) as
-one right-padded sequence, and the jitted forwards that read per-token log-probs and state values off them.
+"""Fixed-shape training rows for the RL learners (one right-padded sequence per completion or critic state) and
+the jitted forwards reading per-token log-probs and hidden states off them.
 
-A policy row is the exact token sequence the sampler conditioned on::
-
-    CoaT:          prefix | s1 | turn-2 prompt | s2 | turn-3 prompt | s3 [| turn-4 prompt | s4]
-    think/answer:  prefix | response
-
-with ``target_mask`` on the positions whose *next* token was generated (the turns, never the prompts). s4 is
-part of a row only when the parsed action needs grounding (a click's box is what the coordinate reward scores;
-for any other action s4 was never part of the answer). Several rows may share one screenshot (a GRPO group):
-each image is encoded once (``vision``: U images) and its features are gathered into every row that shows it
-(``feature_index``), in the row-major order in which ``model.embed_tokens`` fills image slots.
-
-Padding rows (to reach the fixed row count) repeat the first real row with ``row_valid`` False and no targets,
-so no row is ever fully masked (a fully masked attention row would give NaN).
+A CoaT row is prefix | s1 | prompt 2 | s2 | prompt 3 | s3 [| prompt 4 | s4] (s4 only when the action needs
+grounding); ``target_mask`` marks positions whose next token was generated. Each screenshot is encoded once
+and gathered into its rows (``feature_index``). Padding rows copy the first row with ``row_valid`` False.
 """
 
 from __future__ import annotations
@@ -49,8 +39,7 @@ class RowConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RowSpec:
-    """One row before padding: ``segments`` in order, each (int ids, generated?); ``image``: index into the
-    batch's images (every row holds exactly one screenshot, in its prefix)."""
+    """One row before padding: ``segments`` (ids, generated?) in order; ``image``: the batch's image index."""
 
     segments: tuple
     image: int
@@ -58,11 +47,8 @@ class RowSpec:
 
 @struct.dataclass
 class Rows:
-    """R rows of length T over U images.
-
-    input_ids int32[R, T]; attention_mask bool[R, T]; positions int32[3, R, T]; targets int32[R, T] (the next
-    token); target_mask bool[R, T] (the next token was generated); vision: VisionInputs of the U images;
-    feature_index int32[F] (image-feature row of each image slot, row-major); row_valid bool[R].
+    """R rows of length T over U images: input_ids, targets int32[R, T]; attention_mask, target_mask bool[R, T];
+    positions int32[3, R, T]; vision (U images); feature_index int32[F]; row_valid bool[R].
     """
 
     input_ids: jax.Array
@@ -82,8 +68,8 @@ class Rows:
 def build_rows(
     cfg: Qwen2VLConfig, specs: Sequence[RowSpec], images: Sequence[tuple], n_rows: int, config: RowConfig = RowConfig()
 ) -> Rows:
-    """Host side: ``specs`` (at most ``n_rows``; padded with copies of the first) and the U ``images``
-    ((pixel_values f32[N, patch_dim], grid int[1, 3]) each) -> ``Rows`` (numpy leaves)."""
+    """Host side: ``specs`` (at most ``n_rows``, padded) and U ``images`` ((pixel_values, grid int[1, 3])) ->
+    ``Rows``."""
     specs = list(specs)
     if not specs:
         raise ValueError("build_rows: no rows")
@@ -175,6 +161,5 @@ _logps_jit = jax.jit(
 
 
 def frozen_token_logps(params: dict, cfg: Qwen2VLConfig, rows: Rows, chunk: int = 128) -> jax.Array:
-    """``row_token_logps`` under ``stop_gradient`` in its own jitted program (reference / behaviour policy
-    log-probs, computed once per batch, never inside a gradient)."""
+    """``row_token_logps`` under ``stop_gradient`` in its own jitted program (reference / behaviour log-probs)."""
     return _logps_jit(params, cfg, rows, chunk)

@@ -1,12 +1,6 @@
-"""Groups of G completions per prompt, drawn with the project's decode loop (one compilation per shape).
-
-* CoaT style: the CoaT-tree sampler itself (``sampling.sample_tree``) with branching (G, 1, 1, 1) — G
-  independent four-turn chains per step; every token drawn from its node's key, as in IPL's trees.
-* think/answer style (UI-R1's prompt): one user turn ``image + UIR1_PROMPT`` and one assistant turn, sampled by
-  ``sample_single_turn``: prefill once per prompt, fan out x G (the KV cache is copied, not recomputed), then
-  the shared turn loop ``sampling.decoding.sample_turn`` with the same per-node keys.
-
-Both return ``Completion`` records (host numpy) that ``rl.rows`` turns into training rows.
+"""Groups of G completions per prompt, drawn with the project's decode loop: CoaT style by the tree sampler with
+branching (G, 1, 1, 1); think/answer style (UI-R1) by ``sample_single_turn`` (one prefill, fanned out x G).
+Both return host ``Completion`` records.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ UIR1_PROMPT = (
 
 @dataclasses.dataclass(frozen=True)
 class SingleTurnPrompt:
-    """A one-turn prompt: prefix_ids int32[P] (image pads expanded, up to the assistant header), the
-    screenshot's pixel_values / image_grid_thw, uid (the step's key id)."""
+    """A one-turn prompt: prefix_ids int32[P] (up to the assistant header), pixel_values, image_grid_thw, uid."""
 
     prefix_ids: np.ndarray
     pixel_values: np.ndarray
@@ -53,8 +46,7 @@ class SingleTurnPrompt:
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """One sampled completion: per generated turn, its tokens int32[n_t] (the end token kept when it ended),
-    log-probs f32[n_t] (the sampler's untempered ones) and whether it ended with an end token."""
+    """One sampled completion: per turn its tokens int32[n_t] (end token kept), untempered log-probs f32[n_t], ended."""
 
     turns: tuple
     logps: tuple
@@ -133,8 +125,8 @@ def sample_coat_groups(
     batch_size: int,
     mesh=None,
 ) -> list[list[Completion]]:
-    """G = ``config.branching[0]`` four-turn completions for each of ``items`` (at most ``batch_size``; the batch
-    is padded to ``batch_size`` rows so every call has one shape). Returns [len(items)][G] completions."""
+    """G = ``config.branching[0]`` completions for each of ``items`` (batch padded to ``batch_size``);
+    [len(items)][G]."""
     if tuple(config.branching[1:]) != (1, 1, 1):
         raise ValueError(f"sample_coat_groups: branching must be (G, 1, 1, 1), got {config.branching}")
     packed = pack_tree_prompts(cfg, list(items), config, seed, batch_size=batch_size)
@@ -151,8 +143,7 @@ def coat_row_spec(item: StepPrompts, c: Completion, with_grounding: bool, image:
 
 
 def state_row_spec(item: StepPrompts, end_id: int, image: int) -> RowSpec:
-    """The critic's view of a state: the CoaT chat with an empty description, up to the thought turn's header —
-    screenshot, instruction and action history, nothing the policy sampled."""
+    """The critic's view of a state: the CoaT chat up to the thought turn's header (nothing the policy sampled)."""
     return RowSpec(
         segments=((item.prefix_ids, False), (np.asarray([end_id], np.int32), False), (item.turn_prompt_ids[0], False)),
         image=image,
@@ -186,8 +177,7 @@ def sample_single_turn(
     seed,
     batch_size: int,
 ) -> list[list[Completion]]:
-    """G one-turn completions of at most ``config.max_turn_tokens[0]`` tokens for each prompt, at
-    ``config.temperature[0]``; the prefix padded to ``config.prefix_buckets``. Returns [len(items)][G]."""
+    """G one-turn completions (at most ``max_turn_tokens[0]``, ``temperature[0]``) per prompt; [len(items)][G]."""
     items = list(items)
     if not items or len(items) > batch_size:
         raise ValueError(f"sample_single_turn: need 1..{batch_size} prompts, got {len(items)}")
