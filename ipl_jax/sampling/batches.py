@@ -18,9 +18,8 @@ from ipl_jax.sampling.tree_sampler import prompt_vision_rows, sample_tree
 
 @dataclasses.dataclass
 class SampledBatch:
-    """One batch: ``tree`` (host numpy CoaTTree, B rows), the B ``steps`` of its rows and their ``prompts``
-    (padding rows repeat the last real step; ``tree.step_valid`` marks them), and ``start``, the index of the
-    first row in the caller's step list."""
+    """One batch: ``tree`` (host CoaTTree, B rows), its rows' ``steps`` and ``prompts`` (padding rows repeat the
+    last real step, ``tree.step_valid`` False), ``start`` (first row's index in the caller's list)."""
 
     tree: object
     steps: list
@@ -43,11 +42,8 @@ def iter_sampled_batches(
     batch_size: int,
     mesh: jax.sharding.Mesh | None = None,
 ) -> Iterator[SampledBatch]:
-    """Sample one tree per step, ``batch_size`` steps per call of the jitted sampler.
-
-    Screenshots are decoded when first read (``step_prompts``); under a mesh with ``config.image_patches`` this
-    process builds the image slots of the rows its devices hold only (``prompt_vision_rows``), so it decodes
-    those rows' screenshots and no others (the returned ``prompts`` decode the rest if a later stage reads them).
+    """Sample one tree per step, ``batch_size`` steps per jitted call. Under a mesh with ``config.image_patches``
+    this process decodes only its devices' rows' screenshots.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -1,18 +1,9 @@
 """The sampler's settings: one frozen (hashable) dataclass, a static argument of the jitted tree sampler.
 
-Every value the method leaves open is a field here ([choice] marks our defaults):
-
-* ``branching`` (b1, b2, b3, b4): children per node at each CoaT turn; docs/method.md §3's default (3, 3, 3, 1).
-* ``max_turn_tokens`` (T1..T4): the token budget of each turn, the end-of-turn token included. A turn that has
-  not produced an end-of-turn token after ``T_t`` tokens is cut there (``finished`` False); the next turn's
-  prompt follows the cut text directly (no end-of-turn token is inserted), so later turns are conditioned on
-  exactly the tokens stored in the tree.
-* ``temperature`` per turn: 0 means greedy (argmax). [choice] (1, 1, 1, 0): the grounding s4 is greedy, as
-  docs/method.md §3 says ("one (greedy) s4 per s3"). Temperatures are traced, not compiled in.
-* ``top_k`` (0 = off) and ``top_p`` (1 = off), applied after the temperature, in transformers' order
-  (temperature, then top-k, then top-p).
-* buckets for the prefix (screenshot + first prompt), the three turn prompts and the image patches: shapes are
-  the smallest bucket that fits, so batches whose lengths fall in the same buckets share one compilation.
+``branching`` (b1..b4); ``max_turn_tokens`` (T1..T4, end token included: a turn cut at its budget is
+``finished`` False and the next prompt follows the cut text); ``temperature`` per turn (0 = greedy, traced);
+``top_k`` (0 off) and ``top_p`` (1 off) after the temperature, as transformers; buckets for the prefix, the
+turn prompts and image patches.
 """
 
 from __future__ import annotations
@@ -40,16 +31,11 @@ def _per_turn(value, name: str, cast) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """How CoaT-trees are sampled. Hashable: a static argument of the jitted samplers.
+    """How CoaT-trees are sampled (hashable: a static jit argument).
 
-    eos_ids: ids that end a turn (``<|im_end|>`` first; take them from ``QwenTokenizer.ids.eos``); the first is
-    also what a greedy-equivalence check expects. pad_id: fills unused token slots (never written to a cache).
-    suppress_ids: ids never drawn, greedy included (give ``<|image_pad|>`` / ``<|video_pad|>``: a sampled image
-    placeholder would be taken for an image slot when the dialogue is re-encoded); the stored log-probs stay
-    those of the unmodified model.
-    early_exit: stop a turn's decode loop once every row has finished (a ``lax.while_loop``); off, every turn
-    runs its full budget (same results, fixed run time).
-    image_patches: see the field.
+    eos_ids: ids ending a turn (``<|im_end|>`` first); pad_id: fills unused slots; suppress_ids: never drawn
+    (give the image / video pads), stored log-probs unaffected; early_exit: stop a turn once every row finished
+    (same results).
     """
 
     branching: tuple[int, int, int, int] = DEFAULT_BRANCHING
@@ -98,8 +84,8 @@ class SamplerConfig:
 
     @staticmethod
     def for_tokenizer(tokenizer, **kw) -> SamplerConfig:
-        """A config with the tokenizer's ids filled in: eos (``<|im_end|>`` first), pad, and the image / video
-        placeholders suppressed. ``tokenizer``: ``ipl_jax.data.tokenizer.QwenTokenizer``; ``kw``: other fields."""
+        """A config with a ``QwenTokenizer``'s eos, pad and suppressed placeholder ids filled in; ``kw``: other
+        fields."""
         ids = tokenizer.ids
         kw.setdefault("eos_ids", tuple(ids.eos))
         kw.setdefault("pad_id", int(ids.pad))
@@ -111,15 +97,12 @@ class SamplerConfig:
         return all(t == 0 for t in self.temperature)
 
     def compile_key(self) -> SamplerConfig:
-        """This config with the temperatures blanked: the jitted samplers take the temperatures as a traced
-        f32[4] argument, so configurations that differ only in temperature (greedy evaluation vs sampling, a
-        temperature sweep) share one compilation."""
+        """This config with the temperatures blanked (they are traced, so such configs share one compilation)."""
         return dataclasses.replace(self, temperature=(1.0,) * NUM_TURNS)
 
     def cache_size(self, prefix_len: int, prompt_lens: Sequence[int], upto_turn: int | None = None) -> int:
         """KV slots a row needs through turn ``upto_turn`` (default 4): prefix + Σ (prompt + turn budget).
-
-        prompt_lens: the (bucketed) lengths of the turn-2, -3, -4 prompts.
+        prompt_lens: the bucketed turn-2, -3, -4 prompt lengths.
         """
         upto = NUM_TURNS if upto_turn is None else int(upto_turn)
         size = int(prefix_len) + self.max_turn_tokens[0]

@@ -1,17 +1,10 @@
 """The decode-loop pieces shared by the prefix-sharing and the no-sharing tree samplers.
 
-Loop form: **feed, then sample.** A turn starts with the cache holding the node's context *except its last
-token* (the last token of the prompt), which is the loop's first feed. Each iteration feeds one token per
-row (``model.decode.append_tokens``), samples the next token from the resulting logits, and feeds that
-token in the next iteration. A row's last sampled token therefore leaves the loop unfed ("pending"); the next
-turn's prompt extension writes it to the cache together with the prompt (all but the prompt's last token,
-which becomes the next loop's first feed). So every token enters the cache exactly once, there is one decoder
-instantiation per turn loop and one per prompt extension, and no logits are ever computed for a prompt
-position. The cache is only ever written by one scatter per call, in place inside the loop (see
-``model.decode``).
-
-Both samplers draw the tokens of a turn with ``sample_turn`` from the same per-node keys, so given equal
-logits they produce equal trees; they differ only in how a node's context reaches the KV cache.
+Feed, then sample: a turn starts with the cache holding the context but its last token, the loop's first
+feed; each iteration appends one token per row and samples the next. The last sampled token stays pending
+and is written with the next prompt, so every token enters the cache exactly once and no logits are computed
+for prompt positions. Both samplers draw with ``sample_turn`` from the same per-node keys, so equal logits
+give equal trees.
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ from ipl_jax.sampling.token_sampling import sample_tokens
 
 
 def fan_out(cache: KVCache, feed: jax.Array, k: int, size: int):
-    """Each row's cache (grown to ``size`` slots) and pending feed token repeated k times, contiguously:
-    rows [a, b] -> [a.., b..] (R -> R*k). The copies are the children's shared prefix: nothing is recomputed."""
+    """Each row's cache (grown to ``size``) and pending feed repeated k times contiguously (R -> R*k)."""
     cache = grow_cache(cache, size)
     if k == 1:
         return cache, feed
@@ -38,11 +30,7 @@ def fan_out(cache: KVCache, feed: jax.Array, k: int, size: int):
 
 
 def prefill_context(params: dict, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int):
-    """Prefills every valid token of ``inputs`` except each row's last one, which is returned as the first feed.
-
-    M-RoPE positions come from the full sequence, so the cache's ``next_pos`` is exactly the position of the
-    held-back token. Returns (cache, feed int32[R]). The last token must be text (it is, for a chat prompt).
-    """
+    """Prefills every valid token of ``inputs`` but each row's last (text) one; returns (cache, feed int32[R])."""
     mask = jnp.asarray(inputs.attention_mask).astype(bool)
     last = last_valid_index(mask)
     ids = jnp.asarray(inputs.input_ids)
@@ -61,11 +49,9 @@ def extend_prompt(
     prompt_ids: jax.Array,
     prompt_lengths: jax.Array,
 ):
-    """Writes each row's pending token (the previous turn's last token, when not yet in the cache) and its
-    prompt except the prompt's last token; returns (cache, feed int32[R] = the prompt's last token).
+    """Writes each row's pending token and its prompt but the last token; returns (cache, feed int32[R]).
 
-    pending: int32[R]; pending_valid: bool[R]; prompt_ids: int32[R, Q] right-padded; prompt_lengths: int32[R]
-    (>= 1). No logits are computed.
+    pending: int32[R]; pending_valid: bool[R]; prompt_ids: int32[R, Q] right-padded; prompt_lengths: int32[R] >= 1.
     """
     q = prompt_ids.shape[1]
     ids = jnp.concatenate([pending[:, None], prompt_ids], axis=1)
@@ -90,14 +76,12 @@ def sample_turn(
     early_exit: bool = True,
     suppress_ids: tuple = (),
 ):
-    """Samples one turn for every row: at most ``budget`` tokens; a row stops after its first eos token (kept).
+    """Samples one turn per row: at most ``budget`` tokens, stopping after the first eos (kept).
 
-    cache: each row's context but its last token; feed: int32[R] that last token; keys: uint32[R, 2] node
-    keys (token i is drawn with ``fold_in(key, i)``); temperature: f32 scalar, may be traced (0 = greedy).
-    The cache needs room for ``budget`` more tokens.
-    Returns (tokens int32[R, budget] padded with pad_id, lengths int32[R], logps f32[R, budget] (0 on padding;
-    the model's untempered log-softmax), finished bool[R] (ended with an eos id), cache, pending bool[R]): the
-    cache then holds context + turn except, for rows with ``pending``, the turn's last token.
+    cache: context but its last token; feed: int32[R]; keys: uint32[R, 2] node keys (token i uses
+    ``fold_in(key, i)``); temperature: f32 scalar, may be traced (0 = greedy); the cache needs ``budget`` free
+    slots. Returns (tokens int32[R, budget] pad_id-padded, lengths int32[R], logps f32[R, budget] untempered,
+    0 on padding, finished bool[R], cache, pending bool[R]: rows whose last token is not yet cached).
     """
     r = feed.shape[0]
     eos = jnp.asarray(eos_ids, jnp.int32)
@@ -135,8 +119,7 @@ def sample_turn(
 
 
 def sample_config_turn(params: dict, cfg: Qwen2VLConfig, cache: KVCache, feed, keys, budget: int, temperature, config):
-    """``sample_turn`` with the token rules of a ``SamplerConfig`` ``config`` (top-k / top-p, eos and pad ids,
-    early exit, suppressed ids)."""
+    """``sample_turn`` with a ``SamplerConfig``'s token rules (top-k / top-p, eos / pad, early exit, suppression)."""
     return sample_turn(
         params,
         cfg,

@@ -1,13 +1,8 @@
-"""Random keys that depend on *what* is sampled, never on how the work is batched.
+"""Random keys that depend on what is sampled, never on how the work is batched.
 
-* A **step key** per training step: ``fold_in(base_key, step_uid)``, where ``step_uid`` is a stable 31-bit hash
-  of (episode id, step id). The same step gets the same tree in any batch, at any batch position.
-* A **node key** per tree node: the step key folded with the node's level and then, one by one, with its child
-  choices ``(k1, ..., kt)`` (its path in the tree). Siblings differ, and a node's key does not depend on the
-  branching of the levels below it.
-* A **position key** per sampled token: the node key folded with the token's index in the turn.
-
-Keys are raw ``uint32[..., 2]`` threefry key data (``jax.random.PRNGKey`` form), so they travel through numpy.
+Step key: ``fold_in(base_key, step_uid)``; node key: the step key folded with the level, then each child
+choice on its path; position key: the node key folded with the token index. Keys are raw ``uint32[..., 2]``
+threefry key data.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ from ipl_jax.coat.tree import num_nodes, unflatten_node_index
 
 
 def step_uid(episode_id: str, step_id: int) -> int:
-    """A stable 31-bit id of a step (CRC-32 of ``episode_id``, NUL, ``step_id``), independent of Python's hash
-    seed and of the step's position in any list."""
+    """A stable 31-bit id of a step (CRC-32 of ``episode_id``, NUL, ``step_id``)."""
     return zlib.crc32(f"{episode_id}\x00{int(step_id)}".encode()) & 0x7FFFFFFF
 
 
@@ -48,9 +42,8 @@ def step_keys(seed: int | jax.Array, uids: Sequence[int]) -> np.ndarray:
 
 
 def node_keys(keys: jax.Array, branching: Sequence[int], level: int) -> jax.Array:
-    """uint32[B, n_level, 2]: the key of every node of ``level`` (1..4), in flat node order.
-
-    keys: uint32[B, 2] step keys. Node (k1, .., kt) of level t gets fold_in(..fold_in(fold_in(step, t), k1).., kt).
+    """uint32[B, n_level, 2]: the key of every node of ``level`` (1..4) in flat node order, from step keys
+    uint32[B, 2]: fold_in(..fold_in(fold_in(step, t), k1).., kt).
     """
     n = num_nodes(branching, level)
 

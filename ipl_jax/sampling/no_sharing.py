@@ -1,14 +1,8 @@
-"""The no-sharing baseline: every tree node decoded from scratch.
+"""The no-sharing baseline (benchmark and equivalence test): every tree node decoded from scratch.
 
-For each level t and each node of that level, the node's whole context — screenshot, first prompt and the
-sampled turns and prompts of its ancestors — is prefilled again (the image re-encoded too), then the node's
-turn is sampled with ``sample_turn`` and the **same per-node keys** as the prefix-sharing sampler. With equal
-logits the two samplers therefore produce the same tree; the difference is the work: here a prefix is
-encoded once per node below it instead of once.
-
-It exists for the benchmark (``tools/bench_tree.py``) and the sharing/no-sharing equivalence test. Each level
-is one jitted call (rows = B·n_t); its contexts are packed on the host to a length fixed by the config and the
-prefix / prompt buckets (prefix + earlier turn budgets + prompts), so each level compiles once per bucket set.
+Each node's whole context is prefilled again (image re-encoded), then its turn is sampled with the same
+per-node keys as the prefix-sharing sampler, so equal logits give the same tree. Each level is one jitted call
+on contexts packed to a config-fixed length.
 """
 
 from __future__ import annotations
@@ -46,9 +40,8 @@ def _scratch_level(
     keys,
     temperature,
 ):
-    """Prefill each row's context (all but its last token, with its own image encoding) into a fresh cache,
-    then sample the level's turn. ids/mask: [R, L]; positions: int32[3, R, L]; vision_rows: VisionInputs with a
-    leading row axis; gather: int32[n_img] rows of the flattened per-row features, in image-token order."""
+    """Prefill each row's context (its own image encoding) into a fresh cache, then sample the level's turn.
+    ids/mask: [R, L]; positions: int32[3, R, L]; gather: int32[n_img] feature rows in image-token order."""
     r, length = ids.shape
     budget = config.max_turn_tokens[level - 1]
     feats = jax.lax.map(lambda v: encode_images(params, cfg, v), vision_rows)  # [R, Nb, hidden]
@@ -65,8 +58,7 @@ def _scratch_level(
 def _pack_level(
     cfg: Qwen2VLConfig, contexts: list[np.ndarray], images: list[StepPrompts], config: SamplerConfig, length: int
 ):
-    """Host packing of one level's contexts (padded to ``length``): ids/mask, M-RoPE positions, per-row vision
-    inputs and the gather order of the per-row image features."""
+    """Host packing of one level's contexts to ``length``: ids, mask, positions, per-row vision, gather order."""
     r = len(contexts)
     if max(len(c) for c in contexts) > length:
         raise ValueError(f"no-sharing context of {max(len(c) for c in contexts)} tokens exceeds its bound {length}")
@@ -96,8 +88,7 @@ def sample_tree_no_sharing(
     step_index: Sequence[int] | None = None,
     batch_size: int | None = None,
 ) -> CoaTTree:
-    """The tree ``sample_tree(params, cfg, pack_tree_prompts(cfg, items, config, seed, step_index, batch_size),
-    config)`` would sample, computed without any prefix sharing (see the module docstring)."""
+    """The tree ``sample_tree`` would sample on the same prompts, computed without prefix sharing."""
     items = list(items)
     if not items:
         raise ValueError("sample_tree_no_sharing: no steps")

@@ -1,19 +1,9 @@
 """Host-side inputs of the tree sampler: each step's prompt segments, packed into fixed-shape device arrays.
 
-A CoaT step is one chat (docs/method.md §2). The sampler needs it cut where the model speaks — the segments of
-``ipl_jax.data.dialogue.coat_segments``, tokenised exactly as the training examples are:
-
-* ``prefix_ids``: everything before the first token of s1 — system turn, the user turn holding the screenshot
-  (``<|image_pad|>`` expanded to one token per merged patch) and the description prompt, then
-  ``<|im_start|>assistant\n``;
-* ``turn_prompt_ids`` for t = 2, 3, 4: the tokens between the end of turn t-1 (the model's own
-  ``<|im_end|>``, which the sampler keeps as the last token of that turn) and the first token of turn t;
-* the screenshot's ``pixel_values`` / ``image_grid_thw``.
-
-``step_prompts`` builds a ``StepPrompts`` from a ``Step``: the ids and the grid from the screenshot's header, its
-pixels decoded when first read (``data.screenshots.ScreenPixels``). ``pack_tree_prompts`` pads a batch of them
-to the config's buckets (``TreePrompts``); given ``vision_rows`` (the rows this process's devices hold under a
-mesh, ``tree_sampler.prompt_vision_rows``) it reads the pixels of those rows only.
+Segments come from ``data.dialogue.coat_segments``, tokenised exactly as training examples: ``prefix_ids``
+(everything before s1), ``turn_prompt_ids`` for turns 2-4 (between the previous turn's ``<|im_end|>`` and the
+turn), and the screenshot. ``pack_tree_prompts`` pads a batch to the config's buckets (``TreePrompts``), reading
+only the pixels of ``vision_rows`` when given.
 """
 
 from __future__ import annotations
@@ -39,10 +29,8 @@ from ipl_jax.sampling.keys import step_keys, step_uid
 class StepPrompts:
     """One step's prompt segments (numpy, unpadded).
 
-    prefix_ids: int32[P] (image pads expanded); turn_prompt_ids: three int32[Q_t] arrays for turns 2, 3, 4;
-    pixel_values: f32[N, patch_dim], read from ``pixels`` (a ``ScreenPixels``: decoded on first read, then kept;
-    built from the array when one is given); image_grid_thw: int64[n, 3]; uid: the step's stable key id
-    (``step_uid``).
+    prefix_ids: int32[P] (image pads expanded); turn_prompt_ids: three int32[Q_t] (turns 2, 3, 4); pixel_values:
+    f32[N, patch_dim] from ``pixels`` (a ``ScreenPixels``); image_grid_thw: int64[n, 3]; uid: ``step_uid``.
     """
 
     prefix_ids: np.ndarray
@@ -74,9 +62,8 @@ def step_prompts(
     image=None,
     pixels=None,
 ) -> StepPrompts:
-    """A ``Step`` -> its ``StepPrompts``: with neither ``image`` (PIL) nor ``pixels`` ((pixel_values, grid))
-    given, the grid comes from the screenshot's size and the pixels are decoded when first read; else from what is
-    given, at once. ``cfg`` is checked against the image processor's merge size."""
+    """A ``Step`` -> its ``StepPrompts`` (pixels decoded on first read unless ``image`` / ``pixels`` are given).
+    ``cfg`` is checked against the image processor's merge size."""
     if cfg.vision.spatial_merge_size != image_config.merge_size:
         raise ValueError(
             f"image processor merge size {image_config.merge_size} != model spatial_merge_size "
@@ -100,14 +87,11 @@ def step_prompts(
 
 @struct.dataclass
 class TreePrompts:
-    """A padded batch of B steps, ready for the jitted sampler.
+    """A padded batch of B steps for the jitted sampler.
 
-    prefix: ModelInputs (input_ids int32[B, P], positions int32[3, B, P], vision patches padded to a bucket);
-    turn_prompt_ids: three int32[B, Q_t] (turns 2, 3, 4, right-padded); turn_prompt_lengths: int32[B, 3];
-    step_keys: uint32[B, 2]; step_index: int32[B] (row in the caller's step list); step_valid: bool[B]
-    (False for the padding rows of a last, short batch; they repeat a real step); vision_rows: None, or the
-    sorted rows R whose image slots ``prefix.vision`` holds ([len(R), image_patches, ...]: this process's rows;
-    ``tree_sampler.place_prompts`` assembles the global slots).
+    prefix: ModelInputs ([B, P]); turn_prompt_ids: three int32[B, Q_t]; turn_prompt_lengths: int32[B, 3];
+    step_keys: uint32[B, 2]; step_index: int32[B]; step_valid: bool[B] (padding rows repeat a real step);
+    vision_rows: None or the sorted rows whose image slots ``prefix.vision`` holds ([len(R), image_patches, ...]).
     """
 
     prefix: ModelInputs
@@ -132,13 +116,9 @@ def pack_tree_prompts(
     batch_size: int | None = None,
     vision_rows: Sequence[int] | None = None,
 ) -> TreePrompts:
-    """Pads ``items`` to ``batch_size`` rows (repeating the last step, marked invalid) and to the buckets of
-    ``config``; step keys come from ``seed`` (int or uint32[2] key data) and each step's uid.
-
-    With ``config.image_patches`` (one slot per screenshot) only the slots of ``vision_rows`` (sorted rows; default
-    all) are built, so only their pixels are read; the text leaves are whole either way. The packed-patch layout
-    (``image_patches`` unset) reads every row's pixels: its patch rows do not follow the sampler rows, so it is
-    built whole in every process (and ``vision_rows`` is refused)."""
+    """Pads ``items`` to ``batch_size`` rows (last step repeated, invalid) and to ``config``'s buckets; step keys
+    from ``seed`` (int or uint32[2]) and uids. With ``config.image_patches`` only ``vision_rows``' slots are built;
+    the packed-patch layout is always whole (``vision_rows`` refused)."""
     items = list(items)
     if not items:
         raise ValueError("pack_tree_prompts: no steps")

@@ -1,9 +1,5 @@
-"""Drawing one token per row from next-token logits: temperature, top-k, top-p, greedy.
-
-The recorded log-probability of a drawn token is always the **untempered, unfiltered** log-softmax of the
-model's logits at that token, ``log π(token | prefix)``: the policy's own probability, which is what T-DPO's
-reference / policy terms and every importance ratio need. (The probability the token was actually drawn with,
-after temperature / top-k / top-p, is not stored.)
+"""Drawing one token per row from next-token logits: temperature, top-k, top-p, greedy. The recorded log-prob is
+always the untempered, unfiltered log-softmax ``log π(token | prefix)``.
 """
 
 from __future__ import annotations
@@ -15,12 +11,8 @@ NEG_INF = -jnp.inf
 
 
 def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
-    """The logits the draw uses: ``logits / temperature``, then keep the ``top_k`` largest (0 = all), then the
-    smallest set of largest-probability tokens whose mass reaches ``top_p`` (1 = all); the rest become -inf.
-
-    logits: f32[R, V] -> f32[R, V]; temperature: a float or f32 scalar (may be traced), > 0 here (0 is the greedy
-    path); top_k, top_p: static. Ties at the top-k / top-p threshold are all kept (the set can then be a few
-    tokens larger than k).
+    """``logits / temperature``, then the ``top_k`` largest (0 = all), then the smallest top set of mass ``top_p``
+    (1 = all); the rest -inf. logits: f32[R, V]; temperature > 0, may be traced; ties at a threshold are kept.
     """
     x = logits.astype(jnp.float32) / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6)
     v = x.shape[-1]
@@ -44,15 +36,10 @@ def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float =
 def sample_tokens(
     logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0, suppress_ids: tuple = ()
 ):
-    """One token per row.
+    """One token per row: (tokens int32[R], logps f32[R], untempered log-softmax of the unmodified logits).
 
-    logits: f32[R, V]; keys: uint32[R, 2] (one key per row); temperature: float or f32 scalar, may be traced
-    (0 = argmax; the keys are then unused), so a greedy and a sampled configuration share one compilation;
-    top_k / top_p: static; suppress_ids: static ids that are never drawn (greedy included). Returns (tokens
-    int32[R], logps f32[R]) with logps the untempered log-softmax of the unmodified logits.
-
-    Without top-k / top-p the draw is computed whatever the temperature and selected (a greedy call pays for the
-    random draw, a decode loop has no data-dependent branch); with them, a ``lax.cond`` skips their sort.
+    logits: f32[R, V]; keys: uint32[R, 2]; temperature: may be traced (0 = argmax, keys unused); top_k / top_p
+    and suppress_ids (never drawn) static.
     """
     logits = logits.astype(jnp.float32)
     temperature = jnp.asarray(temperature, jnp.float32)

@@ -1,14 +1,8 @@
 """Sampled trees as text, actions, values and JSON: what ``ipl-jax sample`` writes and the viewer shows.
 
-``turn_texts`` decodes every node; ``leaf_actions`` parses each leaf (its s3 ancestor + its s4) with
-``actions.parse_action`` (never raises: unparsable text is an invalid action, value 0);
-``TreeScores`` holds a batch's leaf values, backed-up node values and α/β/γ classes (computed by
-``eval.trees.score_tree_batch``); ``tree_record`` turns one tree into a nested JSON object::
-
-    {"episode_id", "step_id", "instruction", "history", "golden": Action json, "golden_text",
-     "branching": [b1..b4], "class": "alpha" | "beta" | "gamma", "root_value", "leaf_values": [..],
-     "children": [ {"turn": 1, "index": k, "text", "num_tokens", "finished", "logp" (sum over the turn),
-                    "value", "children": [ ... turn 2 ... [ turn 4 nodes also carry "action", "exact" ]]} ]}
+``turn_texts`` decodes every node; ``leaf_actions`` parses each leaf (never raises); ``tree_record`` turns one
+tree into nested JSON (step fields, golden, branching, class, values, and per node turn, index, text,
+num_tokens, finished, logp, value, children; leaves add action and exact).
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ CLASS_NAMES = {0: "alpha", 1: "beta", 2: "gamma", -1: "padding"}
 
 
 def decode_turn(tokenizer, ids, length: int) -> str:
-    """One node's text: its valid tokens decoded with special tokens kept (the grounding's box tokens), a
-    closing ``<|im_end|>`` removed."""
+    """One node's text: valid tokens decoded with special tokens kept, a closing ``<|im_end|>`` removed."""
     text = tokenizer.decode([int(i) for i in np.asarray(ids)[: int(length)]])
     if text.endswith(IM_END):
         text = text[: -len(IM_END)]

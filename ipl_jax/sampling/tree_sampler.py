@@ -1,17 +1,9 @@
 """The fixed-shape, prefix-sharing CoaT-tree sampler (docs/method.md §3).
 
-For a batch of B steps and branching (b1, b2, b3, b4), one jitted call does::
-
-    prefill(screenshot + first prompt)                      B rows            (images encoded once per step)
-    fan out x b1 -> sample s1                              B·b1 rows
-    extend(turn-2 prompt) -> fan out x b2 -> sample s2     B·b1 rows -> B·b1·b2 rows
-    extend(turn-3 prompt) -> fan out x b3 -> sample s3     ...
-    extend(turn-4 prompt) -> fan out x b4 -> sample s4     B·b1·b2·b3·b4 rows = the leaves
-
-"Fan out" copies a node's KV cache to its children, so a shared prefix is encoded once; rows are ordered (step,
-k1, ..., kt) row-major (``ipl_jax.coat.tree``'s flat node order) and the cache grows level by level. Each token
-is drawn from its node's key folded with its position (``sampling.keys``); a turn stops at its first eos id or its
-budget, and the decode loop exits once every row has stopped.
+One jitted call prefills B prompts (images once per step), then per turn t extends the prompt, fans each
+node's KV cache out to its b_t children and samples s_t: B -> B·b1 -> ... -> B·b1·b2·b3·b4 leaf rows, ordered
+(step, k1, ..., kt) row-major. Tokens are drawn from position keys (``sampling.keys``); a turn stops at its
+first eos or budget.
 """
 
 from __future__ import annotations
@@ -89,17 +81,15 @@ sample_tree_jit = jax.jit(_sample_tree, static_argnums=(1, 4, 5))
 
 
 def prompt_vision_rows(batch_size: int, mesh: jax.sharding.Mesh | None, config: SamplerConfig, devices=None):
-    """The sorted sampler rows (of ``batch_size``) whose image slots ``devices`` (default: this process's) hold
-    under ``mesh`` — what ``pack_tree_prompts(..., vision_rows=)`` builds in this process — or None when they
-    hold every row or the prompts use the packed-patch layout (``config.image_patches`` unset)."""
+    """The sorted sampler rows whose image slots ``devices`` (default: this process's) hold under ``mesh``, or None
+    when they hold every row or the packed-patch layout is used."""
     if not config.image_patches:
         return None
     return distributed.batch_rows(batch_size, mesh, devices)
 
 
 def prefix_shardings(prompts: TreePrompts, mesh: jax.sharding.Mesh):
-    """The shardings of ``prompts.prefix`` once global (``inputs_shardings``), also for prompts that hold the
-    image slots of their ``vision_rows`` only: those are sharded by the slots' global shape."""
+    """The shardings of ``prompts.prefix`` once global (``inputs_shardings``), also for partial ``vision_rows``."""
     prefix = prompts.prefix
     if prompts.vision_rows is not None:
         n, b = len(prompts.vision_rows), prompts.batch_size
@@ -109,10 +99,8 @@ def prefix_shardings(prompts: TreePrompts, mesh: jax.sharding.Mesh):
 
 
 def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreePrompts:
-    """Device-put a prompt batch: per-step arrays split over ('data', 'fsdp') when the batch divides, and the
-    image patches too (``inputs_shardings``). Image slots of this process's rows only (``prompts.vision_rows``)
-    become global arrays from every process's rows (``distributed.from_local_rows``). Without a mesh the arrays
-    are returned unchanged."""
+    """Device-put a prompt batch with rows over ('data', 'fsdp') when they divide; image slots of this process's rows
+    become global arrays. Without a mesh, unchanged."""
     if mesh is None:
         if prompts.vision_rows is not None:
             raise ValueError("place_prompts: prompts with the image slots of some rows only need a mesh")
@@ -145,10 +133,8 @@ def sample_tree(
 ) -> CoaTTree:
     """Samples B CoaT-trees with prefix sharing; returns a ``CoaTTree`` (level t arrays [B, b1..bt, T_t]).
 
-    params: the model's parameter tree (already placed, e.g. by ``load_params(..., shardings=...)`` under a
-    mesh); prompts: ``pack_tree_prompts(...)``; config: ``SamplerConfig`` (one compilation per config up to its
-    temperatures, and per bucket shapes); mesh: optional — the batch (and every level's rows) is split over
-    ('data', 'fsdp').
+    params: placed parameters; prompts: ``pack_tree_prompts(...)``; config: ``SamplerConfig`` (one compilation
+    per config up to temperatures, and per bucket shapes); mesh: optional, rows split over ('data', 'fsdp').
     """
     temperature = jnp.asarray(config.temperature, jnp.float32)
     return sample_tree_jit(params, cfg, place_prompts(prompts, mesh), temperature, config.compile_key(), mesh)
