@@ -1,14 +1,8 @@
 """Training checkpoints with orbax-checkpoint's CheckpointManager.
 
-One checkpoint = one step directory of three items: ``state`` (the whole TrainState, restored bit-exact against a
-template, with its dtypes and shardings), ``data`` (the data iterator's state as JSON) and ``meta`` (whatever the
-caller passes). Saves happen every ``save_every`` steps and when forced, asynchronously; the last ``keep`` are
-kept, and a run killed mid-save leaves the previous checkpoint intact (Orbax renames a finished step into place).
-
-    ckpt = Checkpointer(run_dir / "checkpoints", save_every=100, keep=3)
-    if ckpt.latest_step() is not None:
-        state, data_state, meta = ckpt.restore(state)        # `state`: a freshly built (or abstract) template
-    ckpt.save(step, state, data_state=it.get_state(), metadata={...}, force=last)
+One checkpoint is a step directory of ``state`` (the whole TrainState, restored bit-exact against a template),
+``data`` (the iterator's JSON state) and ``meta``. Saves run asynchronously every ``save_every`` steps and when
+forced; the last ``keep`` are kept, and a run killed mid-save leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -64,9 +58,8 @@ class Checkpointer:
         metadata: Mapping[str, Any] | None = None,
         force: bool = False,
     ) -> bool:
-        """Save if ``step`` is a multiple of ``save_every`` (or ``force``); returns whether a save started.
-
-        A step that already has a checkpoint is not saved again (e.g. the final save of a resumed run).
+        """Save if ``step`` is a multiple of ``save_every`` (or ``force``) and not already saved; returns whether it
+        started.
         """
         step = int(step)
         if (step % self.save_every and not force) or step in self._manager.all_steps():
@@ -100,10 +93,9 @@ class Checkpointer:
         return int(step)
 
     def restore(self, template, step: int | None = None) -> tuple[Any, Any, dict]:
-        """(state, data_state, metadata) of ``step`` (default: the latest).
-
-        ``template``: a TrainState with the right structure — concrete arrays or ``jax.ShapeDtypeStruct``s (with
-        ``sharding`` set to place leaves on a mesh). Raises FileNotFoundError if there is no checkpoint.
+        """(state, data_state, metadata) of ``step`` (default: the latest). ``template``: a TrainState of concrete
+        arrays
+        or ``ShapeDtypeStruct``s (with ``sharding`` to place on a mesh). FileNotFoundError if there is none.
         """
         step = self._step_or_latest(step)
         abstract = jax.tree.map(_abstract_leaf, template)
@@ -118,11 +110,8 @@ class Checkpointer:
         return restored["state"], _decode_data_state(restored["data"]), dict(restored["meta"])
 
     def load_model_params(self, step: int | None = None) -> tuple[dict, dict]:
-        """(full model params, metadata) of a checkpoint without a template, e.g. for export to Hugging Face.
-
-        Restores the saved TrainState as plain nested dicts (optimizer state included, so this needs host memory
-        for the whole state), then rejoins trainable and frozen params or merges the LoRA adapters with the
-        scale recorded in the metadata.
+        """(full model params, metadata) of a checkpoint without a template (for export): trainable and frozen
+        rejoined, or LoRA merged with the recorded scale. Needs host memory for the whole state.
         """
         step = self._step_or_latest(step)
         restored = self._manager.restore(

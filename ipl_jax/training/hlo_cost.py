@@ -1,17 +1,9 @@
 """Matrix-multiply FLOPs of a compiled XLA program, loops counted as often as they run.
 
-``compiled.cost_analysis()`` counts the body of a ``while`` loop once, whatever its trip count, so for a model
-whose layers run under ``lax.scan`` it reports about one layer's work. ``hlo_flops`` reads the optimised HLO text
-(``compiled.as_text()``) instead: it adds up the FLOPs of every ``dot`` / ``convolution`` (and cuBLAS GEMM
-custom call), walks the call graph from the entry computation (fusions, calls, conditionals: the costliest
-branch) and multiplies a loop body by its trip count: the one XLA annotates (``known_trip_count``), else the
-bound of a loop condition ``counter < constant`` (how TPU programs show a scan); any other loop is counted once
-and reported in ``unknown_loops``. Element-wise work (norms, softmax, activations) is not counted:
-it is a few percent of a transformer's FLOPs. The program is the per-device one after SPMD partitioning, so the
-result is FLOPs per device.
-
-    cost = hlo_flops(jax.jit(f).lower(*args).compile().as_text())
-    cost.flops, cost.unknown_loops, cost.uncounted
+``cost_analysis()`` counts a ``while`` body once; ``hlo_flops`` reads the optimised HLO text instead, sums every
+``dot`` / ``convolution`` / GEMM custom call along the call graph (the costliest conditional branch) and
+multiplies loop bodies by their trip count (``known_trip_count``, else a ``counter < constant`` condition; others
+counted once, in ``unknown_loops``). Element-wise work is not counted. The result is per device.
 """
 
 from __future__ import annotations
@@ -150,10 +142,8 @@ def _window_fields(rest: str) -> dict:
 
 
 def _taps(n: int, out: int, size: int, stride: int, lo: int, lhs_dilate: int, rhs_dilate: int) -> int:
-    """How many (output position, window tap) pairs of one spatial dimension land on a real input element: the
-    others fall on padding or on the holes of lhs dilation and cost nothing. XLA on TPU writes batched matmuls
-    as convolutions whose batch dimensions are such windows (e.g. ``size=2 lhs_dilate=2``), where a count of
-    ``out * size`` would be several times too large."""
+    """How many (output position, window tap) pairs of one spatial dimension land on a real input element (padding
+    and lhs-dilation holes cost nothing; XLA on TPU writes batched matmuls as such convolutions)."""
     p = np.arange(out, dtype=np.int64) * stride - lo  # each output's first tap, in padded dilated coordinates
     count = 0
     for t in range(size):

@@ -1,19 +1,9 @@
 """LoRA adapters over a nested-dict parameter pytree.
 
-A target is any parameter whose '/'-joined path (e.g. ``model/layers/self_attn/q_proj/kernel``) matches one of
-the configured regexes (``re.search``). Its last two axes are read as (in, out); any leading axes are stacked
-layers, so a stacked kernel ``W: [L, in, out]`` gets ``A: [L, in, r]`` and ``B: [L, r, out]``. The adapted weight is
-
-    W' = W + scale · A @ B,        scale = alpha / r,
-
-with A drawn from U(−1/√in, 1/√in) and B = 0, so a fresh adapter leaves the model unchanged.
-
-``LoraParams`` holds the adapters as a nested dict mirroring the base tree (each target path ends in a dict
-``{'a': A, 'b': B}``) plus ``scale`` as static metadata, so it is an ordinary pytree for optax / orbax / jit while
-``apply_lora(base_params, lora_params)`` needs nothing else. ``apply_lora`` is meant to run inside the loss (merge
-on the fly, gradients flow into A and B only); ``attach_lora`` is the training loss's form of it (the adapters
-ride along with their stacked kernels into the layer scan and are merged there, one layer at a time);
-``merge_lora`` is the same computation for export (jitted, result in the base dtype).
+A target is a parameter whose '/'-joined path matches a configured regex; its last two axes are (in, out) and
+leading axes are stacked layers (W [L, in, out] -> A [L, in, r], B [L, r, out]). W' = W + (alpha / r) · A @ B,
+A ~ U(±1/√in), B = 0 (a fresh adapter changes nothing). ``apply_lora`` merges on the fly, ``attach_lora`` lets
+the layer scan merge one layer at a time, ``merge_lora`` folds for export.
 """
 
 from __future__ import annotations
@@ -50,8 +40,7 @@ class LoraConfig:
 
 
 def lora_of_rank(rank: int) -> LoraConfig:
-    """The job's adapters of rank ``rank`` (warm-up SFT's ``sft.lora_rank``, a round's ``ipl.lora_rank``):
-    alpha = 2 x rank, so the adapters' scale is 2 whatever the rank."""
+    """The job's adapters of rank ``rank``: alpha = 2 x rank (scale 2 whatever the rank)."""
     return LoraConfig(rank=rank, alpha=float(2 * rank))
 
 
@@ -161,10 +150,8 @@ def apply_lora(base_params, lora_params: LoraParams):
 
 
 def attach_lora(base_params, lora_params: LoraParams):
-    """Base params with each stacked adapter ([L, in, r], [L, r, out]) placed beside its kernel as ``lora_a`` and
-    ``lora_b`` (the scale folded into b), so that the layer scan slices them with the layer and ``model.layers.
-    dense`` merges one layer at a time (never all L merged kernels at once). Unstacked targets (no layer axis)
-    are merged here as ``apply_lora`` does. Same values as ``apply_lora``; differentiable."""
+    """Base params with each stacked adapter beside its kernel as ``lora_a`` / ``lora_b`` (scale folded into b), merged
+    per layer by ``model.layers.dense``; unstacked targets merged here. Same values as ``apply_lora``."""
     flat = flatten_with_paths(lora_params.adapters)
     stacked = {p.rsplit("/", 1)[0] for p in flat if flat[p].ndim > 2 and p.endswith("/kernel/a")}
     merged = apply_lora(base_params, _only(lora_params, exclude=stacked))
@@ -193,10 +180,8 @@ def merge_lora(base_params, lora_params: LoraParams):
 
 
 def lora_shardings(lora_params: LoraParams, base_shardings):
-    """Shardings for the adapters derived from the base kernels' NamedShardings.
-
-    A [..., in, r] takes the base spec's leading + `in` entries and leaves r unsharded; B [..., r, out] takes the
-    leading + `out` entries. ``base_shardings``: a tree of NamedSharding matching the base params.
+    """Adapter shardings from the base kernels' NamedShardings: A [..., in, r] takes the leading and ``in`` entries,
+    B [..., r, out] the leading and ``out`` entries; r unsharded.
     """
     base = flatten_with_paths(base_shardings)
 

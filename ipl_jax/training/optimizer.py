@@ -1,12 +1,6 @@
-"""The optimizer, built from one typed settings object: AdamW on a warm-up + cosine (or constant) schedule,
-global-norm clipping, weight decay masked off norms and biases.
-
-``OptimizerSettings`` is the one shape of the optimizer's settings. Every trainer — warm-up SFT, the T-DPO round,
-the continued-SFT control, GRPO, PPO — builds its optimizer through ``make_optimizer`` and its learning-rate
-schedule through ``make_schedule``.
-
-Gradient accumulation is not an optax wrapper: the step scans over micro-batches (``grad_accum_steps``, see
-``training.step``) and applies one update, so no accumulator lives in the optimizer state.
+"""The optimizer of every trainer: AdamW on a warm-up + cosine (or constant) schedule, global-norm clipping,
+weight decay masked off norms and biases, built from one ``OptimizerSettings``. Gradient accumulation is a
+scan in the step (``training.step``), not an optax wrapper.
 """
 
 from __future__ import annotations
@@ -28,10 +22,9 @@ NO_DECAY_REGEX = r"(^|/)([^/]*(norm|bias)[^/]*|scale|ln_[^/]*)(/|$)"
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
-    """learning_rate: peak rate (paper SFT: 3e-6 .. 3e-5; IPL: 1e-6 .. 1e-7); schedule: "cosine" (decays to
-    end_lr_ratio * lr at total_steps) or "constant"; warmup_steps: linear warm-up from 0; total_steps: updates the
-    schedule spans (warm-up included); b1, b2, eps, weight_decay: AdamW's; no_decay_regex: '/'-paths without
-    weight decay; grad_clip_norm: global-norm clip (<= 0 disables)."""
+    """learning_rate: peak; schedule: "cosine" (to end_lr_ratio * lr at total_steps) or "constant"; warmup_steps:
+    linear from 0; total_steps: warm-up included; b1, b2, eps, weight_decay: AdamW's; no_decay_regex: '/'-paths
+    without decay; grad_clip_norm: global-norm clip (<= 0 disables)."""
 
     learning_rate: float = 1e-5
     schedule: str = "cosine"

@@ -1,11 +1,8 @@
 """Supervised fine-tuning: the masked next-token loss on assistant turns, and the Qwen2-VL SFT step.
 
-* ``sft_loss`` / ``make_sft_loss`` / ``make_sft_step`` — masked next-token cross-entropy for any
-  ``logits_fn(params, batch, rng)``, weighted by tokens across micro-batches.
-* Qwen2-VL: ``sft_model_batch(cfg, TrainingBatch)`` (host: collated dialogue batch -> ids, masks, M-RoPE
-  positions, padded vision inputs); ``sft_update``, the one jitted program of an SFT step, keyed on the
-  hashable ``SFTStepConfig`` (the loss reads log-probs from hidden states in chunks, never the full logits), called
-  through ``sft_step`` by warm-up SFT and the continued-SFT control; ``sft_batch_shardings`` for a mesh.
+``sft_loss`` / ``make_sft_step`` work for any ``logits_fn``; for Qwen2-VL, ``sft_model_batch`` builds the host
+arrays and ``sft_update`` is the one jitted step (keyed on ``SFTStepConfig``; log-probs in chunks, never full
+logits), called through ``sft_step``.
 """
 
 from __future__ import annotations
@@ -31,11 +28,10 @@ from ipl_jax.training.step import LossFn, make_train_step, train_step_fn
 
 
 def next_token_nll(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed NLL of the masked next tokens and their count.
+    """Summed NLL of the masked next tokens and their count: (nll_sum f32[], tokens f32[]).
 
-    logits: f32[B, T, V] (position t predicts token t+1); input_ids: int32[B, T]; loss_mask: bool/int[B, T], 1 on
-    tokens to be predicted (assistant-turn tokens). The mask is shifted with the targets: token t+1 is scored at
-    position t iff loss_mask[t+1]; token 0 is never scored. Returns (nll_sum f32[], tokens f32[]).
+    logits: f32[B, T, V] (position t predicts t+1); input_ids: int32[B, T]; loss_mask: [B, T]; token t+1 is
+    scored at t iff loss_mask[t+1]; token 0 never.
     """
     targets = input_ids[:, 1:]
     mask = loss_mask[:, 1:].astype(jnp.float32)
@@ -51,10 +47,8 @@ def sft_loss(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> t
 
 
 def make_sft_loss(logits_fn: Callable[[Any, Any, jax.Array], jax.Array]) -> LossFn:
-    """loss_fn for ``make_train_step`` from ``logits_fn(params, batch, rng) -> f32[B, T, V]``.
-
-    ``batch`` is a mapping with at least ``input_ids`` int32[B, T] and ``loss_mask`` [B, T]. Use with
-    ``weight_key='tokens'``.
+    """loss_fn for ``make_train_step`` from ``logits_fn(params, batch, rng) -> f32[B, T, V]``; ``batch`` needs
+    ``input_ids`` and ``loss_mask``. Use ``weight_key='tokens'``.
     """
 
     def loss_fn(params, batch, rng):
@@ -65,10 +59,8 @@ def make_sft_loss(logits_fn: Callable[[Any, Any, jax.Array], jax.Array]) -> Loss
 
 
 def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
-    """``sft_step(state, batch) -> (state, metrics)``: the generic step with the SFT loss, weighted by tokens.
-
-    metrics: loss, tokens, grad_norm, lr. ``kwargs`` go to ``make_train_step`` (grad_accum_steps, compute_dtype,
-    mesh, state_shardings, batch_shardings).
+    """``sft_step(state, batch) -> (state, metrics: loss, tokens, grad_norm, lr)``, weighted by tokens; ``kwargs``
+    go to ``make_train_step``.
     """
     return make_train_step(make_sft_loss(logits_fn), optimizer, schedule=schedule, weight_key="tokens", **kwargs)
 
@@ -77,14 +69,11 @@ def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
 
 
 def sft_model_batch(cfg, batch, image_patches: int | None = None) -> dict:
-    """Host-side: a collated ``data.batching.TrainingBatch`` -> the arrays the Qwen2-VL SFT loss reads.
+    """Host side: a collated ``TrainingBatch`` -> the SFT loss's numpy arrays.
 
-    Returns numpy arrays {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T],
-    positions int32[3, B, T] (M-RoPE, computed here), vision: model.VisionInputs with P = the batch's patch
-    bucket} (no 'vision' key for a batch without images). Fully padded rows get position 0 and no loss.
-    With ``image_patches``, the vision leaves are [B*I, image_patches, ...] instead: one image slot per row slot
-    (``prepare_vision_slots``), so the loss encodes each image alone (cost linear in the images per batch, not
-    quadratic) and the slot axis can be split over devices.
+    {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T], positions int32[3, B, T], vision}
+    (no 'vision' without images); padded rows get position 0 and no loss. With ``image_patches`` the vision
+    leaves are [B*I, image_patches, ...], one slot per image (linear cost, splittable over devices).
     """
     ids = np.asarray(batch.input_ids, np.int32)
     mask = np.asarray(batch.attention_mask, bool)
@@ -109,9 +98,7 @@ def sft_model_batch(cfg, batch, image_patches: int | None = None) -> dict:
 
 
 def sft_batch_axes(batch: Mapping[str, Any], grad_accum: bool = False) -> dict:
-    """The row (example) axis of every leaf of ``sft_model_batch`` arrays, a pytree like ``batch``: 0 for the
-    text arrays and the image slots (one slot per row), 1 for ``positions`` [3, B, T]; one more with
-    ``grad_accum`` (a leading micro-batch axis [A, ...])."""
+    """The row axis of every leaf of ``sft_model_batch`` arrays (1 for ``positions``; one more with ``grad_accum``)."""
     lead = 1 if grad_accum else 0
     out = {}
     for key, value in batch.items():
@@ -123,10 +110,8 @@ def sft_batch_axes(batch: Mapping[str, Any], grad_accum: bool = False) -> dict:
 
 
 def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False):
-    """NamedShardings for ``sft_model_batch`` arrays: text split over the batch axes, and the image patch rows
-    too (packed in batch order: with images of one size each device gets the images of its own rows).
-
-    ``grad_accum``: leaves carry a leading micro-batch axis [A, ...] (kept unsharded).
+    """NamedShardings for ``sft_model_batch`` arrays: text and image patch rows split over the batch axes;
+    ``grad_accum``: a leading unsharded micro-batch axis.
     """
     lead = 1 if grad_accum else 0
 
@@ -138,11 +123,8 @@ def sft_batch_shardings(batch: Mapping[str, Any], mesh, grad_accum: bool = False
 
 
 def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> LossFn:
-    """loss_fn(params, batch, rng) for ``sft_model_batch`` arrays: mean next-token NLL over assistant tokens.
-
-    Log-probs come from the final hidden states ``chunk`` positions at a time (``model.token_log_probs``), so the
-    full [B, T, V] logits are never materialised. ``remat``: the policy (``model.layers.REMAT_POLICIES``, True =
-    'full') of the decoder layers and the vision blocks in the backward pass.
+    """loss_fn(params, batch, rng) for ``sft_model_batch`` arrays: mean next-token NLL over assistant tokens, from
+    hidden states ``chunk`` positions at a time. ``remat``: a ``REMAT_POLICIES`` policy (True = 'full').
     """
 
     def loss_fn(params, batch, rng):
@@ -167,10 +149,8 @@ def qwen2vl_sft_loss(cfg, *, remat: bool | str = False, chunk: int = 128) -> Los
 
 @dataclasses.dataclass(frozen=True)
 class SFTStepConfig:
-    """Settings of the Qwen2-VL SFT step (hashable: the jitted step is cached per config). ``model``: the config in
-    the compute dtype; ``grad_accum_steps``: micro-batches per update (the batch's leading axis when > 1);
-    ``compute_dtype``: the fp32 master weights cast inside the step (None: as held); ``remat``: a policy of
-    ``model.layers.REMAT_POLICIES``; ``logp_chunk``: positions whose vocabulary logits exist at once."""
+    """Settings of the Qwen2-VL SFT step (hashable): ``model`` (compute dtype), ``grad_accum_steps``,
+    ``compute_dtype`` (None: as held), ``remat``, ``logp_chunk``."""
 
     model: Qwen2VLConfig
     optimizer: OptimizerSettings
@@ -181,8 +161,7 @@ class SFTStepConfig:
 
 
 def _sft_update(state: TrainState, batch, config: SFTStepConfig, mesh):
-    """One update on ``sft_model_batch`` arrays, weighted by loss tokens. Under a mesh the batch rows and the new
-    state are pinned to their shardings. metrics: loss, tokens, grad_norm, lr."""
+    """One update weighted by loss tokens; under a mesh rows and the new state are pinned to their shardings."""
     optimizer = make_optimizer(config.optimizer)
     accum = config.grad_accum_steps > 1
     if mesh is not None:
@@ -206,14 +185,12 @@ sft_update = jax.jit(_sft_update, static_argnums=(2, 3), donate_argnums=(0,))
 
 
 def sft_step(state: TrainState, batch, config: SFTStepConfig, *, mesh=None):
-    """One SFT update (``state`` donated); under ``mesh`` the batch holds global arrays (``sft_batch_shardings``)
-    and the state is placed by ``training.state.state_shardings``. Returns (new state, metrics)."""
+    """One SFT update (``state`` donated; under ``mesh`` a global batch and placed state). Returns (state, metrics)."""
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         return sft_update(state, batch, config, mesh)
 
 
 def lower_sft_step(state, batch, config: SFTStepConfig, mesh=None) -> jax.stages.Lowered:
-    """``sft_update`` lowered for ``state`` / ``batch`` (arrays or ``jax.ShapeDtypeStruct`` s carrying their
-    shardings), for ahead-of-time memory and FLOP figures of the program training runs."""
+    """``sft_update`` lowered for ``state`` / ``batch`` (arrays or sharded ``ShapeDtypeStruct`` s), for AOT figures."""
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         return sft_update.lower(state, batch, config, mesh)

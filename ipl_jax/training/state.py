@@ -1,12 +1,8 @@
 """TrainState: what a trainer carries from step to step, how it is created from parameters, and its shardings.
 
-``TrainState`` — step, trainable params, frozen params, optimizer state, RNG key (a flax.struct dataclass). What
-is trainable is decided once, by ``create_train_state``: full fine-tuning (everything trainable), a frozen
-subset (e.g. the vision tower: those leaves move to ``frozen``, get no gradient and no optimizer state, so they
-can never change), or LoRA (all base weights frozen, ``params`` is a ``lora.LoraParams``).
-``model_params(state.params, state.frozen)`` rebuilds the full parameter tree the model reads.
-``Precision`` — the dtypes a trainer computes in and keeps its frozen weights in, and its remat policy (made from
-the job's ``model`` settings).
+``create_train_state`` decides once what trains: everything, all but a frozen subset (in ``frozen``: no
+gradient, no optimizer state), or LoRA adapters (``params`` a ``LoraParams``). ``model_params`` rebuilds the
+full tree; ``Precision`` holds a trainer's dtypes and remat policy.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class Precision:
-    """compute: the dtype the model computes in; storage: the dtype of the weights the job does not train (the
-    sampler's and evaluator's copy, the frozen reference, a frozen base or vision tower); remat: the training
-    programs' rematerialisation policy. Trained weights and optimizer moments are always float32."""
+    """compute: the model's compute dtype; storage: the dtype of untrained weights (sampler, reference, frozen base);
+    remat: the training programs' policy. Trained weights and moments are always float32."""
 
     compute: str
     storage: str
@@ -112,9 +107,8 @@ def model_params(trainable, frozen):
 
 
 def loss_params(trainable, frozen, compute_dtype=None):
-    """The parameter tree a training loss reads: trainable ∪ frozen cast to ``compute_dtype`` (None: as stored);
-    with LoRA the base weights cast and the (fp32) adapters attached beside their kernels
-    (``lora.attach_lora``), merged inside the layer scan."""
+    """The tree a training loss reads: trainable ∪ frozen cast to ``compute_dtype`` (None: as stored); with LoRA the
+    fp32 adapters attached beside their kernels."""
     if isinstance(trainable, LoraParams):
         base = frozen if compute_dtype is None else cast_floating(frozen, compute_dtype)
         return attach_lora(base, trainable)
@@ -140,8 +134,8 @@ def create_train_state(
     lora: LoraConfig | None = None,
     frozen_dtype=None,
 ) -> TrainState:
-    """A fresh TrainState. With ``lora`` every base param is frozen and adapters are trainable; otherwise leaves
-    matching ``freeze_regex`` (e.g. ``^visual/``) are frozen. ``rng``: a raw uint32[2] key (jax.random.PRNGKey)."""
+    """A fresh TrainState: with ``lora`` every base param frozen, else leaves matching ``freeze_regex`` frozen.
+    ``rng``: a raw uint32[2] key."""
     rng = jnp.array(rng)  # a copy: steps donate the state, and the caller's key must outlive that
     # Weakly typed leaves (e.g. from jnp.full(shape, 0.1)) would come back strongly typed from the first step and
     # make the second call compile again.
@@ -163,11 +157,7 @@ def create_train_state(
 
 
 def train_state_shardings(state: TrainState, optimizer, mesh, params_shardings, frozen_shardings) -> TrainState:
-    """TrainState of NamedShardings: optimizer moments follow their params, everything else is replicated.
-
-    ``params_shardings`` / ``frozen_shardings``: trees of NamedSharding matching ``state.params`` / ``state.frozen``
-    (for LoRA use ``lora.lora_shardings``). ``state`` may be abstract (jax.eval_shape).
-    """
+    """TrainState of NamedShardings: moments follow their params, the rest replicated. ``state`` may be abstract."""
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_shardings = optax.tree_map_params(
         optimizer,
@@ -187,8 +177,8 @@ def train_state_shardings(state: TrainState, optimizer, mesh, params_shardings, 
 
 
 def state_shardings(state: TrainState, optimizer, mesh) -> TrainState:
-    """NamedShardings of a TrainState: params by the model's partition rules (LoRA adapters follow their base
-    kernels), optimizer moments like their params, the rest replicated. ``state`` may be abstract."""
+    """NamedShardings of a TrainState by the model's partition rules (adapters follow their kernels, moments their
+    params, the rest replicated). ``state`` may be abstract."""
     frozen_sh = param_shardings(state.frozen, mesh) if state.frozen else {}
     if isinstance(state.params, LoraParams):
         params_sh = lora_shardings(state.params, frozen_sh)

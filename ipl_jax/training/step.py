@@ -1,15 +1,9 @@
-"""The generic training step and loop: ``train_step_fn(loss_fn, optimizer, ...)`` is the
-``step(state, batch) -> (state, metrics)`` every trainer uses (warm-up SFT, T-DPO, the continued-SFT control),
-``make_train_step`` its jitted form, and ``train_loop`` runs steps with the NaN guard and checkpoints.
+"""The generic training step and loop shared by every trainer.
 
-``loss_fn(params, batch, rng) -> (loss, metrics)`` returns a mean loss; ``metrics[weight_key]`` (e.g. the number
-of loss tokens) weights the micro-batches when accumulating. Gradient accumulation is a scan over micro-batches
-inside the step (``grad_accum_steps = A > 1``: every batch leaf carries a leading micro-batch axis [A, ...], each
-micro-batch a fixed-shape batch with its own padded image patches; ``stack_microbatches`` builds that from A
-batches), so the loss is exactly the token-weighted mean over the whole batch.
-
-``train_loop`` stops with ``NonFiniteLossError`` on a NaN/inf loss or gradient norm before any checkpoint is
-written, and saves through ``checkpoint.Checkpointer``.
+``loss_fn(params, batch, rng) -> (loss, metrics)``; ``metrics[weight_key]`` weights micro-batches. With
+``grad_accum_steps = A > 1`` every batch leaf has a leading [A, ...] axis and the step scans over it, so the
+loss is the exact weighted mean over the batch. ``train_loop`` raises ``NonFiniteLossError`` before any
+checkpoint is written.
 """
 
 from __future__ import annotations
@@ -49,18 +43,11 @@ def train_step_fn(
     weight_key: str | None = None,
     compute_dtype=None,
 ):
-    """The un-jitted ``step(state, batch) -> (state, metrics)`` (``make_train_step`` jits it; a trainer that
-    keeps one module-level ``jax.jit`` keyed on static settings calls it inside its own traced function).
+    """The un-jitted ``step(state, batch) -> (state, metrics)`` (``make_train_step`` jits it).
 
-    ``loss_fn(params, batch, rng) -> (loss f32[], metrics dict of f32[])`` sees the full model params (trainable
-    rejoined with frozen, cast to ``compute_dtype`` when given, LoRA adapters attached to be merged inside the
-    layer scan: ``state.loss_params``; master weights stay fp32 and gradients come back in fp32).
-    ``metrics[weight_key]`` (e.g. 'tokens') is the micro-batch's weight: the step's loss is Σ wᵢ·lossᵢ / Σ wᵢ over
-    micro-batches (exactly the full-batch mean), other metrics are averaged with the same weights and the weight
-    itself is summed. Without ``weight_key`` micro-batches weigh the same.
-
-    Returned metrics: loss, grad_norm (before clipping), lr (of this update, when ``schedule`` is given), the
-    weight, and every metric of ``loss_fn``.
+    ``loss_fn`` sees ``state.loss_params`` (fp32 master weights, gradients fp32). The loss is Σ wᵢ·lossᵢ / Σ wᵢ
+    over micro-batches (w = ``metrics[weight_key]``, else equal); metrics: loss, grad_norm (before clipping), lr,
+    the summed weight, and ``loss_fn``'s metrics (weighted means).
     """
     accum = int(grad_accum_steps)
     if accum < 1:
@@ -128,12 +115,7 @@ def make_train_step(
     donate: bool = True,
     **step_options,
 ):
-    """The jitted ``step(state, batch) -> (state, metrics)`` of ``train_step_fn(loss_fn, optimizer,
-    **step_options)`` (schedule, grad_accum_steps, weight_key, compute_dtype).
-
-    With ``mesh``, the step is jitted with ``state_shardings`` / ``batch_shardings`` in and out (metrics
-    replicated) and traced under ``jax.set_mesh(mesh)``.
-    """
+    """The jitted ``train_step_fn``; with ``mesh``, with ``state_shardings`` / ``batch_shardings`` in and out."""
     step = train_step_fn(loss_fn, optimizer, **step_options)
     donate_argnums = (0,) if donate else ()
     if mesh is None:
@@ -188,11 +170,9 @@ def train_loop(
 ) -> tuple[TrainState, list[dict]]:
     """Run ``step_fn`` until ``state.step == num_steps``; returns the final state and per-step host metrics.
 
-    Every step's metrics are fetched and checked (NaN/inf raise ``NonFiniteLossError`` before anything is
-    saved). With a ``checkpointer`` (``checkpoint.Checkpointer``) the state, ``data_state_fn()`` (the data
-    iterator's state after the batches consumed so far) and ``metadata_fn()`` (JSON-able; called after
-    ``on_metrics``, so it may carry what a resumed run needs to summarise the steps before it) are saved on its
-    schedule and at the end. A restored ``state`` resumes from its own step.
+    NaN/inf raise ``NonFiniteLossError`` before saving. With a ``checkpointer`` the state, ``data_state_fn()`` and
+    ``metadata_fn()`` (called after ``on_metrics``) are saved on its schedule and at the end; a restored state
+    resumes from its step.
     """
     history: list[dict] = []
     step = int(state.step)
