@@ -1,25 +1,10 @@
 """The action space, and the text forms an agent reads and writes.
 
-One normalised form serves every dataset and the synthetic world:
-
-* ``click`` / ``long_press``: ``point`` (x, y) and optionally the target ``box`` (x1, y1, x2, y2), all as
-  fractions of the screen in [0, 1]; ``target`` is the element's name as written in the action text.
-* ``type``: ``text``.
-* ``scroll``: ``direction`` in {up, down, left, right} is the direction the **finger** moves (AITZ's
-  convention; AndroidControl's content direction is reversed by its reader).
-* ``press``: ``button`` in {back, home, enter}.
-* ``stop``: the task is complete (AITZ's TASK_IMPOSSIBLE is kept apart in ``status``).
-* ``open_app`` (``text`` holds the app name) and ``wait`` exist where a dataset has them.
-
-Text forms (the CoaT action turn s3 and grounding turn s4)::
-
-    click <target>            long_press <target>      scroll up|down|left|right
-    type "<text>"             press back|home|enter    stop
-    open_app "<name>"         wait
-    <|box_start|>(x1,y1),(x2,y2)<|box_end|>    integers in 0..1000, Qwen2-VL's relative convention
-
-Parsing never raises and never evaluates model text: anything that does not parse gives an action whose
-``parsed`` flag is False (type ``"invalid"``), which every scorer counts as a miss.
+Normalised form (points and boxes as screen fractions in [0, 1]): ``click`` / ``long_press`` (``point``,
+optional ``box``, ``target`` name), ``type`` (``text``), ``scroll`` (``direction`` the finger moves),
+``press`` (back | home | enter), ``stop``, ``open_app`` (``text``), ``wait``. Text forms: s3 ``click <target>``,
+``type "<text>"``, ``scroll up``, ``press back``, ``stop``, ...; s4 ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``
+in 0..1000. Parsing never raises nor evaluates model text: failures give type ``"invalid"`` (``parsed`` False).
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ BOX_END = "<|box_end|>"
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """One GUI action in normalised form (see the module docstring)."""
+    """One GUI action in normalised form."""
 
     type: str
     point: tuple[float, float] | None = None
@@ -196,8 +181,7 @@ def parse_action_text(text: str) -> Action:
 def parse_grounding(text: str) -> tuple[float, float, float, float] | None:
     """Parse a grounding-turn text (s4) into a box in screen fractions, or None. Never raises.
 
-    A box ``(x1,y1),(x2,y2)`` in 0..1000 (with or without the box tokens) is accepted; a single point ``(x,y)``
-    gives a degenerate box. Values outside 0..1000 do not parse.
+    Accepts ``(x1,y1),(x2,y2)`` in 0..1000 with or without box tokens, or a point ``(x,y)`` (a degenerate box).
     """
     if not isinstance(text, str):
         return None
@@ -218,8 +202,7 @@ def parse_grounding(text: str) -> tuple[float, float, float, float] | None:
 
 def parse_action(action_text: str, grounding_text: str | None = None) -> Action:
     """Parse the action turn and, for click / long_press, the grounding turn. Never raises.
-
-    A click whose grounding does not parse keeps its type (it can still earn the type reward) but has no point.
+    A click whose grounding does not parse keeps its type but has no point.
     """
     a = parse_action_text(action_text)
     if a.type in ("click", "long_press") and grounding_text is not None:
@@ -237,9 +220,8 @@ _STOP_WORDS = ("stop", "complete", "done", "finish", "finished")
 
 
 def thought_names_action(thought: str, action: Action) -> bool:
-    """Whether a thought's text names ``action``: its target (click), typed text (type), direction (scroll),
-    button (press), app (open_app), or a word of finishing (stop) appears in it, case-insensitively [choice: a
-    textual test that works on any dataset's free-text thoughts; it can only say "names", not "decides"]."""
+    """Whether a thought names ``action`` (its target, typed text, direction, button, app, or a finishing word for
+    stop), case-insensitively: a textual test, not a decision."""
     text = " ".join(str(thought).lower().split())
     words = set(text.replace(".", " ").replace(",", " ").replace(";", " ").split())
     t = action.type

@@ -1,12 +1,9 @@
 """Step-level action matching (Step.Acc): one predicted action against one golden step (docs/method.md §8,
 docs/formats.md).
 
-Matching never raises on the prediction: an action whose ``parsed`` flag is False, a click without a point, or a
-field of the wrong kind is simply a miss. ``RULES`` holds the benchmarks' rule sets (``MatchRules``: aitz, aitw,
-amex, androidcontrol, androidcontrol_uir1; each described there), whose fields the on-device reward kernel
-(``coat.rewards``) reads too, so training and evaluation judge "exact" the same way; ``DEFAULT_RULES`` is each
-format's own. ``match_step`` judges one step (its docstring lists the [choice]s where the sources are silent);
-the metric tables built from these verdicts are in ``ipl_jax.coat.tables``.
+Never raises on the prediction: an unparsed action, a click without a point or a wrong field is a miss.
+``RULES`` holds the benchmarks' rule sets (``MatchRules``), read by the on-device reward too, so training and
+evaluation judge "exact" alike; ``DEFAULT_RULES`` is each format's own. Tables are in ``coat.tables``.
 """
 
 from __future__ import annotations
@@ -31,15 +28,11 @@ TEXT_TYPES = ("type", "open_app")
 
 @dataclasses.dataclass(frozen=True)
 class MatchRules:
-    """One rule set for exact matching (see the module docstring). Frozen, hence hashable (a jit static arg).
+    """One rule set for exact matching (frozen, hashable).
 
-    box_scale:        enlargement of a golden UI box about its centre; None disables the box rule.
-    click_threshold:  distance bound for a point action.
-    distance:         "screen" — L2 in screen fractions; "width_px" — L2 in pixels divided by the screen width.
-    elements:         "all" — every golden UI element; "clickable" — only those with ``clickable``.
-    scroll:           "direction" — same finger direction; "axis" — same main axis.
-    text:             "contains" — either contains the other; "equal_or_f1" — equal or token F1 > f1_threshold;
-                      "ignore" — a type match is enough.
+    box_scale: golden box enlargement about its centre (None: no box rule); click_threshold: distance bound for a
+    point; distance: "screen" (L2 in fractions) or "width_px" (pixels / width); elements: "all" or "clickable";
+    scroll: "direction" or "axis"; text: "contains", "equal_or_f1" (F1 > f1_threshold) or "ignore".
     """
 
     name: str
@@ -90,10 +83,8 @@ def get_rules(rules: str | MatchRules) -> MatchRules:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """The judgement of one predicted action against one golden step.
-
-    ``details`` holds the rule that decided (``rule``) and what it measured, e.g. ``distance``, ``in_box``,
-    ``gold_in_box`` for point actions, ``f1`` for text actions.
+    """The judgement of one predicted action against one golden step; ``details`` names the deciding ``rule`` and
+    what it measured.
     """
 
     type_match: bool
@@ -127,7 +118,7 @@ def token_f1(pred: str | None, gold: str | None) -> float:
 
 
 def text_contains_match(pred: str | None, gold: str | None) -> bool:
-    """AITZ's type rule: after lower/strip, either text contains the other (an empty prediction needs an empty gold)."""
+    """AITZ's type rule: after lower/strip, either contains the other (an empty prediction needs an empty gold)."""
     p, g = normalise_text(pred), normalise_text(gold)
     if not p:
         return not g
@@ -225,10 +216,8 @@ def match_action(
     screen_size: tuple[int, int] | None = None,
     rules: str | MatchRules = "aitz",
 ) -> Verdict:
-    """Judge ``pred`` against the golden action ``gold`` on a screen with golden ``elements``.
-
-    Never raises on ``pred``; raises ValueError only for an unusable golden action or rule set.
-    ``screen_size`` (width, height) in pixels is needed only by the ``width_px`` distance.
+    """Judge ``pred`` against golden ``gold`` on a screen with golden ``elements``; ValueError only for an unusable
+    golden or rule set. ``screen_size`` (pixels) is needed by the ``width_px`` distance only.
     """
     rules = get_rules(rules)
     if not isinstance(pred, Action) or not pred.parsed or pred.type not in ACTION_TYPES:
@@ -255,13 +244,11 @@ def match_action(
 
 
 def match_step(pred: Action | None, step: StepLike, rules: str | MatchRules = "aitz") -> Verdict:
-    """Judge ``pred`` (None: no prediction, a miss) against a golden step; errors name the episode and step.
+    """Judge ``pred`` (None: a miss) against a golden step; errors name the episode and step.
 
-    [choice]s where the sources are silent: types are our normalised ``ACTION_TYPES`` (``press back`` vs ``press
-    home``: a type match, an exact miss; ``stop`` matches whatever its status); "contains" is substring
-    containment after ``lower().strip()``, but an empty predicted text matches only an empty golden one; token F1
-    counts ``text.lower().split()`` as multisets (two empty texts: 1, one empty: 0); ``open_app`` uses the text
-    rule, ``wait`` needs only the type; a golden point action without a point uses its box's centre."""
+    Conventions: ``press back`` vs ``press home`` is a type match, an exact miss; ``stop`` matches whatever its
+    status; an empty predicted text matches only an empty golden; ``open_app`` uses the text rule, ``wait`` the
+    type only; a golden point action without a point uses its box centre."""
     if pred is None:
         pred = invalid_action()
     try:

@@ -1,16 +1,9 @@
 """Leaf rewards of CoaT-trees and the value backup, vectorised in ``jnp`` (docs/method.md §4, §5).
 
-A leaf is a complete predicted action (s3 plus, for click, s4). Its value against the golden action a*::
-
-    v = 1                               if the leaf matches a* exactly under the evaluation rule (``coat.metrics``)
-      = v_type + score_match            if the types are equal
-      = 0                               otherwise (including output that did not parse)
-    score_match = v_format + (1 - v_type - v_format) · (1 - d)   CLICK whose grounding parsed (d: L2 in fractions)
-                = v_format + (1 - v_type - v_format) · F1        TYPE whose text parsed; 0 otherwise
-
-Host side, ``encode_actions`` / ``encode_golden`` turn actions and golden steps into padded arrays (their text and
-box encodings are [choice]s described there); ``leaf_rewards`` (jitted, ``config`` static) scores any leading
-batch shape whose prefix is the golden one's (golden [B] against leaves [B, b1, b2, b3, b4]).
+A leaf's value is 1 on an exact match under the evaluation rules, v_type + score_match on a type match, else 0;
+score_match = v_format + (1 - v_type - v_format) · (1 - d) for a grounded click (d: L2 in fractions), or
+· F1 for a parsed type text. ``encode_actions`` / ``encode_golden`` pad actions into arrays on the host;
+``leaf_rewards`` scores leaves [B, b1, b2, b3, b4] against goldens [B] (any prefix shape).
 """
 
 from __future__ import annotations
@@ -48,11 +41,8 @@ INVALID_ID = -1
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """Leaf reward settings (frozen: a jit static argument).
-
-    v_type:   reward share for the right action type (default 0.1 [choice], docs/method.md §4).
-    v_format: reward share for a parsable argument — a click point, a typed text (default 0.1 [choice]).
-    rules:    the exact-match rule set, a ``metrics.RULES`` name or a ``MatchRules`` (default "aitz").
+    """Leaf reward settings (a static jit argument): v_type, v_format (shares for the right type and a parsable
+    argument), rules (a ``metrics.RULES`` name or ``MatchRules``).
     """
 
     v_type: float = 0.1
@@ -69,18 +59,11 @@ class RewardConfig:
 
 @struct.dataclass
 class PredictedActions:
-    """Padded predicted actions; ``...`` is any leading batch shape.
+    """Padded predicted actions over any leading shape ``...``.
 
-    type_id:    int32[...]      index into ``ACTION_TYPES``; -1 when the output did not parse
-    has_point:  bool[...]       a finite click / long-press point was parsed
-    point:      f32[..., 2]     (x, y) in screen fractions (0 when absent)
-    has_text:   bool[...]       a text argument was parsed (type / open_app)
-    chars:      int32[..., C]   code points of the normalised text, 0-padded
-    num_chars:  int32[...]
-    words:      int32[..., L]   word ids of the text's tokens, 0-padded
-    num_words:  int32[...]
-    direction:  int32[...]      index into ``DIRECTIONS``, -1 when absent
-    button:     int32[...]      index into ``BUTTONS``, -1 when absent
+    type_id int32[...] (-1 unparsed); has_point bool[...]; point f32[..., 2]; has_text bool[...]; chars
+    int32[..., C] (code points, 0-padded) and num_chars; words int32[..., L] (word ids) and num_words; direction,
+    button int32[...] (-1 absent).
     """
 
     type_id: jax.Array
@@ -97,13 +80,8 @@ class PredictedActions:
 
 @struct.dataclass
 class GoldenActions:
-    """Padded golden actions; ``...`` is any leading batch shape (a prefix of the leaves' one).
-
-    type_id, point, chars, num_chars, words, num_words, direction, button: as in ``PredictedActions``
-    boxes:      f32[..., E, 4]  golden-screen element boxes (x1, y1, x2, y2) in screen fractions
-    box_mask:   bool[..., E]    valid boxes
-    box_clickable: bool[..., E] the element is clickable (rule sets with ``elements="clickable"`` use only these)
-    aspect:     f32[...]        screen height / width (for the ``width_px`` distance)
+    """Padded golden actions (leading shape a prefix of the leaves'): the ``PredictedActions`` fields plus boxes
+    f32[..., E, 4], box_mask and box_clickable bool[..., E], aspect f32[...] (height / width).
     """
 
     type_id: jax.Array
@@ -160,14 +138,9 @@ def _index(value, choices) -> int:
 
 
 def encode_actions(actions: Sequence[Action | None], max_chars: int = 128, max_words: int = 32) -> PredictedActions:
-    """Predicted actions (None or unparsed: invalid) as ``PredictedActions`` with leading shape ``[N]``.
+    """Predicted actions (None or unparsed: invalid) as ``PredictedActions`` [N]; never raises.
 
-    Never raises on an action's content. Reshape the result with :func:`reshape_leading` (e.g. to
-    ``[B, b1, b2, b3, b4]``). Text encodings [choice]: the "contains" / "equal" rules compare
-    ``metrics.normalise_text`` as Unicode code points padded to ``max_chars`` (longer texts: their first
-    ``max_chars``); token F1 uses ``metrics.text_tokens``, each word mapped to a 31-bit id by CRC-32 of its UTF-8
-    bytes (stateless, so predictions and goldens encode apart; a collision has probability ~2^-31), padded to
-    ``max_words`` (longer texts: their first ``max_words`` words).
+    Texts: normalised code points (first ``max_chars``) and CRC-32 word ids (first ``max_words``).
     """
     n = len(actions)
     out = {
@@ -206,13 +179,10 @@ def encode_golden(
     max_words: int = 32,
     keep_box_scale: float = 2.4,
 ) -> GoldenActions:
-    """Golden steps as ``GoldenActions`` with leading shape ``[N]``; texts encoded as in ``encode_actions``.
+    """Golden steps as ``GoldenActions`` [N], texts as in ``encode_actions``.
 
-    Boxes [choice]: the box rule only needs the boxes that (enlarged) contain the golden point, so the golden
-    screen's elements whose box enlarged x``keep_box_scale`` (2.4: the largest scale of any rule set) contains it
-    are kept, in element order, at most ``max_elements``: exact for every rule set as long as no more such boxes
-    exist. Raises ValueError naming the episode and step when a golden action is unusable (unknown type, a point
-    action without point or box).
+    Keeps the elements whose box enlarged x``keep_box_scale`` contains the golden point (at most ``max_elements``).
+    ValueError naming the episode and step for an unusable golden action.
     """
     n = len(steps)
     out = {
@@ -264,10 +234,7 @@ def reshape_leading(tree, shape: Sequence[int]):
 
 
 def _contains(needle, needle_len, hay, hay_len):
-    """Whether the first needle_len codes of needle occur in the first hay_len codes of hay.
-
-    needle: int32[..., C]; hay: int32[..., C'] (broadcastable leading shapes); lengths int32[...]. -> bool[...]
-    """
+    """Whether needle[:needle_len] occurs in hay[:hay_len]: int32[..., C], int32[..., C'], lengths -> bool[...]."""
     c, ch = needle.shape[-1], hay.shape[-1]
     offsets = jnp.arange(ch)
     pos = jnp.arange(c)
@@ -287,10 +254,7 @@ def _text_equal(a, a_len, b, b_len):
 
 
 def token_f1(p_ids, p_len, g_ids, g_len):
-    """Token-level F1 over multisets of ids: int32[..., L] + lengths int32[...] -> f32[...].
-
-    Both empty -> 1, one empty -> 0 (as ``metrics.token_f1``).
-    """
+    """Token-level F1 over multisets of ids: int32[..., L] + lengths -> f32[...] (both empty 1, one empty 0)."""
     p_valid = jnp.arange(p_ids.shape[-1]) < p_len[..., None]
     g_valid = jnp.arange(g_ids.shape[-1]) < g_len[..., None]
     # for each predicted token i: its count among the predicted tokens and among the golden tokens
@@ -377,11 +341,8 @@ def exact_match(pred: PredictedActions, gold: GoldenActions, rules: MatchRules) 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConfig = RewardConfig()) -> LeafRewards:
-    """Leaf values (docs/method.md §4) of predicted actions ``[...]`` against golden actions ``[...prefix]``.
-
-    "Exact" is decided by the evaluation's own rules (``config.rules``), so a value of 1 is a Step.Acc hit. Scope
-    [choice]: the distance / F1 terms apply to golden ``click`` and ``type`` only (method.md §4); ``long_press``
-    and ``open_app`` leaves that match the type but not exactly get ``v_type``."""
+    """Leaf values (docs/method.md §4) of predictions ``[...]`` against goldens ``[prefix]``; a value of 1 is a
+    Step.Acc hit. Distance / F1 terms apply to golden click and type only."""
     rules = get_rules(config.rules)
     exact, type_match = exact_match(pred, gold, rules)
     gold = _expand_golden(gold, pred.type_id.ndim)
@@ -399,11 +360,10 @@ def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConf
 
 
 def backup_values(leaf_values: jax.Array, branching: Sequence[int], discount: float = 0.95) -> tuple[jax.Array, ...]:
-    """Node values of every tree level from its leaf values (docs/method.md §5): v(parent) = c · mean(children).
+    """Node values of every level from the leaf values (docs/method.md §5): v(parent) = c · mean(children).
 
-    leaf_values: f32[B, b1, ..., bn] or f32[B, b1·…·bn]; branching: (b1, ..., bn).
-    Returns n arrays, level t: f32[B, b1, ..., bt]; the last is the leaves themselves. Every internal level,
-    including one whose branching is 1, is discounted once more than the level below it.
+    leaf_values: f32[B, b1, ..., bn] or f32[B, b1·…·bn]. Returns n arrays, level t f32[B, b1, ..., bt], the last
+    the leaves; each internal level is discounted once more, branching 1 included.
     """
     branching = tuple(int(b) for b in branching)
     if not branching or any(b < 1 for b in branching):

@@ -1,12 +1,8 @@
-"""The Step.Acc metric tables of each benchmark (docs/method.md §8, docs/formats.md), from the verdicts of
-``coat.metrics``.
+"""The Step.Acc metric tables of each benchmark (docs/method.md §8, docs/formats.md), from ``coat.metrics`` verdicts.
 
-Tables (:func:`step_acc_table`, :func:`score_episodes`) hold, per golden type (upper case: CLICK, TYPE, SCROLL,
-PRESS, STOP always, LONG_PRESS / OPEN_APP / WAIT when present) and ``total``: ``count``, ``type_acc``,
-``exact_acc`` as fractions (None when ``count`` is 0); ``parse_rate``, ``episode_success`` (every step exact),
-``goal_progress`` (exact steps before the first miss ÷ episode length, averaged over episodes). AndroidControl
-adds ``grounding`` (golden-click exact matches ÷ golden-click type matches) and per-subsplit tables
-(``step.meta["subsplits"]``); AMEX adds per-app tables (``step.meta["app"]``).
+Per golden type (CLICK, TYPE, SCROLL, PRESS, STOP; others when present) and ``total``: ``count``, ``type_acc``,
+``exact_acc`` (fractions, None when empty); ``parse_rate``, ``episode_success``, ``goal_progress``.
+AndroidControl adds ``grounding`` and per-subsplit tables, AMEX per-app tables.
 """
 
 from __future__ import annotations
@@ -70,11 +66,7 @@ def split_row(results: Sequence[StepResult], with_grounding: bool = False) -> di
 
 
 def step_acc_table(results: Sequence[StepResult], fmt: str = "aitz") -> dict:
-    """Aggregate scored steps into the metric table of ``fmt`` (see the module docstring).
-
-    Episodes are the groups of ``results`` sharing an ``episode_id``, ordered by ``step_id``; the episode length
-    is the number of its results.
-    """
+    """The metric table of ``fmt`` from scored steps (episodes: results sharing an ``episode_id``, by ``step_id``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     results = list(results)
@@ -157,10 +149,8 @@ def score_episodes(
     fmt: str = "aitz",
     rules: str | MatchRules | None = None,
 ) -> dict:
-    """The metric table of ``fmt`` for predicted actions keyed by ``(episode_id, step_id)``.
-
-    ``rules`` defaults to the format's own rule set (``DEFAULT_RULES``). The result also names the rule set
-    (``"rules"``) and the format (``"format"``).
+    """The metric table of ``fmt`` for predictions keyed by ``(episode_id, step_id)``, naming its ``"rules"``
+    (default the format's) and ``"format"``.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")

@@ -1,22 +1,9 @@
 """The CoaT-tree: a fixed-shape batch of sampled four-turn Chain-of-Action-Thought trees (docs/method.md §3).
 
-A tree for one training step has a branching tuple ``(b1, b2, b3, b4)`` (default ``(3, 3, 3, 1)``): ``b1``
-samples of the description turn s1; for each, ``b2`` samples of the thought turn s2; for each, ``b3`` samples of
-the action turn s3; for each, ``b4`` samples of the grounding turn s4. The nodes of turn ``t`` ("level t") form
-an array with one axis per branching factor up to ``t``::
-
-    level t arrays:  tokens   int32[B, b1, ..., bt, T_t]   (token ids of turn t, right-padded)
-                     lengths  int32[B, b1, ..., bt]        (valid tokens of each node's turn text)
-                     logps    f32[B, b1, ..., bt, T_t]     (per-token log-probs under the sampling policy)
-                     finished bool[B, b1, ..., bt]         (the turn ended with its end-of-turn token)
-
-A level-4 node is a leaf: a complete action (s3 plus, for click, s4). Shapes depend only on ``B``, the
-branching and the per-turn token budgets ``T_t``, never on the data, so nothing that consumes a tree recompiles.
-
-Node indices. Within one tree, the node of level ``t`` reached by choosing child ``k1`` at level 1, ..., ``kt``
-at level t has the *path* ``(k1, ..., kt)`` and the *flat index* ``((k1·b2 + k2)·b3 + k3)…`` (row-major, the
-order of ``x.reshape(B, n_t, ...)``). Level 0 is the root (the shared prompt), flat index 0. The parent of flat
-node ``n`` at level ``t`` is ``n // bt`` at level ``t-1``.
+Branching ``(b1, b2, b3, b4)``: b1 descriptions s1, b2 thoughts s2 per s1, b3 actions s3 per s2, b4 groundings
+s4 per s3. Level t arrays have one axis per branching factor up to t ([B, b1, ..., bt]); shapes depend only on
+B, branching and turn budgets. Node path ``(k1, ..., kt)`` has flat index ``((k1·b2 + k2)·b3 + k3)…``
+(row-major); the root is level 0, index 0; the parent of flat node n at level t is n // bt.
 """
 
 from __future__ import annotations
@@ -72,10 +59,7 @@ def leaves_per_node(branching: Sequence[int], level: int) -> int:
 
 
 def flatten_node_index(path: Sequence[IntLike], branching: Sequence[int]) -> IntLike:
-    """Flat index of the level-``len(path)`` node with child choices ``path = (k1, ..., kt)``.
-
-    Works elementwise on ints, numpy or jax integer arrays (all of one broadcastable shape).
-    """
+    """Flat index of the level-``len(path)`` node with child choices ``path``; elementwise on ints or arrays."""
     flat = 0
     for t, k in enumerate(path):
         flat = flat * branching[t] + k
@@ -104,10 +88,7 @@ def parent_index(flat: IntLike, branching: Sequence[int], level: int) -> IntLike
 
 
 def leaf_paths(branching: Sequence[int]) -> np.ndarray:
-    """For each leaf, its flat node index at every level: int32[L, 4], row ``l`` = (n1, n2, n3, n4) of leaf ``l``.
-
-    Column 4 is the leaf's own index ``l``. (3,3,3,1): row 13 -> (1, 4, 13, 13).
-    """
+    """For each leaf its flat node index at every level: int32[L, 4] (column 4 the leaf itself)."""
     depth = len(branching)
     leaves = np.arange(num_leaves(branching), dtype=np.int64)
     cols = [ancestor_index(leaves, branching, depth, t) for t in range(1, depth + 1)]
@@ -129,11 +110,7 @@ def unflatten_level(x: jax.Array, branching: Sequence[int], level: int, batch_di
 
 
 def leaves_below(leaf_array: jax.Array, branching: Sequence[int], level: int) -> jax.Array:
-    """Group a per-leaf array by its level-``level`` ancestor.
-
-    leaf_array: [B, b1, b2, b3, b4, ...] -> [B, n_level, leaves_per_node(level), ...]; entry [b, n, j] is the
-    j-th leaf (in leaf order) below node ``n`` of ``level``.
-    """
+    """Group a per-leaf array [B, b1, b2, b3, b4, ...] by its level ancestor -> [B, n_level, leaves_per_node, ...]."""
     rest = leaf_array.shape[1 + len(branching) :]
     return leaf_array.reshape(
         (leaf_array.shape[0], num_nodes(branching, level), leaves_per_node(branching, level)) + rest
@@ -145,22 +122,11 @@ def leaves_below(leaf_array: jax.Array, branching: Sequence[int], level: int) ->
 
 @struct.dataclass
 class CoaTTree:
-    """A batch of ``B`` CoaT-trees, one per training step; all fields are arrays (a pytree).
+    """A batch of ``B`` CoaT-trees, one per training step (a pytree); per level t (tuple index t-1):
 
-    Per level ``t`` = 1..4 (tuple position ``t-1``):
-
-    * ``tokens[t-1]``:   int32[B, b1, ..., bt, T_t] — turn-t token ids of each node, padded with ``pad_id``;
-    * ``lengths[t-1]``:  int32[B, b1, ..., bt]      — number of valid tokens (the rest is padding);
-    * ``logps[t-1]``:    f32[B, b1, ..., bt, T_t]   — per-token log-probs of the sampling policy (0 on padding);
-    * ``finished[t-1]``: bool[B, b1, ..., bt]       — the turn ended properly (not cut at ``T_t``).
-
-    Per tree:
-
-    * ``step_index``: int32[B] — the row of this tree's training step in the round's step list (the prompt,
-      screenshot, instruction, history and golden action are looked up there; the tree stores no prompt);
-    * ``step_valid``: bool[B]  — False for padding rows of the last batch of a round.
-
-    The branching tuple and the token budgets are read from the shapes (``branching``, ``turn_lengths``).
+    ``tokens`` int32[B, b1..bt, T_t] (``pad_id``-padded), ``lengths`` int32[B, b1..bt], ``logps`` f32[B, b1..bt,
+    T_t] (sampling policy, 0 on padding), ``finished`` bool[B, b1..bt] (not cut at T_t). Per tree: ``step_index``
+    int32[B] (row in the round's step list) and ``step_valid`` bool[B]. Branching and budgets come from the shapes.
     """
 
     tokens: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
