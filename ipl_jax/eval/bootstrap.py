@@ -1,10 +1,8 @@
 """Confidence intervals for accuracy gains: a paired bootstrap over test episodes.
 
-Two policies are evaluated on the same episodes (the seed and a variant). A gain is the difference of their
-total step accuracies (exact matches / steps, as ``coat.metrics`` counts ``total.exact_acc``). Steps of one episode
-are not independent (an agent that is lost stays lost), so the bootstrap resamples whole episodes, the same
-episodes for both policies, and reports the percentile interval of the gain. Several splits are resampled each
-within itself and combined as the mean of their accuracies (the job's "mean of the test splits").
+The gain is the difference of two policies' total step accuracies on the same episodes. Whole episodes are
+resampled (their steps are not independent), the same ones for both policies; several splits are resampled
+each within itself and combined as the mean of their accuracies.
 """
 
 from __future__ import annotations
@@ -52,11 +50,9 @@ def paired_gain_interval(
     level: float = 0.95,
     seed: int = 0,
 ) -> dict:
-    """Gain of ``other`` over ``base`` in the mean (over splits) of total step accuracy, with a percentile
-    bootstrap interval.
-
-    base_splits / other_splits: per split, ``episode_counts`` of the two evaluations (same episodes).
-    Returns ``{"gain", "low", "high", "width", "level", "n_boot"}`` as fractions (0.03 = 3 points).
+    """Gain of ``other`` over ``base`` in the mean over splits of total step accuracy, with a percentile bootstrap
+    interval. Splits map to ``episode_counts`` of the same episodes. Returns ``{"gain", "low", "high", "width",
+    "level", "n_boot"}`` as fractions.
     """
     if len(base_splits) != len(other_splits) or not base_splits:
         raise ValueError("paired bootstrap: give the same, non-empty list of splits for both evaluations")

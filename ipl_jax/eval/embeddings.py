@@ -1,8 +1,5 @@
-"""Sentence embeddings of sampled turn texts (the Div_R half of seed selection, docs/method.md §9).
-
-all-MiniLM-L6-v2 (the optional ``embed`` extra) when installed, else a TF-IDF bag of words fitted on the texts
-given together. Imports numpy only, so the job's settings can check ``seed_selection.embedder`` against
-``EMBEDDERS`` without loading the sampler.
+"""Sentence embeddings of sampled turn texts (Div_R of seed selection, docs/method.md §9): all-MiniLM-L6-v2 (the
+``embed`` extra) when installed, else TF-IDF. Imports numpy only (the settings check ``EMBEDDERS``).
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ def minilm_available() -> bool:
 
 
 def tfidf_embed(texts: Sequence[str]) -> np.ndarray:
-    """float32[N, V]: TF-IDF rows (raw term counts x smooth idf ``ln((1 + N) / (1 + df)) + 1``), L2-normalised;
-    the vocabulary is every lower-cased word of ``texts``. An empty text gives a zero row."""
+    """float32[N, V]: L2-normalised TF-IDF rows (counts x ``ln((1 + N) / (1 + df)) + 1``) over the lower-cased words
+    of ``texts``; an empty text gives a zero row."""
     docs = [[w.lower() for w in _WORD.findall(t or "")] for t in texts]
     vocab: dict[str, int] = {}
     for d in docs:

@@ -1,8 +1,6 @@
-"""Greedy CoaT evaluation of a policy (``ipl-jax eval``, the job's test and dev evaluation): every step of a split
-decoded with the tree sampler at temperature 0 and one branch per turn, the four turns parsed into an action
-(``coat.actions.parse_action``) and scored with the benchmark's Step.Acc table (``coat.tables.score_episodes``).
-Each step's record (raw turns, action, golden, verdicts) is what ``ipl-jax score`` reads back
-(``eval.predictions``). ``blank_screens`` is the control with every screenshot a grey image.
+"""Greedy CoaT evaluation of a policy (``ipl-jax eval``, the job's test and dev evaluation): each step decoded at
+temperature 0 with one branch per turn, parsed and scored with the benchmark's Step.Acc table; the per-step
+records are what ``ipl-jax score`` reads back.
 """
 
 from __future__ import annotations
@@ -27,14 +25,9 @@ from ipl_jax.sampling.tree_records import turn_texts
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Greedy CoaT evaluation settings.
-
-    sampler: the tree sampler's settings; ``evaluate_policy`` makes them greedy (branching (1, 1, 1, 1),
-    temperature 0: ``sampling.greedy_config``), keeping budgets, buckets and ids. image_config: how screenshots
-    are preprocessed (the checkpoint's ``preprocessor_config.json``). batch_size: steps per jitted call (the last
-    batch is padded). fmt / rules: the metric table and its rule set (None: the format's own). blank_screens:
-    replace every screenshot by a uniform grey image of the same size -- the control that tells how much of the
-    policy's accuracy comes from reading the screen rather than from the instruction and the action history.
+    """Greedy CoaT evaluation settings: sampler (made greedy by ``evaluate_policy``), image_config, batch_size (last
+    batch padded), fmt / rules (None: the format's own), blank_screens (every screenshot a same-size grey image:
+    the control for how much accuracy comes from reading the screen).
     """
 
     sampler: SamplerConfig
@@ -74,13 +67,11 @@ def _as_episodes(steps_or_episodes: Sequence[Any]) -> list[Episode]:
 def evaluate_policy(
     params: dict, cfg, tokenizer, steps: Sequence[Any], config: EvalConfig, mesh=None
 ) -> tuple[list[dict], dict]:
-    """Greedy CoaT decoding of every step, parsed with ``parse_action`` and scored with ``score_episodes``.
+    """Greedy CoaT decoding of every step, parsed and scored with ``score_episodes``.
 
-    steps: Steps (grouped into episodes by id, for episode success / goal progress) or Episodes.
-    Returns (predictions, metrics): one record per step, in order — ``episode_id``, ``step_id``,
-    ``prediction`` ({"action": s3, "grounding": s4}: readable by ``ipl-jax score``), ``turns`` (the four raw
-    turn texts), ``finished`` (per turn: ended with ``<|im_end|>``), ``action`` (parsed), ``golden``,
-    ``type_match``, ``exact_match`` — and the metric table of ``config.fmt``.
+    steps: Steps (grouped into episodes by id) or Episodes. Returns (predictions, metrics): one record per step
+    in order (``episode_id``, ``step_id``, ``prediction`` {"action", "grounding"}, ``turns``, ``finished``,
+    ``action``, ``golden``, ``type_match``, ``exact_match``) and the metric table of ``config.fmt``.
     """
     episodes = _as_episodes(steps)
     flat = [s for ep in episodes for s in ep.steps]

@@ -1,13 +1,6 @@
-"""Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by what happens —
-the episode success rate and the mean number of steps — rather than by offline step match.
-
-    tasks = split_world_tasks("test_task_unseen", n, seed=seed, config=world)  # the job's: round_eval.job_world_tasks
-    metrics = online_eval(params, cfg, tokenizer, tasks, rng, online_config(sampler, image_config, reward, 8))
-
-An episode succeeds when the agent says ``stop`` with the task's goal reached; an unparsable completion is a
-no-op step; an episode still running at its step limit (``rl.rollout``: twice the expert's steps, at most 25) is
-a failure. Decoding is greedy by default (temperature 0, one episode per task); with a temperature,
-``samples_per_task`` episodes per task are drawn with distinct keys.
+"""Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by the episode success
+rate and mean steps. Success: ``stop`` with the goal reached; an unparsable completion is a no-op; the step
+limit is a failure. Greedy by default; with a temperature, ``samples_per_task`` episodes per task.
 """
 
 from __future__ import annotations
@@ -27,9 +20,8 @@ from ipl_jax.sampling.config import SamplerConfig
 
 @dataclasses.dataclass(frozen=True)
 class OnlineEvalConfig:
-    """rollout: how episodes are played (sampler, image settings, batch size, rewards); temperature: 0 =
-    greedy; samples_per_task: episodes per task (with a temperature); keep_episodes: add a per-episode record
-    list (``episodes_detail``) to the result."""
+    """rollout (``RolloutConfig``); temperature (0 = greedy); samples_per_task; keep_episodes (adds
+    ``episodes_detail``)."""
 
     rollout: RolloutConfig
     temperature: float = 0.0
@@ -61,11 +53,9 @@ def _episode_record(tr) -> dict:
 def online_eval(
     params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig, mesh=None
 ) -> dict:
-    """Play every task (``samples_per_task`` times) and summarise.
-
-    Returns {"success_rate", "mean_steps", "mean_steps_success", "truncated_rate", "wrong_stop_rate",
-    "unparsable_rate", "mean_step_reward", "env_steps", "episodes", "by_family": {family: {"episodes",
-    "success_rate", "mean_steps"}}, "episodes_detail": [...] (with ``keep_episodes``)}.
+    """Play every task ``samples_per_task`` times and summarise: success_rate, mean_steps, mean_steps_success,
+    truncated_rate, wrong_stop_rate, unparsable_rate, mean_step_reward, env_steps, episodes, by_family
+    (episodes, success_rate, mean_steps) and, with ``keep_episodes``, episodes_detail.
     """
     if not world_tasks:
         raise ValueError("online_eval: no tasks")
@@ -103,7 +93,7 @@ def online_config(
     temperature: float = 0.0,
     samples_per_task: int = 1,
 ) -> OnlineEvalConfig:
-    """Online-evaluation settings: ``sampler`` (the job's, with patch buckets for ``batch_size`` screenshots),
-    greedy by default, the leaf reward ``reward`` as the step reward, ``batch_size`` worlds per call."""
+    """Online-evaluation settings: the job's ``sampler`` with patch buckets for ``batch_size`` screenshots, greedy by
+    default, the leaf ``reward`` as step reward."""
     rc = RolloutConfig(sampler=sampler, image_config=image_config, batch_size=batch_size, reward=reward)
     return OnlineEvalConfig(rollout=rc, temperature=temperature, samples_per_task=samples_per_task)

@@ -12,9 +12,8 @@ from ipl_jax.model.sharding import make_mesh, param_shardings
 
 
 def load_policy(checkpoint: str, mesh: bool = False):
-    """(params, cfg, tokenizer, image_config, mesh or None) from a Hugging Face checkpoint directory. With
-    ``mesh``, a ('data', 'fsdp', 'tensor') mesh over every device is built and the weights are loaded straight
-    into their shardings."""
+    """(params, cfg, tokenizer, image_config, mesh or None) from a Hugging Face directory; with ``mesh``, weights
+    load straight into their shardings on a ('data', 'fsdp', 'tensor') mesh over every device."""
 
     directory = Path(checkpoint)
     if not directory.is_dir():

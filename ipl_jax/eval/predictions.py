@@ -1,10 +1,8 @@
-"""The predictions file any agent's actions are scored from (``ipl-jax score``; the tables: ``coat.tables``).
+"""The predictions file any agent's actions are scored from (``ipl-jax score``; docs/formats.md has every form).
 
-One JSON line per step, ``{"episode_id", "step_id", "prediction"}``, the prediction being CoaT text (action, then
-grounding), ``{"action", "grounding"}`` or a structured action (docs/formats.md, "Predictions file", has every
-form). ``prediction_to_action`` never raises: a prediction that does not parse, or a structured action with a
-missing or out-of-range field, is a miss. ``load_predictions`` raises ``DataError`` naming the file and line for
-a line that is not valid JSON, lacks a field, or repeats an (episode_id, step_id) pair.
+One JSON line per step ``{"episode_id", "step_id", "prediction"}``: CoaT text, ``{"action", "grounding"}`` or a
+structured action. ``prediction_to_action`` never raises (unusable: a miss); ``load_predictions`` raises
+``DataError`` (file, line) for invalid JSON, a missing field or a repeated (episode_id, step_id).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from ipl_jax.data.records import DataError
 
 
 def split_prediction_text(text: str) -> tuple[str, str | None]:
-    """(action text, grounding text or None) of a raw prediction string; see the module docstring."""
+    """(action text, grounding text or None) of a raw prediction string."""
     i = text.find(BOX_START)
     if i >= 0:
         return text[:i], text[i:]

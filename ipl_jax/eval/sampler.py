@@ -1,8 +1,4 @@
-"""Sampling scored CoaT-trees for dataset steps (the library behind ``ipl-jax sample``): ``sample_records``.
-
-Each record is one tree (``ipl_jax.sampling.tree_records.tree_record``): node texts, leaf actions, leaf values,
-backed-up node values and the α/β/γ class.
-"""
+"""Sampling scored CoaT-trees for dataset steps (the library behind ``ipl-jax sample``), one ``tree_record`` each."""
 
 from __future__ import annotations
 
@@ -27,9 +23,8 @@ def sample_records(
     rules: str = "aitz",
     discount: float = 0.95,
 ) -> tuple[list[dict], dict]:
-    """One CoaT-tree per step (``iter_sampled_batches``), its leaves scored against the golden action with the
-    rule set ``rules`` and the values backed up with ``discount``; returns (one ``tree_record`` per step, the
-    α/β/γ counts)."""
+    """One scored CoaT-tree per step (leaves vs the golden action under ``rules``, values backed up with
+    ``discount``); returns (records, α/β/γ counts)."""
     reward_config = RewardConfig(rules=rules)
     records, counts = [], {"alpha": 0, "beta": 0, "gamma": 0}
     batches = iter_sampled_batches(params, cfg, tokenizer, image_config, steps, config, seed, batch_size, mesh)

@@ -1,11 +1,8 @@
 """Seed-policy selection (docs/method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
 
-    candidates ─► one CoaT-tree per sampled training step (same steps and keys for all) ─► leaf rewards, turn texts
-               ─► Acc_S (share of exact leaves) and Div_R (``tree_diversity`` of the sentence embeddings)
-               ─► ``choose``: the highest Acc_S + w · Div_R / max Div_R
-
-Sentence embeddings [choice]: all-MiniLM-L6-v2 (the optional ``embed`` extra) when installed, else a TF-IDF bag of
-words fitted on all candidates' texts together (``eval.embeddings``). ``ipl-jax select-seed`` is the command.
+Each candidate samples one tree per chosen training step (same steps and keys for all); Acc_S is the share of
+exact leaves, Div_R the ``tree_diversity`` of sentence embeddings (``eval.embeddings``), and ``choose`` picks
+the highest Acc_S + w · Div_R / max Div_R.
 """
 
 from __future__ import annotations
@@ -34,10 +31,8 @@ def sibling_std(embeddings: np.ndarray) -> np.ndarray:
 
 
 def tree_diversity(level_embeddings: Sequence[np.ndarray], branching: Sequence[int]) -> np.ndarray:
-    """Div of each tree. level_embeddings[t-1]: f32[B, b1, ..., bt, D] (L2-normalised). Returns f32[B]: the mean
-    over turns with b_t > 1 (the greedy grounding turn has no siblings) of the mean over the turn's parent nodes of
-    ``sibling_std`` (population std over the K siblings per dimension, averaged over dimensions; identical
-    siblings give 0); NaN when no turn branches. Div_R is its mean over trees."""
+    """Div of each tree: f32[B], the mean over branching turns of the mean ``sibling_std`` per parent node (NaN
+    when no turn branches). level_embeddings[t-1]: f32[B, b1, ..., bt, D], L2-normalised."""
     per_turn = []
     for t, k in enumerate(branching, start=1):
         if int(k) < 2:
@@ -67,8 +62,7 @@ class CandidateScore:
 
 
 def choose(scores: Sequence[CandidateScore], diversity_weight: float) -> int:
-    """Index of the chosen candidate: highest ``Acc_S + w · Div_R / max Div_R`` (ties: the earlier one).
-    Fills each candidate's ``score``."""
+    """Index of the highest ``Acc_S + w · Div_R / max Div_R`` (earlier on ties); fills each candidate's ``score``."""
     if not scores:
         raise ValueError("no candidates to choose from")
     top = max((s.div_r for s in scores if math.isfinite(s.div_r)), default=0.0)
@@ -98,9 +92,8 @@ def score_candidates(
     embedder: str = "auto",
     echo: Callable[[str], None] = print,
 ) -> tuple[list[CandidateScore], str]:
-    """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (one tree per step, same keys for every
-    candidate), sampled and scored as the job's settings say (``sampler``, ``buckets``, ``reward``, the data's
-    rules, ``seed``). Returns (scores, embedder used)."""
+    """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (same keys for all), as the job's settings say.
+    Returns (scores, embedder used)."""
     reward = reward_config(settings.reward, settings.data)
     bs = settings.sampler.batch_size
     kind = resolve_embedder(embedder)

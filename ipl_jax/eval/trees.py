@@ -1,9 +1,5 @@
-"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job's, fixed-shape tree batches for a
-policy, leaf scoring, and the adapters one IPL round reads (``preference.round.SampledTrees`` / ``TreeScores``).
-Used by seed selection (``eval.seed_selection``), online evaluation and the rounds (``pipeline.rounds``).
-
-The sampler (``ipl_jax.sampling``), the reward kernels (``ipl_jax.coat.rewards``) and the round
-(``ipl_jax.preference.round``) live in their own modules; this file only wires them.
+"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job's, tree batches of a policy, leaf
+scoring, and the adapters a round reads (``SampledTrees`` / ``TreeScores``).
 """
 
 from __future__ import annotations
@@ -42,9 +38,8 @@ def sampler_config(
     greedy: bool = False,
     branching: Sequence[int] | None = None,
 ) -> SamplerConfig:
-    """The ``SamplerConfig`` of the job: branching, per-turn budgets, temperature (the grounding turn is greedy,
-    docs/method.md §3), top-k / top-p, the tokenizer's end and pad ids, suppressed vision placeholders, and buckets
-    for fixed shapes (patches for a sampler batch and an evaluation batch of screenshots)."""
+    """The job's ``SamplerConfig``: branching, budgets, temperatures, top-k / top-p, the tokenizer's ids, and
+    buckets (patches for a sampler and an evaluation batch)."""
     t = sampler.temperature
     ids = tokenizer.ids
     sc = SamplerConfig.for_tokenizer(
@@ -98,11 +93,8 @@ def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_s
 def score_tree_batch(
     actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None, discount: float = 0.95
 ):
-    """Leaf rewards against each row's golden step, the value backup and the α/β/γ classes, as a
-    ``sampling.tree_records.TreeScores``.
-
-    actions: object [B, b1..b4] (``leaf_actions``); steps: B golden steps (padding rows may repeat one);
-    reward_config: ``rewards.RewardConfig`` (default: its defaults); discount: c of docs/method.md §5.
+    """Leaf rewards against each row's golden step, value backup and classes, as ``tree_records.TreeScores``.
+    actions: object [B, b1..b4]; steps: B golden steps; discount: c of docs/method.md §5.
     """
     b = actions.shape[0]
     branching = actions.shape[1:]
@@ -118,17 +110,15 @@ def score_tree_batch(
 
 
 def score_batch(batch, texts: Sequence[np.ndarray], reward: RewardConfig, discount: float):
-    """Leaf actions, rewards, backed-up values and classes of a sampled batch (``score_tree_batch``) ->
-    (leaf actions [B, b1..b4], its ``sampling.tree_records.TreeScores``)."""
+    """(leaf actions [B, b1..b4], ``TreeScores``) of a sampled batch."""
     actions = tree_records.leaf_actions(texts)
     scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward, discount)
     return actions, scores
 
 
 def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores):
-    """The round's ``TreeScores`` from a scored batch: node values, leaf / golden type ids, whether each sampled s3
-    text equals the golden one (such nodes give no γ pair) and whether each sampled thought names the golden
-    action (``coat.actions.thought_names_action``)."""
+    """The round's ``TreeScores``: node values, type ids, whether each sampled s3 equals the golden text and whether
+    each sampled thought names the golden action."""
     leaf_types = np.vectorize(action_type_id, otypes=[np.int32])(actions)
     golden_types = np.array([action_type_id(s.action) for s in batch.steps], np.int32)
     golden_s3 = [format_action(s.action) for s in batch.steps]
@@ -151,13 +141,8 @@ def round_scores(batch, texts: Sequence[np.ndarray], actions: np.ndarray, scores
 
 @dataclasses.dataclass(frozen=True)
 class LeafTally:
-    """Counts over the sampled trees of some steps (padding rows excluded), for a round's diagnostics.
-
-    leaves: sampled leaves; exact: leaves whose action matches the golden one by the evaluation's rules (their
-    share is the sampled pass@1: each leaf is one draw of the policy's sampled CoaT); consistent: leaves whose
-    own thought (their turn-2 ancestor) names the leaf's action (``leaf_consistency``; an action that does not
-    parse counts as inconsistent); thoughts / naming_golden: sampled thoughts, and those that name the golden
-    action (``coat.actions.thought_names_action``, what the "consistent" γ mode reads).
+    """Counts over some steps' sampled trees (padding excluded): leaves, exact (sampled pass@1), consistent (named by
+    their own thought; unparsed counts as not), thoughts, naming_golden.
     """
 
     leaves: int = 0
@@ -183,8 +168,7 @@ class LeafTally:
 
 
 def leaf_consistency(thoughts: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """bool[B, b1, b2, b3, b4]: whether each leaf's action (object array of ``Action``) is named by its own thought
-    (object array [B, b1, b2] of turn-2 texts): the thought -> action consistency of a sampled CoaT."""
+    """bool[B, b1, b2, b3, b4]: whether each leaf's action is named by its own thought (texts [B, b1, b2])."""
     out = np.zeros(actions.shape, bool)
     for idx in np.ndindex(*actions.shape):
         out[idx] = thought_names_action(str(thoughts[idx[:3]]), actions[idx])
@@ -194,9 +178,7 @@ def leaf_consistency(thoughts: np.ndarray, actions: np.ndarray) -> np.ndarray:
 def row_tallies(
     texts: Sequence[np.ndarray], actions: np.ndarray, exact: np.ndarray, steps: Sequence[Step], step_valid
 ) -> list[LeafTally | None]:
-    """One ``LeafTally`` per tree row of a sampled batch (None for padding rows). texts: ``turn_texts``;
-    actions: ``leaf_actions`` [B, b1..b4]; exact: bool [B, b1..b4] (``score_tree_batch``); steps: the B golden
-    steps."""
+    """One ``LeafTally`` per tree row (None for padding). exact: bool [B, b1..b4]."""
     consistent = leaf_consistency(texts[1], actions)
     out: list[LeafTally | None] = []
     for row, step in enumerate(steps):
@@ -221,9 +203,8 @@ def _same_text(a: str, b: str) -> bool:
 
 
 def golden_ids(tokenizer, steps: Sequence[Step]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The golden s3 and s4 of each step as token ids (+ ``<|im_end|>``), right-padded: (action ids [B, Ta],
-    action lengths [B], grounding ids [B, Tg], grounding lengths [B]). Non-click goldens get an empty
-    grounding (just ``<|im_end|>``), which no pair uses."""
+    """Golden s3 and s4 + ``<|im_end|>`` as right-padded ids: (action ids [B, Ta], lengths [B], grounding ids
+    [B, Tg], lengths [B]); non-click goldens get just ``<|im_end|>``."""
     acts, grounds = [], []
     for s in steps:
         acts.append(tokenizer.encode(format_action(s.action) + IM_END))
