@@ -1,7 +1,5 @@
 """``ipl-jax ablate``: IPL variants from one shared seed, printed as the paper's ablation table plus a summary of
 each variant's gain over the seed with its 95 % paired-bootstrap interval (see ``ipl_jax/pipeline/ablate.py``).
-
-    ipl-jax ablate --workdir runs/ablate [--config synthetic[:quick]] [--variants tdpo,continued_sft,k2]
 """
 
 from __future__ import annotations

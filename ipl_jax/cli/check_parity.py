@@ -1,7 +1,7 @@
 """``ipl-jax check-parity --model DIR``: our logits against transformers' on one random text + image batch.
 
-Prints ``{"max_abs_logit_diff", "tolerance", "ok", "logit_std", "num_tokens"}`` as JSON. Exit status: 0 within
-tolerance, 1 above it, 2 when torch / transformers are missing or the model directory cannot be used.
+Prints the comparison as JSON. Exit status: 0 within tolerance, 1 above it, 2 when torch / transformers are
+missing or the model directory cannot be used.
 """
 
 from __future__ import annotations

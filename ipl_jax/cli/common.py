@@ -1,11 +1,7 @@
 """What every ``ipl-jax`` command shares: its argument parser, its error handling and the flags' meanings.
 
-``--config FILE[:VARIANT]`` is a job config with ``--config.section.field=value`` overrides; ``--model DIR`` a
-Hugging Face model directory; ``--orbax-checkpoint DIR`` / ``--orbax-params DIR`` an Orbax training checkpoint /
-tree of bare parameters; ``--data DIR`` a dataset root and ``--format`` its layout; ``--out`` / ``--json`` /
-``--predictions`` outputs. A mistake in an invocation (a flag, a setting, a path) ends in one line on stderr,
-``ipl-jax COMMAND: <what is wrong and what to do>``, with exit status 2 before any expensive work; a malformed
-data record ends the same way with status 1.
+An invocation mistake (flag, setting, path) ends in one stderr line ``ipl-jax COMMAND: <what is wrong and what
+to do>`` with exit status 2 before any expensive work; a malformed data record ends the same way with status 1.
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def command(prog: str) -> Callable:
-    """Wrap a command's ``main(argv) -> int``: usage and config errors become one line on stderr and exit 2,
-    malformed data records exit 1; ``--help`` returns 0. The wrapped function can be called in-process."""
+    """Wrap a command's ``main(argv) -> int``: usage and config errors print one line and exit 2, malformed data
+    records exit 1, ``--help`` returns 0. Callable in-process."""
 
     def wrap(fn: Callable[[list[str]], int]) -> Callable[[Sequence[str] | None], int]:
         @functools.wraps(fn)

@@ -1,15 +1,8 @@
 """``ipl-jax eval``: greedy four-turn CoaT decoding of every step of a dataset split with a Hugging Face model,
 scored with the benchmark's Step.Acc table; with ``--online``, whole episodes in the live synthetic world.
 
-    ipl-jax eval --model DIR --data DIR --format aitz [--split test] [--json OUT] [--predictions OUT]
-                 [--steps N] [--batch-size 8] [--blank-screens] [--mesh]
-    ipl-jax eval --online --model DIR [--config synthetic[:quick]] [--split test_task_unseen] [--episodes N]
-                 [--max-steps 25] [--batch-size 8] [--json OUT] [--predictions OUT]
-
-Online: the policy acts greedily in the worlds of the split's first N episodes (the world seeds and tasks the
-job config's seed and world section give them); an episode succeeds when the agent stops with the goal reached
-and fails when it stops early or reaches its step limit (min(--max-steps, 2 x the expert's steps)). Printed and
-written with ``--json``: success rate, mean steps, truncations, unparsable steps, by task family.
+Online: greedy episodes in the worlds of the split's first N episodes; success is stopping with the goal
+reached; the step limit is min(--max-steps, 2 x the expert's steps).
 """
 
 from __future__ import annotations

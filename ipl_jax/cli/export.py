@@ -1,7 +1,5 @@
 """``ipl-jax export``: a training checkpoint (Orbax), an Orbax params tree or a Hugging Face model directory as a
 Hugging Face directory (weights in safetensors, the base model's tokenizer and processor files copied).
-
-    ipl-jax export --model HF_DIR [--orbax-checkpoint DIR [--step N] | --orbax-params DIR] --out DIR
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``ipl-jax init-model --architecture qwen2-vl-2b|qwen2-vl-7b --out DIR``: a Hugging Face checkpoint of a
 published Qwen2-VL architecture with random weights and our tokenizer (real shapes, bfloat16, nothing downloaded).
 
-    ipl-jax init-model --architecture qwen2-vl-2b --out /models/random-2b
-    ipl-jax init-model --architecture qwen2-vl-7b --out DIR --dry-run     # the tensors and sizes, nothing written
-
-The weights are drawn and written tensor by tensor (host memory peaks at one 4 GiB shard); the directory loads
-with ``--config.model.checkpoint=DIR`` in every command that takes a checkpoint, and in transformers.
+``--dry-run`` lists the tensors and sizes without writing. Host memory peaks at one 4 GiB shard.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``ipl-jax pack-data``: convert a dataset once into ArrayRecord shards of step records.
 
-    ipl-jax pack-data --format aitz|amex|androidcontrol|synthetic --data ROOT --out DIR [--shards N]
-                      [--splits train,test] [--skip-bad]
-
-Every split of ROOT (or those of ``--splits``) is read with the format's reader and written as N shards per
-split plus ``ipl_jax_arrayrecord.json`` (format, counts per split, version, source hash); the same input gives
-byte-identical output. Read it back with ``data.format = "arrayrecord"`` (or the dataset's own format: a packed
-directory is recognised) in any command. Exit status 0; 2 for a bad invocation; 1 for a malformed source record
-(without ``--skip-bad``).
+Every split (or ``--splits``) becomes N shards plus ``ipl_jax_arrayrecord.json``; the same input gives
+byte-identical output, read back with ``data.format = "arrayrecord"`` (or the dataset's own format). Exit
+status 0; 2 for a bad invocation; 1 for a malformed source record (without ``--skip-bad``).
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 per-device memory and FLOPs of the job's SFT step, T-DPO step, sampler prefill and decode step, compiled ahead of
 time on abstract inputs (nothing allocated, no checkpoint needed).
 
-``--devices N`` plans for N CPU devices (``--xla_force_host_platform_device_count``; the process re-runs itself
-when JAX was already started with another count). ``--topology`` plans for a Cloud TPU slice through JAX's
-topology API (needs the ``tpu-plan`` extra: ``pip install 'ipl-jax[tpu-plan]'``); it takes the slice names
-v4-N / v5p-N (N TensorCores, two per chip) and v5e-N / v6e-N (N chips), or libtpu's own ``v5p:2x2x2``. The CPU
-backend's temporaries run a few times larger than the TPU's for the same program: budget HBM with a topology.
-``--workdir DIR`` plans with the buckets the job in DIR fitted to its data (its ``buckets`` stage,
-``pipeline/bucket_fit.py``) instead of the configured ones.
+``--devices N`` plans on N fake CPU devices (re-running itself if JAX already started otherwise); ``--topology``
+plans for a Cloud TPU slice (v4-N / v5p-N TensorCores, v5e-N / v6e-N chips, or ``v5p:2x2x2``; needs the
+``tpu-plan`` extra). ``--workdir DIR`` uses the buckets the job in DIR fitted to its data.
 """
 
 from __future__ import annotations
@@ -96,8 +92,8 @@ def _xla_flags(flags: str, n: int) -> str:
 
 
 def _prepare_backend(args, argv) -> int | None:
-    """Point JAX at CPU devices (fake ones for --devices, compile-only TPU ones for --topology) before it starts;
-    when it has already started otherwise, re-run this command in a child process. Returns the child's status."""
+    """Point JAX at CPU devices (fake ones for --devices, compile-only TPU ones for --topology) before it starts, or
+    re-run the command in a child process if it already started; returns the child's status."""
     if args.devices is None and args.topology is None:
         return None
     env = dict(_TPU_ENV) if args.topology else {"JAX_PLATFORMS": "cpu"}
@@ -135,8 +131,7 @@ def _devices(args):
 
 
 def _check_early(args, settings, options, mesh_arg) -> None:
-    """What can be checked before JAX starts: the mesh against --devices, batches, dtypes, the topology name and
-    its compiler."""
+    """The checks possible before JAX starts: mesh vs --devices, batches, dtypes, topology name and its compiler."""
     if args.devices is not None:
         shape = shapes_lib.mesh_shape(settings.mesh, mesh_arg, args.devices)
         plan_lib.validate(settings, options, shape, "cpu")

@@ -1,14 +1,8 @@
 """``ipl-jax run``: the main job, resumable stage by stage (``ipl_jax/pipeline/run.py``).
 
-    ipl-jax run --workdir runs/default                          # the default config: configs/synthetic.py
-    ipl-jax run --config synthetic:quick --workdir /tmp/quick   # the smallest end-to-end run
-    ipl-jax run --config qwen2vl_7b_aitz --config.data.root=/data/aitz \\
-        --config.model.checkpoint=/models/Qwen2-VL-7B-Instruct --workdir runs/aitz
-    ipl-jax run ... --coordinator host0:8476 --num-processes 4 --process-id $I   # one process per host (TPU pods
-                                                                               # and SLURM need no flags)
-
-The settings, the workdir, the dataset, the checkpoint and the machine are checked before anything is written;
-running the same command again resumes after the last finished stage or round.
+Settings, workdir, dataset, checkpoint and machine are checked before anything is written; the same command
+again resumes after the last finished stage or round. Multi-host: ``--coordinator``, ``--num-processes``,
+``--process-id`` (TPU pods and SLURM need no flags).
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ PROG = "ipl-jax run"
 
 
 def job_settings(parser: CommandParser, argv: list[str]):
-    """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) with its
-    ``--config.a.b=v`` overrides read into checked ``Settings``, the dataset, checkpoint and machine checked and
-    ``--workdir`` writable -- before any work. A multi-process launch joins the others here, before anything
-    touches a device."""
+    """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) and its overrides as
+    checked ``Settings``, sources and machine checked, ``--workdir`` writable, and a multi-process launch joined,
+    before any work."""
     distributed.add_flags(parser)
     args, settings = parse_args_with_settings(parser, argv, default_config="synthetic")
     start_distributed(args)

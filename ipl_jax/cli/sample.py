@@ -1,11 +1,6 @@
 """``ipl-jax sample``: sample CoaT-trees for the first steps of a dataset split, write them as JSONL and HTML.
 
-    ipl-jax sample --model DIR --data DIR [--format aitz] [--split S] [--steps N] --out trees.jsonl
-                   [--html OUT.html] [--branching 3 3 3 1] [--max-turn-tokens 256 128 32 32]
-                   [--temperature 1.0] [--top-k 0] [--top-p 1.0] [--batch-size 4] [--seed 0] [--mesh]
-
-The model is a Hugging Face Qwen2-VL directory (weights, tokenizer, preprocessor config). Each output line is one
-tree: node texts, leaf actions, leaf values, backed-up node values and the α/β/γ class.
+Each output line is one tree: node texts, leaf actions, leaf values, backed-up node values, α/β/γ class.
 """
 
 from __future__ import annotations

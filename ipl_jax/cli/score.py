@@ -1,9 +1,7 @@
 """``ipl-jax score``: the Step.Acc table of a predictions JSONL file against a dataset split.
 
-    ipl-jax score --data DIR --format aitz|amex|androidcontrol --predictions FILE [--split test] [--json OUT]
-
-The predictions format is described in docs/formats.md ("Predictions file"). Exit status 0; 2 for a bad invocation
-(a missing or wrong kind of path, an unwritable ``--json``); 1 for a malformed predictions line or data record.
+Predictions format: docs/formats.md. Exit status 0; 2 for a bad invocation; 1 for a malformed predictions
+line or data record.
 """
 
 from __future__ import annotations

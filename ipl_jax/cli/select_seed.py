@@ -1,8 +1,4 @@
-"""``ipl-jax select-seed``: score policy models by Acc_S and Div_R (docs/method.md §9) and choose the seed.
-
-ipl-jax select-seed --models DIR [DIR ...] --data DIR [--format aitz] [--split train] [--steps N]
-                    [--embedder auto|minilm|tfidf] [--diversity-weight 0.1] [--json OUT] [--config ...]
-"""
+"""``ipl-jax select-seed``: score policy models by Acc_S and Div_R (docs/method.md §9) and choose the seed."""
 
 from __future__ import annotations
 

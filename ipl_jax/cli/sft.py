@@ -1,9 +1,7 @@
 """``ipl-jax sft``: the job's first stages only (data, instruction evolution, model, warm-up SFT).
 
-The SFT checkpoints land in ``WORKDIR/sft/checkpoints`` (Orbax) and the last ``sft.seed_candidates`` of them as
-Hugging Face directories in ``WORKDIR/sft/candidates/step_<n>`` (what ``ipl-jax eval --model`` and
-``ipl-jax select-seed --models`` take). The workdir is the same as ``ipl-jax run``'s: running ``ipl-jax run`` on
-it afterwards goes on from seed selection.
+Checkpoints land in ``WORKDIR/sft/checkpoints`` and the last ``sft.seed_candidates`` as Hugging Face
+directories in ``WORKDIR/sft/candidates/step_<n>``; ``ipl-jax run`` on the same workdir goes on from there.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``ipl-jax synth``: write synthetic-world splits in the AITZ format (or AndroidControl's).
 
-    ipl-jax synth --out DIR --split NAME --episodes N --seed S [--world K=V ...] [--overwrite]
-    ipl-jax synth --out DIR --split all --config synthetic [--config.world.width=252 ...]
-    ipl-jax synth --out DIR --split train --format android_control ...   # action logs: TFRecord shards, no CoaT
-
-The world's settings are ``WorldConfig``'s defaults, or a job config's ``world`` section with ``--config``;
-``--world K=V`` overrides single fields on top. ``--split all`` writes every split with its default size
-(``--episodes`` then scales them all). A split that already holds files (AITZ: its folder; AndroidControl: its
-shard) is refused unless ``--overwrite`` (which replaces that split), so episodes of two runs never mix.
+World settings: ``WorldConfig``'s defaults or a job config's ``world`` section (``--config``), then ``--world
+K=V`` overrides. ``--split all`` writes every split at its default size (scaled by ``--episodes``). A split
+that already holds files is refused unless ``--overwrite`` (which replaces it).
 """
 
 from __future__ import annotations
@@ -101,7 +96,7 @@ def plan_splits(split: str, episodes) -> dict[str, int]:
 
 
 def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
-    """Refuse split folders that hold files (unless ``overwrite``, which empties them) -- before any work."""
+    """Refuse split folders that hold files (unless ``overwrite``, which empties them), before any work."""
     busy = [out / s for s in splits if (out / s).is_dir() and any((out / s).iterdir())]
     if busy and not overwrite:
         n = sum(1 for _ in busy[0].glob("*/*/*.json"))
@@ -117,8 +112,8 @@ def claim_split_dirs(out: Path, splits, overwrite: bool) -> None:
 
 
 def claim_shards(out: Path, splits, overwrite: bool) -> None:
-    """The AndroidControl form of ``claim_split_dirs``: a split's shard is refused (or removed with
-    ``overwrite``), and so is a folder holding AndroidControl data that ``ipl-jax synth`` did not write."""
+    """``claim_split_dirs`` for AndroidControl: a split's shard is refused (or removed with ``overwrite``), as is a
+    folder of AndroidControl data not written by ``ipl-jax synth``."""
     if (out / "splits.json").is_file() and not (out / ac.INFO).is_file():
         raise UsageError(
             f"--out {out}: holds an AndroidControl dataset not written by ipl-jax synth; choose another --out"
