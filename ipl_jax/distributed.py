@@ -1,13 +1,10 @@
 """Multi-process (multi-host) runs: starting ``jax.distributed``, which process does what, and moving arrays
 between one host's numpy and the global (mesh-wide) ``jax.Array``.
 
-One process per host (or per GPU under SLURM) runs the same command on the same job directory, on a file system
-all hosts see. ``initialize`` starts ``jax.distributed`` before anything touches a device. Every process then
-computes the same small host-side values (trees, pairs, metrics: the job is deterministic given its settings),
-sharded outputs come back to every host through ``to_host``, and only ``is_main()`` writes the job's files while
-the others wait at a ``barrier``. Bulk data is loaded by shares: each process decodes only the batch rows its
-devices hold (``held_rows``, ``batch_rows``), the processes agree on padded shapes (``allgather_ints``) and the
-global arrays are made from the local rows (``from_local_rows``).
+Every process runs the same command on a shared job directory and computes the same host-side values; only
+``is_main()`` writes files, the others wait at a ``barrier``. Bulk data is loaded by shares: each process
+builds only the rows its devices hold (``held_rows``, ``batch_rows``), shapes are agreed with
+``allgather_ints`` and global arrays made with ``from_local_rows``.
 """
 
 from __future__ import annotations
@@ -85,14 +82,10 @@ def settings(coordinator=None, num_processes=None, process_id=None, env=None) ->
 def initialize(coordinator=None, num_processes=None, process_id=None, timeout: int | None = None) -> bool:
     """Start ``jax.distributed`` when this is a multi-process launch; call it before any other JAX call.
 
-    It starts from the arguments (``--coordinator HOST:PORT --num-processes N --process-id I``) when given; else
-    from JAX's ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; else with no arguments
-    (JAX reads the cluster) in a multi-process environment (a SLURM step or Open MPI job of more than one task, a
-    multi-host Cloud TPU slice, or ``IPL_JAX_DISTRIBUTED=1``); else not at all (one process). Idempotent.
-    Returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` (seconds) bounds the wait for the other processes;
-    ``IPL_JAX_HEARTBEAT_TIMEOUT`` (seconds, JAX's default 100) is how long the others go on after one process died
-    (preempted, killed): then each stops with an error instead of waiting at its next collective, so a launcher
-    that restarts every process of the job finds none left hanging."""
+    Sources, in order: the arguments; ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``;
+    auto-detection in a multi-process environment (SLURM, Open MPI, multi-host TPU, ``IPL_JAX_DISTRIBUTED=1``);
+    else nothing. Idempotent; returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` bounds the wait for peers;
+    ``IPL_JAX_HEARTBEAT_TIMEOUT`` is how long the others go on after one process died before stopping with an error."""
     if _state["started"] or jax.distributed.is_initialized():
         return True
     kwargs = settings(coordinator, num_processes, process_id)
@@ -136,16 +129,14 @@ def barrier(name: str) -> None:
 
 
 def main_writes(name: str, fn: Callable[[], object]):
-    """Run ``fn`` (which writes files) in the main process only, then wait for every process; returns ``fn``'s
-    value in the main process and None elsewhere."""
+    """Run ``fn`` in the main process only, then wait for every process; ``fn``'s value in the main one, else None."""
     out = fn() if is_main() else None
     barrier(name)
     return out
 
 
 def to_host(tree):
-    """A pytree of arrays as numpy on this host: arrays that span other processes' devices are all-gathered
-    (every process must call this at the same point), local and replicated ones just copied."""
+    """A pytree as numpy on this host; arrays spanning other processes' devices are all-gathered (a collective)."""
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
@@ -156,9 +147,8 @@ def to_host(tree):
 
 
 def put(tree, shardings):
-    """Arrays placed as global arrays with ``shardings``: host values (the same in every process) and arrays on
-    this process's devices are copied slice by slice, each process filling only its own devices; global arrays
-    are resharded. A pytree of shardings or one for every leaf."""
+    """Arrays placed as global arrays with ``shardings`` (one for every leaf or a pytree): host values and local
+    arrays copied slice by slice into this process's devices, global arrays resharded."""
     if jax.process_count() == 1:
         return jax.device_put(tree, shardings)
 
@@ -174,15 +164,14 @@ def put(tree, shardings):
 
 
 def on_first_device(tree):
-    """``tree`` committed to this process's first device, where a jitted step without a mesh leaves its outputs:
-    a fresh (uncommitted) state then runs the same compiled program as the states the step returns, so the
-    second step does not compile again."""
+    """``tree`` committed to this process's first device (where an unmeshed jitted step leaves its outputs), so
+    the second step does not compile again."""
     return jax.device_put(tree, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
 
 
 def allgather_ints(values) -> np.ndarray:
-    """int64[process_count, n]: every process's ``values`` (n small ints), in process order. A collective: every
-    process calls it at the same point, from the main thread; one process returns ``values`` without talking."""
+    """int64[process_count, n]: every process's ``values`` in process order. A collective (main thread, all
+    processes at the same point)."""
     mine = np.asarray(values, np.int64).reshape(1, -1)
     if jax.process_count() == 1:
         return mine
@@ -199,11 +188,8 @@ def _row_entries(index, shape, axis: int) -> np.ndarray:
 def held_rows(shardings, batch, axes, num_rows: int, devices=None) -> np.ndarray:
     """Sorted global rows (of ``num_rows``) of a batch that ``devices`` (default: this process's) hold.
 
-    ``shardings`` / ``batch`` (global-shaped arrays or ``jax.ShapeDtypeStruct``s) / ``axes`` are pytrees of one
-    structure: each leaf's sharding, global shape and row axis,
-    along which it has ``shape[axis] = num_rows * k`` entries, k consecutive ones per row (an image slot per row:
-    k = images per row). A leaf that is replicated along its row axis needs every row. Read from the shardings, so
-    no assumption about how devices are ordered."""
+    ``shardings`` / ``batch`` (global shapes) / ``axes`` are pytrees of one structure; along its row axis a leaf
+    has ``num_rows * k`` entries, k consecutive per row. A leaf replicated along it needs every row."""
     devices = None if devices is None else set(devices)
     rows: set[int] = set()
     for s, leaf, axis in zip(*(jax.tree.leaves(t) for t in (shardings, batch, axes))):
@@ -216,9 +202,8 @@ def held_rows(shardings, batch, axes, num_rows: int, devices=None) -> np.ndarray
 
 
 def batch_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
-    """Sorted rows of a batch of ``rows`` rows that ``devices`` (default: this process's) hold when its row axis
-    is split as ``model.sharding.batch_spec`` splits it under ``mesh``, or None when they hold every row (no
-    mesh, one process, or a row count that does not divide and so stays replicated)."""
+    """Sorted rows of a ``rows``-row batch that ``devices`` hold under ``batch_spec`` on ``mesh``, or None when
+    they hold every row (no mesh, one process, or rows that do not divide)."""
     if mesh is None:
         return None
 
@@ -228,9 +213,8 @@ def batch_rows(rows: int, mesh, devices=None) -> np.ndarray | None:
 
 
 def local_pieces(x: np.ndarray, sharding, axis: int, rows: np.ndarray, num_rows: int, devices=None) -> dict:
-    """{device: numpy piece} of a leaf from its process-local rows: ``x`` holds global rows ``rows`` (sorted,
-    k entries each along ``axis``), every other axis whole. Raises ValueError when a device needs a row that
-    ``x`` lacks."""
+    """{device: numpy piece} of a leaf from process-local rows ``rows`` (k entries each along ``axis``); ValueError
+    when a device needs a row ``x`` lacks."""
     x = np.asarray(x)
     k = x.shape[axis] // max(1, len(rows))
     shape = x.shape[:axis] + (num_rows * k,) + x.shape[axis + 1 :]
@@ -251,9 +235,8 @@ def local_pieces(x: np.ndarray, sharding, axis: int, rows: np.ndarray, num_rows:
 
 
 def from_local_rows(tree, shardings, axes, rows: np.ndarray, num_rows: int):
-    """Global arrays with ``shardings`` from process-local rows (``held_rows``): each leaf of ``tree`` holds rows
-    ``rows`` of ``num_rows`` along its axis in ``axes``; each process hands over only its own devices' pieces
-    (``jax.make_array_from_single_device_arrays``). With every row local in one process: ``jax.device_put``."""
+    """Global arrays with ``shardings`` from process-local rows ``rows`` of ``num_rows`` (along ``axes``), each
+    process handing over its own devices' pieces."""
     if jax.process_count() == 1 and len(rows) == num_rows:
         return jax.device_put(tree, shardings)
 

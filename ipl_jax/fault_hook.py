@@ -1,13 +1,7 @@
-"""A test-only fault hook: kill this process at a named point, as a preempted host dies (SIGKILL: no cleanup, no
-flush, no exit handlers), so that tests can stop one process of a multi-process job at a deterministic place.
+"""A test-only fault hook: SIGKILL this process at a named point, as a preempted host dies.
 
-    IPL_JAX_TEST_KILL_AT=sft_step=1      # killed right after SFT step 1 (its checkpoint save just started)
-    IPL_JAX_TEST_KILL_AT=tdpo_step=2     # killed right after a round's second T-DPO update was dispatched
-
-The variable is set by a test in the environment of the one process it kills. Points: ``sft_step`` (warm-up SFT,
-``training.step.train_loop``: the global step just finished) and ``tdpo_step`` (a round's T-DPO epoch,
-``preference.tdpo.train_round``: updates dispatched in this round). Unset, as in every normal run, ``kill_at`` is
-one environment lookup and does nothing. This module imports nothing else of ipl_jax: every room may use it.
+``IPL_JAX_TEST_KILL_AT=sft_step=1`` (after SFT step 1) or ``tdpo_step=2`` (after a round's second T-DPO
+update). Unset, ``kill_at`` is one environment lookup. Imports nothing else of ipl_jax.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Progress with ETA for the long loops (data, evolution, SFT, sampling, reference log-probs, T-DPO, evaluation).
+"""Progress with ETA for the long loops, on stderr.
 
-    for batch in progress(batches, desc="sampling", unit="batch"):
-        ...
-    bar = progress(total=steps, initial=done, desc="SFT", unit="step")   # then bar.update(1), bar.close()
-
-On a terminal this is a tqdm bar (rate, elapsed, ETA). When its stream is not a terminal (a log file, a CI
-job, a notebook's captured output), it writes plain lines instead of ``\\r`` redraws: one line every
-``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30) and one when a loop of 5 s or more ends, e.g.
-
-    sampling: 12/40 batch (30%) elapsed 01:02, ETA 02:25, 0.19 batch/s
-
-``IPL_JAX_QUIET=1`` turns progress off. Output goes to stderr, so stdout keeps only the results. This module
-imports nothing else of ipl_jax: every room may use it.
+A tqdm bar on a terminal; otherwise plain lines, one every ``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30)
+and one when a loop of 5 s or more ends. ``IPL_JAX_QUIET=1`` turns it off. Imports nothing else of ipl_jax.
 """
 
 from __future__ import annotations
@@ -57,11 +47,8 @@ def progress(
     file=None,
     interval: float | None = None,
 ):
-    """A progress reporter over ``iterable`` (or updated by hand with ``update``); see the module docstring.
-
-    total: the number of units (default ``len(iterable)`` when it has one). interval: seconds between log lines
-    when the stream is not a terminal (default ``IPL_JAX_PROGRESS_INTERVAL`` or 30). The result iterates like
-    ``iterable`` and has ``update(n)``, ``set_postfix(**values)``, ``close()`` and works as a context manager.
+    """A progress reporter over ``iterable`` (or updated by hand): iterates like it, with ``update(n)``,
+    ``set_postfix(**values)``, ``close()``, and as a context manager. total: default ``len(iterable)``.
     """
     stream = sys.stderr if file is None else file
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
@@ -97,8 +84,8 @@ def format_seconds(seconds: float) -> str:
 
 
 class LogProgress:
-    """Progress as whole lines (no carriage returns): at most one per ``interval`` seconds, plus one at the end of
-    a loop that took ``FINAL_AFTER`` seconds or more."""
+    """Progress as whole lines: at most one per ``interval`` seconds, plus one at the end of a loop of
+    ``FINAL_AFTER`` seconds or more."""
 
     def __init__(
         self,

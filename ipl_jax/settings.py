@@ -1,13 +1,8 @@
 """The job's settings: one frozen, typed dataclass per section of a job config, made and checked once.
 
-    settings = Settings.from_dict(config.to_dict())   # at the job's edge (configs.loader.load_settings)
-    settings.sft.batch_size, settings.sampler.branching, settings.ipl.lr(round_index), settings.model.precision()
-
-Each section checks its own values when it is made, ``Settings`` what ties sections together, and
-``Settings.check_machine`` what depends on the machine (the backend's dtypes, attention and remat, the mesh
-against the device count). Every failure is one ``SettingsError`` line naming the dotted field, its value and
-what to do. Code below ``pipeline/`` takes the sections it reads, so its signature says what it depends on.
-What each field means: ``configs/synthetic.py``; the method's settings: docs/method.md §3-§11.
+Sections check their own values, ``Settings`` what ties them together, ``Settings.check_machine`` what depends
+on the machine; every failure is one ``SettingsError`` line naming the dotted field, its value and the fix.
+Field meanings: ``configs/synthetic.py``; the method's settings: docs/method.md §3-§11.
 """
 
 from __future__ import annotations
@@ -272,8 +267,8 @@ class ModelSettings(Section):
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
 
     def precision(self) -> Precision:
-        """'auto' compute is the dtype the starting checkpoint declares (float32 for a fresh model); 'auto'
-        storage is the compute dtype."""
+        """'auto' compute is the checkpoint's declared dtype (float32 for a fresh model); 'auto' storage the compute
+        dtype."""
         from ipl_jax.model.config import checkpoint_dtype  # see the names above
         from ipl_jax.training.state import Precision
 
@@ -304,9 +299,8 @@ class ModelSettings(Section):
 
 @dataclasses.dataclass(frozen=True)
 class BucketSettings(Section):
-    """tokens: SFT row lengths; patches: image patches per screenshot; max_turn_tokens: the budget of each CoaT
-    turn (end token included); fixed: data longer than a largest bucket stops the job before training, instead
-    of a bucket being added for it (``pipeline.bucket_fit``)."""
+    """tokens: SFT row lengths; patches: patches per screenshot; max_turn_tokens: each CoaT turn's budget (end token
+    included); fixed: data over a largest bucket stops the job instead of adding a bucket."""
 
     PATH: ClassVar[str] = "buckets"
     tokens: tuple[int, ...]
@@ -423,8 +417,8 @@ class RewardSettings(Section):
 
 @dataclasses.dataclass(frozen=True)
 class IPLSettings(Section):
-    """The IPL rounds (docs/method.md §6, §7) and their method: ``method`` is T-DPO, one of its ablations, the
-    continued-SFT control or another seed's learner (``RL_METHODS``)."""
+    """The IPL rounds (docs/method.md §6, §7) and their ``method``: T-DPO, an ablation, the continued-SFT control or
+    an RL learner (``RL_METHODS``)."""
 
     PATH: ClassVar[str] = "ipl"
     rounds: int
@@ -492,8 +486,7 @@ class IPLSettings(Section):
         return self.learning_rate if round_index <= 1 or self.later_learning_rate <= 0 else self.later_learning_rate
 
     def steps_in_round(self, n_train_steps: int) -> int:
-        """Training steps whose trees a round samples: ``round_fraction`` of them, else ``steps_per_round`` (0:
-        all)."""
+        """Training steps a round samples: ``round_fraction`` of them, else ``steps_per_round`` (0: all)."""
         if self.round_fraction > 0:
             return max(1, round(self.round_fraction * n_train_steps))
         return self.steps_per_round or n_train_steps
@@ -728,8 +721,8 @@ class Settings(Section):
         return Settings.from_dict(out)
 
     def check_machine(self, platform: str, n_devices: int) -> None:
-        """What depends on the machine: the model's dtypes / attention / remat on ``platform``, and on more than
-        one device the mesh and the batches it splits."""
+        """What depends on the machine: dtypes / attention / remat on ``platform``; with several devices, the mesh and
+        the batches it splits."""
         self.model.check_platform(platform)
         if n_devices <= 1:
             return  # one device: the job runs without a mesh

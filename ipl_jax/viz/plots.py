@@ -9,8 +9,7 @@ TYPE_ROWS = ("CLICK", "TYPE", "SCROLL", "PRESS", "STOP")
 
 
 def type_accuracy_series(rounds: Sequence[dict], split: str) -> dict[str, list]:
-    """{row: [exact accuracy (fraction or None) per round]} for the action-type rows and ``total`` of ``split``
-    in a ``results.json``-style list of rounds."""
+    """{row: [exact accuracy or None per round]} for the action types and ``total`` of ``split``."""
     out: dict[str, list] = {}
     for row in TYPE_ROWS + ("total",):
         out[row] = [((r["metrics"].get(split) or {}).get(row) or {}).get("exact_acc") for r in rounds]

@@ -1,13 +1,8 @@
-"""TensorBoard event files of a job, next to ``metrics.jsonl`` (which stays the record the job itself reads).
+"""TensorBoard event files of a job, next to ``metrics.jsonl`` (which stays the record the job reads).
 
-``WORKDIR/tensorboard/`` holds two runs, so each has steps that only grow: ``sft/`` (step = SFT step: loss,
-learning rate, tokens/s, gradient norm) and ``ipl/`` (step = round, 0 = the seed policy: the training
-metrics of the round's update, e.g. the T-DPO losses and reward margins, pair counts by tree class, by
-positive action type and by turn, α/β/γ tree shares, step and type accuracy by action type per test split,
-dev accuracy, online success, and the step-accuracy plot as an image). Scalars are read from the same records
-``metrics.jsonl`` and ``results.json`` hold (``sft_scalars``, ``round_scalars``). Events go through
-TensorBoard's own event-file writer and protos (no TensorFlow, no PyTorch); only the main process writes, and
-every batch is flushed, so a killed job loses nothing it has reported.
+Two runs under ``WORKDIR/tensorboard/``: ``sft/`` (step = SFT step) and ``ipl/`` (step = round, 0 = the seed),
+with scalars from the ``metrics.jsonl`` and ``results.json`` records (``sft_scalars``, ``round_scalars``).
+Written with TensorBoard's own writer (no TensorFlow), by the main process only, flushed every batch.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ def sft_scalars(record: Mapping) -> dict[str, float]:
 
 
 def round_scalars(entry: Mapping) -> dict[str, float]:
-    """The TensorBoard scalars of one ``results.json`` round entry; fields a round lacks (the seed has no
-    training, a split without SCROLL steps no SCROLL accuracy) give no tag."""
+    """The TensorBoard scalars of one ``results.json`` round entry (fields it lacks give no tag)."""
     out: dict[str, float] = {}
 
     def put(tag: str, v) -> None:
@@ -82,8 +76,7 @@ def round_scalars(entry: Mapping) -> dict[str, float]:
 
 
 class TensorBoardLog:
-    """The job's event files under ``root`` (one writer per run directory, opened at its first event); every
-    method does nothing when ``enabled`` is false (the processes other than the main one)."""
+    """The job's event files under ``root`` (one writer per run); does nothing unless ``enabled``."""
 
     def __init__(self, root: str | Path, enabled: bool = True):
         self.root = Path(root)

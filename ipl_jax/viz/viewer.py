@@ -1,9 +1,6 @@
-"""A small self-contained HTML viewer for sampled CoaT-trees (``ipl-jax sample --html``).
-
-One section per step: the screenshot (inline base64 PNG), the instruction, the golden action, the tree class
-and, as nested collapsible lists, the tree itself — each node shows its turn, its text, its value (colour:
-red 0 -> yellow -> green 1), its summed log-prob and whether it ended properly; leaves show the parsed action
-and a check mark when it matches the golden action. No scripts, no external files.
+"""A small self-contained HTML viewer for sampled CoaT-trees (``ipl-jax sample --html``): per step the screenshot,
+instruction, golden action, class and the tree as nested collapsible lists (values coloured red -> green,
+leaves with their parsed action and match). No scripts, no external files.
 """
 
 from __future__ import annotations
