@@ -1,6 +1,5 @@
 """Android accessibility trees (android_env's ``AndroidAccessibilityForest`` protos) as UI elements, the element a
-click lands on, and UI elements written back as a forest (``forest_bytes``: the AndroidControl writer, test
-fixtures). The protos are parsed and written with a partial copy of the schema: only the fields read here."""
+click lands on, and elements written back as a forest (``forest_bytes``), via a partial copy of the schema."""
 
 from __future__ import annotations
 

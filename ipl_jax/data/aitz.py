@@ -1,10 +1,8 @@
-"""Reader for AITZ (Android-in-the-Zoo), the CoaT dataset, in its published layout.
+"""Reader for AITZ (Android-in-the-Zoo), the CoaT dataset, in its published layout (docs/formats.md).
 
-``<root>/<split>/<subset>/<SUBSET>-<id>/<SUBSET>-<id>.json`` (a list of step records) next to one PNG per step.
-Some fields hold JSON inside a string; UI boxes are ``[top, left, height, width]`` pixels, gesture points
-``[y, x]`` fractions. A DUAL_POINT is a tap when touch and lift are within 0.04 (L2), else a scroll in the
-finger's direction; a tap's target is the smallest box containing it. ``Step.image`` stays a path; an image
-path leading outside the dataset root is a malformed record.
+UI boxes are ``[top, left, height, width]`` pixels, gesture points ``[y, x]`` fractions; a DUAL_POINT within
+0.04 (L2) is a tap on the smallest box containing it, else a scroll in the finger's direction. An image path
+outside the dataset root is a malformed record.
 """
 
 from __future__ import annotations
@@ -335,10 +333,8 @@ def _load_episode(subset: str, file: Path, split_dir: Path, skip_bad: bool, skip
 def load_aitz_with_report(
     root: str | Path, split: str, skip_bad: bool = False
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load one AITZ split; also return the malformed records skipped (empty unless ``skip_bad``).
-
-    A malformed record raises ``DataError`` (file, index, field); with ``skip_bad=True`` it is skipped and listed,
-    and the episode's later steps carry ``meta["history_gap"] = True``.
+    """Load one AITZ split; also return the malformed records skipped. A malformed record raises ``DataError``
+    unless ``skip_bad`` (then the episode's later steps carry ``meta["history_gap"] = True``).
     """
     split_dir = Path(root) / split
     if not split_dir.is_dir():

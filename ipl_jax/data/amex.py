@@ -1,10 +1,8 @@
-"""Reader for AMEX (Android Multi-annotation EXpo) in its published layout.
+"""Reader for AMEX (Android Multi-annotation EXpo) in its published layout (docs/formats.md).
 
-``instruction_anno/<episode>.json`` (steps), ``element_anno/<stem>.json`` (elements) and ``screenshot/``.
-Touch / lift coords and ``bbox`` are pixels, normalised by ``device_dim``; a SWIPE is horizontal when
-|Δx|/W > |Δy|/H; a TAP's target is the smallest clickable box containing it. ``split=None`` reads every
-``instruction_anno/*.json``, a named split ``instruction_anno/<split>/``. ``Step.meta["app"]`` is the app of
-an ``Open <App>.`` instruction, or None. Step ids must be unique per episode and image paths inside the root.
+Pixel coords and boxes are normalised by ``device_dim``; a TAP's target is the smallest clickable box
+containing it. ``split=None`` reads every episode, a named split ``instruction_anno/<split>/``.
+``Step.meta["app"]``: the app of an ``Open <App>.`` instruction, or None.
 """
 
 from __future__ import annotations
@@ -289,10 +287,8 @@ def load_amex_with_report(
     skip_bad: bool = False,
     episode_ids: Iterable[str] | None = None,
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load AMEX episodes; also return the malformed records skipped (empty unless ``skip_bad``).
-
-    A malformed step raises ``DataError`` (file, ``steps[i]``, field); with ``skip_bad=True`` it is skipped and
-    listed, and the episode's later steps carry ``meta["history_gap"] = True``.
+    """Load AMEX episodes; also return the malformed records skipped. A malformed step raises ``DataError`` unless
+    ``skip_bad`` (then the episode's later steps carry ``meta["history_gap"] = True``).
     """
     root = Path(root)
     wanted = None if episode_ids is None else {str(e) for e in episode_ids}

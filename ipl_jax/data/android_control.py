@@ -1,10 +1,8 @@
-"""Reader for AndroidControl: GZIP TFRecord shards of ``tf.train.Example`` (one episode each), read without TensorFlow.
+"""Reader for AndroidControl's GZIP TFRecord shards (one ``tf.train.Example`` episode each), without TensorFlow.
 
-Under ``root``: shards ``android_control-000NN-of-00020``, ``splits.json`` and ``test_subsplits.json``
-(episode ids). Step i pairs screenshot i with action i. A scroll's ``direction`` is the content's, reversed
-here into the finger's; click coordinates are pixels of that step's screenshot. Screenshots are written once,
-untouched, into a cache folder (``<root>/screenshot_cache`` by default) and steps keep paths. A click's target
-box and text come from the accessibility tree (``data.a11y``).
+Scroll directions are reversed from the content's into the finger's; click coordinates are pixels of the
+step's screenshot; targets come from the accessibility tree. Screenshots are written once into a cache folder
+(``<root>/screenshot_cache`` by default) and steps keep paths.
 """
 
 from __future__ import annotations
@@ -271,11 +269,10 @@ def load_android_control_with_report(
     skip_bad: bool = False,
     keep_elements: bool = False,
 ) -> tuple[list[Episode], list[DataError]]:
-    """Load one split (optionally one test subsplit) in one streaming pass; also return the skipped malformed records.
+    """Load one split (optionally a test subsplit) in one streaming pass; also return the skipped records.
 
-    ``high_level=False`` puts the low-level instruction in ``Step.step_instruction`` (always in
-    ``meta["step_instruction"]``); ``keep_elements`` keeps the a11y nodes. A malformed episode raises ``DataError``
-    (shard, record index, field); with ``skip_bad=True`` it is listed instead, as is a missing episode.
+    ``high_level=False`` puts the low-level instruction in ``Step.step_instruction``; ``keep_elements`` keeps the
+    a11y nodes. A malformed or missing episode raises ``DataError`` unless ``skip_bad``.
     """
     root = Path(root)
     if split not in SPLITS:

@@ -1,10 +1,9 @@
-"""Optional Q&A annotation by a vision-language model behind an OpenAI-compatible chat completions API.
+"""Optional Q&A annotation by a vision-language model behind an OpenAI-compatible chat completions API
+(standard library only).
 
-``annotate_steps`` sends each screenshot with its UI annotations and turns the reply's JSON list of
-``{type, question, answer}`` into ``QA`` records (filter them with ``evolution.filter_qas``). The API key comes
-from ``config.api_key_env``, goes only in the Authorization header over https (http only to localhost) and is
-never logged. Malformed replies and requests failing after ``1 + max_retries`` attempts are counted and
-skipped; other HTTP errors raise ``AnnotatorError``. Standard library only.
+The API key (from ``config.api_key_env``) goes only in the Authorization header over https (http only to
+localhost) and is never logged. Malformed replies and requests failing after ``1 + max_retries`` attempts are
+counted and skipped; other HTTP errors raise ``AnnotatorError``.
 """
 
 from __future__ import annotations

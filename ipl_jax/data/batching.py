@@ -11,11 +11,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class TrainingExample:
-    """One tokenised chat.
-
-    input_ids: int32[T] (image tokens expanded); loss_mask: int32[T] (1 on assistant text + its <|im_end|>);
-    turn_index: int32[T] (CoaT turn 1..4 of assistant tokens, 0 elsewhere); pixel_values: float32[N, patch_dim];
-    image_grid_thw: int64[n, 3]; name: where it came from (for error messages).
+    """One tokenised chat: input_ids, loss_mask (assistant text + ``<|im_end|>``), turn_index (1..4, 0 elsewhere)
+    int32[T]; pixel_values float32[N, patch_dim]; image_grid_thw int64[n, 3]; name (for errors).
     """
 
     input_ids: np.ndarray
@@ -65,11 +62,10 @@ def pad_to_bucket(
 
 @dataclasses.dataclass(frozen=True)
 class TrainingBatch:
-    """Fixed-shape arrays for B examples (right-padded; padded rows fully masked; T and P are buckets).
+    """Fixed-shape arrays for B right-padded examples (padded rows fully masked; T and P are buckets).
 
-    input_ids, loss_mask, turn_index: int32[B, T]; attention_mask: bool[B, T]; pixel_values: float32[P, patch_dim]
-    (all images packed in example order); patch_mask: bool[P]; image_grid_thw: int64[B*I, 3] (I image slots per
-    row, zero rows for absent images); image_mask: bool[B*I].
+    input_ids, loss_mask, turn_index: int32[B, T]; attention_mask: bool[B, T]; pixel_values: float32[P, patch_dim];
+    patch_mask: bool[P]; image_grid_thw: int64[B*I, 3] (I image slots per row); image_mask: bool[B*I].
     """
 
     input_ids: np.ndarray

@@ -1,11 +1,8 @@
 """CoaT steps as four-turn chats (docs/method.md §2), tokenised as training examples and as sampler segments.
 
-A ``Step`` becomes system + four user/assistant turns: DESCRIBE (with the image) -> s1 screen description,
-THINK(instruction, history) -> s2 thought, ACT -> s3 ``format_action``, GROUND -> s4 ``format_grounding``
-(click / long_press only). Text comes from the tokenizer's chat template, cut at the assistant turns;
-``coat_example`` is the training example, ``coat_segments`` the sampler's pieces (their concatenation with
-the replies is exactly the example). A step without its own CoaT (``has_coat``) raises ``MissingCoaTError`` in
-supervised paths unless the caller opts into fallback texts.
+Turns: DESCRIBE (with the image) -> s1, THINK -> s2, ACT -> s3 ``format_action``, GROUND -> s4
+``format_grounding`` (click / long_press). ``coat_segments`` with the replies is exactly ``coat_example``.
+Supervised paths raise ``MissingCoaTError`` for a step without CoaT unless the caller opts into fallbacks.
 """
 
 from __future__ import annotations
@@ -88,10 +85,8 @@ def annotated_steps(steps: Sequence[Step], fallback: bool = False) -> tuple[list
 
 
 def coat_turn_texts(step: Step, fallback: bool = False) -> dict[int, str]:
-    """The golden assistant texts {1: s1, 2: s2, 3: s3, 4: s4}; key 4 only for click / long_press.
-
-    A step without CoaT raises ``MissingCoaTError`` unless ``fallback``: then s1 lists the UI element texts (or
-    "A phone screen.") and s2 is the step instruction, the action description, or "The next action is <s3>.".
+    """The golden assistant texts {1: s1, 2: s2, 3: s3, 4: s4 (click / long_press)}. Without CoaT: ``MissingCoaTError``,
+    or with ``fallback`` made-up s1 (element texts) and s2 (instruction or action description).
     """
     if not fallback and not has_coat(step):
         raise MissingCoaTError(
@@ -174,10 +169,8 @@ def coat_messages(
 
 
 def split_rendered_chat(tok: QwenTokenizer, messages: list[dict]) -> list[str]:
-    """Cut the rendered chat at its assistant replies: [context0, reply1, context1, reply2, ...].
-
-    Each reply piece is the message text plus its closing ``<|im_end|>``; text after the last reply is dropped.
-    Raises ValueError if the template does not render each assistant message verbatim, followed by ``<|im_end|>``.
+    """Cut the rendered chat at its assistant replies: [context0, reply1 + ``<|im_end|>``, context1, ...].
+    Raises ValueError if a reply is not rendered verbatim and followed by ``<|im_end|>``.
     """
     full = tok.render(messages)
     pieces, pos = [], 0
@@ -214,10 +207,8 @@ def chat_example(
     loss_turns: Sequence[int] | None = None,
     name: str = "",
 ) -> TrainingExample:
-    """Tokenise a chat whose k-th assistant message is CoaT turn ``reply_turns[k]``.
-
-    Ids come from tokenising the whole text; per-piece tokenisation only places the masks and must agree (else
-    ValueError). ``loss_turns``: turns that get loss (default: all replies).
+    """Tokenise a chat whose k-th assistant message is CoaT turn ``reply_turns[k]``; ValueError if per-piece
+    tokenisation disagrees with the whole text's. ``loss_turns``: turns with loss (default all).
     """
     pieces = split_rendered_chat(tok, messages)
     if len(reply_turns) != len(pieces) // 2:
@@ -259,9 +250,8 @@ def coat_example(
 ) -> TrainingExample:
     """The SFT example of a step: its CoaT dialogue with the golden replies, ``<|image_pad|>`` expanded.
 
-    ``loss_mask`` is 1 exactly on the assistant pieces (text + closing ``<|im_end|>``), ``turn_index`` gives their
-    turn (1..4, 0 elsewhere). ``turns``: turns kept; ``loss_turns``: turns with loss. ``image`` / ``pixels`` skip
-    reloading the screenshot. Raises ``MissingCoaTError`` for a step without CoaT unless ``fallback``.
+    ``loss_mask`` is 1 exactly on the replies and their ``<|im_end|>``; ``turn_index`` gives their turn (0
+    elsewhere). Raises ``MissingCoaTError`` for a step without CoaT unless ``fallback``.
     """
     messages, kept = coat_messages(step, prompts, turns, fallback=fallback)
     pv, grid = decode_pixels(step, image_config, image, pixels)
@@ -295,11 +285,8 @@ def qa_example(
 
 @dataclasses.dataclass(frozen=True)
 class DialogueSegments:
-    """The fixed pieces of a step's CoaT dialogue, for decoding turn by turn.
-
-    prefix_ids: int32[P], everything before turn 1's reply; turn_prompt_ids[t]: int32[Q_t], the tokens between
-    turn t-1's closing ``<|im_end|>`` and turn t's reply; target_ids[t]: the golden reply + ``<|im_end|>`` (when
-    the step has it); turns: the turns, in order.
+    """The fixed pieces of a step's CoaT dialogue: prefix_ids int32[P] (before s1); turn_prompt_ids[t] int32[Q_t]
+    (after turn t-1's ``<|im_end|>``); target_ids[t] (golden reply + ``<|im_end|>``, when known); turns.
     """
 
     prefix_ids: np.ndarray

@@ -1,9 +1,6 @@
-"""Qwen2-VL image preprocessing in numpy + PIL, identical to transformers' ``Qwen2VLImageProcessorPil``.
-
-Per image: RGB (transparency composited onto white); PIL bicubic resize of the uint8 image to
-``smart_resize(h, w)``; ``float64(x) * (1/255)`` cast to float32; CLIP mean / std normalisation; patchify into
-rows of ``C * temporal_patch_size * patch_size**2`` (frame repeated in time), ordered merge block by merge block.
-Images of one call are concatenated along the patch axis; ``image_grid_thw`` holds ``[1, h/14, w/14]`` each.
+"""Qwen2-VL image preprocessing in numpy + PIL, identical to transformers' ``Qwen2VLImageProcessorPil``: RGB,
+bicubic resize to ``smart_resize``, rescale, CLIP normalisation, patchify merge block by merge block.
+Images of one call are concatenated along the patch axis.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The Grain input pipeline: shuffled, repeated, transformed, batched examples with a resumable iterator.
 
-source[shard_index::shard_count] -> shuffle(seed, per epoch) -> repeat(num_epochs) -> map(transform) ->
-batch -> threads + prefetch. ``transform`` runs lazily in the reading threads. Epochs are concatenated before
-batching, so only the run's final partial batch is dropped. An iterator's position is one integer
-(``{"next_index": k}``); ``restore_iterator`` and the Orbax ``checkpoint_*_args`` save and restore it.
+Epochs are concatenated before batching (only the final partial batch is dropped); ``transform`` runs lazily
+in the reading threads; an iterator's position is ``{"next_index": k}``.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ def make_dataset(
 ) -> grain.MapDataset:
     """A batched ``grain.MapDataset`` over ``source``; its ``len()`` is the number of batches.
 
-    source: random-access examples; transform: example -> pytree of numpy arrays with fixed shapes (None passes
-    items to ``batch_fn`` as they are); batch_size: B, the leading axis of every leaf; seed: in [0, 2**32), each
-    epoch shuffled differently; num_epochs: None repeats forever; batch_fn: replaces grain's stacking;
-    shard_index, shard_count: this process's slice of the source.
+    transform: example -> fixed-shape numpy pytree (None: items go to ``batch_fn`` as they are); seed in
+    [0, 2**32), reshuffled per epoch; num_epochs None repeats forever; shard_index / shard_count: this process's slice.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

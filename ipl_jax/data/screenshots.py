@@ -1,8 +1,5 @@
-"""A step's screenshot as model input, decoded only when its pixels are read.
-
-Token ids need only the patch grid, known from the image header and the image processor; ``ScreenPixels``
-decodes and preprocesses on first read and keeps the result, so each process decodes only the screenshots its
-devices hold, once.
+"""A step's screenshot as model input: the patch grid known from the image header, the pixels decoded on first
+read (``ScreenPixels``) and kept.
 """
 
 from __future__ import annotations
@@ -25,10 +22,8 @@ def step_error(step: Step, field: str, problem: str) -> DataError:
 
 
 class ScreenPixels:
-    """The pixel values f32[N, patch_dim] of a screenshot, computed on first read.
-
-    grid: int64[n, 3], known up front; ``values()`` (or ``np.asarray``) runs ``load() -> (pixel_values, grid)``
-    once and keeps the result (a grid differing from the announced one raises); ``given`` wraps existing arrays.
+    """The pixel values f32[N, patch_dim] of a screenshot, computed once on first read by ``load() -> (values,
+    grid)``; ``grid`` int64[n, 3] is known up front and a different decoded grid raises.
     """
 
     def __init__(

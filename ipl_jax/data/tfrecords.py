@@ -43,10 +43,8 @@ def write_tfrecords(path: str | Path, payloads: Iterable[bytes], compression: st
 def iter_tfrecords(
     path: str | Path, compression: str | None = "gzip"
 ) -> Iterator[tuple[int, bytes | None, DataError | None]]:
-    """Yield ``(index, payload, None)`` for each record of a TFRecord file, verifying both checksums.
-
-    A record failing its data checksum is yielded as ``(index, None, DataError)`` (the stream goes on); any other
-    framing error (length checksum, truncation, broken gzip) raises ``DataError``.
+    """Yield ``(index, payload, None)`` per record, both checksums verified; a bad data checksum yields ``(index,
+    None, DataError)``, any other framing error raises ``DataError``.
     """
     path = Path(path)
     opener = gzip.open if compression == "gzip" else open

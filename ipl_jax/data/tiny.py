@@ -1,8 +1,5 @@
-"""Random tiny Qwen2-VL checkpoints, written with transformers, plus a tiny byte-level BPE tokenizer.
-
-``make_tiny_checkpoint`` writes ``config.json`` + ``model.safetensors`` (Qwen2-VL or Qwen2.5-VL, nested
-transformers-5 config), a BPE tokenizer with Qwen2-VL's specials (``data.tiny_tokenizer``) and a
-``preprocessor_config.json`` with small pixel limits. Needs torch and transformers.
+"""Random tiny Qwen2-VL / Qwen2.5-VL checkpoints written with transformers (needs torch), with a tiny BPE
+tokenizer (``data.tiny_tokenizer``) and small pixel limits.
 """
 
 from __future__ import annotations
@@ -104,11 +101,8 @@ def _default_mrope_section(head_dim: int) -> list[int]:
 def build_config_dict(
     model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int], arch: str = "qwen2_vl"
 ) -> dict:
-    """The nested Qwen2VLConfig (or Qwen2_5_VLConfig) kwargs: our tiny defaults updated by ``model_overrides``.
-
-    ``model_overrides`` may hold ``text_config`` / ``vision_config`` dicts, root keys and flat text fields. The
-    merger output always equals the text ``hidden_size``; Qwen2.5-VL's last block attends fully unless
-    ``fullatt_block_indexes`` is given.
+    """The nested Qwen2VLConfig (or Qwen2_5_VLConfig) kwargs: tiny defaults updated by ``model_overrides``
+    (sub-config dicts, root keys, flat text fields); the merger output follows the text ``hidden_size``.
     """
     over = copy.deepcopy(model_overrides or {})
     text = copy.deepcopy(TINY_TEXT_CONFIG)
@@ -206,12 +200,9 @@ def make_tiny_checkpoint(
     random_biases: bool = True,
     arch: str = "qwen2_vl",
 ) -> Path:
-    """Write a random tiny Qwen2-VL checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it.
+    """Write a random tiny checkpoint + tokenizer + preprocessor config to ``out_dir``; returns it (deterministic).
 
-    ``vocab_size``: the embedding size (the tokenizer is trained to at most that); ``corpus``: tokenizer texts
-    (the chat scaffolding is always added). ``random_biases`` draws biases from N(0, initializer_range) and norm
-    weights as 1 + N(0, 0.1), and ``scale`` multiplies every weight, so port bugs in biases / norms show.
-    Deterministic: same arguments, same files.
+    ``random_biases`` (non-zero biases, non-unit norms) and ``scale`` make port bugs in biases / norms visible.
     """
     torch, transformers = _require_torch_transformers()
     out = Path(out_dir)

@@ -1,6 +1,5 @@
-"""The tiny byte-level BPE tokenizer of our test and synthetic-job checkpoints (needs ``tokenizers``; writing it as
-a transformers directory also ``transformers``): a deterministic GUI-ish corpus plus the chat scaffolding,
-Qwen2's pre-tokenizer, Qwen's special tokens in Qwen's order.
+"""The tiny byte-level BPE tokenizer of our test and synthetic-job checkpoints (needs ``tokenizers``): Qwen2's
+pre-tokenizer, Qwen's special tokens in Qwen's order.
 """
 
 from __future__ import annotations
@@ -181,11 +180,8 @@ def default_corpus(extra: Iterable[str] = (), n_lines: int = 1500, seed: int = 0
 
 
 def train_tokenizer(corpus: Sequence[str], vocab_size: int, specials_at: int | None = None):
-    """A ``tokenizers.Tokenizer``: byte-level BPE with Qwen2's pre-tokenizer, then the 14 Qwen specials in Qwen's order.
-
-    ``vocab_size`` bounds the total size. ``specials_at``: the id of the first special (``<|endoftext|>``); the
-    BPE vocabulary is then filled up to it with unreachable three-byte pieces (``_fill_vocabulary``), so specials
-    land at the ids a real checkpoint's config names."""
+    """A byte-level BPE ``tokenizers.Tokenizer`` then the 14 Qwen specials; ``vocab_size`` bounds the size.
+    ``specials_at``: the first special's id (the vocabulary is filled with unreachable pieces up to it)."""
 
     n_bpe = vocab_size - len(SPECIAL_TOKENS)
     if n_bpe < 256:

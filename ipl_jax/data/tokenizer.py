@@ -1,8 +1,5 @@
-"""The Qwen2-VL tokenizer and chat template, loaded through transformers from a local checkpoint directory.
-
-Works on real Qwen2-VL / Qwen2.5-VL directories and on ``data.tiny`` ones: every id is looked up by token
-string. In the chat template (``QWEN2VL_CHAT_TEMPLATE``) a default system turn is added when the first message is
-not one, and one ``<|image_pad|>`` stands for an image until ``expand_image_tokens`` repeats it t*h*w/merge**2 times.
+"""The Qwen2-VL tokenizer and chat template, loaded through transformers from a local checkpoint directory; every
+id is looked up by token string. One ``<|image_pad|>`` stands for an image until ``expand_image_tokens``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Qwen2-VL in JAX: pure functions over a nested-dict parameter pytree (layers stacked, run with lax.scan).
 
-Entry points: ``load_params`` / ``init_params`` / ``save_params`` (HF safetensors); ``prepare_inputs`` (host-side
-padding, M-RoPE positions) then ``forward_inputs`` -> f32[B, T, V]; ``encode_images``, ``forward``,
-``forward_hidden`` and ``token_log_probs`` for callers building their own layouts; the KV cache API ``prefill``,
-``repeat_cache``, ``extend``, ``decode_step``, ``append_tokens`` (unjitted) and ``greedy_generate``. Sharding
-lives in ``model.sharding``. Configs are frozen dataclasses passed as static jit arguments: ``cfg.dtype`` is the
-compute dtype, ``cfg.param_dtype`` the storage dtype.
+Weights: ``load_params`` / ``init_params`` / ``save_params``; inputs: ``prepare_inputs``; forward:
+``forward_inputs``, ``forward``, ``forward_hidden``, ``token_log_probs``; KV cache: ``prefill``, ``extend``,
+``decode_step``, ``greedy_generate``. Configs are static jit arguments (``cfg.dtype`` compute,
+``cfg.param_dtype`` storage).
 """
 
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig

@@ -1,10 +1,7 @@
 """KV cache, prefill, extension (teacher-forced segments or single decode steps) and greedy generation.
 
-The cache is compact: row b holds its valid tokens in slots ``0 .. length[b]-1`` (pads are never written);
-keys are stored rotated, and ``next_pos[b]`` is the next text token's M-RoPE position. Tokens beyond the
-cache size are dropped and ``length`` saturates, so size caches generously. Each layer only reads its cache
-slice and one scatter after the layer scan writes all layers' new entries (carrying the cache through the
-scan would copy it every layer).
+Compact cache: row b holds its valid tokens in slots ``0 .. length[b]-1`` (keys rotated, pads never written);
+``next_pos[b]`` is the next text position. Tokens past the cache size are dropped (``length`` saturates).
 """
 
 from __future__ import annotations
@@ -93,9 +90,8 @@ def _layer(a: jnp.ndarray, layer) -> jnp.ndarray:
 
 
 def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new_mask, valid, read_cache: bool):
-    """The decoder over x dtype[B, T, hidden] (new tokens attend by new_mask bool[B, T, T] and, with
-    ``read_cache``, to the row's valid slots), then one scatter of the valid tokens' keys / values. Returns
-    (hidden, cache with the new ``length``; ``next_pos`` unchanged)."""
+    """The decoder over x dtype[B, T, hidden] (new tokens attend by new_mask bool[B, T, T], and to valid cache slots
+    with ``read_cache``), then one scatter of the valid keys / values. Returns (hidden, cache; next_pos unchanged)."""
     s = cache.size
     chunk = cfg.attention_query_chunk
     if read_cache:
@@ -195,12 +191,10 @@ def extend(
     attention_mask: jnp.ndarray | None = None,
     image_features: jnp.ndarray | None = None,
 ):
-    """Appends T tokens per row to the cache (donated) and returns (logits f32[B, T, V], new cache).
+    """Appends T tokens per row to the cache (donated); returns (logits f32[B, T, V], new cache).
 
-    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads anywhere, not written). positions: int32[3, B, T] or
-    None (text positions from ``cache.next_pos``; explicit ones set next_pos to max(next_pos, largest valid + 1)).
-    attention_mask: bool[B, T, T] among the new tokens or None (causal); cache slots are always visible.
-    image_features: f32[N, hidden] for image-pad tokens in ``input_ids``.
+    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads not written); positions: int32[3, B, T] or None (text
+    positions from ``next_pos``); attention_mask: bool[B, T, T] or None (causal); image_features: f32[N, hidden].
     """
     return append_tokens(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
 

@@ -1,9 +1,6 @@
-"""Host-side (numpy) preparation: Hugging Face style inputs -> fixed-shape device arrays (``ModelInputs``).
-
-``prepare_inputs`` pads text on the right to the smallest text bucket (mask False, position 0; rows left-padded
-by the caller stay so), computes M-RoPE positions int32[3, B, T] and rope deltas int32[B], and pads patches to
-the smallest patch bucket with (row, column) rotary ids and per-image segment ids (-1 = pad), so image sizes
-within a bucket never recompile.
+"""Host-side (numpy) preparation: Hugging Face style inputs -> fixed-shape arrays (``ModelInputs``): text
+right-padded to a bucket, M-RoPE positions and rope deltas, patches padded to a bucket with rotary and
+segment ids (-1 = pad).
 """
 
 from __future__ import annotations
@@ -71,10 +68,8 @@ def vision_segment_ids(grid_thw: np.ndarray) -> np.ndarray:
 def get_rope_index(
     input_ids: np.ndarray, attention_mask: np.ndarray, image_grid_thw: np.ndarray | None, cfg: Qwen2VLConfig
 ) -> tuple[np.ndarray, np.ndarray]:
-    """M-RoPE positions int32[3, B, T] and deltas int32[B], as transformers 5 computes them.
-
-    Only tokens with mask 1 are counted; masked slots get position 0. Each run of consecutive image-pad
-    tokens is one image, taking the next row of ``image_grid_thw`` (images are consumed in batch order).
+    """M-RoPE positions int32[3, B, T] and deltas int32[B], as transformers 5 computes them (masked slots: 0; each
+    run of image-pad tokens takes the next ``image_grid_thw`` row).
     """
     ids = np.asarray(input_ids)
     mask = np.asarray(attention_mask).astype(bool)
@@ -209,10 +204,8 @@ def prepare_inputs(
     patch_buckets: Sequence[int] = DEFAULT_PATCH_BUCKETS,
     pad_id: int = 0,
 ) -> ModelInputs:
-    """HF-style inputs -> ModelInputs (numpy arrays; ``jax.device_put`` them or pass them to a jitted function).
-
-    input_ids: int[B, T] or a list of 1-D token sequences; attention_mask: {0,1}[B, T] or None (all valid);
-    pixel_values: f32[N, patch_dim] or None; image_grid_thw: int[n, 3] or None.
+    """HF-style inputs -> ModelInputs (numpy). input_ids: int[B, T] or 1-D sequences; attention_mask: {0,1}[B, T]
+    or None; pixel_values: f32[N, patch_dim] or None; image_grid_thw: int[n, 3] or None.
     """
     ids, mask = _as_batch(input_ids, attention_mask)
     if pad_id == cfg.image_token_id:

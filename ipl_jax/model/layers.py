@@ -1,11 +1,8 @@
 """Small numeric building blocks shared by the vision tower and the text decoder.
 
-Numerics follow transformers' eager path: norms in float32 cast back, scores in the compute dtype, softmax in
-float32 cast back before multiplying by V. Attention implementations (``Qwen2VLConfig.attention``):
-``reference`` (masked softmax built one query chunk at a time; the parity path), ``xla`` and ``cudnn``
-(``jax.nn.dot_product_attention``), ``auto`` (``resolve_attention``). Remat policies (``REMAT_POLICIES``):
-``none``, ``full`` (save a layer's input only), ``dots_saveable`` (keep matmul outputs), ``dots_no_batch``
-(keep only products without batch dimensions), ``offload`` (those moved to pinned host memory).
+Numerics follow transformers' eager path (norms and softmax in float32, cast back). Attention implementations:
+``reference`` (chunked masked softmax), ``xla`` / ``cudnn`` (``jax.nn.dot_product_attention``), ``auto``.
+Remat policies: ``REMAT_POLICIES``.
 """
 
 from __future__ import annotations
@@ -101,9 +98,8 @@ def remat_body(body, remat):
 
 
 def shard_rows(x: jnp.ndarray) -> jnp.ndarray:
-    """x with its leading (row) axis split over the ambient mesh's ('data', 'fsdp') axes when there is such a mesh
-    and the rows divide; unchanged otherwise. Pinning rows per layer stops XLA from splitting the MLP's width
-    instead (which would hold the whole batch's [B, T, 4H] activations per device)."""
+    """x with its leading (row) axis split over the ambient mesh's ('data', 'fsdp') axes when the rows divide, else
+    unchanged (keeps XLA from splitting the MLP's width instead)."""
     mesh = jax.sharding.get_abstract_mesh()
     names = tuple(n for n in ("data", "fsdp") if not mesh.empty and n in mesh.axis_names)
     size = 1
@@ -329,11 +325,8 @@ def masked_attention(
 ) -> jnp.ndarray:
     """Attention whose mask is built per query chunk by ``mask_of(per_query_chunk, per_key) -> bool[B, c, S]``.
 
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; ``per_query``: pytree of [B, T, ...]; ``per_key``: pytree (e.g.
-    segment ids [B, S]); ``mask_of`` must read only its two arguments. ``implementation``: one of
-    ``ATTENTION_IMPLS``; 'reference' runs ``query_chunk`` queries at a time with its own backward pass, 'xla' and
-    'cudnn' run the whole sequence. Optional hints (same result without them): ``causal`` (no key after its query);
-    ``lengths`` int32[B] (the mask is exactly "query and key among the row's first ``lengths`` tokens")."""
+    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D]; ``per_query``: pytree of [B, T, ...]; ``mask_of`` reads only its
+    arguments. Optional hints (same result): ``causal``; ``lengths`` int32[B] (mask = first ``lengths`` tokens)."""
     dims = {q.shape[-1], v.shape[-1]}
     implementation = resolve_attention(implementation, q.dtype, tuple(dims))
     if implementation == "reference":
@@ -342,11 +335,8 @@ def masked_attention(
 
 
 def attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray, query_chunk: int = 0) -> jnp.ndarray:
-    """Masked softmax attention with grouped key/value heads.
-
-    q: [B, T, Hq, D]; k, v: [B, S, Hkv, D], Hq a multiple of Hkv (query head h reads KV head h // (Hq/Hkv));
-    mask: bool[B, T, S] (True = may attend). Returns [B, T, Hq, D] in q's dtype. A row with no allowed key gives
-    a finite uniform average, not NaN. ``query_chunk`` > 0 bounds the scores to [B, H, query_chunk, S].
+    """Masked softmax attention with grouped key/value heads: q [B, T, Hq, D], k, v [B, S, Hkv, D], mask
+    bool[B, T, S] -> [B, T, Hq, D] in q's dtype. A fully masked row gives a finite average, not NaN.
     """
     return _chunked(lambda qc, mc: _attention_dense(qc, k, v, mc), q, mask, query_chunk)
 
@@ -407,10 +397,10 @@ def two_block_attention(
     new_mask: jnp.ndarray,
     query_chunk: int = 0,
 ) -> jnp.ndarray:
-    """``attention`` over two key blocks (a KV cache, the new tokens) with one joint softmax; the cache is not copied.
+    """``attention`` over a KV cache and the new tokens with one joint softmax, without copying the cache.
 
     q: [R, T, Hq, D]; k_old, v_old: [R, S, Hkv, D]; old_mask: bool[R, S]; k_new, v_new: [R, T, Hkv, D];
-    new_mask: bool[R, T, T]. Returns [R, T, Hq, D] in q's dtype.
+    new_mask: bool[R, T, T] -> [R, T, Hq, D].
     """
     return _chunked(
         lambda qc, mc: _two_block_dense(qc, k_old, v_old, old_mask, k_new, v_new, mc), q, new_mask, query_chunk

@@ -1,9 +1,5 @@
-"""The parameter tree: its layout, its Hugging Face names, and random initialisation.
-
-Leaves are nested dicts keyed like ``model/layers/self_attn/q_proj/kernel``; stacked leaves carry a leading
-layer axis (L text, Lv vision) and linear kernels are (in, out). ``param_layout`` lists every leaf with its
-shape and HF name; ``lm_head/kernel`` is absent when embeddings are tied, and Qwen2.5-VL's vision blocks use
-RMSNorm and a gated MLP.
+"""The parameter tree: its layout (``param_layout``: path, shape, HF name per leaf; stacked leaves lead with the
+layer axis, kernels are (in, out)), its Hugging Face names, and random initialisation.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Our logits vs transformers' on random text and images (the library behind ``ipl-jax check-parity``).
-
-One left-padded batch of two samples with images of different sizes (non-square, odd merged dims, several
-Qwen2.5-VL windows) runs through transformers (eager, float32, CPU) and our model (float32, highest
-precision); ``compare`` returns the largest absolute logit difference.
+"""Our logits vs transformers' (eager, float32, CPU) on one random left-padded batch with images of several sizes
+(the library behind ``ipl-jax check-parity``).
 """
 
 from __future__ import annotations

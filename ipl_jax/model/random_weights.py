@@ -1,9 +1,5 @@
-"""Random weights of a Qwen2-VL architecture, drawn and written tensor by tensor.
-
-``random_hf_tensors`` yields (HF name, array in HF layout) one tensor at a time, a stacked leaf layer by layer
-with key ``fold_in(fold_in(key, leaf index), layer)``; the init is ``params.init_params``'s, drawn in float32
-on the default device and cast to ``dtype``. ``write_random_weights`` streams them into safetensors shards, so
-host memory peaks at one shard.
+"""Random weights of a Qwen2-VL architecture, drawn (as ``params.init_params``) and written to safetensors one
+tensor at a time, so host memory peaks at one shard.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Rotary position embeddings: the text decoder's 3-section M-RoPE and the vision tower's axial 2D RoPE.
-
-Inverse frequencies and angles are computed in float32 (bf16 frequencies corrupt large positions). Text cos/sin
-are then cast to the activation dtype before rotation (as transformers does); the vision path rotates in f32.
+Frequencies and angles are float32; text cos/sin are cast to the activation dtype, vision rotates in f32.
 """
 
 from __future__ import annotations

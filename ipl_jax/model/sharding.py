@@ -1,10 +1,6 @@
-"""Meshes, partition rules and the shardings of parameters, model inputs and KV caches.
-
-One mesh with axes ``('data', 'fsdp', 'tensor')`` (``AxisType.Auto``). Parameters follow regex rules over
-'/'-joined paths (first match wins): column-parallel kernels split output on 'tensor' and input on 'fsdp',
-row-parallel ones the reverse, the embedding vocabulary on 'tensor' and width on 'fsdp'. Stacked leaves keep
-the layer axis unsharded; a mesh axis that does not divide its dimension is dropped for that leaf. Batches are
-split over ('data', 'fsdp') when they divide; the model's functions run unchanged on placed arrays.
+"""Meshes (``('data', 'fsdp', 'tensor')``, Auto axes), partition rules and the shardings of parameters, inputs
+and KV caches. Rules are regexes over '/'-joined paths (first match wins); stacked leaves keep the layer axis
+unsharded, and a mesh axis that does not divide its dimension is dropped.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The Qwen2 text decoder with M-RoPE, as pure functions over a stacked-layer parameter dict.
 
-``decoder_layer`` and ``decoder_stack`` (one ``lax.scan``) serve the forward, prefill and cached decoding,
-which differ only in the attention function passed in. Attention specs: key padding bool[B, T] (causal over
-valid keys), explicit bool[B, T, T] (True = may attend), or packed segment ids int32[B, T] (0 = shared
-prefix visible to all, 1.. continuations causal within themselves, -1 padding). Image features fill the
-``<|image_pad|>`` positions in row-major order, so padding must never use the image token id.
+Attention specs: key padding bool[B, T] (causal), explicit bool[B, T, T], or packed segment ids int32[B, T]
+(0 = shared prefix, 1.. continuations, -1 padding). Image features fill the ``<|image_pad|>`` positions in
+row-major order, so padding must never use the image token id.
 """
 
 from __future__ import annotations
@@ -97,10 +95,8 @@ def decoder_layer(
 ):
     """One Qwen2 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual).
 
-    lp: the layer's parameters; x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D] (``text_cos_sin``).
-    attend(q, k, v) -> dtype[B, T, Hq, D]: attention of the rotated queries over the new keys k, v [B, T, Hkv, D]
-    alone or a cache's followed by them. kv_dtype: new keys / values are rounded to it before attending, so a
-    token sees itself as later tokens will in the cache. Returns (x dtype[B, T, hidden], (k, v) [B, T, Hkv, D]).
+    x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D]; attend(q, k, v) -> dtype[B, T, Hq, D]; kv_dtype: the new
+    keys / values are rounded to it before attending. Returns (x, (k, v) [B, T, Hkv, D]).
     """
     t_cfg = cfg.text
     dtype = x.dtype
@@ -135,11 +131,8 @@ def decoder_stack(
     kv_dtype=None,
     remat: bool | str = False,
 ):
-    """Every decoder layer (one ``lax.scan``) and the final norm.
-
-    x: dtype[B, T, hidden]; positions: int32[3, B, T]; attend(q, k, v, layer) as in ``decoder_layer`` plus the
-    traced layer index; kv_dtype: None (keys / values not returned) or their dtype; remat: a policy of
-    ``layers.REMAT_POLICIES`` (True = 'full'). Returns (hidden dtype[B, T, hidden], None or (k, v) [L, B, T, Hkv, D]).
+    """Every decoder layer (one ``lax.scan``) and the final norm: x dtype[B, T, hidden], positions int32[3, B, T],
+    attend(q, k, v, layer). Returns (hidden, None or (k, v) [L, B, T, Hkv, D] in ``kv_dtype``).
     """
     cos, sin = text_cos_sin(positions, cfg.text, x.dtype)
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
@@ -197,11 +190,8 @@ def forward_hidden(
     image_features: jnp.ndarray | None = None,
     remat: bool = False,
 ) -> jnp.ndarray:
-    """Final-norm hidden states dtype[B, T, hidden].
-
-    input_ids: int32[B, T]; positions: int32[3, B, T] (M-RoPE rows T, H, W); attention_spec: bool[B, T]
-    (key padding), int32[B, T] (packed segment ids) or bool[B, T, T] (explicit); image_features: f32[N, hidden]
-    or None; remat: a policy of ``layers.REMAT_POLICIES`` (True = 'full').
+    """Final-norm hidden states dtype[B, T, hidden]. input_ids: int32[B, T]; positions: int32[3, B, T];
+    attention_spec: see the module docstring; image_features: f32[N, hidden] or None; remat: a REMAT_POLICIES policy.
     """
     return _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features, remat)
 
@@ -229,10 +219,8 @@ def token_log_probs(
     chunk: int = 128,
     needed: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
-    """log p(targets) f32[B, T] from hidden [B, T, hidden], with logits for only ``chunk`` positions at a time.
-
-    targets: int32[B, T]; T must be a multiple of ``chunk`` or smaller. needed: optional bool[B, T]; other
-    positions read 0, and a chunk with no needed position skips the vocabulary projection."""
+    """log p(targets) f32[B, T] from hidden [B, T, hidden], ``chunk`` positions of logits at a time (T a multiple
+    of ``chunk`` or smaller). needed: optional bool[B, T]; other positions read 0."""
     b, t, h = hidden.shape
     c = min(chunk, t)
     if t % c:

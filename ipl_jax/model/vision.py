@@ -1,9 +1,5 @@
-"""The Qwen2-VL vision tower on fixed-shape, padded patch arrays.
-
-Images come packed along one patch axis padded to a bucket (leaves [P, ...]) or one per slot (leaves
-[N, Pi, ...]). Attention is block-diagonal over ``segment_ids`` (pad patches, -1, see only each other); the
-merger concatenates each run of ``merge_factor`` patches, so the output keeps the packing: image features first,
-in image order, then pad rows.
+"""The Qwen2-VL vision tower on fixed-shape, padded patch arrays, packed ([P, ...]) or one image per slot
+([N, Pi, ...]). Attention is block-diagonal over ``segment_ids``; merged outputs keep the packing order.
 """
 
 from __future__ import annotations
@@ -49,19 +45,15 @@ def _tower(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat, length
 
 @jax.named_scope("vision")
 def encode_images_unjitted(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
-    """Runs the ViT + merger: image features f32[P // merge_factor, hidden].
-
-    Rows past the real merged tokens hold finite garbage and must not be scattered into the text. ``remat``: a
-    policy of ``layers.REMAT_POLICIES``. Leaves [N, Pi, ...] (one image per slot) go to ``slot_image_features``."""
+    """Runs the ViT + merger: features f32[P // merge_factor, hidden]; rows past the real tokens are garbage.
+    Leaves [N, Pi, ...] go to ``slot_image_features``."""
     if vision.patches.ndim == 3:  # one image per slot (inputs.prepare_vision_slots): each encoded alone
         return slot_image_features(params, cfg, vision, remat)
     return _tower(params, cfg, jax.tree.map(lambda a: a[None], vision), remat, None)
 
 
 def slot_image_features(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat=False) -> jnp.ndarray:
-    """The tower on images one per slot (leaves [N, Pi, ...], ``inputs.prepare_vision_slots``; cost linear in N).
-
-    Returns the real merged features of all slots in slot order, as ``text.embed_tokens`` consumes them:
+    """The tower on images one per slot (leaves [N, Pi, ...]): the real merged features in slot order,
     f32[N * Pi / merge, hidden] (fill rows last)."""
     lengths = jnp.sum(vision.segment_ids >= 0, axis=1).astype(jnp.int32)
     feats = _tower(params, cfg, vision, remat, lengths)  # [N * Pi/m, H]

@@ -1,10 +1,7 @@
-"""The Qwen2.5-VL vision tower on the same fixed-shape packed patches as Qwen2-VL (``vision_common.VisionInputs``).
+"""The Qwen2.5-VL vision tower (RMSNorm, SwiGLU MLP, windowed attention) on ``vision_common.VisionInputs``.
 
-Differences from Qwen2-VL: RMSNorm, a SwiGLU MLP with biases, and windowed attention (``window_tokens`` merged
-tokens square; edge windows cut short). The tower runs in window order: a stable sort on device over (segment,
-window row, window column) permutes the merged tokens so that windows are contiguous, and the inverse
-permutation restores the input order, so image sizes stay traced. Blocks in ``fullatt_block_indexes`` attend
-within an image slice, the others within a window; pad patches (segment -1) form one last window.
+The merged tokens are permuted on device into window order (windows contiguous, pads last) and back, so image
+sizes stay traced; ``fullatt_block_indexes`` blocks attend within an image, the others within a window.
 """
 
 from __future__ import annotations
@@ -22,11 +19,8 @@ _NORM_EPS = 1e-6
 
 
 def window_order(pos_hw: jnp.ndarray, segment_ids: jnp.ndarray, cfg: Qwen2VLConfig):
-    """The window permutation of the merged tokens, on device.
-
-    pos_hw: int32[P, 2] (block-major, as ``VisionInputs``); segment_ids: int32[P] (-1 = pad). Returns (perm,
-    inverse, window) each int32[N], N = P // merge_factor: slot i holds merged token ``perm[i]``,
-    ``x[perm][inverse] == x``, and ``window[i]`` numbers slot i's window (the pads share the last one).
+    """The window permutation of the merged tokens, on device: pos_hw int32[P, 2], segment_ids int32[P] ->
+    (perm, inverse, window) int32[N] with ``x[perm][inverse] == x``; pads share the last window.
     """
     v = cfg.vision
     m, ws, mf = v.spatial_merge_size, v.window_tokens, v.merge_factor

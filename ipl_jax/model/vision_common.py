@@ -19,10 +19,8 @@ Norm = Callable[[dict, jnp.ndarray], jnp.ndarray]
 
 @struct.dataclass
 class VisionInputs:
-    """Padded patches of every image of a batch.
-
-    patches: f32[P, C*T*ps*ps] (zero rows for padding); pos_hw: int32[P, 2] (row, column, block-major over merge
-    blocks); segment_ids: int32[P] (image temporal slice, -1 pad). P is a multiple of ``merge_factor``.
+    """Padded patches of a batch: patches f32[P, C*T*ps*ps], pos_hw int32[P, 2] (block-major), segment_ids int32[P]
+    (-1 pad); P a multiple of ``merge_factor``.
     """
 
     patches: jnp.ndarray

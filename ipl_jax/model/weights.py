@@ -1,10 +1,5 @@
-"""Hugging Face safetensors in and out.
-
-``load_params`` reads a (possibly sharded) safetensors checkpoint under either tensor naming (``model.*`` /
-``visual.*`` on disk, ``model.language_model.*`` / ``model.visual.*`` in memory), ties a missing ``lm_head`` to
-the embeddings, and reads each device's shard straight from the file (the model is never assembled on one
-device or in host memory). ``save_params`` writes on-disk HF names in the (out, in) linear layout that
-transformers loads.
+"""Hugging Face safetensors in and out: ``load_params`` (either tensor naming, tied ``lm_head``, each device's
+shard read straight from the file) and ``save_params`` (on-disk names, (out, in) kernels).
 """
 
 from __future__ import annotations
@@ -130,11 +125,8 @@ def _leaf_reader(src: _TensorSource, ent: ParamEntry, name_fmt: str, dtype) -> C
 def load_params(
     model_dir: str, cfg: Qwen2VLConfig | None = None, shardings: Any = None, dtype: Any = None
 ) -> tuple[dict, Qwen2VLConfig]:
-    """Loads a Hugging Face Qwen2-VL checkpoint; returns (params, cfg).
-
-    model_dir: directory with config.json and safetensors; cfg: overrides the directory's config. shardings: None
-    (default device), one ``Sharding`` for every leaf, or a pytree matching the parameter tree. dtype: leaf dtype
-    (default ``cfg.param_dtype``; the returned config follows it).
+    """Loads a Hugging Face Qwen2-VL checkpoint; returns (params, cfg). shardings: None, one ``Sharding``, or a
+    pytree of them; dtype: leaf dtype (default ``cfg.param_dtype``, which follows it).
     """
     model_dir = os.fspath(model_dir)
     if cfg is None:

@@ -1,9 +1,7 @@
 """Instruction evolution (docs/method.md §10): question/answer pairs about a screen, built from its UI annotations.
 
-Levels (``qa.KINDS_BY_LEVEL``): I grounding, referring, page description; II widget function, nesting; III
-page structure, region, tap effect. Answers derive from the annotations alone, questions name elements
-unambiguously, and templates are a pure function of ``(seed, episode_id, step_id)``. ``filter_qas`` stands in
-for the paper's human filter.
+Three levels of kinds (``qa.KINDS_BY_LEVEL``); answers derive from the annotations alone and templates are a
+pure function of ``(seed, episode_id, step_id)``. ``filter_qas`` stands in for the paper's human filter.
 """
 
 from ipl_jax.data.evolution.filters import FILTER_REASONS, boxes_valid, drop_reason, filter_qas, normalise_text

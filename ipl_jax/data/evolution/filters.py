@@ -119,11 +119,8 @@ def drop_reason(
 
 
 def filter_qas(qas: Iterable[QA], *, near_duplicate_ratio: float = 0.92, **limits) -> tuple[list[QA], dict[str, int]]:
-    """Keep the Q&A that pass ``drop_reason`` and are not duplicates; returns ``(kept, counts)``.
-
-    ``counts``: one entry per FILTER_REASONS plus ``kept``. Per screen, the first is kept: ``duplicate`` = same
-    question and answer (whitespace aside); ``near_duplicate`` = equal normalised questions, or equal normalised
-    answers with questions at least ``near_duplicate_ratio`` similar (difflib).
+    """Keep the Q&A that pass ``drop_reason`` and are not (near) duplicates on their screen; returns ``(kept,
+    counts)`` with one count per FILTER_REASONS plus ``kept``.
     """
     counts = {reason: 0 for reason in FILTER_REASONS}
     kept: list[QA] = []

@@ -29,10 +29,8 @@ MAX_ANSWER_WORDS = 60
 
 @dataclasses.dataclass(frozen=True)
 class QA:
-    """One question/answer pair about the screen of step ``(episode_id, step_id)``.
-
-    ``level``: 1, 2 or 3; ``kind``: see ``KINDS_BY_LEVEL``; ``meta``: ``source`` (elements / coat / transitions /
-    annotator), ``target`` and ``box`` of the element, and the template index.
+    """One question/answer pair about the screen of step ``(episode_id, step_id)``: ``level`` 1-3, ``kind``
+    (``KINDS_BY_LEVEL``), ``meta`` (``source``, element ``target`` and ``box``, template index).
     """
 
     episode_id: str

@@ -1,10 +1,8 @@
 """One step record as bytes: the stable encoding of ``records.Step`` inside ArrayRecord shards.
 
-Version 1, little-endian: magic ``b"IPLSTEP"`` (7 bytes), uint8 version, uint32 header length H, H bytes of
-header (``canonical_json`` of the step's fields: episode_id, step_id, instruction, screen_size, action, history,
-elements, coat, step_instruction, meta, episode, image_format), then the screenshot's encoded bytes (PNG or
-JPEG). Floats round-trip bit for bit; tuples in ``meta`` come back as lists; ``meta`` paths are relative to the
-dataset root so the bytes do not depend on where it was packed.
+Version 1: magic ``b"IPLSTEP"``, uint8 version, uint32 little-endian header length H, H bytes of
+``canonical_json`` header, then the screenshot's PNG / JPEG bytes. Floats round-trip bit for bit; tuples in
+``meta`` come back as lists.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The on-disk layout of a packed dataset: shard names, the metadata file, and which shards a process reads.
-
-Per split, N ArrayRecord files ``<split>.array_record-<k>-of-<N>`` (5 digits, as TFDS) holding whole episodes,
-and one ``ipl_jax_arrayrecord.json`` written last (format, version, dataset, scoring_format, source_sha256,
-shards, and per split episodes / steps / skipped / files with records and sha256). With P processes, process p
-reads shards ``[p·N/P, (p+1)·N/P)`` (N a multiple of P).
+"""The on-disk layout of a packed dataset: per split N shards ``<split>.array_record-<k>-of-<N>`` of whole
+episodes, one ``ipl_jax_arrayrecord.json`` written last, and process p of P reading shards [p·N/P, (p+1)·N/P).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Reading packed datasets through Grain's ``ArrayRecordDataSource``.
-
-``open_split`` is a random-access source of decoded ``Step``s over this process's shards (for
-``data.pipeline.make_dataset``); ``load_packed`` rebuilds a whole split's episodes. A step's ``image`` is a
-``RecordImage`` that rereads its record when needed.
+"""Reading packed datasets through Grain: ``open_split`` (random access to this process's steps) and
+``load_packed`` (a whole split's episodes). Images are reread from their record when needed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Packing a dataset into ArrayRecord shards of step records (``ipl-jax pack-data``).
-
-The source is read with its format's reader, so a packed split holds exactly the steps that reader gives.
-Packing is deterministic: the same source gives byte-identical shards and metadata wherever it lies.
+"""Packing a dataset into ArrayRecord shards (``ipl-jax pack-data``) with its format's reader; deterministic
+(byte-identical shards and metadata wherever the source lies).
 """
 
 from __future__ import annotations

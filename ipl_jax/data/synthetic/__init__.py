@@ -1,8 +1,6 @@
 """The synthetic GUI world: a deterministic phone simulator, tasks with a scripted expert, CoaT annotations,
-and the project's default dataset written in the AITZ format (``ipl-jax synth``).
-
-The names below are imported from their modules on first use, so that reading the world's config (``config``:
-``WorldConfig``, ``SPLITS``, as a job's settings do) loads neither the world nor its renderer (PIL).
+and the default dataset in the AITZ format. Names are imported lazily, so reading ``config`` loads neither the
+world nor PIL.
 """
 
 import importlib

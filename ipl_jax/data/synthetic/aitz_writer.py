@@ -1,7 +1,5 @@
-"""Writing episodes in AITZ's published layout (docs/formats.md): one JSON list of step records and one PNG per
-step per episode folder, fields encoded as the published files. A click is a DUAL_POINT touching and lifting at
-the click point; a scroll moves the finger ``SWIPE`` of the screen. ``with_meta=True`` adds one field,
-``synth_meta``: the step's meta as a JSON string.
+"""Writing episodes in AITZ's published layout (docs/formats.md). A click is a DUAL_POINT at the click point, a
+scroll a finger move of ``SWIPE``; ``with_meta=True`` adds a ``synth_meta`` JSON-string field.
 """
 
 from __future__ import annotations

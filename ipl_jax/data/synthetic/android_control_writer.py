@@ -1,8 +1,5 @@
-"""Writing episodes in AndroidControl's published layout (docs/formats.md): one GZIP TFRecord shard per split,
-plus ``splits.json`` and ``test_subsplits.json`` rebuilt from ``synth_info.json``. train -> train, dev ->
-validation, test* -> test (subsplits IDD / app_unseen / task_unseen). An episode of K steps ending in ``stop``
-becomes K screenshots and K-1 actions (AndroidControl has no end action) and reads back as its first K-1 steps.
-Clicks are integer pixels, scrolls name the content direction, press enter is ``keyboard_enter``.
+"""Writing episodes in AndroidControl's published layout (docs/formats.md): one TFRecord shard per split and the
+split files. An episode of K steps ending in ``stop`` becomes K screenshots and K-1 actions (no end action).
 """
 
 from __future__ import annotations

@@ -123,13 +123,9 @@ SPLITS = ("train", "dev", "test", "test_app_unseen", "test_task_unseen")
 class WorldConfig:
     """Knobs of the synthetic world. Ranges ``(lo, hi)`` are inclusive and drawn per episode.
 
-    width, height: layout size in pixels (also the screenshots' unless ``render_size`` is set; boxes are fractions).
-    font_size: body text size in pixels. n_extra_apps: distractor apps on the home screen. settings_rows: rows of
-    the settings list (about nine fit a screen). n_contacts, n_results: list lengths. n_distractors: extra
-    elements per page. shuffle_layout: shuffle icons, rows, contacts and results per episode. layout_jitter:
-    per-episode element sizes. themes, variants: what episodes draw from. randomize_icon_colors: random icon
-    colours (labels only). home_grid: (columns, rows), 0 = the variant's. p_start_home, p_start_other_app: where
-    episodes start (the rest inside the task's app, needing ``press back``). task_weights: ``family:weight`` strings.
+    width, height: layout pixels (boxes are fractions; ``render_size`` resizes screenshots). p_start_home,
+    p_start_other_app: where episodes start (else inside the task's app). task_weights: ``family:weight`` strings.
+    home_grid: (columns, rows), 0 = the variant's. The other fields size lists, distractors, jitter and theming.
     """
 
     width: int = 224

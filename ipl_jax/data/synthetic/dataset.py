@@ -1,8 +1,5 @@
-"""Episodes from the world + expert + CoaT annotator, and the held-out splits.
-
-``train``, ``dev``, ``test``: in distribution, disjoint world seeds. ``test_app_unseen``: a held-out theme
-(a third also the held-out layout variant). ``test_task_unseen``: a held-out template, entity combination or
-the ``toggle_pair`` family.
+"""Episodes from the world + expert + CoaT annotator, and the splits: ``train`` / ``dev`` / ``test`` (disjoint
+seeds), ``test_app_unseen`` (held-out themes and layout) and ``test_task_unseen`` (held-out tasks).
 """
 
 from __future__ import annotations

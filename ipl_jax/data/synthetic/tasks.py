@@ -1,7 +1,5 @@
-"""Tasks: families, instruction templates (with paraphrases), held-out rules, start states and goal checks.
-
-Held out for ``test_task_unseen`` (never in train / dev / test): each family's last two templates, about a fifth
-of its entity combinations (stable hash), and the whole ``toggle_pair`` family.
+"""Tasks: families, instruction templates, held-out rules, start states and goal checks. Held-out templates,
+entity combinations and the ``toggle_pair`` family occur only in ``test_task_unseen``.
 """
 
 from __future__ import annotations

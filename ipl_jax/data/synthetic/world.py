@@ -1,7 +1,5 @@
-"""The live simulator: ``World(seed, config).reset(task) -> Screen`` and ``step(action) -> (Screen, done)``.
-
-``reset`` draws the phone (theme, layout, content) from the seeded generator and puts it in the task's start
-state. ``step`` never raises: an action that does not apply leaves the state unchanged; ``stop`` ends the episode.
+"""The live simulator: ``World(seed, config).reset(task) -> Screen`` and ``step(action) -> (Screen, done)``;
+``step`` never raises (an action that does not apply changes nothing).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""TensorFlow Datasets builders: the synthetic GUI world (``ipl_synthetic``) and AITZ from a local copy
-(``ipl_aitz``), in TFDS's ``array_record`` format; building and reading need no TensorFlow.
-
-``import ipl_jax.data.tfds`` registers them; ``ipl_aitz`` takes the release as ``manual_dir``. One example is
-one step, in reader order (episodes stay consecutive). ``tfds.load`` needs TensorFlow and a tfrecord build.
+"""TensorFlow Datasets builders ``ipl_synthetic`` and ``ipl_aitz`` (the release as ``manual_dir``), one example
+per step in reader order, in TFDS's ``array_record`` format (no TensorFlow needed; ``tfds.load`` needs it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""``data.format = "tfds:NAME"``: episodes of a TFDS dataset built by ``builders.py``, read with
-``tfds.data_source`` (no TensorFlow). ``config.data.root`` is the TFDS data directory; ``NAME`` may carry a
-config and version. Steps' images are ``TfdsImage``s fetched when needed.
+"""``data.format = "tfds:NAME"``: episodes of a TFDS dataset built by ``builders.py`` (``config.data.root``: the
+TFDS data directory), read with ``tfds.data_source``; images fetched when needed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Shop and Store: a search box, a result list, and a details page with a main button.
-
-Shop sells products named ``<Colour> <Item> <Model>``; Store lists apps and installs them. What a search
-returns depends only on the query and this episode's salt, so a task can ask for "the first result".
+"""Shop and Store: a search box, a result list, and a details page with a main button. Results depend only on
+the query and the episode's salt.
 """
 
 from __future__ import annotations
