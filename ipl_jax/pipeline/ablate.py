@@ -1,9 +1,8 @@
-"""``ipl-jax ablate``: the ablation table (docs/method.md §8, §11) -- IPL variants as settings switches.
+"""``ipl-jax ablate``: the ablation table (docs/method.md §8, §11), IPL variants as settings switches.
 
-The base job runs once in ``WORKDIR/base``; each variant (``VARIANTS``) runs ``ablation.rounds`` round(s) in
-``WORKDIR/variants/<name>`` from the shared seed, and variants with equal settings share one run. Resumes like
-``ipl-jax run``. ``WORKDIR/ablation.json`` holds per test split each variant's accuracy by action type, its
-gain over the seed with a 95 % paired-bootstrap interval, pair statistics and what it spent.
+The base job runs once in ``WORKDIR/base``; each variant of ``VARIANTS`` runs ``ablation.rounds`` round(s) from
+the shared seed in ``WORKDIR/variants/<name>`` (equal settings share one run); results go to
+``WORKDIR/ablation.json``. Resumes like ``ipl-jax run``.
 """
 
 from __future__ import annotations

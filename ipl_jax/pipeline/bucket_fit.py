@@ -1,7 +1,5 @@
 """Stage ``buckets``: the shape buckets checked against the data the job reads, before any training.
 
-After the model stage, measures the longest length of each bucket field (``buckets.tokens``, ``buckets.patches``,
-``sampler.prefix_buckets``, ``sampler.prompt_buckets``, ``ipl.text_buckets``) without decoding screenshots.
 A length over its field's largest bucket adds one bucket (rounded up to ``ROUND``) that the job then uses
 (``apply``); with ``buckets.fixed`` it stops with a one-line ``UsageError`` instead.
 """
@@ -123,11 +121,9 @@ def describe(settings: Settings, longest: dict[str, Longest], changed: dict[str,
 def tdpo_row_bound(
     prefix: int, prompts: Sequence[int], golden: dict[int, int], branching: Sequence[int], turn_tokens, ipl: IPLSettings
 ) -> int:
-    """The longest packed T-DPO row a step's pairs can make (``preference.packing``).
-
-    A turn-t group's row is its prefix less the last token (step prefix, then s_l and prompt l+1 at their
-    budgets ``turn_tokens``) and every continuation (b_t siblings, plus the golden text ``golden[t]`` on turns
-    3 and 4). Naive DPO: one group per tree, whole CoaTs. prompts: the turn-2, -3, -4 prompt lengths."""
+    """The longest packed T-DPO row a step's pairs can make: a group's prefix less its last token (turns at their
+    budgets ``turn_tokens``) plus every continuation (b_t siblings, plus the golden ``golden[t]`` on turns 3-4).
+    prompts: the turn-2, -3, -4 prompt lengths."""
     whole = sum(turn_tokens) + sum(prompts)
     if ipl.method == "naive_dpo":
         return prefix - 1 + 2 * whole

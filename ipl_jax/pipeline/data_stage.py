@@ -1,9 +1,6 @@
-"""Stages 1 and 2: the dataset (synthetic world written in the AITZ format, or a real benchmark read from disk)
-and instruction evolution on the training screens.
-
-Scarce annotations (``data.action_episodes`` M > 0): N seeded training episodes keep their CoaT and M others
-become action logs (``strip_annotation``), the pseudo-split ``train_actions`` the rounds sample; with
-``data.action_root`` the logs come from that second dataset. Only ``oracle_steps`` reads annotations back.
+"""Stages 1 and 2: the dataset (the synthetic world written as AITZ, or a benchmark read from disk) and instruction
+evolution. With scarce annotations (``data.action_episodes``, ``data.action_root``) some training episodes
+become action logs, the pseudo-split ``train_actions`` the rounds sample.
 """
 
 from __future__ import annotations
@@ -77,10 +74,8 @@ def data_root(data: DataSettings, wd: Workdir) -> Path:
 
 
 def load_splits(data: DataSettings, wd: Workdir, seed: int) -> dict[str, list[Episode]]:
-    """Every split as episodes, read with the format's reader (synthetic data is AITZ).
-
-    Without a dev split the last ``data.dev_holdout`` training episodes become dev; ``data.skip_bad`` leaves out
-    malformed records; ``action_root`` / ``action_episodes`` make action logs (seeded by ``seed``).
+    """Every split as episodes (synthetic data read as AITZ): without a dev split the last ``data.dev_holdout``
+    training episodes become dev; action logs are split off as configured (seeded by ``seed``).
     """
     fmt = "aitz" if data.synthetic else data.format
     root = data_root(data, wd)

@@ -1,9 +1,5 @@
-"""Random checkpoints of the published Qwen2-VL architectures (``ipl-jax init-model``): real shapes, our
-tokenizer, nothing downloaded.
-
-``write_random_checkpoint`` writes our tokenizer (its 14 specials at the config's ids when the vocabulary
-holds them), ``config.json``, ``generation_config.json``, ``preprocessor_config.json`` and random
-safetensors shards of at most 4 GiB written tensor by tensor.
+"""Random checkpoints of the published Qwen2-VL architectures (``ipl-jax init-model``): real shapes, our tokenizer
+(specials at the config's ids), nothing downloaded; weights written tensor by tensor.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Stage 3: the tokenizer and the starting model, and the policy directory format the job passes around.
-
-A policy directory is a Hugging Face Qwen2-VL checkpoint (weights, tokenizer with chat template,
-preprocessor and generation configs) that loads in transformers or ``ipl-jax eval`` as is. Without
-``model.checkpoint`` the job trains a BPE tokenizer on the data and initialises a fresh model.
+"""Stage 3: the tokenizer and the starting model, and the policy directory format the job passes around (a Hugging
+Face checkpoint with tokenizer, preprocessor and generation configs, loadable in transformers as is).
 """
 
 from __future__ import annotations

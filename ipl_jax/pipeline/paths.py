@@ -1,7 +1,5 @@
-"""Checks of the paths a command is given, made before any expensive work.
-
-Each raises ``UsageError`` (one line: flag, path, what to do). Inputs must exist and be of the right kind;
-outputs are probed (directories made, a file written, then all undone), so an unwritable path fails here.
+"""Checks of the paths a command is given, before any expensive work; each raises a one-line ``UsageError``.
+Outputs are probed (directories made, a file written, then all undone).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""A memory and FLOP plan of the job's programs, compiled ahead of time on abstract inputs.
-
-``plan_job`` lowers the SFT step, the T-DPO step and the sampler's prefill and widest decode step on sharded
-``ShapeDtypeStruct`` inputs (nothing allocated), compiles them for the mesh's devices, and reads per-device
-memory from ``memory_analysis()`` and FLOPs from the HLO (``training.hlo_cost``).
-``total = arguments + outputs + temporaries - aliased``.
+"""A memory and FLOP plan of the job's programs (SFT step, T-DPO step, sampler prefill and decode), compiled ahead
+of time on sharded abstract inputs. Per device: ``total = arguments + outputs + temporaries - aliased``; FLOPs
+from the HLO (``training.hlo_cost``).
 """
 
 from __future__ import annotations

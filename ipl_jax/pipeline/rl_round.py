@@ -1,7 +1,5 @@
-"""One round of the other seeds' learners in the job's round loop (docs/method.md §11): ``ipl.method`` ``grpo``
-(rule-reward GRPO) or ``ppo`` / ``gigppo`` (online PPO in the live synthetic world), spending the T-DPO round's
-budget of sampled completions (``rl.job.round_budget``). The record has a T-DPO round's keys plus ``samples``,
-``budget`` and ``method``.
+"""One GRPO / PPO / GiGPPO round in the job's round loop (docs/method.md §11), spending a T-DPO round's budget of
+sampled completions (``rl.job.round_budget``); its record adds ``samples``, ``budget`` and ``method``.
 """
 
 from __future__ import annotations

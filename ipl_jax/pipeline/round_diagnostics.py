@@ -1,9 +1,6 @@
-"""The job's probe of an IPL round (``preference.round.RoundProbe``): what the update did beyond its loss.
-
-Held-out pairs: ``ipl.heldout_steps`` fixed dev steps, never trained on, get trees and pairs like the round's
-own. Training steps: ``ipl.diagnostic_steps`` of them are sampled by π(n-1) and π(n) with the same seed (paired
-draws) and decoded greedily; ``_before`` / ``_after`` values of ``pass_at_1``, ``consistency``,
-``thought_names_golden`` and ``greedy`` go in the record's ``diagnostics``.
+"""The job's probe of an IPL round (``preference.round.RoundProbe``): held-out pairs on fixed dev steps, and the
+round's ``ipl.diagnostic_steps`` sampled by π(n-1) and π(n) with the same seed and decoded greedily
+(``_before`` / ``_after`` figures in the record's ``diagnostics``).
 """
 
 from __future__ import annotations

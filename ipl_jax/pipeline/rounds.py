@@ -1,10 +1,6 @@
-"""Stage 7: one IPL round (docs/method.md §6, §7), from the policy directory of the round before.
-
-A round is ``preference.round.ipl_round`` with this module's ``RoundStages``: ``sample_trees`` (CoaT-trees on
-``round_steps``), ``score_trees`` (rule rewards and backed-up values, a few trees kept for the viewer) and, for
-the ``continued_sft`` / ``sft_oracle`` controls, ``golden_update_fn``. The new policy goes to
-``WORKDIR/rounds/<r>/policy`` and is evaluated on dev; ``ipl.method`` grpo / ppo / gigppo rounds are
-``pipeline.rl_round``'s.
+"""Stage 7: one IPL round (docs/method.md §6, §7) from the previous round's policy directory:
+``preference.round.ipl_round`` with this module's ``RoundStages``; the new policy goes to
+``WORKDIR/rounds/<r>/policy``. RL methods' rounds are ``pipeline.rl_round``'s.
 """
 
 from __future__ import annotations
@@ -188,8 +184,7 @@ def score_trees(trees: TreeBatch, reward, discount: float, viewer: ViewerTrees) 
 
 def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], rcfg: RoundConfig):
     """``RoundStages.golden_update`` of ``continued_sft`` / ``sft_oracle``: ``n`` supervised updates on the golden
-    CoaT of ``steps``, ``ipl.batch_size`` dialogues each, seeded epochs, batches as warm-up SFT's. A step without
-    CoaT raises before sampling (unless ``data.coat_fallback``)."""
+    CoaT of ``steps``. A step without CoaT raises before sampling (unless ``data.coat_fallback``)."""
     fallback = settings.data.coat_fallback
     _, missing = annotated_steps(steps, fallback)
     if missing or not steps:
@@ -265,10 +260,8 @@ def run_round(
     dev_episodes: Sequence[Episode],
     annotated: Sequence[Step] | None = None,
 ) -> dict:
-    """One IPL round from the policy directory ``start`` on trees sampled from ``train_steps``.
-
-    Writes ``rounds/<r>/policy``, ``trees.jsonl`` and ``round.json``; returns ``ipl_round``'s record plus
-    ``dev`` and ``policy``. ``annotated``: what ``continued_sft`` trains on when the steps carry no CoaT."""
+    """One IPL round from policy directory ``start``; writes ``rounds/<r>/policy``, ``trees.jsonl``, ``round.json``
+    and returns ``ipl_round``'s record plus ``dev`` and ``policy``."""
     ipl = settings.ipl
     if ipl.method in RL_METHODS:
         return run_rl_round(settings, wd, round_index, start, train_steps, dev_episodes)

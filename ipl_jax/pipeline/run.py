@@ -1,9 +1,6 @@
-"""The main job (``ipl-jax run``): data -> instruction evolution -> model -> buckets fitted to the data -> warm-up
-SFT -> seed selection -> evaluation of the seed -> IPL rounds -> export (docs/method.md §1).
-
-``run_job`` checks sources and machine, records the settings in the workdir (a different config needs a
-different workdir) and runs each of ``STAGES`` through ``Workdir.run_stage``, so a rerun resumes after the last
-finished stage or round. Outputs are listed in the README (``results.json``, ``export/``, ...).
+"""The main job (``ipl-jax run``): data -> evolution -> model -> buckets -> warm-up SFT -> seed selection -> seed
+evaluation -> IPL rounds -> export (docs/method.md §1). Each stage runs through ``Workdir.run_stage``, so a
+rerun resumes; a workdir refuses different settings. Outputs: see the README.
 """
 
 from __future__ import annotations
@@ -204,10 +201,8 @@ class Job:
     # ----------------------------------------------------------------------------------------------- rounds
 
     def rounds(self) -> None:
-        """The round loop: each round from the last round's policy, resumable round by round.
-
-        With ``ipl.early_stop`` it stops after the first round whose dev accuracy does not beat the best so far (seed
-        included). Without ``eval.every_round`` only the last round is evaluated on the test splits."""
+        """The round loop, resumable round by round; with ``ipl.early_stop`` it stops after the first round not beating
+        the best dev accuracy. Without ``eval.every_round`` only the last round is evaluated on the test splits."""
         s, wd = self.settings, self.wd
         start = wd.path("seed")
         best = float(self.seed_eval["dev"]["step_accuracy"])

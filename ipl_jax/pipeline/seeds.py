@@ -12,11 +12,8 @@ ROUND_SEED_PURPOSES = tuple(_ROUND_SEEDS)
 
 
 def round_seed(seed: int, round_index: int, purpose: str) -> int:
-    """The integer seed of one of round ``round_index``'s draws, from the job's ``seed``.
-
-    ``"steps"``: ``seed * 1000 + round`` (the round's training steps); ``"diagnostic_steps"``: ``seed * 1000 +
-    round + 500`` (the probe's steps); ``"rng"``: ``seed * 7919 + round`` (the round's JAX key and the probe's
-    tally seed). Other stages use ``seed`` as it is.
+    """The seed of one of round ``round_index``'s draws: ``"steps"`` ``seed * 1000 + round``; ``"diagnostic_steps"``
+    ``seed * 1000 + round + 500``; ``"rng"`` ``seed * 7919 + round``.
     """
     try:
         multiplier, offset = _ROUND_SEEDS[purpose]

@@ -1,8 +1,6 @@
-"""Stage 4: warm-up SFT on the CoaT dialogues of the training steps plus the evolved Q&A.
-
-Examples are built lazily in the Grain pipeline, collated to buckets and turned into model arrays; each process
-builds only its devices' rows (``SFTRows``). Orbax checkpoints carry the state and iterator position, so a
-killed job resumes inside SFT; the last ``sft.seed_candidates`` are exported for seed selection.
+"""Stage 4: warm-up SFT on the CoaT dialogues of the training steps plus the evolved Q&A. Each process builds
+only its devices' rows (``SFTRows``); Orbax checkpoints make SFT resumable; the last ``sft.seed_candidates``
+are exported for seed selection.
 """
 
 from __future__ import annotations
@@ -97,9 +95,8 @@ class BatchShape:
 
 
 def make_batch_builder(cfg, tokenizer, buckets: BucketSettings, shape: BatchShape):
-    """(bucket, build): ``bucket(examples)`` is the longest example's token bucket (ValueError when none fits);
-    ``build(parts, t, rows)`` makes the SFT arrays of A micro-batch lists at bucket ``t``, a leading [A, ...]
-    axis when A > 1, rows beyond a list's examples fully masked."""
+    """(bucket, build): ``bucket(examples)`` is the token bucket (ValueError when none fits); ``build(parts, t,
+    rows)`` makes SFT arrays at bucket ``t`` with a leading [A, ...] axis when A > 1, extra rows fully masked."""
     patches = buckets.patch_buckets(shape.micro)
 
     def bucket(examples) -> int:
@@ -145,11 +142,8 @@ class LocalRows:
 
 
 class SFTRows:
-    """Which rows of each SFT batch this process builds, and the global arrays made from them.
-
-    ``local_batch`` (loader threads) builds only the rows this process's devices hold; ``assemble`` (a
-    collective) agrees on the largest token bucket and the token count, re-pads if needed and makes the global
-    arrays. With every row local the arrays equal ``make_batch_fn``'s.
+    """Which rows of each SFT batch this process builds (``local_batch``, in loader threads), and ``assemble`` (a
+    collective) making the global arrays at the agreed largest bucket.
     """
 
     def __init__(self, cfg, tokenizer, buckets: BucketSettings, shape: BatchShape, example_fn, template_item, mesh):

@@ -1,6 +1,5 @@
-"""What a job needs from the disk and the machine before any stage runs: its dataset and starting checkpoint
-(``check_sources``) and the backend-dependent settings (``check_job``). Failures are one
-``UsageError`` / ``SettingsError`` line naming the field.
+"""What a job needs before any stage runs: its dataset and starting checkpoint (``check_sources``) and the
+backend-dependent settings (``check_job``); failures are one-line usage / settings errors.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The job's working directory: where each stage writes, which stages are finished, and the logs.
-
-``config.json`` (settings), ``stages/<stage>.done`` (marker + summary JSON), ``stage_log.jsonl``,
-``job_report.json``, ``metrics.jsonl``, ``tensorboard/``, and one folder per stage's outputs. A marker is written
-once a stage's outputs are complete, so a killed job redoes only the unfinished stage. In a multi-process run
-only the main process prints, logs and writes markers; every stage ends at a barrier.
+"""The job's working directory: settings, per-stage outputs and done-markers (with summaries), logs and metrics.
+A marker is written once a stage's outputs are complete; only the main process writes, and every stage ends
+at a barrier.
 """
 
 from __future__ import annotations
@@ -82,10 +79,8 @@ class Workdir:
             write_json(self.marker(stage), summary)
 
     def run_stage(self, stage: str, fn: Callable[[], dict], main_only: bool = False) -> dict:
-        """Run ``fn`` unless ``stage`` is finished; returns the stage's summary (with ``seconds``) either way.
-
-        Every process runs ``fn`` (files written by the main one only), or with ``main_only`` the main one alone,
-        the others reading its marker after the barrier.
+        """Run ``fn`` unless ``stage`` is finished; returns its summary (with ``seconds``). Every process runs ``fn``,
+        or with ``main_only`` only the main one (the others read the marker after the barrier).
         """
         # Processes may see the marker at different moments (a fast main-only stage can finish before another
         # process looks), so a skip passes the same closing barrier as a run: the barriers always pair up.

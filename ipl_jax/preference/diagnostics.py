@@ -1,9 +1,6 @@
-"""What a round did to preference pairs: accuracy and margins before and after its update.
-
-From each pair's summed log-probs of chosen (s⁺) and rejected (s⁻) under π(n-1) and π(n) (``PairLogps``),
-``pair_figures`` gives over valid pairs: ``accuracy_before`` / ``_after`` (share with log π(s⁺) > log π(s⁻),
-ties wrong), ``logp_margin_before`` / ``_after`` (mean log π(s⁺) − log π(s⁻)), and ``reward_margin`` /
-``reward_accuracy`` (DPO's implicit reward margin β·[Δ⁺ − Δ⁻] after the update: its mean and share > 0).
+"""What a round did to preference pairs, from each pair's log-probs under π(n-1) and π(n): ``accuracy_before`` /
+``_after`` (log π(s⁺) > log π(s⁻)), ``logp_margin_before`` / ``_after`` and DPO's implicit ``reward_margin``
+/ ``reward_accuracy`` after the update.
 """
 
 from __future__ import annotations

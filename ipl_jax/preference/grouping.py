@@ -33,10 +33,8 @@ def _step_prefix(step, upto_turn: int, turn_texts: Sequence[np.ndarray]) -> tupl
 
 @dataclasses.dataclass
 class GroupedPairs:
-    """Groups and pairs of one or more tree batches, ready for ``pack_round``.
-
-    skipped: pairs left out (an empty continuation, or both the same tokens); pairs_by_turn: kept pairs per
-    turn (index 0: the naive baseline's whole trajectories).
+    """Groups and pairs ready for ``pack_round``; ``skipped``: void pairs left out; ``pairs_by_turn``: kept pairs
+    per turn (0: whole trajectories).
     """
 
     groups: list = dataclasses.field(default_factory=list)
@@ -102,12 +100,8 @@ def _pixels(step):
 
 
 def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=None) -> GroupedPairs:
-    """Thinking-level pairs of one tree batch, grouped by prefix node.
-
-    steps: per tree row, the step's prompt segments (``prefix_ids``, ``turn_prompt_ids``, ``pixel_values``,
-    ``image_grid_thw``); pair_tokens: ``pairs.PairTokens`` of the batch. A turn-t prefix is the step prefix, then
-    s_1, prompt 2, ..., s_{t-1}, prompt t; pairs with the same (row, turn, prefix path) share a group and a
-    shared continuation appears once. ``pair_batch`` adds positive type, value gap and tree class to each ``PairRef``.
+    """Thinking-level pairs of one tree batch, grouped by (row, turn, prefix node); shared continuations appear once.
+    steps: per row the prompt segments; pair_tokens: ``pairs.PairTokens``; ``pair_batch`` adds type, gap, class.
     """
     pt = jax.tree.map(_np, pair_tokens)
     meta_arrays = None
@@ -142,11 +136,8 @@ def tree_pair_groups(steps: Sequence, pair_tokens, name: str = "", pair_batch=No
 
 
 def naive_pair_groups(steps: Sequence, naive_tokens: dict, with_grounding: np.ndarray, name: str = "") -> GroupedPairs:
-    """Whole-trajectory pairs of the naive-DPO baseline (docs/method.md §11), one group per tree.
-
-    The prefix is the step prefix; a continuation is the whole CoaT, scored on the assistant turns only.
-    naive_tokens: ``pairs.gather_naive_dpo_tokens`` output; with_grounding: bool[B, 2], whether the chosen /
-    rejected leaf's action takes a grounding turn.
+    """Whole-trajectory pairs of the naive-DPO baseline, one group per tree, continuations scored on the assistant
+    turns only. with_grounding: bool[B, 2] (chosen / rejected action takes a grounding turn).
     """
     nt = jax.tree.map(_np, naive_tokens)
     with_grounding = np.asarray(with_grounding, bool)

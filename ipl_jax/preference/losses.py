@@ -56,10 +56,8 @@ def dpo_pair_losses(
     kind: str = "sigmoid",
     label_smoothing: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
-    """Per-pair preference loss and the implicit reward margin.
-
-    All inputs f32[P]: summed log-probs of the positive / negative continuation under the policy and the reference.
-    Returns (loss f32[P], margin f32[P]) where margin = β·[(πθ⁺ − πref⁺) − (πθ⁻ − πref⁻)].
+    """Per-pair DPO loss and implicit reward margin β·[(πθ⁺ − πref⁺) − (πθ⁻ − πref⁻)]: inputs f32[P] summed
+    log-probs; returns (loss f32[P], margin f32[P]).
     """
     h = (policy_pos - ref_pos) - (policy_neg - ref_neg)
     margin = beta * h
@@ -83,11 +81,8 @@ def tdpo_loss(
     valid: jax.Array,
     config: DPOConfig = DPOConfig(),
 ) -> tuple[jax.Array, dict]:
-    """Thinking-level DPO with an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
-
-    ``policy_*`` / ``ref_*``: f32[P] log-probs summed over turn t's tokens; ``pos_tokens``: f32[P] token count of
-    the positive; ``valid``: bool[P]. The SFT term is ``positive_nll`` with ``sft_norm`` ("token" keeps λ_sft
-    comparable across turn lengths).
+    """Thinking-level DPO plus an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
+    Inputs f32[P] summed over turn t's tokens; ``pos_tokens``: f32[P]; ``valid``: bool[P].
     """
     pair_loss, margin = dpo_pair_losses(
         policy_pos, policy_neg, ref_pos, ref_neg, config.beta, config.kind, config.label_smoothing
@@ -178,10 +173,8 @@ def dast_length_reward(lengths: jax.Array, correct: jax.Array, max_length: float
 
 
 def dense_returns(step_rewards: jax.Array, terminal_reward: jax.Array, mask: jax.Array, gamma_dense: float = 0.5):
-    """Returns with asymmetric discounting: terminal reward undiscounted, step rewards with γ_dense.
-
-    step_rewards: f32[B, S]; terminal_reward: f32[B]; mask: bool[B, S] (a prefix of each row).
-    G_t = R_terminal + Σ_{k ≥ t} γ_dense^{k−t} r_k; returns f32[B, S] (0 on padding).
+    """Returns G_t = R_terminal + Σ_{k ≥ t} γ_dense^{k−t} r_k f32[B, S] (0 on padding). step_rewards: f32[B, S];
+    terminal_reward: f32[B]; mask: bool[B, S].
     """
     m = mask.astype(jnp.float32)
     r = step_rewards * m

@@ -1,6 +1,5 @@
-"""The data types of prefix-packed T-DPO batches (built in ``preference.packing``): ``PrefixGroup``, ``PairRef``,
-``PackingConfig`` and ``PackedBatch``. Shapes: ``B`` rows, ``T`` tokens (a bucket), ``M`` continuation slots
-per row, ``P`` pair slots.
+"""The data types of prefix-packed T-DPO batches (built in ``preference.packing``). Shapes: ``B`` rows, ``T``
+tokens, ``M`` continuation slots per row, ``P`` pair slots.
 """
 
 from __future__ import annotations
@@ -21,11 +20,8 @@ PREFIX_SEGMENT = 0
 
 @dataclasses.dataclass(frozen=True)
 class PrefixGroup:
-    """One shared prefix and the continuations scored after it (numpy, unpadded).
-
-    prefix_ids: int32[L] (image pads expanded; the last token must be text); continuations: int32[n_i] each (a
-    complete turn with its closing ``<|im_end|>``); scored: bool[n_i] each or None (all True); pixel_values:
-    f32[N, patch_dim], a ``ScreenPixels`` or None; image_grid_thw: int[n, 3] or None; name: for errors.
+    """One shared prefix and its continuations (numpy, unpadded): prefix_ids int32[L] (last token text);
+    continuations int32[n_i] (whole turns); scored bool[n_i] or None; pixel_values, image_grid_thw or None; name.
     """
 
     prefix_ids: np.ndarray
@@ -47,9 +43,8 @@ class PrefixGroup:
 
 @dataclasses.dataclass(frozen=True)
 class PairRef:
-    """A preference pair: continuations ``pos`` (chosen) and ``neg`` (rejected) of group ``group``; ``turn`` (0 for
-    whole trajectories); ``pos_type`` (``pairs.action_type_id``, -1 unknown), ``gap`` (value gap) and
-    ``tree_class`` (``pairs.BETA`` / ``GAMMA``, -1 unknown) for selection and metrics."""
+    """A pair of continuations ``pos`` / ``neg`` of group ``group``, with ``turn`` (0: whole trajectories) and, for
+    selection, ``pos_type``, ``gap`` and ``tree_class`` (-1 unknown)."""
 
     group: int
     pos: int
@@ -62,11 +57,8 @@ class PairRef:
 
 @dataclasses.dataclass(frozen=True)
 class PackingConfig:
-    """Fixed shapes of packed batches.
-
-    rows (B); max_continuations (M per row: a β node needs K, a γ node K + 1); max_pairs (P per batch).
-    ``text_buckets``: a batch takes the smallest that fits its longest row; ``patch_buckets``: per-row image
-    buckets, every row of a batch taking the one that fits its largest row.
+    """Fixed shapes of packed batches: rows (B), max_continuations (M), max_pairs (P), and text / per-row patch
+    buckets (the smallest that fits is taken).
     """
 
     rows: int = 8
@@ -87,11 +79,9 @@ class PackingConfig:
 class PackedBatch:
     """A fixed-shape batch of prefix-packed rows and the pairs that compare their continuations.
 
-    input_ids: int32[B, T]; positions: int32[3, B, T]; segment_ids: int32[B, T] (-1 pad, 0 prefix, i + 1
-    continuation slot i); target_ids: int32[B, T] (0 where none); score_slot: int32[B, T] (slot whose scored
-    token is predicted, -1 where none); vision: VisionInputs with a leading row axis ([B, Pr, ...]) or None.
-    pair_pos / pair_neg: int32[P] (flat slot row * M + slot); pair_valid: bool[P]; pair_turn: int32[P];
-    ref_pos / ref_neg: f32[P] (reference log-probs, 0 until attached).
+    input_ids, target_ids: int32[B, T]; positions: int32[3, B, T]; segment_ids: int32[B, T] (-1 pad, 0 prefix,
+    i + 1 slot i); score_slot: int32[B, T] (-1 none); vision: [B, Pr, ...] or None; pair_pos / pair_neg: int32[P]
+    (row * M + slot); pair_valid, pair_turn: [P]; ref_pos / ref_neg: f32[P] (0 until attached).
     """
 
     input_ids: jax.Array

@@ -1,9 +1,8 @@
 """Prefix-packed sequences: every continuation of one prefix scored in a single forward pass (docs/method.md §7).
 
-Each ``PrefixGroup`` is one row: the prefix less its last token (segment 0), then per continuation i the last
-prefix token followed by the continuation less its last token (segment i + 1), then padding (-1), so each
-position predicts one token. A query attends the prefix and its own segment; continuation token j sits at
-M-RoPE position p + j (p: the last prefix position), exactly as after the prefix alone.
+A row is the prefix less its last token (segment 0), then per continuation the last prefix token and the
+continuation less its last token (segment i + 1). Continuation token j sits at position p + j, as after the
+prefix alone.
 """
 
 from __future__ import annotations
@@ -97,10 +96,8 @@ def pack_groups(
     packing: PackingConfig,
     vision_rows: np.ndarray | None = None,
 ) -> PackedBatch:
-    """One PackedBatch (numpy) from at most ``packing.rows`` groups and ``packing.max_pairs`` pairs.
-
-    Pair ``group`` indices refer to ``groups``. T and the per-row patch axis are the smallest buckets that fit.
-    ``vision_rows`` (sorted; None: all): the vision leaves hold only these rows ([len(vision_rows), Pr, ...]).
+    """One PackedBatch (numpy) from at most ``rows`` groups and ``max_pairs`` pairs, at the smallest buckets that fit;
+    ``vision_rows`` (sorted; None: all): the rows whose vision leaves are built.
     """
     B, M, P = packing.rows, packing.max_continuations, packing.max_pairs
     if packing.pad_id == cfg.image_token_id:

@@ -18,14 +18,10 @@ from ipl_jax.preference.pairs import BETA, PairBatch, classify_trees, is_one
 
 @struct.dataclass
 class PairTokens:
-    """Token ids of each pair's two continuations and its shared prefix turns; ``P`` pairs, ``Tc`` tokens.
-
-    ``batch_row``, ``step_index``, ``turn``, ``valid``: [P], from the PairBatch. ``prefix_path``: int32[P, 3] flat
-    node index at levels 1..3 (-1 at levels >= turn). ``prefix_tokens``: 3 arrays int32[P, T_l];
-    ``prefix_lengths``: int32[P, 3] (0 where l >= turn). ``positive_tokens`` / ``negative_tokens``:
-    int32[P, Tc]; ``*_lengths``: int32[P]. ``positive_logps`` / ``negative_logps``: f32[P, Tc], the sampler's
-    (tempered) log-probs, 0 for golden positives and padding. ``same_text``: bool[P], both continuations are the
-    same tokens (no preference signal, only the SFT term).
+    """Token ids of each pair's continuations and prefix turns (P pairs, Tc tokens): ``batch_row``, ``step_index``,
+    ``turn``, ``valid`` [P]; ``prefix_path`` int32[P, 3]; ``prefix_tokens`` 3 x int32[P, T_l], ``prefix_lengths``
+    int32[P, 3]; ``positive_*`` / ``negative_*`` tokens int32[P, Tc], lengths int32[P], logps f32[P, Tc] (sampler's,
+    0 for goldens); ``same_text`` bool[P] (no preference signal).
     """
 
     batch_row: jax.Array
@@ -61,10 +57,8 @@ def gather_pair_tokens(
     golden_grounding_lengths: jax.Array,
     pad_id: int = 0,
 ) -> PairTokens:
-    """Continuation and prefix token ids of every pair (invalid pairs: padding, length 0).
-
-    golden_action_ids: int32[B, Tg3], golden_action_lengths: int32[B]; golden_grounding_ids: int32[B, Tg4],
-    golden_grounding_lengths: int32[B] (read only by turn-4 golden positives).
+    """Continuation and prefix token ids of every pair (invalid pairs: padding). Golden ids: action int32[B, Tg3],
+    grounding int32[B, Tg4], with lengths int32[B].
     """
     B = tree.batch_size
     for name, x, ndim in (

@@ -1,9 +1,5 @@
-"""Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (docs/method.md §6).
-
-Inputs: one batch of ``B`` trees with branching ``(b1, b2, b3, b4)``: ``node_values`` 4 arrays f32[B, b1..bt]
-(level 4 = leaves); ``leaf_types`` int32[B, b1, b2, b3, b4] and ``golden_types`` int32[B] (``action_type_id``,
--1 unparsed); ``step_valid`` bool[B]. Pure ``jnp`` with fixed shapes; ``extract_pairs`` never recompiles for
-new data.
+"""Tree classes (α / β / γ) and thinking-level preference pairs from scored CoaT-trees (docs/method.md §6), in
+pure ``jnp`` with fixed shapes (``extract_pairs`` never recompiles for new data).
 """
 
 from __future__ import annotations
@@ -31,13 +27,9 @@ CLICK_LIKE_TYPES = (ACTION_TYPES.index("click"), ACTION_TYPES.index("long_press"
 class PairConfig:
     """Pair-extraction settings (defaults are our choices; the paper gives none).
 
-    A value "= 1" means ``v >= 1 - one_tolerance``. A β pair needs ``v(s+) - v(s-) > 1/K + gap_tolerance``
-    (float32 ties at exactly 1/K are kept out). β pairs come only from β trees, γ pairs from γ trees. β positives
-    rank: subtree holds a value-1 leaf, then round-robin over action type, larger gap, index; the first
-    ``max_beta_pairs_per_tree_turn`` per (tree, turn) are kept. γ pairs: golden s3 vs sampled s3 on the (s1, s2)
-    prefix and, for click-like goldens, golden s4 vs sampled s4 (gap ``1 - v(s-)``); a sampled s3 of the golden's
-    click type is a negative only when ``action_text_matches_golden`` says its text differs. Negatives rank
-    round-robin over the thought, then lower value, then index.
+    "= 1" means ``v >= 1 - one_tolerance``; a β pair needs a gap > 1/K + ``gap_tolerance``. β pairs come from β
+    trees, γ pairs (golden s3 / s4 vs sampled) from γ trees; a sampled s3 of the golden's click type is a γ
+    negative only if its text differs. Positives and negatives are ranked round-robin, by gap, then index.
     """
 
     max_beta_pairs_per_tree_turn: int = 9
@@ -120,14 +112,9 @@ def tree_class_shares(counts) -> dict:
 
 @struct.dataclass
 class PairBatch:
-    """Preference pairs of one tree batch, padded to capacity ``P``; pair ``i`` is real iff ``valid[i]``.
-
-    Each pair shares the prefix s_1..s_{t-1} of tree row ``batch_row`` and compares two turn-t continuations.
-    int32[P]: ``batch_row``, ``step_index``, ``turn`` (1..4), ``prefix_node`` (flat index at level t-1),
-    ``positive_node`` (-1 when golden), ``negative_node``, ``positive_type`` (β: its best leaf's; γ: golden's),
-    ``tree_class``. bool[P]: ``positive_golden``, ``valid``. f32[P]: ``positive_value``, ``negative_value``
-    (golden = 1), ``value_gap``. ``count`` int32[] (valid pairs first, by row then turn), ``count_by_turn``
-    int32[4], ``count_by_class`` int32[3], ``dropped`` int32[] (selected pairs beyond ``P``).
+    """Preference pairs of one tree batch, padded to ``P`` (real iff ``valid``), each comparing two turn-t
+    continuations after row ``batch_row``'s prefix. Node indices are flat per level (``positive_node`` -1 when
+    golden); values f32[P] (golden = 1); ``count`` / ``count_by_turn`` / ``count_by_class`` / ``dropped``.
     """
 
     batch_row: jax.Array
@@ -154,10 +141,7 @@ class PairBatch:
 
 
 def _rank_and_take(mask, tier, group, gap, cap: int):
-    """The first ``cap`` candidates per row: valid first, higher tier, round-robin over ``(tier, group)``, larger
-    gap, lower index. mask bool[R, N], tier int32[R, N], group int32[R, N], gap f32[R, N]; returns (index, taken)
-    [R, cap].
-    """
+    """The first ``cap`` candidates per row (valid, tier, round-robin by (tier, group), gap, index)."""
     R, N = mask.shape
     gap = jnp.where(mask, gap, 0.0)
     # rank within (tier, group): valid candidates of the same key that come first by (larger gap, lower index)
@@ -299,12 +283,9 @@ def extract_pairs(
     config: PairConfig = PairConfig(),
     capacity: int | None = None,
 ) -> PairBatch:
-    """β and γ preference pairs of a batch of scored CoaT-trees, padded to a fixed capacity (jitted).
-
-    node_values: 4 arrays f32[B, b1..bt]; leaf_types: int32[B, b1, b2, b3, b4]; golden_types: int32[B];
-    step_valid: bool[B]; step_index: int32[B] (default: the row); action_text_matches_golden: optional
-    bool[B, b1, b2, b3]; thought_allows_gamma: optional bool[B, b1, b2] (the "consistent" γ mode). ``capacity``
-    (static) defaults to the most pairs possible. Valid pairs first, by row, then turn (β before γ), then rank.
+    """β and γ pairs of a batch of scored CoaT-trees, padded to a static ``capacity`` (default: the most possible).
+    Inputs as the module says, plus optional action_text_matches_golden bool[B, b1, b2, b3] and
+    thought_allows_gamma bool[B, b1, b2]. Valid pairs first, by row, turn (β before γ), rank.
     """
     B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
     node_values = tuple(jnp.asarray(v, jnp.float32) for v in node_values)

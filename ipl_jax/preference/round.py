@@ -1,9 +1,5 @@
-"""One IPL round (docs/method.md §1, §6, §7), from the policy π(n-1) to π(n).
-
-Sample CoaT-trees with π(n-1), score them, extract α/β/γ pairs, group by prefix, select (``selection``), pack
-(``packing``), attach reference log-probs once, then one epoch of T-DPO (``tdpo.train_round``). The sampler
-and scorer are passed in (``RoundStages``). Baselines are ``RoundConfig`` switches: naive DPO (``pair_mode``),
-no negatives (``TDPOConfig.objective``), and continued SFT (``train_on = "golden"``).
+"""One IPL round (docs/method.md §1, §6, §7), π(n-1) -> π(n): sample, score, pair, group, select, pack, attach
+reference log-probs once, one epoch of T-DPO. The sampler and scorer are passed in (``RoundStages``).
 """
 
 from __future__ import annotations
@@ -35,11 +31,8 @@ TRAIN_ON = ("pairs", "golden")
 
 @dataclasses.dataclass(frozen=True)
 class SampledTrees:
-    """One batch of sampled CoaT-trees and what is needed to turn them into pairs.
-
-    tree: ``tree.CoaTTree`` (B rows); steps: per row, the step's prompt segments (``StepPrompts``);
-    golden_action_ids int32[B, Tg3] / golden_action_lengths int32[B]: golden s3 + ``<|im_end|>``;
-    golden_grounding_ids int32[B, Tg4] / golden_grounding_lengths int32[B]: golden s4.
+    """One batch of sampled CoaT-trees: tree (B rows), steps (``StepPrompts``), golden s3 / s4 ids int32[B, Tg] with
+    lengths int32[B].
     """
 
     tree: Any
@@ -52,9 +45,8 @@ class SampledTrees:
 
 @dataclasses.dataclass(frozen=True)
 class TreeScores:
-    """Scored trees: node_values, 4 arrays f32[B, b1..bt] (level 4 = leaf values); leaf_types int32[B, b1, b2, b3, b4];
-    golden_types int32[B]; action_text_matches_golden bool[B, b1, b2, b3] or None; thought_names_golden
-    bool[B, b1, b2] or None (for the "consistent" γ mode).
+    """Scored trees: node_values, leaf_types, golden_types, and optional action_text_matches_golden /
+    thought_names_golden (as ``pairs.extract_pairs`` reads them).
     """
 
     node_values: tuple
@@ -66,11 +58,8 @@ class TreeScores:
 
 @dataclasses.dataclass(frozen=True)
 class RoundProbe:
-    """Diagnostics around a round's update (``preference.diagnostics``; the job's: ``pipeline.round_diagnostics``).
-
-    heldout(params, rng) -> iterable of (SampledTrees, TreeScores) on held-out steps, paired and scored like the
-    round's; before(params) -> context, measured on π(n-1); after(params, context) -> dict merged into
-    ``diagnostics``.
+    """Diagnostics around a round's update: ``heldout(params, rng)`` trees on held-out steps, ``before(params)`` on
+    π(n-1), ``after(params, context)`` -> dict merged into ``diagnostics``.
     """
 
     heldout: Callable[[Any, jax.Array], Iterable[tuple[SampledTrees, TreeScores]]] | None = None
@@ -80,10 +69,7 @@ class RoundProbe:
 
 @dataclasses.dataclass(frozen=True)
 class RoundStages:
-    """The pieces of a round passed in as functions: sample(params, round_index, rng) -> iterable of SampledTrees;
-    score(sampled) -> TreeScores; golden_update(state, n_updates, rng) -> (state, metrics) (``train_on =
-    "golden"`` only); probe: ``RoundProbe`` or None.
-    """
+    """The pieces of a round passed in: sample, score, golden_update (``train_on = "golden"``), probe (or None)."""
 
     sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
     score: Callable[[SampledTrees], TreeScores]
@@ -201,10 +187,8 @@ def pair_counts(grouped: grouping.GroupedPairs) -> dict:
 def ipl_round(
     state: state_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *, mesh=None
 ) -> tuple[state_lib.TrainState, dict]:
-    """One round from ``state`` (π(n-1), also the frozen reference). Returns (π(n)'s state, the round record).
-
-    The record: round, classes, pairs_by_turn, pairs, pair_counts, skipped_pairs, dropped, groups, batches, train,
-    seconds per phase and, with a probe, ``diagnostics``. A non-finite loss raises ``train.NonFiniteLossError``.
+    """One round from ``state`` (π(n-1), also the frozen reference); returns (π(n)'s state, the round record).
+    A non-finite loss raises ``NonFiniteLossError``.
     """
     probe_rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()

@@ -1,6 +1,5 @@
-"""Round-level selection of preference pairs, between extraction and packing (docs/method.md §6), on the host:
-``drop_duplicates``, ``balance_types`` (spread positives over action types) and ``mix_groups``, applied in
-that order by ``select_round_pairs``. Each returns a new ``GroupedPairs``.
+"""Round-level selection of pairs between extraction and packing (docs/method.md §6): ``drop_duplicates``,
+``balance_types``, ``mix_groups``, applied in that order by ``select_round_pairs``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""T-DPO: reference log-probs, the T-DPO step and ``train_round`` (docs/method.md §7).
-
-Reference log-probs are computed once per round by a separate program (``attach_reference``, never inside the
-gradient); ``train_round`` runs one epoch of ``tdpo_step`` in an order drawn from the round's key.
-``tdpo_update`` is the one jitted step (state donated, keyed on ``TDPOConfig``, mesh and shapes).
+"""T-DPO: reference log-probs (computed once per round, never inside the gradient), the jitted T-DPO step and
+``train_round``, one epoch in an order drawn from the round's key (docs/method.md §7).
 """
 
 from __future__ import annotations
@@ -39,10 +36,8 @@ IPL_OPTIMIZER = optimizer_lib.OptimizerSettings(learning_rate=1e-6, schedule="co
 
 @dataclasses.dataclass(frozen=True)
 class TDPOConfig:
-    """Settings of the T-DPO step (hashable: the jitted step is cached per config).
-
-    ``optimizer_settings``: the optimizer (``total_steps`` spans a cosine schedule, set per round by
-    ``round_schedule``); ``learning_rate``: a shortcut setting ``optimizer_settings.learning_rate``.
+    """Settings of the T-DPO step (hashable); ``learning_rate`` is a shortcut for
+    ``optimizer_settings.learning_rate``.
     """
 
     model: Qwen2VLConfig
@@ -286,12 +281,9 @@ def summarize_steps(per_step: Sequence[Mapping[str, float]]) -> dict:
 def train_round(
     state: state_lib.TrainState, ref_params, round_data: RoundData, rng, config: TDPOConfig, *, mesh=None
 ) -> tuple[state_lib.TrainState, dict]:
-    """One epoch of T-DPO over the round's batches, in an order drawn from ``rng`` (raw uint32[2] key).
-
-    state: donated step by step (do not reuse it); ref_params: the frozen reference, used only when
-    ``round_data`` has no reference log-probs yet (computed before the first update, so it may alias ``state``'s
-    params). Returns (new state, metrics): ``summarize_steps`` means, ``tokens`` / ``first_step_tokens``,
-    ``seconds`` / ``first_step_seconds``, ``per_step`` and ``order`` (batch indices in training order).
+    """One epoch of T-DPO over the round's batches in an order drawn from ``rng``; ``state`` is donated.
+    ``ref_params`` is used only when reference log-probs are missing (then computed first). Returns (state,
+    metrics with ``per_step`` and ``order``).
     """
     config = round_schedule(config, len(round_data.batches))
     if not round_data.has_reference:
