@@ -1,10 +1,6 @@
 """Multi-process (multi-host) runs: starting ``jax.distributed``, which process does what, and moving arrays
-between one host's numpy and the global (mesh-wide) ``jax.Array``.
-
-Every process runs the same command on a shared job directory and computes the same host-side values; only
-``is_main()`` writes files, the others wait at a ``barrier``. Bulk data is loaded by shares: each process
-builds only the rows its devices hold (``held_rows``, ``batch_rows``), shapes are agreed with
-``allgather_ints`` and global arrays made with ``from_local_rows``.
+between one host's numpy and the global ``jax.Array``. Only ``is_main()`` writes files; each process builds
+only the batch rows its devices hold.
 """
 
 from __future__ import annotations
@@ -80,12 +76,9 @@ def settings(coordinator=None, num_processes=None, process_id=None, env=None) ->
 
 
 def initialize(coordinator=None, num_processes=None, process_id=None, timeout: int | None = None) -> bool:
-    """Start ``jax.distributed`` when this is a multi-process launch; call it before any other JAX call.
-
-    Sources, in order: the arguments; ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``;
-    auto-detection in a multi-process environment (SLURM, Open MPI, multi-host TPU, ``IPL_JAX_DISTRIBUTED=1``);
-    else nothing. Idempotent; returns whether it started. ``IPL_JAX_INIT_TIMEOUT`` bounds the wait for peers;
-    ``IPL_JAX_HEARTBEAT_TIMEOUT`` is how long the others go on after one process died before stopping with an error."""
+    """Start ``jax.distributed`` for a multi-process launch (explicit arguments, JAX's environment variables, or an
+    auto-detected cluster); call it before any other JAX call. Idempotent; returns whether it started.
+    ``IPL_JAX_INIT_TIMEOUT`` and ``IPL_JAX_HEARTBEAT_TIMEOUT`` (seconds) bound waiting for peers."""
     if _state["started"] or jax.distributed.is_initialized():
         return True
     kwargs = settings(coordinator, num_processes, process_id)
@@ -186,10 +179,8 @@ def _row_entries(index, shape, axis: int) -> np.ndarray:
 
 
 def held_rows(shardings, batch, axes, num_rows: int, devices=None) -> np.ndarray:
-    """Sorted global rows (of ``num_rows``) of a batch that ``devices`` (default: this process's) hold.
-
-    ``shardings`` / ``batch`` (global shapes) / ``axes`` are pytrees of one structure; along its row axis a leaf
-    has ``num_rows * k`` entries, k consecutive per row. A leaf replicated along it needs every row."""
+    """Sorted global rows (of ``num_rows``) that ``devices`` hold; ``shardings`` / ``batch`` / ``axes`` are pytrees
+    of one structure, ``num_rows * k`` entries along each row axis."""
     devices = None if devices is None else set(devices)
     rows: set[int] = set()
     for s, leaf, axis in zip(*(jax.tree.leaves(t) for t in (shardings, batch, axes))):

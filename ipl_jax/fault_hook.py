@@ -1,7 +1,5 @@
-"""A test-only fault hook: SIGKILL this process at a named point, as a preempted host dies.
-
-``IPL_JAX_TEST_KILL_AT=sft_step=1`` (after SFT step 1) or ``tdpo_step=2`` (after a round's second T-DPO
-update). Unset, ``kill_at`` is one environment lookup. Imports nothing else of ipl_jax.
+"""A test-only fault hook: SIGKILL this process at ``IPL_JAX_TEST_KILL_AT=point=count`` (``sft_step``,
+``tdpo_step``), as a preempted host dies. Imports nothing else of ipl_jax.
 """
 
 from __future__ import annotations

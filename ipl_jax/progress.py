@@ -1,7 +1,5 @@
-"""Progress with ETA for the long loops, on stderr.
-
-A tqdm bar on a terminal; otherwise plain lines, one every ``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30)
-and one when a loop of 5 s or more ends. ``IPL_JAX_QUIET=1`` turns it off. Imports nothing else of ipl_jax.
+"""Progress with ETA for the long loops, on stderr: a tqdm bar on a terminal, else a line every
+``IPL_JAX_PROGRESS_INTERVAL`` seconds (default 30); ``IPL_JAX_QUIET=1`` turns it off.
 """
 
 from __future__ import annotations

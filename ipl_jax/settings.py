@@ -1,8 +1,5 @@
-"""The job's settings: one frozen, typed dataclass per section of a job config, made and checked once.
-
-Sections check their own values, ``Settings`` what ties them together, ``Settings.check_machine`` what depends
-on the machine; every failure is one ``SettingsError`` line naming the dotted field, its value and the fix.
-Field meanings: ``configs/synthetic.py``; the method's settings: docs/method.md §3-§11.
+"""The job's settings: one frozen, typed dataclass per config section, made and checked once; every failure is
+one ``SettingsError`` line naming the field. Field meanings: ``configs/synthetic.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """What every ``ipl-jax`` command shares: its argument parser, its error handling and the flags' meanings.
-
-An invocation mistake (flag, setting, path) ends in one stderr line ``ipl-jax COMMAND: <what is wrong and what
-to do>`` with exit status 2 before any expensive work; a malformed data record ends the same way with status 1.
+Invocation mistakes print one line ``ipl-jax COMMAND: <what to do>`` and exit 2; malformed data records exit 1.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``ipl-jax pack-data``: convert a dataset once into ArrayRecord shards of step records.
 
-Every split (or ``--splits``) becomes N shards plus ``ipl_jax_arrayrecord.json``; the same input gives
-byte-identical output, read back with ``data.format = "arrayrecord"`` (or the dataset's own format). Exit
-status 0; 2 for a bad invocation; 1 for a malformed source record (without ``--skip-bad``).
+Read back with ``data.format = "arrayrecord"``. Exit status 0; 2 for a bad invocation; 1 for a malformed
+source record (without ``--skip-bad``).
 """
 
 from __future__ import annotations

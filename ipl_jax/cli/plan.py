@@ -2,9 +2,8 @@
 per-device memory and FLOPs of the job's SFT step, T-DPO step, sampler prefill and decode step, compiled ahead of
 time on abstract inputs (nothing allocated, no checkpoint needed).
 
-``--devices N`` plans on N fake CPU devices (re-running itself if JAX already started otherwise); ``--topology``
-plans for a Cloud TPU slice (v4-N / v5p-N TensorCores, v5e-N / v6e-N chips, or ``v5p:2x2x2``; needs the
-``tpu-plan`` extra). ``--workdir DIR`` uses the buckets the job in DIR fitted to its data.
+``--devices N``: N fake CPU devices; ``--topology``: a Cloud TPU slice (needs the ``tpu-plan`` extra);
+``--workdir DIR``: the buckets the job in DIR fitted.
 """
 
 from __future__ import annotations

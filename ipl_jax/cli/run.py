@@ -1,8 +1,7 @@
 """``ipl-jax run``: the main job, resumable stage by stage (``ipl_jax/pipeline/run.py``).
 
-Settings, workdir, dataset, checkpoint and machine are checked before anything is written; the same command
-again resumes after the last finished stage or round. Multi-host: ``--coordinator``, ``--num-processes``,
-``--process-id`` (TPU pods and SLURM need no flags).
+Everything is checked before anything is written; rerunning resumes. Multi-host: ``--coordinator``,
+``--num-processes``, ``--process-id`` (TPU pods and SLURM need no flags).
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ PROG = "ipl-jax run"
 
 
 def job_settings(parser: CommandParser, argv: list[str]):
-    """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) and its overrides as
-    checked ``Settings``, sources and machine checked, ``--workdir`` writable, and a multi-process launch joined,
-    before any work."""
+    """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) and overrides, checked
+    with the sources, machine and ``--workdir`` (a multi-process launch joined) before any work."""
     distributed.add_flags(parser)
     args, settings = parse_args_with_settings(parser, argv, default_config="synthetic")
     start_distributed(args)

@@ -1,7 +1,7 @@
 """``ipl-jax sft``: the job's first stages only (data, instruction evolution, model, warm-up SFT).
 
-Checkpoints land in ``WORKDIR/sft/checkpoints`` and the last ``sft.seed_candidates`` as Hugging Face
-directories in ``WORKDIR/sft/candidates/step_<n>``; ``ipl-jax run`` on the same workdir goes on from there.
+The last ``sft.seed_candidates`` checkpoints land in ``WORKDIR/sft/candidates/step_<n>``; ``ipl-jax run`` on
+the same workdir goes on from there.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``ipl-jax synth``: write synthetic-world splits in the AITZ format (or AndroidControl's).
 
-World settings: ``WorldConfig``'s defaults or a job config's ``world`` section (``--config``), then ``--world
-K=V`` overrides. ``--split all`` writes every split at its default size (scaled by ``--episodes``). A split
-that already holds files is refused unless ``--overwrite`` (which replaces it).
+``--world K=V`` overrides ``WorldConfig`` (or ``--config``'s ``world`` section); a split that already holds
+files is refused unless ``--overwrite``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The action space, and the text forms an agent reads and writes.
 
-Normalised form (points and boxes as screen fractions in [0, 1]): ``click`` / ``long_press`` (``point``,
-optional ``box``, ``target`` name), ``type`` (``text``), ``scroll`` (``direction`` the finger moves),
-``press`` (back | home | enter), ``stop``, ``open_app`` (``text``), ``wait``. Text forms: s3 ``click <target>``,
-``type "<text>"``, ``scroll up``, ``press back``, ``stop``, ...; s4 ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``
-in 0..1000. Parsing never raises nor evaluates model text: failures give type ``"invalid"`` (``parsed`` False).
+Points and boxes are screen fractions; ``scroll.direction`` is the finger's. s3 texts: ``click <target>``,
+``type "<text>"``, ``scroll up``, ``press back``, ``stop``, ...; s4: ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``
+in 0..1000. Parsing never raises nor evaluates model text: failures give type ``"invalid"``.
 """
 
 from __future__ import annotations

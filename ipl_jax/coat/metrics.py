@@ -1,9 +1,6 @@
-"""Step-level action matching (Step.Acc): one predicted action against one golden step (docs/method.md §8,
-docs/formats.md).
-
-Never raises on the prediction: an unparsed action, a click without a point or a wrong field is a miss.
-``RULES`` holds the benchmarks' rule sets (``MatchRules``), read by the on-device reward too, so training and
-evaluation judge "exact" alike; ``DEFAULT_RULES`` is each format's own. Tables are in ``coat.tables``.
+"""Step-level action matching (Step.Acc): one predicted action against one golden step (docs/method.md §8).
+Never raises on the prediction (anything unusable is a miss); ``RULES`` holds the benchmarks' rule sets, also
+read by the on-device reward.
 """
 
 from __future__ import annotations
@@ -28,11 +25,9 @@ TEXT_TYPES = ("type", "open_app")
 
 @dataclasses.dataclass(frozen=True)
 class MatchRules:
-    """One rule set for exact matching (frozen, hashable).
-
-    box_scale: golden box enlargement about its centre (None: no box rule); click_threshold: distance bound for a
-    point; distance: "screen" (L2 in fractions) or "width_px" (pixels / width); elements: "all" or "clickable";
-    scroll: "direction" or "axis"; text: "contains", "equal_or_f1" (F1 > f1_threshold) or "ignore".
+    """One rule set for exact matching (hashable): box_scale (None: no box rule), click_threshold, distance
+    ("screen" | "width_px"), elements ("all" | "clickable"), scroll ("direction" | "axis"), text ("contains" |
+    "equal_or_f1" | "ignore").
     """
 
     name: str
@@ -244,11 +239,8 @@ def match_action(
 
 
 def match_step(pred: Action | None, step: StepLike, rules: str | MatchRules = "aitz") -> Verdict:
-    """Judge ``pred`` (None: a miss) against a golden step; errors name the episode and step.
-
-    Conventions: ``press back`` vs ``press home`` is a type match, an exact miss; ``stop`` matches whatever its
-    status; an empty predicted text matches only an empty golden; ``open_app`` uses the text rule, ``wait`` the
-    type only; a golden point action without a point uses its box centre."""
+    """Judge ``pred`` (None: a miss) against a golden step; errors name the episode and step. ``press back`` vs
+    ``press home`` is a type match only; ``stop`` ignores status; a golden point action without point uses its box."""
     if pred is None:
         pred = invalid_action()
     try:

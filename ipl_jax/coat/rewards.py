@@ -1,9 +1,7 @@
 """Leaf rewards of CoaT-trees and the value backup, vectorised in ``jnp`` (docs/method.md §4, §5).
 
-A leaf's value is 1 on an exact match under the evaluation rules, v_type + score_match on a type match, else 0;
-score_match = v_format + (1 - v_type - v_format) · (1 - d) for a grounded click (d: L2 in fractions), or
-· F1 for a parsed type text. ``encode_actions`` / ``encode_golden`` pad actions into arrays on the host;
-``leaf_rewards`` scores leaves [B, b1, b2, b3, b4] against goldens [B] (any prefix shape).
+A leaf is worth 1 on an exact match, v_type + score_match on a type match (the distance / F1 term for clicks
+and typing), else 0. Actions are encoded into padded arrays on the host (``encode_actions``, ``encode_golden``).
 """
 
 from __future__ import annotations
@@ -59,11 +57,8 @@ class RewardConfig:
 
 @struct.dataclass
 class PredictedActions:
-    """Padded predicted actions over any leading shape ``...``.
-
-    type_id int32[...] (-1 unparsed); has_point bool[...]; point f32[..., 2]; has_text bool[...]; chars
-    int32[..., C] (code points, 0-padded) and num_chars; words int32[..., L] (word ids) and num_words; direction,
-    button int32[...] (-1 absent).
+    """Padded predicted actions over any leading shape: type_id (-1 unparsed), has_point, point f32[..., 2],
+    has_text, chars / num_chars (code points), words / num_words (word ids), direction, button (-1 absent).
     """
 
     type_id: jax.Array
@@ -179,10 +174,8 @@ def encode_golden(
     max_words: int = 32,
     keep_box_scale: float = 2.4,
 ) -> GoldenActions:
-    """Golden steps as ``GoldenActions`` [N], texts as in ``encode_actions``.
-
-    Keeps the elements whose box enlarged x``keep_box_scale`` contains the golden point (at most ``max_elements``).
-    ValueError naming the episode and step for an unusable golden action.
+    """Golden steps as ``GoldenActions`` [N]; keeps at most ``max_elements`` boxes that could contain the golden
+    point. ValueError naming the episode and step for an unusable golden action.
     """
     n = len(steps)
     out = {
@@ -360,10 +353,8 @@ def leaf_rewards(pred: PredictedActions, gold: GoldenActions, config: RewardConf
 
 
 def backup_values(leaf_values: jax.Array, branching: Sequence[int], discount: float = 0.95) -> tuple[jax.Array, ...]:
-    """Node values of every level from the leaf values (docs/method.md §5): v(parent) = c · mean(children).
-
-    leaf_values: f32[B, b1, ..., bn] or f32[B, b1·…·bn]. Returns n arrays, level t f32[B, b1, ..., bt], the last
-    the leaves; each internal level is discounted once more, branching 1 included.
+    """Node values of every level from leaf values f32[B, b1, ..., bn]: v(parent) = c · mean(children) (docs/method.md
+    §5). Returns n arrays, level t f32[B, b1, ..., bt], the last the leaves.
     """
     branching = tuple(int(b) for b in branching)
     if not branching or any(b < 1 for b in branching):

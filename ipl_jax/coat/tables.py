@@ -1,8 +1,6 @@
-"""The Step.Acc metric tables of each benchmark (docs/method.md §8, docs/formats.md), from ``coat.metrics`` verdicts.
-
-Per golden type (CLICK, TYPE, SCROLL, PRESS, STOP; others when present) and ``total``: ``count``, ``type_acc``,
-``exact_acc`` (fractions, None when empty); ``parse_rate``, ``episode_success``, ``goal_progress``.
-AndroidControl adds ``grounding`` and per-subsplit tables, AMEX per-app tables.
+"""The Step.Acc metric tables of each benchmark (docs/method.md §8) from ``coat.metrics`` verdicts: per golden type
+and ``total`` the ``count``, ``type_acc``, ``exact_acc``, plus episode-level rates and per-subsplit / per-app
+tables where the benchmark has them.
 """
 
 from __future__ import annotations

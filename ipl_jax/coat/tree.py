@@ -1,9 +1,7 @@
 """The CoaT-tree: a fixed-shape batch of sampled four-turn Chain-of-Action-Thought trees (docs/method.md §3).
 
-Branching ``(b1, b2, b3, b4)``: b1 descriptions s1, b2 thoughts s2 per s1, b3 actions s3 per s2, b4 groundings
-s4 per s3. Level t arrays have one axis per branching factor up to t ([B, b1, ..., bt]); shapes depend only on
-B, branching and turn budgets. Node path ``(k1, ..., kt)`` has flat index ``((k1·b2 + k2)·b3 + k3)…``
-(row-major); the root is level 0, index 0; the parent of flat node n at level t is n // bt.
+Level t arrays have one axis per branching factor up to t ([B, b1, ..., bt]). A node's flat index is its path
+``(k1, ..., kt)`` in row-major order; the parent of flat node n at level t is n // bt.
 """
 
 from __future__ import annotations
@@ -122,11 +120,9 @@ def leaves_below(leaf_array: jax.Array, branching: Sequence[int], level: int) ->
 
 @struct.dataclass
 class CoaTTree:
-    """A batch of ``B`` CoaT-trees, one per training step (a pytree); per level t (tuple index t-1):
-
-    ``tokens`` int32[B, b1..bt, T_t] (``pad_id``-padded), ``lengths`` int32[B, b1..bt], ``logps`` f32[B, b1..bt,
-    T_t] (sampling policy, 0 on padding), ``finished`` bool[B, b1..bt] (not cut at T_t). Per tree: ``step_index``
-    int32[B] (row in the round's step list) and ``step_valid`` bool[B]. Branching and budgets come from the shapes.
+    """A batch of ``B`` CoaT-trees (a pytree); per level t: ``tokens`` int32[B, b1..bt, T_t], ``lengths``
+    int32[B, b1..bt], ``logps`` f32[B, b1..bt, T_t], ``finished`` bool[B, b1..bt]; per tree: ``step_index`` and
+    ``step_valid`` [B].
     """
 
     tokens: tuple[jax.Array, jax.Array, jax.Array, jax.Array]

@@ -1,8 +1,5 @@
-"""Confidence intervals for accuracy gains: a paired bootstrap over test episodes.
-
-The gain is the difference of two policies' total step accuracies on the same episodes. Whole episodes are
-resampled (their steps are not independent), the same ones for both policies; several splits are resampled
-each within itself and combined as the mean of their accuracies.
+"""Confidence intervals for accuracy gains: a paired bootstrap over whole test episodes (the same for both
+policies), each split resampled within itself.
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ def paired_gain_interval(
     level: float = 0.95,
     seed: int = 0,
 ) -> dict:
-    """Gain of ``other`` over ``base`` in the mean over splits of total step accuracy, with a percentile bootstrap
-    interval. Splits map to ``episode_counts`` of the same episodes. Returns ``{"gain", "low", "high", "width",
-    "level", "n_boot"}`` as fractions.
+    """Gain of ``other`` over ``base`` in mean total step accuracy with a percentile bootstrap interval:
+    ``{"gain", "low", "high", "width", "level", "n_boot"}`` as fractions.
     """
     if len(base_splits) != len(other_splits) or not base_splits:
         raise ValueError("paired bootstrap: give the same, non-empty list of splits for both evaluations")

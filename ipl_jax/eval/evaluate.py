@@ -1,6 +1,5 @@
-"""Greedy CoaT evaluation of a policy (``ipl-jax eval``, the job's test and dev evaluation): each step decoded at
-temperature 0 with one branch per turn, parsed and scored with the benchmark's Step.Acc table; the per-step
-records are what ``ipl-jax score`` reads back.
+"""Greedy CoaT evaluation of a policy (``ipl-jax eval``, the job's test and dev evaluation), scored with the
+benchmark's Step.Acc table; per-step records are what ``ipl-jax score`` reads back.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ from ipl_jax.sampling.tree_records import turn_texts
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Greedy CoaT evaluation settings: sampler (made greedy by ``evaluate_policy``), image_config, batch_size (last
-    batch padded), fmt / rules (None: the format's own), blank_screens (every screenshot a same-size grey image:
-    the control for how much accuracy comes from reading the screen).
+    """Greedy evaluation settings: sampler (made greedy), image_config, batch_size, fmt / rules (None: the format's),
+    blank_screens (grey screenshots, a control).
     """
 
     sampler: SamplerConfig
@@ -67,11 +65,8 @@ def _as_episodes(steps_or_episodes: Sequence[Any]) -> list[Episode]:
 def evaluate_policy(
     params: dict, cfg, tokenizer, steps: Sequence[Any], config: EvalConfig, mesh=None
 ) -> tuple[list[dict], dict]:
-    """Greedy CoaT decoding of every step, parsed and scored with ``score_episodes``.
-
-    steps: Steps (grouped into episodes by id) or Episodes. Returns (predictions, metrics): one record per step
-    in order (``episode_id``, ``step_id``, ``prediction`` {"action", "grounding"}, ``turns``, ``finished``,
-    ``action``, ``golden``, ``type_match``, ``exact_match``) and the metric table of ``config.fmt``.
+    """Greedy CoaT decoding of every step, parsed and scored; returns (one record per step in order, the metric
+    table of ``config.fmt``). steps: Steps (grouped by episode id) or Episodes.
     """
     episodes = _as_episodes(steps)
     flat = [s for ep in episodes for s in ep.steps]

@@ -1,6 +1,5 @@
-"""Online evaluation: a policy acting in the live synthetic world on held-out tasks, scored by the episode success
-rate and mean steps. Success: ``stop`` with the goal reached; an unparsable completion is a no-op; the step
-limit is a failure. Greedy by default; with a temperature, ``samples_per_task`` episodes per task.
+"""Online evaluation in the live synthetic world: success (``stop`` at the goal) rate and mean steps on held-out
+tasks. Greedy by default; with a temperature, ``samples_per_task`` episodes per task.
 """
 
 from __future__ import annotations
@@ -53,9 +52,8 @@ def _episode_record(tr) -> dict:
 def online_eval(
     params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig, mesh=None
 ) -> dict:
-    """Play every task ``samples_per_task`` times and summarise: success_rate, mean_steps, mean_steps_success,
-    truncated_rate, wrong_stop_rate, unparsable_rate, mean_step_reward, env_steps, episodes, by_family
-    (episodes, success_rate, mean_steps) and, with ``keep_episodes``, episodes_detail.
+    """Play every task ``samples_per_task`` times and summarise (success_rate, mean_steps, truncated_rate,
+    wrong_stop_rate, ..., by_family; episodes_detail with ``keep_episodes``).
     """
     if not world_tasks:
         raise ValueError("online_eval: no tasks")

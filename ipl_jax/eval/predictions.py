@@ -1,8 +1,5 @@
-"""The predictions file any agent's actions are scored from (``ipl-jax score``; docs/formats.md has every form).
-
-One JSON line per step ``{"episode_id", "step_id", "prediction"}``: CoaT text, ``{"action", "grounding"}`` or a
-structured action. ``prediction_to_action`` never raises (unusable: a miss); ``load_predictions`` raises
-``DataError`` (file, line) for invalid JSON, a missing field or a repeated (episode_id, step_id).
+"""The predictions file scored by ``ipl-jax score`` (docs/formats.md): one JSON line per step. Parsing a
+prediction never raises (unusable: a miss); ``load_predictions`` raises ``DataError`` (file, line).
 """
 
 from __future__ import annotations

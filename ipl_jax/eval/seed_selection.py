@@ -1,8 +1,5 @@
-"""Seed-policy selection (docs/method.md §9): score SFT checkpoints by sampling accuracy and output diversity.
-
-Each candidate samples one tree per chosen training step (same steps and keys for all); Acc_S is the share of
-exact leaves, Div_R the ``tree_diversity`` of sentence embeddings (``eval.embeddings``), and ``choose`` picks
-the highest Acc_S + w · Div_R / max Div_R.
+"""Seed-policy selection (docs/method.md §9): each SFT candidate samples one tree per chosen step (same keys for
+all); ``choose`` picks the highest Acc_S + w · Div_R / max Div_R.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Step-level advantages for online PPO (method.md §11) and GiGPPO's nearest-sibling features.
 
-Asymmetric discounting: the terminal reward R_T is undiscounted (γ = 1), dense step rewards use γ_dense; the
-critic has one head per stream (V = V_T + V_D), so each stream gets its own GAE and A_t = A^T_t + A^D_t. The
-value after the last step is 0 (a cut episode is a failure, not bootstrapped). GiGPPO conditions the critic on
-the realised return of the nearest state of another trajectory of the same task, by screen distance: the mean
-absolute difference of grey-scale thumbnails in [0, 1] (``screen_thumbnail``).
+Asymmetric discounting: the terminal reward undiscounted, step rewards with γ_dense, one critic head per stream
+(A_t = A^T_t + A^D_t); the value after the last step is 0. GiGPPO's sibling is the nearest state of another
+trajectory of the same task by thumbnail distance (mean absolute difference in [0, 1]).
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ def asymmetric_gae(
     lam: float = 1.0,
     gamma_terminal: float = 1.0,
 ):
-    """Step-level GAE with asymmetric discounting.
-
-    step_rewards: f32[B, S]; terminal_reward: f32[B]; values: f32[B, S, 2] (terminal, dense); mask: bool[B, S].
-    Returns (advantages f32[B, S], returns f32[B, S, 2]: the two heads' value targets).
+    """Step-level GAE: step_rewards f32[B, S], terminal_reward f32[B], values f32[B, S, 2], mask bool[B, S] ->
+    (advantages f32[B, S], returns f32[B, S, 2]).
     """
     m = jnp.asarray(mask, bool)
     n = jnp.sum(m.astype(jnp.int32), axis=1)
@@ -98,10 +94,8 @@ def screen_distance(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def nearest_siblings(thumbs: jax.Array, group: jax.Array, trajectory: jax.Array, valid: jax.Array):
-    """For each state, the nearest state of another trajectory of the same group.
-
-    thumbs: f32[N, D]; group, trajectory: int32[N]; valid: bool[N]. Returns (index int32[N], distance f32[N],
-    has bool[N]); ties go to the lowest index; no sibling: has False, index 0, distance 0.
+    """For each state the nearest state of another trajectory of its group: (index, distance, has) [N] (ties: lowest
+    index; none: has False).
     """
     d = screen_distance(thumbs[:, None, :], thumbs[None, :, :])
     ok = (

@@ -1,9 +1,5 @@
-"""The PPO critic: a separate copy of the policy's model with a two-stream value head, and GiGPPO's sibling net.
-
-Separate so that critic warm-up and its own learning rate never move the policy. Params: ``{"model": a copy of
-the policy's, "head": {kernel f32[H, 2], bias f32[2]}, "sibling": {w1 f32[H + 4, S], b1, w2 f32[S, 2], b2}}``.
-A state's value is ``head(h)`` (+ ``sibling(h, φ)`` with GiGPPO), h the hidden state at the state row's last
-token; column 0 is the terminal return, 1 the dense one. Output layers start at zero.
+"""The PPO critic: a separate copy of the policy's model (so critic training never moves the policy) with a
+two-stream value head (terminal, dense) and GiGPPO's sibling net; output layers start at zero.
 """
 
 from __future__ import annotations

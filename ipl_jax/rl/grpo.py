@@ -1,9 +1,5 @@
-"""GRPO with UI-R1's rule reward (method.md §11) on the project's model and sampler.
-
-Per batch: G completions per step, parsed and scored on device (``rl.rewards``), group-normalised advantages
-(0 for equal rewards), rows (``rl.rows``), then ``grpo_step``: reference log-probs once, μ updates of the
-token-level clipped objective with the k3 KL. ``grpo_round`` samples with the current policy before each update.
-A round samples ``len(steps) · group_size`` completions.
+"""GRPO with UI-R1's rule reward (method.md §11): G completions per step, group-normalised advantages, then
+``grpo_step`` (reference log-probs once, μ clipped updates with a k3 KL), sampling with the current policy.
 """
 
 from __future__ import annotations
@@ -33,12 +29,8 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO settings (UI-R1's: G = 8, ε = 0.2, β = 0.04, lr ~1e-6, one update per batch).
-
-    style: "coat" or "think_answer" (UI-R1's prompt and format reward). length_norm: "sequence" or "token".
-    updates_per_batch: μ (with μ > 1 behaviour log-probs are computed once before the first update).
-    Precision: ``model.dtype`` computes; ``compute_dtype`` casts the fp32 master weights in the update (None: as
-    held); ``remat``: a REMAT_POLICIES policy; ``storage_dtype``: the sampler's and reference's copies.
+    """GRPO settings (UI-R1's defaults). style: "coat" | "think_answer"; length_norm: "sequence" | "token";
+    updates_per_batch: μ; ``compute_dtype`` / ``remat`` / ``storage_dtype``: precision of update and copies.
     """
 
     model: Qwen2VLConfig
@@ -127,10 +119,8 @@ def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainStat
 
 
 def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
-    """μ = ``config.updates_per_batch`` updates on one sampled batch. Returns (state, metrics of the last update).
-
-    state is donated; ref_params must not alias its params. Reference (and behaviour) log-probs come first from a
-    separate forward under ``stop_gradient``. rng is accepted for the common signature; nothing is drawn.
+    """μ = ``config.updates_per_batch`` updates on one batch; ``state`` donated, ``ref_params`` must not alias it.
+    Returns (state, metrics of the last update).
     """
     del rng
     cfg = config.model
@@ -236,11 +226,8 @@ def grpo_round(
     sampler: SamplerConfig,
     mesh=None,
 ) -> tuple[state_lib.TrainState, dict]:
-    """One GRPO pass over ``steps`` in batches of ``prompts_per_batch``, each sampled with the current policy.
-
-    ref_params: None copies the starting policy in ``config.storage_dtype``. sampler: the job's ``SamplerConfig``
-    (branching set to (G, 1, 1, 1)). rng: raw key, batch i uses ``fold_in(rng, i)``. Returns (state, metrics:
-    reward and update means, ``completions``, ``updates``, ``per_step``).
+    """One GRPO pass over ``steps`` in batches of ``prompts_per_batch`` (batch i sampled with ``fold_in(rng, i)``);
+    ``ref_params`` None copies the starting policy. Returns (state, metrics).
     """
     steps = list(steps)
     if not steps:

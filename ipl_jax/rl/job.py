@@ -1,7 +1,5 @@
-"""The RL learners' configs from the job's settings, and the equal budget that makes them comparable with T-DPO.
-
-A round's budget is the sampled completions of a T-DPO round (steps_per_round x tree leaves): GRPO spends
-floor(budget / G) groups of G (at least one), PPO ``budget`` environment steps. No method exceeds it.
+"""The RL learners' configs from the job's settings, and the equal budget: a T-DPO round's sampled completions
+(GRPO: whole groups of G; PPO: environment steps). No method exceeds it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Online PPO with dense rewards in the live synthetic world, and GiGPPO (method.md §11).
-
-Rollouts (K trajectories per task, rule reward per step, success at the end) -> critic values (GiGPPO:
-conditioned on the nearest sibling) -> asymmetric GAE -> fixed-shape minibatches: critic updates, then after
-the warm-up policy updates (dual-clip PPO on every CoaT token, k3 KL). ``ppo_round`` runs until a budget of
-environment steps is spent.
+"""Online PPO with dense rewards in the live synthetic world, and GiGPPO (method.md §11): rollouts, critic values,
+asymmetric GAE, then critic updates and (after the warm-up) dual-clip PPO updates with a k3 KL.
 """
 
 from __future__ import annotations
@@ -32,11 +28,8 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-    """PPO / GiGPPO settings (defaults from the seed where they fit a CPU-sized round).
-
-    critic_warmup: critic updates before the policy moves. length_norm: "sequence" or "token".
-    normalize_advantages: standardise each rollout batch's advantages (0 when all equal). Precision as in
-    ``GRPOConfig`` (``compute_dtype``, ``remat``, ``storage_dtype``), for policy and critic alike.
+    """PPO / GiGPPO settings: critic_warmup (critic updates before the policy moves), length_norm,
+    normalize_advantages, and precision as in ``GRPOConfig``.
     """
 
     model: Qwen2VLConfig
@@ -98,10 +91,8 @@ class PPOState:
 
 @struct.dataclass
 class PPOBatch:
-    """One minibatch of M environment steps.
-
-    policy_rows / critic_rows: ``Rows`` [M]; advantages f32[M]; returns, old_values f32[M, 2] (terminal, dense);
-    sibling f32[M, 4] (zeros without GiGPPO); old_logps / ref_logps f32[M, T] or None (filled by ``ppo_step``)."""
+    """One minibatch of M steps: policy_rows / critic_rows ``Rows`` [M]; advantages f32[M]; returns, old_values
+    f32[M, 2]; sibling f32[M, 4]; old_logps / ref_logps f32[M, T] or None (filled by ``ppo_step``)."""
 
     policy_rows: Rows
     critic_rows: Rows
@@ -201,9 +192,8 @@ def _update(kind: str, config: PPOConfig):
 
 
 def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfig):
-    """The updates of one minibatch: ``critic_updates`` critic steps, then (once ``critic_warmup`` critic updates
-    preceded this call) ``policy_updates`` policy steps. state is donated; ref_params must not alias it; rng is
-    unused. Returns (state, metrics)."""
+    """``critic_updates`` critic steps, then (after ``critic_warmup``) ``policy_updates`` policy steps; ``state``
+    donated, ``ref_params`` must not alias it. Returns (state, metrics)."""
     del rng
     cfg = config.model
     warm = int(state.critic.step) < config.critic_warmup
@@ -283,9 +273,8 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOConfig, end_id: int):
-    """Critic values, sibling features, advantages and targets of one rollout batch: (states, critic rows per
-    minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2], sibling f32[N, 4]) over its N >= 1
-    states not cut by the budget."""
+    """(states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2], sibling f32[N, 4])
+    over a rollout batch's N >= 1 states not cut by the budget."""
     st = _flatten(trajs)
     n, m = len(st.records), config.minibatch_rows
     e, s_max = len(trajs), max(tr.num_steps for tr in trajs)
@@ -362,12 +351,8 @@ def ppo_round(
     env_steps: int,
     mesh=None,
 ) -> tuple[PPOState, dict]:
-    """Online PPO (GiGPPO with ``config.gigppo``) until ``env_steps`` environment steps are spent.
-
-    world_tasks: visited in an order drawn from ``rng``, ``tasks_per_batch`` at a time, each by
-    ``trajectories_per_task`` trajectories. The batch reaching the budget cuts its unfinished episodes (counted,
-    not trained on). ref_params: None copies the starting policy in ``config.storage_dtype``. Returns (state,
-    metrics: ``rollout_summary``, update means, ``updates`` / ``critic_updates``, ``per_batch``).
+    """Online PPO until ``env_steps`` environment steps are spent (the batch reaching it cuts its episodes, not
+    trained on); ``ref_params`` None copies the starting policy. Returns (state, metrics).
     """
     if not world_tasks:
         raise ValueError("ppo_round: no world tasks")

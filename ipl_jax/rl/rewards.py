@@ -1,8 +1,5 @@
-"""UI-R1's rule reward (method.md §11), computed on device, and group-relative advantages.
-
-R = R_type + R_coord + R_format (each 0 or 1), + R_length with DAST (per group, ``group_rewards``). Text is
-parsed on the host (``coat.actions``); advantages are ``(r − mean) / (std + eps)``, 0 for a group of equal or
-non-finite rewards.
+"""UI-R1's rule reward on device: R = R_type + R_coord + R_format (each 0/1), + R_length with DAST; group
+advantages are 0 for a group of equal or non-finite rewards.
 """
 
 from __future__ import annotations
@@ -73,11 +70,8 @@ def encode_uir1_golden(steps: Sequence, max_elements: int = 16) -> UIR1Golden:
 def uir1_rewards(
     pred: PredictedActions, format_ok: jax.Array, golden: UIR1Golden, config: UIR1RewardConfig = UIR1RewardConfig()
 ) -> UIR1Rewards:
-    """The rule reward of predictions [...] against goldens [prefix of ...]; format_ok: bool[...]; r_length = 0.
-
-    R_type: parsed and of the golden's type. R_coord: click / long_press inside the golden box (or within
-    ``click_radius`` of a point-only golden); other types: the argument matches under the evaluation rules.
-    R_format: ``format_ok``."""
+    """The rule reward of predictions [...] against goldens [prefix]: R_type (type), R_coord (click inside the golden
+    box, else the argument matches), R_format (``format_ok``); r_length = 0."""
     exact, type_match = exact_match(pred, golden.gold, get_rules(config.rules))
     nd, lead = pred.type_id.ndim, golden.has_box.ndim
     extra = (1,) * (nd - lead)  # golden [...prefix] broadcast against predictions [...]
@@ -120,9 +114,8 @@ def group_rewards(rewards: UIR1Rewards, lengths: jax.Array, max_length: float, d
 def safe_group_advantages(
     rewards: jax.Array, valid: jax.Array | None = None, eps: float = 1e-4, min_std: float = 1e-6
 ) -> jax.Array:
-    """``losses.group_advantages`` without NaN: a group with equal valid rewards (std < ``min_std``), a non-finite
-    value or fewer than two valid samples gets 0; invalid samples get 0 and are left out. rewards: f32[G, N];
-    valid: bool[G, N]."""
+    """``losses.group_advantages`` that never returns NaN: 0 for groups of equal, non-finite or fewer than two valid
+    rewards, and for invalid samples. rewards: f32[G, N]; valid: bool[G, N]."""
     r = jnp.asarray(rewards, jnp.float32)
     v = jnp.ones(r.shape, bool) if valid is None else jnp.asarray(valid, bool)
     finite = jnp.all(jnp.where(v, jnp.isfinite(r), True), axis=-1, keepdims=True)

@@ -1,9 +1,6 @@
-"""Whole episodes of a policy in a batch of live synthetic worlds (the online PPO learner and ``eval.online``).
-
-Each step one jitted tree-sampler call (branching (1, 1, 1, 1)) draws a CoaT completion per unfinished world;
-the parsed action drives the world and earns the rule reward against the expert's action at that state. World
-i's step t draws from ``fold_in(seed, step_uid(name_i, t))``, so a key gives the same episodes. Step limit:
-``min(max_steps, ceil(step_factor · expert steps))``.
+"""Whole episodes of a policy in a batch of live synthetic worlds (online PPO and ``eval.online``): one jitted
+sampler call per step, keys from ``step_uid(name, t)``, step limit ``min(max_steps, ceil(step_factor · expert
+steps))``.
 """
 
 from __future__ import annotations
@@ -206,11 +203,8 @@ def rollout(
     mesh=None,
     max_env_steps: int | None = None,
 ) -> list[Trajectory]:
-    """Play every task to its end, ``config.batch_size`` worlds at a time; one ``Trajectory`` per task, in order.
-
-    max_env_steps (None: no limit) cuts episodes still running when spent. An unparsable completion is a no-op
-    with reward 0; step reward: leaf reward or UI-R1's / 3; ``stop`` earns ``success_reward`` if the goal holds;
-    the step limit is a failure.
+    """Play every task to its end, ``config.batch_size`` worlds at a time; one ``Trajectory`` per task.
+    ``max_env_steps`` cuts episodes still running; an unparsable completion is a no-op with reward 0.
     """
     seed = common.key_seed(rng)
     out = []

@@ -1,9 +1,5 @@
 """Fixed-shape training rows for the RL learners (one right-padded sequence per completion or critic state) and
-the jitted forwards reading per-token log-probs and hidden states off them.
-
-A CoaT row is prefix | s1 | prompt 2 | s2 | prompt 3 | s3 [| prompt 4 | s4] (s4 only when the action needs
-grounding); ``target_mask`` marks positions whose next token was generated. Each screenshot is encoded once
-and gathered into its rows (``feature_index``). Padding rows copy the first row with ``row_valid`` False.
+the jitted forwards reading log-probs and hidden states off them; ``target_mask`` marks generated next tokens.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Groups of G completions per prompt, drawn with the project's decode loop: CoaT style by the tree sampler with
-branching (G, 1, 1, 1); think/answer style (UI-R1) by ``sample_single_turn`` (one prefill, fanned out x G).
-Both return host ``Completion`` records.
+"""Groups of G completions per prompt: CoaT by the tree sampler with branching (G, 1, 1, 1), think/answer
+(UI-R1) by ``sample_single_turn``.
 """
 
 from __future__ import annotations

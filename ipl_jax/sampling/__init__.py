@@ -1,7 +1,5 @@
 """CoaT-tree sampling (docs/method.md §3): fixed-shape, prefix-sharing, one compilation per shape configuration.
-
-Host: ``SamplerConfig.for_tokenizer``, ``step_prompts`` per step, ``pack_tree_prompts`` (buckets, keys);
-device: ``sample_tree(params, cfg, prompts, config, mesh)`` -> a ``CoaTTree``.
+``step_prompts`` / ``pack_tree_prompts`` on the host, then ``sample_tree`` -> a ``CoaTTree``.
 """
 
 from ipl_jax.sampling.batches import SampledBatch, iter_sampled_batches

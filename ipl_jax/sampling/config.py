@@ -1,9 +1,5 @@
-"""The sampler's settings: one frozen (hashable) dataclass, a static argument of the jitted tree sampler.
-
-``branching`` (b1..b4); ``max_turn_tokens`` (T1..T4, end token included: a turn cut at its budget is
-``finished`` False and the next prompt follows the cut text); ``temperature`` per turn (0 = greedy, traced);
-``top_k`` (0 off) and ``top_p`` (1 off) after the temperature, as transformers; buckets for the prefix, the
-turn prompts and image patches.
+"""The sampler's settings: one frozen dataclass, a static argument of the jitted tree sampler. A turn cut at its
+budget is ``finished`` False; temperature 0 is greedy (traced); top-k / top-p follow the temperature.
 """
 
 from __future__ import annotations
@@ -31,11 +27,8 @@ def _per_turn(value, name: str, cast) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    """How CoaT-trees are sampled (hashable: a static jit argument).
-
-    eos_ids: ids ending a turn (``<|im_end|>`` first); pad_id: fills unused slots; suppress_ids: never drawn
-    (give the image / video pads), stored log-probs unaffected; early_exit: stop a turn once every row finished
-    (same results).
+    """How CoaT-trees are sampled (hashable). eos_ids: ``<|im_end|>`` first; suppress_ids: never drawn (stored
+    log-probs unaffected); early_exit: stop a turn once every row finished (same results).
     """
 
     branching: tuple[int, int, int, int] = DEFAULT_BRANCHING

@@ -1,10 +1,5 @@
-"""The decode-loop pieces shared by the prefix-sharing and the no-sharing tree samplers.
-
-Feed, then sample: a turn starts with the cache holding the context but its last token, the loop's first
-feed; each iteration appends one token per row and samples the next. The last sampled token stays pending
-and is written with the next prompt, so every token enters the cache exactly once and no logits are computed
-for prompt positions. Both samplers draw with ``sample_turn`` from the same per-node keys, so equal logits
-give equal trees.
+"""The decode-loop pieces shared by both tree samplers: feed, then sample, so every token enters the cache
+exactly once and no logits are computed for prompts. Same per-node keys, so equal logits give equal trees.
 """
 
 from __future__ import annotations
@@ -76,12 +71,8 @@ def sample_turn(
     early_exit: bool = True,
     suppress_ids: tuple = (),
 ):
-    """Samples one turn per row: at most ``budget`` tokens, stopping after the first eos (kept).
-
-    cache: context but its last token; feed: int32[R]; keys: uint32[R, 2] node keys (token i uses
-    ``fold_in(key, i)``); temperature: f32 scalar, may be traced (0 = greedy); the cache needs ``budget`` free
-    slots. Returns (tokens int32[R, budget] pad_id-padded, lengths int32[R], logps f32[R, budget] untempered,
-    0 on padding, finished bool[R], cache, pending bool[R]: rows whose last token is not yet cached).
+    """One turn per row: at most ``budget`` tokens, stopping after the first eos (kept); token i uses
+    ``fold_in(key, i)``. Returns (tokens int32[R, budget], lengths, logps (untempered), finished, cache, pending).
     """
     r = feed.shape[0]
     eos = jnp.asarray(eos_ids, jnp.int32)

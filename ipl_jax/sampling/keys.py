@@ -1,8 +1,5 @@
-"""Random keys that depend on what is sampled, never on how the work is batched.
-
-Step key: ``fold_in(base_key, step_uid)``; node key: the step key folded with the level, then each child
-choice on its path; position key: the node key folded with the token index. Keys are raw ``uint32[..., 2]``
-threefry key data.
+"""Random keys that depend on what is sampled, never on how it is batched: step keys from ``step_uid``, node keys
+folded along the node's path, position keys per token; raw ``uint32[..., 2]`` key data.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The no-sharing baseline (benchmark and equivalence test): every tree node decoded from scratch.
-
-Each node's whole context is prefilled again (image re-encoded), then its turn is sampled with the same
-per-node keys as the prefix-sharing sampler, so equal logits give the same tree. Each level is one jitted call
-on contexts packed to a config-fixed length.
+"""The no-sharing baseline: every tree node decoded from scratch with the prefix-sharing sampler's keys (same
+tree for equal logits); for the benchmark and the equivalence test.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Host-side inputs of the tree sampler: each step's prompt segments, packed into fixed-shape device arrays.
-
-Segments come from ``data.dialogue.coat_segments``, tokenised exactly as training examples: ``prefix_ids``
-(everything before s1), ``turn_prompt_ids`` for turns 2-4 (between the previous turn's ``<|im_end|>`` and the
-turn), and the screenshot. ``pack_tree_prompts`` pads a batch to the config's buckets (``TreePrompts``), reading
-only the pixels of ``vision_rows`` when given.
+"""Host-side inputs of the tree sampler: each step's prompt segments (``data.dialogue.coat_segments``), packed
+into fixed-shape arrays (``TreePrompts``).
 """
 
 from __future__ import annotations
@@ -27,10 +23,8 @@ from ipl_jax.sampling.keys import step_keys, step_uid
 
 @dataclasses.dataclass(frozen=True, init=False)
 class StepPrompts:
-    """One step's prompt segments (numpy, unpadded).
-
-    prefix_ids: int32[P] (image pads expanded); turn_prompt_ids: three int32[Q_t] (turns 2, 3, 4); pixel_values:
-    f32[N, patch_dim] from ``pixels`` (a ``ScreenPixels``); image_grid_thw: int64[n, 3]; uid: ``step_uid``.
+    """One step's prompt segments: prefix_ids int32[P], turn_prompt_ids 3 x int32[Q_t], pixel_values (from
+    ``pixels``), image_grid_thw int64[n, 3], uid.
     """
 
     prefix_ids: np.ndarray
@@ -87,11 +81,8 @@ def step_prompts(
 
 @struct.dataclass
 class TreePrompts:
-    """A padded batch of B steps for the jitted sampler.
-
-    prefix: ModelInputs ([B, P]); turn_prompt_ids: three int32[B, Q_t]; turn_prompt_lengths: int32[B, 3];
-    step_keys: uint32[B, 2]; step_index: int32[B]; step_valid: bool[B] (padding rows repeat a real step);
-    vision_rows: None or the sorted rows whose image slots ``prefix.vision`` holds ([len(R), image_patches, ...]).
+    """A padded batch of B steps: prefix ModelInputs [B, P]; turn_prompt_ids 3 x int32[B, Q_t] and lengths
+    int32[B, 3]; step_keys uint32[B, 2]; step_index, step_valid [B]; vision_rows (None: all rows).
     """
 
     prefix: ModelInputs
@@ -116,9 +107,8 @@ def pack_tree_prompts(
     batch_size: int | None = None,
     vision_rows: Sequence[int] | None = None,
 ) -> TreePrompts:
-    """Pads ``items`` to ``batch_size`` rows (last step repeated, invalid) and to ``config``'s buckets; step keys
-    from ``seed`` (int or uint32[2]) and uids. With ``config.image_patches`` only ``vision_rows``' slots are built;
-    the packed-patch layout is always whole (``vision_rows`` refused)."""
+    """Pads ``items`` to ``batch_size`` rows (padding invalid) and ``config``'s buckets, keys from ``seed``; with
+    ``config.image_patches`` only ``vision_rows``' image slots are built."""
     items = list(items)
     if not items:
         raise ValueError("pack_tree_prompts: no steps")

@@ -36,10 +36,8 @@ def filter_logits(logits: jax.Array, temperature, top_k: int = 0, top_p: float =
 def sample_tokens(
     logits: jax.Array, keys: jax.Array, temperature, top_k: int = 0, top_p: float = 1.0, suppress_ids: tuple = ()
 ):
-    """One token per row: (tokens int32[R], logps f32[R], untempered log-softmax of the unmodified logits).
-
-    logits: f32[R, V]; keys: uint32[R, 2]; temperature: may be traced (0 = argmax, keys unused); top_k / top_p
-    and suppress_ids (never drawn) static.
+    """One token per row: (tokens int32[R], logps f32[R], untempered). logits: f32[R, V]; keys: uint32[R, 2];
+    temperature may be traced (0 = argmax); top_k / top_p / suppress_ids static.
     """
     logits = logits.astype(jnp.float32)
     temperature = jnp.asarray(temperature, jnp.float32)

@@ -1,9 +1,4 @@
-"""Sampled trees as text, actions, values and JSON: what ``ipl-jax sample`` writes and the viewer shows.
-
-``turn_texts`` decodes every node; ``leaf_actions`` parses each leaf (never raises); ``tree_record`` turns one
-tree into nested JSON (step fields, golden, branching, class, values, and per node turn, index, text,
-num_tokens, finished, logp, value, children; leaves add action and exact).
-"""
+"""Sampled trees as text, actions, values and JSON (``tree_record``): what ``ipl-jax sample`` writes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The fixed-shape, prefix-sharing CoaT-tree sampler (docs/method.md §3).
-
-One jitted call prefills B prompts (images once per step), then per turn t extends the prompt, fans each
-node's KV cache out to its b_t children and samples s_t: B -> B·b1 -> ... -> B·b1·b2·b3·b4 leaf rows, ordered
-(step, k1, ..., kt) row-major. Tokens are drawn from position keys (``sampling.keys``); a turn stops at its
-first eos or budget.
+"""The fixed-shape, prefix-sharing CoaT-tree sampler (docs/method.md §3): one prefill per step, then per turn a
+prompt extension, a fan-out of each node's cache to its children and the turn's sampling; rows are row-major.
 """
 
 from __future__ import annotations
@@ -131,10 +127,8 @@ def place_prompts(prompts: TreePrompts, mesh: jax.sharding.Mesh | None) -> TreeP
 def sample_tree(
     params: dict, cfg: Qwen2VLConfig, prompts: TreePrompts, config: SamplerConfig, mesh: jax.sharding.Mesh | None = None
 ) -> CoaTTree:
-    """Samples B CoaT-trees with prefix sharing; returns a ``CoaTTree`` (level t arrays [B, b1..bt, T_t]).
-
-    params: placed parameters; prompts: ``pack_tree_prompts(...)``; config: ``SamplerConfig`` (one compilation
-    per config up to temperatures, and per bucket shapes); mesh: optional, rows split over ('data', 'fsdp').
+    """Samples B CoaT-trees with prefix sharing; returns a ``CoaTTree``. One compilation per config (up to
+    temperatures) and bucket shapes; ``mesh`` splits rows over ('data', 'fsdp').
     """
     temperature = jnp.asarray(config.temperature, jnp.float32)
     return sample_tree_jit(params, cfg, place_prompts(prompts, mesh), temperature, config.compile_key(), mesh)

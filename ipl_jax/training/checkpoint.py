@@ -1,8 +1,5 @@
-"""Training checkpoints with orbax-checkpoint's CheckpointManager.
-
-One checkpoint is a step directory of ``state`` (the whole TrainState, restored bit-exact against a template),
-``data`` (the iterator's JSON state) and ``meta``. Saves run asynchronously every ``save_every`` steps and when
-forced; the last ``keep`` are kept, and a run killed mid-save leaves the previous checkpoint intact.
+"""Training checkpoints with Orbax: per step ``state`` (restored bit-exact against a template), ``data``
+(iterator state) and ``meta``; asynchronous saves, the last ``keep`` kept, a killed save never corrupts.
 """
 
 from __future__ import annotations
@@ -93,9 +90,8 @@ class Checkpointer:
         return int(step)
 
     def restore(self, template, step: int | None = None) -> tuple[Any, Any, dict]:
-        """(state, data_state, metadata) of ``step`` (default: the latest). ``template``: a TrainState of concrete
-        arrays
-        or ``ShapeDtypeStruct``s (with ``sharding`` to place on a mesh). FileNotFoundError if there is none.
+        """(state, data_state, metadata) of ``step`` (default latest); ``template``: a TrainState of arrays or
+        ``ShapeDtypeStruct``s. FileNotFoundError if there is none.
         """
         step = self._step_or_latest(step)
         abstract = jax.tree.map(_abstract_leaf, template)

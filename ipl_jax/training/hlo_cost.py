@@ -1,9 +1,5 @@
-"""Matrix-multiply FLOPs of a compiled XLA program, loops counted as often as they run.
-
-``cost_analysis()`` counts a ``while`` body once; ``hlo_flops`` reads the optimised HLO text instead, sums every
-``dot`` / ``convolution`` / GEMM custom call along the call graph (the costliest conditional branch) and
-multiplies loop bodies by their trip count (``known_trip_count``, else a ``counter < constant`` condition; others
-counted once, in ``unknown_loops``). Element-wise work is not counted. The result is per device.
+"""Matmul / convolution FLOPs of a compiled XLA program per device, loop bodies multiplied by their trip count
+(``cost_analysis`` counts them once); loops of unknown count are counted once and listed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""LoRA adapters over a nested-dict parameter pytree.
-
-A target is a parameter whose '/'-joined path matches a configured regex; its last two axes are (in, out) and
-leading axes are stacked layers (W [L, in, out] -> A [L, in, r], B [L, r, out]). W' = W + (alpha / r) · A @ B,
-A ~ U(±1/√in), B = 0 (a fresh adapter changes nothing). ``apply_lora`` merges on the fly, ``attach_lora`` lets
-the layer scan merge one layer at a time, ``merge_lora`` folds for export.
+"""LoRA adapters over a nested-dict parameter pytree: W' = W + (alpha / r) · A @ B for targets matched by regex
+(leading axes stacked layers), A ~ U(±1/√in), B = 0.
 """
 
 from __future__ import annotations

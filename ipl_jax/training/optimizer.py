@@ -1,6 +1,5 @@
 """The optimizer of every trainer: AdamW on a warm-up + cosine (or constant) schedule, global-norm clipping,
-weight decay masked off norms and biases, built from one ``OptimizerSettings``. Gradient accumulation is a
-scan in the step (``training.step``), not an optax wrapper.
+weight decay masked off norms and biases.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ NO_DECAY_REGEX = r"(^|/)([^/]*(norm|bias)[^/]*|scale|ln_[^/]*)(/|$)"
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
-    """learning_rate: peak; schedule: "cosine" (to end_lr_ratio * lr at total_steps) or "constant"; warmup_steps:
-    linear from 0; total_steps: warm-up included; b1, b2, eps, weight_decay: AdamW's; no_decay_regex: '/'-paths
-    without decay; grad_clip_norm: global-norm clip (<= 0 disables)."""
+    """learning_rate (peak), schedule ("cosine" | "constant"), warmup_steps, total_steps (warm-up included), AdamW's
+    b1, b2, eps, weight_decay, no_decay_regex, grad_clip_norm (<= 0 disables)."""
 
     learning_rate: float = 1e-5
     schedule: str = "cosine"

@@ -1,8 +1,5 @@
-"""Supervised fine-tuning: the masked next-token loss on assistant turns, and the Qwen2-VL SFT step.
-
-``sft_loss`` / ``make_sft_step`` work for any ``logits_fn``; for Qwen2-VL, ``sft_model_batch`` builds the host
-arrays and ``sft_update`` is the one jitted step (keyed on ``SFTStepConfig``; log-probs in chunks, never full
-logits), called through ``sft_step``.
+"""Supervised fine-tuning: the masked next-token loss on assistant turns, and the Qwen2-VL SFT step
+(``sft_step``; log-probs in chunks, never full logits).
 """
 
 from __future__ import annotations
@@ -28,11 +25,7 @@ from ipl_jax.training.step import LossFn, make_train_step, train_step_fn
 
 
 def next_token_nll(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Summed NLL of the masked next tokens and their count: (nll_sum f32[], tokens f32[]).
-
-    logits: f32[B, T, V] (position t predicts t+1); input_ids: int32[B, T]; loss_mask: [B, T]; token t+1 is
-    scored at t iff loss_mask[t+1]; token 0 never.
-    """
+    """(summed NLL f32[], token count f32[]) of the masked next tokens: token t+1 is scored at t iff loss_mask[t+1]."""
     targets = input_ids[:, 1:]
     mask = loss_mask[:, 1:].astype(jnp.float32)
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
@@ -69,11 +62,8 @@ def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
 
 
 def sft_model_batch(cfg, batch, image_patches: int | None = None) -> dict:
-    """Host side: a collated ``TrainingBatch`` -> the SFT loss's numpy arrays.
-
-    {input_ids int32[B, T], attention_mask bool[B, T], loss_mask int32[B, T], positions int32[3, B, T], vision}
-    (no 'vision' without images); padded rows get position 0 and no loss. With ``image_patches`` the vision
-    leaves are [B*I, image_patches, ...], one slot per image (linear cost, splittable over devices).
+    """Host side: a collated ``TrainingBatch`` -> numpy {input_ids, attention_mask, loss_mask, positions, vision}
+    (no 'vision' without images); with ``image_patches`` one image slot per row slot.
     """
     ids = np.asarray(batch.input_ids, np.int32)
     mask = np.asarray(batch.attention_mask, bool)

@@ -1,8 +1,5 @@
-"""TrainState: what a trainer carries from step to step, how it is created from parameters, and its shardings.
-
-``create_train_state`` decides once what trains: everything, all but a frozen subset (in ``frozen``: no
-gradient, no optimizer state), or LoRA adapters (``params`` a ``LoraParams``). ``model_params`` rebuilds the
-full tree; ``Precision`` holds a trainer's dtypes and remat policy.
+"""TrainState: what a trainer carries between steps, its creation (all trained, a frozen subset, or LoRA) and its
+shardings.
 """
 
 from __future__ import annotations

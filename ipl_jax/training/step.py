@@ -1,9 +1,5 @@
-"""The generic training step and loop shared by every trainer.
-
-``loss_fn(params, batch, rng) -> (loss, metrics)``; ``metrics[weight_key]`` weights micro-batches. With
-``grad_accum_steps = A > 1`` every batch leaf has a leading [A, ...] axis and the step scans over it, so the
-loss is the exact weighted mean over the batch. ``train_loop`` raises ``NonFiniteLossError`` before any
-checkpoint is written.
+"""The generic training step and loop shared by every trainer. With ``grad_accum_steps`` > 1 the step scans
+micro-batches (a leading [A, ...] axis) for the exact weighted mean loss.
 """
 
 from __future__ import annotations
@@ -43,11 +39,8 @@ def train_step_fn(
     weight_key: str | None = None,
     compute_dtype=None,
 ):
-    """The un-jitted ``step(state, batch) -> (state, metrics)`` (``make_train_step`` jits it).
-
-    ``loss_fn`` sees ``state.loss_params`` (fp32 master weights, gradients fp32). The loss is Σ wᵢ·lossᵢ / Σ wᵢ
-    over micro-batches (w = ``metrics[weight_key]``, else equal); metrics: loss, grad_norm (before clipping), lr,
-    the summed weight, and ``loss_fn``'s metrics (weighted means).
+    """The un-jitted ``step(state, batch) -> (state, metrics)``: Σ wᵢ·lossᵢ / Σ wᵢ over micro-batches (w =
+    ``metrics[weight_key]``); metrics: loss, grad_norm (before clipping), lr, weight, ``loss_fn``'s.
     """
     accum = int(grad_accum_steps)
     if accum < 1:
@@ -168,11 +161,8 @@ def train_loop(
     metadata_fn: Callable[[], Mapping[str, Any]] | None = None,
     on_metrics: Callable[[int, dict], None] | None = None,
 ) -> tuple[TrainState, list[dict]]:
-    """Run ``step_fn`` until ``state.step == num_steps``; returns the final state and per-step host metrics.
-
-    NaN/inf raise ``NonFiniteLossError`` before saving. With a ``checkpointer`` the state, ``data_state_fn()`` and
-    ``metadata_fn()`` (called after ``on_metrics``) are saved on its schedule and at the end; a restored state
-    resumes from its step.
+    """Run ``step_fn`` until ``state.step == num_steps``; returns (state, per-step metrics). NaN/inf raise
+    ``NonFiniteLossError`` before saving; checkpoints on the ``checkpointer``'s schedule and at the end.
     """
     history: list[dict] = []
     step = int(state.step)

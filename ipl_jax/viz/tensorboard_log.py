@@ -1,8 +1,5 @@
-"""TensorBoard event files of a job, next to ``metrics.jsonl`` (which stays the record the job reads).
-
-Two runs under ``WORKDIR/tensorboard/``: ``sft/`` (step = SFT step) and ``ipl/`` (step = round, 0 = the seed),
-with scalars from the ``metrics.jsonl`` and ``results.json`` records (``sft_scalars``, ``round_scalars``).
-Written with TensorBoard's own writer (no TensorFlow), by the main process only, flushed every batch.
+"""TensorBoard event files of a job (runs ``sft/`` and ``ipl/``), from the same records as ``metrics.jsonl`` and
+``results.json``; written without TensorFlow, by the main process, flushed every batch.
 """
 
 from __future__ import annotations

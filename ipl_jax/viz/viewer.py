@@ -1,7 +1,4 @@
-"""A small self-contained HTML viewer for sampled CoaT-trees (``ipl-jax sample --html``): per step the screenshot,
-instruction, golden action, class and the tree as nested collapsible lists (values coloured red -> green,
-leaves with their parsed action and match). No scripts, no external files.
-"""
+"""A small self-contained HTML viewer for sampled CoaT-trees (``ipl-jax sample --html``); no scripts, no files."""
 
 from __future__ import annotations
 
