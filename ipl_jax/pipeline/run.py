@@ -122,8 +122,7 @@ class Job:
         )
 
     def evolution_steps(self) -> list:
-        """The screens evolution asks about: annotated training steps, plus the action logs' with ``screens ==
-        "all"``."""
+        """The screens evolution asks about: annotated training steps, plus action logs' with ``screens == "all"``."""
         if self.settings.evolution.screens == "annotated":
             return self.train_steps
         return self.corpus_steps()
@@ -133,8 +132,7 @@ class Job:
         return self.train_steps + ([] if self.round_pool is self.train_steps else self.round_pool)
 
     def buckets(self) -> None:
-        """The buckets checked against the data (``bucket_fit``, every process); the job goes on with the fitted
-        ones."""
+        """The buckets checked against the data (``bucket_fit``, in every process); the job goes on with them."""
         s, wd = self.settings, self.wd
         fit = lambda: bucket_fit.fit_stage(s, wd, self.splits, self.train_steps, self.round_pool, self.qas)
         self.settings = bucket_fit.apply(s, wd.run_stage("buckets", fit))
