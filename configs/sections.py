@@ -21,7 +21,7 @@ def world_section(**overrides) -> ml_collections.ConfigDict:
 
 def rl_section() -> ml_collections.ConfigDict:
     """The ``rl`` section: GRPO (UI-R1's values), PPO / GiGPPO and their rollouts (docs/method.md §11; the budget
-    rule that makes one round of them comparable with a T-DPO round is ``rl/job.py``'s)."""
+    rule that makes one round of them comparable with a T-DPO round is ``pipeline/configs.py``'s)."""
     c = ml_collections.ConfigDict()
     c.grpo = g = ml_collections.ConfigDict()
     g.group_size = 8  # UI-R1

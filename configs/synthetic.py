@@ -150,7 +150,8 @@ def get_config(arg=None):
     c.ipl.steps_per_round = 64  # training steps (screens) whose trees are sampled each round (0: all)
     c.ipl.round_fraction = 0.0  # > 0: sample this share of the training steps each round instead
     # tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) | the other seeds'
-    # learners at the same budget of sampled completions (rl/job.py): grpo (UI-R1) | ppo | gigppo (online, dense)
+    # learners at the same budget of sampled completions (pipeline/configs.py): grpo (UI-R1) | ppo | gigppo
+    # (online, dense)
     c.ipl.method = "tdpo"
     c.ipl.loss_kind = "sigmoid"  # sigmoid | ipo | hinge
     c.ipl.beta = 0.1
@@ -185,7 +186,7 @@ def get_config(arg=None):
     c.ipl.heldout_steps = 16
 
     # ------------------------------------------------------------------ RL baselines (ipl.method = grpo|ppo|gigppo)
-    c.rl = rl_section()  # every field documented in configs/sections.py; the budget rule in rl/job.py
+    c.rl = rl_section()  # every field documented in configs/sections.py; the budget rule in pipeline/configs.py
 
     # ------------------------------------------------------------------ evaluation
     c.eval = ml_collections.ConfigDict()

@@ -17,13 +17,6 @@ import ipl_jax
 PACKAGE = Path(ipl_jax.__file__).resolve().parent
 LOWER = ("model", "coat", "data", "sampling", "preference", "training", "rl", "eval")
 HIGHER = ("ipl_jax.pipeline", "ipl_jax.cli", "ipl_jax.settings")
-# Job wiring still below pipeline/: each turns the job's settings sections into library configs, so it imports the
-# settings' types. Its place is the job's edge (pipeline/); until it moves there it is left out here.
-JOB_WIRING = {
-    "rl/job.py": "the RL learners' configs (grpo_config, ppo_config, ...) from the rl, ipl and buckets sections",
-    "eval/trees.py": "sampler_config, reward_config and rules_name from the sampler, buckets, reward, data sections",
-    "eval/seed_selection.py": "score_candidates reads the whole job's Settings",
-}
 NOT_LOADED = ("PIL", "ipl_jax.data.synthetic", "ipl_jax.settings", "ipl_jax.pipeline", "ipl_jax.cli")
 
 
@@ -64,18 +57,10 @@ def test_lower_layers_import_no_settings_pipeline_or_command():
     wrong = {}
     for path in files:
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in JOB_WIRING:
-            continue
         up = sorted(n for n in _imported(path) if any(n == h or n.startswith(h + ".") for h in HIGHER))
         if up:
             wrong[rel] = up
     assert not wrong, f"lower layers import higher ones: {wrong}"
-
-
-def test_job_wiring_left_out_still_needs_it():
-    """An entry of JOB_WIRING that no longer imports the settings comes off the list."""
-    for rel in JOB_WIRING:
-        assert "ipl_jax.settings" in _imported(PACKAGE / rel), rel
 
 
 def test_losses_step_and_optimizer_load_no_settings_or_world():

@@ -144,7 +144,7 @@ def test_results_schema(quick_run):
 def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
     """The probe samples the round's steps before and after the update with the same seed (paired draws): given
     the same weights twice -- an update that changed nothing -- every figure of its steps reads the same."""
-    from ipl_jax.eval.trees import sampler_config
+    from ipl_jax.pipeline.configs import sampler_config
     from ipl_jax.pipeline.data_stage import load_splits, steps_of
     from ipl_jax.pipeline.model_stage import load_policy
     from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
@@ -560,7 +560,7 @@ def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
 
 def _rl_rows(result: dict, config) -> dict:
     """Checks every RL row shares: the seed's numbers, the stated budget rule, online success in [0, 1]."""
-    from ipl_jax.rl.job import grpo_prompts
+    from ipl_jax.pipeline.configs import grpo_prompts
 
     rows = {r["variant"]: r for r in result["rows"]}
     assert result["seed"] == config.seed and rows["seed"]["samples"] == 0

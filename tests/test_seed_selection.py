@@ -11,6 +11,7 @@ import pytest
 
 from ipl_jax.eval import embeddings
 from ipl_jax.eval import seed_selection as sel
+from ipl_jax.pipeline.configs import seed_scoring
 
 
 def test_tfidf_known_answer():
@@ -145,7 +146,9 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     monkeypatch.setattr(sel, "iter_tree_batches", fake_iter)
     settings = load_settings("synthetic:quick", ["--config.sampler.branching=(2,1,2,1)"])
     policy = SimpleNamespace(tokenizer=tokenizer)
-    scores, kind = sel.score_candidates([("p", policy)], steps, settings, embedder="tfidf", echo=lambda _: None)
+    scores, kind = sel.score_candidates(
+        [("p", policy)], steps, **seed_scoring(settings), embedder="tfidf", echo=lambda _: None
+    )
     (s,) = scores
     assert kind == "tfidf" and s.leaves == 8 and s.trees == 2
     assert s.acc_s == pytest.approx(2 / 8)

@@ -12,6 +12,7 @@ from ipl_jax.coat.metrics import FORMATS
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.eval.embeddings import EMBEDDERS
 from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
+from ipl_jax.pipeline.configs import seed_scoring
 from ipl_jax.pipeline.data_stage import split_annotations
 from ipl_jax.pipeline.model_stage import job_mesh, load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
     mesh = job_mesh(settings.mesh)
     try:
         candidates = [(str(c), load_policy(Path(c), mesh)) for c in args.models]
-        scores, kind = score_candidates(candidates, steps, settings, embedder=embedder)
+        scores, kind = score_candidates(candidates, steps, **seed_scoring(settings), embedder=embedder)
     except ImportError as e:  # the MiniLM embedder without its optional package
         raise UsageError(f"--embedder {embedder}: {e}") from None
     chosen = choose(scores, weight)

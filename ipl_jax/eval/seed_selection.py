@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.data.records import Step
 from ipl_jax.eval.embeddings import embed_texts, resolve_embedder
-from ipl_jax.eval.trees import iter_tree_batches, reward_config, sampler_config, score_batch
+from ipl_jax.eval.trees import iter_tree_batches, score_batch
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import turn_texts
-from ipl_jax.settings import Settings
 
 # ---------------------------------------------------------------------------------------------- the two scores
 
@@ -84,29 +84,33 @@ def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
 def score_candidates(
     candidates: Sequence[tuple[str, object]],
     steps: Sequence[Step],
-    settings: Settings,
+    sampler_config: Callable,
+    reward: RewardConfig,
     *,
+    discount: float,
+    seed: int,
+    batch_size: int,
     embedder: str = "auto",
     echo: Callable[[str], None] = print,
 ) -> tuple[list[CandidateScore], str]:
-    """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (same keys for all), as the job's settings say.
-    Returns (scores, embedder used)."""
-    reward = reward_config(settings.reward, settings.data)
-    bs = settings.sampler.batch_size
+    """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (same keys for all): trees of
+    ``sampler_config(tokenizer)`` in batches of ``batch_size`` keyed by ``seed``, leaves scored with ``reward`` and
+    ``discount``. Returns (scores, embedder used)."""
+    bs = batch_size
     kind = resolve_embedder(embedder)
     sampled = []  # per candidate: (per batch: texts, valid, exact)
     for name, policy in candidates:
         t0 = time.perf_counter()
-        sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
+        sconfig = sampler_config(policy.tokenizer)
         batches = []
         for batch in progress(
-            iter_tree_batches(policy, steps, sconfig, settings.seed, bs),
+            iter_tree_batches(policy, steps, sconfig, seed, bs),
             total=-(-len(steps) // bs),
             desc=f"seed selection {name}",
             unit="batch",
         ):
             texts = turn_texts(batch.tree, policy.tokenizer)
-            _, scores = score_batch(batch, texts, reward, settings.reward.discount)
+            _, scores = score_batch(batch, texts, reward, discount)
             exact = np.asarray(scores.exact, bool).reshape(len(batch.steps), -1)
             batches.append((texts, np.asarray(batch.tree.step_valid, bool), exact))
         sampled.append((name, sconfig.branching, batches))

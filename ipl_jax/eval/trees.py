@@ -1,5 +1,5 @@
-"""Sampled CoaT-trees for the job's stages: the sampler's settings from the job's, tree batches of a policy, leaf
-scoring, and the adapters a round reads (``SampledTrees`` / ``TreeScores``).
+"""Sampled CoaT-trees for the job's stages: tree batches of a policy, leaf scoring, and the adapters a round reads
+(``SampledTrees`` / ``TreeScores``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding, thought_names_action
-from ipl_jax.coat.metrics import DEFAULT_RULES
 from ipl_jax.coat.rewards import (
     RewardConfig,
     backup_values,
@@ -19,60 +18,11 @@ from ipl_jax.coat.rewards import (
     leaf_rewards,
     reshape_leading,
 )
-from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
 from ipl_jax.preference.pairs import action_type_id, classify_trees
 from ipl_jax.preference.round import SampledTrees, TreeScores
 from ipl_jax.sampling import iter_sampled_batches, tree_records
-from ipl_jax.sampling.config import SamplerConfig, greedy_config
-from ipl_jax.settings import BucketSettings, DataSettings, RewardSettings, SamplerSettings
-
-
-def sampler_config(
-    tokenizer,
-    sampler: SamplerSettings,
-    buckets: BucketSettings,
-    eval_batch_size: int,
-    *,
-    greedy: bool = False,
-    branching: Sequence[int] | None = None,
-) -> SamplerConfig:
-    """The job's ``SamplerConfig``: branching, budgets, temperatures, top-k / top-p, the tokenizer's ids, and
-    buckets (patches for a sampler and an evaluation batch)."""
-    t = sampler.temperature
-    ids = tokenizer.ids
-    sc = SamplerConfig.for_tokenizer(
-        tokenizer,
-        branching=tuple(branching or sampler.branching),
-        max_turn_tokens=buckets.max_turn_tokens,
-        temperature=(t, t, t, 0.0),
-        top_k=sampler.top_k,
-        top_p=sampler.top_p,
-        # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
-        suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
-        prefix_buckets=sampler.prefix_buckets,
-        prompt_buckets=sampler.prompt_buckets,
-        patch_buckets=buckets.patch_buckets(sampler.batch_size) + buckets.patch_buckets(eval_batch_size),
-        image_patches=buckets.image_patches,
-    )
-    return greedy_config(sc) if greedy else sc
-
-
-def sampler_for_batch(sampler: SamplerConfig, buckets: BucketSettings, batch_size: int) -> SamplerConfig:
-    """``sampler`` with patch buckets for ``batch_size`` screenshots per call added."""
-    extra = buckets.patch_buckets(batch_size)
-    return sampler.replace(patch_buckets=tuple(sorted(set(sampler.patch_buckets) | set(extra))))
-
-
-def rules_name(data: DataSettings) -> str:
-    """The exact-match rule set of the job's data (its scoring format's)."""
-    return DEFAULT_RULES[scoring_format(data.format, data.root)]
-
-
-def reward_config(reward: RewardSettings, data: DataSettings) -> RewardConfig:
-    """The leaf reward of the job: ``reward``'s shares, the rules of ``data``'s scoring format."""
-    return RewardConfig(v_type=reward.v_type, v_format=reward.v_format, rules=rules_name(data))
 
 
 def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int):

@@ -1,5 +1,5 @@
 """One GRPO / PPO / GiGPPO round in the job's round loop (docs/method.md §11), spending a T-DPO round's budget of
-sampled completions (``rl.job.round_budget``); its record adds ``samples``, ``budget`` and ``method``.
+sampled completions (``pipeline.configs.round_budget``); its record adds ``samples``, ``budget`` and ``method``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ import jax
 from ipl_jax import distributed
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.eval.seed_selection import sample_steps
-from ipl_jax.eval.trees import reward_config, rules_name, sampler_config, sampler_for_batch
+from ipl_jax.pipeline.configs import (
+    grpo_config,
+    grpo_prompts,
+    ppo_config,
+    reward_config,
+    rollout_config,
+    round_budget,
+    rules_name,
+    sampler_config,
+    sampler_for_batch,
+)
 from ipl_jax.pipeline.model_stage import (
     Policy,
     inference_policy,
@@ -27,7 +37,6 @@ from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.rl import grpo, ppo
 from ipl_jax.rl.grpo import GRPOConfig
-from ipl_jax.rl.job import grpo_config, grpo_prompts, ppo_config, rollout_config, round_budget
 from ipl_jax.rl.ppo import PPOConfig
 from ipl_jax.settings import Settings
 from ipl_jax.training.state import VISION_REGEX, model_params

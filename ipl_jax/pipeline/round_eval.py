@@ -15,7 +15,7 @@ from ipl_jax.data.records import Episode
 from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
-from ipl_jax.eval.trees import reward_config, sampler_config, sampler_for_batch
+from ipl_jax.pipeline.configs import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import Policy
 from ipl_jax.rl.rollout import WorldTask, split_world_tasks
 from ipl_jax.settings import DataSettings, Settings

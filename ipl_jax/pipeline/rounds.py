@@ -21,14 +21,8 @@ from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.dialogue import annotated_steps
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.eval.seed_selection import sample_steps
-from ipl_jax.eval.trees import (
-    iter_tree_batches,
-    reward_config,
-    round_scores,
-    sampled_trees,
-    sampler_config,
-    score_batch,
-)
+from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
+from ipl_jax.pipeline.configs import reward_config, round_budget, sampler_config
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
 from ipl_jax.pipeline.model_stage import (
     Policy,
@@ -51,7 +45,6 @@ from ipl_jax.preference.pairs import PairConfig
 from ipl_jax.preference.round import RoundConfig, RoundStages, SampledTrees, TreeScores, ipl_round
 from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
-from ipl_jax.rl.job import round_budget
 from ipl_jax.sampling.tree_records import tree_record, turn_texts
 from ipl_jax.settings import GOLDEN_METHODS, RL_METHODS, Settings
 from ipl_jax.training.lora import lora_of_rank
@@ -292,7 +285,7 @@ def run_round(
     state, record = ipl_round(state, rcfg, stages, round_index, rng, mesh=policy.mesh)
     params = model_params(state.params, state.frozen)
     del state
-    # sampled completions (tree leaves) of the round: the budget the RL methods are given (rl/job.py)
+    # sampled completions (tree leaves) of the round: the budget the RL methods are given (pipeline/configs.py)
     record["samples"] = len(steps) * num_leaves(settings.sampler.branching)
     record["budget"] = round_budget(ipl, settings.sampler.branching, len(train_steps))
     t0 = time.perf_counter()

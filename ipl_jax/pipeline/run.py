@@ -16,6 +16,7 @@ from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
 from ipl_jax.pipeline import bucket_fit, data_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline.configs import seed_scoring
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits
 from ipl_jax.pipeline.sources import check_job
@@ -159,7 +160,7 @@ class Job:
         scores, kind = score_candidates(
             [(p.name, self.inference_policy(p)) for p in paths],
             steps,
-            s,
+            **seed_scoring(s),
             embedder=s.seed_selection.embedder,
             echo=wd.echo,
         )
