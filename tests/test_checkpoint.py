@@ -37,7 +37,7 @@ def toy_state(steps=2, **kw):
     config = toy_lm.opt_config()
     opt = optim.make_optimizer(config)
     state = tstate.create_train_state(toy_lm.toy_params(), opt, jax.random.PRNGKey(7), **kw)
-    step = sft.make_sft_step(toy_lm.toy_logits, opt, optim.make_schedule(config))
+    step = toy_lm.toy_sft_step(toy_lm.toy_logits, opt, optim.make_schedule(config))
     for i in range(steps):  # the step is compiled only when steps > 0
         state, _ = step(state, toy_lm.toy_batch(i))
     return state, opt

@@ -11,7 +11,7 @@ import pytest
 from support import fake_devices
 from support.compiles import count_traces
 from support.small_models import numpy_params, tiny_cfg, tiny_training_batch
-from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params
+from support.toy_lm import opt_config, toy_batch, toy_logits, toy_params, toy_sft_loss, toy_sft_step
 
 from ipl_jax.training import optimizer as optim
 from ipl_jax.training import sft
@@ -22,7 +22,7 @@ from ipl_jax.training.lora import flatten_with_paths
 
 
 def sft_step_for(config, **kw):
-    return sft.make_sft_step(toy_logits, optim.make_optimizer(config), optim.make_schedule(config), **kw)
+    return toy_sft_step(toy_logits, optim.make_optimizer(config), optim.make_schedule(config), **kw)
 
 
 # ------------------------------------------------------------------------------------------------ SFT loss
@@ -181,8 +181,8 @@ def test_bf16_compute_keeps_fp32_master_weights():
     config = opt_config()
     opt = optim.make_optimizer(config)
     batch = toy_batch(0)
-    step16 = sft.make_sft_step(logits_fn, opt, compute_dtype=jnp.bfloat16)
-    loss32 = jax.jit(lambda p: sft.make_sft_loss(toy_logits)(p, batch, None)[0])(toy_params())
+    step16 = toy_sft_step(logits_fn, opt, compute_dtype=jnp.bfloat16)
+    loss32 = jax.jit(lambda p: toy_sft_loss(toy_logits)(p, batch, None)[0])(toy_params())
     s16 = tstate.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
     s16, m16 = step16(s16, batch)
     m32 = {"loss": loss32}
@@ -205,7 +205,7 @@ def test_nan_loss_stops_before_checkpoint_is_overwritten(tmp_path):
 
     config = opt_config()
     opt = optim.make_optimizer(config)
-    step = sft.make_sft_step(logits_fn, opt)
+    step = toy_sft_step(logits_fn, opt)
     state = tstate.create_train_state(toy_params(), opt, jax.random.PRNGKey(0))
 
     def batches():
@@ -223,7 +223,7 @@ def test_step_uses_and_advances_the_rng():
     """Dropout draws from the state's key; the same key gives the same step, the key advances every step."""
     config = opt_config()
     opt = optim.make_optimizer(config)
-    step = sft.make_sft_step(lambda p, b, r: toy_logits(p, b, r, dropout=0.5), opt)
+    step = toy_sft_step(lambda p, b, r: toy_logits(p, b, r, dropout=0.5), opt)
     batch = toy_batch(0)
     losses = []
     for seed in (0, 0, 1):

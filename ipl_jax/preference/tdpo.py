@@ -99,7 +99,7 @@ def pair_loss(pos, neg, pos_tokens, batch: PackedBatch, config: TDPOConfig):
 
 
 def make_tdpo_loss(config: TDPOConfig):
-    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``training.step.make_train_step`` (metrics: ``pairs``)."""
+    """``loss_fn(params, batch, rng) -> (loss, metrics)`` for ``training.step.train_step_fn`` (metrics: ``pairs``)."""
 
     def loss_fn(params, batch: PackedBatch, rng):
         del rng  # no dropout in Qwen2-VL

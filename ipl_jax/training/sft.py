@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -21,7 +21,7 @@ from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.model.vision import encode_images
 from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer, make_schedule
 from ipl_jax.training.state import TrainState, state_shardings
-from ipl_jax.training.step import LossFn, make_train_step, train_step_fn
+from ipl_jax.training.step import LossFn, train_step_fn
 
 
 def next_token_nll(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -37,25 +37,6 @@ def sft_loss(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> t
     """Mean next-token cross-entropy over assistant tokens. -> (loss f32[], {'tokens': f32[]})."""
     nll, tokens = next_token_nll(logits, input_ids, loss_mask)
     return nll / jnp.maximum(tokens, 1.0), {"tokens": tokens}
-
-
-def make_sft_loss(logits_fn: Callable[[Any, Any, jax.Array], jax.Array]) -> LossFn:
-    """loss_fn for ``make_train_step`` from ``logits_fn(params, batch, rng) -> f32[B, T, V]``; ``batch`` needs
-    ``input_ids`` and ``loss_mask``. Use ``weight_key='tokens'``.
-    """
-
-    def loss_fn(params, batch, rng):
-        logits = logits_fn(params, batch, rng)
-        return sft_loss(logits, batch["input_ids"], batch["loss_mask"])
-
-    return loss_fn
-
-
-def make_sft_step(logits_fn, optimizer, schedule=None, **kwargs):
-    """``sft_step(state, batch) -> (state, metrics: loss, tokens, grad_norm, lr)``, weighted by tokens; ``kwargs``
-    go to ``make_train_step``.
-    """
-    return make_train_step(make_sft_loss(logits_fn), optimizer, schedule=schedule, weight_key="tokens", **kwargs)
 
 
 # ------------------------------------------------------------------------------------ SFT on the Qwen2-VL model

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from ipl_jax import distributed, fault_hook
 from ipl_jax.training.state import TrainState, loss_params
@@ -96,40 +95,6 @@ def train_step_fn(
         return new_state, out
 
     return step
-
-
-def make_train_step(
-    loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
-    *,
-    mesh=None,
-    state_shardings: TrainState | None = None,
-    batch_shardings=None,
-    donate: bool = True,
-    **step_options,
-):
-    """The jitted ``train_step_fn``; with ``mesh``, with ``state_shardings`` / ``batch_shardings`` in and out."""
-    step = train_step_fn(loss_fn, optimizer, **step_options)
-    donate_argnums = (0,) if donate else ()
-    if mesh is None:
-        return jax.jit(step, donate_argnums=donate_argnums)
-
-    if state_shardings is None:
-        raise ValueError("make_train_step: a mesh needs state_shardings (see train_state_shardings)")
-    replicated = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(
-        step,
-        in_shardings=(state_shardings, batch_shardings),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=donate_argnums,
-    )
-
-    def step_under_mesh(state, batch):
-        with jax.set_mesh(mesh):
-            return jitted(state, batch)
-
-    step_under_mesh.jitted = jitted
-    return step_under_mesh
 
 
 def _is_float(x) -> bool:

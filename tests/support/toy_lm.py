@@ -64,3 +64,23 @@ def toy_batch(seed, b=2, t=8, n_masked=None):
 def opt_config(**kw) -> OptimizerSettings:
     """The optimizer defaults with a fast toy schedule, updated by ``kw``."""
     return OptimizerSettings(**{"learning_rate": 1e-2, "warmup_steps": 2, "total_steps": 10, **kw})
+
+
+def toy_sft_step(logits_fn, optimizer, schedule=None, **options):
+    """The jitted SFT update of ``training.step.train_step_fn`` for a toy ``logits_fn(params, batch, rng)``: mean
+    next-token NLL over ``loss_mask`` (``training.sft.sft_loss``), weighted by tokens, the state donated."""
+    from ipl_jax.training.sft import sft_loss
+    from ipl_jax.training.step import train_step_fn
+
+    def loss_fn(params, batch, rng):
+        return sft_loss(logits_fn(params, batch, rng), batch["input_ids"], batch["loss_mask"])
+
+    step = train_step_fn(loss_fn, optimizer, schedule=schedule, weight_key="tokens", **options)
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def toy_sft_loss(logits_fn):
+    """``loss_fn(params, batch, rng)`` of ``toy_sft_step``."""
+    from ipl_jax.training.sft import sft_loss
+
+    return lambda params, batch, rng: sft_loss(logits_fn(params, batch, rng), batch["input_ids"], batch["loss_mask"])
