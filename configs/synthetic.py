@@ -11,7 +11,7 @@ with scarce annotations: warm-up SFT on the CoaT of a few episodes, IPL rounds o
 Sizes fit a 2-core CPU: the world's 224x448 screenshots seen at half size (32 image tokens after the 2x2
 merge), a 4-layer decoder of width 128, a BPE vocabulary of at most 2048 trained on the world's own texts, and
 the world's easier settings (canonical layouts, no distractors, shorter lists). The job reads each section into
-the typed settings of ``ipl_jax/settings.py``; what it measures: README ("The main job", "Measured outcome").
+the typed settings of ``ipl_jax/settings/``; what it measures: README ("The main job", "Measured outcome").
 """
 
 import ml_collections
