@@ -90,6 +90,25 @@ def _section(cls, values, field: str):
         raise SettingsError(f"{where}: {e}") from None
 
 
+def defaults(cls) -> dict:
+    """Every field of the dataclass ``cls`` with its default, a section's as a nested dict. No section is made, so
+    no check runs and no library is imported: a config file reads them without JAX."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, type) and issubclass(hint, Section):
+            out[f.name] = defaults(hint)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()  # a library dataclass (WorldConfig): made, its own check runs
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Section:
     """A config section: ``PATH`` is its dotted name; ``need`` raises the one-line error of a field."""

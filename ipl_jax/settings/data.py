@@ -12,24 +12,45 @@ from ipl_jax.settings.base import Section
 @dataclasses.dataclass(frozen=True)
 class DataSettings(Section):
     PATH: ClassVar[str] = "data"
-    format: str
-    root: str
-    train_episodes: int
-    dev_episodes: int
-    test_episodes: int
-    test_splits: tuple[str, ...]
-    dev_split: str
-    dev_holdout: int
-    png_level: int
-    loader_threads: int
-    store: str
-    shards: int
-    skip_bad: bool
-    coat_fallback: bool
-    annotated_episodes: int
-    action_episodes: int
-    action_root: str
-    action_format: str
+    format: str = "synthetic"
+    """synthetic | aitz | amex | androidcontrol | arrayrecord | tfds:NAME."""
+    root: str = ""
+    """The real datasets' local directory."""
+    train_episodes: int = 300
+    """Synthetic training episodes."""
+    dev_episodes: int = 12
+    """Synthetic dev episodes."""
+    test_episodes: int = 40
+    """Episodes per synthetic test split (~225 steps: a gain's 95 % interval is about ±2.5 points)."""
+    test_splits: tuple[str, ...] = ("test", "test_app_unseen", "test_task_unseen")
+    """The test splits evaluated."""
+    dev_split: str = "dev"
+    """The dev split; "" (real AITZ has none): hold out the last `dev_holdout` training episodes."""
+    dev_holdout: int = 20
+    """Training episodes held out as dev when `dev_split` is empty."""
+    png_level: int = 1
+    """PNG compression of the written screenshots (1: fast, files a bit larger)."""
+    loader_threads: int = 2
+    """Grain threads building SFT batches."""
+    store: str = "aitz"
+    """How the job writes the synthetic world: aitz (a directory tree) | arrayrecord (shards)."""
+    shards: int = 1
+    """ArrayRecord shards per split when `store` is arrayrecord."""
+    skip_bad: bool = False
+    """Leave malformed dataset records out (counted and reported) instead of stopping."""
+    coat_fallback: bool = False
+    """Steps without CoaT: SFT leaves them out (counted); True makes up their texts (element list,
+    step instruction: datasets published without CoaT)."""
+    annotated_episodes: int = 0
+    """Scarce annotations (with `action_episodes` > 0): N training episodes, a seeded choice, keep their
+    CoaT (warm-up SFT, evolution, continued SFT)."""
+    action_episodes: int = 0
+    """M other training episodes read as action logs (golden action, screen, history) for the rounds;
+    N + M <= the training episodes."""
+    action_root: str = ""
+    """Action logs from another dataset's train split: N (0: all) of `root` annotated, M (0: all) of it."""
+    action_format: str = ""
+    """Their format: aitz | amex | android_control | arrayrecord | tfds:NAME ("": `format`)."""
 
     def __post_init__(self):
         known = self.format == "synthetic" or self.format in LOADERS or self.format.startswith(TFDS_PREFIX)
@@ -100,11 +121,16 @@ class DataSettings(Section):
 @dataclasses.dataclass(frozen=True)
 class EvolutionSettings(Section):
     PATH: ClassVar[str] = "evolution"
-    enabled: bool
-    levels: tuple[int, ...]
-    per_step: int
-    max_items: int
-    screens: str
+    enabled: bool = True
+    """Evolve the training screens' instructions into Q&A items for warm-up SFT."""
+    levels: tuple[int, ...] = (1, 2, 3)
+    """The Q&A levels made (a subset of 1, 2, 3)."""
+    per_step: int = 2
+    """Q&A items per training screen."""
+    max_items: int = 1200
+    """Q&A items in all, at most."""
+    screens: str = "annotated"
+    """Screens asked about: "all" training screens (action-only ones too) or the "annotated" ones."""
 
     def __post_init__(self):
         self.need("levels", bool(self.levels) and set(self.levels) <= {1, 2, 3}, "must be a subset of 1, 2, 3")

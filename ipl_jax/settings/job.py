@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.settings.base import Section, SettingsError, _section, setting_error
+from ipl_jax.settings.base import Section, SettingsError, _section, defaults, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
 from ipl_jax.settings.model import BucketSettings, ModelSettings
@@ -26,9 +26,12 @@ class MeshSettings(Section):
     """Axis sizes of the ('data', 'fsdp', 'tensor') mesh; -1: every remaining device."""
 
     PATH: ClassVar[str] = "mesh"
-    data: int
-    fsdp: int
-    tensor: int
+    data: int = -1
+    """Data-parallel axis size."""
+    fsdp: int = 1
+    """Parameter-sharding (FSDP) axis size."""
+    tensor: int = 1
+    """Tensor-parallel axis size."""
 
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
@@ -62,24 +65,27 @@ class MeshSettings(Section):
 
 @dataclasses.dataclass(frozen=True)
 class Settings(Section):
-    """Every section of a job config (``configs/synthetic.py`` documents each field)."""
+    """Every section of a job config. The defaults are ``configs/synthetic.py``'s ``full`` job, less its easier
+    synthetic world (``world`` is ``WorldConfig``'s defaults); a config file changes what differs."""
 
-    seed: int
-    data: DataSettings
-    world: WorldConfig
-    evolution: EvolutionSettings
-    model: ModelSettings
-    buckets: BucketSettings
-    sft: SFTSettings
-    seed_selection: SeedSelectionSettings
-    sampler: SamplerSettings
-    reward: RewardSettings
-    ipl: IPLSettings
-    rl: RLSettings
-    eval: EvalSettings
-    export: ExportSettings
-    ablation: AblationSettings
-    mesh: MeshSettings
+    seed: int = 0
+    """The job's seed (the world, initialization, samplers)."""
+    data: DataSettings = dataclasses.field(default_factory=DataSettings)
+    world: WorldConfig = dataclasses.field(default_factory=WorldConfig)
+    """The synthetic world: every field of data/synthetic/config.py's WorldConfig (its defaults)."""
+    evolution: EvolutionSettings = dataclasses.field(default_factory=EvolutionSettings)
+    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    buckets: BucketSettings = dataclasses.field(default_factory=BucketSettings)
+    sft: SFTSettings = dataclasses.field(default_factory=SFTSettings)
+    seed_selection: SeedSelectionSettings = dataclasses.field(default_factory=SeedSelectionSettings)
+    sampler: SamplerSettings = dataclasses.field(default_factory=SamplerSettings)
+    reward: RewardSettings = dataclasses.field(default_factory=RewardSettings)
+    ipl: IPLSettings = dataclasses.field(default_factory=IPLSettings)
+    rl: RLSettings = dataclasses.field(default_factory=RLSettings)
+    eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+    export: ExportSettings = dataclasses.field(default_factory=ExportSettings)
+    ablation: AblationSettings = dataclasses.field(default_factory=AblationSettings)
+    mesh: MeshSettings = dataclasses.field(default_factory=MeshSettings)
 
     def __post_init__(self):
         self.need("seed", 0 <= self.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
@@ -110,6 +116,11 @@ class Settings(Section):
     def from_dict(cls, values: Mapping[str, Any]) -> Settings:
         """Settings from a job config as nested dicts (a config file's sections); raises ``SettingsError``."""
         return _section(cls, values, "")
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every field's default as nested dicts, one per section (what a config file starts from)."""
+        return defaults(cls)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

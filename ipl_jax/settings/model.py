@@ -16,26 +16,45 @@ if typing.TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class ModelSettings(Section):
     PATH: ClassVar[str] = "model"
-    checkpoint: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vision_depth: int
-    vision_embed_dim: int
-    vision_num_heads: int
-    tie_word_embeddings: bool
-    dtype: str
-    param_dtype: str
-    attention: str
-    remat: str
-    min_pixels: int
-    max_pixels: int
+    checkpoint: str = ""
+    """A Hugging Face directory to start from; empty: a fresh model of the size below."""
+    vocab_size: int = 2048
+    """A fresh model's vocabulary (a BPE trained on the world's own texts, at most this size)."""
+    hidden_size: int = 128
+    """Decoder width."""
+    intermediate_size: int = 384
+    """Decoder MLP width."""
+    num_hidden_layers: int = 4
+    """Decoder layers."""
+    num_attention_heads: int = 4
+    """Decoder attention heads."""
+    num_key_value_heads: int = 2
+    """Decoder key / value heads (grouped-query attention)."""
+    vision_depth: int = 2
+    """Vision tower blocks."""
+    vision_embed_dim: int = 64
+    """Vision tower width."""
+    vision_num_heads: int = 4
+    """Vision tower attention heads."""
+    tie_word_embeddings: bool = True
+    """The output projection shares the input embedding."""
+    dtype: str = "auto"
+    """Compute dtype; auto: the starting checkpoint's torch_dtype, float32 for a fresh model."""
+    param_dtype: str = "auto"
+    """Storage dtype of the untrained weights (sampler, evaluator, frozen reference and base); auto:
+    `dtype`. Trained weights and optimizer moments are always float32."""
+    attention: str = "auto"
+    """auto (per backend) | reference | xla | cudnn (jax.nn.dot_product_attention)."""
+    remat: str = "none"
+    """Training: none | full | dots_saveable | dots_no_batch | offload."""
+    min_pixels: int = 112 * 224
+    """Screenshot pixels, at least: the world's 224x448 seen at half size (32 image tokens after the
+    2x2 merge) keeps the vision tower cheap on a CPU."""
+    max_pixels: int = 112 * 224
+    """Screenshot pixels, at most."""
 
     def __post_init__(self):
-        from ipl_jax.model.config import DTYPES  # see the names above
+        from ipl_jax.model.config import DTYPES  # imported when made (no JAX on import)
         from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES
 
         for name in ("dtype", "param_dtype"):
@@ -53,7 +72,7 @@ class ModelSettings(Section):
     def precision(self) -> Precision:
         """'auto' compute is the checkpoint's declared dtype (float32 for a fresh model); 'auto' storage the compute
         dtype."""
-        from ipl_jax.model.config import checkpoint_dtype  # see the names above
+        from ipl_jax.model.config import checkpoint_dtype  # imported when made (no JAX on import)
         from ipl_jax.training.state import Precision
 
         compute = self.dtype
@@ -64,7 +83,7 @@ class ModelSettings(Section):
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""
-        from ipl_jax.model.config import BACKEND_DTYPES, DTYPES  # see the names above
+        from ipl_jax.model.config import BACKEND_DTYPES, DTYPES  # imported when made (no JAX on import)
         from ipl_jax.model.layers import check_remat
 
         valid = ("auto", *BACKEND_DTYPES.get(platform, DTYPES))
@@ -83,14 +102,19 @@ class ModelSettings(Section):
 
 @dataclasses.dataclass(frozen=True)
 class BucketSettings(Section):
-    """tokens: SFT row lengths; patches: patches per screenshot; max_turn_tokens: each CoaT turn's budget (end token
-    included); fixed: data over a largest bucket stops the job instead of adding a bucket."""
+    """The fixed shapes the programs compile for: each length a batch is padded up to."""
 
     PATH: ClassVar[str] = "buckets"
-    tokens: tuple[int, ...]
-    patches: tuple[int, ...]
-    max_turn_tokens: tuple[int, int, int, int]
+    tokens: tuple[int, ...] = (192, 256, 320, 384)
+    """SFT row lengths."""
+    patches: tuple[int, ...] = (128,)
+    """Patches per screenshot (a batch of B images uses B x these)."""
+    max_turn_tokens: tuple[int, int, int, int] = (64, 36, 10, 22)
+    """Tokens per CoaT turn, end token included: description, thought, action, grounding (about
+    the longest golden turns of the synthetic data; a box is ~20 tokens: one per digit)."""
     fixed: bool = False
+    """A length over a largest bucket (measured before training) stops the job instead of adding a
+    bucket for it (the `buckets` stage)."""
 
     def __post_init__(self):
         for name in ("tokens", "patches", "max_turn_tokens"):

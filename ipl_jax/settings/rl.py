@@ -15,18 +15,27 @@ class GRPOSettings(Section):
     """UI-R1's GRPO (docs/method.md §11): G completions per prompt, the clipped objective, the k3 KL."""
 
     PATH: ClassVar[str] = "rl.grpo"
-    group_size: int
-    style: str
-    clip_eps: float
-    kl_beta: float
-    learning_rate: float
-    dast: bool
-    prompts_per_batch: int
-    updates_per_batch: int
-    length_norm: str
+    group_size: int = 8
+    """Completions per prompt, G (UI-R1's)."""
+    style: str = "coat"
+    """coat | think_answer (UI-R1's <think>…</think><answer>…</answer> prompt)."""
+    clip_eps: float = 0.2
+    """ε of the token-level clipped objective."""
+    kl_beta: float = 0.04
+    """β of the k3 KL penalty to the reference."""
+    learning_rate: float = 1e-6
+    """Learning rate."""
+    dast: bool = False
+    """Add UI-R1-E's DAST length reward."""
+    prompts_per_batch: int = 4
+    """Prompts per sampled batch."""
+    updates_per_batch: int = 1
+    """Updates on each sampled batch."""
+    length_norm: str = "sequence"
+    """sequence | token: how a completion's token losses are averaged."""
 
     def __post_init__(self):
-        from ipl_jax.rl.common import GRPO_STYLES, LENGTH_NORMS  # see the names above
+        from ipl_jax.rl.common import GRPO_STYLES, LENGTH_NORMS  # imported when made (no JAX on import)
 
         self.at_least("group_size prompts_per_batch updates_per_batch", 1)
         self.need("style", self.style in GRPO_STYLES, _one_of(GRPO_STYLES))
@@ -41,24 +50,39 @@ class PPOSettings(Section):
     """Online PPO / GiGPPO with dense rewards in the live world (docs/method.md §11)."""
 
     PATH: ClassVar[str] = "rl.ppo"
-    gamma_dense: float
-    lam: float
-    kl_coef: float
-    value_clip: float
-    critic_warmup: int
-    policy_updates: int
-    policy_learning_rate: float
-    critic_learning_rate: float
-    tasks_per_batch: int
-    trajectories_per_task: int
-    minibatch_rows: int
-    success_reward: float
-    step_reward: str
-    max_steps: int
-    step_factor: float
+    gamma_dense: float = 0.5
+    """Discount of the dense step rewards (padding a trajectory with steps does not pay)."""
+    lam: float = 1.0
+    """GAE's λ."""
+    kl_coef: float = 0.01
+    """KL penalty to the reference."""
+    value_clip: float = 0.5
+    """Value clipping."""
+    critic_warmup: int = 4
+    """Critic updates before the policy moves."""
+    policy_updates: int = 2
+    """Policy updates per rollout batch."""
+    policy_learning_rate: float = 1e-6
+    """The policy's learning rate."""
+    critic_learning_rate: float = 1e-4
+    """The critic's learning rate."""
+    tasks_per_batch: int = 4
+    """Tasks per rollout batch."""
+    trajectories_per_task: int = 4
+    """Trajectories per task (GiGPPO's sibling states need >= 2)."""
+    minibatch_rows: int = 16
+    """Training rows per minibatch."""
+    success_reward: float = 1.0
+    """Reward of a finished task."""
+    step_reward: str = "leaf"
+    """leaf (docs/method.md §4) | uir1 (UI-R1's reward / 3)."""
+    max_steps: int = 25
+    """Step-limit cap: a task's limit is min(max_steps, ceil(step_factor x expert steps))."""
+    step_factor: float = 2.0
+    """The step limit's factor on the expert's steps."""
 
     def __post_init__(self):
-        from ipl_jax.rl.rollout import STEP_REWARDS  # see the names above
+        from ipl_jax.rl.rollout import STEP_REWARDS  # imported when made (no JAX on import)
 
         for name in ("gamma_dense", "lam"):
             self.need(name, _nonneg(getattr(self, name)) and getattr(self, name) <= 1, "must be in [0, 1]")
@@ -79,9 +103,12 @@ class PPOSettings(Section):
 @dataclasses.dataclass(frozen=True)
 class RLSettings(Section):
     PATH: ClassVar[str] = "rl"
-    grpo: GRPOSettings
-    ppo: PPOSettings
-    row_buckets: tuple[int, ...]
+    grpo: GRPOSettings = dataclasses.field(default_factory=GRPOSettings)
+    """GRPO (ipl.method = grpo)."""
+    ppo: PPOSettings = dataclasses.field(default_factory=PPOSettings)
+    """PPO / GiGPPO (ipl.method = ppo | gigppo)."""
+    row_buckets: tuple[int, ...] = (384, 512, 640, 768)
+    """RL training row lengths (prompt + sampled CoaT)."""
 
     def __post_init__(self):
         self.need(

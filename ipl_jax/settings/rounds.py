@@ -19,37 +19,69 @@ class IPLSettings(Section):
     an RL learner (``RL_METHODS``)."""
 
     PATH: ClassVar[str] = "ipl"
-    rounds: int
-    steps_per_round: int
-    round_fraction: float
-    method: str
-    loss_kind: str
-    beta: float
-    sft_weight: float
-    sft_norm: str
-    learning_rate: float
-    later_learning_rate: float
-    schedule: str
-    warmup_steps: int
-    lora_rank: int
-    batch_size: int
-    max_pairs_per_batch: int
-    text_buckets: tuple[int, ...]
-    max_pairs_per_tree: int
-    max_gamma_pairs_per_tree: int
-    gamma_pairs: str
-    pair_turns: tuple[int, ...]
-    dedup: bool
-    type_balance: float
-    mix_trees: bool
-    freeze_vision: bool
-    early_stop: bool
-    diagnostics: bool
-    diagnostic_steps: int
-    heldout_steps: int
+    rounds: int = 2
+    """IPL rounds."""
+    steps_per_round: int = 64
+    """Training steps (screens) whose trees are sampled each round (0: all)."""
+    round_fraction: float = 0.0
+    """> 0: sample this share of the training steps each round instead."""
+    method: str = "tdpo"
+    """tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) |
+    sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/configs.py)."""
+    loss_kind: str = "sigmoid"
+    """sigmoid | ipo | hinge."""
+    beta: float = 0.1
+    """DPO's β."""
+    sft_weight: float = 1.0
+    """Weight of the SFT term beside the DPO loss."""
+    sft_norm: str = "token"
+    """The SFT term's NLL: per "token", or "sum" over the turn like the DPO log-probs."""
+    learning_rate: float = 5e-6
+    """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the seed's grounding turn)."""
+    later_learning_rate: float = 0.0
+    """Rounds 2.. (0: round 1's; the paper: 1e-6 then a constant 1e-7)."""
+    schedule: str = "constant"
+    """constant | cosine (over the round's updates), after `warmup_steps` of linear warm-up."""
+    warmup_steps: int = 0
+    """Linear warm-up updates of a round."""
+    lora_rank: int = 0
+    """0: full weights; > 0: LoRA adapters (e.g. a 2B/7B model on one GPU)."""
+    batch_size: int = 8
+    """Packed rows (prefix nodes) per T-DPO step."""
+    max_pairs_per_batch: int = 16
+    """Pairs per T-DPO step, at most."""
+    text_buckets: tuple[int, ...] = (384, 512, 640)
+    """Packed row lengths (prefix + continuations)."""
+    max_pairs_per_tree: int = 12
+    """β pairs per (tree, turn)."""
+    max_gamma_pairs_per_tree: int = 0
+    """γ pairs per (tree, turn); 0: `max_pairs_per_tree`."""
+    # measured: "paper" taught the action turn to contradict its own thought
+    gamma_pairs: str = "consistent"
+    """γ pairs (golden ↑ vs sampled ↓ in trees without a correct leaf): paper (action turn, grounding) |
+    consistent (action-turn pairs only below thoughts naming the golden action) | grounding | none."""
+    pair_turns: tuple[int, ...] = (1, 2, 3, 4)
+    """CoaT turns that give pairs ((3, 4): action and grounding only, an ablation)."""
+    dedup: bool = True
+    """Drop exact duplicate pairs (same prefix, positive and negative tokens)."""
+    type_balance: float = 0.0
+    """> 0: each positive action type keeps <= ceil(x * median type count) pairs a round."""
+    mix_trees: bool = True
+    """Pack the round's prefix groups in a seeded random order (batches mix trees)."""
+    freeze_vision: bool = True
+    """Freeze the vision tower in the rounds."""
+    early_stop: bool = True
+    """Stop after the first round that does not beat the best dev step accuracy."""
+    diagnostics: bool = True
+    """Measure what each round did (results.json "diagnostics"; costs one more tree sampling and
+    greedy decoding of `diagnostic_steps` twice)."""
+    diagnostic_steps: int = 16
+    """Round steps whose sampled pass@1, greedy accuracy and thought -> action consistency are measured."""
+    heldout_steps: int = 16
+    """Dev steps whose trees give held-out pairs (preference accuracy, margins; 0: none)."""
 
     def __post_init__(self):
-        from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # see the names above
+        from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # imported when made (no JAX on import)
         from ipl_jax.training.optimizer import SCHEDULES
 
         self.need("method", self.method in METHODS, _one_of(METHODS))

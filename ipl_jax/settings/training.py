@@ -13,21 +13,33 @@ from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
 @dataclasses.dataclass(frozen=True)
 class SFTSettings(Section):
     PATH: ClassVar[str] = "sft"
-    steps: int
-    batch_size: int
-    micro_batch_size: int
-    learning_rate: float
-    warmup_steps: int
-    schedule: str
-    weight_decay: float
-    grad_clip: float
-    checkpoint_every: int
-    seed_candidates: int
-    freeze_vision: bool
-    lora_rank: int
+    steps: int = 900
+    """Warm-up SFT updates."""
+    batch_size: int = 8
+    """Dialogues per update."""
+    micro_batch_size: int = 4
+    """Dialogues per micro-batch (gradient accumulation; the ViT attends over a whole one); 0: none."""
+    learning_rate: float = 2e-3
+    """Peak learning rate."""
+    warmup_steps: int = 30
+    """Linear warm-up updates."""
+    schedule: str = "cosine"
+    """cosine | constant, after the warm-up."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient global-norm clip (0: none)."""
+    checkpoint_every: int = 100
+    """Updates between checkpoints."""
+    seed_candidates: int = 2
+    """Checkpoints (the last N saved) scored by seed selection."""
+    freeze_vision: bool = False
+    """Freeze the vision tower (the paper trains it during warm-up SFT)."""
+    lora_rank: int = 0
+    """0: full fine-tuning; > 0: LoRA adapters of this rank (alpha = 2 x rank)."""
 
     def __post_init__(self):
-        from ipl_jax.training.optimizer import SCHEDULES  # see the names above
+        from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
         self.at_least("steps warmup_steps lora_rank", 0)
         self.at_least("batch_size checkpoint_every seed_candidates", 1)
@@ -47,12 +59,15 @@ class SFTSettings(Section):
 @dataclasses.dataclass(frozen=True)
 class SeedSelectionSettings(Section):
     PATH: ClassVar[str] = "seed_selection"
-    steps: int
-    diversity_weight: float
-    embedder: str
+    steps: int = 24
+    """Training steps whose trees score each candidate."""
+    diversity_weight: float = 0.1
+    """w of score = Acc_S + w * Div_R / max over the candidates of Div_R."""
+    embedder: str = "auto"
+    """auto (MiniLM when installed, else TF-IDF) | minilm | tfidf."""
 
     def __post_init__(self):
-        from ipl_jax.eval.embeddings import EMBEDDERS  # see the names above
+        from ipl_jax.eval.embeddings import EMBEDDERS  # imported when made (no JAX on import)
 
         self.at_least("steps", 1)
         self.need("diversity_weight", _nonneg(self.diversity_weight), "must be >= 0")
@@ -62,13 +77,20 @@ class SeedSelectionSettings(Section):
 @dataclasses.dataclass(frozen=True)
 class SamplerSettings(Section):
     PATH: ClassVar[str] = "sampler"
-    branching: tuple[int, ...]
-    temperature: float
-    top_k: int
-    top_p: float
-    batch_size: int
-    prefix_buckets: tuple[int, ...]
-    prompt_buckets: tuple[int, ...]
+    branching: tuple[int, ...] = (3, 3, 3, 1)
+    """Children per node at each of the four CoaT turns."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1: off)."""
+    batch_size: int = 4
+    """Trees per jitted call (4 x 27 leaves)."""
+    prefix_buckets: tuple[int, ...] = (96, 128, 192, 256)
+    """Prefix lengths: screenshot + first prompt."""
+    prompt_buckets: tuple[int, ...] = (32, 64, 128, 192)
+    """Lengths of the turn-2..4 prompts (turn 2 holds the history)."""
 
     def __post_init__(self):
         self.need(
@@ -87,13 +109,15 @@ class SamplerSettings(Section):
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings(Section):
-    """v_type / v_format: the leaf reward's shares for the action type and a parsable argument (method.md §4);
-    discount: c of the value backup (§5)."""
+    """The leaf reward (docs/method.md §4) and the value backup (§5)."""
 
     PATH: ClassVar[str] = "reward"
-    v_type: float
-    v_format: float
-    discount: float
+    v_type: float = 0.1
+    """The leaf reward's share for the right action type (docs/method.md §4)."""
+    v_format: float = 0.1
+    """The leaf reward's share for a parsable argument."""
+    discount: float = 0.95
+    """c of the value backup (docs/method.md §5)."""
 
     def __post_init__(self):
         self.need("v_type", _nonneg(self.v_type), "must be >= 0")
