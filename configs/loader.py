@@ -1,9 +1,10 @@
 """Config files and command-line overrides, in the ml_collections style, read into the job's typed settings.
 
-A config file has a ``get_config(arg=None)`` returning an ``ml_collections.ConfigDict``; ``--config`` names it as a
-path (``my_config.py[:arg]``) or as a config shipped in ``ipl_jax.configs`` (``synthetic[:quick]``). Any field can
-be overridden with ``--config.a.b=value`` (or ``--config.a.b value``), parsed with the field's type; an unknown
-field or a value that does not parse is a one-line ``ConfigError`` naming it. The config is then locked.
+A config file has a ``get_config(arg=None)`` returning an ``ml_collections.ConfigDict``: ``default_config()`` (every
+setting's default, from the typed settings) with what the file changes. ``--config`` names it as a path
+(``my_config.py[:arg]``) or as a config shipped in ``ipl_jax.configs`` (``synthetic[:quick]``). Any field can be
+overridden with ``--config.a.b=value`` (or ``--config.a.b value``), parsed with the field's type; an unknown field
+or a value that does not parse is a one-line ``ConfigError`` naming it. The config is then locked.
 
     settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # ipl_jax.settings.Settings
 
@@ -35,6 +36,12 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ config files
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every setting's default (``ipl_jax.settings``: each field declared once, with its type and meaning) as a
+    ConfigDict, which a config file changes where it differs."""
+    return ml_collections.ConfigDict(Settings.defaults())
 
 
 def resolve_config_path(path_or_name: str) -> tuple[Path, str | None]:

@@ -1,0 +1,124 @@
+"""The settings' base: ``Section`` (a config section's dataclass), the one-line ``SettingsError`` and the
+typed reading of a section from nested dicts (``_section``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+class SettingsError(ValueError):
+    """A job setting that cannot be used; the message is one line naming the field and what to do."""
+
+
+def setting_error(field: str, value: Any, why: str) -> SettingsError:
+    """``config.<field>=<value>: <why> (fix it with --config.<field>=...)``."""
+    return SettingsError(f"config.{field}={value!r}: {why} (fix it with --config.{field}=...)")
+
+
+def _nonneg(v) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+def _positive(v) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+def _one_of(choices) -> str:
+    return f"must be one of {', '.join(choices)}"
+
+
+# ---------------------------------------------------------------------------------------------- typed values
+
+
+def _typed(hint, value, field: str):
+    """``value`` as the annotated type ``hint`` (bool, int, float, str, tuples of them, dataclasses)."""
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _section(hint, value, field)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise setting_error(field, value, "must be true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise setting_error(field, value, "must be an integer")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise setting_error(field, value, "must be a number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise setting_error(field, value, "must be a string")
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, (tuple, list)):
+            raise setting_error(field, value, "must be a tuple")
+        if args[-1] is Ellipsis:
+            return tuple(_typed(args[0], v, field) for v in value)
+        if len(value) != len(args):
+            raise setting_error(field, tuple(value), f"must be {len(args)} values")
+        return tuple(_typed(a, v, field) for a, v in zip(args, value))
+    raise TypeError(f"{field}: no conversion for {hint}")
+
+
+def _section(cls, values, field: str):
+    """A dataclass from a mapping of its fields (every field given, none unknown), each value typed."""
+    where = f"config.{field}" if field else "the config"
+    if not isinstance(values, Mapping):
+        raise SettingsError(f"{where}: expected a section, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown, missing = sorted(set(values) - set(names)), [n for n in names if n not in values]
+    if unknown:
+        raise SettingsError(f"{where}: unknown field(s) {', '.join(unknown)} (fields: {', '.join(names)})")
+    if missing and issubclass(cls, Section):
+        raise SettingsError(f"{where}: missing field(s) {', '.join(missing)}")
+    prefix = f"{field}." if field else ""
+    typed = {n: _typed(hints[n], values[n], prefix + n) for n in names if n in values}
+    try:
+        return cls(**typed)
+    except SettingsError:
+        raise
+    except ValueError as e:  # a library dataclass's own check (WorldConfig)
+        raise SettingsError(f"{where}: {e}") from None
+
+
+def defaults(cls) -> dict:
+    """Every field of the dataclass ``cls`` with its default, a section's as a nested dict. No section is made, so
+    no check runs and no library is imported: a config file reads them without JAX."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, type) and issubclass(hint, Section):
+            out[f.name] = defaults(hint)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()  # a library dataclass (WorldConfig): made, its own check runs
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A config section: ``PATH`` is its dotted name; ``need`` raises the one-line error of a field."""
+
+    PATH: ClassVar[str] = ""
+
+    def need(self, name: str, ok: bool, why: str) -> None:
+        if not ok:
+            raise setting_error(f"{self.PATH}.{name}" if self.PATH else name, getattr(self, name), why)
+
+    def at_least(self, names: str, low: int, note: str = "") -> None:
+        for name in names.split():
+            self.need(name, getattr(self, name) >= low, f"must be >= {low}{note}")

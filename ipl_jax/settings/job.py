@@ -1,0 +1,159 @@
+"""The job's settings (``Settings``: every section, the checks across sections and the machine's) and the device
+mesh (``mesh``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ipl_jax.data.synthetic.config import WorldConfig
+from ipl_jax.settings.base import Section, SettingsError, _section, defaults, setting_error
+from ipl_jax.settings.data import DataSettings, EvolutionSettings
+from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
+from ipl_jax.settings.model import BucketSettings, ModelSettings
+from ipl_jax.settings.rl import RLSettings
+from ipl_jax.settings.rounds import IPLSettings
+from ipl_jax.settings.training import RewardSettings, SamplerSettings, SeedSelectionSettings, SFTSettings
+
+MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings(Section):
+    """Axis sizes of the ('data', 'fsdp', 'tensor') mesh; -1: every remaining device."""
+
+    PATH: ClassVar[str] = "mesh"
+    data: int = -1
+    """Data-parallel axis size."""
+    fsdp: int = 1
+    """Parameter-sharding (FSDP) axis size."""
+    tensor: int = 1
+    """Tensor-parallel axis size."""
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise SettingsError(
+                f"config.mesh (data, fsdp, tensor) = {sizes}: sizes must be >= 1, with at most one -1 (all "
+                "remaining devices)"
+            )
+
+    def shape(self, n_devices: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) on ``n_devices``."""
+        shape = [self.data, self.fsdp, self.tensor]
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = n_devices // known if n_devices % known == 0 else 0
+        if math.prod(shape) != n_devices:
+            raise SettingsError(
+                f"config.mesh (data, fsdp, tensor) = ({self.data}, {self.fsdp}, {self.tensor}) does not fit "
+                f"{n_devices} devices; set --config.mesh.data etc. so that their product is {n_devices}"
+            )
+        return tuple(shape)
+
+    def batch_ways(self, n_devices: int) -> int:
+        """How many ways the mesh splits a batch: its data x fsdp axes on ``n_devices``."""
+        data, fsdp, _ = self.shape(n_devices)
+        return data * fsdp
+
+
+# ------------------------------------------------------------------------------------------------- the job
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings(Section):
+    """Every section of a job config. The defaults are ``configs/synthetic.py``'s ``full`` job, less its easier
+    synthetic world (``world`` is ``WorldConfig``'s defaults); a config file changes what differs."""
+
+    seed: int = 0
+    """The job's seed (the world, initialization, samplers)."""
+    data: DataSettings = dataclasses.field(default_factory=DataSettings)
+    world: WorldConfig = dataclasses.field(default_factory=WorldConfig)
+    """The synthetic world: every field of data/synthetic/config.py's WorldConfig (its defaults)."""
+    evolution: EvolutionSettings = dataclasses.field(default_factory=EvolutionSettings)
+    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    buckets: BucketSettings = dataclasses.field(default_factory=BucketSettings)
+    sft: SFTSettings = dataclasses.field(default_factory=SFTSettings)
+    seed_selection: SeedSelectionSettings = dataclasses.field(default_factory=SeedSelectionSettings)
+    sampler: SamplerSettings = dataclasses.field(default_factory=SamplerSettings)
+    reward: RewardSettings = dataclasses.field(default_factory=RewardSettings)
+    ipl: IPLSettings = dataclasses.field(default_factory=IPLSettings)
+    rl: RLSettings = dataclasses.field(default_factory=RLSettings)
+    eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+    export: ExportSettings = dataclasses.field(default_factory=ExportSettings)
+    ablation: AblationSettings = dataclasses.field(default_factory=AblationSettings)
+    mesh: MeshSettings = dataclasses.field(default_factory=MeshSettings)
+
+    def __post_init__(self):
+        self.need("seed", 0 <= self.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
+        fmt = self.data.format
+        if self.eval.online_episodes > 0 and not self.data.synthetic:
+            raise SettingsError(
+                f"config.eval.online_episodes={self.eval.online_episodes}: online evaluation plays the synthetic "
+                f"world, but config.data.format is {fmt!r} (fix it with --config.eval.online_episodes=0)"
+            )
+        method = self.ipl.method
+        if method == "sft_oracle" and not self.data.scarce:
+            raise setting_error(
+                "ipl.method",
+                method,
+                "trains on the CoaT of action-only episodes, and data.action_episodes is 0 (without them "
+                "continued_sft already trains on the golden CoaT of the round's steps)",
+            )
+        if method in ("ppo", "gigppo") and not self.data.synthetic:
+            raise setting_error("data.format", fmt, f"must be synthetic with ipl.method={method} (online)")
+        if method == "gigppo" and self.rl.ppo.trajectories_per_task < 2:
+            raise setting_error(
+                "rl.ppo.trajectories_per_task",
+                self.rl.ppo.trajectories_per_task,
+                "must be >= 2 with gigppo (sibling states)",
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Settings:
+        """Settings from a job config as nested dicts (a config file's sections); raises ``SettingsError``."""
+        return _section(cls, values, "")
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every field's default as nested dicts, one per section (what a config file starts from)."""
+        return defaults(cls)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, values: Mapping[str, Any]) -> Settings:
+        """These settings with ``{"section.field": value}`` changed (deeper paths too), checked again."""
+        out = self.to_dict()
+        for dotted, value in values.items():
+            *parents, leaf = dotted.split(".")
+            node = out
+            for part in parents:
+                node = node[part]
+            if leaf not in node:
+                raise SettingsError(f"config.{dotted}: no such field")
+            node[leaf] = value
+        return Settings.from_dict(out)
+
+    def check_machine(self, platform: str, n_devices: int) -> None:
+        """What depends on the machine: dtypes / attention / remat on ``platform``; with several devices, the mesh and
+        the batches it splits."""
+        self.model.check_platform(platform)
+        if n_devices <= 1:
+            return  # one device: the job runs without a mesh
+        ways = self.mesh.batch_ways(n_devices)
+        micro = "sft.micro_batch_size" if self.sft.micro_batch_size else "sft.batch_size"
+        for field, size in (
+            (micro, self.sft.micro),
+            ("sampler.batch_size", self.sampler.batch_size),
+            ("ipl.batch_size", self.ipl.batch_size),
+            ("eval.batch_size", self.eval.batch_size),
+        ):
+            if size % ways:
+                raise SettingsError(
+                    f"config.{field}={size}: not divisible by the mesh's batch axes (data x fsdp = {ways} on "
+                    f"{n_devices} devices), so every device would hold the whole batch; use a multiple of {ways}"
+                )

@@ -1,0 +1,131 @@
+"""The model sections: its size, precision and resolution (``model``) and its sequence buckets (``buckets``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import ClassVar
+
+from ipl_jax.settings.base import Section, SettingsError, _one_of
+
+if typing.TYPE_CHECKING:
+    from ipl_jax.training.state import Precision
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings(Section):
+    PATH: ClassVar[str] = "model"
+    checkpoint: str = ""
+    """A Hugging Face directory to start from; empty: a fresh model of the size below."""
+    vocab_size: int = 2048
+    """A fresh model's vocabulary (a BPE trained on the world's own texts, at most this size)."""
+    hidden_size: int = 128
+    """Decoder width."""
+    intermediate_size: int = 384
+    """Decoder MLP width."""
+    num_hidden_layers: int = 4
+    """Decoder layers."""
+    num_attention_heads: int = 4
+    """Decoder attention heads."""
+    num_key_value_heads: int = 2
+    """Decoder key / value heads (grouped-query attention)."""
+    vision_depth: int = 2
+    """Vision tower blocks."""
+    vision_embed_dim: int = 64
+    """Vision tower width."""
+    vision_num_heads: int = 4
+    """Vision tower attention heads."""
+    tie_word_embeddings: bool = True
+    """The output projection shares the input embedding."""
+    dtype: str = "auto"
+    """Compute dtype; auto: the starting checkpoint's torch_dtype, float32 for a fresh model."""
+    param_dtype: str = "auto"
+    """Storage dtype of the untrained weights (sampler, evaluator, frozen reference and base); auto:
+    `dtype`. Trained weights and optimizer moments are always float32."""
+    attention: str = "auto"
+    """auto (per backend) | reference | xla | cudnn (jax.nn.dot_product_attention)."""
+    remat: str = "none"
+    """Training: none | full | dots_saveable | dots_no_batch | offload."""
+    min_pixels: int = 112 * 224
+    """Screenshot pixels, at least: the world's 224x448 seen at half size (32 image tokens after the
+    2x2 merge) keeps the vision tower cheap on a CPU."""
+    max_pixels: int = 112 * 224
+    """Screenshot pixels, at most."""
+
+    def __post_init__(self):
+        from ipl_jax.model.config import DTYPES  # imported when made (no JAX on import)
+        from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES
+
+        for name in ("dtype", "param_dtype"):
+            self.need(name, getattr(self, name) in ("auto", *DTYPES), f"unknown (valid: auto, {', '.join(DTYPES)})")
+        self.need("attention", self.attention in ATTENTION_IMPLS, _one_of(ATTENTION_IMPLS))
+        self.need(
+            "attention",
+            self.attention != "cudnn" or self.dtype in ("auto", "bfloat16", "float16"),
+            f"cuDNN attention needs model.dtype bfloat16 or float16, not {self.dtype} (or use auto)",
+        )
+        self.need("remat", self.remat in REMAT_POLICIES, _one_of(REMAT_POLICIES))
+        self.at_least("min_pixels", 1)
+        self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
+
+    def precision(self) -> Precision:
+        """'auto' compute is the checkpoint's declared dtype (float32 for a fresh model); 'auto' storage the compute
+        dtype."""
+        from ipl_jax.model.config import checkpoint_dtype  # imported when made (no JAX on import)
+        from ipl_jax.training.state import Precision
+
+        compute = self.dtype
+        if compute == "auto":
+            has_config = self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))
+            compute = checkpoint_dtype(self.checkpoint) if has_config else "float32"
+        return Precision(compute, compute if self.param_dtype == "auto" else self.param_dtype, self.remat)
+
+    def check_platform(self, platform: str) -> None:
+        """The dtypes, attention and remat policy run on ``platform``."""
+        from ipl_jax.model.config import BACKEND_DTYPES, DTYPES  # imported when made (no JAX on import)
+        from ipl_jax.model.layers import check_remat
+
+        valid = ("auto", *BACKEND_DTYPES.get(platform, DTYPES))
+        for name in ("dtype", "param_dtype"):
+            self.need(name, getattr(self, name) in valid, f"not available on {platform} (valid: {', '.join(valid)})")
+        self.need(
+            "attention",
+            self.attention != "cudnn" or platform == "gpu",
+            f"cuDNN attention needs a GPU, this backend is {platform} (valid here: auto, reference, xla)",
+        )
+        try:
+            check_remat(self.remat, platform, "config.model.remat")
+        except ValueError as e:
+            raise SettingsError(f"{e} (fix it with --config.model.remat=...)") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketSettings(Section):
+    """The fixed shapes the programs compile for: each length a batch is padded up to."""
+
+    PATH: ClassVar[str] = "buckets"
+    tokens: tuple[int, ...] = (192, 256, 320, 384)
+    """SFT row lengths."""
+    patches: tuple[int, ...] = (128,)
+    """Patches per screenshot (a batch of B images uses B x these)."""
+    max_turn_tokens: tuple[int, int, int, int] = (64, 36, 10, 22)
+    """Tokens per CoaT turn, end token included: description, thought, action, grounding (about
+    the longest golden turns of the synthetic data; a box is ~20 tokens: one per digit)."""
+    fixed: bool = False
+    """A length over a largest bucket (measured before training) stops the job instead of adding a
+    bucket for it (the `buckets` stage)."""
+
+    def __post_init__(self):
+        for name in ("tokens", "patches", "max_turn_tokens"):
+            values = getattr(self, name)
+            self.need(name, bool(values) and min(values) >= 1, "must be one or more sizes >= 1")
+
+    @property
+    def image_patches(self) -> int:
+        """One screenshot's patch slot: the largest patch bucket."""
+        return max(self.patches)
+
+    def patch_buckets(self, images: int) -> tuple[int, ...]:
+        """Patch buckets of a batch of ``images`` screenshots (the per-image buckets x images)."""
+        return tuple(p * images for p in self.patches)

@@ -1,0 +1,122 @@
+"""The IPL rounds (``ipl``) and the names of the methods a round can run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
+
+RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
+METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
+GOLDEN_METHODS = ("continued_sft", "sft_oracle")  # supervised training on golden CoaT at the round's update budget
+GAMMA_MODES = ("paper", "consistent", "grounding", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class IPLSettings(Section):
+    """The IPL rounds (docs/method.md §6, §7) and their ``method``: T-DPO, an ablation, the continued-SFT control or
+    an RL learner (``RL_METHODS``)."""
+
+    PATH: ClassVar[str] = "ipl"
+    rounds: int = 2
+    """IPL rounds."""
+    steps_per_round: int = 64
+    """Training steps (screens) whose trees are sampled each round (0: all)."""
+    round_fraction: float = 0.0
+    """> 0: sample this share of the training steps each round instead."""
+    method: str = "tdpo"
+    """tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) |
+    sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/configs.py)."""
+    loss_kind: str = "sigmoid"
+    """sigmoid | ipo | hinge."""
+    beta: float = 0.1
+    """DPO's β."""
+    sft_weight: float = 1.0
+    """Weight of the SFT term beside the DPO loss."""
+    sft_norm: str = "token"
+    """The SFT term's NLL: per "token", or "sum" over the turn like the DPO log-probs."""
+    learning_rate: float = 5e-6
+    """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the seed's grounding turn)."""
+    later_learning_rate: float = 0.0
+    """Rounds 2.. (0: round 1's; the paper: 1e-6 then a constant 1e-7)."""
+    schedule: str = "constant"
+    """constant | cosine (over the round's updates), after `warmup_steps` of linear warm-up."""
+    warmup_steps: int = 0
+    """Linear warm-up updates of a round."""
+    lora_rank: int = 0
+    """0: full weights; > 0: LoRA adapters (e.g. a 2B/7B model on one GPU)."""
+    batch_size: int = 8
+    """Packed rows (prefix nodes) per T-DPO step."""
+    max_pairs_per_batch: int = 16
+    """Pairs per T-DPO step, at most."""
+    text_buckets: tuple[int, ...] = (384, 512, 640)
+    """Packed row lengths (prefix + continuations)."""
+    max_pairs_per_tree: int = 12
+    """β pairs per (tree, turn)."""
+    max_gamma_pairs_per_tree: int = 0
+    """γ pairs per (tree, turn); 0: `max_pairs_per_tree`."""
+    # measured: "paper" taught the action turn to contradict its own thought
+    gamma_pairs: str = "consistent"
+    """γ pairs (golden ↑ vs sampled ↓ in trees without a correct leaf): paper (action turn, grounding) |
+    consistent (action-turn pairs only below thoughts naming the golden action) | grounding | none."""
+    pair_turns: tuple[int, ...] = (1, 2, 3, 4)
+    """CoaT turns that give pairs ((3, 4): action and grounding only, an ablation)."""
+    dedup: bool = True
+    """Drop exact duplicate pairs (same prefix, positive and negative tokens)."""
+    type_balance: float = 0.0
+    """> 0: each positive action type keeps <= ceil(x * median type count) pairs a round."""
+    mix_trees: bool = True
+    """Pack the round's prefix groups in a seeded random order (batches mix trees)."""
+    freeze_vision: bool = True
+    """Freeze the vision tower in the rounds."""
+    early_stop: bool = True
+    """Stop after the first round that does not beat the best dev step accuracy."""
+    diagnostics: bool = True
+    """Measure what each round did (results.json "diagnostics"; costs one more tree sampling and
+    greedy decoding of `diagnostic_steps` twice)."""
+    diagnostic_steps: int = 16
+    """Round steps whose sampled pass@1, greedy accuracy and thought -> action consistency are measured."""
+    heldout_steps: int = 16
+    """Dev steps whose trees give held-out pairs (preference accuracy, margins; 0: none)."""
+
+    def __post_init__(self):
+        from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # imported when made (no JAX on import)
+        from ipl_jax.training.optimizer import SCHEDULES
+
+        self.need("method", self.method in METHODS, _one_of(METHODS))
+        self.need("loss_kind", self.loss_kind in LOSS_KINDS, _one_of(LOSS_KINDS))
+        self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, _one_of(GAMMA_MODES))
+        self.need("sft_norm", self.sft_norm in SFT_NORMS, "must be token or sum")
+        self.need("schedule", self.schedule in SCHEDULES, _one_of(SCHEDULES))
+        self.need(
+            "pair_turns",
+            bool(self.pair_turns) and set(self.pair_turns) <= {1, 2, 3, 4},
+            "must be a non-empty subset of 1, 2, 3, 4",
+        )
+        for name in ("learning_rate", "beta"):
+            self.need(name, _positive(getattr(self, name)), "must be > 0")
+        for name in ("later_learning_rate", "sft_weight", "type_balance", "round_fraction"):
+            self.need(name, _nonneg(getattr(self, name)), "must be >= 0")
+        self.at_least("rounds batch_size max_pairs_per_batch diagnostic_steps", 1)
+        self.at_least(
+            "warmup_steps steps_per_round max_pairs_per_tree max_gamma_pairs_per_tree lora_rank heldout_steps", 0
+        )
+        self.need("text_buckets", bool(self.text_buckets) and min(self.text_buckets) >= 1, "must be lengths >= 1")
+        if self.method in RL_METHODS:
+            self.need("lora_rank", self.lora_rank == 0, f"must be 0 with ipl.method={self.method} (full weights)")
+
+    @property
+    def gamma_cap(self) -> int:
+        """γ pairs per (tree, turn): ``max_gamma_pairs_per_tree``, or ``max_pairs_per_tree`` when that is 0."""
+        return self.max_gamma_pairs_per_tree if self.max_gamma_pairs_per_tree > 0 else self.max_pairs_per_tree
+
+    def lr(self, round_index: int) -> float:
+        """Round 1's learning rate, or ``later_learning_rate`` for later rounds when it is set."""
+        return self.learning_rate if round_index <= 1 or self.later_learning_rate <= 0 else self.later_learning_rate
+
+    def steps_in_round(self, n_train_steps: int) -> int:
+        """Training steps a round samples: ``round_fraction`` of them, else ``steps_per_round`` (0: all)."""
+        if self.round_fraction > 0:
+            return max(1, round(self.round_fraction * n_train_steps))
+        return self.steps_per_round or n_train_steps

@@ -1,0 +1,126 @@
+"""Warm-up SFT (``sft``), seed selection (``seed_selection``), CoaT-tree sampling (``sampler``) and the leaf
+reward (``reward``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSettings(Section):
+    PATH: ClassVar[str] = "sft"
+    steps: int = 900
+    """Warm-up SFT updates."""
+    batch_size: int = 8
+    """Dialogues per update."""
+    micro_batch_size: int = 4
+    """Dialogues per micro-batch (gradient accumulation; the ViT attends over a whole one); 0: none."""
+    learning_rate: float = 2e-3
+    """Peak learning rate."""
+    warmup_steps: int = 30
+    """Linear warm-up updates."""
+    schedule: str = "cosine"
+    """cosine | constant, after the warm-up."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient global-norm clip (0: none)."""
+    checkpoint_every: int = 100
+    """Updates between checkpoints."""
+    seed_candidates: int = 2
+    """Checkpoints (the last N saved) scored by seed selection."""
+    freeze_vision: bool = False
+    """Freeze the vision tower (the paper trains it during warm-up SFT)."""
+    lora_rank: int = 0
+    """0: full fine-tuning; > 0: LoRA adapters of this rank (alpha = 2 x rank)."""
+
+    def __post_init__(self):
+        from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
+
+        self.at_least("steps warmup_steps lora_rank", 0)
+        self.at_least("batch_size checkpoint_every seed_candidates", 1)
+        self.at_least("micro_batch_size", 0, " (0: no micro-batches)")
+        self.need("micro_batch_size", self.batch_size % self.micro == 0, "must divide sft.batch_size")
+        self.need("learning_rate", _positive(self.learning_rate), "must be > 0")
+        self.need("weight_decay", _nonneg(self.weight_decay), "must be >= 0")
+        self.need("grad_clip", _nonneg(self.grad_clip), "must be >= 0 (0: no clipping)")
+        self.need("schedule", self.schedule in SCHEDULES, _one_of(SCHEDULES))
+
+    @property
+    def micro(self) -> int:
+        """Dialogues per micro-batch (gradients accumulated over ``batch_size / micro`` of them)."""
+        return self.micro_batch_size or self.batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedSelectionSettings(Section):
+    PATH: ClassVar[str] = "seed_selection"
+    steps: int = 24
+    """Training steps whose trees score each candidate."""
+    diversity_weight: float = 0.1
+    """w of score = Acc_S + w * Div_R / max over the candidates of Div_R."""
+    embedder: str = "auto"
+    """auto (MiniLM when installed, else TF-IDF) | minilm | tfidf."""
+
+    def __post_init__(self):
+        from ipl_jax.eval.embeddings import EMBEDDERS  # imported when made (no JAX on import)
+
+        self.at_least("steps", 1)
+        self.need("diversity_weight", _nonneg(self.diversity_weight), "must be >= 0")
+        self.need("embedder", self.embedder in EMBEDDERS, _one_of(EMBEDDERS))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSettings(Section):
+    PATH: ClassVar[str] = "sampler"
+    branching: tuple[int, ...] = (3, 3, 3, 1)
+    """Children per node at each of the four CoaT turns."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1: off)."""
+    batch_size: int = 4
+    """Trees per jitted call (4 x 27 leaves)."""
+    prefix_buckets: tuple[int, ...] = (96, 128, 192, 256)
+    """Prefix lengths: screenshot + first prompt."""
+    prompt_buckets: tuple[int, ...] = (32, 64, 128, 192)
+    """Lengths of the turn-2..4 prompts (turn 2 holds the history)."""
+
+    def __post_init__(self):
+        self.need(
+            "branching",
+            len(self.branching) == 4 and min(self.branching) >= 1,
+            "must be four integers >= 1 (children per node at each CoaT turn)",
+        )
+        self.need("temperature", _nonneg(self.temperature), "must be >= 0")
+        self.need("top_p", _positive(self.top_p) and self.top_p <= 1, "must be in (0, 1]")
+        self.at_least("top_k", 0, " (0: off)")
+        self.at_least("batch_size", 1)
+        for name in ("prefix_buckets", "prompt_buckets"):
+            values = getattr(self, name)
+            self.need(name, bool(values) and min(values) >= 1, "must be one or more lengths >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSettings(Section):
+    """The leaf reward (docs/method.md §4) and the value backup (§5)."""
+
+    PATH: ClassVar[str] = "reward"
+    v_type: float = 0.1
+    """The leaf reward's share for the right action type (docs/method.md §4)."""
+    v_format: float = 0.1
+    """The leaf reward's share for a parsable argument."""
+    discount: float = 0.95
+    """c of the value backup (docs/method.md §5)."""
+
+    def __post_init__(self):
+        self.need("v_type", _nonneg(self.v_type), "must be >= 0")
+        self.need("v_format", _nonneg(self.v_format), "must be >= 0")
+        self.need("v_format", self.v_type + self.v_format <= 1, "reward.v_type + reward.v_format must be <= 1")
+        self.need("discount", _positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
