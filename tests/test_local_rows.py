@@ -107,7 +107,7 @@ def test_one_process_without_a_mesh_builds_the_batch_of_make_batch_fn():
 
 GOLDEN = textwrap.dedent(
     """
-    import sys, tempfile, types
+    import dataclasses, sys, tempfile, types
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from support import rl_setup as R
@@ -122,7 +122,8 @@ GOLDEN = textwrap.dedent(
     overrides = ["--config.ipl.batch_size=4", "--config.sft.micro_batch_size=2", "--config.buckets.tokens=(512,)"]
     settings = load_settings("synthetic:quick", overrides)
     steps = R.golden_steps(2)[:6]
-    rcfg = types.SimpleNamespace(tdpo=T.TDPOConfig(model=cfg, learning_rate=1e-4))
+    optimizer = dataclasses.replace(T.IPL_OPTIMIZER, learning_rate=1e-4)
+    rcfg = types.SimpleNamespace(tdpo=T.TDPOConfig(model=cfg, optimizer_settings=optimizer))
 
     def run(mesh):
         _, params = R.make_model(tok)  # fresh arrays: the step donates the state

@@ -70,12 +70,13 @@ def test_bf16_tdpo_step_keeps_fp32_master_weights_and_moments(small):
     cfg, params = small
     batch = _packed(cfg)
     dpo = losses.DPOConfig(beta=0.5, sft_weight=1.0)
-    c32 = ipl.TDPOConfig(model=cfg, dpo=dpo, logp_chunk=16, learning_rate=1e-3)
+    opt = dataclasses.replace(ipl.IPL_OPTIMIZER, learning_rate=1e-3)
+    c32 = ipl.TDPOConfig(model=cfg, dpo=dpo, logp_chunk=16, optimizer_settings=opt)
     c16 = ipl.TDPOConfig(
         model=cfg.replace(dtype="bfloat16"),
         dpo=dpo,
         logp_chunk=16,
-        learning_rate=1e-3,
+        optimizer_settings=opt,
         compute_dtype="bfloat16",
         reference_dtype="bfloat16",
         remat="full",

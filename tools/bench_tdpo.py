@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     s = SHAPES["quick" if args.quick else "default"]
     cfg = bench_model(s)
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    config = ipl.TDPOConfig(model=cfg, learning_rate=1e-6, logp_chunk=64)
+    config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
     workload = make_workload(cfg, s, args.groups, args.batches, np.random.default_rng(0))
     n_pairs = len(workload[0][1])
     n_img = int(np.prod(s["grid"])) // cfg.vision.merge_factor

@@ -170,7 +170,6 @@ def run(args) -> dict:
     config = tdpo.TDPOConfig(
         model=cfg,
         remat="none" if args.no_remat else args.remat,
-        learning_rate=1e-6,
         compute_dtype=None if args.dtype == "float32" else args.dtype,
     )
     t0 = time.perf_counter()

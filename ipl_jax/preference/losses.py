@@ -24,6 +24,8 @@ class DPOConfig:
     sft_norm: str = "token"  # the SFT term's NLL: per token ("token") or summed over the turn like the DPO log-probs
 
     def __post_init__(self):
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"DPOConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
         if self.sft_norm not in SFT_NORMS:
             raise ValueError(f"DPOConfig.sft_norm must be one of {SFT_NORMS}, got {self.sft_norm!r}")
 

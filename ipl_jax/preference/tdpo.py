@@ -36,9 +36,7 @@ IPL_OPTIMIZER = optimizer_lib.OptimizerSettings(learning_rate=1e-6, schedule="co
 
 @dataclasses.dataclass(frozen=True)
 class TDPOConfig:
-    """Settings of the T-DPO step (hashable); ``learning_rate`` is a shortcut for
-    ``optimizer_settings.learning_rate``.
-    """
+    """Settings of the T-DPO step (hashable): the model, the loss, the objective, the optimizer, precision."""
 
     model: Qwen2VLConfig
     dpo: losses.DPOConfig = losses.DPOConfig()
@@ -48,16 +46,10 @@ class TDPOConfig:
     logp_chunk: int = 128  # positions whose vocabulary logits are materialised at once
     compute_dtype: str | None = None  # e.g. "bfloat16": params cast inside the step, master weights fp32
     reference_dtype: str | None = None  # storage of the frozen reference's weights (None: the compute dtype)
-    learning_rate: dataclasses.InitVar[float | None] = None
 
-    def __post_init__(self, learning_rate):
+    def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TDPOConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.dpo.kind not in losses.LOSS_KINDS:
-            raise ValueError(f"TDPOConfig.dpo.kind must be one of {losses.LOSS_KINDS}, got {self.dpo.kind!r}")
-        if learning_rate is not None:
-            settings = dataclasses.replace(self.optimizer_settings, learning_rate=float(learning_rate))
-            object.__setattr__(self, "optimizer_settings", settings)
 
     def optimizer(self):
         """The optax transformation of ``optimizer_settings``."""

@@ -1,6 +1,8 @@
 """Packed T-DPO rounds of one fixed shape on the small model, shared by the T-DPO tests and their 8-device mesh
 subprocess."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -11,7 +13,7 @@ from support.small_models import make_groups, tiny_cfg, tiny_params
 
 # one shape for every packed batch of these tests, so that tests share compilations
 ROUND_PACKING = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=6, text_buckets=(64,), patch_buckets=(32,))
-ROUND_TDPO = dict(learning_rate=3e-3, logp_chunk=16)
+ROUND_TDPO = dict(optimizer_settings=dataclasses.replace(ipl.IPL_OPTIMIZER, learning_rate=3e-3), logp_chunk=16)
 
 
 def round_batches(cfg, seed):
@@ -29,7 +31,7 @@ def round_batches(cfg, seed):
 
 # the paper's IPL learning rates are 1e-6..1e-7. (Adam turns float-rounding differences of near-zero gradients
 # into full-size steps, so a much larger rate would compare rounding noise, not the sharding.)
-MESH_TDPO = dict(learning_rate=1e-5, logp_chunk=16)
+MESH_TDPO = dict(optimizer_settings=dataclasses.replace(ipl.IPL_OPTIMIZER, learning_rate=1e-5), logp_chunk=16)
 
 
 def mesh_round(mesh):
