@@ -96,7 +96,6 @@ def score_candidates(
     """Acc_S and Div_R of each ``(name, Policy)`` on ``steps`` (same keys for all): trees of
     ``sampler_config(tokenizer)`` in batches of ``batch_size`` keyed by ``seed``, leaves scored with ``reward`` and
     ``discount``. Returns (scores, embedder used)."""
-    bs = batch_size
     kind = resolve_embedder(embedder)
     sampled = []  # per candidate: (per batch: texts, valid, exact)
     for name, policy in candidates:
@@ -104,8 +103,8 @@ def score_candidates(
         sconfig = sampler_config(policy.tokenizer)
         batches = []
         for batch in progress(
-            iter_tree_batches(policy, steps, sconfig, seed, bs),
-            total=-(-len(steps) // bs),
+            iter_tree_batches(policy, steps, sconfig, seed, batch_size),
+            total=-(-len(steps) // batch_size),
             desc=f"seed selection {name}",
             unit="batch",
         ):
