@@ -6,7 +6,7 @@ The names a library accepts are the library's own (preference.losses.LOSS_KINDS,
 ...): a section imports them when it is made, so that importing the settings loads no JAX (commands start fast).
 """
 
-from ipl_jax.settings.base import Section, SettingsError, setting_error
+from ipl_jax.sections import Section, SettingsError, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
 from ipl_jax.settings.job import MAX_SEED, MeshSettings, Settings

@@ -1,36 +1,14 @@
-"""The settings' base: ``Section`` (a config section's dataclass), the one-line ``SettingsError`` and the
-typed reading of a section from nested dicts (``_section``).
+"""The typed reading of a section from nested dicts (``_section``) and a section's defaults (``defaults``); the
+section base itself is ``ipl_jax.sections``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar
 
-
-class SettingsError(ValueError):
-    """A job setting that cannot be used; the message is one line naming the field and what to do."""
-
-
-def setting_error(field: str, value: Any, why: str) -> SettingsError:
-    """``config.<field>=<value>: <why> (fix it with --config.<field>=...)``."""
-    return SettingsError(f"config.{field}={value!r}: {why} (fix it with --config.{field}=...)")
-
-
-def _nonneg(v) -> bool:
-    return math.isfinite(v) and v >= 0
-
-
-def _positive(v) -> bool:
-    return math.isfinite(v) and v > 0
-
-
-def _one_of(choices) -> str:
-    return f"must be one of {', '.join(choices)}"
-
+from ipl_jax.sections import Section, SettingsError, setting_error
 
 # ---------------------------------------------------------------------------------------------- typed values
 
@@ -107,18 +85,3 @@ def defaults(cls) -> dict:
         else:
             raise TypeError(f"{cls.__name__}.{f.name} has no default")
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Section:
-    """A config section: ``PATH`` is its dotted name; ``need`` raises the one-line error of a field."""
-
-    PATH: ClassVar[str] = ""
-
-    def need(self, name: str, ok: bool, why: str) -> None:
-        if not ok:
-            raise setting_error(f"{self.PATH}.{name}" if self.PATH else name, getattr(self, name), why)
-
-    def at_least(self, names: str, low: int, note: str = "") -> None:
-        for name in names.split():
-            self.need(name, getattr(self, name) >= low, f"must be >= {low}{note}")

@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from ipl_jax.data.datasets import ALIASES, LOADERS, TFDS_PREFIX, canonical_format
-from ipl_jax.settings.base import Section
+from ipl_jax.sections import Section
 
 
 @dataclasses.dataclass(frozen=True)

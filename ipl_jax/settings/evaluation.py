@@ -6,7 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from ipl_jax.data.synthetic.config import SPLITS
-from ipl_jax.settings.base import Section
+from ipl_jax.sections import Section
 
 
 @dataclasses.dataclass(frozen=True)

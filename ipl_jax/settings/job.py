@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.settings.base import Section, SettingsError, _section, defaults, setting_error
+from ipl_jax.sections import Section, SettingsError, setting_error
+from ipl_jax.settings.base import _section, defaults
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
 from ipl_jax.settings.model import BucketSettings, ModelSettings

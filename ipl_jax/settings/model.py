@@ -7,7 +7,7 @@ import os
 import typing
 from typing import ClassVar
 
-from ipl_jax.settings.base import Section, SettingsError, _one_of
+from ipl_jax.sections import Section, SettingsError, one_of
 
 if typing.TYPE_CHECKING:
     from ipl_jax.training.state import Precision
@@ -59,13 +59,13 @@ class ModelSettings(Section):
 
         for name in ("dtype", "param_dtype"):
             self.need(name, getattr(self, name) in ("auto", *DTYPES), f"unknown (valid: auto, {', '.join(DTYPES)})")
-        self.need("attention", self.attention in ATTENTION_IMPLS, _one_of(ATTENTION_IMPLS))
+        self.need("attention", self.attention in ATTENTION_IMPLS, one_of(ATTENTION_IMPLS))
         self.need(
             "attention",
             self.attention != "cudnn" or self.dtype in ("auto", "bfloat16", "float16"),
             f"cuDNN attention needs model.dtype bfloat16 or float16, not {self.dtype} (or use auto)",
         )
-        self.need("remat", self.remat in REMAT_POLICIES, _one_of(REMAT_POLICIES))
+        self.need("remat", self.remat in REMAT_POLICIES, one_of(REMAT_POLICIES))
         self.at_least("min_pixels", 1)
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
 

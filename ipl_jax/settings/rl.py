@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
+from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +38,11 @@ class GRPOSettings(Section):
         from ipl_jax.rl.common import GRPO_STYLES, LENGTH_NORMS  # imported when made (no JAX on import)
 
         self.at_least("group_size prompts_per_batch updates_per_batch", 1)
-        self.need("style", self.style in GRPO_STYLES, _one_of(GRPO_STYLES))
+        self.need("style", self.style in GRPO_STYLES, one_of(GRPO_STYLES))
         self.need("length_norm", self.length_norm in LENGTH_NORMS, "must be sequence or token")
         for name in ("clip_eps", "learning_rate"):
-            self.need(name, _positive(getattr(self, name)), "must be > 0")
-        self.need("kl_beta", _nonneg(self.kl_beta), "must be >= 0")
+            self.need(name, is_positive(getattr(self, name)), "must be > 0")
+        self.need("kl_beta", is_nonneg(self.kl_beta), "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,14 +85,14 @@ class PPOSettings(Section):
         from ipl_jax.rl.rollout import STEP_REWARDS  # imported when made (no JAX on import)
 
         for name in ("gamma_dense", "lam"):
-            self.need(name, _nonneg(getattr(self, name)) and getattr(self, name) <= 1, "must be in [0, 1]")
+            self.need(name, is_nonneg(getattr(self, name)) and getattr(self, name) <= 1, "must be in [0, 1]")
         for name in ("kl_coef", "success_reward"):
-            self.need(name, _nonneg(getattr(self, name)), "must be >= 0")
+            self.need(name, is_nonneg(getattr(self, name)), "must be >= 0")
         for name in ("value_clip", "policy_learning_rate", "critic_learning_rate", "step_factor"):
-            self.need(name, _positive(getattr(self, name)), "must be > 0")
+            self.need(name, is_positive(getattr(self, name)), "must be > 0")
         self.at_least("critic_warmup", 0)
         self.at_least("policy_updates tasks_per_batch trajectories_per_task minibatch_rows max_steps", 1)
-        self.need("step_reward", self.step_reward in STEP_REWARDS, _one_of(STEP_REWARDS))
+        self.need("step_reward", self.step_reward in STEP_REWARDS, one_of(STEP_REWARDS))
 
     @property
     def worlds(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
+from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
@@ -84,20 +84,20 @@ class IPLSettings(Section):
         from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # imported when made (no JAX on import)
         from ipl_jax.training.optimizer import SCHEDULES
 
-        self.need("method", self.method in METHODS, _one_of(METHODS))
-        self.need("loss_kind", self.loss_kind in LOSS_KINDS, _one_of(LOSS_KINDS))
-        self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, _one_of(GAMMA_MODES))
+        self.need("method", self.method in METHODS, one_of(METHODS))
+        self.need("loss_kind", self.loss_kind in LOSS_KINDS, one_of(LOSS_KINDS))
+        self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, one_of(GAMMA_MODES))
         self.need("sft_norm", self.sft_norm in SFT_NORMS, "must be token or sum")
-        self.need("schedule", self.schedule in SCHEDULES, _one_of(SCHEDULES))
+        self.need("schedule", self.schedule in SCHEDULES, one_of(SCHEDULES))
         self.need(
             "pair_turns",
             bool(self.pair_turns) and set(self.pair_turns) <= {1, 2, 3, 4},
             "must be a non-empty subset of 1, 2, 3, 4",
         )
         for name in ("learning_rate", "beta"):
-            self.need(name, _positive(getattr(self, name)), "must be > 0")
+            self.need(name, is_positive(getattr(self, name)), "must be > 0")
         for name in ("later_learning_rate", "sft_weight", "type_balance", "round_fraction"):
-            self.need(name, _nonneg(getattr(self, name)), "must be >= 0")
+            self.need(name, is_nonneg(getattr(self, name)), "must be >= 0")
         self.at_least("rounds batch_size max_pairs_per_batch diagnostic_steps", 1)
         self.at_least(
             "warmup_steps steps_per_round max_pairs_per_tree max_gamma_pairs_per_tree lora_rank heldout_steps", 0

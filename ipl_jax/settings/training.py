@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ipl_jax.settings.base import Section, _nonneg, _one_of, _positive
+from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +45,10 @@ class SFTSettings(Section):
         self.at_least("batch_size checkpoint_every seed_candidates", 1)
         self.at_least("micro_batch_size", 0, " (0: no micro-batches)")
         self.need("micro_batch_size", self.batch_size % self.micro == 0, "must divide sft.batch_size")
-        self.need("learning_rate", _positive(self.learning_rate), "must be > 0")
-        self.need("weight_decay", _nonneg(self.weight_decay), "must be >= 0")
-        self.need("grad_clip", _nonneg(self.grad_clip), "must be >= 0 (0: no clipping)")
-        self.need("schedule", self.schedule in SCHEDULES, _one_of(SCHEDULES))
+        self.need("learning_rate", is_positive(self.learning_rate), "must be > 0")
+        self.need("weight_decay", is_nonneg(self.weight_decay), "must be >= 0")
+        self.need("grad_clip", is_nonneg(self.grad_clip), "must be >= 0 (0: no clipping)")
+        self.need("schedule", self.schedule in SCHEDULES, one_of(SCHEDULES))
 
     @property
     def micro(self) -> int:
@@ -70,8 +70,8 @@ class SeedSelectionSettings(Section):
         from ipl_jax.eval.embeddings import EMBEDDERS  # imported when made (no JAX on import)
 
         self.at_least("steps", 1)
-        self.need("diversity_weight", _nonneg(self.diversity_weight), "must be >= 0")
-        self.need("embedder", self.embedder in EMBEDDERS, _one_of(EMBEDDERS))
+        self.need("diversity_weight", is_nonneg(self.diversity_weight), "must be >= 0")
+        self.need("embedder", self.embedder in EMBEDDERS, one_of(EMBEDDERS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +98,8 @@ class SamplerSettings(Section):
             len(self.branching) == 4 and min(self.branching) >= 1,
             "must be four integers >= 1 (children per node at each CoaT turn)",
         )
-        self.need("temperature", _nonneg(self.temperature), "must be >= 0")
-        self.need("top_p", _positive(self.top_p) and self.top_p <= 1, "must be in (0, 1]")
+        self.need("temperature", is_nonneg(self.temperature), "must be >= 0")
+        self.need("top_p", is_positive(self.top_p) and self.top_p <= 1, "must be in (0, 1]")
         self.at_least("top_k", 0, " (0: off)")
         self.at_least("batch_size", 1)
         for name in ("prefix_buckets", "prompt_buckets"):
@@ -120,7 +120,7 @@ class RewardSettings(Section):
     """c of the value backup (docs/method.md §5)."""
 
     def __post_init__(self):
-        self.need("v_type", _nonneg(self.v_type), "must be >= 0")
-        self.need("v_format", _nonneg(self.v_format), "must be >= 0")
+        self.need("v_type", is_nonneg(self.v_type), "must be >= 0")
+        self.need("v_format", is_nonneg(self.v_format), "must be >= 0")
         self.need("v_format", self.v_type + self.v_format <= 1, "reward.v_type + reward.v_format must be <= 1")
-        self.need("discount", _positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
+        self.need("discount", is_positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
