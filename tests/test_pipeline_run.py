@@ -144,7 +144,6 @@ def test_results_schema(quick_run):
 def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
     """The probe samples the round's steps before and after the update with the same seed (paired draws): given
     the same weights twice -- an update that changed nothing -- every figure of its steps reads the same."""
-    from ipl_jax.pipeline.configs import sampler_config
     from ipl_jax.pipeline.data_stage import load_splits, steps_of
     from ipl_jax.pipeline.model_stage import load_policy
     from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
@@ -153,7 +152,7 @@ def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
     settings, wd = quick_run["config"], Workdir(quick_run["workdir"], echo=lambda *_: None)
     splits = load_splits(settings.data, wd, settings.seed)
     policy = load_policy(quick_run["workdir"] / "seed")
-    sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
+    sconfig = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
     probe = RoundDiagnostics(settings, policy, steps_of(splits["train"]), steps_of(splits["dev"]), sconfig, 1)
     context = probe.before(policy.params)
     figures = probe.after(policy.params, context)["train_steps"]

@@ -24,7 +24,6 @@ from ipl_jax.data.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy
-from ipl_jax.pipeline.configs import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
 from ipl_jax.pipeline.round_eval import job_world_tasks
 from ipl_jax.sampling.config import SamplerConfig
@@ -141,9 +140,9 @@ def online(args, job) -> int:
     tasks = job_world_tasks(job.data, job.world, job.seed, split, n, max_steps=max_steps)
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
-    greedy = sampler_config(tokenizer, job.sampler, job.buckets, job.eval.batch_size, greedy=True)
+    greedy = job.sampler.build(tokenizer, job.buckets, job.eval.batch_size, greedy=True)
     oc = online_config(
-        sampler_for_batch(greedy, job.buckets, bs), image_config, reward_config(job.reward, job.data), bs
+        greedy.with_patch_buckets(job.buckets.patch_buckets(bs)), image_config, job.reward.build(job.data.rules()), bs
     )
     out = online_eval(params, cfg, tokenizer, tasks, jax.random.PRNGKey(job.seed), oc, mesh)
     episodes = out.pop("episodes_detail", [])

@@ -1,5 +1,5 @@
-"""Library configs from the job's settings sections: the sampler (``sampler_config``), the leaf reward
-(``reward_config``), the RL learners (``grpo_config``, ``ppo_config``, ...) and the equal budget that makes an RL
+"""Library configs from the job's settings sections: the RL learners (``grpo_config``, ``ppo_config``, ...), the
+seed selection's scoring (``seed_scoring``) and the equal budget that makes an RL
 round comparable with a T-DPO round (``round_budget``: its sampled completions; GRPO whole groups of G, PPO
 environment steps; no method exceeds it).
 """
@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ipl_jax.coat.metrics import DEFAULT_RULES
 from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import num_leaves
-from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.rl.grpo import GRPOConfig
@@ -19,65 +17,16 @@ from ipl_jax.rl.ppo import PPOConfig
 from ipl_jax.rl.rewards import UIR1RewardConfig
 from ipl_jax.rl.rollout import RolloutConfig
 from ipl_jax.rl.rows import RowConfig
-from ipl_jax.sampling.config import SamplerConfig, greedy_config
+from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.settings import (
     BucketSettings,
-    DataSettings,
     GRPOSettings,
     IPLSettings,
     PPOSettings,
-    RewardSettings,
     RLSettings,
-    SamplerSettings,
 )
 from ipl_jax.training.optimizer import OptimizerSettings
 from ipl_jax.training.state import Precision
-
-
-def sampler_config(
-    tokenizer,
-    sampler: SamplerSettings,
-    buckets: BucketSettings,
-    eval_batch_size: int,
-    *,
-    greedy: bool = False,
-    branching: Sequence[int] | None = None,
-) -> SamplerConfig:
-    """The job's ``SamplerConfig``: branching, budgets, temperatures, top-k / top-p, the tokenizer's ids, and
-    buckets (patches for a sampler and an evaluation batch)."""
-    t = sampler.temperature
-    ids = tokenizer.ids
-    sc = SamplerConfig.for_tokenizer(
-        tokenizer,
-        branching=tuple(branching or sampler.branching),
-        max_turn_tokens=buckets.max_turn_tokens,
-        temperature=(t, t, t, 0.0),
-        top_k=sampler.top_k,
-        top_p=sampler.top_p,
-        # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
-        suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
-        prefix_buckets=sampler.prefix_buckets,
-        prompt_buckets=sampler.prompt_buckets,
-        patch_buckets=buckets.patch_buckets(sampler.batch_size) + buckets.patch_buckets(eval_batch_size),
-        image_patches=buckets.image_patches,
-    )
-    return greedy_config(sc) if greedy else sc
-
-
-def sampler_for_batch(sampler: SamplerConfig, buckets: BucketSettings, batch_size: int) -> SamplerConfig:
-    """``sampler`` with patch buckets for ``batch_size`` screenshots per call added."""
-    extra = buckets.patch_buckets(batch_size)
-    return sampler.replace(patch_buckets=tuple(sorted(set(sampler.patch_buckets) | set(extra))))
-
-
-def rules_name(data: DataSettings) -> str:
-    """The exact-match rule set of the job's data (its scoring format's)."""
-    return DEFAULT_RULES[scoring_format(data.format, data.root)]
-
-
-def reward_config(reward: RewardSettings, data: DataSettings) -> RewardConfig:
-    """The leaf reward of the job: ``reward``'s shares, the rules of ``data``'s scoring format."""
-    return RewardConfig(v_type=reward.v_type, v_format=reward.v_format, rules=rules_name(data))
 
 
 def round_budget(ipl: IPLSettings, branching: Sequence[int], n_train_steps: int | None = None) -> int:
@@ -181,8 +130,8 @@ def seed_scoring(settings) -> dict:
     """``eval.seed_selection.score_candidates``' sampler, reward, discount, seed and batch size as the job's
     settings (``Settings``) say."""
     return {
-        "sampler_config": lambda tok: sampler_config(tok, settings.sampler, settings.buckets, settings.eval.batch_size),
-        "reward": reward_config(settings.reward, settings.data),
+        "sampler_config": lambda tok: settings.sampler.build(tok, settings.buckets, settings.eval.batch_size),
+        "reward": settings.reward.build(settings.data.rules()),
         "discount": settings.reward.discount,
         "seed": settings.seed,
         "batch_size": settings.sampler.batch_size,

@@ -62,10 +62,6 @@ def inference_policy(policy: Policy, model: ModelSettings, params=None) -> Polic
     return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(policy.cfg, model))
 
 
-def image_config_from(model: ModelSettings) -> ImageProcessorConfig:
-    return ImageProcessorConfig(min_pixels=model.min_pixels, max_pixels=model.max_pixels)
-
-
 def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
     """Every text the model reads or writes on this data (CoaT turns, prompts, Q&A) plus the chat scaffolding."""
     lines = scaffold_texts()
@@ -161,7 +157,7 @@ def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[S
         # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); the job's image settings apply
         # (e.g. max_pixels) unless the checkpoint's are wanted
         policy = load_policy(src, dtype=checkpoint_dtype(src))
-        write_policy_dir(out, policy.params, policy.cfg, src, image_config_from(model))
+        write_policy_dir(out, policy.params, policy.cfg, src, model.image_processor())
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
     corpus = tokenizer_corpus(train_steps, qas)
@@ -169,7 +165,7 @@ def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[S
     special_ids = write_tokenizer(train_tokenizer(corpus, model.vocab_size), tok_dir)
     cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(model, special_ids))
     params = init_params(cfg, jax.random.PRNGKey(settings.seed))
-    write_policy_dir(out, params, cfg, tok_dir, image_config_from(model))
+    write_policy_dir(out, params, cfg, tok_dir, model.image_processor())
     n = count_params(params)
     wd.echo(
         f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "

@@ -17,12 +17,8 @@ from ipl_jax.pipeline.configs import (
     grpo_config,
     grpo_prompts,
     ppo_config,
-    reward_config,
     rollout_config,
     round_budget,
-    rules_name,
-    sampler_config,
-    sampler_for_batch,
 )
 from ipl_jax.pipeline.model_stage import (
     Policy,
@@ -61,7 +57,7 @@ def round_grpo_config(settings: Settings, policy: Policy) -> GRPOConfig:
         job_model_config(policy.cfg, settings.model),
         policy.tokenizer.ids.pad,
         settings.model.precision(),
-        rules_name(settings.data),
+        settings.data.rules(),
         settings.sft.grad_clip,
     )
 
@@ -78,10 +74,8 @@ def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, f
     """GRPO over ``steps``. Returns (params, metrics, completions sampled)."""
     precision = settings.model.precision()
     gcfg = round_grpo_config(settings, policy)
-    sampler = sampler_for_batch(
-        sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
-        settings.buckets,
-        gcfg.prompts_per_batch,
+    sampler = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size).with_patch_buckets(
+        settings.buckets.patch_buckets(gcfg.prompts_per_batch)
     )
     state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=precision.frozen_dtype)
     state, m = grpo.grpo_round(
@@ -108,12 +102,12 @@ def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigp
     tasks = job_world_tasks(
         settings.data, settings.world, settings.seed, "train", max_steps=p.max_steps, step_factor=p.step_factor
     )
-    sampler = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
+    sampler = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
     rcfg = rollout_config(
         p,
-        sampler_for_batch(sampler, settings.buckets, p.worlds),
+        sampler.with_patch_buckets(settings.buckets.patch_buckets(p.worlds)),
         policy.image_config,
-        reward_config(settings.reward, settings.data),
+        settings.reward.build(settings.data.rules()),
     )
     state = ppo.init_ppo_state(
         policy.params, pcfg, rng, policy_freeze_regex=freeze, frozen_dtype=precision.frozen_dtype

@@ -14,7 +14,6 @@ from ipl_jax.data.records import Step
 from ipl_jax.eval.evaluate import evaluate_policy
 from ipl_jax.eval.seed_selection import sample_steps
 from ipl_jax.eval.trees import LeafTally, iter_tree_batches, round_scores, row_tallies, sampled_trees, score_batch
-from ipl_jax.pipeline.configs import reward_config
 from ipl_jax.pipeline.model_stage import Policy, inference_policy
 from ipl_jax.pipeline.round_eval import eval_config
 from ipl_jax.pipeline.seeds import round_seed
@@ -42,7 +41,7 @@ class RoundDiagnostics:
     ):
         ipl, seed = settings.ipl, settings.seed
         self.settings, self.policy, self.sconfig, self.round_index = settings, policy, sconfig, round_index
-        self.reward = reward_config(settings.reward, settings.data)
+        self.reward = settings.reward.build(settings.data.rules())
         self.steps = sample_steps(round_steps, ipl.diagnostic_steps, round_seed(seed, round_index, "diagnostic_steps"))
         self.heldout_steps = sample_steps(dev_steps, ipl.heldout_steps, seed) if ipl.heldout_steps > 0 else []
         self.tally_seed = round_seed(seed, round_index, "rng")  # the same draws before and after the update

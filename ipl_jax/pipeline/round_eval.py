@@ -15,7 +15,6 @@ from ipl_jax.data.records import Episode
 from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
-from ipl_jax.pipeline.configs import reward_config, sampler_config, sampler_for_batch
 from ipl_jax.pipeline.model_stage import Policy
 from ipl_jax.rl.rollout import WorldTask, split_world_tasks
 from ipl_jax.settings import DataSettings, Settings
@@ -37,7 +36,7 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
 def eval_config(policy: Policy, settings: Settings, blank_screens: bool = False) -> EvalConfig:
     """``evaluate.EvalConfig`` of the job: its sampler settings (greedy) and the policy's image settings."""
     return EvalConfig(
-        sampler=sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
+        sampler=settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size),
         image_config=policy.image_config,
         batch_size=settings.eval.batch_size,
         fmt=scoring_format(settings.data.format, settings.data.root),
@@ -118,11 +117,11 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     tasks = job_world_tasks(
         settings.data, settings.world, settings.seed, split, e.online_episodes, max_steps=e.online_max_steps
     )
-    greedy = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, e.batch_size, greedy=True)
+    greedy = settings.sampler.build(policy.tokenizer, settings.buckets, e.batch_size, greedy=True)
     oc = online_config(
-        sampler_for_batch(greedy, settings.buckets, e.batch_size),
+        greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size)),
         policy.image_config,
-        reward_config(settings.reward, settings.data),
+        settings.reward.build(settings.data.rules()),
         e.batch_size,
     )
     rng = jax.random.PRNGKey(settings.seed)

@@ -22,7 +22,7 @@ from ipl_jax.data.dialogue import annotated_steps
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.eval.seed_selection import sample_steps
 from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
-from ipl_jax.pipeline.configs import reward_config, round_budget, sampler_config
+from ipl_jax.pipeline.configs import round_budget
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
 from ipl_jax.pipeline.model_stage import (
     Policy,
@@ -262,8 +262,8 @@ def run_round(
     policy = load_policy(start, job_mesh(settings.mesh))
     steps = round_steps(train_steps, settings, round_index)
     rcfg = round_config(settings, policy.cfg, policy.tokenizer.ids.pad, round_index)
-    sconfig = sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size)
-    reward = reward_config(settings.reward, settings.data)
+    sconfig = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
+    reward = settings.reward.build(settings.data.rules())
     discount = settings.reward.discount
     # its stages: sample trees with π(n-1), score them (a few kept for the viewer), the supervised update, the probe
     viewer = ViewerTrees(limit=settings.export.viewer_steps, discount=discount)

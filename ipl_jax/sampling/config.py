@@ -75,6 +75,10 @@ class SamplerConfig:
     def replace(self, **kw) -> SamplerConfig:
         return dataclasses.replace(self, **kw)
 
+    def with_patch_buckets(self, extra: Sequence[int]) -> SamplerConfig:
+        """This config with the patch buckets ``extra`` added (e.g. for a batch of more screenshots)."""
+        return self.replace(patch_buckets=tuple(sorted(set(self.patch_buckets) | set(extra))))
+
     @staticmethod
     def for_tokenizer(tokenizer, **kw) -> SamplerConfig:
         """A config with a ``QwenTokenizer``'s eos, pad and suppressed placeholder ids filled in; ``kw``: other

@@ -107,6 +107,13 @@ class DataSettings(Section):
         """The dev split's name (``dev`` when it is held out of the training split)."""
         return self.dev_split or "dev"
 
+    def rules(self) -> str:
+        """The exact-match rule set of this data (its scoring format's; packed and TFDS data say theirs)."""
+        from ipl_jax.coat.metrics import DEFAULT_RULES  # imported when asked (no JAX on import)
+        from ipl_jax.data.datasets import scoring_format
+
+        return DEFAULT_RULES[scoring_format(self.format, self.root)]
+
     def split_names(self) -> list[str]:
         """Every split the job reads: train, dev (when the data has one) and the test splits, once each."""
         return list(dict.fromkeys(["train"] + ([self.dev_split] if self.dev_split else []) + list(self.test_splits)))

@@ -10,6 +10,7 @@ from typing import ClassVar
 from ipl_jax.sections import Section, SettingsError, one_of
 
 if typing.TYPE_CHECKING:
+    from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.training.state import Precision
 
 
@@ -80,6 +81,12 @@ class ModelSettings(Section):
             has_config = self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))
             compute = checkpoint_dtype(self.checkpoint) if has_config else "float32"
         return Precision(compute, compute if self.param_dtype == "auto" else self.param_dtype, self.remat)
+
+    def image_processor(self) -> ImageProcessorConfig:
+        """How screenshots are resized: between ``min_pixels`` and ``max_pixels``."""
+        from ipl_jax.data.image_processing import ImageProcessorConfig  # imported when built (no JAX on import)
+
+        return ImageProcessorConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""

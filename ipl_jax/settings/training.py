@@ -5,9 +5,16 @@ reward (``reward``).
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Sequence
 from typing import ClassVar
 
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
+
+if typing.TYPE_CHECKING:
+    from ipl_jax.coat.rewards import RewardConfig
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.settings.model import BucketSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +113,37 @@ class SamplerSettings(Section):
             values = getattr(self, name)
             self.need(name, bool(values) and min(values) >= 1, "must be one or more lengths >= 1")
 
+    def build(
+        self,
+        tokenizer,
+        buckets: BucketSettings,
+        eval_batch_size: int,
+        *,
+        greedy: bool = False,
+        branching: Sequence[int] | None = None,
+    ) -> SamplerConfig:
+        """The job's ``SamplerConfig``: this section's branching (or ``branching``), temperature (the grounding turn
+        greedy), top-k / top-p and prompt buckets; ``buckets``' turn budgets and patch buckets for a sampler batch
+        and an evaluation batch of ``eval_batch_size``; the tokenizer's ids. ``greedy``: every turn greedy."""
+        from ipl_jax.sampling.config import SamplerConfig, greedy_config  # imported when built (no JAX on import)
+
+        t, ids = self.temperature, tokenizer.ids
+        config = SamplerConfig.for_tokenizer(
+            tokenizer,
+            branching=tuple(branching or self.branching),
+            max_turn_tokens=buckets.max_turn_tokens,
+            temperature=(t, t, t, 0.0),
+            top_k=self.top_k,
+            top_p=self.top_p,
+            # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
+            suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
+            prefix_buckets=self.prefix_buckets,
+            prompt_buckets=self.prompt_buckets,
+            patch_buckets=buckets.patch_buckets(self.batch_size) + buckets.patch_buckets(eval_batch_size),
+            image_patches=buckets.image_patches,
+        )
+        return greedy_config(config) if greedy else config
+
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings(Section):
@@ -124,3 +162,9 @@ class RewardSettings(Section):
         self.need("v_format", is_nonneg(self.v_format), "must be >= 0")
         self.need("v_format", self.v_type + self.v_format <= 1, "reward.v_type + reward.v_format must be <= 1")
         self.need("discount", is_positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
+
+    def build(self, rules: str) -> RewardConfig:
+        """The leaf reward: this section's shares, exact match by the rule set ``rules`` (``DataSettings.rules``)."""
+        from ipl_jax.coat.rewards import RewardConfig  # imported when built (no JAX on import)
+
+        return RewardConfig(v_type=self.v_type, v_format=self.v_format, rules=rules)
