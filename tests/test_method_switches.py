@@ -293,8 +293,6 @@ def test_optimizer_settings_come_from_the_sections():
     """SFT and each IPL round get an ``OptimizerSettings`` made from their settings; the hand-written values
     below are what the sections hold."""
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.pipeline.rounds import ipl_optimizer
-    from ipl_jax.pipeline.sft_stage import sft_optimizer
     from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, round_schedule
     from ipl_jax.training.optimizer import OptimizerSettings
 
@@ -313,9 +311,9 @@ def test_optimizer_settings_come_from_the_sections():
     want = OptimizerSettings(
         learning_rate=3e-6, schedule="cosine", warmup_steps=5, total_steps=1000, grad_clip_norm=0.5
     )
-    assert ipl_optimizer(s, 1) == want
-    assert ipl_optimizer(s, 2) == dataclasses.replace(want, learning_rate=1e-7)
-    assert sft_optimizer(s.sft) == OptimizerSettings(
+    assert s.ipl.optimizer(1, s.sft.grad_clip) == want
+    assert s.ipl.optimizer(2, s.sft.grad_clip) == dataclasses.replace(want, learning_rate=1e-7)
+    assert s.sft.optimizer() == OptimizerSettings(
         learning_rate=s.sft.learning_rate,
         schedule="cosine",
         warmup_steps=s.sft.warmup_steps,

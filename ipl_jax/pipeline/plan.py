@@ -34,7 +34,7 @@ from ipl_jax.pipeline.plan_shapes import (
     tdpo_batch,
 )
 from ipl_jax.pipeline.rounds import tdpo_config
-from ipl_jax.pipeline.sft_stage import BatchShape, sft_optimizer, sft_step_config
+from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
 from ipl_jax.settings import Settings
@@ -179,7 +179,7 @@ def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, option
 def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
     """Warm-up SFT's step as training runs it (``sft_update`` on a placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
-    optimizer_settings = sft_optimizer(settings.sft)
+    optimizer_settings = settings.sft.optimizer()
     optimizer = make_optimizer(optimizer_settings)
     lora = settings.sft.lora_rank
     kw = _state_kwargs(options, lora, settings.sft.freeze_vision)

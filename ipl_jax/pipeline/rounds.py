@@ -39,16 +39,12 @@ from ipl_jax.pipeline.round_eval import dev_accuracy
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn, sft_step_config
 from ipl_jax.pipeline.workdir import Workdir, write_json
-from ipl_jax.preference.losses import DPOConfig
-from ipl_jax.preference.packed_batch import PackingConfig
-from ipl_jax.preference.pairs import PairConfig
 from ipl_jax.preference.round import RoundConfig, RoundStages, SampledTrees, TreeScores, ipl_round
-from ipl_jax.preference.tdpo import IPL_OPTIMIZER, TDPOConfig, init_state, round_schedule, summarize_steps
+from ipl_jax.preference.tdpo import TDPOConfig, init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import tree_record, turn_texts
-from ipl_jax.settings import GOLDEN_METHODS, RL_METHODS, Settings
+from ipl_jax.settings import RL_METHODS, Settings
 from ipl_jax.training.lora import lora_of_rank
-from ipl_jax.training.optimizer import OptimizerSettings
 from ipl_jax.training.sft import sft_step
 from ipl_jax.training.state import VISION_REGEX, model_params, state_shardings
 from ipl_jax.viz.viewer import write_html
@@ -56,61 +52,23 @@ from ipl_jax.viz.viewer import write_html
 # ------------------------------------------------------------------------------------------ the round's configs
 
 
-def ipl_optimizer(settings: Settings, round_index: int = 1) -> OptimizerSettings:
-    """A round's optimizer: ``ipl``'s learning rate (``later_learning_rate`` from round 2 when set), schedule and
-    warm-up, SFT's gradient clipping."""
-    ipl = settings.ipl
-    return dataclasses.replace(
-        IPL_OPTIMIZER,
-        learning_rate=ipl.lr(round_index),
-        schedule=ipl.schedule,
-        warmup_steps=ipl.warmup_steps,
-        grad_clip_norm=settings.sft.grad_clip,
-    )
-
-
 def tdpo_config(settings: Settings, cfg, round_index: int = 1) -> TDPOConfig:
-    """A round's T-DPO step: the model in the job's compute dtype, the loss of ``ipl``, its optimizer."""
-    ipl, precision = settings.ipl, settings.model.precision()
-    return TDPOConfig(
-        model=job_model_config(cfg, settings.model),
-        remat=precision.remat,
-        compute_dtype=precision.compute_dtype,
-        reference_dtype=precision.storage,
-        dpo=DPOConfig(beta=ipl.beta, sft_weight=ipl.sft_weight, kind=ipl.loss_kind, sft_norm=ipl.sft_norm),
-        objective="positive_sft" if ipl.method == "no_negatives" else "tdpo",
-        optimizer_settings=ipl_optimizer(settings, round_index),
+    """A round's T-DPO step: ``ipl.tdpo`` on the model in the job's compute dtype, at the job's precision."""
+    return settings.ipl.tdpo(
+        job_model_config(cfg, settings.model), settings.model.precision(), settings.sft.grad_clip, round_index
     )
 
 
 def round_config(settings: Settings, cfg, pad_id: int, round_index: int = 1) -> RoundConfig:
-    """The ``preference.round.RoundConfig`` of a round: pairs, selection and packing as ``ipl`` says."""
-    ipl = settings.ipl
-    packing = PackingConfig(
-        rows=ipl.batch_size,
-        max_continuations=max(settings.sampler.branching) + 1,
-        max_pairs=ipl.max_pairs_per_batch,
-        text_buckets=ipl.text_buckets,
-        patch_buckets=settings.buckets.patch_buckets(ipl.batch_size),
-        pad_id=int(pad_id),
-    )
-    pairs = PairConfig(
-        max_beta_pairs_per_tree_turn=ipl.max_pairs_per_tree,
-        max_gamma_pairs_per_tree_turn=0 if ipl.gamma_pairs == "none" else ipl.gamma_cap,
-        gamma_action_pairs=ipl.gamma_pairs in ("paper", "consistent"),
-        gamma_grounding_pairs=ipl.gamma_pairs != "none",
-        turns=ipl.pair_turns,
-    )
-    return RoundConfig(
-        tdpo=tdpo_config(settings, cfg, round_index),
-        packing=packing,
-        pairs=pairs,
-        pair_mode="naive" if ipl.method == "naive_dpo" else "tdpo",
-        dedup=ipl.dedup,
-        type_balance=ipl.type_balance,
-        mix_trees=ipl.mix_trees,
-        train_on="golden" if ipl.method in GOLDEN_METHODS else "pairs",
-        gamma_consistent_only=ipl.gamma_pairs == "consistent",
+    """A round's ``RoundConfig`` (``ipl.round``): the sampler's branching, patch buckets for a T-DPO batch."""
+    return settings.ipl.round(
+        job_model_config(cfg, settings.model),
+        settings.model.precision(),
+        settings.sft.grad_clip,
+        settings.sampler.branching,
+        settings.buckets.patch_buckets(settings.ipl.batch_size),
+        pad_id,
+        round_index,
     )
 
 

@@ -181,23 +181,11 @@ class SFTRows:
         return batch, int(agreed[:, 1].sum())
 
 
-def sft_optimizer(sft: SFTSettings) -> OptimizerSettings:
-    """Warm-up SFT's optimizer from the ``sft`` section (learning rate, schedule, warm-up, decay, clipping)."""
-    return OptimizerSettings(
-        learning_rate=sft.learning_rate,
-        schedule=sft.schedule,
-        warmup_steps=sft.warmup_steps,
-        total_steps=sft.steps,
-        weight_decay=sft.weight_decay,
-        grad_clip_norm=sft.grad_clip,
-    )
-
-
 def sft_init_state(params, settings: Settings):
     """(TrainState, optimizer) of warm-up SFT: full weights or LoRA of rank ``sft.lora_rank`` (alpha = 2 x rank),
     ``sft.freeze_vision``; frozen weights in the storage dtype, trained ones and moments in float32."""
     sft = settings.sft
-    optimizer = make_optimizer(sft_optimizer(sft))
+    optimizer = make_optimizer(sft.optimizer())
     lora = lora_of_rank(sft.lora_rank) if sft.lora_rank > 0 else None
     freeze = VISION_REGEX if sft.freeze_vision and lora is None else None
     state = create_train_state(
@@ -267,7 +255,7 @@ def run_sft(
             iterator = restore_iterator(iterator, data_state)
         recent = [float(x) for x in meta.get("recent_losses", [])]
         wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
-    step_config = sft_step_config(init.cfg, settings, sft_optimizer(sft), shape)
+    step_config = sft_step_config(init.cfg, settings, sft.optimizer(), shape)
     counter = {"tokens": 0.0}
 
     def counted_step(st, local: LocalRows):

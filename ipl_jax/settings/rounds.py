@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Sequence
 from typing import ClassVar
 
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
+
+if typing.TYPE_CHECKING:
+    from ipl_jax.model.config import Qwen2VLConfig
+    from ipl_jax.preference.round import RoundConfig
+    from ipl_jax.preference.tdpo import TDPOConfig
+    from ipl_jax.training.optimizer import OptimizerSettings
+    from ipl_jax.training.state import Precision
 
 RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
@@ -120,3 +129,77 @@ class IPLSettings(Section):
         if self.round_fraction > 0:
             return max(1, round(self.round_fraction * n_train_steps))
         return self.steps_per_round or n_train_steps
+
+    # ---------------------------------------------------------------- the library objects a round runs with
+    # (their modules are imported when built: importing the settings loads no JAX)
+
+    def optimizer(self, round_index: int, grad_clip: float) -> OptimizerSettings:
+        """Round ``round_index``'s optimizer: its learning rate (``lr``), schedule and warm-up; SFT's ``grad_clip``."""
+        from ipl_jax.preference.tdpo import IPL_OPTIMIZER
+
+        return dataclasses.replace(
+            IPL_OPTIMIZER,
+            learning_rate=self.lr(round_index),
+            schedule=self.schedule,
+            warmup_steps=self.warmup_steps,
+            grad_clip_norm=grad_clip,
+        )
+
+    def tdpo(self, model: Qwen2VLConfig, precision: Precision, grad_clip: float, round_index: int = 1) -> TDPOConfig:
+        """Round ``round_index``'s T-DPO step on ``model`` (the job's compute dtype and attention) at ``precision``:
+        this section's loss and objective (``no_negatives``: SFT on the positives), its optimizer."""
+        from ipl_jax.preference.losses import DPOConfig
+        from ipl_jax.preference.tdpo import TDPOConfig
+
+        return TDPOConfig(
+            model=model,
+            remat=precision.remat,
+            compute_dtype=precision.compute_dtype,
+            reference_dtype=precision.storage,
+            dpo=DPOConfig(beta=self.beta, sft_weight=self.sft_weight, kind=self.loss_kind, sft_norm=self.sft_norm),
+            objective="positive_sft" if self.method == "no_negatives" else "tdpo",
+            optimizer_settings=self.optimizer(round_index, grad_clip),
+        )
+
+    def round(
+        self,
+        model: Qwen2VLConfig,
+        precision: Precision,
+        grad_clip: float,
+        branching: Sequence[int],
+        patch_buckets: Sequence[int],
+        pad_id: int,
+        round_index: int = 1,
+    ) -> RoundConfig:
+        """Round ``round_index``: its T-DPO step (``tdpo``), pairs, selection and packing as this section says;
+        rows hold up to ``max(branching) + 1`` continuations and a batch's screenshots in ``patch_buckets``."""
+        from ipl_jax.preference.packed_batch import PackingConfig
+        from ipl_jax.preference.pairs import PairConfig
+        from ipl_jax.preference.round import RoundConfig
+
+        packing = PackingConfig(
+            rows=self.batch_size,
+            max_continuations=max(branching) + 1,
+            max_pairs=self.max_pairs_per_batch,
+            text_buckets=self.text_buckets,
+            patch_buckets=tuple(patch_buckets),
+            pad_id=int(pad_id),
+        )
+        pairs = PairConfig(
+            max_beta_pairs_per_tree_turn=self.max_pairs_per_tree,
+            max_gamma_pairs_per_tree_turn=0 if self.gamma_pairs == "none" else self.gamma_cap,
+            gamma_action_pairs=self.gamma_pairs in ("paper", "consistent"),
+            gamma_grounding_pairs=self.gamma_pairs != "none",
+            turns=self.pair_turns,
+        )
+        return RoundConfig(
+            tdpo=self.tdpo(model, precision, grad_clip, round_index),
+            packing=packing,
+            pairs=pairs,
+            pair_mode="naive" if self.method == "naive_dpo" else "tdpo",
+            dedup=self.dedup,
+            type_balance=self.type_balance,
+            mix_trees=self.mix_trees,
+            train_on="golden" if self.method in GOLDEN_METHODS else "pairs",
+            gamma_consistent_only=self.gamma_pairs == "consistent",
+        )

@@ -15,6 +15,7 @@ if typing.TYPE_CHECKING:
     from ipl_jax.coat.rewards import RewardConfig
     from ipl_jax.sampling.config import SamplerConfig
     from ipl_jax.settings.model import BucketSettings
+    from ipl_jax.training.optimizer import OptimizerSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,19 @@ class SFTSettings(Section):
     def micro(self) -> int:
         """Dialogues per micro-batch (gradients accumulated over ``batch_size / micro`` of them)."""
         return self.micro_batch_size or self.batch_size
+
+    def optimizer(self) -> OptimizerSettings:
+        """Warm-up SFT's optimizer: learning rate, schedule over ``steps``, warm-up, decay, clipping."""
+        from ipl_jax.training.optimizer import OptimizerSettings  # imported when built (no JAX on import)
+
+        return OptimizerSettings(
+            learning_rate=self.learning_rate,
+            schedule=self.schedule,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.steps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
