@@ -261,6 +261,18 @@ CASES = [
         r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, ",
     ),
     Case(
+        "ablate bad seeds",
+        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--seeds", "0,1,1"],
+        2,
+        r"^ipl-jax ablate: --seeds: '0,1,1' is not a comma-separated list of distinct non-negative integers",
+    ),
+    Case(
+        "ablate seed out of range",
+        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--seeds", "0,4294967296"],
+        2,
+        r"^ipl-jax ablate: config\.seed=4294967296: must be an integer in \[0, 4294967295\]",
+    ),
+    Case(
         "ablate bad rl value",
         lambda f: [
             "ablate",

@@ -457,16 +457,23 @@ def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_pat
     root = tmp_path / "ablate"
     shutil.copytree(quick_run["workdir"], root / "base", symlinks=True)
     # the candidates' paths in the SFT marker point at the job's own directory, which still exists
-    result = run_ablation(quick_run["config"], root, ["continued_sft"], echo=lambda _: None)
+    result = run_ablation(quick_run["config"], root, ["continued_sft", "tdpo"], echo=lambda _: None)
     job_round = json.loads((quick_run["workdir"] / "rounds" / "1" / "round.json").read_text())
-    row = result["rows"][1]
+    row, tdpo = result["rows"][1], result["rows"][2]
     assert row["variant"] == "continued_sft" and row["updates"] == job_round["train"]["steps"] > 0
     assert row["pairs"] == job_round["pairs"]  # the same trees and pairs: only the update differs
     g = row["gain"]
     assert g["low"] <= g["gain"] <= g["high"] and set(row["metrics"]) == set(quick_run["config"].data.test_splits)
     assert row["blank"] and "test" in row["blank"]
+    # a gain per round, the last one the row's; T-DPO minus the control paired on the same episodes is the
+    # difference of their gains over the same seed
+    rounds = quick_run["config"].ablation.rounds
+    assert len(row["round_gains"]) == len(tdpo["round_gains"]) == rounds and row["round_gains"][-1] == g
+    d = row["tdpo_minus"][-1]
+    assert d["gain"] == pytest.approx(tdpo["gain"]["gain"] - g["gain"]) and d["low"] <= d["gain"] <= d["high"]
+    assert "tdpo_minus" not in tdpo
     text = format_ablation(result)
-    assert "continued SFT (control)" in text and "gain [95% CI]" in text
+    assert "continued SFT (control)" in text and "gain [95% CI]" in text and "T-DPO minus r1" in text
 
 
 # ------------------------------------------------------------------------------------- pieces (no job needed)

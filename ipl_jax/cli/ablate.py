@@ -10,7 +10,7 @@ from pathlib import Path
 from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
 from ipl_jax.cli.run import job_settings
-from ipl_jax.pipeline.ablate import VARIANTS, format_ablation, run_ablation, variant_settings
+from ipl_jax.pipeline.ablate import VARIANTS, format_ablation, format_seeds, run_ablation, run_seeds, variant_settings
 from ipl_jax.pipeline.sources import check_job
 
 PROG = "ipl-jax ablate"
@@ -23,6 +23,12 @@ def parser() -> CommandParser:
         "--variants",
         default=None,
         help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)",
+    )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds: each seed's ablation in WORKDIR/seed_<s>, then the table over them "
+        "(mean ± sd, per seed intervals; WORKDIR/ablation_seeds.json); default: config.seed alone in WORKDIR",
     )
     return p
 
@@ -37,11 +43,28 @@ def main(argv: list[str]) -> int:
         if n not in VARIANTS:
             p.error(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
         check_job(variant_settings(settings, n))  # every variant's settings, before the base job starts
-    result = run_ablation(settings, args.workdir, names)
+    if args.seeds is None:
+        result = run_ablation(settings, args.workdir, names)
+        if distributed.is_main():
+            print("\n" + format_ablation(result))
+            print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
+        return 0
+    seeds = seed_list(p, args.seeds)
+    for s in seeds:
+        settings.replace({"seed": s})  # a seed out of range ends here, in one line, before any job starts
+    summary = run_seeds(settings, args.workdir, names, seeds)
     if distributed.is_main():
-        print("\n" + format_ablation(result))
-        print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
+        print("\n" + format_seeds(summary))
+        print(f"\nwritten: {Path(args.workdir) / 'ablation_seeds.json'}")
     return 0
+
+
+def seed_list(p: CommandParser, text: str) -> list[int]:
+    """``--seeds 0,1,2`` -> [0, 1, 2]; anything else ends in one line naming the flag."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts or not all(t.isdigit() for t in parts) or len(set(parts)) != len(parts):
+        p.error(f"--seeds: {text!r} is not a comma-separated list of distinct non-negative integers (e.g. 0,1,2)")
+    return [int(t) for t in parts]
 
 
 if __name__ == "__main__":

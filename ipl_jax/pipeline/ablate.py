@@ -12,6 +12,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ipl_jax import distributed
 from ipl_jax.eval.bootstrap import episode_counts, paired_gain_interval, read_predictions
 from ipl_jax.pipeline import report
@@ -123,6 +125,7 @@ def run_ablation(
         }
     ]
     done: dict[str, dict] = {}
+    counts: dict[str, list] = {}  # variant -> per round, per test split: {episode: (exact, steps)}
     for name in variants:
         vc = variant_settings(settings, name, known)
         key = _ipl_key(vc)
@@ -162,12 +165,19 @@ def run_ablation(
             "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
             "diagnostics": [s["record"].get("diagnostics") for s in summaries],
         }
-        variant_counts = _episode_counts(wd.root, f"round_{last}", splits)
+        counts[name] = [_episode_counts(wd.root, f"round_{r}", splits) for r in range(1, last + 1)]
         if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
             row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
-        row["gain"] = paired_gain_interval(seed_counts, variant_counts, seed=settings.seed)
+        row["round_gains"] = [paired_gain_interval(seed_counts, c, seed=settings.seed) for c in counts[name]]
+        row["gain"] = row["round_gains"][-1]
         rows.append(row)
         done[key] = row
+    if "tdpo" in counts:  # T-DPO minus each other variant, paired on the same test episodes, round by round
+        for row in rows[1:]:
+            other = counts.get(row.get("same_as", row["variant"]))
+            if row["variant"] != "tdpo" and other:
+                pairs = zip(other, counts["tdpo"])
+                row["tdpo_minus"] = [paired_gain_interval(o, t, seed=settings.seed) for o, t in pairs]
     result = {
         "splits": list(settings.data.test_splits),
         "rounds": settings.ablation.rounds,
@@ -177,6 +187,81 @@ def run_ablation(
     if distributed.is_main():
         write_json(root / "ablation.json", result)
     return result
+
+
+def run_seeds(
+    settings: Settings, workdir: str | Path, variants: Sequence[str], seeds: Sequence[int], echo=print
+) -> dict:
+    """``run_ablation`` for each seed of ``seeds`` in ``WORKDIR/seed_<s>``, then ``summarize_seeds`` of them,
+    written to ``WORKDIR/ablation_seeds.json``."""
+    results = []
+    for s in seeds:
+        echo(f"==== seed {s} ====")
+        results.append(run_ablation(settings.replace({"seed": int(s)}), Path(workdir) / f"seed_{s}", variants, echo))
+    summary = summarize_seeds(results)
+    if distributed.is_main():
+        write_json(Path(workdir) / "ablation_seeds.json", summary)
+    return summary
+
+
+def _mean_sd(values: Sequence[float]) -> dict:
+    """``{"mean", "sd", "n"}``: the sample standard deviation (0 for one value)."""
+    v = np.asarray(values, np.float64)
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+
+
+def summarize_seeds(results: Sequence[dict]) -> dict:
+    """Per variant over the ablations of several seeds (``run_ablation``'s results, one per seed): each seed's gain
+    over its seed policy with its interval, their mean ± sd after the last round and round by round, and T-DPO
+    minus the variant (paired on the same test episodes) per seed, mean ± sd and the seeds where T-DPO is ahead."""
+    if not results:
+        raise ValueError("summarize_seeds: no ablation results")
+    seeds = [int(r["seed"]) for r in results]
+    out = []
+    for first in results[0]["rows"][1:]:
+        name = first["variant"]
+        rows = [next(row for row in r["rows"] if row["variant"] == name) for r in results]
+        n_rounds = min(len(row["round_gains"]) for row in rows)
+        entry = {
+            "variant": name,
+            "label": first.get("label", name),
+            "gains": [row["gain"] for row in rows],
+            "gain": _mean_sd([row["gain"]["gain"] for row in rows]),
+            "round_gain": [_mean_sd([row["round_gains"][k]["gain"] for row in rows]) for k in range(n_rounds)],
+        }
+        if all(row.get("tdpo_minus") for row in rows):
+            last = [row["tdpo_minus"][-1] for row in rows]
+            entry["tdpo_minus"] = last
+            entry["tdpo_minus_mean"] = _mean_sd([d["gain"] for d in last])
+            entry["tdpo_ahead"] = sum(d["gain"] > 0 for d in last)
+        out.append(entry)
+    return {
+        "seeds": seeds,
+        "splits": list(results[0]["splits"]),
+        "rounds": results[0]["rounds"],
+        "seed_total": _mean_sd([r["rows"][0]["mean_total"] for r in results]),
+        "variants": out,
+    }
+
+
+def format_seeds(summary: dict) -> str:
+    """The table over seeds (``summarize_seeds``): gains per seed and per round, T-DPO minus each variant."""
+    seeds = ", ".join(str(s) for s in summary["seeds"])
+    st = summary["seed_total"]
+    return "\n\n".join(
+        [
+            f"gain over the seed policy (points of mean total match over {', '.join(summary['splits'])}) after "
+            f"{summary['rounds']} round(s), mean ± sd over seeds {seeds} (seed policy {100 * st['mean']:.1f} ± "
+            f"{100 * st['sd']:.1f}); per seed with its 95 % paired bootstrap interval over test episodes\n"
+            + report.seeds_gain_table(summary["variants"], summary["seeds"], "gains", "gain"),
+            "gain after each round, mean ± sd over the seeds\n" + report.round_curve_table(summary["variants"]),
+            "T-DPO minus the variant after the last round, paired on the same test episodes: mean ± sd, seeds where "
+            "T-DPO is ahead, per seed with its 95 % interval\n"
+            + report.seeds_gain_table(
+                [v for v in summary["variants"] if "tdpo_minus" in v], summary["seeds"], "tdpo_minus", "tdpo_minus_mean"
+            ),
+        ]
+    )
 
 
 def format_ablation(result: dict) -> str:
@@ -194,6 +279,10 @@ def format_ablation(result: dict) -> str:
     blocks.append(
         "online (greedy episodes on held-out tasks in the live world), samples used / budget of the round(s) "
         "(completions; environment steps for PPO), updates, wall time\n" + report.online_budget_table(rows)
+    )
+    blocks.append(
+        "gain after each round [95 % paired interval]; T-DPO minus the variant after each round, paired on the "
+        "same test episodes\n" + report.round_gains_table(rows)
     )
     if any(any(r.get("diagnostics") or ()) for r in rows):
         blocks.append(

@@ -133,8 +133,7 @@ def ablation_summary(rows: Sequence[dict]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        g = r.get("gain")
-        gain = "" if not g else f"{100 * g['gain']:+.1f} [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]"
+        gain = _interval(r.get("gain"))
         blank = r.get("blank") or {}
         b = [float((t.get("total") or {}).get("exact_acc") or 0.0) for t in blank.values()]
         trees = r.get("trees") or {}
@@ -147,6 +146,50 @@ def ablation_summary(rows: Sequence[dict]) -> str:
             f"{str(pc.get('beta', 0)) + '/' + str(pc.get('gamma', 0)):>11}  "
             f"{'/'.join(str(x) for x in by_turn[1:]) if by_turn else '-'}"
         )
+    return "\n".join(lines)
+
+
+def _interval(g: dict | None) -> str:
+    """``+2.5 [-1.0, +6.0]`` (points) of a ``paired_gain_interval`` result; empty for none."""
+    return "" if not g else f"{100 * g['gain']:+.1f} [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]"
+
+
+def _mean_sd(m: dict | None) -> str:
+    return "" if not m else f"{100 * m['mean']:+.1f} ± {100 * m['sd']:.1f}"
+
+
+def round_gains_table(rows: Sequence[dict]) -> str:
+    """One line per variant (the seed row left out): gain after each round, T-DPO minus it after each round."""
+    lines = []
+    for r in rows:
+        if not r.get("round_gains"):
+            continue
+        gains = "  ".join(f"r{k + 1} {_interval(g)}" for k, g in enumerate(r["round_gains"]))
+        minus = "  ".join(f"r{k + 1} {_interval(g)}" for k, g in enumerate(r.get("tdpo_minus") or ()))
+        lines.append(f"{r['variant']:<26}gain {gains}" + (f"\n{'':<26}T-DPO minus {minus}" if minus else ""))
+    return "\n".join(lines)
+
+
+def seeds_gain_table(variants: Sequence[dict], seeds: Sequence[int], per_seed: str, mean: str) -> str:
+    """One line per variant: ``mean`` (mean ± sd, points), then each seed's ``per_seed`` interval."""
+    head = f"{'variant':<26}{'mean ± sd':>13}" + "".join(f"{'seed ' + str(s):>22}" for s in seeds)
+    lines = [head, "-" * len(head)]
+    for v in variants:
+        ahead = f" ({v['tdpo_ahead']}/{len(seeds)})" if per_seed == "tdpo_minus" else ""
+        lines.append(
+            f"{v.get('label', v['variant']) + ahead:<26}{_mean_sd(v.get(mean)):>13}"
+            + "".join(f"{_interval(g):>22}" for g in v.get(per_seed) or ())
+        )
+    return "\n".join(lines)
+
+
+def round_curve_table(variants: Sequence[dict]) -> str:
+    """One line per variant: the mean ± sd gain over seeds after round 1, 2, ..."""
+    n = max((len(v.get("round_gain") or ()) for v in variants), default=0)
+    head = f"{'variant':<26}" + "".join(f"{'round ' + str(k + 1):>15}" for k in range(n))
+    lines = [head, "-" * len(head)]
+    for v in variants:
+        lines.append(f"{v.get('label', v['variant']):<26}" + "".join(f"{_mean_sd(m):>15}" for m in v["round_gain"]))
     return "\n".join(lines)
 
 

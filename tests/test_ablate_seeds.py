@@ -1,0 +1,61 @@
+"""The ablation over seeds: each seed's gains and T-DPO's paired differences summed up by hand-checkable numbers
+(mean, sample sd, seeds ahead), and the table that prints them; ``--seeds`` names a bad list in one line."""
+
+import math
+
+import pytest
+
+from ipl_jax.pipeline.ablate import format_ablation, format_seeds, summarize_seeds
+
+
+def _g(gain: float) -> dict:
+    return {"gain": gain, "low": gain - 0.03, "high": gain + 0.03, "width": 0.06, "level": 0.95, "n_boot": 10}
+
+
+def _result(seed: int, seed_total: float, tdpo: list[float], control: list[float], minus: list[float]) -> dict:
+    rows = [
+        {"variant": "seed", "label": "seed policy (no IPL)", "mean_total": seed_total, "metrics": {}},
+        {"variant": "tdpo", "label": "T-DPO (full)", "round_gains": [_g(x) for x in tdpo], "gain": _g(tdpo[-1])},
+        {
+            "variant": "continued_sft",
+            "label": "continued SFT (control)",
+            "round_gains": [_g(x) for x in control],
+            "gain": _g(control[-1]),
+            "tdpo_minus": [_g(x) for x in minus],
+        },
+    ]
+    return {"seed": seed, "splits": ["test"], "rounds": len(tdpo), "rows": rows}
+
+
+def test_summary_over_seeds_is_the_mean_and_sample_sd_of_each_seeds_gain():
+    results = [
+        _result(0, 0.20, [0.02, 0.04, 0.05], [0.01, 0.00, 0.01], [0.01, 0.04, 0.04]),
+        _result(3, 0.30, [0.00, 0.02, 0.03], [0.02, 0.03, 0.04], [-0.02, -0.01, -0.01]),
+    ]
+    s = summarize_seeds(results)
+    assert s["seeds"] == [0, 3] and s["rounds"] == 3
+    assert s["seed_total"]["mean"] == pytest.approx(0.25) and s["seed_total"]["sd"] == pytest.approx(0.1 / math.sqrt(2))
+    tdpo, control = s["variants"]
+    assert tdpo["variant"] == "tdpo" and "tdpo_minus" not in tdpo
+    assert tdpo["gain"]["mean"] == pytest.approx(0.04) and tdpo["gain"]["sd"] == pytest.approx(0.02 / math.sqrt(2))
+    assert [m["mean"] for m in tdpo["round_gain"]] == pytest.approx([0.01, 0.03, 0.04])
+    assert [m["n"] for m in control["round_gain"]] == [2, 2, 2]
+    assert control["tdpo_minus_mean"]["mean"] == pytest.approx(0.015) and control["tdpo_ahead"] == 1
+    assert [d["gain"] for d in control["tdpo_minus"]] == [0.04, -0.01]
+    table = format_seeds(s)
+    assert "+4.0 ± 1.4" in table  # T-DPO: mean +4.0, sd 1.41 points
+    assert "continued SFT (control) (1/2)" in table and "+1.5 ± 3.5" in table
+    assert "+5.0 [+2.0, +8.0]" in table and "+3.0 [+0.0, +6.0]" in table  # each seed's interval
+
+
+def test_one_seed_has_no_spread_and_the_single_seed_table_shows_each_round():
+    one = _result(1, 0.2, [0.01, 0.02], [0.0, 0.01], [0.01, 0.01])
+    s = summarize_seeds([one])
+    assert s["variants"][0]["gain"] == {"mean": 0.02, "sd": 0.0, "n": 1}
+    text = format_ablation({**one, "rows": [{**r, "metrics": {}} for r in one["rows"]]})
+    assert "r1 +1.0 [-2.0, +4.0]  r2 +2.0 [-1.0, +5.0]" in text and "T-DPO minus r1 +1.0" in text
+
+
+def test_no_results_is_an_error():
+    with pytest.raises(ValueError, match="no ablation results"):
+        summarize_seeds([])
