@@ -150,7 +150,8 @@ _PLAN_SCRIPT = textwrap.dedent("""
     settings = load_settings("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
     _, cfg = model_config(settings.model, "synthetic:quick")
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    one = P.plan_job(settings, cfg, mesh, P.PlanSettings(programs=("tdpo",)))[0]
+    job = settings.resolved(1)  # the settings the CLI planned with, on one device
+    one = P.plan_job(job, cfg, mesh, P.PlanSettings.of(job.model, ("tdpo",)))[0]
     json.dump(one.as_dict(), open(sys.argv[1], "w"))
 """)
 
@@ -240,8 +241,8 @@ def test_plan_lowers_the_tdpo_program_that_training_calls(monkeypatch):
         ),
         (
             ["--devices", "4", "--mesh", "data=1,fsdp=4,tensor=1", "--config.ipl.batch_size=6"],
-            "config.ipl.batch_size=6 does not divide over the mesh's batch axes data x fsdp = 4 "
-            "(valid: a multiple of 4",
+            # the job's own check (Settings.check_machine), so the job's wording
+            "config.ipl.batch_size=6: not divisible by the mesh's batch axes (data x fsdp = 4 on 4 devices)",
         ),
         (["--devices", "2", "--mesh", "fsdp=two"], "--mesh 'fsdp=two': expected AXIS=SIZE,... with axes data, fsdp"),
         (["--topology", "v9-8"], "--topology 'v9-8' is unknown (valid: v4-N, v5p-N"),
@@ -272,6 +273,41 @@ def test_bad_invocations_get_one_line_and_status_2(capsys, extra, message):
     assert status == 2
     assert len(err.splitlines()) == 1 and err.startswith("ipl-jax plan: ")
     assert message in err, err
+
+
+def test_plan_and_job_resolve_the_same_settings_alike(tmp_path):
+    """The plan's settings are the job's own resolution (``Settings.resolved``) and checks (``check_machine``):
+    the same dtypes, mesh and precision, and the same one-line error for a batch the mesh cannot split."""
+    from ipl_jax.settings import SettingsError
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "vision_config": {}}))
+    flags = plan_lib.PlanSettings(None, None, None, None)  # no --dtype / --remat / --frozen-dtype / --attention
+    for overrides in ([], [f"--config.model.checkpoint={ckpt}"], ["--config.model.param_dtype=bfloat16"]):
+        settings = load_settings("synthetic:quick", [*SMALL[2:], "--config.mesh.fsdp=2", *overrides])
+        arch, _ = plan_shapes.model_config(settings.model, "synthetic:quick")
+        planned = plan_lib.job_settings(settings, flags, None, plan_shapes.architecture_dtype(arch), "cpu", 4)
+        job = settings.resolved(4)
+        assert planned.model == job.model and planned.mesh == job.mesh, overrides
+        assert (job.mesh.data, job.mesh.fsdp, job.mesh.tensor) == (2, 2, 1)
+        options = plan_lib.PlanSettings.of(planned.model)
+        precision = job.model.precision()
+        assert (options.compute_dtype, options.frozen_dtype) == (precision.compute, precision.storage), overrides
+    assert job.model.dtype == "float32"  # a fresh model computes in float32, in the plan as in the job
+    # a published architecture without its checkpoint on disk: the dtype it ships in, through the same resolution
+    assert plan_shapes.architecture_dtype("qwen2-vl-7b") == "bfloat16"
+    paper = load_settings("qwen2vl_7b_aitz:gpu")
+    arch, _ = plan_shapes.model_config(paper.model, "qwen2vl_7b_aitz:gpu")
+    planned = plan_lib.job_settings(paper, flags, None, plan_shapes.architecture_dtype(arch), "gpu", 8)
+    assert arch == "qwen2-vl-7b" and planned == paper.resolved(8, "bfloat16")
+    assert (planned.model.dtype, planned.model.param_dtype) == ("bfloat16", "bfloat16")
+    bad = load_settings("synthetic:quick", ["--config.eval.batch_size=3"])
+    with pytest.raises(SettingsError) as job_error:
+        bad.check_machine("cpu", 2)
+    with pytest.raises(SettingsError) as plan_error:
+        plan_lib.job_settings(bad, flags, None, "float32", "cpu", 2)
+    assert str(plan_error.value) == str(job_error.value)
 
 
 def test_topology_names_map_to_libtpu_shapes():

@@ -119,12 +119,49 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "vision_config": {}}))
     ckpt = str(tmp_path)
     assert _model().precision() == Precision("float32", "float32", "none")  # a fresh model
-    assert _model(checkpoint=ckpt).precision() == Precision("bfloat16", "bfloat16", "none")
-    assert _model(checkpoint=ckpt, param_dtype="float32").precision() == Precision("bfloat16", "float32", "none")
+    assert _model(checkpoint=ckpt).resolved().precision() == Precision("bfloat16", "bfloat16", "none")
+    mixed = _model(checkpoint=ckpt, param_dtype="float32").resolved()
+    assert mixed.precision() == Precision("bfloat16", "float32", "none")
     assert _model(checkpoint=ckpt, dtype="float32", remat="full").precision() == Precision("float32", "float32", "full")
-    assert _model(checkpoint=ckpt, param_dtype="float32").precision().compute_dtype == "bfloat16"
+    assert mixed.precision().compute_dtype == "bfloat16"
     assert Precision("float32", "bfloat16", "none").frozen_dtype == "bfloat16"
     assert Precision("float32", "float32", "none").frozen_dtype is None
+
+
+def test_resolution_reads_the_checkpoint_once_and_precision_reads_nothing(tmp_path, monkeypatch):
+    """``Settings.resolved`` reads the checkpoint's torch_dtype (once) into the settings; ``precision()`` of the
+    resolved settings touches no file (the checkpoint is gone); unresolved 'auto' with a checkpoint is an error."""
+    from ipl_jax.model import config as model_config
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "vision_config": {}}))
+    reads = []
+    real = model_config.checkpoint_dtype
+    monkeypatch.setattr(model_config, "checkpoint_dtype", lambda p: reads.append(p) or real(p))
+    settings = load_settings("synthetic:quick", [f"--config.model.checkpoint={ckpt}"])
+    assert settings.model.dtype == settings.model.param_dtype == "auto"
+    resolved = settings.resolved(1)
+    assert reads == [str(ckpt)]
+    assert (resolved.model.dtype, resolved.model.param_dtype) == ("bfloat16", "bfloat16")
+    (ckpt / "config.json").unlink()
+    ckpt.rmdir()
+    assert resolved.model.precision() == Precision("bfloat16", "bfloat16", "none")
+    assert resolved.resolved(1) == resolved  # resolving again changes nothing (and reads nothing)
+    assert reads == [str(ckpt)]
+    with pytest.raises(SettingsError, match=r"^config\.model\.dtype='auto': not resolved") as e:
+        settings.model.precision()
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_resolution_makes_the_mesh_concrete():
+    settings = load_settings("synthetic:quick", ["--config.mesh.data=2", "--config.mesh.fsdp=-1"])
+    mesh = settings.resolved(8).mesh
+    assert (mesh.data, mesh.fsdp, mesh.tensor) == (2, 4, 1) == settings.mesh.shape(8)
+    one = settings.resolved(1).mesh  # one device: the job runs without a mesh
+    assert (one.data, one.fsdp, one.tensor) == (1, 1, 1)
+    with pytest.raises(SettingsError, match=r"does not fit 6 devices"):
+        load_settings("synthetic:quick", ["--config.mesh.data=4"]).resolved(6)
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,8 @@ def parser() -> CommandParser:
     p.add_argument(
         "--dtype",
         default=None,
-        help="compute dtype (default: config.model.dtype; its 'auto': the checkpoint's, else bfloat16)",
+        help="compute dtype (default: config.model.dtype; its 'auto': the checkpoint's, else a published architecture's"
+        " bfloat16, else float32)",
     )
     p.add_argument(
         "--frozen-dtype",
@@ -57,7 +58,7 @@ def parser() -> CommandParser:
     p.add_argument(
         "--remat",
         default=None,
-        help="training remat: none, full, dots_saveable, dots_no_batch, offload (default: config.model.remat or full)",
+        help="training remat: none, full, dots_saveable, dots_no_batch, offload (default: config.model.remat)",
     )
     p.add_argument(
         "--attention", default=None, help="auto, reference, xla or cudnn (default: config.model.attention, else auto)"
@@ -129,19 +130,20 @@ def _devices(args):
     return list(topo.devices), "tpu"
 
 
-def _check_early(args, settings, options, mesh_arg) -> None:
-    """The checks possible before JAX starts: mesh vs --devices, batches, dtypes, topology name and its compiler."""
+def _check_early(args, settings, flags, mesh_arg, default_dtype):
+    """The checks possible before JAX starts: mesh vs --devices, batches, dtypes, topology name and its compiler;
+    with --devices, the settings the planned job runs with (``plan.job_settings``)."""
     if args.devices is not None:
-        shape = shapes_lib.mesh_shape(settings.mesh, mesh_arg, args.devices)
-        plan_lib.validate(settings, options, shape, "cpu")
-    elif args.topology is not None:
+        return plan_lib.job_settings(settings, flags, mesh_arg, default_dtype, "cpu", args.devices)
+    if args.topology is not None:
         topology_name(args.topology)
-        plan_lib.check_dtype(options, "tpu")
+        plan_lib.check_dtype(flags, "tpu")
         if importlib.util.find_spec("libtpu") is None:
             raise UsageError(
                 f"--topology {args.topology}: no TPU compiler installed (libtpu); install the tpu-plan "
                 "extra: pip install 'ipl-jax[tpu-plan]'"
             )
+    return None
 
 
 @command(PROG)
@@ -154,35 +156,36 @@ def main(argv: list[str]) -> int:
     try:
         mesh_arg = shapes_lib.parse_mesh(args.mesh) if args.mesh else None
         arch, cfg = shapes_lib.model_config(settings.model, args.config or "", args.arch)
-        dtype, frozen = shapes_lib.plan_dtypes(settings.model, args.dtype, args.frozen_dtype)
-        remat = args.remat or settings.model.remat
-        attention = args.attention or settings.model.attention
-        options = plan_lib.PlanSettings(
-            compute_dtype=dtype,
-            remat=remat,
-            frozen_dtype=frozen,
-            attention=attention,
+        default_dtype = shapes_lib.architecture_dtype(arch)
+        flags = plan_lib.PlanSettings(
+            compute_dtype=args.dtype,
+            remat=args.remat,
+            frozen_dtype=args.frozen_dtype,
+            attention=args.attention,
             programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()),
         )
-        _check_early(args, settings, options, mesh_arg)
+        early = _check_early(args, settings, flags, mesh_arg, default_dtype)
         status = _prepare_backend(args, argv)
         if status is not None:
             return status
         devices, platform = _devices(args)
-        shape = shapes_lib.mesh_shape(settings.mesh, mesh_arg, len(devices))
-        plan_lib.validate(settings, options, shape, platform)
+        # --devices: JAX now runs on that many CPU devices, the machine the early check resolved for
+        job = early or plan_lib.job_settings(settings, flags, mesh_arg, default_dtype, platform, len(devices))
+        options = plan_lib.PlanSettings.of(job.model, flags.programs)
+        dtype, frozen, remat, attention = options.compute_dtype, options.frozen_dtype, options.remat, options.attention
+        shape = (job.mesh.data, job.mesh.fsdp, job.mesh.tensor)
         mesh = make_mesh(shape, devices=devices)
         where = f"{len(devices)} {platform} devices" + (f" ({args.topology})" if args.topology else "")
         info = plan_lib.describe(cfg)
         header = (
             f"plan of {args.config} ({arch}, {info['params'] / 1e9:.2f}B params) on {where}, mesh "
             f"data={shape[0]} fsdp={shape[1]} tensor={shape[2]}; compute {dtype}, frozen/sampler weights "
-            f"{frozen or dtype}, master weights and moments float32, remat {remat}, attention {attention}; per "
+            f"{frozen}, master weights and moments float32, remat {remat}, attention {attention}; per "
             "device (XLA FLOP: cost_analysis, loop bodies counted once)"
         )
         print(header, file=sys.stderr)
         plans = plan_lib.plan_job(
-            settings,
+            job,
             cfg,
             mesh,
             options,
@@ -204,7 +207,7 @@ def main(argv: list[str]) -> int:
                 "compute_dtype": dtype,
                 "remat": remat,
                 "attention": attention,
-                "frozen_dtype": frozen or dtype,
+                "frozen_dtype": frozen,
             },
             "programs": {pl.name: pl.as_dict() for pl in plans},
         }

@@ -342,6 +342,11 @@ class Qwen2VLConfig:
         }
 
 
+def backend_dtypes(platform: str) -> tuple[str, ...]:
+    """The dtypes ``platform`` (a JAX backend name) runs: ``BACKEND_DTYPES``' entry, else ``DTYPES``."""
+    return BACKEND_DTYPES.get(platform, DTYPES)
+
+
 def checkpoint_dtype(path: str | os.PathLike) -> str:
     """The dtype a checkpoint's ``config.json`` declares (float32 / bfloat16 / float16; float32 when none)."""
     p = os.fspath(path)

@@ -124,10 +124,11 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
 
 
 def job_mesh(mesh: MeshSettings):
-    """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device, or None on a single device."""
+    """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device (``MeshSettings.shape``), or None on a
+    single device."""
     if jax.device_count() == 1:
         return None
-    return make_mesh((mesh.data, mesh.fsdp, mesh.tensor))
+    return make_mesh(mesh.shape(jax.device_count()))
 
 
 def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:

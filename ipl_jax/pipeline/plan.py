@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.config import Qwen2VLConfig, backend_dtypes
 from ipl_jax.model.decode import KVCache
 from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
@@ -23,12 +23,12 @@ from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_sha
 from ipl_jax.pipeline.plan_shapes import (
     _KEY,
     _S,
-    DTYPES,
     GB,
     PROGRAMS,
     JobShapes,
     PlanError,
     _vision,
+    check_mesh_arg,
     sampler_config,
     sft_batch,
     tdpo_batch,
@@ -37,7 +37,7 @@ from ipl_jax.pipeline.rounds import tdpo_config
 from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
-from ipl_jax.settings import Settings
+from ipl_jax.settings import ModelSettings, Settings
 from ipl_jax.training import sft as sft_lib
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.lora import lora_of_rank
@@ -57,6 +57,11 @@ class PlanSettings:
     frozen_dtype: str | None = None
     attention: str = "auto"
     programs: tuple = PROGRAMS
+
+    @staticmethod
+    def of(model: ModelSettings, programs: tuple = PROGRAMS) -> PlanSettings:
+        """The options the job runs with: ``model`` settings resolved (``ModelSettings.resolved``: no 'auto')."""
+        return PlanSettings(model.dtype, model.remat, model.param_dtype, model.attention, programs)
 
 
 @dataclasses.dataclass
@@ -289,32 +294,55 @@ _PLANNERS = {"sft": plan_sft, "tdpo": plan_tdpo, "prefill": plan_prefill, "decod
 
 
 def check_dtype(options: PlanSettings, platform: str) -> None:
-    """PlanError for a dtype, remat policy or attention the platform cannot run."""
-    valid = DTYPES.get(platform, DTYPES["cpu"])
+    """PlanError (naming the flag) for a dtype, remat policy or attention the platform cannot run; None: not given."""
+    valid = backend_dtypes(platform)
     for flag, value in (("--dtype", options.compute_dtype), ("--frozen-dtype", options.frozen_dtype)):
         if value is not None and value not in valid:
             raise PlanError(f"{flag} {value}: not available on {platform} (valid: {', '.join(valid)})")
-    if options.remat not in REMAT_POLICIES:
+    if options.remat is not None and options.remat not in REMAT_POLICIES:
         raise PlanError(f"--remat {options.remat}: unknown (valid: {', '.join(REMAT_POLICIES)})")
     if options.remat == "offload" and platform not in ("tpu", "gpu"):
         try:
             check_remat(options.remat, platform, "--remat")
         except ValueError as e:
             raise PlanError(str(e)) from None
-    if options.attention not in ATTENTION_IMPLS or (options.attention == "cudnn" and platform != "gpu"):
+    attention = options.attention
+    if attention is not None and (attention not in ATTENTION_IMPLS or (attention == "cudnn" and platform != "gpu")):
         valid = ATTENTION_IMPLS if platform == "gpu" else ("auto", "reference", "xla")
-        raise PlanError(f"--attention {options.attention}: not available on {platform} (valid: {', '.join(valid)})")
+        raise PlanError(f"--attention {attention}: not available on {platform} (valid: {', '.join(valid)})")
 
 
 def validate(settings: Settings, options: PlanSettings, shape: Sequence[int], platform: str) -> JobShapes:
-    """The job's shapes after the device-free checks (batches vs mesh, dtypes vs platform, names); PlanError."""
-    shapes = JobShapes.of(settings)
-    shapes.batch_axes_check(int(shape[0]) * int(shape[1]))
+    """The job's shapes after the device-free checks: the options on ``platform`` (PlanError naming the flag), then
+    the job's own machine check (``Settings.check_machine``: batches vs data x fsdp) on a mesh of ``shape``."""
     check_dtype(options, platform)
     unknown = [p for p in options.programs if p not in _PLANNERS]
     if unknown or not options.programs:
         raise PlanError(f"--programs {','.join(unknown) or '(none)'}: unknown (valid: {', '.join(PROGRAMS)})")
-    return shapes
+    on_mesh = settings.replace({f"mesh.{a}": int(n) for a, n in zip(AXES, shape)})
+    on_mesh.check_machine(platform, math.prod(int(n) for n in shape))
+    return JobShapes.of(settings)
+
+
+def job_settings(
+    settings: Settings, flags: PlanSettings, mesh_arg: dict | None, default_dtype: str, platform: str, n_devices: int
+) -> Settings:
+    """The settings the planned job runs with on ``n_devices`` of ``platform``: the flags (``flags``, None where not
+    given; ``mesh_arg``: --mesh) checked and applied, then the job's own resolution (``Settings.resolved``, 'auto'
+    without a checkpoint: ``default_dtype``) and checks (``validate``)."""
+    check_dtype(flags, platform)
+    if mesh_arg:
+        check_mesh_arg(mesh_arg, n_devices)
+    given = {
+        "model.dtype": flags.compute_dtype,
+        "model.param_dtype": flags.frozen_dtype,
+        "model.remat": flags.remat,
+        "model.attention": flags.attention,
+        **{f"mesh.{a}": n for a, n in (mesh_arg or {}).items()},
+    }
+    job = settings.replace({k: v for k, v in given.items() if v is not None}).resolved(n_devices, default_dtype)
+    validate(job, PlanSettings.of(job.model, flags.programs), [getattr(job.mesh, a) for a in AXES], platform)
+    return job
 
 
 def plan_job(

@@ -12,19 +12,14 @@ import re
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig, checkpoint_dtype
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 from ipl_jax.model.sharding import AXES
 from ipl_jax.model.vision import VisionInputs
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.settings import MeshSettings, ModelSettings, SamplerSettings, Settings
+from ipl_jax.settings import ModelSettings, SamplerSettings, Settings
 
 PROGRAMS = ("sft", "tdpo", "prefill", "decode")
-DTYPES = {
-    "cpu": ("float32", "bfloat16", "float16"),
-    "gpu": ("float32", "bfloat16", "float16"),
-    "tpu": ("float32", "bfloat16"),
-}
 GB = 1e9
 
 _SPECIAL = dict(
@@ -54,11 +49,12 @@ _VISION = dict(
     spatial_merge_size=2,
     temporal_patch_size=2,
 )
-# The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout.
+# The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout (torch_dtype: the dtype they ship in).
 ARCHITECTURES = {
     "qwen2-vl-2b": dict(
         architectures=["Qwen2VLForConditionalGeneration"],
         model_type="qwen2_vl",
+        torch_dtype="bfloat16",
         vocab_size=151936,
         hidden_size=1536,
         intermediate_size=8960,
@@ -73,6 +69,7 @@ ARCHITECTURES = {
     "qwen2-vl-7b": dict(
         architectures=["Qwen2VLForConditionalGeneration"],
         model_type="qwen2_vl",
+        torch_dtype="bfloat16",
         vocab_size=152064,
         hidden_size=3584,
         intermediate_size=18944,
@@ -94,6 +91,12 @@ class PlanError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ inputs
+
+
+def architecture_dtype(name: str) -> str:
+    """The dtype a published architecture ships in (its torch_dtype), float32 for any other model: the plan's
+    ``default_dtype`` for ``Settings.resolved`` (a model.dtype of 'auto' with no checkpoint on disk)."""
+    return ARCHITECTURES[name].get("torch_dtype", "float32") if name in ARCHITECTURES else "float32"
 
 
 def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
@@ -179,36 +182,6 @@ class JobShapes:
             branching=s.sampler.branching,
         )
 
-    def batch_axes_check(self, batch_devices: int) -> None:
-        """PlanError when a batch does not divide the mesh's batch axes (data x fsdp)."""
-        for field, value in (
-            ("ipl.batch_size", self.tdpo_rows),
-            ("sft.micro_batch_size", self.sft_micro),
-            ("sampler.batch_size", self.sampler_batch),
-        ):
-            if value % batch_devices:
-                raise PlanError(
-                    f"config.{field}={value} does not divide over the mesh's batch axes data x fsdp = "
-                    f"{batch_devices} (valid: a multiple of {batch_devices}, or a mesh with fewer "
-                    "data x fsdp devices)"
-                )
-        if self.sft_batch % self.sft_micro:
-            raise PlanError(
-                f"config.sft.micro_batch_size={self.sft_micro} does not divide sft.batch_size="
-                f"{self.sft_batch} (valid: a divisor of {self.sft_batch})"
-            )
-
-
-def plan_dtypes(m: ModelSettings, dtype: str | None, frozen: str | None) -> tuple[str, str | None]:
-    """(compute, frozen storage or None) from the flags, else ``model`` settings; 'auto' compute is the checkpoint's
-    dtype, else bfloat16."""
-    compute = dtype or m.dtype
-    if compute == "auto":
-        found = m.checkpoint and os.path.isfile(os.path.join(m.checkpoint, "config.json"))
-        compute = checkpoint_dtype(m.checkpoint) if found else "bfloat16"
-    stored = frozen or m.param_dtype
-    return compute, (None if stored == "auto" else stored)
-
 
 def parse_mesh(text: str) -> dict:
     """'data=1,fsdp=8,tensor=1' -> {'data': 1, 'fsdp': 8, 'tensor': 1} (missing axes are 1)."""
@@ -224,24 +197,15 @@ def parse_mesh(text: str) -> dict:
     return out
 
 
-def mesh_shape(mesh: MeshSettings, mesh_arg: dict | None, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) from ``mesh_arg`` or the ``mesh`` section (-1 = remaining devices), checked."""
-    source = mesh_arg or {a: getattr(mesh, a) for a in AXES}
-    shape = [int(source[a]) for a in AXES]
-    if shape.count(-1) > 1:
-        raise PlanError(f"config.mesh {source} has more than one -1 (valid: at most one axis of -1)")
-    if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        if n_devices % known:
-            raise PlanError(f"config.mesh {source}: {n_devices} devices do not divide by {known}")
-        shape[shape.index(-1)] = n_devices // known
-    if math.prod(shape) != n_devices:
-        spec = ",".join(f"{a}={s}" for a, s in zip(AXES, shape))
+def check_mesh_arg(mesh_arg: dict, n_devices: int) -> None:
+    """PlanError when ``--mesh`` (every axis given, sizes >= 1) does not cover ``n_devices``."""
+    n = math.prod(mesh_arg.values())
+    if n != n_devices:
+        spec = ",".join(f"{a}={mesh_arg[a]}" for a in AXES)
         raise PlanError(
-            f"mesh {spec} needs {math.prod(shape)} devices but there are {n_devices} (valid: sizes "
-            f"whose product is {n_devices}, e.g. data=1,fsdp={n_devices},tensor=1)"
+            f"mesh {spec} needs {n} devices but there are {n_devices} (valid: sizes whose product is {n_devices}, "
+            f"e.g. data=1,fsdp={n_devices},tensor=1)"
         )
-    return tuple(shape)
 
 
 # ---------------------------------------------------------------------------------------- abstract values

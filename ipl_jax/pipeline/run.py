@@ -353,12 +353,13 @@ def run_job(settings: Settings, workdir: str | Path, stop_after: str | None = No
     """Run (or resume) the job in ``workdir``; returns its Workdir.
 
     ``sources.check_job`` runs first (an error leaves the workdir untouched); under a multi-process launcher
-    ``jax.distributed`` starts here unless it already has."""
+    ``jax.distributed`` starts here unless it already has. The workdir records ``settings`` as configured; the job
+    runs with them resolved on this machine, once (``Settings.resolved``: concrete dtypes and mesh)."""
     distributed.initialize()
     check_job(settings)
     wd = Workdir(workdir, echo=echo)
     check_workdir_config(wd, settings)
-    job = Job(settings, wd)
+    job = Job(settings.resolved(jax.device_count()), wd)
     for stage in STAGES:
         getattr(job, stage)()
         report_ = job.job_report()  # after every stage: a job stopped later still leaves its figures so far

@@ -139,6 +139,13 @@ class Settings(Section):
             node[leaf] = value
         return Settings.from_dict(out)
 
+    def resolved(self, n_devices: int, default_dtype: str = "float32") -> Settings:
+        """The settings a job runs with on ``n_devices``, made once at its entry: the model's dtypes concrete
+        (``ModelSettings.resolved``: the checkpoint's config.json read here) and the mesh's sizes concrete
+        (``MeshSettings.shape``; one device runs without a mesh: 1 x 1 x 1)."""
+        mesh = MeshSettings(*self.mesh.shape(n_devices)) if n_devices > 1 else MeshSettings(1, 1, 1)
+        return dataclasses.replace(self, model=self.model.resolved(default_dtype), mesh=mesh)
+
     def check_machine(self, platform: str, n_devices: int) -> None:
         """What depends on the machine: dtypes / attention / remat on ``platform``; with several devices, the mesh and
         the batches it splits."""

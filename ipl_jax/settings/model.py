@@ -70,16 +70,30 @@ class ModelSettings(Section):
         self.at_least("min_pixels", 1)
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
 
-    def precision(self) -> Precision:
-        """'auto' compute is the checkpoint's declared dtype (float32 for a fresh model); 'auto' storage the compute
-        dtype."""
+    def resolved(self, default_dtype: str = "float32") -> ModelSettings:
+        """These settings with ``dtype`` and ``param_dtype`` concrete (the one place 'auto' is read): 'auto' compute
+        is the checkpoint's declared dtype (its config.json, read here), ``default_dtype`` without a checkpoint on
+        disk (float32: a fresh model; the plan passes a published architecture's); 'auto' storage the compute dtype."""
         from ipl_jax.model.config import checkpoint_dtype  # imported when made (no JAX on import)
-        from ipl_jax.training.state import Precision
 
         compute = self.dtype
         if compute == "auto":
             has_config = self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))
-            compute = checkpoint_dtype(self.checkpoint) if has_config else "float32"
+            compute = checkpoint_dtype(self.checkpoint) if has_config else default_dtype
+        storage = compute if self.param_dtype == "auto" else self.param_dtype
+        return dataclasses.replace(self, dtype=compute, param_dtype=storage)
+
+    def precision(self) -> Precision:
+        """The job's precision, reading no file: the settings' dtypes once ``resolved``; unresolved 'auto' is float32
+        for a fresh model and a SettingsError with a checkpoint."""
+        from ipl_jax.training.state import Precision  # imported when made (no JAX on import)
+
+        if self.dtype == "auto" and self.checkpoint:
+            raise SettingsError(
+                "config.model.dtype='auto': not resolved against config.model.checkpoint (the job's entry resolves it "
+                "once: Settings.resolved)"
+            )
+        compute = "float32" if self.dtype == "auto" else self.dtype
         return Precision(compute, compute if self.param_dtype == "auto" else self.param_dtype, self.remat)
 
     def image_processor(self) -> ImageProcessorConfig:
@@ -90,10 +104,10 @@ class ModelSettings(Section):
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""
-        from ipl_jax.model.config import BACKEND_DTYPES, DTYPES  # imported when made (no JAX on import)
+        from ipl_jax.model.config import backend_dtypes  # imported when made (no JAX on import)
         from ipl_jax.model.layers import check_remat
 
-        valid = ("auto", *BACKEND_DTYPES.get(platform, DTYPES))
+        valid = ("auto", *backend_dtypes(platform))
         for name in ("dtype", "param_dtype"):
             self.need(name, getattr(self, name) in valid, f"not available on {platform} (valid: {', '.join(valid)})")
         self.need(
