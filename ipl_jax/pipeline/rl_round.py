@@ -81,7 +81,7 @@ def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, f
     sampler = sampler_for_batch(
         sampler_config(policy.tokenizer, settings.sampler, settings.buckets, settings.eval.batch_size),
         settings.buckets,
-        gcfg.prompts_per_batch,
+        gcfg.settings.prompts_per_batch,
     )
     state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=precision.frozen_dtype)
     state, m = grpo.grpo_round(
