@@ -15,6 +15,7 @@ from support import rl_setup as S
 from ipl_jax.rl import grpo
 from ipl_jax.rl import sampling as RS
 from ipl_jax.rl.rows import RowConfig, build_rows, frozen_token_logps
+from ipl_jax.rl.sections import GRPOSettings
 
 ROWS = RowConfig(text_buckets=(256,), patch_buckets=(64,))
 
@@ -26,9 +27,10 @@ def setup(tmp_path_factory):
     return tok, cfg, params, S.golden_steps(1)
 
 
-def _config(cfg, **kw):
-    kw = {"group_size": 3, "prompts_per_batch": 2, "rows": ROWS, "logp_chunk": 32, **kw}
-    return grpo.GRPOConfig(model=cfg, **kw)
+def _config(cfg, **settings):
+    """G = 3, 2 prompts per batch, ``settings`` (``rl.grpo``'s fields) over them."""
+    section = GRPOSettings(**{"group_size": 3, "prompts_per_batch": 2, **settings})
+    return grpo.GRPOConfig(model=cfg, settings=section, rows=ROWS, logp_chunk=32)
 
 
 def _copy(params):
@@ -39,7 +41,7 @@ def _copy(params):
 def test_coat_groups_and_rows_reproduce_the_sampler(setup):
     tok, cfg, params, steps = setup
     config = _config(cfg)
-    sc = RS.coat_group_config(S.sampler_config(tok), config.group_size)
+    sc = RS.coat_group_config(S.sampler_config(tok), config.settings.group_size)
     items = grpo._prompts(steps[:2], tok, S.image_config(), config)
     groups = RS.sample_coat_groups(params, cfg, items, sc, 5, 2)
     again = RS.sample_coat_groups(params, cfg, items, sc, 5, 2)
@@ -72,9 +74,7 @@ def test_think_answer_groups_reproduce_the_sampler(setup):
 @pytest.mark.e2e
 def test_grpo_step_follows_the_advantage_sign(setup):
     tok, cfg, params, steps = setup
-    config = _config(
-        cfg, optimizer=grpo.optimizer_lib.OptimizerSettings(learning_rate=3e-3, schedule="constant"), kl_beta=0.0
-    )
+    config = _config(cfg, learning_rate=3e-3, kl_beta=0.0)
     batch, info = grpo.sample_batch(params, steps[:2], tok, S.image_config(), S.sampler_config(tok), 0, config)
     adv = jnp.array([1.0, -1.0, 0.0, -1.0, 1.0, 0.0])  # hand-set, two groups of three
     batch = batch.replace(advantages=adv)

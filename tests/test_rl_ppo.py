@@ -20,7 +20,7 @@ from ipl_jax.rl import ppo
 from ipl_jax.rl import rollout as R
 from ipl_jax.rl.rows import RowConfig, frozen_token_logps
 from ipl_jax.rl.sampling import Completion
-from ipl_jax.training.optimizer import OptimizerSettings
+from ipl_jax.rl.sections import PPOSettings
 
 ROWS = RowConfig(text_buckets=(320,), patch_buckets=(256,))
 
@@ -52,9 +52,14 @@ def setup(tmp_path_factory):
     return tok, cfg, params, tasks, rc
 
 
-def _config(cfg, **kw):
-    kw = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8, "rows": ROWS, "logp_chunk": 32, **kw}
-    return ppo.PPOConfig(model=cfg, **kw)
+SECTION = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8}
+
+
+def _config(cfg, settings=None, **kw):
+    """2 tasks x 2 trajectories, minibatches of 8 rows, ``settings`` (``rl.ppo``'s fields) over them; ``kw``:
+    ``PPOConfig``'s own fields."""
+    section = PPOSettings(**{**SECTION, **(settings or {})})
+    return ppo.PPOConfig(model=cfg, settings=section, **{"rows": ROWS, "logp_chunk": 32, **kw})
 
 
 def _copy(params):
@@ -65,15 +70,8 @@ def _copy(params):
 def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
-    config = _config(
-        cfg,
-        critic_warmup=0,
-        policy_updates=1,
-        critic_updates=1,
-        policy_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
-        critic_optimizer=OptimizerSettings(learning_rate=3e-3, schedule="constant"),
-        kl_coef=0.0,
-    )
+    section = {"critic_warmup": 0, "policy_updates": 1, "kl_coef": 0.0}
+    config = _config(cfg, {**section, "policy_learning_rate": 3e-3, "critic_learning_rate": 3e-3}, critic_updates=1)
     trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
     assert any(t.success for t in trajs) and any(s.reward == 0 for t in trajs for s in t.steps)
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
@@ -112,7 +110,7 @@ def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, mo
 def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
-    config = _config(cfg, critic_warmup=2)
+    config = _config(cfg, {"critic_warmup": 2})
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = ppo.ppo_round(
         state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
@@ -120,7 +118,7 @@ def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     assert m["env_steps"] == 30  # the batch that reaches the budget is cut there (hand counts below)
     assert m["env_steps"] == m["train_episodes"]["env_steps"] == sum(b["env_steps"] for b in m["per_batch"])
     assert m["critic_updates"] == int(state.critic.step) and m["critic_updates"] >= 3
-    assert m["updates"] == config.policy_updates * (m["critic_updates"] - config.critic_warmup)
+    assert m["updates"] == config.settings.policy_updates * (m["critic_updates"] - config.settings.critic_warmup)
     assert 0.0 < m["train_episodes"]["success_rate"] < 1.0
     assert all(np.isfinite(v) for v in (m["value_loss"], m["policy_loss"], m["kl"]))
 
@@ -146,7 +144,7 @@ def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
     )[0, 0]
     np.testing.assert_allclose(sib[j, :2], g, atol=1e-6)
     with pytest.raises(ValueError, match="trajectories_per_task"):
-        _config(cfg, gigppo=True, trajectories_per_task=1)
+        _config(cfg, {"trajectories_per_task": 1}, gigppo=True)
 
 
 def babble_act(tokenizer):
@@ -172,7 +170,7 @@ def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     assert [t.num_steps for t in trajs] == [2, 2, 1, 1] and all(t.cut and not t.truncated for t in trajs)
     summary = R.rollout_summary(trajs)
     assert summary["env_steps"] == 6 and summary["budget_cut"] == 4 and summary["success_rate"] is None
-    config = _config(cfg, critic_warmup=2)  # the settings of test_ppo_round_budget_and_warmup: its programs
+    config = _config(cfg, {"critic_warmup": 2})  # the settings of test_ppo_round_budget_and_warmup: its programs
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = ppo.ppo_round(
         state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30

@@ -146,9 +146,8 @@ def test_bf16_rl_updates_keep_fp32_master_weights_and_moments(policy):
     assert floats(new.params) == floats(new.opt_state) == {F32} and m["loss"].dtype == F32
     assert "bf16[" in str(jax.make_jaxpr(lambda s, b: grpo._grpo_update(s, b, g))(state, batch))
 
-    p = dataclasses.replace(
-        rl_round.round_ppo_config(job, policy, gigppo=True), rows=rows_cfg, logp_chunk=32, minibatch_rows=2
-    )
+    p = rl_round.round_ppo_config(job, policy, gigppo=True)
+    p = dataclasses.replace(p, settings=dataclasses.replace(p.settings, minibatch_rows=2), rows=rows_cfg, logp_chunk=32)
     critic_rows = build_rows(cfg, [state_row_spec(item, 1, 0)] * 2, image, 2, rows_cfg)
     pb = ppo.PPOBatch(
         policy_rows=rows,

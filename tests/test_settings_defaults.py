@@ -1,5 +1,6 @@
 """Each setting is declared once: in its section dataclass, with its type, its default and a one-line doc; the
-config files only override (``configs/loader.default_config``)."""
+config files only override (``configs/loader.default_config``). A library that owns a section (``rl.sections``)
+declares it; its config holds it."""
 
 import ast
 from pathlib import Path
@@ -7,12 +8,14 @@ from pathlib import Path
 from ipl_jax.configs.loader import default_config, load_config
 from ipl_jax.settings import Settings
 
-SETTINGS = Path(__file__).resolve().parent.parent / "ipl_jax" / "settings"
+PACKAGE = Path(__file__).resolve().parent.parent / "ipl_jax"
+# the job's sections, and the sections a library owns (``rl/sections.py``)
+SECTION_FILES = sorted((PACKAGE / "settings").glob("*.py")) + sorted(PACKAGE.glob("*/sections.py"))
 
 
 def test_every_field_has_a_default_and_a_doc():
     undocumented, fields = [], 0
-    for path in sorted(SETTINGS.glob("*.py")):
+    for path in SECTION_FILES:
         for cls in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(cls, ast.ClassDef) or not cls.name.endswith("Settings"):
                 continue

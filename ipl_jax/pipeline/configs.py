@@ -20,12 +20,10 @@ from ipl_jax.rl.rows import RowConfig
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.settings import (
     BucketSettings,
-    GRPOSettings,
     IPLSettings,
     PPOSettings,
     RLSettings,
 )
-from ipl_jax.training.optimizer import OptimizerSettings
 from ipl_jax.training.state import Precision
 
 
@@ -63,19 +61,12 @@ def grpo_config(
     grad_clip: float,
 ) -> GRPOConfig:
     """``GRPOConfig`` of the job (``rl.grpo``, the data format's reward ``rules``, SFT's clipping, ``cfg``)."""
-    g: GRPOSettings = rl.grpo
     return GRPOConfig(
         model=cfg,
-        group_size=g.group_size,
-        style=g.style,
-        reward=UIR1RewardConfig(rules=rules, dast=g.dast),
-        clip_eps=g.clip_eps,
-        kl_beta=g.kl_beta,
-        length_norm=g.length_norm,
-        updates_per_batch=g.updates_per_batch,
-        prompts_per_batch=g.prompts_per_batch,
-        optimizer=OptimizerSettings(learning_rate=g.learning_rate, schedule="constant", grad_clip_norm=grad_clip),
-        rows=row_config(rl, buckets, g.prompts_per_batch, pad_id),
+        settings=rl.grpo,
+        reward=UIR1RewardConfig(rules=rules),
+        grad_clip_norm=grad_clip,
+        rows=row_config(rl, buckets, rl.grpo.prompts_per_batch, pad_id),
         remat=precision.remat,
         compute_dtype=precision.compute_dtype,
         storage_dtype=precision.storage,
@@ -86,26 +77,11 @@ def ppo_config(
     rl: RLSettings, buckets: BucketSettings, cfg: Qwen2VLConfig, pad_id: int, precision: Precision, gigppo: bool
 ) -> PPOConfig:
     """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic."""
-    p: PPOSettings = rl.ppo
     return PPOConfig(
         model=cfg,
+        settings=rl.ppo,
         gigppo=gigppo,
-        gamma_dense=p.gamma_dense,
-        lam=p.lam,
-        kl_coef=p.kl_coef,
-        value_clip=p.value_clip,
-        critic_warmup=p.critic_warmup,
-        policy_updates=p.policy_updates,
-        tasks_per_batch=p.tasks_per_batch,
-        trajectories_per_task=p.trajectories_per_task,
-        minibatch_rows=p.minibatch_rows,
-        policy_optimizer=OptimizerSettings(
-            learning_rate=p.policy_learning_rate, schedule="constant", weight_decay=0.01
-        ),
-        critic_optimizer=OptimizerSettings(
-            learning_rate=p.critic_learning_rate, schedule="constant", weight_decay=0.01
-        ),
-        rows=row_config(rl, buckets, p.minibatch_rows, pad_id),
+        rows=row_config(rl, buckets, rl.ppo.minibatch_rows, pad_id),
         remat=precision.remat,
         compute_dtype=precision.compute_dtype,
         storage_dtype=precision.storage,
@@ -116,14 +92,7 @@ def rollout_config(
     ppo: PPOSettings, sampler: SamplerConfig, image_config: ImageProcessorConfig, reward: RewardConfig
 ) -> RolloutConfig:
     """PPO's ``RolloutConfig``: the job's sampler with patch buckets for ``ppo.worlds`` screenshots, its leaf reward."""
-    return RolloutConfig(
-        sampler=sampler,
-        image_config=image_config,
-        batch_size=ppo.worlds,
-        reward=reward,
-        step_reward=ppo.step_reward,
-        success_reward=ppo.success_reward,
-    )
+    return RolloutConfig(sampler=sampler, image_config=image_config, batch_size=ppo.worlds, reward=reward, settings=ppo)
 
 
 def seed_scoring(settings) -> dict:

@@ -75,7 +75,7 @@ def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, f
     precision = settings.model.precision()
     gcfg = round_grpo_config(settings, policy)
     sampler = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size).with_patch_buckets(
-        settings.buckets.patch_buckets(gcfg.prompts_per_batch)
+        settings.buckets.patch_buckets(gcfg.settings.prompts_per_batch)
     )
     state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=precision.frozen_dtype)
     state, m = grpo.grpo_round(

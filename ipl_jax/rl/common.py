@@ -17,9 +17,6 @@ from ipl_jax.rl.sampling import Completion
 from ipl_jax.sampling.tree_records import decode_turn
 from ipl_jax.training import state as state_lib
 
-GRPO_STYLES = ("coat", "think_answer")  # parse_completion's completion styles (the job's rl.grpo.style)
-LENGTH_NORMS = ("sequence", "token")  # sequence_weights' normalisations (the job's rl.grpo.length_norm)
-
 
 def completion_texts(tokenizer, c: Completion) -> list[str]:
     """The decoded turn texts of a completion (end token removed)."""

@@ -20,6 +20,7 @@ from ipl_jax.rl import common
 from ipl_jax.rl import rewards as rewards_lib
 from ipl_jax.rl import sampling as rl_sampling
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
+from ipl_jax.rl.sections import GRPOSettings
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import step_prompts
 from ipl_jax.training import optimizer as optimizer_lib
@@ -29,23 +30,16 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO settings (UI-R1's defaults). style: "coat" | "think_answer"; length_norm: "sequence" | "token";
-    updates_per_batch: μ; ``compute_dtype`` / ``remat`` / ``storage_dtype``: precision of update and copies.
+    """GRPO as the ``rl.grpo`` section ``settings`` says (UI-R1's defaults: G, style, clipping, KL, μ, length_norm,
+    prompts per batch, learning rate, DAST), plus what is not a job setting: the rule reward, ``grad_clip_norm``,
+    rows, prompts, ``compute_dtype`` / ``remat`` / ``storage_dtype`` (precision of update and copies).
     """
 
     model: Qwen2VLConfig
-    group_size: int = 8
-    style: str = "coat"
+    settings: GRPOSettings = GRPOSettings()
     reward: rewards_lib.UIR1RewardConfig = rewards_lib.UIR1RewardConfig()
-    clip_eps: float = 0.2
-    kl_beta: float = 0.04
     adv_eps: float = 1e-4
-    length_norm: str = "sequence"
-    updates_per_batch: int = 1
-    prompts_per_batch: int = 4
-    optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
-        learning_rate=1e-6, schedule="constant"
-    )
+    grad_clip_norm: float = 1.0
     rows: RowConfig = RowConfig()
     prompts: CoaTPrompts = DEFAULT_PROMPTS
     max_history: int | None = None  # think/answer prompt: keep the last N previous actions
@@ -54,14 +48,10 @@ class GRPOConfig:
     compute_dtype: str | None = None
     storage_dtype: str | None = None
 
-    def __post_init__(self):
-        if self.style not in common.GRPO_STYLES:
-            raise ValueError(f"GRPOConfig.style must be one of {common.GRPO_STYLES}, got {self.style!r}")
-        if self.length_norm not in common.LENGTH_NORMS:
-            raise ValueError(f"GRPOConfig.length_norm must be one of {common.LENGTH_NORMS}, got {self.length_norm!r}")
-        for f in ("group_size", "updates_per_batch", "prompts_per_batch"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"GRPOConfig.{f} must be >= 1, got {getattr(self, f)}")
+    @property
+    def optimizer_settings(self) -> optimizer_lib.OptimizerSettings:
+        """The policy's optimizer settings (``settings.learning_rate``, constant, clipped at ``grad_clip_norm``)."""
+        return self.settings.optimizer(self.grad_clip_norm)
 
 
 @struct.dataclass
@@ -79,11 +69,12 @@ class GRPOBatch:
 
 
 def grpo_objective(params, batch: GRPOBatch, config: GRPOConfig):
-    """(loss, metrics) of one batch: ``losses.grpo_loss`` with ``config.length_norm`` token weights."""
+    """(loss, metrics) of one batch: ``losses.grpo_loss`` with ``settings.length_norm`` token weights."""
+    g = config.settings
     logps = row_token_logps(params, config.model, batch.rows, remat=config.remat, chunk=config.logp_chunk)
     old = jax.lax.stop_gradient(logps) if batch.old_logps is None else batch.old_logps
-    weights = common.sequence_weights(batch.rows, config.length_norm)
-    loss, m = losses.grpo_loss(logps, old, batch.ref_logps, batch.advantages, weights, config.clip_eps, config.kl_beta)
+    weights = common.sequence_weights(batch.rows, g.length_norm)
+    loss, m = losses.grpo_loss(logps, old, batch.ref_logps, batch.advantages, weights, g.clip_eps, g.kl_beta)
     m = dict(m)
     m["completions"] = jnp.sum(batch.rows.row_valid.astype(jnp.float32))
     return loss, m
@@ -96,8 +87,8 @@ def _grpo_update(state: state_lib.TrainState, batch: GRPOBatch, config: GRPOConf
 
     step = step_lib.train_step_fn(
         loss_fn,
-        optimizer_lib.make_optimizer(config.optimizer),
-        schedule=optimizer_lib.make_schedule(config.optimizer),
+        optimizer_lib.make_optimizer(config.optimizer_settings),
+        schedule=optimizer_lib.make_schedule(config.optimizer_settings),
         weight_key="completions",
         compute_dtype=config.compute_dtype,
     )
@@ -114,12 +105,12 @@ def make_grpo_update(config: GRPOConfig):
 
 
 def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainState:
-    """A TrainState with ``config.optimizer``; ``kwargs`` go to ``training.state.create_train_state``."""
-    return state_lib.create_train_state(params, optimizer_lib.make_optimizer(config.optimizer), rng, **kwargs)
+    """A TrainState with ``config.optimizer_settings``; ``kwargs`` go to ``training.state.create_train_state``."""
+    return state_lib.create_train_state(params, optimizer_lib.make_optimizer(config.optimizer_settings), rng, **kwargs)
 
 
 def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
-    """μ = ``config.updates_per_batch`` updates on one batch; ``state`` donated, ``ref_params`` must not alias it.
+    """μ = ``settings.updates_per_batch`` updates on one batch; ``state`` donated, ``ref_params`` must not alias it.
     Returns (state, metrics of the last update).
     """
     del rng
@@ -128,14 +119,15 @@ def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, co
         batch = batch.replace(
             ref_logps=common.reference_logps(ref_params, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
         )
-    if config.updates_per_batch > 1 and batch.old_logps is None:
+    mu = config.settings.updates_per_batch
+    if mu > 1 and batch.old_logps is None:
         current = state_lib.model_params(state.params, state.frozen)
         batch = batch.replace(
             old_logps=common.reference_logps(current, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
         )
     update = make_grpo_update(config)
     metrics = {}
-    for _ in range(config.updates_per_batch):
+    for _ in range(mu):
         state, metrics = update(state, batch)
     return state, metrics
 
@@ -145,7 +137,7 @@ def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, co
 
 def _prompts(steps, tokenizer, image_config, config: GRPOConfig):
     cfg = config.model
-    if config.style == "coat":
+    if config.settings.style == "coat":
         return [step_prompts(s, tokenizer, image_config, cfg, config.prompts) for s in steps]
     return [
         rl_sampling.think_answer_prompt(s, tokenizer, image_config, cfg, max_history=config.max_history) for s in steps
@@ -157,10 +149,11 @@ def sample_batch(
 ):
     """Sample, parse and score G completions for each of ``steps`` (at most ``prompts_per_batch``).
     Returns (GRPOBatch, info: rewards ``UIR1Rewards`` [B, G], parsed actions, ``completions``)."""
-    b, g = config.prompts_per_batch, config.group_size
+    style = config.settings.style
+    b, g = config.settings.prompts_per_batch, config.settings.group_size
     steps = list(steps)
     items = _prompts(steps, tokenizer, image_config, config)
-    if config.style == "coat":
+    if style == "coat":
         groups = rl_sampling.sample_coat_groups(
             params, config.model, items, rl_sampling.coat_group_config(sampler, g), seed, b, mesh
         )
@@ -172,13 +165,13 @@ def sample_batch(
     actions, fmt, lengths, specs = [], [], [], []
     for i, (item, group) in enumerate(zip(items, groups)):
         for c in group:
-            action, ok, grounded = common.parse_completion(tokenizer, c, config.style)
+            action, ok, grounded = common.parse_completion(tokenizer, c, style)
             actions.append(action)
             fmt.append(ok)
-            lengths.append(common.answer_length(c, grounded, config.style))
+            lengths.append(common.answer_length(c, grounded, style))
             specs.append(
                 rl_sampling.coat_row_spec(item, c, grounded, i)
-                if config.style == "coat"
+                if style == "coat"
                 else rl_sampling.single_turn_row_spec(item, c, i)
             )
     actions += [None] * (pad * g)  # padding prompts: invalid actions, masked below
@@ -188,7 +181,7 @@ def sample_batch(
     pred = reshape_leading(encode_actions(actions), (b, g))
     golden = rewards_lib.encode_uir1_golden(steps + [steps[-1]] * pad)
     r = rewards_lib.uir1_rewards(pred, jnp.asarray(np.reshape(fmt, (b, g))), golden, config.reward)
-    r = rewards_lib.group_rewards(r, jnp.asarray(np.reshape(lengths, (b, g))), max_len, config.reward.dast)
+    r = rewards_lib.group_rewards(r, jnp.asarray(np.reshape(lengths, (b, g))), max_len, config.settings.dast)
     adv = rewards_lib.safe_group_advantages(r.total, jnp.asarray(valid), config.adv_eps)
     rows = build_rows(config.model, specs, [(it.pixel_values, it.image_grid_thw) for it in items], b * g, config.rows)
     batch = GRPOBatch(rows=rows, advantages=adv.reshape(-1))
@@ -234,7 +227,7 @@ def grpo_round(
         raise ValueError("grpo_round: no steps")
     if ref_params is None:
         ref_params = common.copy_params(common.policy_params(state), config.storage_dtype)
-    b = config.prompts_per_batch
+    b = config.settings.prompts_per_batch
     per_step = []
     for i, start in enumerate(range(0, len(steps), b)):
         key = jax.random.fold_in(jnp.asarray(rng), i)
@@ -250,6 +243,6 @@ def grpo_round(
         rec["completions"] = float(info["completions"])
         per_step.append(rec)
     out = common.mean_metrics(per_step, "completions")
-    out["updates"] = len(per_step) * config.updates_per_batch
+    out["updates"] = len(per_step) * config.settings.updates_per_batch
     out["per_step"] = per_step
     return state, out

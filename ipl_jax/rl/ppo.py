@@ -21,6 +21,7 @@ from ipl_jax.rl import critic as critic_lib
 from ipl_jax.rl.rollout import RolloutConfig, Trajectory, replicate, rollout, rollout_summary
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
 from ipl_jax.rl.sampling import coat_row_spec, state_row_spec
+from ipl_jax.rl.sections import PPOSettings
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
@@ -28,34 +29,22 @@ from ipl_jax.training import step as step_lib
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-    """PPO / GiGPPO settings: critic_warmup (critic updates before the policy moves), length_norm,
-    normalize_advantages, and precision as in ``GRPOConfig``.
+    """PPO / GiGPPO as the ``rl.ppo`` section ``settings`` says (discounts, KL, value clip, critic warm-up, updates,
+    learning rates, batch sizes), plus what is not a job setting: the GiGPPO switch, the terminal discount, the
+    dual clip, critic updates, length_norm, normalize_advantages, the critic's frozen vision, and precision as in
+    ``GRPOConfig``.
     """
 
     model: Qwen2VLConfig
+    settings: PPOSettings = PPOSettings()
     gigppo: bool = False
-    gamma_dense: float = 0.5
     gamma_terminal: float = 1.0
-    lam: float = 1.0
     eps_low: float = 0.18
     eps_high: float = 0.22
     dual_clip: float = 3.0
-    kl_coef: float = 0.01
-    value_clip: float = 0.5
-    critic_warmup: int = 4
-    policy_updates: int = 2
     critic_updates: int = 1
-    tasks_per_batch: int = 4
-    trajectories_per_task: int = 4
-    minibatch_rows: int = 16
     normalize_advantages: bool = True
     length_norm: str = "sequence"
-    policy_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
-        learning_rate=1e-6, schedule="constant", weight_decay=0.01
-    )
-    critic_optimizer: optimizer_lib.OptimizerSettings = optimizer_lib.OptimizerSettings(
-        learning_rate=1e-4, schedule="constant", weight_decay=0.01
-    )
     critic_freeze_vision: bool = True
     sibling_width: int = 64
     rows: RowConfig = RowConfig()
@@ -65,20 +54,13 @@ class PPOConfig:
     storage_dtype: str | None = None
 
     def __post_init__(self):
-        for f in ("policy_updates", "critic_updates", "tasks_per_batch", "trajectories_per_task", "minibatch_rows"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"PPOConfig.{f} must be >= 1, got {getattr(self, f)}")
-        if self.critic_warmup < 0:
-            raise ValueError(f"PPOConfig.critic_warmup must be >= 0, got {self.critic_warmup}")
-        if self.gigppo and self.trajectories_per_task < 2:
+        if self.critic_updates < 1:
+            raise ValueError(f"PPOConfig.critic_updates must be >= 1, got {self.critic_updates}")
+        if self.gigppo and self.settings.trajectories_per_task < 2:
             raise ValueError(
-                "PPOConfig.gigppo needs trajectories_per_task >= 2 (siblings come from concurrent "
+                "PPOConfig.gigppo needs settings.trajectories_per_task >= 2 (siblings come from concurrent "
                 "trajectories of the same task)"
             )
-
-    @property
-    def worlds_per_batch(self) -> int:
-        return self.tasks_per_batch * self.trajectories_per_task
 
 
 @struct.dataclass
@@ -113,14 +95,14 @@ def init_ppo_state(
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
     pstate = state_lib.create_train_state(
         policy_params,
-        optimizer_lib.make_optimizer(config.policy_optimizer),
+        optimizer_lib.make_optimizer(config.settings.policy_optimizer()),
         rng_p,
         freeze_regex=policy_freeze_regex,
         frozen_dtype=frozen_dtype,
     )
     cstate = state_lib.create_train_state(
         critic,
-        optimizer_lib.make_optimizer(config.critic_optimizer),
+        optimizer_lib.make_optimizer(config.settings.critic_optimizer()),
         rng_c,
         freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None,
         frozen_dtype=frozen_dtype,
@@ -149,7 +131,7 @@ def policy_objective(params, batch: PPOBatch, config: PPOConfig):
         "clip_frac": jnp.sum(clipped * w) / denom,
         "actions": jnp.sum(rows.row_valid.astype(jnp.float32)),
     }
-    return pg + config.kl_coef * kl, metrics
+    return pg + config.settings.kl_coef * kl, metrics
 
 
 def critic_objective(params, batch: PPOBatch, config: PPOConfig):
@@ -157,7 +139,7 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
     sibling = batch.sibling if config.gigppo else None
     v = critic_lib.critic_values(params, config.model, batch.critic_rows, sibling, remat=config.remat)
     mask = jnp.broadcast_to(batch.critic_rows.row_valid[:, None], v.shape)
-    loss = losses.clipped_value_loss(v, batch.old_values, batch.returns, mask, config.value_clip)
+    loss = losses.clipped_value_loss(v, batch.old_values, batch.returns, mask, config.settings.value_clip)
     err = jnp.where(mask, v - batch.returns, 0.0)
     n = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
     return loss, {
@@ -169,9 +151,9 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
 
 def _ppo_update(state: state_lib.TrainState, batch: PPOBatch, kind: str, config: PPOConfig):
     objective, settings, weight = (
-        (policy_objective, config.policy_optimizer, "actions")
+        (policy_objective, config.settings.policy_optimizer(), "actions")
         if kind == "policy"
-        else (critic_objective, config.critic_optimizer, "states")
+        else (critic_objective, config.settings.critic_optimizer(), "states")
     )
     step = step_lib.train_step_fn(
         lambda params, b, rng: objective(params, b, config),
@@ -192,11 +174,11 @@ def _update(kind: str, config: PPOConfig):
 
 
 def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfig):
-    """``critic_updates`` critic steps, then (after ``critic_warmup``) ``policy_updates`` policy steps; ``state``
-    donated, ``ref_params`` must not alias it. Returns (state, metrics)."""
+    """``critic_updates`` critic steps, then (after ``settings.critic_warmup``) ``settings.policy_updates`` policy
+    steps; ``state`` donated, ``ref_params`` must not alias it. Returns (state, metrics)."""
     del rng
     cfg = config.model
-    warm = int(state.critic.step) < config.critic_warmup
+    warm = int(state.critic.step) < config.settings.critic_warmup
     metrics = {}
     critic = state.critic
     for _ in range(config.critic_updates):
@@ -219,7 +201,7 @@ def ppo_step(state: PPOState, ref_params, batch: PPOBatch, rng, config: PPOConfi
                     current, cfg, batch.policy_rows, config.logp_chunk, config.compute_dtype
                 )
             )
-        for _ in range(config.policy_updates):
+        for _ in range(config.settings.policy_updates):
             policy, m = _update("policy", config)(policy, batch)
             metrics.update(
                 {("policy_grad_norm" if k == "grad_norm" else k): v for k, v in m.items() if k not in ("loss", "lr")}
@@ -259,13 +241,13 @@ def _minibatches(n: int, m: int) -> list[np.ndarray]:
 def _critic_rows(config: PPOConfig, records, end_id: int) -> Rows:
     specs = [state_row_spec(r.prompt, end_id, i) for i, r in enumerate(records)]
     images = [(r.prompt.pixel_values, r.prompt.image_grid_thw) for r in records]
-    return build_rows(config.model, specs, images, config.minibatch_rows, config.rows)
+    return build_rows(config.model, specs, images, config.settings.minibatch_rows, config.rows)
 
 
 def _policy_rows(config: PPOConfig, records) -> Rows:
     specs = [coat_row_spec(r.prompt, r.completion, needs_grounding(r.action), i) for i, r in enumerate(records)]
     images = [(r.prompt.pixel_values, r.prompt.image_grid_thw) for r in records]
-    return build_rows(config.model, specs, images, config.minibatch_rows, config.rows)
+    return build_rows(config.model, specs, images, config.settings.minibatch_rows, config.rows)
 
 
 def _pad(x: np.ndarray, n: int) -> np.ndarray:
@@ -275,8 +257,9 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOConfig, end_id: int):
     """(states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2], sibling f32[N, 4])
     over a rollout batch's N >= 1 states not cut by the budget."""
+    p = config.settings
     st = _flatten(trajs)
-    n, m = len(st.records), config.minibatch_rows
+    n, m = len(st.records), p.minibatch_rows
     e, s_max = len(trajs), max(tr.num_steps for tr in trajs)
     rewards = np.zeros((e, s_max), np.float32)
     mask = np.zeros((e, s_max), bool)
@@ -284,13 +267,13 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
         if not tr.cut:
             rewards[j, : tr.num_steps], mask[j, : tr.num_steps] = tr.step_rewards, True
     terminal = np.asarray([tr.terminal_reward for tr in trajs], np.float32)
-    realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, config.gamma_dense, config.gamma_terminal))[
+    realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, p.gamma_dense, config.gamma_terminal))[
         st.traj, st.t
     ]
     sibling = np.zeros((n, adv_lib.SIBLING_FEATURES), np.float32)
     if config.gigppo:
         thumbs = np.stack([r.thumb for r in st.records])
-        group = st.traj // config.trajectories_per_task
+        group = st.traj // p.trajectories_per_task
         idx, dist, has = adv_lib.nearest_siblings(
             jnp.asarray(thumbs), jnp.asarray(group), jnp.asarray(st.traj), jnp.ones(n, bool)
         )
@@ -305,9 +288,7 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     values = np.concatenate(values)
     grid = np.zeros((e, s_max, 2), np.float32)
     grid[st.traj, st.t] = values
-    adv, ret = adv_lib.asymmetric_gae(
-        rewards, terminal, grid, mask, config.gamma_dense, config.lam, config.gamma_terminal
-    )
+    adv, ret = adv_lib.asymmetric_gae(rewards, terminal, grid, mask, p.gamma_dense, p.lam, config.gamma_terminal)
     if config.normalize_advantages:
         adv = adv_lib.normalise_advantages(adv, mask)
     return st, rows, np.asarray(adv)[st.traj, st.t], np.asarray(ret)[st.traj, st.t], values, sibling
@@ -316,7 +297,7 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
 def _train_on_batch(state: PPOState, ref_params, trajs, key, config: PPOConfig, end_id: int, per_update: list):
     """``ppo_step`` on each minibatch of one rollout batch; appends host metrics to ``per_update``."""
     st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
-    m = config.minibatch_rows
+    m = config.settings.minibatch_rows
     for k, sel in enumerate(_minibatches(len(st.records), m)):
         batch = PPOBatch(
             policy_rows=_policy_rows(config, [st.records[i] for i in sel]),
@@ -352,7 +333,8 @@ def ppo_round(
     mesh=None,
 ) -> tuple[PPOState, dict]:
     """Online PPO until ``env_steps`` environment steps are spent (the batch reaching it cuts its episodes, not
-    trained on); ``ref_params`` None copies the starting policy. Returns (state, metrics).
+    trained on); episodes are played by ``rollout_config`` with ``config.settings`` (its worlds per batch, its step
+    and success rewards); ``ref_params`` None copies the starting policy. Returns (state, metrics).
     """
     if not world_tasks:
         raise ValueError("ppo_round: no world tasks")
@@ -360,7 +342,8 @@ def ppo_round(
         raise ValueError(f"ppo_round: env_steps must be >= 1, got {env_steps}")
     if ref_params is None:
         ref_params = common.copy_params(common.policy_params(state.policy), config.storage_dtype)
-    rcfg = dataclasses.replace(rollout_config, batch_size=config.worlds_per_batch, keep_prompts=True)
+    p = config.settings
+    rcfg = dataclasses.replace(rollout_config, batch_size=p.worlds, settings=p, keep_prompts=True)
     end_id = int(rcfg.sampler.eos_ids[0])
     order = np.random.default_rng(common.key_seed(jax.random.fold_in(jnp.asarray(rng), 0))).permutation(
         len(world_tasks)
@@ -369,11 +352,11 @@ def ppo_round(
     all_trajs, per_update, per_batch = [], [], []
     p0, c0 = int(state.policy.step), int(state.critic.step)
     while used < env_steps:
-        chunk = [world_tasks[order[(cursor + i) % len(order)]] for i in range(config.tasks_per_batch)]
-        cursor += config.tasks_per_batch
+        chunk = [world_tasks[order[(cursor + i) % len(order)]] for i in range(p.tasks_per_batch)]
+        cursor += p.tasks_per_batch
         key = jax.random.fold_in(jnp.asarray(rng), b + 1)
         policy = common.policy_params(state.policy, config.storage_dtype)
-        worlds = replicate(chunk, config.trajectories_per_task)
+        worlds = replicate(chunk, p.trajectories_per_task)
         trajs = rollout(policy, config.model, tokenizer, worlds, key, rcfg, mesh, max_env_steps=env_steps - used)
         del policy
         if any(tr.steps and not tr.cut for tr in trajs):  # else every episode was cut: nothing to learn from

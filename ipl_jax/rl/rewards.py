@@ -23,12 +23,11 @@ from ipl_jax.preference import losses
 @dataclasses.dataclass(frozen=True)
 class UIR1RewardConfig:
     """UI-R1 reward settings (a static jit argument): rules (``coat.metrics.RULES`` name or MatchRules),
-    click_radius (for goldens without a box, screen fractions), dast.
+    click_radius (for goldens without a box, screen fractions). DAST is ``group_rewards``' switch.
     """
 
     rules: str | MatchRules = "aitz"
     click_radius: float = 0.14
-    dast: bool = False
 
     def __post_init__(self):
         get_rules(self.rules)

@@ -27,11 +27,10 @@ from ipl_jax.rl import common
 from ipl_jax.rl import rewards as rewards_lib
 from ipl_jax.rl.advantages import screen_thumbnail
 from ipl_jax.rl.sampling import Completion, tree_completions
+from ipl_jax.rl.sections import PPOSettings
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts, step_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
-
-STEP_REWARDS = ("leaf", "uir1")  # _step_rewards' rewards of a step (the job's rl.ppo.step_reward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,21 +89,18 @@ def replicate(tasks: Sequence[WorldTask], k: int) -> list[WorldTask]:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are played: sampler (branching forced to (1, 1, 1, 1)), image_config, batch_size (worlds per
-    call), step_reward "leaf" | "uir1", success_reward, thumb_size, keep_prompts."""
+    call), settings (the ``rl.ppo`` section: its step_reward and success_reward), thumb_size, keep_prompts."""
 
     sampler: SamplerConfig
     image_config: ImageProcessorConfig
     batch_size: int = 8
     prompts: CoaTPrompts = DEFAULT_PROMPTS
     reward: RewardConfig = RewardConfig()
-    step_reward: str = "leaf"
-    success_reward: float = 1.0
+    settings: PPOSettings = PPOSettings()
     thumb_size: tuple[int, int] = (16, 32)
     keep_prompts: bool = True
 
     def __post_init__(self):
-        if self.step_reward not in STEP_REWARDS:
-            raise ValueError(f"RolloutConfig.step_reward must be one of {STEP_REWARDS}, got {self.step_reward!r}")
         if self.batch_size < 1:
             raise ValueError(f"RolloutConfig.batch_size must be >= 1, got {self.batch_size}")
         object.__setattr__(self, "sampler", self.sampler.replace(branching=(1, 1, 1, 1)))
@@ -168,7 +164,7 @@ def _step_rewards(actions, fmt, steps, config: RolloutConfig, n: int) -> np.ndar
     pad = n - len(actions)
     pred = encode_actions(list(actions) + [None] * pad)
     golden_steps = list(steps) + [steps[0]] * pad
-    if config.step_reward == "leaf":
+    if config.settings.step_reward == "leaf":
         r = leaf_rewards(pred, encode_golden(golden_steps), config.reward).value
     else:
         ok = np.asarray(list(fmt) + [False] * pad)
@@ -268,7 +264,7 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config:
                 if done:
                     traj.stopped = True
                     traj.success = bool(is_done(world, tasks[i].task))
-                    traj.terminal_reward = config.success_reward if traj.success else 0.0
+                    traj.terminal_reward = config.settings.success_reward if traj.success else 0.0
                     continue
             if t + 1 >= tasks[i].step_limit:
                 traj.truncated = True
