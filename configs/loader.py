@@ -3,8 +3,9 @@
 A config file has a ``get_config(arg=None)`` returning an ``ml_collections.ConfigDict``: ``default_config()`` (every
 setting's default, from the typed settings) with what the file changes. ``--config`` names it as a path
 (``my_config.py[:arg]``) or as a config shipped in ``ipl_jax.configs`` (``synthetic[:quick]``). Any field can be
-overridden with ``--config.a.b=value`` (or ``--config.a.b value``), parsed with the field's type; an unknown field
-or a value that does not parse is a one-line ``ConfigError`` naming it. The config is then locked.
+overridden with ``--config.a.b=value`` (or ``--config.a.b value``); the text goes straight to the typed settings,
+which parse it by the field's declared type (``ipl_jax.settings.base``): an unknown field is a one-line
+``ConfigError``, a value that does not parse a one-line ``SettingsError`` naming it.
 
     settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # ipl_jax.settings.Settings
 
@@ -15,7 +16,6 @@ or a value that does not parse is a one-line ``ConfigError`` naming it. The conf
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import inspect
 import os
@@ -26,6 +26,7 @@ from typing import Any
 import ml_collections
 
 from ipl_jax.settings import Settings
+from ipl_jax.settings.base import CommandLineText
 
 CONFIG_DIR = Path(__file__).resolve().parent  # the shipped configs live beside this loader
 _OVERRIDE_PREFIX = "--config."
@@ -85,26 +86,24 @@ def load_config_file(path: str | os.PathLike, arg: str | None = None) -> ml_coll
     return config
 
 
-def load_config(
-    path_or_name: str | ml_collections.ConfigDict, overrides: Sequence[str] = ()
-) -> ml_collections.ConfigDict:
-    """Load ``path[:arg]`` (or copy a ConfigDict), apply ``--config.a.b=value`` overrides, lock and return it."""
+def load_config(path_or_name: str | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Load ``path[:arg]`` (or copy a ConfigDict), lock and return it."""
     if isinstance(path_or_name, ml_collections.ConfigDict):
         config = ml_collections.ConfigDict(path_or_name.to_dict(preserve_field_references=True))
-        source = "<config>"
     else:
-        path, arg = resolve_config_path(path_or_name)
-        config = load_config_file(path, arg)
-        source = str(path)
-    for field, value in parse_override_args(overrides):
-        apply_override(config, field, value, source=source)
+        config = load_config_file(*resolve_config_path(path_or_name))
     config.lock()
     return config
 
 
 def load_settings(path_or_name: str | ml_collections.ConfigDict, overrides: Sequence[str] = ()) -> Settings:
-    """``load_config`` read into the job's typed ``Settings`` (``SettingsError`` names a bad value)."""
-    return Settings.from_dict(load_config(path_or_name, overrides).to_dict())
+    """The config ``path[:arg]`` with ``--config.a.b=value`` overrides, read into the job's typed ``Settings``
+    (``ConfigError`` names an unknown field, ``SettingsError`` a bad value)."""
+    source = "<config>" if isinstance(path_or_name, ml_collections.ConfigDict) else str(path_or_name)
+    values = load_config(path_or_name).to_dict()
+    for field, text in parse_override_args(overrides):
+        set_override(values, field, text, source)
+    return Settings.from_dict(values)
 
 
 # ------------------------------------------------------------------------------------------------- overrides
@@ -136,83 +135,25 @@ def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
-def apply_override(config: ml_collections.ConfigDict, field: str, value: str, source: str = "<config>") -> None:
-    """Set ``config.<field>`` (dotted) from a string, parsed with the field's existing type."""
+def set_override(values: dict, field: str, text: str, source: str = "<config>") -> None:
+    """Set ``values[a][b]`` of the dotted ``field`` to the command-line ``text``, parsed later by the field's type."""
     *parents, leaf = field.split(".")
-    node = config
-    walked: list[str] = []
+    node, walked = values, []
     for part in parents:
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        if not isinstance(node, dict) or part not in node:
             raise ConfigError(_unknown_field(source, field, walked, node))
         node = node[part]
         walked.append(part)
-    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+    if not isinstance(node, dict) or leaf not in node:
         raise ConfigError(_unknown_field(source, field, walked, node))
-    current_type = node.get_type(leaf)
-    if issubclass(current_type, ml_collections.ConfigDict):
+    if isinstance(node[leaf], dict):
         raise ConfigError(f"{source}: field {field!r} is a section, not a value; set its fields one by one")
-    parsed = parse_value(value, current_type, node[leaf], field=field, source=source)
-    try:
-        node[leaf] = parsed
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: field {field!r}: cannot set {value!r}: {e}") from e
-
-
-def parse_value(text: str, field_type: type, current: Any = None, *, field: str = "?", source: str = "<config>"):
-    """Parse an override string as ``field_type`` (the type of the field's current value)."""
-    where = f"{source}: field {field!r} ({field_type.__name__})"
-    if field_type is bool:
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{where}: {text!r} is not a boolean (true/false)")
-    if field_type is int:
-        try:
-            return int(text.replace("_", ""))
-        except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not an integer") from None
-    if field_type is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"{where}: {text!r} is not a number") from None
-    if field_type is str:
-        return text
-    if field_type in (tuple, list):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            # A bare comma-separated list of words: a,b,c
-            value = tuple(part.strip() for part in text.split(",") if part.strip())
-        if not isinstance(value, (tuple, list)):
-            value = (value,)
-        if current:
-            element_type = type(current[0])
-            try:
-                value = [
-                    parse_value(str(v), element_type, field=field, source=source)
-                    if not isinstance(v, element_type)
-                    else v
-                    for v in value
-                ]
-            except ConfigError as e:
-                raise ConfigError(f"{where}: {text!r}: elements must be {element_type.__name__}: {e}") from None
-        return field_type(value)
-    if field_type is type(None):
-        if text.strip() in ("None", "none", "null"):
-            return None
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text
-    raise ConfigError(f"{where}: overriding fields of this type from the command line is not supported")
+    node[leaf] = CommandLineText(text)
 
 
 def _unknown_field(source: str, field: str, walked: list[str], node: Any) -> str:
     at = ".".join(walked) or "<top level>"
-    if isinstance(node, ml_collections.ConfigDict):
+    if isinstance(node, dict):
         known = ", ".join(sorted(node.keys()))
         return f"{source}: unknown config field {field!r} (fields at {at}: {known})"
     return f"{source}: unknown config field {field!r} ({at} is a value, not a section)"
@@ -221,15 +162,11 @@ def _unknown_field(source: str, field: str, walked: list[str], node: Any) -> str
 # ---------------------------------------------------------------------------------------------- argparse glue
 
 
-def parse_args_with_config(
-    parser: argparse.ArgumentParser,
-    argv: Sequence[str],
-    default_config: str | ml_collections.ConfigDict | None = None,
-) -> tuple[argparse.Namespace, ml_collections.ConfigDict]:
-    """Parse ``argv`` with ``parser`` plus ``--config PATH[:ARG]`` and any number of ``--config.a.b=v``.
-
-    Arguments other than the config overrides that the parser does not know are an error (``parser.error``).
-    """
+def parse_args_with_settings(
+    parser: argparse.ArgumentParser, argv: Sequence[str], default_config: str | None = None
+) -> tuple[argparse.Namespace, Settings]:
+    """Parse ``argv`` with ``parser`` plus ``--config PATH[:ARG]`` and any number of ``--config.a.b=v``, the config
+    read into the job's typed ``Settings``. Arguments the parser does not know are an error (``parser.error``)."""
     parser.add_argument("--config", default=None, help="config file PATH[:ARG] or a name under configs/")
     config_args: list[str] = []
     rest: list[str] = []
@@ -250,15 +187,6 @@ def parse_args_with_config(
     if source is None:
         parser.error("--config is required")
     try:
-        config = load_config(source, config_args)
+        return args, load_settings(source, config_args)
     except ConfigError as e:
         parser.error(str(e))
-    return args, config
-
-
-def parse_args_with_settings(
-    parser: argparse.ArgumentParser, argv: Sequence[str], default_config: str | None = None
-) -> tuple[argparse.Namespace, Settings]:
-    """``parse_args_with_config`` with the config read into the job's typed ``Settings``."""
-    args, config = parse_args_with_config(parser, argv, default_config)
-    return args, Settings.from_dict(config.to_dict())

@@ -1,9 +1,11 @@
 """The typed reading of a section from nested dicts (``_section``) and a section's defaults (``defaults``); the
-section base itself is ``ipl_jax.sections``.
+section base itself is ``ipl_jax.sections``. A value from the command line arrives as ``CommandLineText`` and is
+parsed here, by its field's annotated type: the one parser and the one coercion of every setting.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import typing
 from collections.abc import Mapping
@@ -13,8 +15,44 @@ from ipl_jax.sections import Section, SettingsError, setting_error
 # ---------------------------------------------------------------------------------------------- typed values
 
 
+class CommandLineText(str):
+    """A ``--config.a.b=TEXT`` value: parsed by its field's type when the settings are made (``_typed``)."""
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _parsed(hint, text: str, field: str):
+    """A command-line ``text`` as a Python value for the field type ``hint``: true / false words, integers (``_``
+    separators allowed), numbers, tuples (a Python literal, or comma-separated words: ``test,test_app_unseen``)."""
+    if hint is bool:
+        word = text.strip().lower()
+        if word in _TRUE + _FALSE:
+            return word in _TRUE
+        raise setting_error(field, text, "must be true or false")
+    if hint is int:
+        try:
+            return int(text.replace("_", ""))
+        except ValueError:
+            raise setting_error(field, text, "must be an integer") from None
+    if hint is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise setting_error(field, text, "must be a number") from None
+    if typing.get_origin(hint) is tuple:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = tuple(part.strip() for part in text.split(",") if part.strip())
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    return str(text)
+
+
 def _typed(hint, value, field: str):
     """``value`` as the annotated type ``hint`` (bool, int, float, str, tuples of them, dataclasses)."""
+    if isinstance(value, CommandLineText) and not dataclasses.is_dataclass(hint):
+        value = _parsed(hint, value, field)
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return _section(hint, value, field)
