@@ -60,12 +60,14 @@ SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a
 
 
 def variant_settings(base: Settings, name: str, variants=None) -> Settings:
-    """The base settings with the variant's switches, ``ipl.rounds = ablation.rounds`` and early stop off.
-    ``variants``: name -> {"section.field": value} (default ``VARIANTS``)."""
+    """The base settings with the variant's switches, ``ipl.rounds = ablation.rounds``, early stop off and every
+    round evaluated on the test splits (the gain per round). ``variants``: name -> {"section.field": value}
+    (default ``VARIANTS``)."""
     variants = VARIANTS if variants is None else variants
     if name not in variants:
         raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
-    return base.replace({**variants[name], "ipl.rounds": base.ablation.rounds, "ipl.early_stop": False})
+    rounds = {"ipl.rounds": base.ablation.rounds, "ipl.early_stop": False, "eval.every_round": True}
+    return base.replace({**variants[name], **rounds})
 
 
 def _ipl_key(settings: Settings) -> str:
