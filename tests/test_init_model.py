@@ -9,12 +9,13 @@ one shard at a time; bad invocations end in one line.
 import json
 import math
 
-import jax
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from support.trees import assert_trees_equal  # noqa: E402
 
 from ipl_jax.cli import main as cli_main  # noqa: E402
 from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
@@ -60,8 +61,7 @@ def test_small_checkpoint_loads_in_ours_and_in_transformers(small):
         "visual.blocks.0.attn.qkv.weight": np.asarray(params["visual"]["blocks"]["attn"]["qkv"]["kernel"][0]).T,
     }
     theirs = {canonical_name(k): v.float().numpy() for k, v in model.state_dict().items()}
-    for name, value in ours.items():
-        np.testing.assert_array_equal(value.astype(np.float32), theirs[name], err_msg=name)
+    assert_trees_equal({k: v.astype(np.float32) for k, v in ours.items()}, {k: theirs[k] for k in ours})
     emb = ours["model.embed_tokens.weight"]
     assert abs(float(emb.std()) - 0.02) < 1e-3 and abs(float(emb.mean())) < 1e-3  # normal(0, initializer_range)
     norms = np.asarray(params["model"]["layers"]["input_layernorm"]["scale"], np.float32)
@@ -146,8 +146,7 @@ def test_weights_stream_one_shard_at_a_time(tmp_path, monkeypatch):
     write_random_checkpoint(tmp_path / "single", hf, seed=0)
     a, _ = load_params(str(tmp_path / "sharded"))
     b, _ = load_params(str(tmp_path / "single"))
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert_trees_equal(a, b)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from support.compiles import count_traces
+from support.trees import assert_trees_close
 
 from ipl_jax.coat import tree as T
 from ipl_jax.preference import pair_tokens as PT
@@ -508,8 +509,7 @@ def test_accepts_node_values_from_rewards_backup():
     golden = rng.integers(0, 5, size=ROWS)
     theirs = tuple(np.asarray(v) for v in backup_values(jnp.asarray(leaf), B3, discount=0.95))
     ours = backup(leaf, 0.95)
-    for a, b in zip(theirs, ours):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert_trees_close(theirs, ours, rtol=1e-6, atol=0)
     got, want = extract(theirs, types, golden), extract(ours, types, golden)
     assert int(got.count) > 0
     assert pair_list(got) == pair_list(want)

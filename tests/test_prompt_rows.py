@@ -15,6 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 from support import fake_devices
+from support.trees import assert_trees_equal
 
 SCRIPT = textwrap.dedent(
     """
@@ -147,8 +148,7 @@ def test_lazy_step_prompts_decode_once_and_equal_eager_decoding(tmp_path, monkey
         assert isinstance(lazy.pixels, ScreenPixels) and not lazy.pixels.loaded and loads == []
         np.testing.assert_array_equal(lazy.prefix_ids, eager.prefix_ids)
         np.testing.assert_array_equal(lazy.image_grid_thw, eager.image_grid_thw)
-        for a, b in zip(lazy.turn_prompt_ids, eager.turn_prompt_ids):
-            np.testing.assert_array_equal(a, b)
+        assert_trees_equal(lazy.turn_prompt_ids, eager.turn_prompt_ids)
         assert _pixels(lazy) is lazy.pixels  # what the preference groups copy: the same undecoded screenshot
         pv = lazy.pixel_values
         assert pv.dtype == eager.pixel_values.dtype

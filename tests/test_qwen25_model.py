@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
 from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
+from support.trees import assert_trees_equal  # noqa: E402
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from ipl_jax.model.decode import greedy_generate  # noqa: E402
@@ -244,9 +245,8 @@ def test_export_loads_in_transformers(models, tmp_path):
     valid = mask.astype(bool)
     ref, got = hf_forward(hf_model, ids, mask, pv, grids), hf_forward(loaded, ids, mask, pv, grids)
     assert np.max(np.abs(got - ref)[valid]) <= 1e-6
-    theirs = dict(loaded.state_dict())
-    for name, tensor in hf_model.state_dict().items():
-        np.testing.assert_array_equal(theirs[name].numpy(), tensor.numpy(), err_msg=name)
+    theirs = {name: tensor.numpy() for name, tensor in loaded.state_dict().items()}
+    assert_trees_equal(theirs, {name: tensor.numpy() for name, tensor in hf_model.state_dict().items()})
 
 
 def test_make_tiny_then_check_parity(tmp_path, capsys):

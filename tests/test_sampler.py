@@ -12,6 +12,7 @@ import pytest
 from support import EOS, IMAGE, VIDEO
 from support.compiles import count_traces
 from support.sampler_models import random_step
+from support.trees import assert_trees_close, assert_trees_equal
 
 from ipl_jax import model as M
 from ipl_jax.coat.tree import NUM_TURNS, flatten_node_index, leaf_paths, unflatten_node_index
@@ -117,10 +118,9 @@ def test_tree_arrays_are_consistent(batches):
 def test_same_step_same_tree_in_any_batch(batches):
     _, trees, _ = batches
     a, b = _np(trees[0]), _np(trees[1])  # step 0 is row 0 of batch 0 and row 1 of batch 1
-    for t in range(NUM_TURNS):
-        np.testing.assert_array_equal(a.tokens[t][0], b.tokens[t][1])
-        np.testing.assert_array_equal(a.lengths[t][0], b.lengths[t][1])
-        np.testing.assert_allclose(a.logps[t][0], b.logps[t][1], atol=1e-5)
+    a0, b1 = jax.tree.map(lambda x: x[0], a), jax.tree.map(lambda x: x[1], b)
+    assert_trees_equal(a0.replace(logps=None), b1.replace(logps=None))
+    assert_trees_close(a0.logps, b1.logps, rtol=1e-7, atol=1e-5)
     assert a.step_index.tolist() == [0, 1] and b.step_index.tolist() == [2, 0]
 
 
@@ -222,11 +222,8 @@ def test_sharing_and_no_sharing_agree(model, steps, batches):
     _, trees, _ = batches
     shared = _np(trees[0])
     scratch = _np(sample_tree_no_sharing(params, cfg, [steps[i] for i in PLAN[0]], CONFIG, SEED, step_index=PLAN[0]))
-    for t in range(NUM_TURNS):
-        np.testing.assert_array_equal(shared.tokens[t], scratch.tokens[t])
-        np.testing.assert_array_equal(shared.lengths[t], scratch.lengths[t])
-        np.testing.assert_array_equal(shared.finished[t], scratch.finished[t])
-        np.testing.assert_allclose(shared.logps[t], scratch.logps[t], atol=1e-4)
+    assert_trees_equal(shared.replace(logps=None), scratch.replace(logps=None))
+    assert_trees_close(shared.logps, scratch.logps, rtol=1e-7, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------- statistics

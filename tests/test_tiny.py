@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file  # noqa: E402
+from support.trees import assert_trees_equal  # noqa: E402
 
 from ipl_jax.cli.make_tiny import main as make_tiny_main  # noqa: E402
 from ipl_jax.data import tiny  # noqa: E402
@@ -104,9 +105,7 @@ def test_chat_template_structure(ckpt):
 def test_same_seed_same_weights_and_random_biases(ckpt, tmp_path):
     again = tiny.make_tiny_checkpoint(tmp_path / "again", seed=0)
     a, b = load_file(str(ckpt / "model.safetensors")), load_file(str(again / "model.safetensors"))
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert_trees_equal(a, b)
     assert (ckpt / "tokenizer.json").read_text() == (again / "tokenizer.json").read_text()
     # biases and norms are not left at transformers' zeros / ones
     assert np.abs(a["model.layers.0.self_attn.q_proj.bias"]).max() > 0
