@@ -1,7 +1,6 @@
 """Tokenised SFT examples of the small model (``small_models.tiny_cfg``) of different lengths and image sizes, and
 a batch layout of 2 micro-batches of 4 rows, for the tests of per-process batch building."""
 
-import jax
 import numpy as np
 
 from ipl_jax.data.batching import TrainingExample
@@ -9,6 +8,7 @@ from ipl_jax.pipeline.sft_stage import BatchShape
 from ipl_jax.settings import BucketSettings
 
 from .small_models import IMG, VE, VS, tiny_cfg
+from .trees import assert_trees_equal
 
 
 def setup(n: int = 8, seed: int = 0):
@@ -38,13 +38,4 @@ def setup(n: int = 8, seed: int = 0):
     return cfg, layout, Tokenizer(), examples
 
 
-def assert_same(got, want):
-    """Two batches (numpy or jax arrays) with the same structure, shapes, dtypes and values."""
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-
-    def same(a, b):
-        a, b = np.asarray(a), np.asarray(b)
-        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-        np.testing.assert_array_equal(a, b)
-
-    jax.tree.map(same, got, want)
+assert_same = assert_trees_equal  # two batches: same structure, shapes, dtypes and values
