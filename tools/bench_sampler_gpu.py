@@ -30,9 +30,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
 import argparse
 import json
 import platform
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -42,37 +40,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
-from ipl_jax.data.image_processing import ImageProcessorConfig
-from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.model.decode import KVCache
+from ipl_jax.coat.tree import NUM_TURNS, num_leaves
 from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params, init_params
-from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree
-from ipl_jax.sampling.decoding import prefill_context, sample_config_turn
+from ipl_jax.sampling import pack_tree_prompts, sample_tree
+from ipl_jax.sampling.decoding import prefill_context
 from tools import harness
-from tools.bench_models import bench_model
-from tools.bench_tree import (
-    CompileSpans,
-    _span,
-    _text_flops,
-    _vision_flops,
-    random_steps,
-    useful_tree_flops,
-)
+from tools.bench_tree import CompileSpans, _span, _text_flops, _vision_flops, useful_tree_flops
 from tools.gpu_mfu import spec_peak
+from tools.sampler_gpu_decode import run_decode
+from tools.sampler_gpu_setup import DEFAULTS, make_steps, model_config, sampler_config
+from tools.sampler_gpu_transformers import run_transformers, transformers_worker
+from tools.sampler_roofline import HBM_BYTES_PER_S, decode_weight_bytes, hbm_bandwidth_measured, kv_bytes_per_token
 
-HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12}  # by device kind (SXM)
 PARTS = ("tree", "prefill", "decode", "transformers")
-REPO = Path(__file__).resolve().parents[1]  # the transformers worker runs as ``python -m tools.bench_sampler_gpu``
-PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}  # one trace event per kernel
-TINY_MODEL = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512, v_dim=32, v_depth=1, v_heads=2)
-# per size: screenshot (width x height), pixel limit (the paper's 1280x720 on AMEX / AndroidControl; AITZ's
-# 1540x1540 is --max-pixels 2371600), turn budgets, text around the image, turn-2..4 prompts (the CoaT template's)
-DEFAULTS = {
-    "2b": dict(screen="1080x2400", max_pixels=1280 * 720, turns="256,128,32,32", text="20,17", prompts="64,50,25"),
-    "tiny": dict(screen="112x224", max_pixels=1280 * 720, turns="6,5,4,4", text="5,6", prompts="7,5,4"),
-}
 
 
 def _ints(text: str, n: int | None, flag: str) -> tuple[int, ...]:
@@ -85,84 +66,16 @@ def _ints(text: str, n: int | None, flag: str) -> tuple[int, ...]:
     return out
 
 
-def model_config(size: str, dtype: str, attention: str) -> Qwen2VLConfig:
-    """The real Qwen2-VL-2B architecture or the tiny test model, computing and storing weights in ``dtype``."""
-    if size == "2b":
-        from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
-
-        cfg = Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
-    else:
-        cfg = bench_model(TINY_MODEL)
-    return cfg.replace(dtype=dtype, param_dtype=dtype, attention=attention)
-
-
-def make_steps(cfg: Qwen2VLConfig, n: int, screen, max_pixels: int, text, prompts, seed: int):
-    """(n random steps, their grid): one screenshot grid (the processor's resize of ``screen`` (width, height)
-    under ``max_pixels``), ``text`` (before, after) tokens around the image, turn-2..4 ``prompts`` lengths."""
-    grid = ImageProcessorConfig(max_pixels=max_pixels).grid_for(screen[1], screen[0])
-    shape = dict(grid=grid, text_before=text[0], text_after=text[1], prompts=prompts)
-    return random_steps(cfg, shape, n, np.random.default_rng(seed)), grid
-
-
-def sampler_config(cfg: Qwen2VLConfig, steps: list[StepPrompts], branching, turns) -> SamplerConfig:
-    """The job's sampler settings with exact buckets and an end id outside the vocabulary (every turn runs its
-    full budget, so every method makes the same number of tokens)."""
-    patches = steps[0].pixel_values.shape[0]
-    return SamplerConfig(
-        branching=branching,
-        max_turn_tokens=turns,
-        temperature=(1.0, 1.0, 1.0, 0.0),
-        eos_ids=(cfg.text.vocab_size,),
-        suppress_ids=(cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id),
-        prefix_buckets=(len(steps[0].prefix_ids),),
-        prompt_buckets=tuple(sorted({len(p) for p in steps[0].turn_prompt_ids})),
-        patch_buckets=(len(steps) * patches,),
-        image_patches=patches,
-    )
-
-
-# ------------------------------------------------------------------------------------------------ figures
-
-
-def decode_weight_bytes(params: dict, cfg: Qwen2VLConfig) -> int:
-    """Bytes of the weights one decode step reads: every decoder layer, the final norm and the output head (the
-    embedding matrix when tied); the embedding rows gathered for the fed tokens are left out."""
-    model = params["model"]
-    head = model["embed_tokens"]["embedding"] if cfg.tie_word_embeddings else params["lm_head"]["kernel"]
-    leaves = jax.tree.leaves(model["layers"]) + jax.tree.leaves(model["norm"]) + [head]
-    return int(sum(x.size * x.dtype.itemsize for x in leaves))
-
-
-def kv_bytes_per_token(cfg: Qwen2VLConfig) -> int:
-    t = cfg.text
-    return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * jnp.dtype(cfg.dtype).itemsize
-
-
-def turn_shapes(config: SamplerConfig, batch: int, prefix_len: int, prompt_lens) -> list[dict]:
-    """Per turn t: rows (nodes of level t), cache slots, and the cache length when its decode loop starts (the
-    context but its last token: prefix - 1 + every earlier turn and prompt)."""
-    out, context = [], prefix_len - 1
-    for t in range(1, NUM_TURNS + 1):
-        if t > 1:
-            context += config.max_turn_tokens[t - 2] + prompt_lens[t - 2]
-        out.append(
-            dict(
-                rows=batch * num_nodes(config.branching, t),
-                slots=config.cache_size(prefix_len, prompt_lens, upto_turn=t),
-                context=context,
-                budget=config.max_turn_tokens[t - 1],
-            )
-        )
+def _options(text: str) -> dict:
+    """'key=value,...' -> XLA compiler options (true / false and integers converted)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise SystemExit(f"--decode-options: expected key=value,..., got {text!r}")
+        v = value.strip()
+        out[key.strip()] = {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
     return out
-
-
-def hbm_bandwidth_measured(nbytes: int, reps: int = 5) -> float:
-    """Best bytes/s of a jitted sum over a bfloat16 array of ``nbytes`` (one streaming read)."""
-    x = jnp.ones((nbytes // 2,), jnp.bfloat16)
-    f = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
-    best = harness.best_time(f, x, warmup=1, repeats=reps)
-    del x
-    return nbytes / best
 
 
 # ------------------------------------------------------------------------------------------------ parts
@@ -215,211 +128,6 @@ def run_prefill(params, cfg, steps, config, res, reps: int) -> None:
         mfu=flops / sec / peak if peak else None,
     )
     res["prefill_mfu"] = res["prefill"]["mfu"]
-
-
-def _turn_program(params, cfg, config, shape: dict, temperature: float, options: dict | None = None):
-    """(compiled, run, release): one turn's decode loop at the tree's shape (rows, cache slots, starting length,
-    budget), compiled ahead with the XLA ``options``; ``run()`` decodes the turn once from the starting length
-    (the cache is donated and comes back for the next call); ``release()`` frees the cache."""
-    rows, slots, context = shape["rows"], shape["slots"], shape["context"]
-    t = cfg.text
-
-    @jax.jit
-    def fresh():
-        kv = (t.num_hidden_layers, rows, slots, t.num_key_value_heads, t.head_dim)
-        k, v = (jnp.zeros(kv, jnp.dtype(cfg.dtype)) for _ in range(2))
-        n = jnp.full((rows,), context, jnp.int32)
-        return KVCache(k=k, v=v, length=n, next_pos=n)
-
-    def turn(p, cache, feed, keys, temp):
-        tok, n, lp, fin, cache, pending = sample_config_turn(p, cfg, cache, feed, keys, shape["budget"], temp, config)
-        return cache, tok
-
-    box = {"cache": fresh()}
-    feed = jnp.full((rows,), 10, jnp.int32)
-    keys = jax.random.split(jax.random.PRNGKey(0), rows)  # uint32[rows, 2], as the sampler's node keys
-    temp = jnp.float32(temperature)
-    lowered = jax.jit(turn, donate_argnums=(1,)).lower(params, box["cache"], feed, keys, temp)
-    compiled = lowered.compile(compiler_options=options or None)
-
-    def run():
-        n = jnp.full((rows,), context, jnp.int32)  # new arrays: the donated cache takes its own with it
-        box["cache"], tok = compiled(params, box["cache"].replace(length=n, next_pos=n + 0), feed, keys, temp)
-        return box["cache"], tok
-
-    return compiled, run, box.clear
-
-
-def _timed_turn(params, cfg, config, shape, temperature, reps: int, options=None):
-    """(compile seconds, median seconds of one turn, compiled, run, release) after one warm-up call."""
-    t0 = time.perf_counter()
-    compiled, run, release = _turn_program(params, cfg, config, shape, temperature, options)
-    compile_s = time.perf_counter() - t0
-    return compile_s, harness.median_time(run, warmup=1, repeats=reps), compiled, run, release
-
-
-def _profile_turn(params, cfg, config, shape, temperature, trace_dir: str) -> dict:
-    """Where one turn's device time goes: the turn compiled without XLA's command buffers (which would report a
-    layer's kernels as one event), traced for one call: kernel milliseconds by part and the top instructions
-    (``xla_profile.profile_parts``), and the fraction of the call's wall time the device was busy."""
-    from tools.xla_profile import profile_parts
-
-    try:
-        compiled, run, release = _turn_program(params, cfg, config, shape, temperature, PROFILE_OPTIONS)
-        jax.block_until_ready(run())
-        wall = []
-
-        def call():
-            t0 = time.perf_counter()
-            jax.block_until_ready(run())
-            wall.append(time.perf_counter() - t0)
-
-        prof = profile_parts(compiled.as_text(), call, 1, trace_dir, top=12)
-        release()
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    if "total_ms" in prof:
-        prof.update(wall_ms=wall[0] * 1e3, busy_fraction=prof["total_ms"] / 1e3 / wall[0])
-    return dict(prof, compiler_options=PROFILE_OPTIONS)
-
-
-def run_decode(params, cfg, steps, config, res, turns, reps: int, options: dict, profile: str | None) -> None:
-    prompt_lens = [len(p) for p in steps[0].turn_prompt_ids]
-    shapes = turn_shapes(config, len(steps), len(steps[0].prefix_ids), prompt_lens)
-    weights, per_token = res["decode_weight_bytes"], res["kv_bytes_per_token"]
-    bandwidth = res["hbm_bytes_per_s"]
-    out = res.setdefault("decode", {})
-    for i, t in enumerate(turns):
-        s = shapes[t - 1]
-        temperature = config.temperature[t - 1]
-        compile_s, turn_s, _, _, release = _timed_turn(params, cfg, config, s, temperature, reps)
-        mean_context = s["context"] + (s["budget"] + 1) / 2  # cache slots read, the new token included
-        step_bytes = weights + s["rows"] * mean_context * per_token
-        bound_s = step_bytes / bandwidth
-        step_s = turn_s / s["budget"]
-        out[f"turn{t}"] = entry = dict(
-            s,
-            mean_context=mean_context,
-            compile_s=compile_s,
-            turn_s=turn_s,
-            step_s=step_s,
-            bytes_per_step=step_bytes,
-            bound_s=bound_s,
-            bound_over_step=bound_s / step_s,
-        )
-        release()
-        last = i == len(turns) - 1
-        if profile and last:
-            res["decode_profile"] = dict(_profile_turn(params, cfg, config, s, temperature, profile), turn=t)
-        if options and last:  # the same turn compiled with other XLA options
-            _, alt_s, _, _, release = _timed_turn(params, cfg, config, s, temperature, reps, options)
-            release()
-            entry.update(options_step_s=alt_s / s["budget"], options_bound_over_step=bound_s * s["budget"] / alt_s)
-        # over the turns timed so far: bound time / actual time of their whole decode loops
-        done = list(out.values())
-        res["decode_bound_ratio"] = sum(v["bound_s"] * v["budget"] for v in done) / sum(v["turn_s"] for v in done)
-
-
-def _options(text: str) -> dict:
-    """'key=value,...' -> XLA compiler options (true / false and integers converted)."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise SystemExit(f"--decode-options: expected key=value,..., got {text!r}")
-        v = value.strip()
-        out[key.strip()] = {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
-    return out
-
-
-def run_transformers(cfg, steps, config, res, args, deadline: float | None, box: dict) -> None:
-    """The transformers tree in a subprocess (its own accelerator context, killed at the deadline)."""
-    with tempfile.TemporaryDirectory() as d:
-        np.savez(
-            Path(d) / "prompts.npz",
-            prefix=np.stack([s.prefix_ids for s in steps]),
-            pixels=np.stack([s.pixel_values for s in steps]),
-            grids=np.stack([s.image_grid_thw for s in steps]),
-            **{f"prompt{t}": np.stack([s.turn_prompt_ids[t] for s in steps]) for t in range(3)},
-        )
-        spec = dict(
-            size=args.size,
-            dtype=args.dtype,
-            branching=list(config.branching),
-            turns=list(config.max_turn_tokens),
-            seed=args.seed,
-        )
-        (Path(d) / "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, JAX_PLATFORMS="cpu")  # the worker never touches the accelerator through JAX
-        cmd = [sys.executable, "-m", "tools.bench_sampler_gpu", "--transformers-worker", d]
-        timeout = None if deadline is None else max(1.0, deadline - time.monotonic() - 2.0)
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        box["child"] = proc
-        try:
-            log, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            log, _ = proc.communicate()
-            raise RuntimeError(f"transformers did not finish within {timeout:.0f} s: {log[-1500:]}") from None
-        finally:
-            box.pop("child", None)
-        found = Path(d) / "result.json"
-        if proc.returncode or not found.is_file():
-            raise RuntimeError(f"transformers worker exited with {proc.returncode}: {log[-3000:]}")
-        hf = json.loads(found.read_text())
-    leaves = len(steps) * num_leaves(config.branching)
-    hf["leaves_per_s"] = leaves / hf["s"]
-    res["transformers"] = hf
-    if "tree" in res:
-        res["ratio_vs_transformers"] = hf["s"] / res["tree"]["warm_s"]
-
-
-def transformers_worker(d: str) -> int:
-    """The subprocess side of ``run_transformers``: random weights of the same architecture made directly on the
-    device (bf16 on a GPU), then the level-by-level ``generate`` tree."""
-    import torch
-    import transformers
-    from transformers import Qwen2VLConfig as HFQwen2VLConfig
-    from transformers import Qwen2VLForConditionalGeneration
-    from transformers.utils import logging as hf_logging
-
-    from tools.bench_tree import transformers_tree_seconds
-
-    hf_logging.set_verbosity_error()
-    spec = json.loads((Path(d) / "spec.json").read_text())
-    data = np.load(Path(d) / "prompts.npz")
-    cfg = model_config(spec["size"], spec["dtype"], "reference")
-    steps = [
-        StepPrompts(
-            prefix_ids=data["prefix"][i],
-            turn_prompt_ids=tuple(data[f"prompt{t}"][i] for t in range(3)),
-            pixel_values=data["pixels"][i],
-            image_grid_thw=data["grids"][i],
-            uid=i,
-        )
-        for i in range(data["prefix"].shape[0])
-    ]
-    config = sampler_config(cfg, steps, tuple(spec["branching"]), tuple(spec["turns"]))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(spec["seed"])
-    t0 = time.perf_counter()
-    with torch.device(device):
-        model = Qwen2VLForConditionalGeneration._from_config(
-            HFQwen2VLConfig(**cfg.to_hf_dict()), dtype=getattr(torch, spec["dtype"]), attn_implementation="sdpa"
-        ).eval()
-    init_s = time.perf_counter() - t0
-    sec = transformers_tree_seconds(model, cfg, steps, config, device=device)
-    out = dict(
-        s=sec,
-        init_s=init_s,
-        device=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        dtype=spec["dtype"],
-        attn_implementation="sdpa",
-    )
-    (Path(d) / "result.json").write_text(json.dumps(out))
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------ main
