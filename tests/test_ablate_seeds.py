@@ -44,7 +44,8 @@ def test_summary_over_seeds_is_the_mean_and_sample_sd_of_each_seeds_gain():
     assert [d["gain"] for d in control["tdpo_minus"]] == [0.04, -0.01]
     table = format_seeds(s)
     assert "+4.0 ± 1.4" in table  # T-DPO: mean +4.0, sd 1.41 points
-    assert "continued SFT (control) (1/2)" in table and "+1.5 ± 3.5" in table
+    control_line = next(line for line in table.splitlines() if "continued SFT" in line and "1/2" in line)
+    assert "+1.5 ± 3.5" in control_line and "+4.0 [+1.0, +7.0]" in control_line  # T-DPO minus control
     assert "+5.0 [+2.0, +8.0]" in table and "+3.0 [+0.0, +6.0]" in table  # each seed's interval
 
 

@@ -172,12 +172,15 @@ def round_gains_table(rows: Sequence[dict]) -> str:
 
 def seeds_gain_table(variants: Sequence[dict], seeds: Sequence[int], per_seed: str, mean: str) -> str:
     """One line per variant: ``mean`` (mean ± sd, points), then each seed's ``per_seed`` interval."""
-    head = f"{'variant':<26}{'mean ± sd':>13}" + "".join(f"{'seed ' + str(s):>22}" for s in seeds)
+    ahead = per_seed == "tdpo_minus"  # the seeds where T-DPO is ahead, k/n
+    head = f"{'variant':<26}{'mean ± sd':>13}{'ahead' if ahead else '':>7}" + "".join(
+        f"{'seed ' + str(s):>22}" for s in seeds
+    )
     lines = [head, "-" * len(head)]
     for v in variants:
-        ahead = f" ({v['tdpo_ahead']}/{len(seeds)})" if per_seed == "tdpo_minus" else ""
+        k = f"{v['tdpo_ahead']}/{len(seeds)}" if ahead else ""
         lines.append(
-            f"{v.get('label', v['variant']) + ahead:<26}{_mean_sd(v.get(mean)):>13}"
+            f"{v.get('label', v['variant']):<26}{_mean_sd(v.get(mean)):>13}{k:>7}"
             + "".join(f"{_interval(g):>22}" for g in v.get(per_seed) or ())
         )
     return "\n".join(lines)
