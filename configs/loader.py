@@ -4,7 +4,7 @@ A config file has a ``get_config(arg=None)`` returning an ``ml_collections.Confi
 setting's default, from the typed settings) with what the file changes. ``--config`` names it as a path
 (``my_config.py[:arg]``) or as a config shipped in ``ipl_jax.configs`` (``synthetic[:quick]``). Any field can be
 overridden with ``--config.a.b=value`` (or ``--config.a.b value``); the text goes straight to the typed settings,
-which parse it by the field's declared type (``ipl_jax.settings.base``): an unknown field is a one-line
+which parse it by the field's declared type (``ipl_jax.sections``): an unknown field is a one-line
 ``ConfigError``, a value that does not parse a one-line ``SettingsError`` naming it.
 
     settings = load_settings("synthetic:quick", ["--config.sft.learning_rate=1e-4"])   # ipl_jax.settings.Settings
@@ -25,8 +25,8 @@ from typing import Any
 
 import ml_collections
 
+from ipl_jax.sections import CommandLineText
 from ipl_jax.settings import Settings
-from ipl_jax.settings.base import CommandLineText
 
 CONFIG_DIR = Path(__file__).resolve().parent  # the shipped configs live beside this loader
 _OVERRIDE_PREFIX = "--config."

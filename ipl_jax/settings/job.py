@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.sections import Section, SettingsError, setting_error
-from ipl_jax.settings.base import _section, defaults
+from ipl_jax.sections import Section, SettingsError, defaults, section_from, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
 from ipl_jax.settings.model import BucketSettings, ModelSettings
@@ -116,7 +115,7 @@ class Settings(Section):
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Settings:
         """Settings from a job config as nested dicts (a config file's sections); raises ``SettingsError``."""
-        return _section(cls, values, "")
+        return section_from(cls, values, "")
 
     @classmethod
     def defaults(cls) -> dict:

@@ -8,6 +8,8 @@ import dataclasses
 import typing
 from collections.abc import Sequence
 
+from ipl_jax.sections import CommandLineText, SettingsError, typed
+
 # Colour palettes. Keys: bg, surface, header, header_text, text, subtle, accent, on_accent, divider, toggle_off.
 THEMES = {
     "light": dict(
@@ -197,32 +199,6 @@ class WorldConfig:
         return out
 
 
-def _convert(name: str, hint, text: str):
-    origin = typing.get_origin(hint)
-    if hint is bool:
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name}: {text!r} is not a boolean")
-    if hint is int:
-        return int(text)
-    if hint is float:
-        return float(text)
-    if origin is tuple:
-        args = typing.get_args(hint)
-        parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
-        if args and args[-1] is Ellipsis:
-            return tuple(_convert(name, args[0], p) for p in parts)
-        if len(parts) != len(args):
-            raise ValueError(f"{name}: expected {len(args)} comma-separated values, got {text!r}")
-        return tuple(_convert(name, a, p) for a, p in zip(args, parts))
-    if hint is str:
-        return text
-    raise ValueError(f"{name}: cannot parse values of type {hint}")
-
-
 def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfig:
     """``config`` with ``k=v`` overrides applied, e.g. ``["width=252", "n_contacts=4,20", "themes=rose"]``."""
     hints = typing.get_type_hints(WorldConfig)
@@ -232,8 +208,8 @@ def apply_overrides(config: WorldConfig, overrides: Sequence[str]) -> WorldConfi
         key = key.strip()
         if not sep or key not in hints:
             raise ValueError(f"--world {item!r}: expected k=v with k one of {sorted(hints)}")
-        try:
-            changes[key] = _convert(key, hints[key], value)
-        except ValueError as e:
-            raise ValueError(f"--world {item!r}: {e}") from None
+        try:  # the one parser of settings text, by the field's annotated type
+            changes[key] = typed(hints[key], CommandLineText(value), key)
+        except SettingsError as e:
+            raise ValueError(f"--world {item!r}: {e.why}") from None
     return dataclasses.replace(config, **changes)
