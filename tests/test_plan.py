@@ -157,6 +157,22 @@ _PLAN_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("name", ["synthetic", "synthetic:gpu"])
+def test_plan_plans_the_fresh_model_the_job_builds(tmp_path, name):
+    """The plan (no tokenizer) and the model stage (a tokenizer trained on the data) build a fresh model alike:
+    the same sizes, so the same parameter count."""
+    from ipl_jax.data.tiny_tokenizer import train_tokenizer, write_tokenizer
+    from ipl_jax.pipeline.model_stage import model_config_dict, tokenizer_corpus
+
+    m = load_settings(name, []).model
+    special_ids = write_tokenizer(train_tokenizer(tokenizer_corpus([]), m.vocab_size), tmp_path / "tok")
+    job = Qwen2VLConfig.from_hf_dict(model_config_dict(m, special_ids))
+    label, planned = plan_shapes.model_config(m, name)
+    assert label == "config.model"
+    assert count_params(param_shapes(planned)) == count_params(param_shapes(job))
+    assert planned.vision == job.vision
+
+
 def test_tiny_job_planned_on_four_fake_devices(tmp_path):
     out4, out1 = tmp_path / "plan4.json", tmp_path / "plan1.json"
     args = [

@@ -1,8 +1,41 @@
-"""The benchmarks' model: a Qwen2-VL config built from a size table (tools/bench_tree.py, tools/bench_tdpo.py)."""
+"""The benchmarks' model: a Qwen2-VL config built from a size table (tools/bench_tree.py, tools/bench_tdpo.py,
+tools/bench_precision.py), and the sizes they share: model dimensions, screenshot grid and the text around it."""
 
 from __future__ import annotations
 
 from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+
+# "53m": 53M parameters, 529 image tokens per step; "12m": about 12M parameters, 144 image tokens per step.
+SIZES = {
+    "53m": dict(
+        hidden=512,
+        layers=8,
+        heads=8,
+        kv_heads=4,
+        inter=2048,
+        vocab=16384,
+        v_dim=256,
+        v_depth=4,
+        v_heads=4,
+        grid=(1, 46, 46),
+        text_before=12,
+        text_after=24,
+    ),
+    "12m": dict(
+        hidden=256,
+        layers=4,
+        heads=4,
+        kv_heads=2,
+        inter=1024,
+        vocab=8192,
+        v_dim=128,
+        v_depth=2,
+        v_heads=2,
+        grid=(1, 24, 24),
+        text_before=8,
+        text_after=16,
+    ),
+}
 
 
 def bench_model(s: dict) -> Qwen2VLConfig:

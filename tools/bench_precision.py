@@ -38,7 +38,7 @@ from ipl_jax.sampling.tree_sampler import sample_tree_jit
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import cast_floating
 from tools import harness
-from tools.bench_models import bench_model
+from tools.bench_models import SIZES, bench_model
 from tools.bench_tdpo import SHAPES as TDPO_SHAPES
 from tools.bench_tdpo import TEXT_BUCKETS, make_workload
 from tools.bench_tree import SHAPES as TREE_SHAPES
@@ -46,18 +46,7 @@ from tools.bench_tree import random_steps
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
 TDPO_SHAPE = dict(
-    hidden=256,
-    layers=4,
-    heads=4,
-    kv_heads=2,
-    inter=1024,
-    vocab=8192,
-    v_dim=128,
-    v_depth=2,
-    v_heads=2,
-    grid=(1, 24, 24),
-    text_before=8,
-    text_after=16,
+    SIZES["12m"],
     prompts=(24, 16),
     turns=(24, 24),
     action=(6, 12),

@@ -49,7 +49,7 @@ from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from tools import harness
-from tools.bench_models import bench_model
+from tools.bench_models import SIZES, bench_model
 from tools.bench_tdpo_agreement import print_agreement, run_agreement
 from tools.bench_tdpo_trl import make_trl
 
@@ -57,18 +57,7 @@ from tools.bench_tdpo_trl import make_trl
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
 SHAPES = {
     "default": dict(
-        hidden=512,
-        layers=8,
-        heads=8,
-        kv_heads=4,
-        inter=2048,
-        vocab=16384,
-        v_dim=256,
-        v_depth=4,
-        v_heads=4,
-        grid=(1, 46, 46),
-        text_before=12,
-        text_after=24,
+        SIZES["53m"],
         prompts=(40, 28),
         turns=(48, 48),
         action=(8, 16),

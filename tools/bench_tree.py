@@ -37,24 +37,13 @@ from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params
 from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing
 from tools import harness
-from tools.bench_models import bench_model
+from tools.bench_models import SIZES, bench_model
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
 # prefix, finish in a few minutes on 2 CPU cores; "full" is the paper's K=3 (27 leaves, ~3x longer).
 _BENCH_MODEL = dict(
-    hidden=512,
-    layers=8,
-    heads=8,
-    kv_heads=4,
-    inter=2048,
-    vocab=16384,
-    v_dim=256,
-    v_depth=4,
-    v_heads=4,
-    grid=(1, 46, 46),
-    text_before=12,
-    text_after=24,
+    SIZES["53m"],
     prompts=(40, 28, 16),
     turns=(48, 48, 16, 16),
     steps=1,
@@ -63,18 +52,7 @@ SHAPES = {
     "default": dict(_BENCH_MODEL, branching=(2, 2, 2, 1)),
     "full": dict(_BENCH_MODEL, branching=(3, 3, 3, 1)),
     "quick": dict(
-        hidden=256,
-        layers=4,
-        heads=4,
-        kv_heads=2,
-        inter=1024,
-        vocab=8192,
-        v_dim=128,
-        v_depth=2,
-        v_heads=2,
-        grid=(1, 24, 24),
-        text_before=8,
-        text_after=16,
+        SIZES["12m"],
         prompts=(24, 16, 12),
         turns=(16, 16, 8, 8),
         branching=(2, 2, 2, 1),

@@ -12,9 +12,11 @@ import re
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.data.tokenizer import ENDOFTEXT, IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.sharding import AXES
 from ipl_jax.model.vision import VisionInputs
+from ipl_jax.pipeline.model_stage import model_config_dict
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.settings import ModelSettings, SamplerSettings, Settings
@@ -113,36 +115,10 @@ def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") ->
     for pattern, name in _CONFIG_ARCH:
         if re.match(pattern, stem):
             return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
-    head_dim = m.hidden_size // m.num_attention_heads
-    half = head_dim // 2
-    t_sec, h_sec = half // 4, (half - half // 4) // 2
-    vocab = m.vocab_size
-    return "config.model", Qwen2VLConfig(
-        vision=VisionConfig(
-            depth=m.vision_depth,
-            embed_dim=m.vision_embed_dim,
-            num_heads=m.vision_num_heads,
-            hidden_size=m.hidden_size,
-        ),
-        text=TextConfig(
-            vocab_size=vocab,
-            hidden_size=m.hidden_size,
-            intermediate_size=m.intermediate_size,
-            num_hidden_layers=m.num_hidden_layers,
-            num_attention_heads=m.num_attention_heads,
-            num_key_value_heads=m.num_key_value_heads,
-            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
-            eos_token_id=(vocab - 1,),
-            bos_token_id=0,
-            pad_token_id=0,
-            rms_norm_eps=1e-6,
-        ),
-        tie_word_embeddings=m.tie_word_embeddings,
-        image_token_id=vocab - 4,
-        video_token_id=vocab - 3,
-        vision_start_token_id=vocab - 6,
-        vision_end_token_id=vocab - 5,
-    )
+    # the job's fresh model (model_stage), its special tokens at the top of the vocabulary (the plan has no tokenizer)
+    v = m.vocab_size
+    ids = {ENDOFTEXT: v - 7, VISION_START: v - 6, VISION_END: v - 5, IMAGE_PAD: v - 4, VIDEO_PAD: v - 3, IM_END: v - 1}
+    return "config.model", Qwen2VLConfig.from_hf_dict(model_config_dict(m, ids))
 
 
 @dataclasses.dataclass(frozen=True)
