@@ -321,6 +321,12 @@ def test_optimizer_settings_come_from_the_sections():
         weight_decay=0.02,
         grad_clip_norm=0.5,
     )
+    # the RL learners clip where SFT and T-DPO do
+    from ipl_jax.pipeline.configs import ppo_config
+
+    ppo = ppo_config(s.rl, s.buckets, object(), 0, s.model.precision(), False, s.sft.grad_clip)
+    for made in (ppo.settings.policy_optimizer(ppo.grad_clip_norm), ppo.settings.critic_optimizer(ppo.grad_clip_norm)):
+        assert made.grad_clip_norm == 0.5 and made.weight_decay == 0.01
     # a round's cosine spans its updates; a constant schedule is left as it is
     cfg = object()
     short = TDPOConfig(model=cfg, optimizer_settings=dataclasses.replace(IPL_OPTIMIZER, learning_rate=2e-6))

@@ -74,13 +74,21 @@ def grpo_config(
 
 
 def ppo_config(
-    rl: RLSettings, buckets: BucketSettings, cfg: Qwen2VLConfig, pad_id: int, precision: Precision, gigppo: bool
+    rl: RLSettings,
+    buckets: BucketSettings,
+    cfg: Qwen2VLConfig,
+    pad_id: int,
+    precision: Precision,
+    gigppo: bool,
+    grad_clip: float,
 ) -> PPOConfig:
-    """``PPOConfig`` of the job (its ``rl.ppo`` section); ``gigppo`` switches the sibling-conditioned critic."""
+    """``PPOConfig`` of the job (its ``rl.ppo`` section, SFT's clipping); ``gigppo`` switches the sibling-conditioned
+    critic."""
     return PPOConfig(
         model=cfg,
         settings=rl.ppo,
         gigppo=gigppo,
+        grad_clip_norm=grad_clip,
         rows=row_config(rl, buckets, rl.ppo.minibatch_rows, pad_id),
         remat=precision.remat,
         compute_dtype=precision.compute_dtype,

@@ -66,7 +66,13 @@ def round_ppo_config(settings: Settings, policy: Policy, gigppo: bool) -> PPOCon
     """The round's ``PPOConfig``: the job's ``rl.ppo`` section in its precision (as ``round_grpo_config``)."""
     model = job_model_config(policy.cfg, settings.model)
     return ppo_config(
-        settings.rl, settings.buckets, model, policy.tokenizer.ids.pad, settings.model.precision(), gigppo
+        settings.rl,
+        settings.buckets,
+        model,
+        policy.tokenizer.ids.pad,
+        settings.model.precision(),
+        gigppo,
+        settings.sft.grad_clip,
     )
 
 

@@ -31,8 +31,8 @@ from ipl_jax.training import step as step_lib
 class PPOConfig:
     """PPO / GiGPPO as the ``rl.ppo`` section ``settings`` says (discounts, KL, value clip, critic warm-up, updates,
     learning rates, batch sizes), plus what is not a job setting: the GiGPPO switch, the terminal discount, the
-    dual clip, critic updates, length_norm, normalize_advantages, the critic's frozen vision, and precision as in
-    ``GRPOConfig``.
+    dual clip, critic updates, length_norm, normalize_advantages, the critic's frozen vision, ``grad_clip_norm``
+    (the job's ``sft.grad_clip``, for the policy and the critic) and precision as in ``GRPOConfig``.
     """
 
     model: Qwen2VLConfig
@@ -47,6 +47,7 @@ class PPOConfig:
     length_norm: str = "sequence"
     critic_freeze_vision: bool = True
     sibling_width: int = 64
+    grad_clip_norm: float = 1.0
     rows: RowConfig = RowConfig()
     logp_chunk: int = 128
     remat: bool | str = False
@@ -95,14 +96,14 @@ def init_ppo_state(
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
     pstate = state_lib.create_train_state(
         policy_params,
-        optimizer_lib.make_optimizer(config.settings.policy_optimizer()),
+        optimizer_lib.make_optimizer(config.settings.policy_optimizer(config.grad_clip_norm)),
         rng_p,
         freeze_regex=policy_freeze_regex,
         frozen_dtype=frozen_dtype,
     )
     cstate = state_lib.create_train_state(
         critic,
-        optimizer_lib.make_optimizer(config.settings.critic_optimizer()),
+        optimizer_lib.make_optimizer(config.settings.critic_optimizer(config.grad_clip_norm)),
         rng_c,
         freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None,
         frozen_dtype=frozen_dtype,
@@ -151,9 +152,9 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
 
 def _ppo_update(state: state_lib.TrainState, batch: PPOBatch, kind: str, config: PPOConfig):
     objective, settings, weight = (
-        (policy_objective, config.settings.policy_optimizer(), "actions")
+        (policy_objective, config.settings.policy_optimizer(config.grad_clip_norm), "actions")
         if kind == "policy"
-        else (critic_objective, config.settings.critic_optimizer(), "states")
+        else (critic_objective, config.settings.critic_optimizer(config.grad_clip_norm), "states")
     )
     step = step_lib.train_step_fn(
         lambda params, b, rng: objective(params, b, config),

@@ -113,10 +113,12 @@ class PPOSettings(Section):
         """Live worlds per rollout batch."""
         return self.tasks_per_batch * self.trajectories_per_task
 
-    def policy_optimizer(self):
-        """The policy's ``OptimizerSettings``: a constant ``policy_learning_rate``, AdamW's decay 0.01."""
-        return _constant(self.policy_learning_rate, weight_decay=PPO_WEIGHT_DECAY)
+    def policy_optimizer(self, grad_clip_norm: float):
+        """The policy's ``OptimizerSettings``: a constant ``policy_learning_rate``, AdamW's decay 0.01, clipped at
+        ``grad_clip_norm`` (<= 0: no clipping)."""
+        return _constant(self.policy_learning_rate, weight_decay=PPO_WEIGHT_DECAY, grad_clip_norm=grad_clip_norm)
 
-    def critic_optimizer(self):
-        """The critic's ``OptimizerSettings``: a constant ``critic_learning_rate``, AdamW's decay 0.01."""
-        return _constant(self.critic_learning_rate, weight_decay=PPO_WEIGHT_DECAY)
+    def critic_optimizer(self, grad_clip_norm: float):
+        """The critic's ``OptimizerSettings``: a constant ``critic_learning_rate``, AdamW's decay 0.01, clipped at
+        ``grad_clip_norm``."""
+        return _constant(self.critic_learning_rate, weight_decay=PPO_WEIGHT_DECAY, grad_clip_norm=grad_clip_norm)
