@@ -1,11 +1,20 @@
 """The ablation over seeds: each seed's gains and T-DPO's paired differences summed up by hand-checkable numbers
-(mean, sample sd, seeds ahead), and the table that prints them; ``--seeds`` names a bad list in one line."""
+(mean, sample sd, seeds ahead), and the table that prints them; ``--seeds`` names a bad list in one line; variants
+of one's own (``--variant``) start from a built-in one and change round settings only."""
 
 import math
+import re
 
 import pytest
 
-from ipl_jax.pipeline.ablate import format_ablation, format_seeds, summarize_seeds
+from ipl_jax.pipeline.ablate import (
+    VARIANTS,
+    format_ablation,
+    format_seeds,
+    parse_variant,
+    summarize_seeds,
+    variant_settings,
+)
 
 
 def _g(gain: float) -> dict:
@@ -60,3 +69,53 @@ def test_one_seed_has_no_spread_and_the_single_seed_table_shows_each_round():
 def test_no_results_is_an_error():
     with pytest.raises(ValueError, match="no ablation results"):
         summarize_seeds([])
+
+
+def test_own_variant_starts_from_a_built_in_one_and_changes_round_settings():
+    from ipl_jax.configs.loader import load_settings
+
+    base = load_settings("synthetic:quick", ["--config.ablation.rounds=3"])
+    name, switches = parse_variant("noneg_b05=no_negatives ipl.beta=0.5 ipl.pair_turns=3,4 rl.grpo.group_size=4")
+    assert name == "noneg_b05" and switches["ipl.method"] == "no_negatives"
+    s = variant_settings(base, name, {**VARIANTS, name: switches})
+    assert (s.ipl.method, s.ipl.beta, s.ipl.pair_turns, s.rl.grpo.group_size) == ("no_negatives", 0.5, (3, 4), 4)
+    assert (s.ipl.rounds, s.ipl.early_stop, s.eval.every_round) == (3, False, True)  # as every ablation variant
+    assert s.replace({"ipl.beta": base.ipl.beta, "ipl.pair_turns": base.ipl.pair_turns, "rl.grpo.group_size": 8}) == (
+        variant_settings(base, "no_negatives")
+    )  # nothing else changed
+    _, alone = parse_variant("lr=ipl.later_learning_rate=1e-5")  # no base: the base job's method
+    assert variant_settings(base, "lr", {"lr": alone}).ipl.later_learning_rate == 1e-5
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("nobase", "expected NAME=[BASE] FIELD=VALUE"),
+        ("Big=tdpo", "lower-case"),
+        ("tdpo=ipl.beta=1", "'tdpo' is a built-in variant"),
+        ("a=k9", "'k9' is neither a variant"),
+        ("a=ipl.beta=1 tdpo", "'tdpo' is neither a variant"),  # a base comes first
+        ("a=model.hidden_size=64", "not a round setting"),
+        ("a=", "changes nothing"),
+    ],
+)
+def test_own_variant_errors_name_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_variant(text)
+
+
+def test_cli_runs_own_variants_after_the_named_ones(monkeypatch, tmp_path):
+    from ipl_jax.cli import ablate as cli
+
+    seen = {}
+
+    def fake_run_seeds(settings, workdir, names, seeds, extra_variants=None):
+        seen.update(names=list(names), seeds=list(seeds), own=extra_variants)
+        return {"seeds": list(seeds)}
+
+    monkeypatch.setattr(cli, "run_seeds", fake_run_seeds)
+    monkeypatch.setattr(cli, "format_seeds", lambda summary: "table")
+    argv = ["--config", "synthetic:quick", "--workdir", str(tmp_path), "--variants", "tdpo", "--seeds", "0,1"]
+    assert cli.main([*argv, "--variant", "b05=tdpo ipl.beta=0.5"]) == 0
+    assert seen["names"] == ["tdpo", "b05"] and seen["seeds"] == [0, 1]
+    assert seen["own"] == {"b05": {"ipl.method": "tdpo", "ipl.beta": "0.5"}}

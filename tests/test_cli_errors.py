@@ -261,6 +261,26 @@ CASES = [
         r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, ",
     ),
     Case(
+        "ablate own variant outside the rounds",
+        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--variant", "a=sft.steps=3"],
+        2,
+        r"^ipl-jax ablate: --variant 'a=sft.steps=3': 'sft.steps' is not a round setting \(ipl\.\* or rl\.\*\)",
+    ),
+    Case(
+        "ablate own variant bad value",
+        lambda f: [
+            "ablate",
+            "--config",
+            "synthetic:quick",
+            "--workdir",
+            str(f.fresh),
+            "--variant",
+            "b=tdpo ipl.beta=x",
+        ],
+        2,
+        r"^ipl-jax ablate: --variant b: ipl\.beta: must be a number",
+    ),
+    Case(
         "ablate bad seeds",
         lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--seeds", "0,1,1"],
         2,

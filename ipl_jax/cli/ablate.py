@@ -10,8 +10,17 @@ from pathlib import Path
 from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
 from ipl_jax.cli.run import job_settings
-from ipl_jax.pipeline.ablate import VARIANTS, format_ablation, format_seeds, run_ablation, run_seeds, variant_settings
+from ipl_jax.pipeline.ablate import (
+    VARIANTS,
+    format_ablation,
+    format_seeds,
+    parse_variant,
+    run_ablation,
+    run_seeds,
+    variant_settings,
+)
 from ipl_jax.pipeline.sources import check_job
+from ipl_jax.sections import SettingsError
 
 PROG = "ipl-jax ablate"
 
@@ -23,6 +32,14 @@ def parser() -> CommandParser:
         "--variants",
         default=None,
         help=f"comma-separated subset of {','.join(VARIANTS)} (default: config.ablation.variants)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='"NAME=[BASE] FIELD=VALUE ..."',
+        help="a variant of your own, run after --variants from the same seed: BASE (optional) a variant above, then "
+        'round settings (ipl.*, rl.*) it changes, e.g. --variant "tdpo_b05=tdpo ipl.beta=0.5" (repeatable)',
     )
     p.add_argument(
         "--seeds",
@@ -42,9 +59,23 @@ def main(argv: list[str]) -> int:
     for n in names:
         if n not in VARIANTS:
             p.error(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
-        check_job(variant_settings(settings, n))  # every variant's settings, before the base job starts
+    own = {}
+    for text in args.variant:
+        try:
+            name, switches = parse_variant(text)
+        except ValueError as e:
+            p.error(str(e))
+        own[name] = switches
+        if name not in names:
+            names.append(name)
+    for n in names:
+        try:  # every variant's settings, before the base job starts
+            variant = variant_settings(settings, n, {**VARIANTS, **own})
+        except SettingsError as e:
+            p.error(f"--variant {n}: {e.why}" if n in own else str(e))
+        check_job(variant)
     if args.seeds is None:
-        result = run_ablation(settings, args.workdir, names)
+        result = run_ablation(settings, args.workdir, names, extra_variants=own)
         if distributed.is_main():
             print("\n" + format_ablation(result))
             print(f"\nwritten: {Path(args.workdir) / 'ablation.json'}")
@@ -52,7 +83,7 @@ def main(argv: list[str]) -> int:
     seeds = seed_list(p, args.seeds)
     for s in seeds:
         settings.replace({"seed": s})  # a seed out of range ends here, in one line, before any job starts
-    summary = run_seeds(settings, args.workdir, names, seeds)
+    summary = run_seeds(settings, args.workdir, names, seeds, extra_variants=own)
     if distributed.is_main():
         print("\n" + format_seeds(summary))
         print(f"\nwritten: {Path(args.workdir) / 'ablation_seeds.json'}")

@@ -19,6 +19,7 @@ from ipl_jax.eval.bootstrap import episode_counts, paired_gain_interval, read_pr
 from ipl_jax.pipeline import report
 from ipl_jax.pipeline.run import run_job
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.sections import CommandLineText
 from ipl_jax.settings import Settings
 
 # name -> the settings it changes. continued_sft is the control (the same trees sampled and packed, the same
@@ -55,6 +56,7 @@ LABELS = {
     "ppo": "PPO (online, dense)",
     "gigppo": "GiGPPO (online)",
 }
+ROUND_SECTIONS = ("ipl", "rl")  # what a variant of your own may change: the rounds, never the shared seed's stages
 SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
 SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
 
@@ -68,6 +70,40 @@ def variant_settings(base: Settings, name: str, variants=None) -> Settings:
         raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(variants)}")
     rounds = {"ipl.rounds": base.ablation.rounds, "ipl.early_stop": False, "eval.every_round": True}
     return base.replace({**variants[name], **rounds})
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """A variant of your own, ``"NAME=BASE FIELD=VALUE ..."`` (``ipl-jax ablate --variant``): ``BASE`` (optional)
+    one of ``VARIANTS`` whose switches it starts from, then round settings (``ipl.*``, ``rl.*``) changed, each value
+    parsed by its field's type when the settings are made. Returns (name, {"section.field": value}); a malformed
+    text is a one-line ``ValueError``."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not name.replace("_", "").isalnum() or not name.islower():
+        raise ValueError(
+            f"--variant {text!r}: expected NAME=[BASE] FIELD=VALUE ... with NAME in lower-case letters, digits, _"
+        )
+    if name in VARIANTS:
+        raise ValueError(f"--variant {text!r}: {name!r} is a built-in variant; choose another name")
+    switches: dict = {}
+    for i, item in enumerate(rest.split()):
+        field, eq, value = item.partition("=")
+        if not eq and i == 0 and item in VARIANTS:
+            switches.update(VARIANTS[item])
+        elif not eq:
+            raise ValueError(
+                f"--variant {text!r}: {item!r} is neither a variant ({', '.join(VARIANTS)}) nor FIELD=VALUE"
+            )
+        elif field.split(".")[0] not in ROUND_SECTIONS:
+            raise ValueError(
+                f"--variant {text!r}: {field!r} is not a round setting (ipl.* or rl.*); the seed is shared by every "
+                f"variant, so settings of the stages before the rounds go to --config for the whole ablation"
+            )
+        else:
+            switches[field] = CommandLineText(value)
+    if not switches:
+        raise ValueError(f"--variant {text!r}: changes nothing (give a BASE variant or FIELD=VALUE)")
+    return name, switches
 
 
 def _ipl_key(settings: Settings) -> str:
@@ -192,14 +228,20 @@ def run_ablation(
 
 
 def run_seeds(
-    settings: Settings, workdir: str | Path, variants: Sequence[str], seeds: Sequence[int], echo=print
+    settings: Settings,
+    workdir: str | Path,
+    variants: Sequence[str],
+    seeds: Sequence[int],
+    echo=print,
+    extra_variants: dict | None = None,
 ) -> dict:
     """``run_ablation`` for each seed of ``seeds`` in ``WORKDIR/seed_<s>``, then ``summarize_seeds`` of them,
     written to ``WORKDIR/ablation_seeds.json``."""
     results = []
     for s in seeds:
         echo(f"==== seed {s} ====")
-        results.append(run_ablation(settings.replace({"seed": int(s)}), Path(workdir) / f"seed_{s}", variants, echo))
+        seeded = settings.replace({"seed": int(s)})
+        results.append(run_ablation(seeded, Path(workdir) / f"seed_{s}", variants, echo, extra_variants))
     summary = summarize_seeds(results)
     if distributed.is_main():
         write_json(Path(workdir) / "ablation_seeds.json", summary)
