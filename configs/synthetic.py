@@ -55,7 +55,8 @@ def quick(c):
     c.sft.warmup_steps, c.sft.seed_candidates = 2, 2
     c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
     c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
-    c.ipl.rounds, c.ipl.steps_per_round, c.ipl.batch_size = 1, 4, 4
+    c.ipl.rounds = c.ablation.rounds = 1
+    c.ipl.steps_per_round, c.ipl.batch_size = 4, 4
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 4, 4
     # an 8-step SFT policy's thoughts never name the golden action, so "consistent" γ pairs would leave its few
     # trees without a single pair: the smoke run takes the paper's pairs so that every stage has work
@@ -78,17 +79,19 @@ def scarce(c):
     rejection sampling (``no_negatives``), naive DPO, more SFT on the N annotated episodes (``continued_sft``)
     and SFT on the hidden CoaT of the M episodes (``sft_oracle``, an upper bound). N, M, the rounds and the
     round's optimizer are fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate,
-    ipl.schedule, ...); one round at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on seed 0) with its pairs
-    balanced over action types (ipl.type_balance = 1: without it the rounds trade PRESS steps for CLICK; README),
-    about 20 minutes per seed of that ablation on two cores: one base SFT, intermediate rounds (with ipl.rounds >
-    1) evaluated on dev only, no live-world episodes and no blank-screen control."""
+    ipl.schedule, ...). Three rounds, each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on
+    seed 0) and DPO's β 0.5 (at 0.1 the preference term left T-DPO level with rejection sampling; docs/rounds.md),
+    all three run (dev picks the exported round), pairs balanced over action types (ipl.type_balance = 1: without
+    it the rounds trade PRESS steps for CLICK; README); intermediate rounds evaluated on dev only."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
     c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
     c.seed_selection.steps = 8
-    c.ipl.rounds = c.ablation.rounds = 1
+    c.ipl.rounds = c.ablation.rounds = 3
+    c.ipl.early_stop = False  # dev (12 episodes) is too small to stop on: it cut 4 of 5 seeds after round 1
     c.ipl.steps_per_round = 48
     c.ipl.learning_rate = 1e-4
+    c.ipl.beta = 0.5
     c.ipl.type_balance = 1.0
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 12, 8
     c.eval.every_round = False
