@@ -325,7 +325,7 @@ def test_optimizer_settings_come_from_the_sections():
     from ipl_jax.pipeline.configs import ppo_config
 
     ppo = ppo_config(s.rl, s.buckets, object(), 0, s.model.precision(), False, s.sft.grad_clip)
-    for made in (ppo.settings.policy_optimizer(ppo.grad_clip_norm), ppo.settings.critic_optimizer(ppo.grad_clip_norm)):
+    for made in (ppo.policy_optimizer_settings(), ppo.critic_optimizer_settings()):
         assert made.grad_clip_norm == 0.5 and made.weight_decay == 0.01
     # a round's cosine spans its updates; a constant schedule is left as it is
     cfg = object()

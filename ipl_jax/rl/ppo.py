@@ -63,6 +63,14 @@ class PPOConfig:
                 "trajectories of the same task)"
             )
 
+    def policy_optimizer_settings(self) -> optimizer_lib.OptimizerSettings:
+        """The policy's optimizer settings (``settings.policy_learning_rate``, clipped at ``grad_clip_norm``)."""
+        return self.settings.policy_optimizer(self.grad_clip_norm)
+
+    def critic_optimizer_settings(self) -> optimizer_lib.OptimizerSettings:
+        """The critic's optimizer settings (``settings.critic_learning_rate``, clipped at ``grad_clip_norm``)."""
+        return self.settings.critic_optimizer(self.grad_clip_norm)
+
 
 @struct.dataclass
 class PPOState:
@@ -96,14 +104,14 @@ def init_ppo_state(
     critic = critic_lib.init_critic(policy_params, config.model, rng_init, config.sibling_width)
     pstate = state_lib.create_train_state(
         policy_params,
-        optimizer_lib.make_optimizer(config.settings.policy_optimizer(config.grad_clip_norm)),
+        optimizer_lib.make_optimizer(config.policy_optimizer_settings()),
         rng_p,
         freeze_regex=policy_freeze_regex,
         frozen_dtype=frozen_dtype,
     )
     cstate = state_lib.create_train_state(
         critic,
-        optimizer_lib.make_optimizer(config.settings.critic_optimizer(config.grad_clip_norm)),
+        optimizer_lib.make_optimizer(config.critic_optimizer_settings()),
         rng_c,
         freeze_regex=critic_lib.CRITIC_VISION_REGEX if config.critic_freeze_vision else None,
         frozen_dtype=frozen_dtype,
@@ -152,9 +160,9 @@ def critic_objective(params, batch: PPOBatch, config: PPOConfig):
 
 def _ppo_update(state: state_lib.TrainState, batch: PPOBatch, kind: str, config: PPOConfig):
     objective, settings, weight = (
-        (policy_objective, config.settings.policy_optimizer(config.grad_clip_norm), "actions")
+        (policy_objective, config.policy_optimizer_settings(), "actions")
         if kind == "policy"
-        else (critic_objective, config.settings.critic_optimizer(config.grad_clip_norm), "states")
+        else (critic_objective, config.critic_optimizer_settings(), "states")
     )
     step = step_lib.train_step_fn(
         lambda params, b, rng: objective(params, b, config),
