@@ -110,7 +110,7 @@ def test_loss_kinds_and_positive_sft_objective():
         ("hinge", np.maximum(0.0, 1 - 0.2 * h)),
         ("sigmoid", -np.log(1 / (1 + np.exp(-0.2 * h)))),
     ):
-        config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.2, sft_weight=0.5, kind=kind))
+        config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.2, sft_weight=0.5, loss_kind=kind))
         loss, m = ipl.pair_loss(pos, neg, n_pos, batch, config)
         want = per[valid].mean() + 0.5 * (-pos / n_pos)[valid].mean()
         assert float(loss) == pytest.approx(want, rel=1e-6)

@@ -27,6 +27,7 @@ from ipl_jax.coat.metrics import (
     normalise_text,
     text_tokens,
 )
+from ipl_jax.coat.sections import LeafRewardShares
 
 CLICK_ID = ACTION_TYPES.index("click")
 LONG_PRESS_ID = ACTION_TYPES.index("long_press")
@@ -38,20 +39,14 @@ INVALID_ID = -1
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    """Leaf reward settings (a static jit argument): v_type, v_format (shares for the right type and a parsable
-    argument), rules (a ``metrics.RULES`` name or ``MatchRules``).
-    """
+class RewardConfig(LeafRewardShares):
+    """Leaf reward settings (a static jit argument): the shares ``v_type`` / ``v_format`` (``coat.sections``) and
+    ``rules``, a ``metrics.RULES`` name or ``MatchRules``."""
 
-    v_type: float = 0.1
-    v_format: float = 0.1
     rules: str | MatchRules = "aitz"
 
     def __post_init__(self):
-        if not (0.0 <= self.v_type and 0.0 <= self.v_format and self.v_type + self.v_format <= 1.0):
-            raise ValueError(
-                f"need v_type, v_format >= 0 and v_type + v_format <= 1, got {self.v_type}, {self.v_format}"
-            )
+        super().__post_init__()
         get_rules(self.rules)  # fail early on an unknown name
 
 

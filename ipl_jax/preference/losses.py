@@ -4,30 +4,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-LOSS_KINDS = ("sigmoid", "ipo", "hinge")  # dpo_pair_losses' kinds (the job's ipl.loss_kind)
-SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.sft_norm)
-
-
-@dataclasses.dataclass(frozen=True)
-class DPOConfig:
-    """T-DPO settings (docs/method.md §7). ``beta`` and ``sft_weight`` are the spec's [choice] defaults."""
-
-    beta: float = 0.1
-    sft_weight: float = 1.0  # λ_sft: weight of the NLL on the positive continuation
-    kind: str = "sigmoid"  # sigmoid (DPO), ipo, hinge
-    label_smoothing: float = 0.0  # conservative DPO; sigmoid only
-    sft_norm: str = "token"  # the SFT term's NLL: per token ("token") or summed over the turn like the DPO log-probs
-
-    def __post_init__(self):
-        if self.kind not in LOSS_KINDS:
-            raise ValueError(f"DPOConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
-        if self.sft_norm not in SFT_NORMS:
-            raise ValueError(f"DPOConfig.sft_norm must be one of {SFT_NORMS}, got {self.sft_norm!r}")
+from ipl_jax.preference.sections import LOSS_KINDS, SFT_NORMS, DPOConfig
 
 
 def sum_logps(token_logps: jax.Array, mask: jax.Array) -> jax.Array:
@@ -81,14 +61,12 @@ def tdpo_loss(
     ref_neg: jax.Array,
     pos_tokens: jax.Array,
     valid: jax.Array,
-    config: DPOConfig = DPOConfig(),
+    config: DPOConfig,
 ) -> tuple[jax.Array, dict]:
     """Thinking-level DPO plus an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
     Inputs f32[P] summed over turn t's tokens; ``pos_tokens``: f32[P]; ``valid``: bool[P].
     """
-    pair_loss, margin = dpo_pair_losses(
-        policy_pos, policy_neg, ref_pos, ref_neg, config.beta, config.kind, config.label_smoothing
-    )
+    pair_loss, margin = dpo_pair_losses(policy_pos, policy_neg, ref_pos, ref_neg, config.beta, config.loss_kind)
     nll = positive_nll(policy_pos, pos_tokens, config.sft_norm)
     pref = _masked_mean(pair_loss, valid)
     sft = _masked_mean(nll, valid)

@@ -7,7 +7,8 @@ import typing
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
+from ipl_jax.preference.sections import DPOConfig
+from ipl_jax.sections import is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
     from ipl_jax.model.config import Qwen2VLConfig
@@ -23,9 +24,10 @@ GAMMA_MODES = ("paper", "consistent", "grounding", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class IPLSettings(Section):
+class IPLSettings(DPOConfig):
     """The IPL rounds (docs/method.md §6, §7) and their ``method``: T-DPO, an ablation, the continued-SFT control or
-    an RL learner (``RL_METHODS``)."""
+    an RL learner (``RL_METHODS``); the T-DPO loss's fields (``loss_kind``, ``beta``, ``sft_weight``, ``sft_norm``) are
+    ``DPOConfig``'s, declared with the loss."""
 
     PATH: ClassVar[str] = "ipl"
     rounds: int = 2
@@ -37,14 +39,6 @@ class IPLSettings(Section):
     method: str = "tdpo"
     """tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) |
     sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/configs.py)."""
-    loss_kind: str = "sigmoid"
-    """sigmoid | ipo | hinge."""
-    beta: float = 0.1
-    """DPO's β."""
-    sft_weight: float = 1.0
-    """Weight of the SFT term beside the DPO loss."""
-    sft_norm: str = "token"
-    """The SFT term's NLL: per "token", or "sum" over the turn like the DPO log-probs."""
     learning_rate: float = 5e-6
     """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the seed's grounding turn)."""
     later_learning_rate: float = 0.0
@@ -90,22 +84,19 @@ class IPLSettings(Section):
     """Dev steps whose trees give held-out pairs (preference accuracy, margins; 0: none)."""
 
     def __post_init__(self):
-        from ipl_jax.preference.losses import LOSS_KINDS, SFT_NORMS  # imported when made (no JAX on import)
-        from ipl_jax.training.optimizer import SCHEDULES
+        from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
+        super().__post_init__()
         self.need("method", self.method in METHODS, one_of(METHODS))
-        self.need("loss_kind", self.loss_kind in LOSS_KINDS, one_of(LOSS_KINDS))
         self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, one_of(GAMMA_MODES))
-        self.need("sft_norm", self.sft_norm in SFT_NORMS, "must be token or sum")
         self.need("schedule", self.schedule in SCHEDULES, one_of(SCHEDULES))
         self.need(
             "pair_turns",
             bool(self.pair_turns) and set(self.pair_turns) <= {1, 2, 3, 4},
             "must be a non-empty subset of 1, 2, 3, 4",
         )
-        for name in ("learning_rate", "beta"):
-            self.need(name, is_positive(getattr(self, name)), "must be > 0")
-        for name in ("later_learning_rate", "sft_weight", "type_balance", "round_fraction"):
+        self.need("learning_rate", is_positive(self.learning_rate), "must be > 0")
+        for name in ("later_learning_rate", "type_balance", "round_fraction"):
             self.need(name, is_nonneg(getattr(self, name)), "must be >= 0")
         self.at_least("rounds batch_size max_pairs_per_batch diagnostic_steps", 1)
         self.at_least(
@@ -148,7 +139,6 @@ class IPLSettings(Section):
     def tdpo(self, model: Qwen2VLConfig, precision: Precision, grad_clip: float, round_index: int = 1) -> TDPOConfig:
         """Round ``round_index``'s T-DPO step on ``model`` (the job's compute dtype and attention) at ``precision``:
         this section's loss and objective (``no_negatives``: SFT on the positives), its optimizer."""
-        from ipl_jax.preference.losses import DPOConfig
         from ipl_jax.preference.tdpo import TDPOConfig
 
         return TDPOConfig(
@@ -156,7 +146,7 @@ class IPLSettings(Section):
             remat=precision.remat,
             compute_dtype=precision.compute_dtype,
             reference_dtype=precision.storage,
-            dpo=DPOConfig(beta=self.beta, sft_weight=self.sft_weight, kind=self.loss_kind, sft_norm=self.sft_norm),
+            dpo=self.dpo(),
             objective="positive_sft" if self.method == "no_negatives" else "tdpo",
             optimizer_settings=self.optimizer(round_index, grad_clip),
         )

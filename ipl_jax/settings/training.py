@@ -9,6 +9,7 @@ import typing
 from collections.abc import Sequence
 from typing import ClassVar
 
+from ipl_jax.coat.sections import LeafRewardShares
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
@@ -160,21 +161,16 @@ class SamplerSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardSettings(Section):
-    """The leaf reward (docs/method.md §4) and the value backup (§5)."""
+class RewardSettings(LeafRewardShares):
+    """The leaf reward (docs/method.md §4; its shares ``v_type`` / ``v_format`` are ``coat.sections``') and the value
+    backup (§5)."""
 
     PATH: ClassVar[str] = "reward"
-    v_type: float = 0.1
-    """The leaf reward's share for the right action type (docs/method.md §4)."""
-    v_format: float = 0.1
-    """The leaf reward's share for a parsable argument."""
     discount: float = 0.95
     """c of the value backup (docs/method.md §5)."""
 
     def __post_init__(self):
-        self.need("v_type", is_nonneg(self.v_type), "must be >= 0")
-        self.need("v_format", is_nonneg(self.v_format), "must be >= 0")
-        self.need("v_format", self.v_type + self.v_format <= 1, "reward.v_type + reward.v_format must be <= 1")
+        super().__post_init__()
         self.need("discount", is_positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
 
     def build(self, rules: str) -> RewardConfig:

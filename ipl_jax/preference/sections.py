@@ -1,0 +1,39 @@
+"""The T-DPO loss's settings and the names it accepts, owned by the library: ``DPOConfig`` is declared here once,
+the job's ``ipl`` section extends it (``IPLSettings``), the T-DPO step reads it. Importing this module loads no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
+
+LOSS_KINDS = ("sigmoid", "ipo", "hinge")  # dpo_pair_losses' kinds (the job's ipl.loss_kind)
+SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.sft_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOConfig(Section):
+    """The T-DPO loss (docs/method.md §7): the DPO term of ``loss_kind`` at ``beta`` plus ``sft_weight`` times the
+    positive's NLL (normalised by ``sft_norm``)."""
+
+    PATH: ClassVar[str] = "ipl"
+    loss_kind: str = "sigmoid"
+    """sigmoid | ipo | hinge."""
+    beta: float = 0.1
+    """DPO's β."""
+    sft_weight: float = 1.0
+    """Weight of the SFT term beside the DPO loss."""
+    sft_norm: str = "token"
+    """The SFT term's NLL: per "token", or "sum" over the turn like the DPO log-probs."""
+
+    def __post_init__(self):
+        self.need("loss_kind", self.loss_kind in LOSS_KINDS, one_of(LOSS_KINDS))
+        self.need("sft_norm", self.sft_norm in SFT_NORMS, one_of(SFT_NORMS))
+        self.need("beta", is_positive(self.beta), "must be > 0")
+        self.need("sft_weight", is_nonneg(self.sft_weight), "must be >= 0")
+
+    def dpo(self) -> DPOConfig:
+        """These four fields alone (a section that extends this class hands the step only what it reads)."""
+        return DPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DPOConfig)})
