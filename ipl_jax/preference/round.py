@@ -20,6 +20,7 @@ from ipl_jax.preference import grouping, pair_tokens
 from ipl_jax.preference import packing as packing_lib
 from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packed_batch import PackingConfig
+from ipl_jax.preference.sections import PairSelection
 from ipl_jax.preference.selection import select_round_pairs
 from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
 from ipl_jax.training import state as state_lib
@@ -77,29 +78,26 @@ class RoundStages:
     probe: RoundProbe | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class RoundConfig:
-    """One round's settings: pair_mode "tdpo" | "naive"; dedup / type_balance / mix_trees (``selection``); train_on
-    "pairs" | "golden"; gamma_consistent_only: action-turn γ pairs only below thoughts naming the golden action.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoundConfig(PairSelection):
+    """One round's settings: pair_mode "tdpo" | "naive"; the pair selection (``PairSelection``: dedup, type_balance,
+    mix_trees); train_on "pairs" | "golden"; gamma_consistent_only: action-turn γ pairs only below thoughts naming
+    the golden action.
     """
 
     tdpo: TDPOConfig
     packing: PackingConfig = PackingConfig()
     pairs: pairs_lib.PairConfig = pairs_lib.PairConfig()
     pair_mode: str = "tdpo"
-    dedup: bool = False
-    type_balance: float = 0.0
-    mix_trees: bool = False
     train_on: str = "pairs"
     gamma_consistent_only: bool = False
 
     def __post_init__(self):
+        super().__post_init__()
         if self.pair_mode not in PAIR_MODES:
             raise ValueError(f"RoundConfig.pair_mode must be one of {PAIR_MODES}, got {self.pair_mode!r}")
         if self.train_on not in TRAIN_ON:
             raise ValueError(f"RoundConfig.train_on must be one of {TRAIN_ON}, got {self.train_on!r}")
-        if self.type_balance < 0:
-            raise ValueError(f"RoundConfig.type_balance must be >= 0 (0 = off), got {self.type_balance}")
 
 
 def round_pairs(sampled: SampledTrees, scores: TreeScores, config: RoundConfig, name: str = ""):

@@ -1,5 +1,6 @@
-"""The T-DPO loss's settings and the names it accepts, owned by the library: ``DPOConfig`` is declared here once,
-the job's ``ipl`` section extends it (``IPLSettings``), the T-DPO step reads it. Importing this module loads no JAX.
+"""The preference library's settings and the names they accept: the T-DPO loss (``DPOConfig``) and the round's pair
+selection (``PairSelection``) are declared here once; the job's ``ipl`` section extends both (``IPLSettings``), the
+T-DPO step and the round read them. Importing this module loads no JAX.
 """
 
 from __future__ import annotations
@@ -37,3 +38,23 @@ class DPOConfig(Section):
     def dpo(self) -> DPOConfig:
         """These four fields alone (a section that extends this class hands the step only what it reads)."""
         return DPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DPOConfig)})
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSelection(Section):
+    """Which of a round's pairs are trained on, in which order (``pairs.select_round_pairs``)."""
+
+    PATH: ClassVar[str] = "ipl"
+    dedup: bool = True
+    """Drop exact duplicate pairs (same prefix, positive and negative tokens)."""
+    type_balance: float = 0.0
+    """> 0: each positive action type keeps <= ceil(x * median type count) pairs a round."""
+    mix_trees: bool = True
+    """Pack the round's prefix groups in a seeded random order (batches mix trees)."""
+
+    def __post_init__(self):
+        self.need("type_balance", is_nonneg(self.type_balance), "must be >= 0 (0: off)")
+
+    def selection(self) -> dict:
+        """These three fields by name (a section that extends this class hands the round only what it reads)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(PairSelection)}

@@ -7,7 +7,7 @@ import typing
 from collections.abc import Sequence
 from typing import ClassVar
 
-from ipl_jax.preference.sections import DPOConfig
+from ipl_jax.preference.sections import DPOConfig, PairSelection
 from ipl_jax.sections import is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
@@ -24,10 +24,11 @@ GAMMA_MODES = ("paper", "consistent", "grounding", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class IPLSettings(DPOConfig):
+class IPLSettings(DPOConfig, PairSelection):
     """The IPL rounds (docs/method.md §6, §7) and their ``method``: T-DPO, an ablation, the continued-SFT control or
     an RL learner (``RL_METHODS``); the T-DPO loss's fields (``loss_kind``, ``beta``, ``sft_weight``, ``sft_norm``) are
-    ``DPOConfig``'s, declared with the loss."""
+    ``DPOConfig``'s, declared with the loss, the pair selection's (``dedup``, ``type_balance``, ``mix_trees``)
+    ``PairSelection``'s."""
 
     PATH: ClassVar[str] = "ipl"
     rounds: int = 2
@@ -65,12 +66,6 @@ class IPLSettings(DPOConfig):
     consistent (action-turn pairs only below thoughts naming the golden action) | grounding | none."""
     pair_turns: tuple[int, ...] = (1, 2, 3, 4)
     """CoaT turns that give pairs ((3, 4): action and grounding only, an ablation)."""
-    dedup: bool = True
-    """Drop exact duplicate pairs (same prefix, positive and negative tokens)."""
-    type_balance: float = 0.0
-    """> 0: each positive action type keeps <= ceil(x * median type count) pairs a round."""
-    mix_trees: bool = True
-    """Pack the round's prefix groups in a seeded random order (batches mix trees)."""
     freeze_vision: bool = True
     """Freeze the vision tower in the rounds."""
     early_stop: bool = True
@@ -96,7 +91,7 @@ class IPLSettings(DPOConfig):
             "must be a non-empty subset of 1, 2, 3, 4",
         )
         self.need("learning_rate", is_positive(self.learning_rate), "must be > 0")
-        for name in ("later_learning_rate", "type_balance", "round_fraction"):
+        for name in ("later_learning_rate", "round_fraction"):
             self.need(name, is_nonneg(getattr(self, name)), "must be >= 0")
         self.at_least("rounds batch_size max_pairs_per_batch diagnostic_steps", 1)
         self.at_least(
@@ -187,9 +182,7 @@ class IPLSettings(DPOConfig):
             packing=packing,
             pairs=pairs,
             pair_mode="naive" if self.method == "naive_dpo" else "tdpo",
-            dedup=self.dedup,
-            type_balance=self.type_balance,
-            mix_trees=self.mix_trees,
+            **self.selection(),
             train_on="golden" if self.method in GOLDEN_METHODS else "pairs",
             gamma_consistent_only=self.gamma_pairs == "consistent",
         )
