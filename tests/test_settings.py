@@ -46,6 +46,12 @@ def test_values_are_typed():
         (("sampler", "branching", (2, 2)), r"^config\.sampler\.branching=\(2, 2\): must be four integers >= 1"),
         (("sft", "micro_batch_size", 3), r"^config\.sft\.micro_batch_size=3: must divide sft\.batch_size"),
         (("reward", "v_type", 0.95), r"^config\.reward\.v_format=0\.1: reward\.v_type \+ reward\.v_format must be"),
+        # fields a library declares (preference/sections.py, coat/sections.py), checked in the job's section too
+        (("ipl", "loss_kind", "kto"), r"^config\.ipl\.loss_kind='kto': must be one of sigmoid, ipo, hinge"),
+        (("ipl", "beta", 0.0), r"^config\.ipl\.beta=0\.0: must be > 0"),
+        (("ipl", "sft_norm", "mean"), r"^config\.ipl\.sft_norm='mean': must be one of token, sum"),
+        (("ipl", "type_balance", -1.0), r"^config\.ipl\.type_balance=-1\.0: must be >= 0"),
+        (("reward", "v_type", -0.1), r"^config\.reward\.v_type=-0\.1: must be >= 0"),
         (("sft", "stepz", 3), r"^config\.sft: unknown field\(s\) stepz \(fields: steps, batch_size, "),
         (("mesh", "data", 0), r"^config\.mesh \(data, fsdp, tensor\) = \(0, 1, 1\): sizes must be >= 1"),
     ],

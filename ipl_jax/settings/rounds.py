@@ -81,7 +81,8 @@ class IPLSettings(DPOConfig, PairSelection):
     def __post_init__(self):
         from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
-        super().__post_init__()
+        DPOConfig.__post_init__(self)  # the checks of the fields declared with the library
+        PairSelection.__post_init__(self)
         self.need("method", self.method in METHODS, one_of(METHODS))
         self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, one_of(GAMMA_MODES))
         self.need("schedule", self.schedule in SCHEDULES, one_of(SCHEDULES))
