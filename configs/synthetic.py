@@ -82,7 +82,8 @@ def scarce(c):
     ipl.schedule, ...). Three rounds, each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on
     seed 0) and DPO's β 0.5 (at 0.1 the preference term left T-DPO level with rejection sampling; docs/rounds.md),
     all three run (dev picks the exported round), pairs balanced over action types (ipl.type_balance = 1: without
-    it the rounds trade PRESS steps for CLICK; README); intermediate rounds evaluated on dev only."""
+    it the rounds trade PRESS steps for CLICK; README), sibling (β) pairs only; intermediate rounds evaluated on
+    dev only."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
     c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
@@ -93,6 +94,9 @@ def scarce(c):
     c.ipl.learning_rate = 1e-4
     c.ipl.beta = 0.5
     c.ipl.type_balance = 1.0
+    # β pairs only: the γ pairs (golden vs sampled in trees without a correct leaf) did not help on seeds 0-4
+    # (T-DPO with them minus without, after round 3: -0.7 ± 1.6 points; docs/rounds.md)
+    c.ipl.gamma_pairs = "none"
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 12, 8
     c.eval.every_round = False
     c.ablation.variants = ("tdpo", "no_negatives", "continued_sft", "sft_oracle")
