@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from safetensors import safe_open
@@ -56,15 +57,16 @@ def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
     if _kind(node) == "other":
         raise UsageError(f"{flag} {shown}: cannot be created because {node} is a file; choose another path")
     try:
-        for attempt in range(10):  # the processes of one job probe the same path: another may just have removed it
+        for attempt in range(20):  # the processes of one job probe the same path: another may just have removed it
             try:
                 directory.mkdir(parents=True, exist_ok=True)
                 with tempfile.TemporaryFile(dir=directory):
                     pass
                 break
             except (FileNotFoundError, FileExistsError):  # made or removed by another process meanwhile
-                if attempt == 9:
+                if attempt == 19:
                     raise
+                time.sleep(0.001 * (attempt + 1))  # let the other probe finish (a loaded machine lost 10 quick tries)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise UsageError(f"{flag} {shown}: cannot be written ({reason}); choose a writable location") from None
