@@ -152,7 +152,7 @@ def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
     settings, wd = quick_run["config"], Workdir(quick_run["workdir"], echo=lambda *_: None)
     splits = load_splits(settings.data, wd, settings.seed)
     policy = load_policy(quick_run["workdir"] / "seed")
-    sconfig = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
+    sconfig = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     probe = RoundDiagnostics(settings, policy, steps_of(splits["train"]), steps_of(splits["dev"]), sconfig, 1)
     context = probe.before(policy.params)
     figures = probe.after(policy.params, context)["train_steps"]

@@ -326,6 +326,24 @@ def test_plan_and_job_resolve_the_same_settings_alike(tmp_path):
     assert str(plan_error.value) == str(job_error.value)
 
 
+def test_plan_samples_with_the_job_sampler(tmp_path):
+    """The plan's sampler is the job's ``SamplerSettings.build`` (branching, turn budgets, buckets, temperatures),
+    its special ids from the model config instead of a tokenizer."""
+    import dataclasses
+
+    from tests.support.rl_setup import make_tokenizer
+
+    settings = load_settings("synthetic:quick", ["--config.sampler.top_k=7", "--config.sampler.temperature=0.5"])
+    _, cfg = plan_shapes.model_config(settings.model, "synthetic:quick")
+    planned = plan_shapes.sampler_config(cfg, settings)
+    job = settings.sampler.build(make_tokenizer(tmp_path).ids, settings.buckets, settings.eval.batch_size)
+    ids = ("eos_ids", "pad_id", "suppress_ids")
+    fields = [f.name for f in dataclasses.fields(job) if f.name not in ids]
+    assert [getattr(planned, f) for f in fields] == [getattr(job, f) for f in fields]
+    assert planned.temperature == (0.5, 0.5, 0.5, 0.0) and planned.top_k == 7
+    assert planned.eos_ids[0] == cfg.text.eos_token_id[0] and cfg.image_token_id in planned.suppress_ids
+
+
 def test_topology_names_map_to_libtpu_shapes():
     assert plan_cli.topology_name("v5p-16") == "v5p:2x2x2"  # 16 TensorCores = 8 chips
     assert plan_cli.topology_name("v5p-8") == "v5p:2x2x1"

@@ -117,7 +117,7 @@ def test_sections_build_the_library_objects_they_configure(tmp_path):
 
     tok = make_tokenizer(tmp_path)
     s = load_settings("synthetic:quick", ["--config.sampler.temperature=0.7", "--config.sampler.top_k=5"])
-    sampler = s.sampler.build(tok, s.buckets, eval_batch_size=3)
+    sampler = s.sampler.build(tok.ids, s.buckets, eval_batch_size=3)
     assert (
         sampler.temperature == (0.7, 0.7, 0.7, 0.0) and sampler.top_k == 5 and sampler.branching == s.sampler.branching
     )
@@ -125,7 +125,7 @@ def test_sections_build_the_library_objects_they_configure(tmp_path):
     # patch buckets for a sampler batch and for an evaluation batch of 3 screenshots; the placeholders never sampled
     assert set(sampler.patch_buckets) == {p * n for p in s.buckets.patches for n in (s.sampler.batch_size, 3)}
     assert int(tok.ids.image_pad) in sampler.suppress_ids and sampler.eos_ids[0] == int(tok.ids.im_end)
-    greedy = s.sampler.build(tok, s.buckets, 3, greedy=True, branching=(2, 1, 1, 1))
+    greedy = s.sampler.build(tok.ids, s.buckets, 3, greedy=True, branching=(2, 1, 1, 1))
     assert greedy.temperature == (0.0,) * 4 and greedy.branching == (1, 1, 1, 1)
     wider = sampler.with_patch_buckets([7 * max(s.buckets.patches)])
     assert wider.patch_buckets == tuple(sorted({*sampler.patch_buckets, 7 * max(s.buckets.patches)}))

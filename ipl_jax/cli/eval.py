@@ -140,7 +140,7 @@ def online(args, job) -> int:
     tasks = job_world_tasks(job.data, job.world, job.seed, split, n, max_steps=max_steps)
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
-    greedy = job.sampler.build(tokenizer, job.buckets, job.eval.batch_size, greedy=True)
+    greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
     oc = online_config(
         greedy.with_patch_buckets(job.buckets.patch_buckets(bs)), image_config, job.reward.build(job.data.rules()), bs
     )

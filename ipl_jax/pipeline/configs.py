@@ -107,7 +107,7 @@ def seed_scoring(settings) -> dict:
     """``eval.seed_selection.score_candidates``' sampler, reward, discount, seed and batch size as the job's
     settings (``Settings``) say."""
     return {
-        "sampler_config": lambda tok: settings.sampler.build(tok, settings.buckets, settings.eval.batch_size),
+        "sampler_config": lambda tok: settings.sampler.build(tok.ids, settings.buckets, settings.eval.batch_size),
         "reward": settings.reward.build(settings.data.rules()),
         "discount": settings.reward.discount,
         "seed": settings.seed,

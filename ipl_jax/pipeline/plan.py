@@ -226,7 +226,7 @@ def _under_mesh(fn, args: tuple, mesh) -> Callable[[], jax.stages.Lowered]:
 
 def plan_prefill(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
     scfg = cfg.replace(dtype=options.compute_dtype, param_dtype=options.frozen_dtype or options.compute_dtype)
-    sampler = sampler_config(scfg, settings.sampler, s)
+    sampler = sampler_config(scfg, settings)
     b, t = s.sampler_batch, s.prefix_length
     size = sampler.cache_size(t, (s.prompt_length,) * 3, upto_turn=1)
     params = param_shapes(scfg)
@@ -250,7 +250,7 @@ def plan_prefill(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, opt
 
 def plan_decode(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
     scfg = cfg.replace(dtype=options.compute_dtype, param_dtype=options.frozen_dtype or options.compute_dtype)
-    sampler = sampler_config(scfg, settings.sampler, s)
+    sampler = sampler_config(scfg, settings)
     rows = s.sampler_batch * math.prod(s.branching)
     size = sampler.cache_size(s.prefix_length, (s.prompt_length,) * 3)
     tc = scfg.text

@@ -8,6 +8,7 @@ import dataclasses
 import math
 import os
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from ipl_jax.model.vision import VisionInputs
 from ipl_jax.pipeline.model_stage import model_config_dict
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.sampling.config import SamplerConfig
-from ipl_jax.settings import ModelSettings, SamplerSettings, Settings
+from ipl_jax.settings import ModelSettings, Settings
 
 PROGRAMS = ("sft", "tdpo", "prefill", "decode")
 GB = 1e9
@@ -230,13 +231,16 @@ def sft_batch(cfg: Qwen2VLConfig, s: JobShapes) -> dict:
     }
 
 
-def sampler_config(cfg: Qwen2VLConfig, sampler: SamplerSettings, s: JobShapes) -> SamplerConfig:
+def sampler_config(cfg: Qwen2VLConfig, settings: Settings) -> SamplerConfig:
+    """The job's sampler (``SamplerSettings.build``) with the special ids the model config names: a plan reads no
+    tokenizer, and of the ids the sampler reads only the end-of-turn, pad and vision placeholders."""
     eos = tuple(cfg.text.eos_token_id) or (cfg.text.vocab_size - 1,)
-    return SamplerConfig(
-        branching=s.branching,
-        max_turn_tokens=s.turn_tokens,
-        eos_ids=eos,
-        top_k=sampler.top_k,
-        top_p=sampler.top_p,
-        suppress_ids=(cfg.image_token_id, cfg.video_token_id),
+    ids = types.SimpleNamespace(
+        eos=eos,
+        pad=eos[0] if cfg.text.pad_token_id is None else cfg.text.pad_token_id,
+        image_pad=cfg.image_token_id,
+        video_pad=cfg.video_token_id,
+        vision_start=cfg.vision_start_token_id,
+        vision_end=cfg.vision_end_token_id,
     )
+    return settings.sampler.build(ids, settings.buckets, settings.eval.batch_size)

@@ -80,9 +80,9 @@ def grpo_train(policy: Policy, settings: Settings, steps: Sequence[Step], rng, f
     """GRPO over ``steps``. Returns (params, metrics, completions sampled)."""
     precision = settings.model.precision()
     gcfg = round_grpo_config(settings, policy)
-    sampler = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size).with_patch_buckets(
-        settings.buckets.patch_buckets(gcfg.settings.prompts_per_batch)
-    )
+    sampler = settings.sampler.build(
+        policy.tokenizer.ids, settings.buckets, settings.eval.batch_size
+    ).with_patch_buckets(settings.buckets.patch_buckets(gcfg.settings.prompts_per_batch))
     state = grpo.init_state(policy.params, gcfg, rng, freeze_regex=freeze, frozen_dtype=precision.frozen_dtype)
     state, m = grpo.grpo_round(
         state,
@@ -108,7 +108,7 @@ def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigp
     tasks = job_world_tasks(
         settings.data, settings.world, settings.seed, "train", max_steps=p.max_steps, step_factor=p.step_factor
     )
-    sampler = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
+    sampler = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     rcfg = rollout_config(
         p,
         sampler.with_patch_buckets(settings.buckets.patch_buckets(p.worlds)),

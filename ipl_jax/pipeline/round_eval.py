@@ -36,7 +36,7 @@ def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]
 def eval_config(policy: Policy, settings: Settings, blank_screens: bool = False) -> EvalConfig:
     """``evaluate.EvalConfig`` of the job: its sampler settings (greedy) and the policy's image settings."""
     return EvalConfig(
-        sampler=settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size),
+        sampler=settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size),
         image_config=policy.image_config,
         batch_size=settings.eval.batch_size,
         fmt=scoring_format(settings.data.format, settings.data.root),
@@ -117,7 +117,7 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     tasks = job_world_tasks(
         settings.data, settings.world, settings.seed, split, e.online_episodes, max_steps=e.online_max_steps
     )
-    greedy = settings.sampler.build(policy.tokenizer, settings.buckets, e.batch_size, greedy=True)
+    greedy = settings.sampler.build(policy.tokenizer.ids, settings.buckets, e.batch_size, greedy=True)
     oc = online_config(
         greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size)),
         policy.image_config,

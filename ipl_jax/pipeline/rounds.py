@@ -220,7 +220,7 @@ def run_round(
     policy = load_policy(start, job_mesh(settings.mesh))
     steps = round_steps(train_steps, settings, round_index)
     rcfg = round_config(settings, policy.cfg, policy.tokenizer.ids.pad, round_index)
-    sconfig = settings.sampler.build(policy.tokenizer, settings.buckets, settings.eval.batch_size)
+    sconfig = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     reward = settings.reward.build(settings.data.rules())
     discount = settings.reward.discount
     # its stages: sample trees with π(n-1), score them (a few kept for the viewer), the supervised update, the probe

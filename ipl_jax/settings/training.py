@@ -130,7 +130,7 @@ class SamplerSettings(Section):
 
     def build(
         self,
-        tokenizer,
+        ids,
         buckets: BucketSettings,
         eval_batch_size: int,
         *,
@@ -139,12 +139,15 @@ class SamplerSettings(Section):
     ) -> SamplerConfig:
         """The job's ``SamplerConfig``: this section's branching (or ``branching``), temperature (the grounding turn
         greedy), top-k / top-p and prompt buckets; ``buckets``' turn budgets and patch buckets for a sampler batch
-        and an evaluation batch of ``eval_batch_size``; the tokenizer's ids. ``greedy``: every turn greedy."""
+        and an evaluation batch of ``eval_batch_size``. ``ids``: the tokenizer's ``SpecialIds`` (its ``eos``, ``pad``
+        and vision placeholders are read; ``plan``, without a tokenizer, passes a checkpoint config's). ``greedy``:
+        every turn greedy."""
         from ipl_jax.sampling.config import SamplerConfig, greedy_config  # imported when built (no JAX on import)
 
-        t, ids = self.temperature, tokenizer.ids
-        config = SamplerConfig.for_tokenizer(
-            tokenizer,
+        t = self.temperature
+        config = SamplerConfig(
+            eos_ids=tuple(ids.eos),
+            pad_id=int(ids.pad),
             branching=tuple(branching or self.branching),
             max_turn_tokens=buckets.max_turn_tokens,
             temperature=(t, t, t, 0.0),
