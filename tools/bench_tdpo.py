@@ -22,9 +22,9 @@ median is reported.
 rewards and the DPO gradient of the packed step, the unpacked step and TRL, with a reference that differs from the
 policy, in float32 at the highest matmul precision; printed, and written to ``--json`` as ``trl_agreement``.
 
-TRL is not a project dependency (``pip install -e ".[bench]"`` adds it). It runs if importable (``--trl-path DIR``
-puts a directory with trl, datasets, accelerate and their dependencies first on ``sys.path``); otherwise the TRL
-row (or the agreement's ``trl`` entry) says why it did not run.
+TRL is not a project dependency (``pip install -e ".[bench]"`` adds it; or ``PYTHONPATH=DIR`` for a directory that
+holds trl, datasets, accelerate and their dependencies). It runs if importable; otherwise the TRL row (or the
+agreement's ``trl`` entry) says why it did not run.
 
     python -m tools.bench_tdpo [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
     python -m tools.bench_tdpo --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -194,12 +193,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per batch")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--trl-path", default=None, help="directory put first on sys.path for trl & co")
     parser.add_argument("--agreement", action="store_true", help="check agreement with TRL instead of timing")
     parser.add_argument("--ref-noise", type=float, default=0.02, help="--agreement: reference = policy + N(0, S^2)")
     args = parser.parse_args(argv)
-    if args.trl_path:
-        sys.path.insert(0, os.path.abspath(args.trl_path))
     if args.agreement:
         jax.config.update("jax_default_matmul_precision", "highest")
 
