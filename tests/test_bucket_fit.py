@@ -150,7 +150,7 @@ def test_scan_measures_what_the_loader_and_the_sampler_build(tiny):
     from ipl_jax.preference.grouping import _step_prefix
     from ipl_jax.preference.packed_batch import PrefixGroup
     from ipl_jax.preference.packing import _row
-    from ipl_jax.sampling import step_prompts
+    from ipl_jax.sampling.prompts import step_prompts
 
     ckpt, steps = tiny
     tok, ic, cfg = load_tokenizer(ckpt), ImageProcessorConfig.load(ckpt), Qwen2VLConfig.from_dir(ckpt)

@@ -18,7 +18,7 @@ from ipl_jax.coat.actions import parse_action
 from ipl_jax.data.datasets import load_dataset
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.tokenizer import IM_END, load_tokenizer
-from ipl_jax.sampling import step_prompts
+from ipl_jax.sampling.prompts import step_prompts
 
 TURN_TOKENS = (8, 6, 6, 8)
 

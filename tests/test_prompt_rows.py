@@ -27,7 +27,9 @@ SCRIPT = textwrap.dedent(
     from ipl_jax import distributed
     from ipl_jax.data.records import Step
     from ipl_jax.model.sharding import inputs_shardings, make_mesh, param_shardings, shard_params
-    from ipl_jax.sampling import iter_sampled_batches, pack_tree_prompts, sample_tree, step_prompts
+    from ipl_jax.sampling.batches import iter_sampled_batches
+    from ipl_jax.sampling.prompts import pack_tree_prompts, step_prompts
+    from ipl_jax.sampling.tree_sampler import sample_tree
     from ipl_jax.sampling.tree_sampler import place_prompts, prefix_shardings, prompt_vision_rows
 
     assert jax.device_count() == 8
@@ -130,7 +132,7 @@ def test_lazy_step_prompts_decode_once_and_equal_eager_decoding(tmp_path, monkey
     from ipl_jax.data.records import Step
     from ipl_jax.data.screenshots import ScreenPixels
     from ipl_jax.preference.grouping import _pixels
-    from ipl_jax.sampling import step_prompts
+    from ipl_jax.sampling.prompts import step_prompts
 
     tok = R.make_tokenizer(tmp_path)
     cfg = R.make_config(tok)

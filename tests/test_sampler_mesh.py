@@ -18,7 +18,9 @@ SCRIPT = textwrap.dedent("""
     from support.trees import assert_trees_close, assert_trees_equal
     from ipl_jax.model import param_shapes
     from ipl_jax.model.sharding import make_mesh, param_shardings, shard_params
-    from ipl_jax.sampling import SamplerConfig, pack_tree_prompts, sample_tree
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.sampling.prompts import pack_tree_prompts
+    from ipl_jax.sampling.tree_sampler import sample_tree
 
     assert len(jax.devices()) == 4
     cfg = tiny_config()

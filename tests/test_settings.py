@@ -52,6 +52,8 @@ def test_values_are_typed():
         (("ipl", "sft_norm", "mean"), r"^config\.ipl\.sft_norm='mean': must be one of token, sum"),
         (("ipl", "type_balance", -1.0), r"^config\.ipl\.type_balance=-1\.0: must be >= 0"),
         (("reward", "v_type", -0.1), r"^config\.reward\.v_type=-0\.1: must be >= 0"),
+        (("sampler", "top_p", 1.5), r"^config\.sampler\.top_p=1\.5: must be in \(0, 1\]"),  # sampling/sections.py
+        (("sampler", "prefix_buckets", ()), r"^config\.sampler\.prefix_buckets=\(\): must be one or more lengths"),
         (("sft", "stepz", 3), r"^config\.sft: unknown field\(s\) stepz \(fields: steps, batch_size, "),
         (("mesh", "data", 0), r"^config\.mesh \(data, fsdp, tensor\) = \(0, 1, 1\): sizes must be >= 1"),
     ],
@@ -63,6 +65,27 @@ def test_a_bad_value_is_one_line_naming_the_field(change, message):
     with pytest.raises(SettingsError, match=message) as e:
         Settings.from_dict(values)
     assert "\n" not in str(e.value)
+
+
+def test_the_tree_sampler_checks_its_settings_as_the_job_does():
+    """``SamplerConfig`` (the sampler's static config) and the job's ``sampler`` section extend one declaration
+    (``sampling.sections.TreeSampling``): the same fields, defaults and one-line errors."""
+    import dataclasses
+
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.sampling.sections import TreeSampling
+
+    declared = {f.name: f.default for f in dataclasses.fields(TreeSampling)}
+    for cls in (SamplerConfig, type(Settings().sampler)):
+        assert {f.name: f.default for f in dataclasses.fields(cls) if f.name in declared} == declared
+    for field, value in (("top_p", 0.0), ("top_k", -1), ("branching", (3, 3, 1)), ("prompt_buckets", (0, 8))):
+        values = load_settings("synthetic:quick").to_dict()
+        values["sampler"][field] = value
+        with pytest.raises(SettingsError) as job:
+            Settings.from_dict(values)
+        with pytest.raises(SettingsError) as library:
+            SamplerConfig(eos_ids=(1,), **{field: value})
+        assert str(library.value) == str(job.value) and "\n" not in str(job.value), field
 
 
 def test_a_missing_field_or_section_is_named():

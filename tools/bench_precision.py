@@ -33,7 +33,8 @@ from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
-from ipl_jax.sampling import SamplerConfig, pack_tree_prompts
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.prompts import pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree_jit
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import cast_floating

@@ -43,8 +43,9 @@ import numpy as np
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves
 from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params, init_params
-from ipl_jax.sampling import pack_tree_prompts, sample_tree
 from ipl_jax.sampling.decoding import prefill_context
+from ipl_jax.sampling.prompts import pack_tree_prompts
+from ipl_jax.sampling.tree_sampler import sample_tree
 from tools import harness
 from tools.bench_tree import CompileSpans, _span, _text_flops, _vision_flops, useful_tree_flops
 from tools.gpu_mfu import spec_peak

@@ -35,7 +35,10 @@ from ipl_jax import model as M
 from ipl_jax.coat.tree import NUM_TURNS, num_leaves, num_nodes
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params
-from ipl_jax.sampling import SamplerConfig, StepPrompts, pack_tree_prompts, sample_tree, sample_tree_no_sharing
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
+from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts
+from ipl_jax.sampling.tree_sampler import sample_tree
 from tools import harness
 from tools.bench_models import SIZES, bench_model
 

@@ -7,7 +7,8 @@ import numpy as np
 
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.sampling import SamplerConfig, StepPrompts
+from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.prompts import StepPrompts
 from tools.bench_models import bench_model
 from tools.bench_tree import random_steps
 

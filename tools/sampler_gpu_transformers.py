@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ipl_jax.coat.tree import num_leaves
-from ipl_jax.sampling import StepPrompts
+from ipl_jax.sampling.prompts import StepPrompts
 from tools.sampler_gpu_setup import model_config, sampler_config
 
 REPO = Path(__file__).resolve().parents[1]  # the worker runs as ``python -m tools.bench_sampler_gpu``

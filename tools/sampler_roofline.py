@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from ipl_jax.coat.tree import NUM_TURNS, num_nodes
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.sampling import SamplerConfig
+from ipl_jax.sampling.config import SamplerConfig
 from tools import harness
 
 HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l4": 0.3e12}  # by device kind (SXM)

@@ -26,7 +26,7 @@ from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
 from ipl_jax.pipeline.round_eval import job_world_tasks
-from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.config import WIDE_BUCKETS, SamplerConfig
 
 PROG = "ipl-jax eval"
 
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         "--model", args.model, args.mesh or distributed.process_count() > 1
     )
     config = EvalConfig(
-        sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens)),
+        sampler=SamplerConfig.for_tokenizer(tokenizer, max_turn_tokens=tuple(args.max_turn_tokens), **WIDE_BUCKETS),
         image_config=image_config,
         batch_size=args.batch_size or 8,
         fmt=args.fmt,

@@ -24,7 +24,7 @@ from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import DEFAULT_RULES, FORMATS
 from ipl_jax.eval.sampler import sample_records
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
-from ipl_jax.sampling import SamplerConfig
+from ipl_jax.sampling.config import WIDE_BUCKETS, SamplerConfig
 from ipl_jax.viz.viewer import write_html
 
 PROG = "ipl-jax sample"
@@ -83,6 +83,7 @@ def main(argv: list[str]) -> int:
             temperature=(t, t, t, 0.0),
             top_k=args.top_k,
             top_p=args.top_p,
+            **WIDE_BUCKETS,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -22,7 +22,8 @@ from ipl_jax.data.records import Step
 from ipl_jax.data.tokenizer import IM_END
 from ipl_jax.preference.pairs import action_type_id, classify_trees
 from ipl_jax.preference.round import SampledTrees, TreeScores
-from ipl_jax.sampling import iter_sampled_batches, tree_records
+from ipl_jax.sampling import tree_records
+from ipl_jax.sampling.batches import iter_sampled_batches
 
 
 def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_size: int):

@@ -1,5 +1,6 @@
-"""The sampler's settings: one frozen dataclass, a static argument of the jitted tree sampler. A turn cut at its
-budget is ``finished`` False; temperature 0 is greedy (traced); top-k / top-p follow the temperature.
+"""The sampler's settings for one batch: one frozen dataclass (``sections.TreeSampling``'s fields with the batch's turn
+budgets, temperatures and ids), a static argument of the jitted tree sampler. A turn cut at its budget is
+``finished`` False; temperature 0 is greedy (traced); top-k / top-p follow the temperature.
 """
 
 from __future__ import annotations
@@ -7,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ipl_jax.coat.tree import DEFAULT_BRANCHING, NUM_TURNS, check_branching
+from ipl_jax.coat.tree import NUM_TURNS
 from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS, pick_bucket
+from ipl_jax.sampling.sections import TreeSampling
 
 DEFAULT_TURN_TOKENS = (256, 128, 32, 32)
 DEFAULT_TEMPERATURE = (1.0, 1.0, 1.0, 0.0)
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
+# buckets for any checkpoint's screenshots (the declared defaults are the synthetic job's): the CLIs' choice
+WIDE_BUCKETS = {"prefix_buckets": DEFAULT_TEXT_BUCKETS, "prompt_buckets": DEFAULT_PROMPT_BUCKETS}
 
 
 def _per_turn(value, name: str, cast) -> tuple:
@@ -26,21 +30,17 @@ def _per_turn(value, name: str, cast) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerConfig:
-    """How CoaT-trees are sampled (hashable). eos_ids: ``<|im_end|>`` first; suppress_ids: never drawn (stored
+class SamplerConfig(TreeSampling):
+    """How one batch of CoaT-trees is sampled (hashable): ``TreeSampling``'s shape, token filter and prompt buckets,
+    per-turn budgets and temperatures, and the ids. eos_ids: ``<|im_end|>`` first; suppress_ids: never drawn (stored
     log-probs unaffected); early_exit: stop a turn once every row finished (same results).
     """
 
-    branching: tuple[int, int, int, int] = DEFAULT_BRANCHING
     max_turn_tokens: tuple[int, int, int, int] = DEFAULT_TURN_TOKENS
     temperature: tuple[float, float, float, float] = DEFAULT_TEMPERATURE
-    top_k: int = 0
-    top_p: float = 1.0
     eos_ids: tuple[int, ...] = ()
     pad_id: int = 0
     suppress_ids: tuple[int, ...] = ()
-    prefix_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS
-    prompt_buckets: tuple[int, ...] = DEFAULT_PROMPT_BUCKETS
     patch_buckets: tuple[int, ...] = DEFAULT_PATCH_BUCKETS
     early_exit: bool = True
     # > 0: each tree's screenshot padded to this many patches in its own slot and encoded alone (the tower's cost
@@ -49,26 +49,22 @@ class SamplerConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
-        set_("branching", check_branching(self.branching))
+        set_("branching", tuple(int(k) for k in self.branching))
+        for name in ("prefix_buckets", "prompt_buckets", "patch_buckets"):
+            set_(name, tuple(sorted(int(x) for x in getattr(self, name))))
+        TreeSampling.__post_init__(self)  # the checks of the fields declared with the job's sampler section
         set_("max_turn_tokens", _per_turn(self.max_turn_tokens, "max_turn_tokens", int))
         set_("temperature", _per_turn(self.temperature, "temperature", float))
         set_("eos_ids", tuple(int(e) for e in self.eos_ids))
         set_("suppress_ids", tuple(sorted({int(e) for e in self.suppress_ids})))
         if set(self.eos_ids) & set(self.suppress_ids):
             raise ValueError(f"SamplerConfig: eos ids {self.eos_ids} are also in suppress_ids {self.suppress_ids}")
-        for name in ("prefix_buckets", "prompt_buckets", "patch_buckets"):
-            b = tuple(sorted(int(x) for x in getattr(self, name)))
-            if not b or b[0] < 1:
-                raise ValueError(f"SamplerConfig.{name} must hold positive ints, got {getattr(self, name)}")
-            set_(name, b)
+        if not self.patch_buckets or self.patch_buckets[0] < 1:
+            raise ValueError(f"SamplerConfig.patch_buckets must hold positive ints, got {self.patch_buckets}")
         if any(t < 1 for t in self.max_turn_tokens):
             raise ValueError(f"SamplerConfig.max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
         if any(t < 0 for t in self.temperature):
             raise ValueError(f"SamplerConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplerConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplerConfig.top_p must be in (0, 1], got {self.top_p}")
         if not self.eos_ids:
             raise ValueError("SamplerConfig.eos_ids is empty: give the end-of-turn id(s) (<|im_end|> first)")
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ipl_jax.coat.sections import LeafRewardShares
+from ipl_jax.sampling.sections import TreeSampling
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
@@ -97,36 +98,20 @@ class SeedSelectionSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerSettings(Section):
+class SamplerSettings(TreeSampling):
+    """The job's sampler: the tree shape, token filter and prompt buckets (``sampling.sections``), one temperature
+    and the trees per call."""
+
     PATH: ClassVar[str] = "sampler"
-    branching: tuple[int, ...] = (3, 3, 3, 1)
-    """Children per node at each of the four CoaT turns."""
     temperature: float = 1.0
     """Sampling temperature."""
-    top_k: int = 0
-    """Top-k sampling (0: off)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1: off)."""
     batch_size: int = 4
     """Trees per jitted call (4 x 27 leaves)."""
-    prefix_buckets: tuple[int, ...] = (96, 128, 192, 256)
-    """Prefix lengths: screenshot + first prompt."""
-    prompt_buckets: tuple[int, ...] = (32, 64, 128, 192)
-    """Lengths of the turn-2..4 prompts (turn 2 holds the history)."""
 
     def __post_init__(self):
-        self.need(
-            "branching",
-            len(self.branching) == 4 and min(self.branching) >= 1,
-            "must be four integers >= 1 (children per node at each CoaT turn)",
-        )
+        super().__post_init__()
         self.need("temperature", is_nonneg(self.temperature), "must be >= 0")
-        self.need("top_p", is_positive(self.top_p) and self.top_p <= 1, "must be in (0, 1]")
-        self.at_least("top_k", 0, " (0: off)")
         self.at_least("batch_size", 1)
-        for name in ("prefix_buckets", "prompt_buckets"):
-            values = getattr(self, name)
-            self.need(name, bool(values) and min(values) >= 1, "must be one or more lengths >= 1")
 
     def build(
         self,
@@ -144,19 +129,18 @@ class SamplerSettings(Section):
         every turn greedy."""
         from ipl_jax.sampling.config import SamplerConfig, greedy_config  # imported when built (no JAX on import)
 
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TreeSampling)}  # declared once
+        if branching is not None:
+            shared["branching"] = tuple(branching)
         t = self.temperature
         config = SamplerConfig(
-            eos_ids=tuple(ids.eos),
-            pad_id=int(ids.pad),
-            branching=tuple(branching or self.branching),
+            **shared,
             max_turn_tokens=buckets.max_turn_tokens,
             temperature=(t, t, t, 0.0),
-            top_k=self.top_k,
-            top_p=self.top_p,
+            eos_ids=tuple(ids.eos),
+            pad_id=int(ids.pad),
             # the vision placeholders never belong in a reply (a re-encoded dialogue would read them as an image)
             suppress_ids=(int(ids.image_pad), int(ids.video_pad), int(ids.vision_start), int(ids.vision_end)),
-            prefix_buckets=self.prefix_buckets,
-            prompt_buckets=self.prompt_buckets,
             patch_buckets=buckets.patch_buckets(self.batch_size) + buckets.patch_buckets(eval_batch_size),
             image_patches=buckets.image_patches,
         )
