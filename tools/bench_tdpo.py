@@ -86,20 +86,13 @@ def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches:
     """Groups alternate β (3 sampled actions; pairs 0≻1, 0≻2) and γ (golden + 3 sampled; golden ≻ each).
     Returns a list of (groups, pairs) per batch; every batch has the same number of groups and pairs."""
     t, h, w = s["grid"]
-    n_img = t * h * w // cfg.vision.merge_factor
     eot = cfg.text.eos_token_id[0]
     text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     out = []
     for _ in range(n_batches):
         groups, pairs = [], []
         for g in range(groups_per_batch):
-            prefix = (
-                text(s["text_before"])
-                + [cfg.vision_start_token_id]
-                + [cfg.image_token_id] * n_img
-                + [cfg.vision_end_token_id]
-                + text(s["text_after"])
-            )
+            prefix, _ = harness.random_prefix(cfg, s, rng)
             for turn_len, prompt_len in zip(s["turns"], s["prompts"]):
                 prefix += text(turn_len - 1) + [eot] + text(prompt_len)
             n_cont = 3 if g % 2 == 0 else 4

@@ -67,17 +67,10 @@ SHAPES = {
 def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) -> list[StepPrompts]:
     """n steps of identical shapes (so transformers needs no padding): random image and text tokens."""
     t, h, w = s["grid"]
-    n_img = t * h * w // cfg.vision.merge_factor
     text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     out = []
     for i in range(n):
-        prefix = (
-            text(s["text_before"])
-            + [cfg.vision_start_token_id]
-            + [cfg.image_token_id] * n_img
-            + [cfg.vision_end_token_id]
-            + text(s["text_after"])
-        )
+        prefix, _ = harness.random_prefix(cfg, s, rng)
         out.append(
             StepPrompts(
                 prefix_ids=np.asarray(prefix, np.int32),
