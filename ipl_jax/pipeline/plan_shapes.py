@@ -137,7 +137,6 @@ class JobShapes:
     sampler_batch: int
     prefix_length: int
     prompt_length: int
-    turn_tokens: tuple
     branching: tuple
 
     @staticmethod
@@ -155,7 +154,6 @@ class JobShapes:
             sampler_batch=s.sampler.batch_size,
             prefix_length=max(s.sampler.prefix_buckets),
             prompt_length=max(s.sampler.prompt_buckets),
-            turn_tokens=s.buckets.max_turn_tokens,
             branching=s.sampler.branching,
         )
 
