@@ -92,7 +92,7 @@ def make_workload(cfg: Qwen2VLConfig, s: dict, groups_per_batch: int, n_batches:
     for _ in range(n_batches):
         groups, pairs = [], []
         for g in range(groups_per_batch):
-            prefix, _ = harness.random_prefix(cfg, s, rng)
+            prefix = harness.random_prefix(cfg, s, rng)
             for turn_len, prompt_len in zip(s["turns"], s["prompts"]):
                 prefix += text(turn_len - 1) + [eot] + text(prompt_len)
             n_cont = 3 if g % 2 == 0 else 4

@@ -70,7 +70,7 @@ def random_steps(cfg: Qwen2VLConfig, s: dict, n: int, rng: np.random.Generator) 
     text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     out = []
     for i in range(n):
-        prefix, _ = harness.random_prefix(cfg, s, rng)
+        prefix = harness.random_prefix(cfg, s, rng)
         out.append(
             StepPrompts(
                 prefix_ids=np.asarray(prefix, np.int32),

@@ -101,11 +101,11 @@ def write_json(path, obj, indent: int | None = 1, default: Callable | None = Non
     return text
 
 
-def random_prefix(cfg, shape: dict, rng) -> tuple[list[int], int]:
+def random_prefix(cfg, shape: dict, rng) -> list[int]:
     """A synthetic step's prefix of random text tokens around one image: ``shape``'s ``text_before`` tokens, the
-    vision span of its ``grid`` (t, h, w patches, merged), ``text_after`` tokens. Returns (ids, image tokens)."""
+    vision span of its ``grid`` (t, h, w patches, merged), ``text_after`` tokens."""
     t, h, w = shape["grid"]
     n_img = t * h * w // cfg.vision.merge_factor
     text = lambda k: rng.integers(10, cfg.image_token_id - 10, k).tolist()
     ids = text(shape["text_before"]) + [cfg.vision_start_token_id] + [cfg.image_token_id] * n_img
-    return ids + [cfg.vision_end_token_id] + text(shape["text_after"]), n_img
+    return ids + [cfg.vision_end_token_id] + text(shape["text_after"])
