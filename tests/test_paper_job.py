@@ -34,7 +34,18 @@ def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     report = json.loads((out / "job.json").read_text())
     assert json.loads((tmp_path / "copy" / "job.json").read_text()) == report and report["run_exit"] == 0
     stages = [s["stage"] for s in report["stages"]]
-    assert stages == ["data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "round_1", "export"]
+    assert stages == [
+        "data",
+        "evolution",
+        "model",
+        "buckets",
+        "sft",
+        "seed",
+        "eval_seed",
+        "round_1",
+        "eval_export",
+        "export",
+    ]
     assert all(s["seconds"] >= 0 for s in report["stages"]) and report["seconds"] > 0
     assert report["peak_device_bytes"] is None and report["device"].endswith("cpu")  # CPUs count no memory
     assert report["sft"]["steps"] == 2 and report["sft"]["tokens"] > 0 and report["sft"]["tokens_per_s"] > 0

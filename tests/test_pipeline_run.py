@@ -141,6 +141,75 @@ def test_results_schema(quick_run):
 
 
 @pytest.mark.e2e
+def test_results_name_the_exported_round_and_carry_reading_scores(quick_run):
+    """results.json names the round the job exported (the export stage's), with its scores and the seed's, and
+    every evaluated policy's reading scores on each test split and with grey screenshots; the run ends saying
+    which round it exported."""
+    config, workdir = quick_run["config"], quick_run["workdir"]
+    results = json.loads((workdir / "results.json").read_text())
+    rounds, exported = results["rounds"], results["exported"]
+    chosen = json.loads((workdir / "stages" / "export.done").read_text())["exported_round"]
+    assert exported["round"] == chosen == max(rounds, key=lambda r: (r["dev"]["step_accuracy"], r["round"]))["round"]
+    assert exported["dev"]["step_accuracy"] == [[r["round"], r["dev"]["step_accuracy"]] for r in rounds]
+    assert exported["dev"]["episodes"] == config.data.dev_episodes
+    # both rounds of the quick job were evaluated when they ran: the export reuses their scores
+    assert exported["evaluated_at_export"] is False
+    assert "evaluation" not in json.loads((workdir / "stages" / "eval_export.done").read_text())
+    for key, entry in (("scores", rounds[chosen]), ("seed_scores", rounds[0])):
+        s = exported[key]
+        assert s["step_accuracy"] == {k: entry["metrics"][k]["step_acc"] for k in config.data.test_splits}
+        assert s["step_accuracy_mean"] == pytest.approx(np.mean(list(s["step_accuracy"].values())))
+        assert s["online_success"] == {k: v["success_rate"] for k, v in entry["online_splits"].items()}
+        assert s["reading"] == entry["reading"]
+    for r in rounds:
+        assert set(r["reading"]) == set(config.data.test_splits)
+        assert set(r["blank_reading"]) == set(config.eval.blank_splits)
+        for split, scores in [*r["reading"].items(), *r["blank_reading"].items()]:
+            steps = r["metrics"][split]["steps"]
+            # every synthetic step knows its page; texts apply to every screen, grounding to clicks on elements
+            assert scores["steps"] == scores["page_steps"] == scores["texts_steps"] == steps
+            assert 0 < scores["grounding_steps"] <= r["metrics"][split]["CLICK"]["count"]
+            assert all(0.0 <= scores[k] <= 1.0 for k in ("page", "texts", "grounding")), (split, scores)
+    lines = quick_run["lines"]
+    assert any(line.startswith(f"exported: {'the seed' if chosen == 0 else f'round {chosen}'} ") for line in lines)
+    assert any(line.startswith("page named") for line in lines)
+
+
+@pytest.mark.e2e
+def test_an_exported_round_without_test_scores_is_evaluated_at_export(quick_run, tmp_path):
+    """A copy of the quick job whose round 1 is made to look like an intermediate round of ``eval.every_round =
+    false`` (dev accuracy only), export redone: the export stage evaluates it on the test splits, the grey control
+    and the live world -- the scores its own stage had, since greedy decoding is deterministic -- and says so."""
+    from ipl_jax.pipeline.export_stage import EVAL_KEYS
+
+    workdir = tmp_path / "job"
+    shutil.copytree(quick_run["workdir"], workdir, symlinks=True)
+    before = json.loads((workdir / "results.json").read_text())
+    if json.loads((workdir / "stages" / "export.done").read_text())["exported_round"] != 1:
+        pytest.skip("the quick job exported its seed (dev accuracy fell): no round to strip")
+    marker = workdir / "stages" / "round_1.done"
+    summary = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**{k: v for k, v in summary.items() if k not in EVAL_KEYS}, "metrics": {}}))
+    for name in ("eval_export.done", "export.done"):
+        (workdir / "stages" / name).unlink()
+    shutil.rmtree(workdir / "eval" / "round_1")
+    lines: list[str] = []
+    run_job(quick_run["config"], workdir, echo=lines.append)
+    results = json.loads((workdir / "results.json").read_text())
+    r1, old = results["rounds"][1], before["rounds"][1]
+    assert r1["evaluated_at_export"] is True and "evaluated_at_export" not in results["rounds"][0]
+    untimed = lambda d: {k: untimed(v) for k, v in d.items() if k != "seconds"} if isinstance(d, dict) else d
+    for key in EVAL_KEYS:  # the live world's summaries hold their wall time
+        assert untimed(r1[key]) == untimed(old[key]), key
+    assert (workdir / "eval" / "round_1" / "test.predictions.jsonl").is_file()
+    exported = results["exported"]
+    assert exported["round"] == 1 and exported["evaluated_at_export"] is True
+    assert exported["scores"] == before["exported"]["scores"]
+    assert any("not evaluated on the test splits yet, evaluating it now" in line for line in lines)
+    assert any("(evaluated for the export)" in line for line in lines)
+
+
+@pytest.mark.e2e
 def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
     """The probe samples the round's steps before and after the update with the same seed (paired draws): given
     the same weights twice -- an update that changed nothing -- every figure of its steps reads the same."""
@@ -387,7 +456,7 @@ def test_resume_skips_finished_stages(quick_run):
     started = [e["stage"] for e in events if e["event"] == "started"]
     # every stage ran exactly once over the two invocations (`ipl-jax run` resumed after `ipl-jax sft`)
     expected = [s for s in STAGES if s != "rounds"]
-    expected.insert(expected.index("export"), "round_1")
+    expected.insert(expected.index("eval_export"), "round_1")
     assert started == expected
     skipped = [e["stage"] for e in events if e["event"] == "skipped"]
     assert skipped == ["data", "evolution", "model", "buckets", "sft"]

@@ -128,3 +128,35 @@ def test_device_peak_bytes_reads_every_local_device(monkeypatch):
     devices = [Device({"peak_bytes_in_use": 5, "bytes_in_use": 1}), Device({"peak_bytes_in_use": 9}), Device(None)]
     monkeypatch.setattr(jax, "local_devices", lambda: devices)
     assert workdir.device_peak_bytes() == 9
+
+
+def test_round_table_reading_rows():
+    """The reading scores of a split under the action rows, then with grey screenshots (with their Step.Acc) where
+    the blank control ran; "-" for a score that does not apply or a round without it."""
+    from ipl_jax.pipeline.report import results_round, round_table
+
+    table = {"test": _table({"click": 0.5, "type": 0.25, "scroll": None, "press": 1.0, "stop": 0.0, "total": 0.4})}
+    r0 = results_round(
+        0,
+        table,
+        {},
+        0,
+        1.0,
+        reading={"test": {"page": 0.8, "texts": 0.125, "grounding": None}},
+        blank={"test": {"total": {"exact_acc": 0.2}}},
+        blank_reading={"test": {"page": 0.1, "texts": 0.0, "grounding": 0.5}},
+    )
+    r1 = results_round(1, {}, {}, 3, 1.0)  # dev only: no test scores
+    text = round_table([r0, r1], "test").splitlines()
+    at = text.index(next(line for line in text if line.startswith("page named")))
+    assert [line.split() for line in text[at : at + 7]] == [
+        ["page", "named", "80.00", "-"],
+        ["texts", "read", "12.50", "-"],
+        ["grounding", "-", "-"],
+        ["grey", "total", "match", "20.00", "-"],
+        ["grey", "page", "named", "10.00", "-"],
+        ["grey", "texts", "read", "0.00", "-"],
+        ["grey", "grounding", "50.00", "-"],
+    ]
+    assert text[at - 1].startswith("total type")
+    assert not [line for line in round_table([r0, r1], "other").splitlines() if "page named" in line]

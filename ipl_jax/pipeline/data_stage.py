@@ -22,6 +22,7 @@ from ipl_jax.data.records import Episode, Step
 from ipl_jax.data.synthetic import generate_split
 from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
 from ipl_jax.data.synthetic.dataset import episode_id
+from ipl_jax.eval.reading import PAGE_KEY
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress
@@ -48,8 +49,13 @@ def write_synthetic(settings: Settings, wd: Workdir) -> dict:
         episodes = generate_split(split, data.episodes_for(split), seed=settings.seed, config=settings.world)
         if (root / split).exists():  # what an interrupted attempt left: never mix its episodes with these
             shutil.rmtree(root / split)
+        # each step keeps its page phrase (synth_meta), the ground truth of the page-reading score (eval/reading.py)
         write_aitz_split(
-            progress(episodes, desc=f"data {split}", unit="episode"), root, split, compress_level=data.png_level
+            progress(episodes, desc=f"data {split}", unit="episode"),
+            root,
+            split,
+            compress_level=data.png_level,
+            with_meta=(PAGE_KEY,),
         )
         types = collections.Counter(s.action.type for e in episodes for s in e.steps)
         summary["splits"][split] = {

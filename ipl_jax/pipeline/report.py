@@ -44,6 +44,7 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
         lines.append(f"{row.lower() + ' match':<18}" + "".join(cells))
     cells = [f"{_pct((r['metrics'].get(split) or {}).get('total', {}).get('type_acc')):>10}" for r in rounds]
     lines.append(f"{'total type':<18}" + "".join(cells))
+    lines.extend(reading_rows(rounds, split))
     for key, name in (("alpha", "alpha trees"), ("beta", "beta trees"), ("gamma", "gamma trees")):
         lines.append(f"{name:<18}" + "".join(f"{_pct(r['trees'].get(key)):>10}" for r in rounds))
     lines.append(f"{'pairs':<18}" + "".join(f"{r['pairs']:>10}" for r in rounds))
@@ -67,6 +68,27 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
             cells = [f"{diagnostic_cell(r.get('diagnostics'), section, key):>10}" for r in rounds]
             lines.append(f"{name:<18}" + "".join(cells))
     return "\n".join(lines)
+
+
+READING_ROWS = (("page named", "page"), ("texts read", "texts"), ("grounding", "grounding"))
+
+
+def reading_rows(rounds: Sequence[dict], split: str) -> list[str]:
+    """Rows of the round table: the reading scores of ``split`` (``eval.reading``: page named, texts read,
+    grounding; %), then with grey screenshots where evaluated (``grey total`` = Step.Acc); "-" where absent."""
+    lines = []
+    for section, prefix in (("reading", ""), ("blank_reading", "grey ")):
+        if not any(split in (r.get(section) or {}) for r in rounds):
+            continue
+        if section == "blank_reading":
+            cells = [
+                _pct((((r.get("blank") or {}).get(split) or {}).get("total") or {}).get("exact_acc")) for r in rounds
+            ]
+            lines.append(f"{'grey total match':<18}" + "".join(f"{c:>10}" for c in cells))
+        for name, key in READING_ROWS:
+            cells = [_pct(((r.get(section) or {}).get(split) or {}).get(key)) for r in rounds]
+            lines.append(f"{prefix + name:<18}" + "".join(f"{c:>10}" for c in cells))
+    return lines
 
 
 # The round diagnostics as table rows: (row name, section of ``diagnostics``, figure). A figure measured before and

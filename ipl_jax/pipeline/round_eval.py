@@ -15,6 +15,8 @@ from ipl_jax.data.records import Episode
 from ipl_jax.data.synthetic.config import WorldConfig
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
+from ipl_jax.eval.reading import SCORES as READING_SCORES
+from ipl_jax.eval.reading import reading_scores
 from ipl_jax.pipeline.model_stage import Policy
 from ipl_jax.rl.rollout import WorldTask, split_world_tasks
 from ipl_jax.settings import DataSettings, Settings
@@ -53,12 +55,13 @@ def evaluate_splits(
     out_dir: Path,
     echo=print,
     blank_screens: bool = False,
-) -> dict:
-    """Greedy CoaT decoding + the Step.Acc table of each split in ``names``; predictions go to
-    ``out_dir/<split>.predictions.jsonl`` (``<split>.blank.predictions.jsonl`` with grey ``blank_screens``)."""
+) -> tuple[dict, dict]:
+    """Greedy CoaT decoding of each split in ``names``: ({split: Step.Acc table}, {split: reading scores}
+    (``eval.reading``)); predictions go to ``out_dir/<split>.predictions.jsonl``
+    (``<split>.blank.predictions.jsonl`` with grey ``blank_screens``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ec = eval_config(policy, settings, blank_screens)
-    tables = {}
+    tables, reading = {}, {}
     for name in names:
         t0 = time.perf_counter()
         episodes = limit_episodes(splits[name], settings.eval.max_steps)
@@ -69,22 +72,34 @@ def evaluate_splits(
                 for r in records:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
         tables[name] = table
+        reading[name] = reading_scores([s for e in episodes for s in e.steps], records)
         echo(
             f"  {name}{' (blank screens)' if blank_screens else ''}: step accuracy "
-            f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps ({time.perf_counter() - t0:.1f} s)"
+            f"{100 * (table['step_acc'] or 0):.2f}% on {len(records)} steps, {reading_line(reading[name])} "
+            f"({time.perf_counter() - t0:.1f} s)"
         )
-    return tables
+    return tables, reading
+
+
+def reading_line(scores: dict) -> str:
+    """``reading: page 80.0%, texts 41.2%, grounding 55.0%`` ("-" where a score does not apply)."""
+    cells = [f"{k} {'-' if scores.get(k) is None else f'{100 * scores[k]:.1f}%'}" for k in READING_SCORES]
+    return "reading: " + ", ".join(cells)
 
 
 def evaluate_policy_splits(
     policy: Policy, splits: dict[str, list[Episode]], settings: Settings, out_dir: Path, echo=print
 ) -> dict:
-    """A round's evaluation record: ``metrics`` (test splits), ``blank`` (blank screenshots) and ``online``."""
+    """A round's evaluation record: ``metrics`` and ``reading`` (test splits), ``blank`` and ``blank_reading``
+    (blank screenshots), and ``online``."""
     test = list(settings.data.test_splits)
-    out = {"metrics": evaluate_splits(policy, splits, test, settings, out_dir, echo=echo)}
+    out: dict = {}
+    out["metrics"], out["reading"] = evaluate_splits(policy, splits, test, settings, out_dir, echo=echo)
     blank = [s for s in settings.eval.blank_splits if s]
     if blank:
-        out["blank"] = evaluate_splits(policy, splits, blank, settings, out_dir, echo=echo, blank_screens=True)
+        out["blank"], out["blank_reading"] = evaluate_splits(
+            policy, splits, blank, settings, out_dir, echo=echo, blank_screens=True
+        )
     if settings.eval.online_episodes > 0:
         by_split = {s: evaluate_online(policy, settings, s, out_dir, echo=echo) for s in settings.eval.online_splits}
         out["online"] = by_split[settings.eval.online_splits[0]]

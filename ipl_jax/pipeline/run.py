@@ -15,16 +15,18 @@ import jax
 from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
-from ipl_jax.pipeline import bucket_fit, data_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline import bucket_fit, data_stage, export_stage, model_stage, report, rounds, sft_stage
 from ipl_jax.pipeline.configs import seed_scoring
 from ipl_jax.pipeline.paths import UsageError
-from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits
+from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits, limit_episodes
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 from ipl_jax.settings import Settings
-from ipl_jax.viz.plots import plot_step_accuracy
+from ipl_jax.viz.plots import plot_step_accuracy_splits
 
-STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "export")
+STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "eval_export", "export")
+# what a round entry of results.json takes from its evaluation besides ``metrics`` (round_eval.evaluate_policy_splits)
+EVAL_EXTRA = tuple(k for k in export_stage.EVAL_KEYS if k != "metrics")
 
 
 def check_workdir_config(wd: Workdir, settings: Settings) -> None:
@@ -250,7 +252,7 @@ class Job:
 
     def results(self) -> dict:
         seed_trees = self.seed_summary["trees"]
-        seed_extra = {k: self.seed_eval[k] for k in ("blank", "online", "online_splits") if k in self.seed_eval}
+        seed_extra = {k: self.seed_eval[k] for k in EVAL_EXTRA if k in self.seed_eval}
         out = [
             report.results_round(
                 0,
@@ -264,7 +266,7 @@ class Job:
         ]
         for s in getattr(self, "round_summaries", []):
             rec = s["record"]
-            extra = {k: s[k] for k in ("blank", "online", "online_splits") if k in s}
+            extra = {k: s[k] for k in EVAL_EXTRA if k in s}
             extra.update({k: rec[k] for k in ("method", "samples", "budget", "diagnostics") if k in rec})
             out.append(
                 report.results_round(
@@ -280,7 +282,25 @@ class Job:
                     **extra,
                 )
             )
-        return {"data": self.data_use(), "rounds": out}
+        res = {"data": self.data_use(), "rounds": out}
+        chosen = getattr(self, "export_eval", None)
+        if chosen is not None:
+            self._add_export(res, chosen)
+        return res
+
+    def _add_export(self, res: dict, chosen: dict) -> None:
+        """The exported round's evaluation made at export (into its round entry, ``evaluated_at_export``) and the
+        top-level ``exported`` block (``export_stage.exported_block``)."""
+        r = int(chosen["round"])
+        entry = next(e for e in res["rounds"] if e["round"] == r)
+        if chosen.get("evaluation"):
+            entry.update({k: v for k, v in chosen["evaluation"].items() if k in export_stage.EVAL_KEYS})
+            entry["evaluated_at_export"] = True
+        dev = limit_episodes(self.dev, self.settings.eval.max_steps)
+        use = {"episodes": len(dev), "steps": sum(len(e.steps) for e in dev)}
+        res["exported"] = export_stage.exported_block(
+            res["rounds"], r, bool(chosen.get("evaluation")), self.test_names, use
+        )
 
     def data_use(self) -> dict:
         """Which episodes each stage used, and of which kind (SFT's, the rounds' pool, evolution's screens)."""
@@ -302,26 +322,50 @@ class Job:
         for split in self.test_names:
             self.wd.echo("\n" + report.round_table(res, split) + "\n")
 
+    def round_policy(self, r: int) -> Path:
+        """The policy directory of round ``r`` (0: the seed)."""
+        return self.wd.path("seed") if r == 0 else self.wd.path("rounds", str(r), "policy")
+
+    def eval_export(self) -> None:
+        """Choose the round to export (``export_stage.choose_round``) and, when no stage evaluated it on the test
+        splits and in the live world (an intermediate round under ``eval.every_round = false``), evaluate it now
+        into ``eval/round_<r>``; an evaluated round (the seed, the last round) keeps its evaluation. Every process
+        runs it (the evaluation is sharded)."""
+
+        def run():
+            rounds_ = self.results()["rounds"]
+            r = export_stage.choose_round(rounds_)
+            if export_stage.is_evaluated(next(e for e in rounds_ if e["round"] == r)):
+                self.wd.echo(f"  exporting round {r}: evaluated when it ran, its scores are reused")
+                return {"round": r}
+            self.wd.echo(f"  exporting round {r}: not evaluated on the test splits yet, evaluating it now")
+            policy = self.inference_policy(self.round_policy(r))
+            out_dir = self.wd.dir("eval", f"round_{r}")
+            return {
+                "round": r,
+                "evaluation": evaluate_policy_splits(policy, self.splits, self.settings, out_dir, echo=self.wd.echo),
+            }
+
+        self.export_eval = self.wd.run_stage("eval_export", run)
+
     def export(self) -> None:
         self.wd.run_stage("export", self._export, main_only=True)
 
     def _export(self) -> dict:
         wd = self.wd
         res = self.results()
-        rounds_ = res["rounds"]
-        best = max(rounds_, key=lambda r: (r["dev"]["step_accuracy"], r["round"]))
-        src = wd.path("seed") if best["round"] == 0 else wd.path("rounds", str(best["round"]), "policy")
+        rounds_, chosen = res["rounds"], res["exported"]["round"]
         target = wd.path("export")
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(src, target)
+        shutil.copytree(self.round_policy(chosen), target)
         write_json(wd.path("results.json"), res)
-        plot = plot_step_accuracy(rounds_, self.test_names[0], wd.path("step_accuracy.png"))
+        plot = plot_step_accuracy_splits(rounds_, self.test_names, wd.path("step_accuracy.png"), exported=chosen)
         wd.tensorboard.image("ipl", "step_accuracy", plot, step=rounds_[-1]["round"])
         viewer = self._viewer()
         return {
             "export": str(target),
-            "exported_round": best["round"],
+            "exported_round": chosen,
             "plot": str(plot),
             "viewer": viewer,
             "results": str(wd.path("results.json")),
@@ -368,6 +412,7 @@ def run_job(settings: Settings, workdir: str | Path, stop_after: str | None = No
     wd.tensorboard.close()
     if stop_after is None:
         job.print_rounds()
+        wd.echo("\n" + export_stage.export_report(job.results()["exported"]) + "\n")
         total = sum(e.get("seconds", 0.0) for e in wd.stage_log() if e["event"] == "finished")
         wd.echo(
             f"results: {wd.path('results.json')}  (stage time {total:.0f} s across invocations; "

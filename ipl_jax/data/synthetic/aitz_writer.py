@@ -1,11 +1,12 @@
 """Writing episodes in AITZ's published layout (docs/formats.md). A click is a DUAL_POINT at the click point, a
-scroll a finger move of ``SWIPE``; ``with_meta=True`` adds a ``synth_meta`` JSON-string field.
+scroll a finger move of ``SWIPE``; ``with_meta`` adds a ``synth_meta`` JSON-string field (the whole step meta, or the
+keys named).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ipl_jax.data.records import Episode, Step
@@ -86,10 +87,16 @@ def step_record(step: Step, episode_length: int, image_path: str, size: tuple[in
 
 
 def write_aitz_split(
-    episodes: Iterable[Episode], root, split: str, compress_level: int = 1, with_meta: bool = False
+    episodes: Iterable[Episode],
+    root,
+    split: str,
+    compress_level: int = 1,
+    with_meta: bool | Sequence[str] = False,
 ) -> Path:
     """Write episodes under ``root/split`` in the AITZ layout; returns the split directory. The subset is
-    ``meta["subset"]`` (default ``general``); ids must be digits."""
+    ``meta["subset"]`` (default ``general``); ids must be digits. ``with_meta``: True writes every step's whole
+    meta as ``synth_meta``, a sequence of keys only those keys (the job keeps ``page_name`` alone, so that nothing
+    else it reads changes), False none."""
     split_dir = Path(root) / split
     for ep in episodes:
         if not ep.steps:
@@ -106,8 +113,9 @@ def write_aitz_split(
             img = step.load_image()
             img.save(ep_dir / png, format="PNG", compress_level=compress_level)
             rec = step_record(step, len(ep.steps), f"{subset}/{name}/{png}", img.size)
-            if with_meta:
-                rec["synth_meta"] = json.dumps(step.meta, ensure_ascii=False, sort_keys=True)
+            meta = step.meta if with_meta is True else {k: step.meta[k] for k in with_meta or () if k in step.meta}
+            if with_meta is True or meta:
+                rec["synth_meta"] = json.dumps(meta, ensure_ascii=False, sort_keys=True)
             records.append(rec)
         (ep_dir / f"{name}.json").write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
     return split_dir

@@ -28,7 +28,9 @@ def _region(y_frac: float, rng_words) -> str:
 # ---------------------------------------------------------------------------------------------- s1
 
 
-def _page_name(screen) -> str:
+def page_name(screen) -> str:
+    """The page phrase of a screen as descriptions name it ("the Settings list", "the chat with Anna", "Shop results
+    for lamp"); also kept in each step's ``meta["page_name"]``, the ground truth of the page-reading score."""
     app, page, st = screen.app, screen.page, screen.state
     if app == "Home":
         return "the home screen" + (f", page {st['home_page'] + 1}" if st.get("n_home_pages", 1) > 1 else "")
@@ -81,7 +83,7 @@ def describe_screen(screen, rng) -> str:
         cy = (w.box[1] + w.box[3]) / 2 / H
         groups.setdefault(_region(cy, regions), []).append(phrase)
     head = _pick(rng, ("This is {p}.", "The screen shows {p}.", "{P}."))
-    name = _page_name(screen)
+    name = page_name(screen)
     text = head.format(p=name, P=name[0].upper() + name[1:])
     budget = MAX_DESC_WORDS - _n_words(text)
     parts = []
@@ -187,7 +189,7 @@ def _need_phrase(task: Task, d: Decision, screen) -> str:
 def think(task: Task, prev: Decision | None, screen, d: Decision, rng) -> str:
     """s2: what I did, what I see, what I need, what I do next; at most MAX_THINK_WORDS words."""
     done = _done_phrase(prev, rng)
-    page = _page_name(screen)
+    page = page_name(screen)
     seen = _pick(rng, ("Now I see {p};", "The screen shows {p};", "This is {p};")).format(p=page)
     need = _need_phrase(task, d, screen)
     nxt = _pick(rng, ("so next I {a}.", "so I will {a}.", "next I {a}.")).format(a=_words(d))

@@ -70,6 +70,7 @@ def generate_episode(world_seed: int, task: Task, config: WorldConfig, episode_i
         meta = {
             "app": screen.app,
             "page": screen.page,
+            "page_name": coat_text.page_name(screen),  # the page phrase descriptions use (eval/reading.py)
             "subset": task.subset,
             "transitions": screen.transitions(),
             "intent": d.intent,

@@ -1,0 +1,108 @@
+"""Screen-reading data for pretraining a base model: screens of the training split's world (its themes, layouts
+and tasks, from a seed stream of its own) with dense supervision from what the renderer knows, as one chat per
+screen in the dialogue format the agent later uses.
+
+A chat asks, about one screenshot: the CoaT description (turn 1's exact prompt), every text top to bottom,
+where named elements are (the grounding turn's box format) and what is at given points. Test splits, unseen
+themes, unseen layouts and unseen tasks are never drawn (``pretrain_episodes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+from ipl_jax.coat.actions import format_grounding, to_relative
+from ipl_jax.data.dialogue import DEFAULT_PROMPTS
+from ipl_jax.data.evolution.screen import usable_elements
+from ipl_jax.data.records import Episode, Step, UIElement
+from ipl_jax.data.synthetic.config import WorldConfig
+from ipl_jax.data.synthetic.dataset import SPLIT_CODES, episode_id, generate_episode, split_config
+from ipl_jax.data.synthetic.tasks import sample_task
+
+# The seed stream of pretraining screens: a split code no evaluation split uses (see ``SPLIT_CODES``).
+PRETRAIN_SPLIT = "pretrain"
+PRETRAIN_CODE = 9
+
+TEXTS_PROMPT = "Read the screen's texts, top to bottom."
+WHERE_PROMPT = 'Where is "{name}"? Box as (x1,y1),(x2,y2) in 0-1000.'
+WHAT_PROMPT = "What is at ({x},{y}) in 0-1000?"
+STATUS_BAR = 0.045  # elements whose box ends above this screen fraction (the status bar's clock) are never asked
+
+
+def pretrain_episodes(n: int, seed: int = 0, world: WorldConfig | None = None) -> list[Episode]:
+    """``n`` episodes of the training split's world (its themes, variants and task families) from the pretraining
+    seed stream ``SeedSequence([seed, PRETRAIN_CODE, i])``, disjoint from every evaluation split's stream."""
+    assert PRETRAIN_CODE not in SPLIT_CODES.values()
+    cfg = split_config("train", world)
+    out = []
+    for i in range(int(n)):
+        ws = int(np.random.SeedSequence([int(seed), PRETRAIN_CODE, i]).generate_state(1)[0])
+        task = sample_task(np.random.default_rng([ws, 2]), cfg, unseen=False)
+        eid = "9" + episode_id("train", seed, i)[1:]
+        out.append(generate_episode(ws, task, cfg, episode_id=eid, split=PRETRAIN_SPLIT))
+    return out
+
+
+def screen_texts(step: Step) -> list[UIElement]:
+    """The step's elements with text outside the status bar (``usable_elements``), in reading order (top to
+    bottom, left to right); a repeated text once."""
+    seen, out = set(), []
+    for el in usable_elements(step):
+        text = " ".join((el.text or "").split())
+        if text and text.lower() not in seen:
+            seen.add(text.lower())
+            out.append(el)
+    return out
+
+
+def _unique(elements: Sequence[UIElement]) -> list[UIElement]:
+    """Elements whose text names one element of the screen (a question about it has one answer)."""
+    counts: dict[str, int] = {}
+    for el in elements:
+        counts[el.text] = counts.get(el.text, 0) + 1
+    return [el for el in elements if el.text and counts[el.text] == 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadingChat:
+    """The questions of one screen's chat: ``where`` and ``what`` questions each (at most), ``max_texts`` listed."""
+
+    where: int = 3
+    what: int = 3
+    max_texts: int = 24
+
+
+def reading_messages(step: Step, seed: int, chat: ReadingChat = ReadingChat()) -> list[dict]:
+    """The chat of one screen: user/assistant messages, the image in the first user message. Which elements are
+    asked about is a pure function of ``(seed, episode, step)``."""
+    rng = random.Random(f"{seed}/{step.episode_id}/{step.step_id}")
+    texts = screen_texts(step)
+    named = _unique([e for e in step.elements if e.box[3] > STATUS_BAR])
+    qa: list[tuple[str, str]] = [
+        (DEFAULT_PROMPTS.describe, step.coat.screen_desc),
+        (TEXTS_PROMPT, "; ".join(e.text for e in texts[: chat.max_texts]) or "No text."),
+    ]
+    for el in rng.sample(named, min(chat.where, len(named))):
+        qa.append((WHERE_PROMPT.format(name=el.text), format_grounding(el.box)))
+    for el in rng.sample(named, min(chat.what, len(named))):
+        x, y = (el.box[0] + el.box[2]) / 2, (el.box[1] + el.box[3]) / 2
+        qa.append((WHAT_PROMPT.format(x=to_relative(x), y=to_relative(y)), el.text))
+    messages = []
+    for k, (question, answer) in enumerate(qa):
+        content = [{"type": "image"}, {"type": "text", "text": question}] if k == 0 else question
+        messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
+    return messages
+
+
+def reading_corpus(steps: Sequence[Step], seed: int, chat: ReadingChat = ReadingChat()) -> list[str]:
+    """Every text of the reading chats (for the tokenizer)."""
+    out = []
+    for s in steps:
+        for m in reading_messages(s, seed, chat):
+            c = m["content"]
+            out.append(c if isinstance(c, str) else c[1]["text"])
+    return out
