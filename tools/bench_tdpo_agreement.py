@@ -46,7 +46,7 @@ def our_side(params, ref_params, batch: PB.PackedBatch, config: ipl.TDPOConfig) 
     n = batch.num_pairs
     terms = jax.jit(lambda p, b: ipl.pair_terms(p, cfg, b, chunk=config.logp_chunk))
     pos, neg, _ = terms(params, batch)
-    pair_loss, _ = losses.dpo_pair_losses(pos, neg, batch.ref_pos, batch.ref_neg, beta, config.dpo.kind)
+    pair_loss, _ = losses.dpo_pair_losses(pos, neg, batch.ref_pos, batch.ref_neg, beta, config.dpo.loss_kind)
     loss_fn = ipl.make_tdpo_loss(config)
     grad_fn = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None), has_aux=True))
     (loss, _), grads = grad_fn(params, batch)
