@@ -17,6 +17,7 @@ COMMANDS = {
     "init-model": ("ipl_jax.cli.init_model", "main", "a random Qwen2-VL-2B/7B checkpoint with our tokenizer"),
     "synth": ("ipl_jax.cli.synth", "main", "write a synthetic GUI-world split (AITZ or AndroidControl format)"),
     "score": ("ipl_jax.cli.score", "main", "score a predictions JSONL file against a dataset"),
+    "pretrain": ("ipl_jax.cli.pretrain", "main", "a base model that reads the synthetic world's screens"),
     "sft": ("ipl_jax.cli.sft", "main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
     "eval": ("ipl_jax.cli.eval", "main", "greedy CoaT decoding + Step.Acc tables"),
     "export": ("ipl_jax.cli.export", "main", "export a checkpoint as a Hugging Face directory"),

@@ -62,9 +62,10 @@ def inference_policy(policy: Policy, model: ModelSettings, params=None) -> Polic
     return dataclasses.replace(policy, params=cast_floating(params, storage), cfg=job_model_config(policy.cfg, model))
 
 
-def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = ()) -> list[str]:
-    """Every text the model reads or writes on this data (CoaT turns, prompts, Q&A) plus the chat scaffolding."""
-    lines = scaffold_texts()
+def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = (), texts: Sequence[str] = ()) -> list[str]:
+    """Every text the model reads or writes on this data (CoaT turns, prompts, Q&A, ``texts``) plus the chat
+    scaffolding."""
+    lines = scaffold_texts() + list(texts)
     for s in steps:
         lines.append(s.instruction)
         lines.append(DEFAULT_PROMPTS.think_text(s.instruction, s.history))
@@ -147,8 +148,11 @@ def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
     )
 
 
-def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence) -> dict:
-    """Stage 3: ``WORKDIR/model/init``, a copy of ``model.checkpoint`` or a new tokenizer + fresh model (``seed``)."""
+def build_initial_model(
+    settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence, texts: Sequence[str] = ()
+) -> dict:
+    """Stage 3: ``WORKDIR/model/init``, a copy of ``model.checkpoint`` or a new tokenizer (from the data's texts and
+    ``texts``) + fresh model (``seed``)."""
     model = settings.model
     out = wd.path("model", "init")
     if model.checkpoint:
@@ -161,7 +165,7 @@ def build_initial_model(settings: Settings, wd: Workdir, train_steps: Sequence[S
         write_policy_dir(out, policy.params, policy.cfg, src, model.image_processor())
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
-    corpus = tokenizer_corpus(train_steps, qas)
+    corpus = tokenizer_corpus(train_steps, qas, texts)
     tok_dir = wd.dir("model", "tokenizer")
     special_ids = write_tokenizer(train_tokenizer(corpus, model.vocab_size), tok_dir)
     cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(model, special_ids))

@@ -219,8 +219,6 @@ def run_sft(
     sft = settings.sft
     if sft.steps == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
-    mesh = job_mesh(settings.mesh)
-    init = load_policy(wd.path("model", "init"), mesh)
     fallback = settings.data.coat_fallback
     items, skipped = sft_items(train_steps, qas, fallback, screens)
     wd.echo(
@@ -232,8 +230,21 @@ def run_sft(
             f"warm-up SFT: none of the {len(train_steps)} training steps carries a CoaT annotation; pass "
             f"--config.data.coat_fallback=true to train on made-up thoughts, or give annotated data"
         )
+    fit = fit_dialogues(settings, wd, "sft", items, lambda tok, image: make_example_fn(tok, image, fallback))
+    counts = {"coat_items": len(train_steps) - skipped, "steps_without_coat": skipped, "qa_items": len(qas)}
+    return {"steps": fit.pop("steps"), "items": fit.pop("items"), **counts, **fit}
+
+
+def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, make_example) -> dict:
+    """Train ``settings.sft.steps`` updates on ``items`` (``make_example(tokenizer, image_config)`` turns an item
+    into a ``TrainingExample``) from ``WORKDIR/model/init``; resumable from ``WORKDIR/<stage>/checkpoints``; the
+    last ``sft.seed_candidates`` exported to ``WORKDIR/<stage>/candidates/step_<n>``."""
+    sft = settings.sft
+    label = "SFT" if stage == "sft" else stage
+    mesh = job_mesh(settings.mesh)
+    init = load_policy(wd.path("model", "init"), mesh)
     shape = BatchShape.of(sft)
-    example_fn = make_example_fn(init.tokenizer, init.image_config, fallback)
+    example_fn = make_example(init.tokenizer, init.image_config)
     rows = SFTRows(init.cfg, init.tokenizer, settings.buckets, shape, example_fn, items[0], mesh)
     # the same global order of items in every process; each builds the examples of its own rows only
     dataset = make_dataset(
@@ -243,7 +254,7 @@ def run_sft(
 
     state, optimizer = sft_init_state(init.params, settings)
     keep = sft.seed_candidates
-    ckpt = Checkpointer(wd.dir("sft") / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
+    ckpt = Checkpointer(wd.dir(stage) / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
     if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
         state = distributed.put(state, state_shardings(state, optimizer, mesh))
     else:
@@ -254,7 +265,7 @@ def run_sft(
         if data_state:
             iterator = restore_iterator(iterator, data_state)
         recent = [float(x) for x in meta.get("recent_losses", [])]
-        wd.echo(f"  resuming SFT from its checkpoint at step {int(state.step)}")
+        wd.echo(f"  resuming {label} from its checkpoint at step {int(state.step)}")
     step_config = sft_step_config(init.cfg, settings, sft.optimizer(), shape)
     counter = {"tokens": 0.0}
 
@@ -263,7 +274,7 @@ def run_sft(
         counter["tokens"] += float(tokens)
         return sft_step(st, batch, step_config, mesh=mesh)
 
-    bar = progress_bar(total=sft.steps, initial=int(state.step), desc="SFT", unit="step")
+    bar = progress_bar(total=sft.steps, initial=int(state.step), desc=label, unit="step")
     t0 = time.perf_counter()
     tokens0 = counter["tokens"]
     marks: list[tuple[float, float]] = []  # (seconds since t0, tokens so far) as each step's metrics arrive
@@ -275,11 +286,11 @@ def run_sft(
         marks.append((time.perf_counter() - t0, counter["tokens"] - tokens0))
         rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
         bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rate:,.0f}")
-        record = {"stage": "sft", "step": step, **m, "tokens_per_s": rate}
+        record = {"stage": stage, "step": step, **m, "tokens_per_s": rate}
         wd.log_metrics(record)
         wd.tensorboard.sft(record)
 
-    metadata = {"stage": "sft", "items": len(items), "batch_size": sft.batch_size}
+    metadata = {"stage": stage, "items": len(items), "batch_size": sft.batch_size}
     try:
         state, _ = train_loop(
             state,
@@ -294,9 +305,22 @@ def run_sft(
     finally:
         bar.close()
     seconds = time.perf_counter() - t0
+    candidates = export_candidates(wd, stage, ckpt, state, init, keep)
+    return {
+        "steps": sft.steps,
+        "items": len(items),
+        "final_loss": recent[-1] if recent else None,
+        "mean_loss_last_10": float(np.mean(recent)) if recent else None,
+        "train_seconds": round(seconds, 2),
+        "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
+        **steady_rate(marks),
+        "candidates": candidates,
+    }
 
-    # Export the candidates for seed selection.
-    cand_root = wd.dir("sft", "candidates")
+
+def export_candidates(wd: Workdir, stage: str, ckpt: Checkpointer, state, init, keep: int) -> list[str]:
+    """The last ``keep`` checkpoints as policy directories ``WORKDIR/<stage>/candidates/step_<n>``."""
+    cand_root = wd.dir(stage, "candidates")
     candidates = []
     for step in ckpt.all_steps()[-keep:]:
         restored, _, _ = ckpt.restore(state, step=step)
@@ -306,19 +330,7 @@ def run_sft(
         )
         candidates.append(str(out))
     ckpt.close()
-    return {
-        "steps": sft.steps,
-        "items": len(items),
-        "coat_items": len(train_steps) - skipped,
-        "steps_without_coat": skipped,
-        "qa_items": len(qas),
-        "final_loss": recent[-1] if recent else None,
-        "mean_loss_last_10": float(np.mean(recent)) if recent else None,
-        "train_seconds": round(seconds, 2),
-        "tokens_per_s": round(counter["tokens"] / max(seconds, 1e-9), 1),
-        **steady_rate(marks),
-        "candidates": candidates,
-    }
+    return candidates
 
 
 def steady_rate(marks: list[tuple[float, float]]) -> dict:

@@ -16,7 +16,13 @@ from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSe
 from ipl_jax.settings.model import BucketSettings, ModelSettings
 from ipl_jax.settings.rl import RLSettings
 from ipl_jax.settings.rounds import IPLSettings
-from ipl_jax.settings.training import RewardSettings, SamplerSettings, SeedSelectionSettings, SFTSettings
+from ipl_jax.settings.training import (
+    PretrainSettings,
+    RewardSettings,
+    SamplerSettings,
+    SeedSelectionSettings,
+    SFTSettings,
+)
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
 
@@ -86,6 +92,7 @@ class Settings(Section):
     export: ExportSettings = dataclasses.field(default_factory=ExportSettings)
     ablation: AblationSettings = dataclasses.field(default_factory=AblationSettings)
     mesh: MeshSettings = dataclasses.field(default_factory=MeshSettings)
+    pretrain: PretrainSettings = dataclasses.field(default_factory=PretrainSettings)
 
     def __post_init__(self):
         self.need("seed", 0 <= self.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")

@@ -165,3 +165,25 @@ class RewardSettings(LeafRewardShares):
         from ipl_jax.coat.rewards import RewardConfig  # imported when built (no JAX on import)
 
         return RewardConfig(v_type=self.v_type, v_format=self.v_format, rules=rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainSettings(Section):
+    """``ipl-jax pretrain``: the screens a base model learns to read (its updates, batch and rate are the ``sft``
+    section's; the model's size and resolution the ``model`` section's)."""
+
+    PATH: ClassVar[str] = "pretrain"
+    episodes: int = 600
+    """Episodes of the training split's world whose screens are read (every step's screen, about 4 each)."""
+    eval_episodes: int = 24
+    """Held-out episodes (the same stream, after the training ones) whose screens measure reading."""
+    where: int = 3
+    """'Where is X?' questions per screen."""
+    what: int = 3
+    """'What is at (x, y)?' questions per screen."""
+    max_texts: int = 24
+    """Texts listed in the answer to 'read the texts'."""
+
+    def __post_init__(self):
+        self.at_least("episodes eval_episodes", 1)
+        self.at_least("where what max_texts", 0)

@@ -1,0 +1,132 @@
+"""``ipl-jax pretrain``: a base model that reads the world's screens, trained from scratch on reading chats
+(``data/synthetic/reading.py``) and written as a Hugging Face checkpoint that a job starts from
+(``model.checkpoint``). Stages: screens -> tokenizer and fresh model -> training (resumable) -> held-out reading
+scores -> ``WORKDIR/pretrain/model`` with ``recipe.json`` beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ipl_jax.data.dialogue import chat_example
+from ipl_jax.data.screenshots import decode_pixels
+from ipl_jax.data.synthetic.reading import (
+    ReadingChat,
+    pretrain_episodes,
+    reading_corpus,
+    reading_messages,
+)
+from ipl_jax.eval.reading import chat_reading_scores
+from ipl_jax.pipeline import model_stage
+from ipl_jax.pipeline.sft_stage import fit_dialogues
+from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.settings import Settings
+
+
+def reading_chat(settings: Settings) -> ReadingChat:
+    p = settings.pretrain
+    return ReadingChat(where=p.where, what=p.what, max_texts=p.max_texts)
+
+
+def screens(settings: Settings, start: int, n: int) -> list:
+    """The steps (one screen each) of pretraining episodes ``start .. start + n - 1``."""
+    eps = pretrain_episodes(start + n, settings.seed, settings.world)[start:]
+    return [s for e in eps for s in e.steps]
+
+
+def make_reading_example(settings: Settings):
+    """(tokenizer, image config) -> (step -> the ``TrainingExample`` of its reading chat)."""
+    chat = reading_chat(settings)
+
+    def make(tok, image_config):
+        def example(step):
+            messages = reading_messages(step, settings.seed, chat)
+            pv, grid = decode_pixels(step, image_config)
+            turns = (1,) * (len(messages) // 2)
+            name = f"screen {step.episode_id}/{step.step_id}"
+            return chat_example(tok, messages, turns, pv, grid, image_config.merge_size, name=name)
+
+        return example
+
+    return make
+
+
+@dataclasses.dataclass
+class Pretraining:
+    """The pretraining job's stages over one workdir."""
+
+    settings: Settings
+    wd: Workdir
+
+    def train_screens(self) -> list:
+        return screens(self.settings, 0, self.settings.pretrain.episodes)
+
+    def eval_screens(self) -> list:
+        p = self.settings.pretrain
+        return screens(self.settings, p.episodes, p.eval_episodes)
+
+    def model(self) -> dict:
+        steps = self.train_screens()
+        texts = reading_corpus(steps, self.settings.seed, reading_chat(self.settings))
+        return model_stage.build_initial_model(self.settings, self.wd, steps, (), texts=texts)
+
+    def pretrain(self) -> dict:
+        items = self.train_screens()
+        self.wd.echo(f"  pretraining on {len(items)} screens ({self.settings.pretrain.episodes} episodes)")
+        return fit_dialogues(self.settings, self.wd, "pretrain", items, make_reading_example(self.settings))
+
+    def reading(self) -> dict:
+        policy = model_stage.load_policy(self.last_candidate())
+        return chat_reading_scores(policy, self.eval_screens(), self.settings.seed, reading_chat(self.settings))
+
+    def last_candidate(self) -> Path:
+        return Path(sorted((self.wd.path("pretrain", "candidates")).iterdir())[-1])
+
+    def export(self, summary: dict) -> dict:
+        out = self.wd.path("pretrain", "model")
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(self.last_candidate(), out)
+        write_json(out / "recipe.json", summary)
+        return {"model": str(out), "bytes": sum(f.stat().st_size for f in out.iterdir())}
+
+
+def loss_curve(wd: Workdir, every: int = 50) -> list[list[float]]:
+    """[[step, mean loss of the ``every`` steps up to it], ...] from the workdir's metrics log."""
+    path = wd.path("metrics.jsonl")
+    if not path.exists():
+        return []
+    losses = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("stage") == "pretrain" and "loss" in r:
+            losses[int(r["step"])] = float(r["loss"])
+    steps = sorted(losses)
+    return [
+        [s, round(float(np.mean([losses[t] for t in steps if s - every < t <= s])), 4)]
+        for s in steps
+        if s % every == 0 or s == steps[-1]
+    ]
+
+
+def run_pretrain(settings: Settings, workdir: str | Path, echo=print) -> dict:
+    """Every stage of the pretraining job in ``workdir``; returns the recipe written beside the model."""
+    wd = Workdir(workdir, echo=echo)
+    job = Pretraining(settings, wd)
+    wd.run_stage("model", job.model)
+    fit = wd.run_stage("pretrain", job.pretrain)
+    scores = wd.run_stage("reading", job.reading)
+    recipe = {
+        "command": "ipl-jax pretrain",
+        "settings": {k: settings.to_dict()[k] for k in ("seed", "world", "model", "buckets", "sft", "pretrain")},
+        "training": {k: fit.get(k) for k in ("steps", "items", "final_loss", "mean_loss_last_10", "train_seconds")},
+        "loss_curve": loss_curve(wd),
+        "reading": scores,
+    }
+    wd.run_stage("export", lambda: job.export(recipe), main_only=True)
+    return recipe

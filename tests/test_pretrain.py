@@ -1,0 +1,93 @@
+"""The base model's pretraining: its screens come from the training split's world only, its chats say what the
+renderer knows, its reading scores are right on hand-made answers, and the quick recipe runs end to end."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ipl_jax.coat.actions import parse_grounding
+from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig
+from ipl_jax.data.synthetic.dataset import SPLITS, episode_seed, generate_split
+from ipl_jax.data.synthetic.reading import (
+    PRETRAIN_SPLIT,
+    TEXTS_PROMPT,
+    ReadingChat,
+    pretrain_episodes,
+    reading_messages,
+    screen_texts,
+)
+from ipl_jax.data.synthetic.tasks import Task
+from ipl_jax.eval.reading import box_hit, chat_answer_score
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return pretrain_episodes(40, seed=0)
+
+
+def test_pretraining_screens_never_come_from_a_test_split_or_an_unseen_app(episodes):
+    world = WorldConfig()
+    for ep in episodes:
+        assert ep.meta["split"] == PRETRAIN_SPLIT
+        assert ep.meta["theme"] in world.themes and ep.meta["theme"] not in HELD_OUT_THEMES
+        assert ep.meta["variant"] in SEEN_VARIANTS and ep.meta["variant"] not in HELD_OUT_VARIANTS
+        assert not Task.from_json(ep.meta["task"]).unseen
+    # no world seed of an evaluation split (dev and the three test splits) of job seeds 0-9 is drawn
+    drawn = {ep.meta["world_seed"] for ep in pretrain_episodes(200, seed=0)}
+    for seed in range(10):
+        for split in SPLITS:
+            if split != "train":
+                assert not drawn & {episode_seed(seed, split, i) for i in range(200)}, (seed, split)
+
+
+def test_a_reading_chat_says_what_the_renderer_knows(episodes):
+    step = episodes[0].steps[0]
+    messages = reading_messages(step, seed=0, chat=ReadingChat(where=2, what=2))
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 6
+    assert messages[0]["content"][0] == {"type": "image"}
+    assert messages[1]["content"] == step.coat.screen_desc  # turn 1 of the CoaT, the same prompt
+    assert messages[2]["content"] == TEXTS_PROMPT
+    texts = [e.text for e in screen_texts(step)]
+    assert messages[3]["content"] == "; ".join(texts)
+    for q, a in zip(messages[4:8:2], messages[5:9:2]):
+        name = q["content"].split('"')[1]
+        (el,) = [e for e in step.elements if e.text == name]
+        assert np.allclose(parse_grounding(a["content"]), el.box, atol=1e-3)
+    for q, a in zip(messages[8::2], messages[9::2]):
+        x, y = (int(v) / 1000 for v in q["content"].split("(")[1].split(")")[0].split(","))
+        (el,) = [e for e in step.elements if e.text == a["content"]]
+        assert el.box[0] <= x <= el.box[2] and el.box[1] <= y <= el.box[3]
+    assert reading_messages(step, 0, ReadingChat(2, 2)) == messages  # a pure function of (seed, episode, step)
+
+
+def test_reading_chat_answers_are_scored_on_hand_made_answers(episodes):
+    step = next(s for e in episodes for s in e.steps if s.meta["app"] == "Settings" and s.meta["page"] == "main")
+    assert step.meta["page_name"] == "the Settings list"
+    assert chat_answer_score("describe", "The screen shows the Settings list. Top: Wi-Fi off.", "", step) == 1.0
+    assert chat_answer_score("describe", "The screen shows the home screen.", "", step) == 0.0
+    texts = [e.text for e in screen_texts(step)]
+    assert chat_answer_score("texts", "; ".join(texts), "", step) == 1.0
+    assert chat_answer_score("texts", "Nothing here.", "", step) == 0.0
+    golden = "<|box_start|>(150,100),(250,200)<|box_end|>"
+    assert chat_answer_score("where", "(100,100),(300,200)", golden, step) == 1.0  # centre (200, 150) inside
+    assert chat_answer_score("where", "(100,100),(190,200)", golden, step) == 0.0  # centre x 0.145: left of it
+    assert chat_answer_score("what", " Wi-Fi ", "Wi-Fi", step) == 1.0
+    assert chat_answer_score("what", "Wi-Fi off", "Wi-Fi", step) == 0.0
+    assert box_hit("(160,110)", (0.15, 0.1, 0.25, 0.2)) and not box_hit("no box", (0.0, 0.0, 1.0, 1.0))
+
+
+def test_the_quick_recipe_trains_scores_and_writes_a_loadable_base(tmp_path):
+    from ipl_jax.cli import main
+    from ipl_jax.pipeline.model_stage import load_policy
+
+    assert main(["pretrain", "--config", "pretrain:quick", "--workdir", str(tmp_path)]) == 0
+    out = tmp_path / "pretrain" / "model"
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["training"]["steps"] == 4 and len(recipe["loss_curve"]) >= 1
+    assert set(recipe["reading"]) >= {"describe", "texts", "where", "what", "screens"}
+    policy = load_policy(out)
+    assert policy.cfg.text.num_hidden_layers == 2
+    # the job's train split draws no pretraining screen
+    train = {e.meta["world_seed"] for e in generate_split("train", 20, seed=0, config=WorldConfig())}
+    assert not train & {e.meta["world_seed"] for e in pretrain_episodes(6, seed=0)}
