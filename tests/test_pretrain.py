@@ -2,6 +2,7 @@
 renderer knows, its reading scores are right on hand-made answers, and the quick recipe runs end to end."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +92,57 @@ def test_the_quick_recipe_trains_scores_and_writes_a_loadable_base(tmp_path):
     # the job's train split draws no pretraining screen
     train = {e.meta["world_seed"] for e in generate_split("train", 20, seed=0, config=WorldConfig())}
     assert not train & {e.meta["world_seed"] for e in pretrain_episodes(6, seed=0)}
+
+
+def test_the_shipped_base_loads_and_reproduces_its_recorded_reading_scores():
+    """ipl_jax/checkpoints/reader (``ipl-jax pretrain --out ipl_jax/checkpoints/reader``): within 50 MB, the
+    ``synthetic:reader`` job's starting checkpoint, and its greedy answers on the first held-out episodes score as
+    recipe.json says."""
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.eval.reading import chat_reading_scores
+    from ipl_jax.pipeline import pretrain as P
+    from ipl_jax.pipeline.model_stage import load_policy
+    from ipl_jax.settings import Settings
+
+    settings = load_settings("synthetic:reader")
+    base = settings.model.checkpoint_dir()
+    assert settings.model.checkpoint == "builtin:reader" and (Path(base) / "config.json").is_file()
+    assert sum(f.stat().st_size for f in Path(base).iterdir()) <= 50 * 2**20
+    recipe = json.loads((Path(base) / "recipe.json").read_text())
+    recorded = Settings.from_dict({**Settings.defaults(), **recipe["settings"]})
+    check = recipe["reading"]["check"]
+    steps = P.screens(recorded, recorded.pretrain.episodes, check["episodes"])
+    got = chat_reading_scores(load_policy(Path(base)), steps, recorded.seed, P.reading_chat(recorded))
+    assert {k: got[k] for k in ("describe", "texts", "where", "what", "screens")} == {
+        k: check[k] for k in ("describe", "texts", "where", "what", "screens")
+    }
+
+
+BASE_PATH = [  # the synthetic:reader job's start (configs/synthetic.py read) on the quick job's data and steps
+    "--config.model.checkpoint=builtin:reader",
+    f"--config.model.min_pixels={224 * 448}",
+    f"--config.model.max_pixels={224 * 448}",
+    "--config.buckets.patches=(512,)",
+    "--config.buckets.tokens=(480,)",
+    "--config.sampler.prefix_buckets=(192,)",
+    "--config.ipl.text_buckets=(768,)",
+]
+
+
+@pytest.mark.e2e
+def test_the_quick_job_runs_from_the_shipped_base_and_reports_its_reading(tmp_path):
+    """The job's path from ``builtin:reader``: the model stage copies the base (its tokenizer, its size, full
+    resolution), warm-up SFT and a round train on it, and every evaluated policy has reading scores."""
+    from ipl_jax.cli import main
+    from ipl_jax.data.tokenizer import load_tokenizer
+    from ipl_jax.settings import ModelSettings
+
+    base = Path(ModelSettings(checkpoint="builtin:reader").checkpoint_dir())
+    assert main(["run", "--config", "synthetic:quick", *BASE_PATH, "--workdir", str(tmp_path)]) == 0
+    init = tmp_path / "model" / "init"
+    assert json.loads((init / "config.json").read_text()) == json.loads((base / "config.json").read_text())
+    assert len(load_tokenizer(init)) == len(load_tokenizer(base))
+    results = json.loads((tmp_path / "results.json").read_text())
+    for entry in results["rounds"]:
+        assert entry["reading"]["test"]["page"] is not None and entry["reading"]["test"]["steps"] > 0
+    assert results["exported"]["round"] in (0, 1)

@@ -82,6 +82,7 @@ def test_wheel_ships_the_configs_and_the_command(installed):
     shipped |= {"ipl_jax/" + p.relative_to(REPO).as_posix() for p in (REPO / "configs").glob("*.py")}
     assert shipped <= names, sorted(shipped - names)[:5]
     assert {"ipl_jax/configs/synthetic.py", "ipl_jax/configs/qwen2vl_7b_aitz.py"} <= names
+    assert {"ipl_jax/checkpoints/reader/model.safetensors", "ipl_jax/checkpoints/reader/recipe.json"} <= names
     assert not [n for n in names if n.startswith("configs/")]  # one copy, inside the package
     where = _run([installed["python"], "-c", "import ipl_jax; print(ipl_jax.__file__)"], installed["cwd"], env=_env())
     assert Path(where.stdout.strip()).is_relative_to(installed["site"])  # the installed copy, not the checkout

@@ -17,6 +17,11 @@ PROG = "ipl-jax pretrain"
 def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="pretraining directory (created; reused to resume)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="where the model goes (default WORKDIR/pretrain/model; ipl_jax/checkpoints/reader: the shipped base)",
+    )
     return p
 
 
@@ -24,11 +29,13 @@ def parser() -> CommandParser:
 def main(argv: list[str]) -> int:
     args, settings = parse_args_with_settings(parser(), argv, default_config="pretrain")
     output_dir(args.workdir, "--workdir")
-    recipe = run_pretrain(settings, args.workdir)
+    if args.out:
+        output_dir(args.out, "--out")
+    recipe = run_pretrain(settings, args.workdir, args.out)
     r = recipe["reading"]
     print(
         f"reading on {r['screens']} held-out screens: page {r['describe']}, texts {r['texts']}, where {r['where']}, "
-        f"what {r['what']}; model: {args.workdir}/pretrain/model"
+        f"what {r['what']}; model: {args.out or args.workdir + '/pretrain/model'}"
     )
     return 0
 

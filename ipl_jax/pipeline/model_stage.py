@@ -156,7 +156,7 @@ def build_initial_model(
     model = settings.model
     out = wd.path("model", "init")
     if model.checkpoint:
-        src = Path(model.checkpoint)
+        src = Path(model.checkpoint_dir())
         if not (src / "config.json").is_file():
             raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
         # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); the job's image settings apply

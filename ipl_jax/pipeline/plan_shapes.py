@@ -109,7 +109,7 @@ def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") ->
         if arch not in ARCHITECTURES:
             raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
         return arch, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[arch])
-    ckpt = m.checkpoint
+    ckpt = m.checkpoint_dir()
     if ckpt and os.path.isfile(os.path.join(ckpt, "config.json")):
         return ckpt, Qwen2VLConfig.from_dir(ckpt)
     stem = os.path.basename(config_name.split(":")[0])

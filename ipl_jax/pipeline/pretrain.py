@@ -56,6 +56,9 @@ def make_reading_example(settings: Settings):
     return make
 
 
+CHECK_EPISODES = 2  # held-out episodes whose reading scores a test reproduces from the written model
+
+
 @dataclasses.dataclass
 class Pretraining:
     """The pretraining job's stages over one workdir."""
@@ -81,14 +84,24 @@ class Pretraining:
         return fit_dialogues(self.settings, self.wd, "pretrain", items, make_reading_example(self.settings))
 
     def reading(self) -> dict:
+        """Held-out reading scores of the trained model, and ``check``: those of the first ``CHECK_EPISODES``
+        held-out episodes alone, which a test reproduces from the written model in seconds."""
         policy = model_stage.load_policy(self.last_candidate())
-        return chat_reading_scores(policy, self.eval_screens(), self.settings.seed, reading_chat(self.settings))
+        chat, seed = reading_chat(self.settings), self.settings.seed
+        p = self.settings.pretrain
+        out = chat_reading_scores(policy, self.eval_screens(), seed, chat)
+        check = screens(self.settings, p.episodes, min(CHECK_EPISODES, p.eval_episodes))
+        out["check"] = {
+            "episodes": min(CHECK_EPISODES, p.eval_episodes),
+            **chat_reading_scores(policy, check, seed, chat),
+        }
+        del out["check"]["examples"]
+        return out
 
     def last_candidate(self) -> Path:
         return Path(sorted((self.wd.path("pretrain", "candidates")).iterdir())[-1])
 
-    def export(self, summary: dict) -> dict:
-        out = self.wd.path("pretrain", "model")
+    def export(self, summary: dict, out: Path) -> dict:
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(self.last_candidate(), out)
@@ -114,13 +127,15 @@ def loss_curve(wd: Workdir, every: int = 50) -> list[list[float]]:
     ]
 
 
-def run_pretrain(settings: Settings, workdir: str | Path, echo=print) -> dict:
-    """Every stage of the pretraining job in ``workdir``; returns the recipe written beside the model."""
+def run_pretrain(settings: Settings, workdir: str | Path, out: str | Path | None = None, echo=print) -> dict:
+    """Every stage of the pretraining job in ``workdir``; the model goes to ``out`` (default
+    ``WORKDIR/pretrain/model``) with ``recipe.json``; returns the recipe."""
     wd = Workdir(workdir, echo=echo)
     job = Pretraining(settings, wd)
     wd.run_stage("model", job.model)
     fit = wd.run_stage("pretrain", job.pretrain)
     scores = wd.run_stage("reading", job.reading)
+    scores.pop("seconds", None)
     recipe = {
         "command": "ipl-jax pretrain",
         "settings": {k: settings.to_dict()[k] for k in ("seed", "world", "model", "buckets", "sft", "pretrain")},
@@ -128,5 +143,6 @@ def run_pretrain(settings: Settings, workdir: str | Path, echo=print) -> dict:
         "loss_curve": loss_curve(wd),
         "reading": scores,
     }
-    wd.run_stage("export", lambda: job.export(recipe), main_only=True)
+    out = Path(out) if out else wd.path("pretrain", "model")
+    wd.run_stage("export", lambda: job.export(recipe, out), main_only=True)
     return recipe

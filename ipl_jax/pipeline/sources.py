@@ -57,7 +57,7 @@ def check_sources(data: DataSettings, model: ModelSettings) -> None:
     if not data.synthetic and not fmt.startswith(TFDS_PREFIX):
         _check_root(data)
     if checkpoint:
-        model_dir(checkpoint, "config.model.checkpoint")
+        model_dir(model.checkpoint_dir(), "config.model.checkpoint")
 
 
 def _check_root(data: DataSettings) -> None:

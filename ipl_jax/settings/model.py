@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from pathlib import Path
 from typing import ClassVar
 
 from ipl_jax.sections import Section, SettingsError, one_of
@@ -13,12 +14,15 @@ if typing.TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.training.state import Precision
 
+BUILTIN = "builtin:"  # model.checkpoint prefix naming a base model shipped inside the package
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings(Section):
     PATH: ClassVar[str] = "model"
     checkpoint: str = ""
-    """A Hugging Face directory to start from; empty: a fresh model of the size below."""
+    """A Hugging Face directory to start from, or a base model shipped with the package by name ('builtin:reader':
+    the screen reader ``ipl-jax pretrain`` made, docs/pretrain.md); empty: a fresh model of the size below."""
     vocab_size: int = 2048
     """A fresh model's vocabulary (a BPE trained on the world's own texts, at most this size)."""
     hidden_size: int = 128
@@ -70,6 +74,13 @@ class ModelSettings(Section):
         self.at_least("min_pixels", 1)
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
 
+    def checkpoint_dir(self) -> str:
+        """``checkpoint`` as a directory ("" for none): a shipped base (``builtin:NAME``) is
+        ``ipl_jax/checkpoints/NAME`` of the installed package."""
+        if not self.checkpoint.startswith(BUILTIN):
+            return self.checkpoint
+        return str(Path(__file__).resolve().parents[1] / "checkpoints" / self.checkpoint[len(BUILTIN) :])
+
     def resolved(self, default_dtype: str = "float32") -> ModelSettings:
         """These settings with ``dtype`` and ``param_dtype`` concrete (the one place 'auto' is read): 'auto' compute
         is the checkpoint's declared dtype (its config.json, read here), ``default_dtype`` without a checkpoint on
@@ -78,8 +89,9 @@ class ModelSettings(Section):
 
         compute = self.dtype
         if compute == "auto":
-            has_config = self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))
-            compute = checkpoint_dtype(self.checkpoint) if has_config else default_dtype
+            ckpt = self.checkpoint_dir()
+            has_config = ckpt and os.path.isfile(os.path.join(ckpt, "config.json"))
+            compute = checkpoint_dtype(ckpt) if has_config else default_dtype
         storage = compute if self.param_dtype == "auto" else self.param_dtype
         return dataclasses.replace(self, dtype=compute, param_dtype=storage)
 
