@@ -200,7 +200,8 @@ CASES = [
         "unknown config variant",
         lambda f: ["run", "--config", "synthetic:quik", "--workdir", str(f.fresh)],
         2,
-        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' \(expected nothing, quick, full, scarce or gpu\)",
+        r"^ipl-jax run: configs/synthetic\.py: unknown variant 'quik' "
+        r"\(expected nothing, reader, quick, full, scarce or gpu\)",
     ),
     Case(
         "missing config file",
