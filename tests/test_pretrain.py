@@ -2,6 +2,8 @@
 renderer knows, its reading scores are right on hand-made answers, and the quick recipe runs end to end."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,12 @@ from ipl_jax.data.synthetic.reading import (
 )
 from ipl_jax.data.synthetic.tasks import Task
 from ipl_jax.eval.reading import box_hit, chat_answer_score
+
+
+def ipl_jax(*args) -> None:
+    """The command in a process of its own (a whole job: its compiled programs and threads end with it)."""
+    done = subprocess.run([sys.executable, "-m", "ipl_jax.cli", *map(str, args)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +87,9 @@ def test_reading_chat_answers_are_scored_on_hand_made_answers(episodes):
 
 
 def test_the_quick_recipe_trains_scores_and_writes_a_loadable_base(tmp_path):
-    from ipl_jax.cli import main
     from ipl_jax.pipeline.model_stage import load_policy
 
-    assert main(["pretrain", "--config", "pretrain:quick", "--workdir", str(tmp_path)]) == 0
+    ipl_jax("pretrain", "--config", "pretrain:quick", "--workdir", tmp_path)
     out = tmp_path / "pretrain" / "model"
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["training"]["steps"] == 4 and len(recipe["loss_curve"]) >= 1
@@ -133,12 +140,11 @@ BASE_PATH = [  # the synthetic:reader job's start (configs/synthetic.py read) on
 def test_the_quick_job_runs_from_the_shipped_base_and_reports_its_reading(tmp_path):
     """The job's path from ``builtin:reader``: the model stage copies the base (its tokenizer, its size, full
     resolution), warm-up SFT and a round train on it, and every evaluated policy has reading scores."""
-    from ipl_jax.cli import main
     from ipl_jax.data.tokenizer import load_tokenizer
     from ipl_jax.settings import ModelSettings
 
     base = Path(ModelSettings(checkpoint="builtin:reader").checkpoint_dir())
-    assert main(["run", "--config", "synthetic:quick", *BASE_PATH, "--workdir", str(tmp_path)]) == 0
+    ipl_jax("run", "--config", "synthetic:quick", *BASE_PATH, "--workdir", tmp_path)
     init = tmp_path / "model" / "init"
     assert json.loads((init / "config.json").read_text()) == json.loads((base / "config.json").read_text())
     assert len(load_tokenizer(init)) == len(load_tokenizer(base))
