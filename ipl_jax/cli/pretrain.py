@@ -10,6 +10,7 @@ from ipl_jax.cli.common import CommandParser, command
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.pipeline.paths import output_dir
 from ipl_jax.pipeline.pretrain import run_pretrain
+from ipl_jax.pipeline.sources import check_job
 
 PROG = "ipl-jax pretrain"
 
@@ -28,6 +29,7 @@ def parser() -> CommandParser:
 @command(PROG)
 def main(argv: list[str]) -> int:
     args, settings = parse_args_with_settings(parser(), argv, default_config="pretrain")
+    check_job(settings)  # a starting checkpoint (model.checkpoint) is read before any work
     output_dir(args.workdir, "--workdir")
     if args.out:
         output_dir(args.out, "--out")

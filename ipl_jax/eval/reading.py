@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ipl_jax.coat.actions import Action, parse_grounding
+from ipl_jax.coat.actions import Action, box_center, parse_grounding
 from ipl_jax.coat.metrics import POINT_TYPES, finite_point, in_box
 from ipl_jax.data.dialogue import chat_example
 from ipl_jax.data.evolution.screen import usable_elements
@@ -119,9 +119,7 @@ CHAT_BATCH = 8
 def box_hit(answer: str, golden) -> bool:
     """The centre of the box (or point) ``answer`` gives lies inside ``golden`` (screen fractions, edges in)."""
     box = parse_grounding(answer)
-    if box is None:
-        return False
-    return in_box(((box[0] + box[2]) / 2, (box[1] + box[3]) / 2), golden)
+    return box is not None and in_box(box_center(box), golden)
 
 
 def chat_answer_score(kind: str, answer: str, golden: str, step: Step) -> float | None:

@@ -35,8 +35,7 @@ def reading_chat(settings: Settings) -> ReadingChat:
 
 def screens(settings: Settings, start: int, n: int) -> list:
     """The steps (one screen each) of pretraining episodes ``start .. start + n - 1``."""
-    eps = pretrain_episodes(start + n, settings.seed, settings.world)[start:]
-    return [s for e in eps for s in e.steps]
+    return [s for e in pretrain_episodes(n, settings.seed, settings.world, start) for s in e.steps]
 
 
 def make_reading_example(settings: Settings):
@@ -88,13 +87,11 @@ class Pretraining:
         held-out episodes alone, which a test reproduces from the written model in seconds."""
         policy = model_stage.load_policy(self.last_candidate())
         chat, seed = reading_chat(self.settings), self.settings.seed
-        p = self.settings.pretrain
-        out = chat_reading_scores(policy, self.eval_screens(), seed, chat)
-        check = screens(self.settings, p.episodes, min(CHECK_EPISODES, p.eval_episodes))
-        out["check"] = {
-            "episodes": min(CHECK_EPISODES, p.eval_episodes),
-            **chat_reading_scores(policy, check, seed, chat),
-        }
+        steps = self.eval_screens()
+        out = chat_reading_scores(policy, steps, seed, chat)
+        first = list(dict.fromkeys(s.episode_id for s in steps))[:CHECK_EPISODES]
+        check = [s for s in steps if s.episode_id in first]  # scored alone, as the test scores them
+        out["check"] = {"episodes": len(first), **chat_reading_scores(policy, check, seed, chat)}
         del out["check"]["examples"]
         return out
 

@@ -259,13 +259,7 @@ def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, 
         state = distributed.put(state, state_shardings(state, optimizer, mesh))
     else:
         state = distributed.on_first_device(state)
-    recent: list[float] = []  # the last losses, carried in the checkpoints: a resumed run's summary is the same
-    if ckpt.latest_step() is not None:
-        state, data_state, meta = ckpt.restore(state)
-        if data_state:
-            iterator = restore_iterator(iterator, data_state)
-        recent = [float(x) for x in meta.get("recent_losses", [])]
-        wd.echo(f"  resuming {label} from its checkpoint at step {int(state.step)}")
+    state, iterator, recent = resume(ckpt, state, iterator, wd, label)
     step_config = sft_step_config(init.cfg, settings, sft.optimizer(), shape)
     counter = {"tokens": 0.0}
 
@@ -316,6 +310,18 @@ def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, 
         **steady_rate(marks),
         "candidates": candidates,
     }
+
+
+def resume(ckpt: Checkpointer, state, iterator, wd: Workdir, label: str):
+    """(state, iterator, the last losses) from the latest checkpoint, as given when there is none; the losses are
+    carried in the checkpoints so that a resumed run's summary is the same."""
+    if ckpt.latest_step() is None:
+        return state, iterator, []
+    state, data_state, meta = ckpt.restore(state)
+    if data_state:
+        iterator = restore_iterator(iterator, data_state)
+    wd.echo(f"  resuming {label} from its checkpoint at step {int(state.step)}")
+    return state, iterator, [float(x) for x in meta.get("recent_losses", [])]
 
 
 def export_candidates(wd: Workdir, stage: str, ckpt: Checkpointer, state, init, keep: int) -> list[str]:

@@ -33,13 +33,14 @@ WHAT_PROMPT = "What is at ({x},{y}) in 0-1000?"
 STATUS_BAR = 0.045  # elements whose box ends above this screen fraction (the status bar's clock) are never asked
 
 
-def pretrain_episodes(n: int, seed: int = 0, world: WorldConfig | None = None) -> list[Episode]:
-    """``n`` episodes of the training split's world (its themes, variants and task families) from the pretraining
-    seed stream ``SeedSequence([seed, PRETRAIN_CODE, i])``, disjoint from every evaluation split's stream."""
+def pretrain_episodes(n: int, seed: int = 0, world: WorldConfig | None = None, start: int = 0) -> list[Episode]:
+    """Episodes ``start .. start + n - 1`` of the training split's world (its themes, variants and task families)
+    from the pretraining seed stream ``SeedSequence([seed, PRETRAIN_CODE, i])``, disjoint from every evaluation
+    split's stream."""
     assert PRETRAIN_CODE not in SPLIT_CODES.values()
     cfg = split_config("train", world)
     out = []
-    for i in range(int(n)):
+    for i in range(int(start), int(start) + int(n)):
         ws = int(np.random.SeedSequence([int(seed), PRETRAIN_CODE, i]).generate_state(1)[0])
         task = sample_task(np.random.default_rng([ws, 2]), cfg, unseen=False)
         eid = "9" + episode_id("train", seed, i)[1:]
