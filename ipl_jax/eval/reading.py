@@ -24,7 +24,7 @@ from ipl_jax.data.dialogue import chat_example
 from ipl_jax.data.evolution.screen import usable_elements
 from ipl_jax.data.records import Step
 from ipl_jax.data.screenshots import decode_pixels
-from ipl_jax.data.synthetic.reading import reading_messages
+from ipl_jax.data.synthetic.reading import reading_messages, reading_qa
 from ipl_jax.model.decode import greedy_generate
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.progress import progress
@@ -112,7 +112,7 @@ def reading_scores(steps: Sequence[Step], records: Sequence[dict]) -> dict:
 # ------------------------------------------------------------------------------ a base model's reading chats
 
 
-CHAT_ANSWER_TOKENS = {"describe": 72, "texts": 96, "where": 24, "what": 16}
+CHAT_ANSWER_TOKENS = {"describe": 72, "texts": 96, "where": 24, "what": 16, "names": 16, "typed": 16}
 CHAT_BATCH = 8
 
 
@@ -125,7 +125,7 @@ def box_hit(answer: str, golden) -> bool:
 def chat_answer_score(kind: str, answer: str, golden: str, step: Step) -> float | None:
     """One answer of a reading chat (``data/synthetic/reading.py``) scored: ``describe`` names the page (``page``),
     ``texts`` the share of the screen's texts reproduced, ``where`` the box's centre in the element's, ``what``
-    the element's text exactly."""
+    the element's text exactly, ``names`` and ``typed`` the task's answer exactly."""
     if kind == "describe":
         named = page_named(answer, step.meta.get(PAGE_KEY))
         return None if named is None else float(named)
@@ -141,7 +141,7 @@ def _chat_prompts(policy, step, seed: int, chat) -> list[tuple]:
     earlier golden answers given."""
     messages = reading_messages(step, seed, chat)
     n = len(messages) // 2
-    kinds = (["describe", "texts"] + ["where"] * chat.where + ["what"] * chat.what)[:n]
+    kinds = [kind for kind, _, _ in reading_qa(step, seed, chat)]
     pixels = decode_pixels(step, policy.image_config)
     ex = chat_example(policy.tokenizer, messages, (1,) * n, *pixels, policy.image_config.merge_size)
     starts = np.flatnonzero(np.diff(np.concatenate([[0], ex.loss_mask])) == 1)
@@ -167,8 +167,8 @@ def _greedy_answers(policy, rows, max_new: int) -> list[str]:
 
 def chat_reading_scores(policy, steps: Sequence[Step], seed: int, chat) -> dict:
     """A base model's held-out reading: greedy answers to every question of each screen's reading chat (earlier
-    answers teacher-forced); ``{describe, texts, where, what}`` means (None where no screen asks), ``screens``,
-    and the first three answers of each kind beside the golden ones."""
+    answers teacher-forced); ``{describe, texts, where, what, names, typed}`` means (None where no screen asks),
+    ``screens``, and the first three answers of each kind beside the golden ones."""
     rows: dict[str, list] = {k: [] for k in CHAT_ANSWER_TOKENS}
     for step in steps:
         for kind, *row in _chat_prompts(policy, step, seed, chat):

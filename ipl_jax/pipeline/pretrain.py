@@ -11,15 +11,14 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from ipl_jax.data.dialogue import chat_example
-from ipl_jax.data.screenshots import decode_pixels
 from ipl_jax.data.synthetic.reading import (
     ReadingChat,
     pretrain_episodes,
     reading_corpus,
-    reading_messages,
+    reading_example,
 )
 from ipl_jax.eval.reading import chat_reading_scores
 from ipl_jax.pipeline import model_stage
@@ -29,8 +28,7 @@ from ipl_jax.settings import Settings
 
 
 def reading_chat(settings: Settings) -> ReadingChat:
-    p = settings.pretrain
-    return ReadingChat(where=p.where, what=p.what, max_texts=p.max_texts)
+    return ReadingChat.of(settings.pretrain)
 
 
 def screens(settings: Settings, start: int, n: int) -> list:
@@ -40,19 +38,16 @@ def screens(settings: Settings, start: int, n: int) -> list:
 
 def make_reading_example(settings: Settings):
     """(tokenizer, image config) -> (step -> the ``TrainingExample`` of its reading chat)."""
-    chat = reading_chat(settings)
+    chat, seed = reading_chat(settings), settings.seed
+    return lambda tok, image_config: lambda step: reading_example(step, seed, chat, tok, image_config)
 
-    def make(tok, image_config):
-        def example(step):
-            messages = reading_messages(step, settings.seed, chat)
-            pv, grid = decode_pixels(step, image_config)
-            turns = (1,) * (len(messages) // 2)
-            name = f"screen {step.episode_id}/{step.step_id}"
-            return chat_example(tok, messages, turns, pv, grid, image_config.merge_size, name=name)
 
-        return example
-
-    return make
+def recorded_settings(recipe: dict) -> Settings:
+    """The settings a recipe.json ran with; fields added since it was written take their defaults."""
+    d = Settings.defaults()
+    return Settings.from_dict(
+        {k: {**d[k], **v} if isinstance(v, dict) else v for k, v in {**d, **recipe["settings"]}.items()}
+    )
 
 
 CHECK_EPISODES = 2  # held-out episodes whose reading scores a test reproduces from the written model
@@ -126,7 +121,9 @@ def loss_curve(wd: Workdir, every: int = 50) -> list[list[float]]:
 
 def run_pretrain(settings: Settings, workdir: str | Path, out: str | Path | None = None, echo=print) -> dict:
     """Every stage of the pretraining job in ``workdir``; the model goes to ``out`` (default
-    ``WORKDIR/pretrain/model``) with ``recipe.json``; returns the recipe."""
+    ``WORKDIR/pretrain/model``) with ``recipe.json``; returns the recipe. A base may start from another
+    (``model.checkpoint``): the settings are resolved here, once, as a job's are."""
+    settings = settings.resolved(jax.device_count())
     wd = Workdir(workdir, echo=echo)
     job = Pretraining(settings, wd)
     wd.run_stage("model", job.model)
@@ -140,6 +137,9 @@ def run_pretrain(settings: Settings, workdir: str | Path, out: str | Path | None
         "loss_curve": loss_curve(wd),
         "reading": scores,
     }
+    parent = Path(settings.model.checkpoint_dir() or "") / "recipe.json"
+    if settings.model.checkpoint and parent.is_file():  # continued from another base: its recipe goes along
+        recipe["base"] = json.loads(parent.read_text())
     out = Path(out) if out else wd.path("pretrain", "model")
     wd.run_stage("export", lambda: job.export(recipe, out), main_only=True)
     return recipe

@@ -18,6 +18,7 @@ from ipl_jax.data.batching import collate, smallest_bucket
 from ipl_jax.data.dialogue import annotated_steps, coat_example, qa_example
 from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
 from ipl_jax.data.records import Step
+from ipl_jax.data.synthetic.reading import ReadingChat, pretrain_episodes, reading_example
 from ipl_jax.pipeline.model_stage import job_mesh, job_model_config, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress_bar
@@ -34,10 +35,12 @@ RECENT_LOSSES = 10  # SFT losses summarised as ``mean_loss_last_10``
 
 @dataclasses.dataclass(frozen=True)
 class SFTItem:
-    """One training item: a step's CoaT chat (``qa`` None) or a Q&A about that step's screen."""
+    """One training item: a step's CoaT chat (``qa`` None), a Q&A about that step's screen, or (``reading``)
+    the reading chat of a pretraining screen."""
 
     step: Step
     qa: object = None
+    reading: bool = False
 
 
 def sft_items(
@@ -56,10 +59,13 @@ def sft_items(
     return items, skipped
 
 
-def make_example_fn(tokenizer, image_config, fallback: bool = False):
-    """item -> ``TrainingExample``; a step without CoaT raises ``MissingCoaTError`` unless ``fallback``."""
+def make_example_fn(tokenizer, image_config, fallback: bool = False, reading=None):
+    """item -> ``TrainingExample``; a step without CoaT raises ``MissingCoaTError`` unless ``fallback``;
+    ``reading`` = (seed, ReadingChat) of reading items."""
 
     def example(item: SFTItem):
+        if item.reading:
+            return reading_example(item.step, *reading, tokenizer, image_config)
         if item.qa is None:
             return coat_example(item.step, tokenizer, image_config, fallback=fallback)
         return qa_example(
@@ -211,6 +217,13 @@ def sft_step_config(cfg, settings: Settings, optimizer: OptimizerSettings, shape
     )
 
 
+def reading_items(settings: Settings) -> list[SFTItem]:
+    """The reading chats warm-up SFT mixes in (``sft.reading_episodes`` episodes of the pretraining stream, the
+    synthetic world's training split only)."""
+    n = settings.sft.reading_episodes  # synthetic data only (``Settings`` checks)
+    return [SFTItem(s, reading=True) for e in pretrain_episodes(n, settings.seed, settings.world) for s in e.steps]
+
+
 def run_sft(
     settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence, screens: Sequence[Step] = ()
 ) -> dict:
@@ -230,8 +243,19 @@ def run_sft(
             f"warm-up SFT: none of the {len(train_steps)} training steps carries a CoaT annotation; pass "
             f"--config.data.coat_fallback=true to train on made-up thoughts, or give annotated data"
         )
-    fit = fit_dialogues(settings, wd, "sft", items, lambda tok, image: make_example_fn(tok, image, fallback))
-    counts = {"coat_items": len(train_steps) - skipped, "steps_without_coat": skipped, "qa_items": len(qas)}
+    reading = reading_items(settings)
+    if reading:
+        wd.echo(f"  warm-up SFT: + the reading chats of {len(reading)} pretraining screens (sft.reading_episodes)")
+    chat = (settings.seed, ReadingChat.of(settings.pretrain))
+    fit = fit_dialogues(
+        settings, wd, "sft", items + reading, lambda tok, image: make_example_fn(tok, image, fallback, chat)
+    )
+    counts = {
+        "coat_items": len(train_steps) - skipped,
+        "steps_without_coat": skipped,
+        "qa_items": len(qas),
+        "reading_items": len(reading),
+    }
     return {"steps": fit.pop("steps"), "items": fit.pop("items"), **counts, **fit}
 
 

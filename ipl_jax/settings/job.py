@@ -102,6 +102,11 @@ class Settings(Section):
                 f"config.eval.online_episodes={self.eval.online_episodes}: online evaluation plays the synthetic "
                 f"world, but config.data.format is {fmt!r} (fix it with --config.eval.online_episodes=0)"
             )
+        if self.sft.reading_episodes > 0 and not self.data.synthetic:
+            raise SettingsError(
+                f"config.sft.reading_episodes={self.sft.reading_episodes}: reading chats come from the synthetic "
+                f"world, but config.data.format is {fmt!r} (fix it with --config.sft.reading_episodes=0)"
+            )
         method = self.ipl.method
         if method == "sft_oracle" and not self.data.scarce:
             raise setting_error(

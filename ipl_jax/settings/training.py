@@ -47,11 +47,14 @@ class SFTSettings(Section):
     """Freeze the vision tower (the paper trains it during warm-up SFT)."""
     lora_rank: int = 0
     """0: full fine-tuning; > 0: LoRA adapters of this rank (alpha = 2 x rank)."""
+    reading_episodes: int = 0
+    """Synthetic data only: warm-up SFT also trains on the reading chats (``pretrain.*`` questions) of this many
+    episodes of the pretraining stream, mixed in with the CoaT items, so that a reading base keeps reading."""
 
     def __post_init__(self):
         from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
-        self.at_least("steps warmup_steps lora_rank", 0)
+        self.at_least("steps warmup_steps lora_rank reading_episodes", 0)
         self.at_least("batch_size checkpoint_every seed_candidates", 1)
         self.at_least("micro_batch_size", 0, " (0: no micro-batches)")
         self.need("micro_batch_size", self.batch_size % self.micro == 0, "must divide sft.batch_size")
@@ -183,6 +186,8 @@ class PretrainSettings(Section):
     """'What is at (x, y)?' questions per screen."""
     max_texts: int = 24
     """Texts listed in the answer to 'read the texts'."""
+    task: bool = False
+    """Also ask, per screen, which screen text the episode's instruction names and what it says to type."""
 
     def __post_init__(self):
         self.at_least("episodes eval_episodes", 1)
