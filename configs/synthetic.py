@@ -8,7 +8,8 @@ world on a 2-core CPU, with scarce annotations: warm-up SFT on the CoaT of 30 ep
     ipl-jax ablate --config synthetic:gpu ...                # a 30M-parameter policy at full resolution, one GPU
 
 Each field's type, default and meaning: ``ipl_jax/settings/``; this file sets what differs (the world, the variants)
-and any field can be overridden (``--config.sft.steps=1200``). What it measures: README ("The main job").
+and any field can be overridden (``--config.sft.steps=1200``). What it measures: README ("What the main job shows"),
+docs/scarce_job.md.
 """
 
 import ml_collections
@@ -97,8 +98,8 @@ def scarce(c):
     ipl.schedule, ...). Three rounds, each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on
     seed 0) and DPO's β 0.5 (at 0.1 the preference term left T-DPO level with rejection sampling; docs/rounds.md),
     all three run (dev picks the exported round), pairs balanced over action types (ipl.type_balance = 1: without
-    it the rounds trade PRESS steps for CLICK; README), sibling (β) pairs only; intermediate rounds evaluated on
-    dev only."""
+    it the rounds trade PRESS steps for CLICK; docs/scarce_tuning.md), sibling (β) pairs only; intermediate rounds
+    evaluated on dev only."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
     c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
@@ -124,7 +125,7 @@ def gpu(c):
     blank-screen control after the last round only, no live-world episodes. One shape per program (a single bucket
     each: on a GPU padding is cheaper than another compilation) and 8 loader threads. Sized so that
     ``ipl-jax ablate --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200: an
-    estimate from the programs' FLOPs and compilations (README), not yet measured."""
+    estimate from the programs' FLOPs and compilations (docs/scarce_job.md), not yet measured."""
     c.model.hidden_size, c.model.intermediate_size, c.model.num_hidden_layers = 512, 1536, 8
     c.model.num_attention_heads, c.model.num_key_value_heads = 8, 4
     c.model.vision_depth, c.model.vision_embed_dim, c.model.vision_num_heads = 4, 256, 4

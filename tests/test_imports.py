@@ -1,4 +1,4 @@
-"""Imports flow down (docs/design.md, "Layout"): no library module imports the job's settings, the pipeline or a
+"""Imports flow down (docs/layout.md): no library module imports the job's settings, the pipeline or a
 command, and the names a library accepts are its own, so that importing the DPO loss, the T-DPO step or the
 optimizer loads neither the job's settings nor the synthetic world (or PIL), and importing the job's settings
 loads neither JAX nor the world.

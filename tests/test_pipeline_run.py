@@ -390,18 +390,18 @@ def test_tree_viewer_in_headless_chromium(quick_run, tmp_path):
         assert len(im.convert("RGB").getcolors(maxcolors=1 << 20)) > 50  # text, node colours and screenshots
 
 
-def readme_snippet(heading: str) -> str:
-    """The first ```python block under ``heading`` in the README."""
-    text = (REPO / "README.md").read_text()
+def doc_snippet(page: str, heading: str) -> str:
+    """The first ```python block under ``heading`` in the documentation page ``page`` (a path in the repository)."""
+    text = (REPO / page).read_text()
     section = text[text.index(heading + "\n") :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]
 
 
 @pytest.mark.e2e
-def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tmp_path):
-    """The README's transformers snippet, run on an export for a few test steps, prints the turn-1 text of our
-    greedy decoder (``ipl-jax eval``). The export is the quick job's with its weights replaced by random ones of a
+def test_export_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tmp_path):
+    """The transformers snippet of docs/export.md, run on an export for a few test steps, prints the turn-1 text of
+    our greedy decoder (``ipl-jax eval``). The export is the quick job's with its weights replaced by random ones of a
     large scale: the 8-step SFT policy answers every step with one repeated token, so it could not tell a wrong
     prompt, lost image positions or a wrong stop from a right one; these weights give a text that changes with
     each of them."""
@@ -415,14 +415,14 @@ def test_readme_snippet_decodes_the_export_like_our_greedy_decoder(quick_run, tm
 
     workdir, config = quick_run["workdir"], quick_run["config"]
     budget = int(config.buckets.max_turn_tokens[0])
-    snippet = readme_snippet("## Using the export")
+    snippet = doc_snippet("docs/export.md", "# Using the export")
     # the snippet's prompt and budget are the job's, and it runs on our files instead of its placeholders
     assert f'describe = "{DEFAULT_PROMPTS.describe}"' in snippet
     assert f"max_new_tokens={budget}," in snippet
     for placeholder in ('"runs/default/export"', '"screen.png"'):
         assert snippet.count(placeholder) == 1, placeholder
     snippet = snippet.replace('"runs/default/export"', "EXPORT").replace('"screen.png"', "SCREEN")
-    code = compile(snippet.replace("print(description)", ""), "README.md: Using the export", "exec")
+    code = compile(snippet.replace("print(description)", ""), "docs/export.md: Using the export", "exec")
 
     export = tmp_path / "export"
     shutil.copytree(workdir / "export", export)
