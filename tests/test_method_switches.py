@@ -277,6 +277,9 @@ def test_ipl_settings_are_typed_and_checked():
     rc = round_config(s, cfg, 0, 1)
     assert rc.gamma_consistent_only and rc.pairs.gamma_action_pairs and rc.train_on == "golden"
     assert (rc.dedup, rc.type_balance, rc.mix_trees) == (True, 1.5, False)
+    # a T-DPO row holds one step's prefix, so one screenshot: its patch slot is one screenshot's, as the memory
+    # plan assumes (the batch's buckets, x rows, made every row's vision tower 8 times the size it needs)
+    assert rc.packing.rows == s.ipl.batch_size > 1 and rc.packing.patch_buckets == s.buckets.patches
     g = round_config(load_settings("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg, 0, 1)
     assert not g.pairs.gamma_action_pairs and g.pairs.gamma_grounding_pairs and not g.gamma_consistent_only
     for field, value in (

@@ -60,13 +60,14 @@ def tdpo_config(settings: Settings, cfg, round_index: int = 1) -> TDPOConfig:
 
 
 def round_config(settings: Settings, cfg, pad_id: int, round_index: int = 1) -> RoundConfig:
-    """A round's ``RoundConfig`` (``ipl.round``): the sampler's branching, patch buckets for a T-DPO batch."""
+    """A round's ``RoundConfig`` (``ipl.round``): the sampler's branching; a T-DPO row's patch buckets are one
+    screenshot's (a row holds one step's prefix), as the memory plan assumes."""
     return settings.ipl.round(
         job_model_config(cfg, settings.model),
         settings.model.precision(),
         settings.sft.grad_clip,
         settings.sampler.branching,
-        settings.buckets.patch_buckets(settings.ipl.batch_size),
+        settings.buckets.patches,
         pad_id,
         round_index,
     )
