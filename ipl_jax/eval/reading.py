@@ -24,7 +24,7 @@ from ipl_jax.data.dialogue import chat_example
 from ipl_jax.data.evolution.screen import usable_elements
 from ipl_jax.data.records import Step
 from ipl_jax.data.screenshots import decode_pixels
-from ipl_jax.data.synthetic.reading import reading_messages, reading_qa
+from ipl_jax.data.synthetic.reading import fold_text, qa_messages, reading_qa
 from ipl_jax.model.decode import greedy_generate
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.progress import progress
@@ -34,29 +34,24 @@ SCORES = ("page", "texts", "grounding")
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+")
 
 
-def _fold(text: str | None) -> str:
-    """Lower-case, whitespace runs collapsed to one space, stripped."""
-    return " ".join((text or "").lower().split())
-
-
 def page_named(description: str | None, page_name: str | None) -> bool | None:
     """Whether ``description`` names the page ``page_name``: both case-folded with whitespace collapsed, one leading
     article ("the", "a", "an") of the page phrase dropped (a description may say "This is the Settings list" or
     "Settings list"), then the phrase must occur in the description between word boundaries ("chat with anna" is
     not found in "chat with annabel"). None when there is no page phrase (a dataset that does not record it)."""
-    phrase = _ARTICLE.sub("", _fold(page_name))
+    phrase = _ARTICLE.sub("", fold_text(page_name))
     if not phrase:
         return None
-    return re.search(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", _fold(description)) is not None
+    return re.search(r"(?<!\w)" + re.escape(phrase) + r"(?!\w)", fold_text(description)) is not None
 
 
 def texts_read(description: str | None, texts: Sequence[str]) -> float | None:
     """The share of the distinct non-empty ``texts`` (case-folded, whitespace collapsed) that occur in
     ``description`` as substrings (case-insensitive). None when ``texts`` holds none."""
-    wanted = {_fold(t) for t in texts} - {""}
+    wanted = {fold_text(t) for t in texts} - {""}
     if not wanted:
         return None
-    desc = _fold(description)
+    desc = fold_text(description)
     return sum(t in desc for t in wanted) / len(wanted)
 
 
@@ -133,15 +128,14 @@ def chat_answer_score(kind: str, answer: str, golden: str, step: Step) -> float 
         return texts_read(answer, screen_texts(step))
     if kind == "where":
         return float(box_hit(answer, parse_grounding(golden)))
-    return float(_fold(answer) == _fold(golden))
+    return float(fold_text(answer) == fold_text(golden))
 
 
 def _chat_prompts(policy, step, seed: int, chat) -> list[tuple]:
     """[(kind, prefix ids, (pixels, grid), golden answer, step)]: each question of the screen's chat with the
     earlier golden answers given."""
-    messages = reading_messages(step, seed, chat)
-    n = len(messages) // 2
-    kinds = [kind for kind, _, _ in reading_qa(step, seed, chat)]
+    qa = reading_qa(step, seed, chat)
+    messages, kinds, n = qa_messages(qa), [kind for kind, _, _ in qa], len(qa)
     pixels = decode_pixels(step, policy.image_config)
     ex = chat_example(policy.tokenizer, messages, (1,) * n, *pixels, policy.image_config.merge_size)
     starts = np.flatnonzero(np.diff(np.concatenate([[0], ex.loss_mask])) == 1)

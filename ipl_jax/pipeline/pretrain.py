@@ -16,7 +16,7 @@ import numpy as np
 
 from ipl_jax.data.synthetic.reading import (
     ReadingChat,
-    pretrain_episodes,
+    pretrain_screens,
     reading_corpus,
     reading_example,
 )
@@ -33,7 +33,7 @@ def reading_chat(settings: Settings) -> ReadingChat:
 
 def screens(settings: Settings, start: int, n: int) -> list:
     """The steps (one screen each) of pretraining episodes ``start .. start + n - 1``."""
-    return [s for e in pretrain_episodes(n, settings.seed, settings.world, start) for s in e.steps]
+    return pretrain_screens(n, settings.seed, settings.world, start)
 
 
 def make_reading_example(settings: Settings):
@@ -137,8 +137,8 @@ def run_pretrain(settings: Settings, workdir: str | Path, out: str | Path | None
         "loss_curve": loss_curve(wd),
         "reading": scores,
     }
-    parent = Path(settings.model.checkpoint_dir() or "") / "recipe.json"
-    if settings.model.checkpoint and parent.is_file():  # continued from another base: its recipe goes along
+    parent = Path(settings.model.checkpoint_dir()) / "recipe.json" if settings.model.checkpoint else None
+    if parent is not None and parent.is_file():  # continued from another base: its recipe goes along
         recipe["base"] = json.loads(parent.read_text())
     out = Path(out) if out else wd.path("pretrain", "model")
     wd.run_stage("export", lambda: job.export(recipe, out), main_only=True)

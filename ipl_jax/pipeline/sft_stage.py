@@ -18,7 +18,7 @@ from ipl_jax.data.batching import collate, smallest_bucket
 from ipl_jax.data.dialogue import annotated_steps, coat_example, qa_example
 from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
 from ipl_jax.data.records import Step
-from ipl_jax.data.synthetic.reading import ReadingChat, pretrain_episodes, reading_example
+from ipl_jax.data.synthetic.reading import ReadingChat, pretrain_screens, reading_example
 from ipl_jax.pipeline.model_stage import job_mesh, job_model_config, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress_bar
@@ -221,7 +221,7 @@ def reading_items(settings: Settings) -> list[SFTItem]:
     """The reading chats warm-up SFT mixes in (``sft.reading_episodes`` episodes of the pretraining stream, the
     synthetic world's training split only)."""
     n = settings.sft.reading_episodes  # synthetic data only (``Settings`` checks)
-    return [SFTItem(s, reading=True) for e in pretrain_episodes(n, settings.seed, settings.world) for s in e.steps]
+    return [SFTItem(s, reading=True) for s in pretrain_screens(n, settings.seed, settings.world)]
 
 
 def run_sft(

@@ -57,6 +57,11 @@ def pretrain_episodes(n: int, seed: int = 0, world: WorldConfig | None = None, s
     return out
 
 
+def pretrain_screens(n: int, seed: int = 0, world: WorldConfig | None = None, start: int = 0) -> list[Step]:
+    """The steps (one screen each) of pretraining episodes ``start .. start + n - 1`` (``pretrain_episodes``)."""
+    return [s for e in pretrain_episodes(n, seed, world, start) for s in e.steps]
+
+
 def screen_texts(step: Step) -> list[UIElement]:
     """The step's elements with text outside the status bar (``usable_elements``), in reading order (top to
     bottom, left to right); a repeated text once."""
@@ -102,8 +107,9 @@ def reading_example(step: Step, seed: int, chat: ReadingChat, tokenizer, image_c
     return chat_example(tokenizer, messages, turns, pv, grid, image_config.merge_size, name=name)
 
 
-def _fold(text: str) -> str:
-    return " ".join(text.lower().split())
+def fold_text(text: str | None) -> str:
+    """Lower-case, whitespace runs collapsed to one space, stripped (how answers and screen texts compare)."""
+    return " ".join((text or "").lower().split())
 
 
 def task_answers(step: Step) -> tuple[str, str] | None:
@@ -114,10 +120,10 @@ def task_answers(step: Step) -> tuple[str, str] | None:
     if "task" not in step.meta:
         return None
     task = Task.from_json(step.meta["task"])
-    shown = {_fold(e.text): e.text for e in screen_texts(step)}
+    shown = {fold_text(e.text): e.text for e in screen_texts(step)}
     menus = [SUBMENU_OF.get(s, "") for s in (task.setting, task.setting2)]
     names = [task.contact, task.setting, task.setting2, *menus, task.app, task.target_app]
-    named = next((shown[_fold(n)] for n in names if n and _fold(n) in shown), NONE)
+    named = next((shown[fold_text(n)] for n in names if n and fold_text(n) in shown), NONE)
     return named, (task.query or task.message or NONE)
 
 
@@ -145,8 +151,13 @@ def reading_qa(step: Step, seed: int, chat: ReadingChat = ReadingChat()) -> list
 
 def reading_messages(step: Step, seed: int, chat: ReadingChat = ReadingChat()) -> list[dict]:
     """The chat of one screen (``reading_qa``) as user/assistant messages, the image in the first user message."""
+    return qa_messages(reading_qa(step, seed, chat))
+
+
+def qa_messages(qa: Sequence[tuple[str, str, str]]) -> list[dict]:
+    """``reading_qa``'s [(kind, question, answer)] as user/assistant messages, the image in the first user message."""
     messages = []
-    for k, (_, question, answer) in enumerate(reading_qa(step, seed, chat)):
+    for k, (_, question, answer) in enumerate(qa):
         content = [{"type": "image"}, {"type": "text", "text": question}] if k == 0 else question
         messages += [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
     return messages
