@@ -27,6 +27,7 @@ import ml_collections
 
 from ipl_jax.sections import CommandLineText
 from ipl_jax.settings import Settings
+from ipl_jax.settings.job import current_name
 
 CONFIG_DIR = Path(__file__).resolve().parent  # the shipped configs live beside this loader
 _OVERRIDE_PREFIX = "--config."
@@ -136,7 +137,9 @@ def parse_override_args(args: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def set_override(values: dict, field: str, text: str, source: str = "<config>") -> None:
-    """Set ``values[a][b]`` of the dotted ``field`` to the command-line ``text``, parsed later by the field's type."""
+    """Set ``values[a][b]`` of the dotted ``field`` (an old name: where it moved) to the command-line ``text``,
+    parsed later by the field's type."""
+    field = current_name(field)
     *parents, leaf = field.split(".")
     node, walked = values, []
     for part in parents:

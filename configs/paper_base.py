@@ -87,8 +87,8 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.ipl.freeze_vision = True
     # the paper's pairs as it states them (the synthetic default's measured choices are not carried over)
     c.ipl.gamma_pairs = "paper"
-    c.ipl.dedup = False
-    c.ipl.mix_trees = False
+    c.ipl.selection.dedup = False
+    c.ipl.selection.mix_trees = False
     c.ipl.lora_rank = 0
     c.ipl.early_stop = False
 

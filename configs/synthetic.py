@@ -85,7 +85,7 @@ def quick(c):
     c.rl.ppo.tasks_per_batch, c.rl.ppo.trajectories_per_task, c.rl.ppo.minibatch_rows = 2, 2, 8
     c.rl.ppo.max_steps, c.rl.ppo.critic_warmup, c.rl.ppo.policy_updates = 4, 1, 1
     c.export.viewer_steps = 2
-    c.ipl.type_balance = 0.0  # 4 steps a round: keep every pair so that the round has updates
+    c.ipl.selection.type_balance = 0.0  # 4 steps a round: keep every pair so that the round has updates
 
 
 def scarce(c):
@@ -97,9 +97,9 @@ def scarce(c):
     round's optimizer are fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate,
     ipl.schedule, ...). Three rounds, each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on
     seed 0) and DPO's β 0.5 (at 0.1 the preference term left T-DPO level with rejection sampling; docs/rounds.md),
-    all three run (dev picks the exported round), pairs balanced over action types (ipl.type_balance = 1: without
-    it the rounds trade PRESS steps for CLICK; docs/scarce_tuning.md), sibling (β) pairs only; intermediate rounds
-    evaluated on dev only."""
+    all three run (dev picks the exported round), pairs balanced over action types (ipl.selection.type_balance = 1:
+    without it the rounds trade PRESS steps for CLICK; docs/scarce_tuning.md), sibling (β) pairs only; intermediate
+    rounds evaluated on dev only."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
     c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
@@ -108,8 +108,8 @@ def scarce(c):
     c.ipl.early_stop = False  # dev (12 episodes) is too small to stop on: it cut 4 of 5 seeds after round 1
     c.ipl.steps_per_round = 48
     c.ipl.learning_rate = 1e-4
-    c.ipl.beta = 0.5
-    c.ipl.type_balance = 1.0
+    c.ipl.dpo.beta = 0.5
+    c.ipl.selection.type_balance = 1.0
     # β pairs only: the γ pairs (golden vs sampled in trees without a correct leaf) did not help on seeds 0-4
     # (T-DPO with them minus without, after round 3: -0.7 ± 1.6 points; docs/rounds.md)
     c.ipl.gamma_pairs = "none"

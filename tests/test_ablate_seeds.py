@@ -75,14 +75,13 @@ def test_own_variant_starts_from_a_built_in_one_and_changes_round_settings():
     from ipl_jax.configs.loader import load_settings
 
     base = load_settings("synthetic:quick", ["--config.ablation.rounds=3"])
-    name, switches = parse_variant("noneg_b05=no_negatives ipl.beta=0.5 ipl.pair_turns=3,4 rl.grpo.group_size=4")
+    name, switches = parse_variant("noneg_b05=no_negatives ipl.dpo.beta=0.5 ipl.pair_turns=3,4 rl.grpo.group_size=4")
     assert name == "noneg_b05" and switches["ipl.method"] == "no_negatives"
     s = variant_settings(base, name, {**VARIANTS, name: switches})
-    assert (s.ipl.method, s.ipl.beta, s.ipl.pair_turns, s.rl.grpo.group_size) == ("no_negatives", 0.5, (3, 4), 4)
+    assert (s.ipl.method, s.ipl.dpo.beta, s.ipl.pair_turns, s.rl.grpo.group_size) == ("no_negatives", 0.5, (3, 4), 4)
     assert (s.ipl.rounds, s.ipl.early_stop, s.eval.every_round) == (3, False, True)  # as every ablation variant
-    assert s.replace({"ipl.beta": base.ipl.beta, "ipl.pair_turns": base.ipl.pair_turns, "rl.grpo.group_size": 8}) == (
-        variant_settings(base, "no_negatives")
-    )  # nothing else changed
+    back = {"ipl.dpo.beta": base.ipl.dpo.beta, "ipl.pair_turns": base.ipl.pair_turns, "rl.grpo.group_size": 8}
+    assert s.replace(back) == variant_settings(base, "no_negatives")  # nothing else changed
     _, alone = parse_variant("lr=ipl.later_learning_rate=1e-5")  # no base: the base job's method
     assert variant_settings(base, "lr", {"lr": alone}).ipl.later_learning_rate == 1e-5
 
@@ -92,9 +91,9 @@ def test_own_variant_starts_from_a_built_in_one_and_changes_round_settings():
     [
         ("nobase", "expected NAME=[BASE] FIELD=VALUE"),
         ("Big=tdpo", "lower-case"),
-        ("tdpo=ipl.beta=1", "'tdpo' is a built-in variant"),
+        ("tdpo=ipl.dpo.beta=1", "'tdpo' is a built-in variant"),
         ("a=k9", "'k9' is neither a variant"),
-        ("a=ipl.beta=1 tdpo", "'tdpo' is neither a variant"),  # a base comes first
+        ("a=ipl.dpo.beta=1 tdpo", "'tdpo' is neither a variant"),  # a base comes first
         ("a=model.hidden_size=64", "not a round setting"),
         ("a=", "changes nothing"),
     ],
@@ -116,6 +115,6 @@ def test_cli_runs_own_variants_after_the_named_ones(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "run_seeds", fake_run_seeds)
     monkeypatch.setattr(cli, "format_seeds", lambda summary: "table")
     argv = ["--config", "synthetic:quick", "--workdir", str(tmp_path), "--variants", "tdpo", "--seeds", "0,1"]
-    assert cli.main([*argv, "--variant", "b05=tdpo ipl.beta=0.5"]) == 0
+    assert cli.main([*argv, "--variant", "b05=tdpo ipl.dpo.beta=0.5"]) == 0
     assert seen["names"] == ["tdpo", "b05"] and seen["seeds"] == [0, 1]
-    assert seen["own"] == {"b05": {"ipl.method": "tdpo", "ipl.beta": "0.5"}}
+    assert seen["own"] == {"b05": {"ipl.method": "tdpo", "ipl.dpo.beta": "0.5"}}

@@ -276,10 +276,10 @@ CASES = [
             "--workdir",
             str(f.fresh),
             "--variant",
-            "b=tdpo ipl.beta=x",
+            "b=tdpo ipl.dpo.beta=x",
         ],
         2,
-        r"^ipl-jax ablate: --variant b: ipl\.beta: must be a number",
+        r"^ipl-jax ablate: --variant b: ipl\.dpo\.beta: must be a number",
     ),
     Case(
         "ablate bad seeds",

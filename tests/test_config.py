@@ -53,7 +53,7 @@ def test_get_config_arg_and_typed_overrides(config_path):
             "--config.world.themes=('rose',)",
         ],
     )
-    assert s.sft.steps == 12 and s.ipl.beta == 0.5  # the file's values
+    assert s.sft.steps == 12 and s.ipl.dpo.beta == 0.5  # the file's values (ipl.beta: its old name)
     assert s.ipl.learning_rate == 3e-4 and isinstance(s.ipl.learning_rate, float)
     assert s.ipl.warmup_steps == 7 and isinstance(s.ipl.warmup_steps, int)
     assert s.sft.freeze_vision is True and s.buckets.tokens == (64, 512, 1024) and s.buckets.patches == (96,)

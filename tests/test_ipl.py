@@ -521,9 +521,7 @@ def test_ipl_round_diagnostics_score_its_own_and_held_out_pairs_before_and_after
 
     def packed(sampled):  # the round's pairs of one sampled batch, as the round makes them
         pairs = R.round_pairs(sampled, fake_scores(sampled), config)[0]
-        grouped, _ = select_round_pairs(
-            pairs, dedup=config.dedup, type_balance=config.type_balance, mix_trees=config.mix_trees, seed=1
-        )
+        grouped, _ = select_round_pairs(pairs, config.selection, 1)
         return PK.pack_round(cfg, grouped.groups, grouped.pairs, ROUND_PACKING)
 
     def logps(params, batches):  # (pos, neg) of the valid pairs, from the reference log-probs

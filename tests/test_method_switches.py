@@ -13,7 +13,7 @@ from ipl_jax.preference import losses
 from ipl_jax.preference import pairs as P
 from ipl_jax.preference.grouping import GroupedPairs
 from ipl_jax.preference.packed_batch import PairRef, PrefixGroup
-from ipl_jax.preference.round import RoundConfig
+from ipl_jax.preference.sections import PairSelection
 from ipl_jax.preference.selection import balance_types, drop_duplicates, mix_groups, select_round_pairs
 
 CLICK, TYPE, SCROLL, PRESS, STOP = (ACTION_TYPES.index(x) for x in ("click", "type", "scroll", "press", "stop"))
@@ -91,10 +91,11 @@ def test_mix_groups_permutes_groups_and_keeps_every_pair_with_its_texts():
 def test_select_round_pairs_applies_the_switches_in_order():
     groups = [_group([1], [2], [3]), _group([1], [2], [3])]
     pairs = [PairRef(0, 0, 1, 3, CLICK, 0.5), PairRef(1, 0, 1, 3, CLICK, 0.5), PairRef(0, 1, 0, 3, TYPE, 0.2)]
-    out, stats = select_round_pairs(_grouped(groups, pairs), dedup=True, type_balance=1.0, mix_trees=False, seed=0)
+    selection = PairSelection(dedup=True, type_balance=1.0, mix_trees=False)
+    out, stats = select_round_pairs(_grouped(groups, pairs), selection, 0)
     assert stats == {"duplicates": 1, "type_balance": 0} and len(out.pairs) == 2
     with pytest.raises(ValueError, match="type_balance"):
-        RoundConfig(tdpo=None, type_balance=-1.0)
+        PairSelection(type_balance=-1.0)
 
 
 # ------------------------------------------------------------------------------------------------- γ modes
@@ -242,24 +243,28 @@ def test_blank_screen_keeps_size_and_replaces_pixels():
 # ------------------------------------------------------------------------------------------------- settings
 
 
+def _round_config(s, cfg):
+    """Round 1's config as the job builds it (``pipeline/rounds.run_round``), pad id 0."""
+    return s.ipl.round(cfg, s.model.precision(), s.sft.grad_clip, s.sampler, s.buckets, 0, 1)
+
+
 def test_ipl_settings_are_typed_and_checked():
     from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
-    from ipl_jax.pipeline.rounds import round_config
     from ipl_jax.settings import SettingsError
 
     s = load_settings(
         "synthetic",
         [
             "--config.ipl.gamma_pairs=consistent",
-            "--config.ipl.dedup=true",
-            "--config.ipl.type_balance=1.5",
+            "--config.ipl.selection.dedup=true",
+            "--config.ipl.selection.type_balance=1.5",
             "--config.ipl.method=continued_sft",
-            "--config.ipl.mix_trees=false",
+            "--config.ipl.selection.mix_trees=false",
         ],
     )
     ipl = s.ipl
-    assert ipl.gamma_pairs == "consistent" and ipl.dedup is True and ipl.type_balance == 1.5
+    assert ipl.gamma_pairs == "consistent" and ipl.selection.dedup is True and ipl.selection.type_balance == 1.5
     assert ipl.lr(1) == ipl.learning_rate and ipl.gamma_cap == ipl.max_pairs_per_tree
 
     cfg = Qwen2VLConfig(
@@ -274,22 +279,43 @@ def test_ipl_settings_are_typed_and_checked():
             mrope_section=(1, 1, 2),
         ),
     )
-    rc = round_config(s, cfg, 0, 1)
+    rc = _round_config(s, cfg)
     assert rc.gamma_consistent_only and rc.pairs.gamma_action_pairs and rc.train_on == "golden"
-    assert (rc.dedup, rc.type_balance, rc.mix_trees) == (True, 1.5, False)
+    assert rc.selection == PairSelection(dedup=True, type_balance=1.5, mix_trees=False)
     # a T-DPO row holds one step's prefix, so one screenshot: its patch slot is one screenshot's, as the memory
     # plan assumes (the batch's buckets, x rows, made every row's vision tower 8 times the size it needs)
     assert rc.packing.rows == s.ipl.batch_size > 1 and rc.packing.patch_buckets == s.buckets.patches
-    g = round_config(load_settings("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg, 0, 1)
+    g = _round_config(load_settings("synthetic", ["--config.ipl.gamma_pairs=grounding"]), cfg)
     assert not g.pairs.gamma_action_pairs and g.pairs.gamma_grounding_pairs and not g.gamma_consistent_only
     for field, value in (
         ("gamma_pairs", "all"),
         ("learning_rate", "-1e-5"),
         ("method", "sarsa"),
-        ("sft_norm", "mean"),
+        ("dpo.sft_norm", "mean"),
     ):
         with pytest.raises(SettingsError, match=rf"^config\.ipl\.{field}="):
             load_settings("synthetic", [f"--config.ipl.{field}={value}"])
+
+
+def test_moved_settings_keep_their_old_names(capsys, monkeypatch):
+    """``ipl.beta`` and the selection's switches moved into ``ipl.dpo`` / ``ipl.selection``: the old flag, a variant's
+    switch and a recorded config.json still set them, with one line saying where they live now."""
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.settings import job
+    from ipl_jax.settings.job import relocated
+
+    monkeypatch.setattr(job, "_told", set())  # each old name is told once a process
+    s = load_settings("synthetic", ["--config.ipl.beta=0.25", "--config.ipl.mix_trees=false"])
+    assert s.ipl.dpo.beta == 0.25 and s.ipl.selection.mix_trees is False
+    assert s.replace({"ipl.sft_weight": 0.5}).ipl.dpo.sft_weight == 0.5
+    err = capsys.readouterr().err
+    assert "config.ipl.beta is config.ipl.dpo.beta now" in err and "config.ipl.sft_weight" in err
+    old = {"ipl": {"beta": 0.3, "dedup": False, "rounds": 2}, "seed": 1}
+    assert relocated(old, tell=False) == {
+        "ipl": {"rounds": 2, "dpo": {"beta": 0.3}, "selection": {"dedup": False}},
+        "seed": 1,
+    }
+    assert old["ipl"]["beta"] == 0.3  # the caller's dict is left as it was
 
 
 def test_optimizer_settings_come_from_the_sections():

@@ -1,5 +1,5 @@
 """The RL rounds honour the job's precision like a T-DPO round: the learners' configs carry the compute dtype,
-the remat policy and the storage dtype (from the same helpers as ``tdpo_config``), the sampler / rollout policy
+the remat policy and the storage dtype (from the same helpers as ``ipl.tdpo``), the sampler / rollout policy
 and the frozen reference are storage-dtype copies, and the updates keep fp32 master weights and moments (read
 from the traced update, nothing compiled)."""
 
@@ -18,7 +18,7 @@ from support import rl_setup as S
 
 from ipl_jax.configs.loader import load_settings
 from ipl_jax.pipeline import rl_round
-from ipl_jax.pipeline.model_stage import Policy
+from ipl_jax.pipeline.model_stage import Policy, job_model_config
 from ipl_jax.rl import common, grpo, ppo
 from ipl_jax.rl.rows import RowConfig, build_rows
 from ipl_jax.rl.sampling import Completion, coat_row_spec, state_row_spec
@@ -52,11 +52,9 @@ def _fresh(policy):
 
 
 def test_rl_configs_carry_the_job_precision(policy):
-    from ipl_jax.pipeline.rounds import tdpo_config
-
     job = _job(dtype="bfloat16", remat="full")
     g, p = rl_round.round_grpo_config(job, policy), rl_round.round_ppo_config(job, policy, gigppo=True)
-    t = tdpo_config(job, policy.cfg)
+    t = job.ipl.tdpo(job_model_config(policy.cfg, job.model), job.model.precision(), job.sft.grad_clip)
     for c in (g, p, t):
         assert (c.model.dtype, c.compute_dtype, c.remat) == ("bfloat16", "bfloat16", "full")
     assert g.storage_dtype == p.storage_dtype == t.reference_dtype == "bfloat16" and p.gigppo

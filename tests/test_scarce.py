@@ -173,7 +173,7 @@ def test_scarce_variant_settings():
     full = load_settings("synthetic:full")  # the former default: every training episode annotated
     assert (full.data.annotated_episodes, full.data.action_episodes) == (0, 0) and not full.data.scarce
     assert variant_settings(c, "sft_oracle").ipl.method == "sft_oracle"
-    assert c.eval.every_round is False and c.ipl.type_balance == 1.0
+    assert c.eval.every_round is False and c.ipl.selection.type_balance == 1.0
 
 
 QUICK_SCARCE = [
@@ -204,7 +204,7 @@ QUICK_SCARCE = [
     "--config.ipl.diagnostic_steps=2",
     "--config.ipl.heldout_steps=2",
     "--config.ipl.gamma_pairs=paper",
-    "--config.ipl.type_balance=0.0",  # 4 steps a round: keep every pair, so each variant has updates to compare
+    "--config.ipl.selection.type_balance=0.0",  # 4 steps a round: keep every pair, so each variant has updates
     "--config.eval.batch_size=4",
 ]
 

@@ -46,11 +46,12 @@ def test_values_are_typed():
         (("sampler", "branching", (2, 2)), r"^config\.sampler\.branching=\(2, 2\): must be four integers >= 1"),
         (("sft", "micro_batch_size", 3), r"^config\.sft\.micro_batch_size=3: must divide sft\.batch_size"),
         (("reward", "v_type", 0.95), r"^config\.reward\.v_format=0\.1: reward\.v_type \+ reward\.v_format must be"),
-        # fields a library declares (preference/sections.py, coat/sections.py), checked in the job's section too
-        (("ipl", "loss_kind", "kto"), r"^config\.ipl\.loss_kind='kto': must be one of sigmoid, ipo, hinge"),
-        (("ipl", "beta", 0.0), r"^config\.ipl\.beta=0\.0: must be > 0"),
-        (("ipl", "sft_norm", "mean"), r"^config\.ipl\.sft_norm='mean': must be one of token, sum"),
-        (("ipl", "type_balance", -1.0), r"^config\.ipl\.type_balance=-1\.0: must be >= 0"),
+        # fields a library declares (preference/sections.py, coat/sections.py), checked in the job's section too;
+        # the ipl ones set by their old names (ipl.beta is ipl.dpo.beta now): the error names where they live
+        (("ipl", "loss_kind", "kto"), r"^config\.ipl\.dpo\.loss_kind='kto': must be one of sigmoid, ipo, hinge"),
+        (("ipl", "beta", 0.0), r"^config\.ipl\.dpo\.beta=0\.0: must be > 0"),
+        (("ipl", "sft_norm", "mean"), r"^config\.ipl\.dpo\.sft_norm='mean': must be one of token, sum"),
+        (("ipl", "type_balance", -1.0), r"^config\.ipl\.selection\.type_balance=-1\.0: must be >= 0"),
         (("reward", "v_type", -0.1), r"^config\.reward\.v_type=-0\.1: must be >= 0"),
         (("sampler", "top_p", 1.5), r"^config\.sampler\.top_p=1\.5: must be in \(0, 1\]"),  # sampling/sections.py
         (("sampler", "prefix_buckets", ()), r"^config\.sampler\.prefix_buckets=\(\): must be one or more lengths"),
@@ -90,8 +91,8 @@ def test_the_tree_sampler_checks_its_settings_as_the_job_does():
 
 def test_a_missing_field_or_section_is_named():
     values = load_settings("synthetic:quick").to_dict()
-    del values["ipl"]["beta"]
-    with pytest.raises(SettingsError, match=r"^config\.ipl: missing field\(s\) beta$"):
+    del values["ipl"]["rounds"]
+    with pytest.raises(SettingsError, match=r"^config\.ipl: missing field\(s\) rounds$"):
         Settings.from_dict(values)
     del values["ipl"]
     with pytest.raises(SettingsError, match=r"^the config: missing field\(s\) ipl$"):

@@ -39,7 +39,7 @@ def parser() -> CommandParser:
         default=[],
         metavar='"NAME=[BASE] FIELD=VALUE ..."',
         help="a variant of your own, run after --variants from the same seed: BASE (optional) a variant above, then "
-        'round settings (ipl.*, rl.*) it changes, e.g. --variant "tdpo_b05=tdpo ipl.beta=0.5" (repeatable)',
+        'round settings (ipl.*, rl.*) it changes, e.g. --variant "tdpo_b05=tdpo ipl.dpo.beta=0.5" (repeatable)',
     )
     p.add_argument(
         "--seeds",

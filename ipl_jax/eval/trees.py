@@ -44,7 +44,7 @@ def iter_tree_batches(policy, steps: Sequence[Step], sconfig, seed: int, batch_s
 def score_tree_batch(
     actions: np.ndarray, steps: Sequence[Step], step_valid, reward_config=None, discount: float = 0.95
 ):
-    """Leaf rewards against each row's golden step, value backup and classes, as ``tree_records.TreeScores``.
+    """Leaf rewards against each row's golden step, value backup and classes, as ``tree_records.TreeRewards``.
     actions: object [B, b1..b4]; steps: B golden steps; discount: c of docs/method.md §5.
     """
     b = actions.shape[0]
@@ -55,13 +55,13 @@ def score_tree_batch(
     values = np.asarray(rewards.value, np.float32)
     nodes = tuple(np.asarray(v) for v in backup_values(values, branching, discount))
     classes = np.asarray(classify_trees(values.reshape(b, -1), np.asarray(step_valid, bool)))
-    return tree_records.TreeScores(
+    return tree_records.TreeRewards(
         leaf_values=values, exact=np.asarray(rewards.exact, bool), node_values=nodes, classes=classes
     )
 
 
 def score_batch(batch, texts: Sequence[np.ndarray], reward: RewardConfig, discount: float):
-    """(leaf actions [B, b1..b4], ``TreeScores``) of a sampled batch."""
+    """(leaf actions [B, b1..b4], ``tree_records.TreeRewards``) of a sampled batch."""
     actions = tree_records.leaf_actions(texts)
     scores = score_tree_batch(actions, batch.steps, np.asarray(batch.tree.step_valid, bool), reward, discount)
     return actions, scores

@@ -33,7 +33,6 @@ from ipl_jax.pipeline.plan_shapes import (
     sft_batch,
     tdpo_batch,
 )
-from ipl_jax.pipeline.rounds import tdpo_config
 from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
@@ -158,7 +157,7 @@ def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, option
     """The T-DPO step as training runs it (``tdpo_update``, the round's config, placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
     tcfg = dataclasses.replace(
-        tdpo_config(settings, cfg),
+        settings.ipl.tdpo(mcfg, settings.model.precision(), settings.sft.grad_clip),
         model=mcfg,
         remat=options.remat,
         compute_dtype=_compute(options),

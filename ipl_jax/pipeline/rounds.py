@@ -40,7 +40,7 @@ from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn, sft_step_config
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.preference.round import RoundConfig, RoundStages, SampledTrees, TreeScores, ipl_round
-from ipl_jax.preference.tdpo import TDPOConfig, init_state, round_schedule, summarize_steps
+from ipl_jax.preference.tdpo import init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import tree_record, turn_texts
 from ipl_jax.settings import RL_METHODS, Settings
@@ -50,27 +50,6 @@ from ipl_jax.training.state import VISION_REGEX, model_params, state_shardings
 from ipl_jax.viz.viewer import write_html
 
 # ------------------------------------------------------------------------------------------ the round's configs
-
-
-def tdpo_config(settings: Settings, cfg, round_index: int = 1) -> TDPOConfig:
-    """A round's T-DPO step: ``ipl.tdpo`` on the model in the job's compute dtype, at the job's precision."""
-    return settings.ipl.tdpo(
-        job_model_config(cfg, settings.model), settings.model.precision(), settings.sft.grad_clip, round_index
-    )
-
-
-def round_config(settings: Settings, cfg, pad_id: int, round_index: int = 1) -> RoundConfig:
-    """A round's ``RoundConfig`` (``ipl.round``): the sampler's branching; a T-DPO row's patch buckets are one
-    screenshot's (a row holds one step's prefix), as the memory plan assumes."""
-    return settings.ipl.round(
-        job_model_config(cfg, settings.model),
-        settings.model.precision(),
-        settings.sft.grad_clip,
-        settings.sampler.branching,
-        settings.buckets.patches,
-        pad_id,
-        round_index,
-    )
 
 
 def round_steps(train_steps: Sequence[Step], settings: Settings, round_index: int) -> list[Step]:
@@ -220,7 +199,10 @@ def run_round(
     # the round's steps and configs
     policy = load_policy(start, job_mesh(settings.mesh))
     steps = round_steps(train_steps, settings, round_index)
-    rcfg = round_config(settings, policy.cfg, policy.tokenizer.ids.pad, round_index)
+    model, pad = job_model_config(policy.cfg, settings.model), policy.tokenizer.ids.pad
+    rcfg = ipl.round(
+        model, settings.model.precision(), settings.sft.grad_clip, settings.sampler, settings.buckets, pad, round_index
+    )
     sconfig = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     reward = settings.reward.build(settings.data.rules())
     discount = settings.reward.discount

@@ -22,6 +22,7 @@ from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits, li
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 from ipl_jax.settings import Settings
+from ipl_jax.settings.job import relocated
 from ipl_jax.viz.plots import plot_step_accuracy_splits
 
 STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "eval_export", "export")
@@ -35,7 +36,7 @@ def check_workdir_config(wd: Workdir, settings: Settings) -> None:
     current = json.loads(json.dumps(settings.to_dict()))
     path = wd.path("config.json")
     if path.is_file():
-        stored = read_json(path)
+        stored = relocated(read_json(path), tell=False)
         diff = sorted(_diff_keys(stored, current))
         if diff and not any(wd.path("stages").glob("*.done")):
             wd.echo(

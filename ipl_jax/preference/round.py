@@ -79,7 +79,7 @@ class RoundStages:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RoundConfig(PairSelection):
+class RoundConfig:
     """One round's settings: pair_mode "tdpo" | "naive"; the pair selection (``PairSelection``: dedup, type_balance,
     mix_trees); train_on "pairs" | "golden"; gamma_consistent_only: action-turn γ pairs only below thoughts naming
     the golden action.
@@ -88,12 +88,12 @@ class RoundConfig(PairSelection):
     tdpo: TDPOConfig
     packing: PackingConfig = PackingConfig()
     pairs: pairs_lib.PairConfig = pairs_lib.PairConfig()
+    selection: PairSelection = PairSelection()
     pair_mode: str = "tdpo"
     train_on: str = "pairs"
     gamma_consistent_only: bool = False
 
     def __post_init__(self):
-        super().__post_init__()
         if self.pair_mode not in PAIR_MODES:
             raise ValueError(f"RoundConfig.pair_mode must be one of {PAIR_MODES}, got {self.pair_mode!r}")
         if self.train_on not in TRAIN_ON:
@@ -254,9 +254,7 @@ def _sampled_pairs(sampled: Iterable[SampledTrees], score, config: RoundConfig, 
         g, c = round_pairs(batch, score(batch), config, name=f"round {round_index} {name}batch {i} ")
         grouped.extend(g)
         counts += c
-    grouped, dropped = select_round_pairs(
-        grouped, dedup=config.dedup, type_balance=config.type_balance, mix_trees=config.mix_trees, seed=round_index
-    )
+    grouped, dropped = select_round_pairs(grouped, config.selection, seed=round_index)
     return grouped, counts, dropped
 
 

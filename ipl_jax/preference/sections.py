@@ -1,6 +1,6 @@
 """The preference library's settings and the names they accept: the T-DPO loss (``DPOConfig``) and the round's pair
-selection (``PairSelection``) are declared here once; the job's ``ipl`` section extends both (``IPLSettings``), the
-T-DPO step and the round read them. Importing this module loads no JAX.
+selection (``PairSelection``) are declared here once; the job's ``ipl`` section holds one of each (``ipl.dpo``,
+``ipl.selection``) and hands that same object to the T-DPO step and the round. Importing this module loads no JAX.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class DPOConfig(Section):
     """The T-DPO loss (docs/method.md §7): the DPO term of ``loss_kind`` at ``beta`` plus ``sft_weight`` times the
     positive's NLL (normalised by ``sft_norm``)."""
 
-    PATH: ClassVar[str] = "ipl"
+    PATH: ClassVar[str] = "ipl.dpo"
     loss_kind: str = "sigmoid"
     """sigmoid | ipo | hinge."""
     beta: float = 0.1
@@ -35,16 +35,12 @@ class DPOConfig(Section):
         self.need("beta", is_positive(self.beta), "must be > 0")
         self.need("sft_weight", is_nonneg(self.sft_weight), "must be >= 0")
 
-    def dpo(self) -> DPOConfig:
-        """These four fields alone (a section that extends this class hands the step only what it reads)."""
-        return DPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DPOConfig)})
-
 
 @dataclasses.dataclass(frozen=True)
 class PairSelection(Section):
     """Which of a round's pairs are trained on, in which order (``pairs.select_round_pairs``)."""
 
-    PATH: ClassVar[str] = "ipl"
+    PATH: ClassVar[str] = "ipl.selection"
     dedup: bool = True
     """Drop exact duplicate pairs (same prefix, positive and negative tokens)."""
     type_balance: float = 0.0
@@ -54,7 +50,3 @@ class PairSelection(Section):
 
     def __post_init__(self):
         self.need("type_balance", is_nonneg(self.type_balance), "must be >= 0 (0: off)")
-
-    def selection(self) -> dict:
-        """These three fields by name (a section that extends this class hands the round only what it reads)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(PairSelection)}

@@ -11,6 +11,7 @@ import numpy as np
 
 from ipl_jax.preference.grouping import GroupedPairs
 from ipl_jax.preference.packed_batch import PairRef
+from ipl_jax.preference.sections import PairSelection
 
 
 def _with_pairs(grouped: GroupedPairs, pairs: list[PairRef], skipped: int = 0) -> GroupedPairs:
@@ -76,15 +77,14 @@ def mix_groups(grouped: GroupedPairs, seed: int) -> GroupedPairs:
     )
 
 
-def select_round_pairs(
-    grouped: GroupedPairs, *, dedup: bool, type_balance: float, mix_trees: bool, seed: int
-) -> tuple[GroupedPairs, dict]:
-    """dedup -> type balance (``type_balance`` > 0) -> seeded mixing. Returns (pairs, counts dropped)."""
+def select_round_pairs(grouped: GroupedPairs, selection: PairSelection, seed: int) -> tuple[GroupedPairs, dict]:
+    """``selection``'s steps in order: dedup -> type balance (``type_balance`` > 0) -> mixing seeded by ``seed``.
+    Returns (pairs, counts dropped)."""
     stats = {"duplicates": 0, "type_balance": 0}
-    if dedup:
+    if selection.dedup:
         grouped, stats["duplicates"] = drop_duplicates(grouped)
-    if type_balance > 0:
-        grouped, stats["type_balance"] = balance_types(grouped, type_balance)
-    if mix_trees:
+    if selection.type_balance > 0:
+        grouped, stats["type_balance"] = balance_types(grouped, selection.type_balance)
+    if selection.mix_trees:
         grouped = mix_groups(grouped, seed)
     return grouped, stats

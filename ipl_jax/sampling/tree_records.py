@@ -46,8 +46,9 @@ def leaf_actions(texts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class TreeScores:
-    """Scores of a batch of B trees. leaf_values / exact: [B, b1..b4]; node_values: 4 arrays [B, b1..bt]
+class TreeRewards:
+    """The rewards of a batch of B trees, as their records show them (the round's pairs read ``preference.round.
+    TreeScores``). leaf_values / exact: [B, b1..b4]; node_values: 4 arrays [B, b1..bt]
     (level 4 = leaves); classes: int32[B] (0 alpha, 1 beta, 2 gamma, -1 padding)."""
 
     leaf_values: np.ndarray
@@ -61,7 +62,7 @@ def tree_record(
     row: int,
     texts: Sequence[np.ndarray],
     actions: np.ndarray,
-    scores: TreeScores,
+    scores: TreeRewards,
     step: Step,
     discount: float = 0.95,
 ) -> dict:

@@ -1,6 +1,6 @@
 """The job's settings: one frozen, typed dataclass per config section, made and checked once; every failure is
-one ``SettingsError`` line naming the field. Modules by concern (``base``, ``data``, ``model``, ``training``,
-``rounds``, ``rl``, ``evaluation``, ``job``); every public name is re-exported here.
+one ``SettingsError`` line naming the field. Modules by concern (``data``, ``model``, ``training``, ``rounds``, ``rl``,
+``evaluation``, ``job``) on the base in ``ipl_jax/sections.py``; every public name is re-exported here.
 
 The names a library accepts are the library's own (preference.losses.LOSS_KINDS, training.optimizer.SCHEDULES,
 ...): a section imports them when it is made, so that importing the settings loads no JAX (commands start fast).

@@ -4,8 +4,10 @@ mesh (``mesh``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -25,6 +27,42 @@ from ipl_jax.settings.training import (
 )
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
+
+# Fields that moved into a section of their own: the old dotted name still works, with a one-line notice.
+MOVED = {
+    **{f"ipl.{name}": f"ipl.dpo.{name}" for name in ("loss_kind", "beta", "sft_weight", "sft_norm")},
+    **{f"ipl.{name}": f"ipl.selection.{name}" for name in ("dedup", "type_balance", "mix_trees")},
+}
+_told: set[str] = set()
+
+
+def current_name(dotted: str, tell: bool = True) -> str:
+    """The dotted field name as the settings spell it now (``MOVED``); the first use of an old name says so."""
+    new = MOVED.get(dotted)
+    if new is None:
+        return dotted
+    if tell and dotted not in _told:
+        _told.add(dotted)
+        print(f"config.{dotted} is config.{new} now; the old name still works", file=sys.stderr)
+    return new
+
+
+def relocated(values: Mapping[str, Any], tell: bool = True) -> dict:
+    """A copy of nested setting ``values`` (a config file's, a recorded config.json) with old names moved."""
+    out = copy.deepcopy(dict(values))
+    for old in MOVED:
+        *parents, leaf = old.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            value = node.pop(leaf)
+            *new_parents, new_leaf = current_name(old, tell).split(".")
+            target = out
+            for part in new_parents:
+                target = target.setdefault(part, {})
+            target[new_leaf] = value
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +164,9 @@ class Settings(Section):
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Settings:
-        """Settings from a job config as nested dicts (a config file's sections); raises ``SettingsError``."""
-        return section_from(cls, values, "")
+        """Settings from a job config as nested dicts (a config file's sections, old names moved: ``relocated``);
+        raises ``SettingsError``."""
+        return section_from(cls, relocated(values), "")
 
     @classmethod
     def defaults(cls) -> dict:
@@ -141,6 +180,7 @@ class Settings(Section):
         """These settings with ``{"section.field": value}`` changed (deeper paths too), checked again."""
         out = self.to_dict()
         for dotted, value in values.items():
+            dotted = current_name(dotted)
             *parents, leaf = dotted.split(".")
             node = out
             for part in parents:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Sequence
 from typing import ClassVar
 
 from ipl_jax.preference.sections import DPOConfig, PairSelection
-from ipl_jax.sections import is_nonneg, is_positive, one_of
+from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
     from ipl_jax.model.config import Qwen2VLConfig
     from ipl_jax.preference.round import RoundConfig
     from ipl_jax.preference.tdpo import TDPOConfig
+    from ipl_jax.settings.model import BucketSettings
+    from ipl_jax.settings.training import SamplerSettings
     from ipl_jax.training.optimizer import OptimizerSettings
     from ipl_jax.training.state import Precision
 
@@ -24,13 +25,16 @@ GAMMA_MODES = ("paper", "consistent", "grounding", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class IPLSettings(DPOConfig, PairSelection):
+class IPLSettings(Section):
     """The IPL rounds (docs/method.md §6, §7) and their ``method``: T-DPO, an ablation, the continued-SFT control or
-    an RL learner (``RL_METHODS``); the T-DPO loss's fields (``loss_kind``, ``beta``, ``sft_weight``, ``sft_norm``) are
-    ``DPOConfig``'s, declared with the loss, the pair selection's (``dedup``, ``type_balance``, ``mix_trees``)
-    ``PairSelection``'s."""
+    an RL learner (``RL_METHODS``). The T-DPO loss (``dpo``) and the pair selection (``selection``) are the preference
+    library's own sections, handed to the round as they are."""
 
     PATH: ClassVar[str] = "ipl"
+    dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
+    """The T-DPO loss: loss_kind, beta, sft_weight, sft_norm (preference/sections.py)."""
+    selection: PairSelection = dataclasses.field(default_factory=PairSelection)
+    """Which pairs a round trains on: dedup, type_balance, mix_trees (preference/sections.py)."""
     rounds: int = 2
     """IPL rounds."""
     steps_per_round: int = 64
@@ -81,8 +85,6 @@ class IPLSettings(DPOConfig, PairSelection):
     def __post_init__(self):
         from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
-        DPOConfig.__post_init__(self)  # the checks of the fields declared with the library
-        PairSelection.__post_init__(self)
         self.need("method", self.method in METHODS, one_of(METHODS))
         self.need("gamma_pairs", self.gamma_pairs in GAMMA_MODES, one_of(GAMMA_MODES))
         self.need("schedule", self.schedule in SCHEDULES, one_of(SCHEDULES))
@@ -142,7 +144,7 @@ class IPLSettings(DPOConfig, PairSelection):
             remat=precision.remat,
             compute_dtype=precision.compute_dtype,
             reference_dtype=precision.storage,
-            dpo=self.dpo(),
+            dpo=self.dpo,
             objective="positive_sft" if self.method == "no_negatives" else "tdpo",
             optimizer_settings=self.optimizer(round_index, grad_clip),
         )
@@ -152,23 +154,24 @@ class IPLSettings(DPOConfig, PairSelection):
         model: Qwen2VLConfig,
         precision: Precision,
         grad_clip: float,
-        branching: Sequence[int],
-        patch_buckets: Sequence[int],
+        sampler: SamplerSettings,
+        buckets: BucketSettings,
         pad_id: int,
         round_index: int = 1,
     ) -> RoundConfig:
-        """Round ``round_index``: its T-DPO step (``tdpo``), pairs, selection and packing as this section says;
-        rows hold up to ``max(branching) + 1`` continuations and a batch's screenshots in ``patch_buckets``."""
+        """Round ``round_index``: its T-DPO step (``tdpo``), pairs, selection and packing as this section says. A row
+        holds one step's prefix with up to ``max(sampler.branching) + 1`` continuations, so its patch slot is one
+        screenshot's (``buckets.patches``), as the memory plan assumes."""
         from ipl_jax.preference.packed_batch import PackingConfig
         from ipl_jax.preference.pairs import PairConfig
         from ipl_jax.preference.round import RoundConfig
 
         packing = PackingConfig(
             rows=self.batch_size,
-            max_continuations=max(branching) + 1,
+            max_continuations=max(sampler.branching) + 1,
             max_pairs=self.max_pairs_per_batch,
             text_buckets=self.text_buckets,
-            patch_buckets=tuple(patch_buckets),
+            patch_buckets=tuple(buckets.patches),
             pad_id=int(pad_id),
         )
         pairs = PairConfig(
@@ -183,7 +186,7 @@ class IPLSettings(DPOConfig, PairSelection):
             packing=packing,
             pairs=pairs,
             pair_mode="naive" if self.method == "naive_dpo" else "tdpo",
-            **self.selection(),
+            selection=self.selection,
             train_on="golden" if self.method in GOLDEN_METHODS else "pairs",
             gamma_consistent_only=self.gamma_pairs == "consistent",
         )
