@@ -22,9 +22,11 @@ from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.model.sharding import make_mesh
 from ipl_jax.pipeline import bucket_fit
-from ipl_jax.pipeline import plan as plan_lib
-from ipl_jax.pipeline import plan_shapes as shapes_lib
 from ipl_jax.pipeline.paths import UsageError, output_file
+from ipl_jax.pipeline.rounds import tdpo_config
+from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
+from ipl_jax.planning import programs as plan_lib
+from ipl_jax.planning import shapes as shapes_lib
 
 PROG = "ipl-jax plan"
 _CHILD = "IPL_JAX_PLAN_CHILD"
@@ -33,6 +35,14 @@ _TPU_ENV = {"JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTN
 _TORUS = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
 _SLICE = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 _KINDS = {"v4": (2, _TORUS), "v5p": (2, _TORUS), "v5e": (1, _SLICE), "v5litepod": (1, _SLICE), "v6e": (1, _SLICE)}
+
+# the job's own T-DPO and SFT step configs, which the plan compiles
+JOB_STEPS = plan_lib.JobSteps(
+    tdpo=tdpo_config,
+    sft=lambda cfg, settings, optimizer, batch, micro: sft_step_config(
+        cfg, settings, optimizer, BatchShape(batch, micro)
+    ),
+)
 
 
 def parser() -> CommandParser:
@@ -132,7 +142,7 @@ def _devices(args):
 
 def _check_early(args, settings, flags, mesh_arg, default_dtype):
     """The checks possible before JAX starts: mesh vs --devices, batches, dtypes, topology name and its compiler;
-    with --devices, the settings the planned job runs with (``plan.job_settings``)."""
+    with --devices, the settings the planned job runs with (``programs.job_settings``)."""
     if args.devices is not None:
         return plan_lib.job_settings(settings, flags, mesh_arg, default_dtype, "cpu", args.devices)
     if args.topology is not None:
@@ -190,6 +200,7 @@ def main(argv: list[str]) -> int:
             mesh,
             options,
             on_program=lambda pl: print(f"  compiled {pl.name} in {pl.compile_s:.1f}s", file=sys.stderr),
+            steps=JOB_STEPS,
         )
     except shapes_lib.PlanError as e:
         raise UsageError(str(e)) from None

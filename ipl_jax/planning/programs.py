@@ -1,6 +1,6 @@
 """A memory and FLOP plan of the job's programs (SFT step, T-DPO step, sampler prefill and decode), compiled ahead
 of time on sharded abstract inputs. Per device: ``total = arguments + outputs + temporaries - aliased``; FLOPs
-from the HLO (``training.hlo_cost``).
+from the HLO (``hlo_cost``). The job's own step configs come in as ``JobSteps`` (the planner sits below the job).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
-from ipl_jax.pipeline.plan_shapes import (
+from ipl_jax.planning.hlo_cost import hlo_flops
+from ipl_jax.planning.shapes import (
     _KEY,
     _S,
     GB,
@@ -33,15 +34,12 @@ from ipl_jax.pipeline.plan_shapes import (
     sft_batch,
     tdpo_batch,
 )
-from ipl_jax.pipeline.rounds import tdpo_config
-from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
 from ipl_jax.settings import ModelSettings, Settings
 from ipl_jax.training import sft as sft_lib
-from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.lora import lora_of_rank
-from ipl_jax.training.optimizer import make_optimizer
+from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer
 from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shardings
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -62,6 +60,16 @@ class PlanSettings:
     def of(model: ModelSettings, programs: tuple = PROGRAMS) -> PlanSettings:
         """The options the job runs with: ``model`` settings resolved (``ModelSettings.resolved``: no 'auto')."""
         return PlanSettings(model.dtype, model.remat, model.param_dtype, model.attention, programs)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSteps:
+    """The job's own step configs, which the plan compiles in its precision; the job passes them in
+    (``pipeline.rounds.tdpo_config``; ``pipeline.sft_stage.sft_step_config`` on a batch of ``batch_size``
+    dialogues in micro-batches of ``micro``)."""
+
+    tdpo: Callable[[Settings, Qwen2VLConfig], tdpo_lib.TDPOConfig]
+    sft: Callable[[Qwen2VLConfig, Settings, OptimizerSettings, int, int], sft_lib.SFTStepConfig]
 
 
 @dataclasses.dataclass
@@ -154,11 +162,13 @@ def _compute(options: PlanSettings) -> str | None:
     return None if options.compute_dtype == "float32" else options.compute_dtype
 
 
-def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+def plan_tdpo(
+    settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings, steps: JobSteps
+) -> ProgramPlan:
     """The T-DPO step as training runs it (``tdpo_update``, the round's config, placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
     tcfg = dataclasses.replace(
-        tdpo_config(settings, cfg),
+        steps.tdpo(settings, cfg),
         model=mcfg,
         remat=options.remat,
         compute_dtype=_compute(options),
@@ -181,7 +191,9 @@ def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, option
     return _measure("tdpo", shapes, lambda: tdpo_lib.lower_tdpo_step(placed_state, placed_batch, tcfg, mesh), inputs)
 
 
-def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings) -> ProgramPlan:
+def plan_sft(
+    settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options: PlanSettings, steps: JobSteps
+) -> ProgramPlan:
     """Warm-up SFT's step as training runs it (``sft_update`` on a placed state and batch)."""
     mcfg = cfg.replace(dtype=options.compute_dtype, param_dtype="float32", attention=options.attention)
     optimizer_settings = settings.sft.optimizer()
@@ -194,7 +206,7 @@ def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options
     state_sh = state_shardings(state, optimizer, mesh)
     batch_sh = sft_lib.sft_batch_shardings(batch, mesh, grad_accum=accum > 1)
     step_config = dataclasses.replace(  # the job's step (``sft_stage.sft_step_config``) in the plan's precision
-        sft_step_config(cfg, settings, optimizer_settings, BatchShape(s.sft_batch, s.sft_micro)),
+        steps.sft(cfg, settings, optimizer_settings, s.sft_batch, s.sft_micro),
         model=mcfg,
         remat=options.remat,
         compute_dtype=_compute(options),
@@ -291,6 +303,7 @@ def plan_decode(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, opti
 
 
 _PLANNERS = {"sft": plan_sft, "tdpo": plan_tdpo, "prefill": plan_prefill, "decode": plan_decode}
+_JOB_STEPS = ("sft", "tdpo")  # the programs compiled from the job's own step configs (``JobSteps``)
 
 
 def check_dtype(options: PlanSettings, platform: str) -> None:
@@ -346,14 +359,21 @@ def job_settings(
 
 
 def plan_job(
-    settings: Settings, cfg: Qwen2VLConfig, mesh, options: PlanSettings = PlanSettings(), on_program=None
+    settings: Settings,
+    cfg: Qwen2VLConfig,
+    mesh,
+    options: PlanSettings = PlanSettings(),
+    on_program=None,
+    *,
+    steps: JobSteps,
 ) -> list[ProgramPlan]:
-    """Plans of ``options.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after
-    each compile."""
+    """Plans of ``options.programs`` on ``mesh`` (``validate`` first), the training steps from the job's ``steps``;
+    ``on_program(plan)`` is called after each compile."""
     shapes = validate(settings, options, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
     out = []
     for name in options.programs:
-        out.append(_PLANNERS[name](settings, cfg, shapes, mesh, options))
+        job_steps = (steps,) if name in _JOB_STEPS else ()
+        out.append(_PLANNERS[name](settings, cfg, shapes, mesh, options, *job_steps))
         if on_program is not None:
             on_program(out[-1])
     return out
