@@ -11,8 +11,7 @@ from pathlib import Path
 import jax
 
 from ipl_jax import distributed
-from ipl_jax.data.records import Episode, Step
-from ipl_jax.eval.seed_selection import sample_steps
+from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.pipeline.configs import (
     grpo_config,
     grpo_prompts,

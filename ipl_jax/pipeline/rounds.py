@@ -19,8 +19,7 @@ import numpy as np
 from ipl_jax import distributed
 from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.dialogue import annotated_steps
-from ipl_jax.data.records import Episode, Step
-from ipl_jax.eval.seed_selection import sample_steps
+from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
 from ipl_jax.pipeline.configs import round_budget
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
