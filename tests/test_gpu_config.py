@@ -22,8 +22,8 @@ def test_gpu_config_is_a_20_to_50m_policy_that_sees_full_resolution_screens():
     from ipl_jax.data.image_processing import smart_resize
     from ipl_jax.data.tokenizer import SPECIAL_TOKENS
     from ipl_jax.model import Qwen2VLConfig, init_params
-    from ipl_jax.pipeline.model_stage import model_config_dict
     from ipl_jax.pipeline.sources import check_job
+    from ipl_jax.planning.shapes import model_config_dict
 
     c, default = load_settings("synthetic:gpu"), load_settings("synthetic")
     check_job(c)

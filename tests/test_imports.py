@@ -1,5 +1,6 @@
-"""Imports flow down (docs/layout.md): no library module imports the job's settings, the pipeline or a
-command, and the names a library accepts are its own, so that importing the DPO loss, the T-DPO step or the
+"""Imports flow down (docs/layout.md): no library module imports the job's settings, the memory planner, the
+pipeline or a command, the planner imports neither the pipeline nor a command, and the names a library accepts
+are its own, so that importing the DPO loss, the T-DPO step or the
 optimizer loads neither the job's settings nor the synthetic world (or PIL), and importing the job's settings
 loads neither JAX nor the world.
 
@@ -16,7 +17,9 @@ import ipl_jax
 
 PACKAGE = Path(ipl_jax.__file__).resolve().parent
 LOWER = ("model", "coat", "data", "sampling", "preference", "training", "rl", "eval")
-HIGHER = ("ipl_jax.pipeline", "ipl_jax.cli", "ipl_jax.settings")
+HIGHER = ("ipl_jax.pipeline", "ipl_jax.cli", "ipl_jax.settings", "ipl_jax.planning")
+PLANNER = ("planning",)  # reads the job's settings; the job and the commands import it
+ABOVE_PLANNER = ("ipl_jax.pipeline", "ipl_jax.cli")
 NOT_LOADED = ("PIL", "ipl_jax.data.synthetic", "ipl_jax.settings", "ipl_jax.pipeline", "ipl_jax.cli")
 
 
@@ -51,16 +54,33 @@ def _loaded_after(modules: list[str], watch: tuple[str, ...]) -> dict[str, list[
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_lower_layers_import_no_settings_pipeline_or_command():
-    files = sorted(p for layer in LOWER for p in (PACKAGE / layer).rglob("*.py"))
-    assert len(files) > 50  # the walk found the package
+def _files(layers: tuple[str, ...]) -> list[Path]:
+    return sorted(p for layer in layers for p in (PACKAGE / layer).rglob("*.py"))
+
+
+def _upward(files: list[Path], higher: tuple[str, ...]) -> dict[str, list[str]]:
+    """Of ``files``, those that import a module of ``higher``, with those modules."""
     wrong = {}
     for path in files:
         rel = path.relative_to(PACKAGE).as_posix()
-        up = sorted(n for n in _imported(path) if any(n == h or n.startswith(h + ".") for h in HIGHER))
+        up = sorted(n for n in _imported(path) if any(n == h or n.startswith(h + ".") for h in higher))
         if up:
             wrong[rel] = up
+    return wrong
+
+
+def test_lower_layers_import_no_settings_planner_pipeline_or_command():
+    files = _files(LOWER)
+    assert len(files) > 50  # the walk found the package
+    wrong = _upward(files, HIGHER)
     assert not wrong, f"lower layers import higher ones: {wrong}"
+
+
+def test_planner_imports_no_pipeline_or_command():
+    files = _files(PLANNER)
+    assert len(files) > 3  # the walk found the planner
+    wrong = _upward(files, ABOVE_PLANNER)
+    assert not wrong, f"the planner imports higher layers: {wrong}"
 
 
 def test_losses_step_and_optimizer_load_no_settings_or_world():

@@ -22,7 +22,7 @@ from ipl_jax.data.tokenizer import SPECIAL_TOKENS, load_tokenizer  # noqa: E402
 from ipl_jax.model import Qwen2VLConfig, load_params  # noqa: E402
 from ipl_jax.model.weights import canonical_name  # noqa: E402
 from ipl_jax.pipeline.init_model import checkpoint_config, tensor_shapes, write_random_checkpoint  # noqa: E402
-from ipl_jax.pipeline.plan_shapes import ARCHITECTURES  # noqa: E402
+from ipl_jax.planning.shapes import ARCHITECTURES  # noqa: E402
 
 SMALL = {
     "hidden_size": 64,

@@ -351,7 +351,7 @@ def test_optimizer_settings_come_from_the_sections():
         grad_clip_norm=0.5,
     )
     # the RL learners clip where SFT and T-DPO do
-    from ipl_jax.pipeline.configs import ppo_config
+    from ipl_jax.pipeline.rl_round import ppo_config
 
     ppo = ppo_config(s.rl, s.buckets, object(), 0, s.model.precision(), False, s.sft.grad_clip)
     for made in (ppo.policy_optimizer_settings(), ppo.critic_optimizer_settings()):

@@ -635,7 +635,7 @@ def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
 
 def _rl_rows(result: dict, config) -> dict:
     """Checks every RL row shares: the seed's numbers, the stated budget rule, online success in [0, 1]."""
-    from ipl_jax.pipeline.configs import grpo_prompts
+    from ipl_jax.pipeline.rl_round import grpo_prompts
 
     rows = {r["variant"]: r for r in result["rows"]}
     assert result["seed"] == config.seed and rows["seed"]["samples"] == 0

@@ -20,10 +20,10 @@ from ipl_jax.configs.loader import load_settings
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import make_mesh
-from ipl_jax.pipeline import plan as plan_lib
-from ipl_jax.pipeline import plan_shapes
+from ipl_jax.planning import programs as plan_lib
+from ipl_jax.planning import shapes as plan_shapes
+from ipl_jax.planning.hlo_cost import hlo_flops
 from ipl_jax.preference import tdpo
-from ipl_jax.training.hlo_cost import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--config", "synthetic:quick", "--config.ipl.batch_size=4", "--config.sampler.batch_size=4"]
@@ -145,8 +145,8 @@ _PLAN_SCRIPT = textwrap.dedent("""
     import jax
     from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.sharding import make_mesh
-    from ipl_jax.pipeline import plan as P
-    from ipl_jax.pipeline.plan_shapes import model_config
+    from ipl_jax.planning import programs as P
+    from ipl_jax.planning.shapes import model_config
     settings = load_settings("synthetic:quick", [a for a in sys.argv[2:] if a.startswith("--config.")])
     _, cfg = model_config(settings.model, "synthetic:quick")
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
@@ -162,7 +162,8 @@ def test_plan_plans_the_fresh_model_the_job_builds(tmp_path, name):
     """The plan (no tokenizer) and the model stage (a tokenizer trained on the data) build a fresh model alike:
     the same sizes, so the same parameter count."""
     from ipl_jax.data.tiny_tokenizer import train_tokenizer, write_tokenizer
-    from ipl_jax.pipeline.model_stage import model_config_dict, tokenizer_corpus
+    from ipl_jax.pipeline.model_stage import tokenizer_corpus
+    from ipl_jax.planning.shapes import model_config_dict
 
     m = load_settings(name, []).model
     special_ids = write_tokenizer(train_tokenizer(tokenizer_corpus([]), m.vocab_size), tmp_path / "tok")

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ipl_jax.preference import losses
 from ipl_jax.rl import advantages as A
 from ipl_jax.rl import critic as C
 
@@ -25,10 +24,15 @@ def test_asymmetric_gae_lambda_one_is_return_minus_value():
     np.testing.assert_allclose(
         np.asarray(adv), [[3.5 - 0.7, 3.0 - 0.6, 3.0 - 0.5], [0.75 - 0.4, 1.0 - 0.5, 0]], atol=1e-6
     )
-    # the two streams add up to the losses' dense_returns
-    total = losses.dense_returns(rewards, terminal, mask, gamma_dense=0.5)
-    np.testing.assert_allclose(np.asarray(ret.sum(-1)), np.asarray(total), atol=1e-6)
     np.testing.assert_allclose(np.asarray(A.stream_returns(rewards, terminal, mask, 0.5)), np.asarray(ret), atol=1e-6)
+
+
+def test_stream_returns_add_up_to_the_asymmetric_return():
+    """G_t = R_terminal + Σ_{k ≥ t} γ_dense^{k−t} r_k on valid steps, 0 on padding."""
+    g = A.stream_returns(
+        jnp.array([[1.0, 1.0, 1.0, 0.0]]), jnp.array([10.0]), jnp.array([[True, True, True, False]]), gamma_dense=0.5
+    ).sum(-1)
+    np.testing.assert_allclose(np.asarray(g[0]), [10 + 1 + 0.5 + 0.25, 10 + 1 + 0.5, 10 + 1, 0.0], rtol=1e-6)
 
 
 def test_gae_lambda_half_by_hand():

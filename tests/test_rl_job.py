@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ipl_jax.configs.loader import load_settings
-from ipl_jax.pipeline.configs import grpo_prompts, round_budget
+from ipl_jax.pipeline.rl_round import grpo_prompts, round_budget
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.settings import SettingsError
 

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ipl_jax.data.records import sample_steps
 from ipl_jax.eval import embeddings
 from ipl_jax.eval import seed_selection as sel
-from ipl_jax.pipeline.configs import seed_scoring
+from ipl_jax.pipeline.round_eval import seed_scoring
 
 
 def test_tfidf_known_answer():
@@ -64,11 +65,11 @@ def test_choose_rule():
 
 def test_sample_steps_is_seeded_and_ordered():
     steps = list(range(50))
-    a = sel.sample_steps(steps, 10, seed=3)
+    a = sample_steps(steps, 10, seed=3)
     assert a == sorted(a) and len(set(a)) == 10
-    assert a == sel.sample_steps(steps, 10, seed=3)
-    assert a != sel.sample_steps(steps, 10, seed=4)
-    assert sel.sample_steps(steps, 0, seed=3) == steps
+    assert a == sample_steps(steps, 10, seed=3)
+    assert a != sample_steps(steps, 10, seed=4)
+    assert sample_steps(steps, 0, seed=3) == steps
 
 
 # ----------------------------------------------------------------------------------- the whole scoring chain

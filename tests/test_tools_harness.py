@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from ipl_jax.pipeline.plan import ProgramPlan
+from ipl_jax.planning.programs import ProgramPlan
 
 harness = pytest.importorskip("tools.harness")  # the repository root is on sys.path under ``python -m pytest``
 

@@ -6,7 +6,7 @@ the baseline of the ratios):
   T-DPO step (``preference.tdpo.tdpo_update`` on ``packing.pack_round`` batches from ``bench_tdpo``'s
   workload): fp32 / bf16 compute (fp32 master weights and Adam moments either way) x remat off / on. Reported:
   median step seconds, the compiled program's per-device memory (``memory_analysis``: arguments, temporaries,
-  total) and matmul FLOPs (``training.hlo_cost``), loss of the first step (bf16 should stay close to fp32).
+  total) and matmul FLOPs (``planning.hlo_cost``), loss of the first step (bf16 should stay close to fp32).
   Sampler (``sampling.sample_tree`` on ``bench_tree``'s random steps): weights and KV cache in fp32 / bf16;
   median seconds of a warm call, compiled memory of the whole jitted tree program.
 
@@ -30,13 +30,13 @@ import numpy as np
 from ipl_jax import model as M
 from ipl_jax.model.params import count_params
 from ipl_jax.model.text import forward_hidden, token_log_probs
+from ipl_jax.planning.hlo_cost import hlo_flops
 from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.sampling.prompts import pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree_jit
-from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import cast_floating
 from tools import harness
 from tools.bench_models import SIZES, bench_model

@@ -10,7 +10,7 @@ FLOPs per step are counted two ways:
   model FLOPs  the matmuls the step needs (decoder + log-prob head forward and backward, the frozen ViT forward
                only, attention over every [T, T] / per-row [P, P] score as the dense kernels compute it), no
                recomputation: MFU = model FLOPs / step time / peak;
-  HLO FLOPs    the matmuls in the compiled program (``training.hlo_cost``, remat recomputation included):
+  HLO FLOPs    the matmuls in the compiled program (``planning.hlo_cost``, remat recomputation included):
                hardware FLOPs utilisation, HFU. XLA's own ``cost_analysis()`` counts a layer loop once and is
                printed only for reference.
 Peak: ``--peak-tflops``, else the vendor's dense bf16 figure for the device kind (H100 / H200 SXM: 989.4
@@ -42,9 +42,9 @@ from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
 from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params, init_params
 from ipl_jax.model.vision import VisionInputs
+from ipl_jax.planning.hlo_cost import hlo_flops
 from ipl_jax.preference import tdpo
 from ipl_jax.preference.packed_batch import PackedBatch
-from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import VISION_REGEX
 from tools import harness
 
@@ -70,7 +70,7 @@ TINY = Qwen2VLConfig(
 
 
 def model_2b() -> Qwen2VLConfig:
-    from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
+    from ipl_jax.planning.shapes import ARCHITECTURES
 
     return Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
 

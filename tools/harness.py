@@ -71,10 +71,10 @@ def rss_peak_bytes() -> int:
 
 
 def compiled_memory(compiled) -> dict | None:
-    """Per-device bytes of a compiled program as ``ipl-jax plan`` counts them (``ipl_jax.pipeline.plan``:
+    """Per-device bytes of a compiled program as ``ipl-jax plan`` counts them (``ipl_jax.planning.programs``:
     ``compiled_bytes``, ``total_bytes``): arguments, outputs, aliased, temporaries and total (= arguments +
     outputs + temporaries - aliased); None where the backend gives no memory analysis."""
-    from ipl_jax.pipeline.plan import compiled_bytes, total_bytes
+    from ipl_jax.planning.programs import compiled_bytes, total_bytes
 
     if compiled.memory_analysis() is None:
         return None

@@ -24,7 +24,7 @@ DEFAULTS = {
 def model_config(size: str, dtype: str, attention: str) -> Qwen2VLConfig:
     """The real Qwen2-VL-2B architecture or the tiny test model, computing and storing weights in ``dtype``."""
     if size == "2b":
-        from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
+        from ipl_jax.planning.shapes import ARCHITECTURES
 
         cfg = Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
     else:

@@ -16,7 +16,7 @@ from ipl_jax.cli.common import CommandParser, command, seed_int
 from ipl_jax.cli.make_tiny import read_json_arg
 from ipl_jax.pipeline.init_model import DTYPES, checkpoint_config, tensor_shapes, write_random_checkpoint
 from ipl_jax.pipeline.paths import UsageError, output_dir
-from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
+from ipl_jax.planning.shapes import ARCHITECTURES
 
 PROG = "ipl-jax init-model"
 

@@ -22,9 +22,9 @@ from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.model.sharding import make_mesh
 from ipl_jax.pipeline import bucket_fit
-from ipl_jax.pipeline import plan as plan_lib
-from ipl_jax.pipeline import plan_shapes as shapes_lib
 from ipl_jax.pipeline.paths import UsageError, output_file
+from ipl_jax.planning import programs as plan_lib
+from ipl_jax.planning import shapes as shapes_lib
 
 PROG = "ipl-jax plan"
 _CHILD = "IPL_JAX_PLAN_CHILD"
@@ -132,7 +132,7 @@ def _devices(args):
 
 def _check_early(args, settings, flags, mesh_arg, default_dtype):
     """The checks possible before JAX starts: mesh vs --devices, batches, dtypes, topology name and its compiler;
-    with --devices, the settings the planned job runs with (``plan.job_settings``)."""
+    with --devices, the settings the planned job runs with (``programs.job_settings``)."""
     if args.devices is not None:
         return plan_lib.job_settings(settings, flags, mesh_arg, default_dtype, "cpu", args.devices)
     if args.topology is not None:

@@ -10,12 +10,13 @@ from ipl_jax.cli.common import CommandParser, add_skip_bad, command, positive_in
 from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import FORMATS
 from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.data.records import sample_steps
 from ipl_jax.eval.embeddings import EMBEDDERS
-from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
-from ipl_jax.pipeline.configs import seed_scoring
+from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline.data_stage import split_annotations
 from ipl_jax.pipeline.model_stage import job_mesh, load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.pipeline.round_eval import seed_scoring
 
 PROG = "ipl-jax select-seed"
 

@@ -1,4 +1,4 @@
-"""The common step record every reader and the synthetic world produce.
+"""The common step record every reader and the synthetic world produce, and a seeded sample of steps.
 
 All geometry is in screen fractions [0, 1] with (x, y) order; boxes are (x1, y1, x2, y2).
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,12 @@ class DataError(ValueError):
     def __init__(self, file, record, field, problem):
         self.file, self.record, self.field, self.problem = str(file), record, field, problem
         super().__init__(f"{file}: record {record}: field {field!r}: {problem}")
+
+
+def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
+    """A seeded sample of ``n`` steps (all when n <= 0 or n >= len), kept in their original order."""
+    steps = list(steps)
+    if n <= 0 or n >= len(steps):
+        return steps
+    keep = sorted(random.Random(seed).sample(range(len(steps)), n))
+    return [steps[i] for i in keep]

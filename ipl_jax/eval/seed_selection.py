@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -70,15 +69,6 @@ def choose(scores: Sequence[CandidateScore], diversity_weight: float) -> int:
         if s.score > best:
             best, best_i = s.score, i
     return best_i
-
-
-def sample_steps(steps: Sequence[Step], n: int, seed: int) -> list[Step]:
-    """A seeded sample of ``n`` steps (all when n <= 0 or n >= len), kept in their original order."""
-    steps = list(steps)
-    if n <= 0 or n >= len(steps):
-        return steps
-    keep = sorted(random.Random(seed).sample(range(len(steps)), n))
-    return [steps[i] for i in keep]
 
 
 def score_candidates(

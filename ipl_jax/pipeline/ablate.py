@@ -26,7 +26,7 @@ from ipl_jax.settings import Settings
 # number of updates spent on supervised training on the golden CoaT: do pairs add anything beyond more SFT?);
 # no_evolution trains its own SFT and seed without the evolved Q&A (the one variant not from the shared seed);
 # k2..k4 sample K per thinking turn; grpo / ppo / gigppo are the other seeds' learners at T-DPO's budget of
-# sampled completions per round (pipeline/configs.py).
+# sampled completions per round (pipeline/rl_round.py).
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
     "continued_sft": {"ipl.method": "continued_sft"},

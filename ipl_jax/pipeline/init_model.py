@@ -16,7 +16,7 @@ from ipl_jax.data.tokenizer import SPECIAL_TOKENS
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.random_weights import hf_tensor_shapes, write_random_weights
-from ipl_jax.pipeline.plan_shapes import ARCHITECTURES
+from ipl_jax.planning.shapes import ARCHITECTURES
 
 DEFAULT_BPE_SIZE = 8192  # the most BPE pieces learnt from the corpus (the rest of the vocabulary is filler)
 DTYPES = ("bfloat16", "float32", "float16")

@@ -16,7 +16,6 @@ from ipl_jax.coat.actions import format_action, format_grounding
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
-from ipl_jax.data.tiny import build_config_dict
 from ipl_jax.data.tiny_tokenizer import scaffold_texts, train_tokenizer, write_tokenizer
 from ipl_jax.data.tokenizer import load_tokenizer
 from ipl_jax.model.config import Qwen2VLConfig, checkpoint_dtype
@@ -26,6 +25,7 @@ from ipl_jax.model.sharding import make_mesh, param_shardings
 from ipl_jax.model.weights import load_params, save_params
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.planning.shapes import model_config_dict
 from ipl_jax.settings import MeshSettings, ModelSettings, Settings
 from ipl_jax.training.state import cast_floating
 
@@ -78,26 +78,6 @@ def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = (), texts: Sequence[
     for qa in qas:
         lines.extend([qa.question, qa.answer])
     return [line for line in lines if line and line.strip()]
-
-
-def model_config_dict(m: ModelSettings, special_ids: dict) -> dict:
-    """The Hugging Face config of a fresh model of the configured size (transformers-5 nested layout)."""
-    overrides = {
-        "text_config": {
-            "hidden_size": m.hidden_size,
-            "intermediate_size": m.intermediate_size,
-            "num_hidden_layers": m.num_hidden_layers,
-            "num_attention_heads": m.num_attention_heads,
-            "num_key_value_heads": m.num_key_value_heads,
-        },
-        "vision_config": {
-            "depth": m.vision_depth,
-            "embed_dim": m.vision_embed_dim,
-            "num_heads": m.vision_num_heads,
-        },
-        "tie_word_embeddings": m.tie_word_embeddings,
-    }
-    return build_config_dict(overrides, m.vocab_size, special_ids)
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:

@@ -10,9 +10,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from ipl_jax.data.records import Step
+from ipl_jax.data.records import Step, sample_steps
 from ipl_jax.eval.evaluate import evaluate_policy
-from ipl_jax.eval.seed_selection import sample_steps
 from ipl_jax.eval.trees import LeafTally, iter_tree_batches, round_scores, row_tallies, sampled_trees, score_batch
 from ipl_jax.pipeline.model_stage import Policy, inference_policy
 from ipl_jax.pipeline.round_eval import eval_config

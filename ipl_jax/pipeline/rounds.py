@@ -19,10 +19,8 @@ import numpy as np
 from ipl_jax import distributed
 from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.dialogue import annotated_steps
-from ipl_jax.data.records import Episode, Step
-from ipl_jax.eval.seed_selection import sample_steps
+from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
-from ipl_jax.pipeline.configs import round_budget
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
 from ipl_jax.pipeline.model_stage import (
     Policy,
@@ -33,7 +31,7 @@ from ipl_jax.pipeline.model_stage import (
     write_policy_dir,
 )
 from ipl_jax.pipeline.paths import UsageError
-from ipl_jax.pipeline.rl_round import run_rl_round
+from ipl_jax.pipeline.rl_round import round_budget, run_rl_round
 from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
 from ipl_jax.pipeline.round_eval import dev_accuracy
 from ipl_jax.pipeline.seeds import round_seed
@@ -226,7 +224,7 @@ def run_round(
     state, record = ipl_round(state, rcfg, stages, round_index, rng, mesh=policy.mesh)
     params = model_params(state.params, state.frozen)
     del state
-    # sampled completions (tree leaves) of the round: the budget the RL methods are given (pipeline/configs.py)
+    # sampled completions (tree leaves) of the round: the budget the RL methods are given (rl_round.round_budget)
     record["samples"] = len(steps) * num_leaves(settings.sampler.branching)
     record["budget"] = round_budget(ipl, settings.sampler.branching, len(train_steps))
     t0 = time.perf_counter()

@@ -14,11 +14,11 @@ import jax
 
 from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
-from ipl_jax.eval.seed_selection import choose, format_scores, sample_steps, score_candidates
+from ipl_jax.data.records import sample_steps
+from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline import bucket_fit, data_stage, export_stage, model_stage, report, rounds, sft_stage
-from ipl_jax.pipeline.configs import seed_scoring
 from ipl_jax.pipeline.paths import UsageError
-from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits, limit_episodes
+from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits, limit_episodes, seed_scoring
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 from ipl_jax.settings import Settings

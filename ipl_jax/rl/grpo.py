@@ -15,8 +15,7 @@ from flax import struct
 from ipl_jax.coat.rewards import encode_actions, reshape_leading
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.preference import losses
-from ipl_jax.rl import common
+from ipl_jax.rl import common, losses
 from ipl_jax.rl import rewards as rewards_lib
 from ipl_jax.rl import sampling as rl_sampling
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps

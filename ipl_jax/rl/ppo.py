@@ -14,9 +14,8 @@ from flax import struct
 
 from ipl_jax.coat.actions import needs_grounding
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.preference import losses
 from ipl_jax.rl import advantages as adv_lib
-from ipl_jax.rl import common
+from ipl_jax.rl import common, losses
 from ipl_jax.rl import critic as critic_lib
 from ipl_jax.rl.rollout import RolloutConfig, Trajectory, replicate, rollout, rollout_summary
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps

@@ -17,7 +17,7 @@ from flax import struct
 from ipl_jax.coat.actions import Action, invalid_action, needs_grounding, parse_action, parse_action_text
 from ipl_jax.coat.metrics import MatchRules, get_rules
 from ipl_jax.coat.rewards import CLICK_ID, LONG_PRESS_ID, GoldenActions, PredictedActions, encode_golden, exact_match
-from ipl_jax.preference import losses
+from ipl_jax.rl import losses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ class IPLSettings(Section):
     """> 0: sample this share of the training steps each round instead."""
     method: str = "tdpo"
     """tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) |
-    sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/configs.py)."""
+    sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/rl_round.py)."""
     learning_rate: float = 5e-6
     """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the seed's grounding turn)."""
     later_learning_rate: float = 0.0

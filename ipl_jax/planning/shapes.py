@@ -1,5 +1,6 @@
-"""The plan's inputs: the published Qwen2-VL architectures, the job's batch shapes (``JobShapes.of``: the
-largest buckets of each program), the mesh, and abstract batches of the SFT step, T-DPO step and sampler.
+"""The plan's inputs: the published Qwen2-VL architectures and the job's fresh model, the job's batch shapes
+(``JobShapes.of``: the largest buckets of each program), the mesh, and abstract batches of the SFT step, T-DPO step
+and sampler.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import types
 import jax
 import jax.numpy as jnp
 
+from ipl_jax.data.tiny import build_config_dict
 from ipl_jax.data.tokenizer import ENDOFTEXT, IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.sharding import AXES
 from ipl_jax.model.vision import VisionInputs
-from ipl_jax.pipeline.model_stage import model_config_dict
 from ipl_jax.preference.packed_batch import PackedBatch
 from ipl_jax.sampling.config import SamplerConfig
 from ipl_jax.settings import ModelSettings, Settings
@@ -116,10 +117,31 @@ def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") ->
     for pattern, name in _CONFIG_ARCH:
         if re.match(pattern, stem):
             return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
-    # the job's fresh model (model_stage), its special tokens at the top of the vocabulary (the plan has no tokenizer)
+    # the job's fresh model (``model_config_dict``, as model_stage builds it), its special tokens at the top of the
+    # vocabulary (the plan has no tokenizer)
     v = m.vocab_size
     ids = {ENDOFTEXT: v - 7, VISION_START: v - 6, VISION_END: v - 5, IMAGE_PAD: v - 4, VIDEO_PAD: v - 3, IM_END: v - 1}
     return "config.model", Qwen2VLConfig.from_hf_dict(model_config_dict(m, ids))
+
+
+def model_config_dict(m: ModelSettings, special_ids: dict) -> dict:
+    """The Hugging Face config of a fresh model of the configured size (transformers-5 nested layout)."""
+    overrides = {
+        "text_config": {
+            "hidden_size": m.hidden_size,
+            "intermediate_size": m.intermediate_size,
+            "num_hidden_layers": m.num_hidden_layers,
+            "num_attention_heads": m.num_attention_heads,
+            "num_key_value_heads": m.num_key_value_heads,
+        },
+        "vision_config": {
+            "depth": m.vision_depth,
+            "embed_dim": m.vision_embed_dim,
+            "num_heads": m.vision_num_heads,
+        },
+        "tie_word_embeddings": m.tie_word_embeddings,
+    }
+    return build_config_dict(overrides, m.vocab_size, special_ids)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """A memory and FLOP plan of the job's programs (SFT step, T-DPO step, sampler prefill and decode), compiled ahead
 of time on sharded abstract inputs. Per device: ``total = arguments + outputs + temporaries - aliased``; FLOPs
-from the HLO (``training.hlo_cost``).
+from the HLO (``hlo_cost``). The planner sits below the job: it builds the steps' configs from the settings, as the
+job does, in the plan's precision.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import AXES, batch_spec, cache_shardings, inputs_shardings, param_shardings
-from ipl_jax.pipeline.plan_shapes import (
+from ipl_jax.planning.hlo_cost import hlo_flops
+from ipl_jax.planning.shapes import (
     _KEY,
     _S,
     GB,
@@ -33,12 +35,10 @@ from ipl_jax.pipeline.plan_shapes import (
     sft_batch,
     tdpo_batch,
 )
-from ipl_jax.pipeline.sft_stage import BatchShape, sft_step_config
 from ipl_jax.preference import tdpo as tdpo_lib
 from ipl_jax.sampling.decoding import prefill_context, sample_turn
 from ipl_jax.settings import ModelSettings, Settings
 from ipl_jax.training import sft as sft_lib
-from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.optimizer import make_optimizer
 from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shardings
@@ -192,9 +192,10 @@ def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options
     accum = s.sft_batch // s.sft_micro
     state_sh = state_shardings(state, optimizer, mesh)
     batch_sh = sft_lib.sft_batch_shardings(batch, mesh, grad_accum=accum > 1)
-    step_config = dataclasses.replace(  # the job's step (``sft_stage.sft_step_config``) in the plan's precision
-        sft_step_config(cfg, settings, optimizer_settings, BatchShape(s.sft_batch, s.sft_micro)),
+    step_config = sft_lib.SFTStepConfig(  # the job's step (``sft_stage.sft_step_config``) in the plan's precision
         model=mcfg,
+        optimizer=optimizer_settings,
+        grad_accum_steps=accum,
         remat=options.remat,
         compute_dtype=_compute(options),
     )
@@ -345,10 +346,14 @@ def job_settings(
 
 
 def plan_job(
-    settings: Settings, cfg: Qwen2VLConfig, mesh, options: PlanSettings = PlanSettings(), on_program=None
+    settings: Settings,
+    cfg: Qwen2VLConfig,
+    mesh,
+    options: PlanSettings = PlanSettings(),
+    on_program=None,
 ) -> list[ProgramPlan]:
-    """Plans of ``options.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after
-    each compile."""
+    """Plans of ``options.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after each
+    compile."""
     shapes = validate(settings, options, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
     out = []
     for name in options.programs:
