@@ -144,8 +144,22 @@ def parse_episode(
         raise
 
 
-def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subsplits, high_level, keep_elements):
-    where = (file, f"{index} (episode {episode_id})")
+@dataclasses.dataclass(frozen=True)
+class _EpisodeFeatures:
+    """One episode's raw features, checked against each other: n screenshots, n - 1 actions."""
+
+    goal: str
+    shots: list
+    widths: list
+    heights: list
+    actions: list
+    step_texts: list | None
+    trees: list | None
+
+
+def _episode_features(ex, where) -> _EpisodeFeatures:
+    """Read and check an episode's features: one goal, at least 2 screenshots with positive sizes, and per-step
+    lists whose lengths match the screenshots (a malformed one is a one-line ``DataError``)."""
     goal = _feature(ex, "goal", "bytes_list", where)
     if len(goal) != 1:
         raise DataError(*where, "goal", f"expected one string, got {len(goal)}")
@@ -170,16 +184,48 @@ def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subspli
             raise DataError(*where, key, f"{len(values)} entries for {n} screenshots (expected {want})")
     if any(v <= 0 for v in list(widths) + list(heights)):
         raise DataError(*where, "screenshot_widths", "non-positive screenshot size")
+    return _EpisodeFeatures(goal, shots, widths, heights, actions, step_texts, trees)
 
+
+def _step(f: _EpisodeFeatures, i: int, action: Action, meta: dict, cache_dir, where, high_level, keep_elements):
+    """Step ``i`` of the episode: its click target from the accessibility tree (an unreadable tree is noted in
+    ``meta``, the step kept) and its screenshot written to the cache."""
+    w, h = int(f.widths[i]), int(f.heights[i])
+    elements = ()
+    if f.trees is not None and (keep_elements or action.type in ("click", "long_press")):
+        try:
+            elements = a11y_elements(f.trees[i], w, h)
+        except DecodeError as e:  # the tree is an aid, not the label: keep the step
+            meta["a11y_error"] = str(e)
+    if action.type in ("click", "long_press"):
+        box, text = click_target(elements, action.point)
+        action = dataclasses.replace(action, box=box, target=text)
+    image = _cache_screenshot(f.shots[i], cache_dir, meta["episode_id"], i, where)
+    return Step(
+        episode_id=meta["episode_id"],
+        step_id=i,
+        instruction=f.goal,
+        image=str(image),
+        screen_size=(w, h),
+        action=action,
+        elements=elements if keep_elements else (),
+        step_instruction=None if high_level else meta["step_instruction"],
+        meta=meta,
+    )
+
+
+def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subsplits, high_level, keep_elements):
+    where = (file, f"{index} (episode {episode_id})")
+    f = _episode_features(ex, where)
+    n = len(f.shots)
     subsplit_names = tuple(sorted(s for s, members in subsplits.items() if episode_id in members))
     # Validate every action before writing anything to the cache.
     parsed_actions = [
-        _action(actions[i], int(widths[i]), int(heights[i]), (file, f"{index} (episode {episode_id}, step {i})"))
+        _action(f.actions[i], int(f.widths[i]), int(f.heights[i]), (file, f"{index} (episode {episode_id}, step {i})"))
         for i in range(n - 1)
     ]
     steps = []
     for i, action in enumerate(parsed_actions):
-        w, h = int(widths[i]), int(heights[i])
         meta = {
             "dataset": "android_control",
             "episode_id": episode_id,
@@ -188,34 +234,12 @@ def _episode_from_example(ex, episode_id, file, index, cache_dir, split, subspli
             "subsplits": subsplit_names,
             "file": str(file),
             "record": index,
-            "step_instruction": _text(step_texts[i]) if step_texts is not None else None,
+            "step_instruction": _text(f.step_texts[i]) if f.step_texts is not None else None,
         }
-        elements = ()
-        if trees is not None and (keep_elements or action.type in ("click", "long_press")):
-            try:
-                elements = a11y_elements(trees[i], w, h)
-            except DecodeError as e:  # the tree is an aid, not the label: keep the step
-                meta["a11y_error"] = str(e)
-        if action.type in ("click", "long_press"):
-            box, text = click_target(elements, action.point)
-            action = dataclasses.replace(action, box=box, target=text)
-        image = _cache_screenshot(shots[i], cache_dir, episode_id, i, (file, f"{index} (episode {episode_id})"))
-        steps.append(
-            Step(
-                episode_id=episode_id,
-                step_id=i,
-                instruction=goal,
-                image=str(image),
-                screen_size=(w, h),
-                action=action,
-                elements=elements if keep_elements else (),
-                step_instruction=None if high_level else meta["step_instruction"],
-                meta=meta,
-            )
-        )
+        steps.append(_step(f, i, action, meta, cache_dir, where, high_level, keep_elements))
     return Episode(
         episode_id=episode_id,
-        instruction=goal,
+        instruction=f.goal,
         steps=with_history(steps),
         meta={
             "dataset": "android_control",

@@ -170,70 +170,8 @@ class Qwen2VLConfig:
         vis = d.get("vision_config")
         if vis is None:
             raise ValueError("config has no 'vision_config'; not a Qwen2-VL config")
-
-        rope = txt.get("rope_parameters") or txt.get("rope_scaling") or d.get("rope_scaling") or {}
-        mrope = tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24)))
-        rope_theta = rope.get("rope_theta", txt.get("rope_theta", d.get("rope_theta", 1000000.0)))
-        eos = txt.get("eos_token_id", d.get("eos_token_id", 151645))
-        eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
-        hidden = int(txt.get("hidden_size", 8192))
-        heads = int(txt.get("num_attention_heads", 64))
-        text = TextConfig(
-            vocab_size=int(txt.get("vocab_size", 152064)),
-            hidden_size=hidden,
-            intermediate_size=int(txt.get("intermediate_size", 29568)),
-            num_hidden_layers=int(txt.get("num_hidden_layers", 80)),
-            num_attention_heads=heads,
-            num_key_value_heads=int(txt.get("num_key_value_heads") or heads),
-            rms_norm_eps=float(txt.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(rope_theta),
-            mrope_section=mrope,  # type: ignore[arg-type]
-            max_position_embeddings=int(txt.get("max_position_embeddings", 32768)),
-            hidden_act=str(txt.get("hidden_act", "silu")),
-            bos_token_id=txt.get("bos_token_id", d.get("bos_token_id")),
-            eos_token_id=eos,
-            pad_token_id=txt.get("pad_token_id", d.get("pad_token_id")),
-        )
-        if text.hidden_act != "silu":
-            raise ValueError(f"unsupported text hidden_act {text.hidden_act!r} (only silu)")
-        if txt.get("use_sliding_window"):
-            raise ValueError("use_sliding_window=true is not supported (HF honours it only with flash attention)")
-
-        vrope = vis.get("rope_parameters") or {}
-        patch = vis.get("patch_size", 14)
-        tpatch = vis.get("temporal_patch_size", 2)
-        if isinstance(patch, (list, tuple)) or isinstance(tpatch, (list, tuple)):
-            raise ValueError(f"non-scalar patch sizes are not supported: {patch!r}, {tpatch!r}")
-        model_type = _model_type(d, vis)
-        common = dict(
-            depth=int(vis.get("depth", 32)),
-            num_heads=int(vis.get("num_heads", 16)),
-            in_channels=int(vis.get("in_channels", 3)),  # HF ignores the old 'in_chans' key too
-            patch_size=int(patch),
-            spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
-            temporal_patch_size=int(tpatch),
-            rope_theta=float(vrope.get("rope_theta", 10000.0)),
-        )
-        if model_type == "qwen2_5_vl":  # HF: hidden_size = ViT width, out_hidden_size = merger output
-            vision = VisionConfig(
-                embed_dim=int(vis.get("hidden_size", 3584)),
-                hidden_size=int(vis.get("out_hidden_size", 3584)),
-                intermediate_size=int(vis.get("intermediate_size", 3420)),
-                hidden_act=str(vis.get("hidden_act", "silu")),
-                window_size=int(vis.get("window_size", 112)),
-                fullatt_block_indexes=tuple(int(i) for i in vis.get("fullatt_block_indexes", (7, 15, 23, 31))),
-                tokens_per_second=int(vis.get("tokens_per_second", 4)),
-                **common,
-            )
-        else:
-            vision = VisionConfig(
-                embed_dim=int(vis.get("embed_dim", 1280)),
-                hidden_size=int(vis.get("hidden_size", hidden)),
-                mlp_ratio=int(vis.get("mlp_ratio", 4)),
-                hidden_act=str(vis.get("hidden_act", "quick_gelu")),
-                **common,
-            )
-
+        text = _text_from_hf(d, txt)
+        vision, model_type = _vision_from_hf(d, vis, text.hidden_size)
         tie = d.get("tie_word_embeddings")
         if not tie:
             tie = bool(txt.get("tie_word_embeddings", False)) or bool(tie)
@@ -372,3 +310,77 @@ def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
     ):
         return "qwen2_5_vl"
     return "qwen2_vl"
+
+
+def _text_from_hf(d: dict[str, Any], txt: dict[str, Any]) -> TextConfig:
+    """The language model's settings from a ``config.json`` dict ``d`` and its text part ``txt`` (``d`` itself in
+    the flat layout; rope, eos, bos and pad may sit at either level). Rejects what the decoder does not run."""
+    rope = txt.get("rope_parameters") or txt.get("rope_scaling") or d.get("rope_scaling") or {}
+    mrope = tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24)))
+    rope_theta = rope.get("rope_theta", txt.get("rope_theta", d.get("rope_theta", 1000000.0)))
+    eos = txt.get("eos_token_id", d.get("eos_token_id", 151645))
+    eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
+    hidden = int(txt.get("hidden_size", 8192))
+    heads = int(txt.get("num_attention_heads", 64))
+    text = TextConfig(
+        vocab_size=int(txt.get("vocab_size", 152064)),
+        hidden_size=hidden,
+        intermediate_size=int(txt.get("intermediate_size", 29568)),
+        num_hidden_layers=int(txt.get("num_hidden_layers", 80)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(txt.get("num_key_value_heads") or heads),
+        rms_norm_eps=float(txt.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(rope_theta),
+        mrope_section=mrope,  # type: ignore[arg-type]
+        max_position_embeddings=int(txt.get("max_position_embeddings", 32768)),
+        hidden_act=str(txt.get("hidden_act", "silu")),
+        bos_token_id=txt.get("bos_token_id", d.get("bos_token_id")),
+        eos_token_id=eos,
+        pad_token_id=txt.get("pad_token_id", d.get("pad_token_id")),
+    )
+    if text.hidden_act != "silu":
+        raise ValueError(f"unsupported text hidden_act {text.hidden_act!r} (only silu)")
+    if txt.get("use_sliding_window"):
+        raise ValueError("use_sliding_window=true is not supported (HF honours it only with flash attention)")
+    return text
+
+
+def _vision_from_hf(d: dict[str, Any], vis: dict[str, Any], text_hidden: int) -> tuple[VisionConfig, str]:
+    """The vision tower's settings from the ``vision_config`` dict ``vis`` and the model type (see ``_model_type``).
+    Qwen2.5-VL names its ViT width hidden_size and the merger's output out_hidden_size; Qwen2-VL's merger output
+    (hidden_size) defaults to the text width ``text_hidden``. Returns (VisionConfig, model_type)."""
+    vrope = vis.get("rope_parameters") or {}
+    patch = vis.get("patch_size", 14)
+    tpatch = vis.get("temporal_patch_size", 2)
+    if isinstance(patch, (list, tuple)) or isinstance(tpatch, (list, tuple)):
+        raise ValueError(f"non-scalar patch sizes are not supported: {patch!r}, {tpatch!r}")
+    model_type = _model_type(d, vis)
+    common = dict(
+        depth=int(vis.get("depth", 32)),
+        num_heads=int(vis.get("num_heads", 16)),
+        in_channels=int(vis.get("in_channels", 3)),  # HF ignores the old 'in_chans' key too
+        patch_size=int(patch),
+        spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
+        temporal_patch_size=int(tpatch),
+        rope_theta=float(vrope.get("rope_theta", 10000.0)),
+    )
+    if model_type == "qwen2_5_vl":  # HF: hidden_size = ViT width, out_hidden_size = merger output
+        vision = VisionConfig(
+            embed_dim=int(vis.get("hidden_size", 3584)),
+            hidden_size=int(vis.get("out_hidden_size", 3584)),
+            intermediate_size=int(vis.get("intermediate_size", 3420)),
+            hidden_act=str(vis.get("hidden_act", "silu")),
+            window_size=int(vis.get("window_size", 112)),
+            fullatt_block_indexes=tuple(int(i) for i in vis.get("fullatt_block_indexes", (7, 15, 23, 31))),
+            tokens_per_second=int(vis.get("tokens_per_second", 4)),
+            **common,
+        )
+    else:
+        vision = VisionConfig(
+            embed_dim=int(vis.get("embed_dim", 1280)),
+            hidden_size=int(vis.get("hidden_size", text_hidden)),
+            mlp_ratio=int(vis.get("mlp_ratio", 4)),
+            hidden_act=str(vis.get("hidden_act", "quick_gelu")),
+            **common,
+        )
+    return vision, model_type

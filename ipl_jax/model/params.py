@@ -35,11 +35,15 @@ class ParamEntry:
 
 
 def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
-    """Every leaf of the parameter tree for ``cfg``."""
-    v, t = cfg.vision, cfg.text
+    """Every leaf of the parameter tree for ``cfg``: the vision tower's, then the language model's."""
+    return _vision_layout(cfg) + _text_layout(cfg)
+
+
+def _vision_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
+    """The vision tower's leaves: patch embedding, the stacked blocks (layer axis first), the patch merger.
+    Qwen2.5-VL has RMSNorms (scale only) and a SwiGLU MLP; Qwen2-VL LayerNorms and a two-layer MLP."""
+    v = cfg.vision
     e, lv, m = v.embed_dim, v.depth, v.mlp_dim
-    h, lt, i_dim = t.hidden_size, t.num_hidden_layers, t.intermediate_size
-    dq, dkv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
     me = v.merge_factor * e
     out: list[ParamEntry] = [
         ParamEntry(
@@ -82,10 +86,18 @@ def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
             ),
             ParamEntry(("visual", "merger", f"mlp_{idx}", "bias"), (dout,), "zeros", f"visual.merger.mlp.{idx}.bias"),
         ]
+    return out
 
-    out.append(
+
+def _text_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
+    """The language model's leaves: token embedding, the stacked decoder layers (layer axis first; q/k/v with
+    biases, o_proj and the SwiGLU MLP without), the final norm, and the LM head unless tied to the embedding."""
+    t = cfg.text
+    h, lt, i_dim = t.hidden_size, t.num_hidden_layers, t.intermediate_size
+    dq, dkv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    out: list[ParamEntry] = [
         ParamEntry(("model", "embed_tokens", "embedding"), (t.vocab_size, h), "normal", "model.embed_tokens.weight")
-    )
+    ]
     tl = "model.layers.{i}."
     for n in ("input_layernorm", "post_attention_layernorm"):
         out.append(ParamEntry(("model", "layers", n, "scale"), (lt, h), "ones", tl + n + ".weight"))

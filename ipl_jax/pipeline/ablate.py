@@ -132,6 +132,73 @@ def _mean_total(metrics: dict, splits: Sequence[str]) -> float:
     return float(sum(float(metrics[s]["total"]["exact_acc"] or 0.0) for s in splits) / len(splits))
 
 
+def _seed_row(base: Workdir, splits: Sequence[str]) -> dict:
+    """The table's first row: the shared seed policy as evaluated by the base job (no pairs, no samples)."""
+    base_eval = base.summary("eval_seed")
+    return {
+        "variant": "seed",
+        "label": LABELS["seed"],
+        "metrics": base_eval["metrics"],
+        "pairs": 0,
+        "blank": base_eval.get("blank"),
+        "trees": base.summary("seed")["trees"],
+        "seconds": 0.0,
+        "mean_total": _mean_total(base_eval["metrics"], splits),
+        "online": base_eval.get("online"),
+        "online_splits": base_eval.get("online_splits"),
+        "samples": 0,
+    }
+
+
+def _run_variant(vc: Settings, name: str, base: Workdir, root: Path, splits: Sequence[str], echo) -> tuple:
+    """Run one variant's rounds in ``root/variants/<name>`` from the shared seed (no_evolution: from the shared data
+    only). Returns (its row without gains, its episode counts per round and test split)."""
+    wd = Workdir(root / "variants" / name, echo=echo)
+    if name == "no_evolution":
+        _share(base, wd, ("data",), ("data",))
+    else:
+        _share(base, wd, SHARED_DIRS, SHARED_STAGES)
+    run_job(vc, wd.root, stop_after="rounds", echo=echo)
+    last = max((int(p.name.split("_")[1].split(".")[0]) for p in wd.path("stages").glob("round_*.done")), default=0)
+    summaries = [wd.summary(f"round_{r}") for r in range(1, last + 1)]
+    final = summaries[-1]
+    row = {
+        "variant": name,
+        "label": LABELS.get(name, name),
+        "metrics": final["metrics"],
+        "rounds": last,
+        "blank": final.get("blank"),
+        "pairs": sum(s["record"]["pairs"] for s in summaries),
+        "pairs_by_turn": summaries[0]["record"].get("pairs_by_turn"),
+        "pair_counts": summaries[0]["record"].get("pair_counts"),
+        "updates": sum(int(s["record"]["train"].get("steps", 0)) for s in summaries),
+        "trees": summaries[0]["record"]["classes"],
+        "seconds": round(sum(s["seconds"] for s in summaries), 1),
+        "mean_total": _mean_total(final["metrics"], splits),
+        "method": vc.ipl.method,
+        "online": final.get("online"),
+        "online_splits": final.get("online_splits"),
+        "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
+        "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
+        "diagnostics": [s["record"].get("diagnostics") for s in summaries],
+    }
+    counts = [_episode_counts(wd.root, f"round_{r}", splits) for r in range(1, last + 1)]
+    if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
+        row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
+    return row, counts
+
+
+def _add_tdpo_minus(rows: list[dict], counts: dict[str, list], seed: int) -> None:
+    """T-DPO minus each other variant, paired on the same test episodes, round by round (in place, when T-DPO ran)."""
+    if "tdpo" not in counts:
+        return
+    for row in rows[1:]:
+        other = counts.get(row.get("same_as", row["variant"]))
+        if row["variant"] != "tdpo" and other:
+            pairs = zip(other, counts["tdpo"])
+            row["tdpo_minus"] = [paired_gain_interval(o, t, seed=seed) for o, t in pairs]
+
+
 def run_ablation(
     settings: Settings,
     workdir: str | Path,
@@ -145,23 +212,8 @@ def run_ablation(
     root = Path(workdir)
     echo("== base job (shared seed) ==")
     base = run_job(settings, root / "base", stop_after="eval_seed", echo=echo)
-    base_eval = base.summary("eval_seed")
     seed_counts = _episode_counts(base.root, "round_0", splits)
-    rows = [
-        {
-            "variant": "seed",
-            "label": LABELS["seed"],
-            "metrics": base_eval["metrics"],
-            "pairs": 0,
-            "blank": base_eval.get("blank"),
-            "trees": base.summary("seed")["trees"],
-            "seconds": 0.0,
-            "mean_total": _mean_total(base_eval["metrics"], splits),
-            "online": base_eval.get("online"),
-            "online_splits": base_eval.get("online_splits"),
-            "samples": 0,
-        }
-    ]
+    rows = [_seed_row(base, splits)]
     done: dict[str, dict] = {}
     counts: dict[str, list] = {}  # variant -> per round, per test split: {episode: (exact, steps)}
     for name in variants:
@@ -174,48 +226,12 @@ def run_ablation(
             )
             continue
         echo(f"== variant {name} ==")
-        wd = Workdir(root / "variants" / name, echo=echo)
-        if name == "no_evolution":
-            _share(base, wd, ("data",), ("data",))
-        else:
-            _share(base, wd, SHARED_DIRS, SHARED_STAGES)
-        run_job(vc, wd.root, stop_after="rounds", echo=echo)
-        last = max((int(p.name.split("_")[1].split(".")[0]) for p in wd.path("stages").glob("round_*.done")), default=0)
-        summaries = [wd.summary(f"round_{r}") for r in range(1, last + 1)]
-        final = summaries[-1]
-        row = {
-            "variant": name,
-            "label": LABELS.get(name, name),
-            "metrics": final["metrics"],
-            "rounds": last,
-            "blank": final.get("blank"),
-            "pairs": sum(s["record"]["pairs"] for s in summaries),
-            "pairs_by_turn": summaries[0]["record"].get("pairs_by_turn"),
-            "pair_counts": summaries[0]["record"].get("pair_counts"),
-            "updates": sum(int(s["record"]["train"].get("steps", 0)) for s in summaries),
-            "trees": summaries[0]["record"]["classes"],
-            "seconds": round(sum(s["seconds"] for s in summaries), 1),
-            "mean_total": _mean_total(final["metrics"], splits),
-            "method": vc.ipl.method,
-            "online": final.get("online"),
-            "online_splits": final.get("online_splits"),
-            "samples": sum(int(s["record"].get("samples", 0)) for s in summaries),
-            "budget": sum(int(s["record"].get("budget", 0)) for s in summaries),
-            "diagnostics": [s["record"].get("diagnostics") for s in summaries],
-        }
-        counts[name] = [_episode_counts(wd.root, f"round_{r}", splits) for r in range(1, last + 1)]
-        if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
-            row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
+        row, counts[name] = _run_variant(vc, name, base, root, splits, echo)
         row["round_gains"] = [paired_gain_interval(seed_counts, c, seed=settings.seed) for c in counts[name]]
         row["gain"] = row["round_gains"][-1]
         rows.append(row)
         done[key] = row
-    if "tdpo" in counts:  # T-DPO minus each other variant, paired on the same test episodes, round by round
-        for row in rows[1:]:
-            other = counts.get(row.get("same_as", row["variant"]))
-            if row["variant"] != "tdpo" and other:
-                pairs = zip(other, counts["tdpo"])
-                row["tdpo_minus"] = [paired_gain_interval(o, t, seed=settings.seed) for o, t in pairs]
+    _add_tdpo_minus(rows, counts, settings.seed)
     result = {
         "splits": list(settings.data.test_splits),
         "rounds": settings.ablation.rounds,

@@ -47,20 +47,8 @@ def _pad_last(x, width, fill):
     return jnp.concatenate([x, jnp.full(x.shape[:-1] + (extra,), fill, x.dtype)], axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("pad_id",))
-def gather_pair_tokens(
-    tree: tree_lib.CoaTTree,
-    pairs: PairBatch,
-    golden_action_ids: jax.Array,
-    golden_grounding_ids: jax.Array,
-    golden_action_lengths: jax.Array,
-    golden_grounding_lengths: jax.Array,
-    pad_id: int = 0,
-) -> PairTokens:
-    """Continuation and prefix token ids of every pair (invalid pairs: padding). Golden ids: action int32[B, Tg3],
-    grounding int32[B, Tg4], with lengths int32[B].
-    """
-    B = tree.batch_size
+def _check_goldens(B: int, golden_action_ids, golden_grounding_ids, golden_action_lengths, golden_grounding_lengths):
+    """One-line error unless the golden ids are [B, T] and their lengths [B]."""
     for name, x, ndim in (
         ("golden_action_ids", golden_action_ids, 2),
         ("golden_grounding_ids", golden_grounding_ids, 2),
@@ -69,10 +57,16 @@ def gather_pair_tokens(
     ):
         if x.ndim != ndim or x.shape[0] != B:
             raise ValueError(f"gather_pair_tokens: {name} has shape {tuple(x.shape)}, expected [{B}, ...] ({ndim}-d)")
-    branching = tree.branching
-    width = max(tree.turn_lengths + (golden_action_ids.shape[1], golden_grounding_ids.shape[1]))
-    row, turn, valid = pairs.batch_row, pairs.turn, pairs.valid
 
+
+def _continuations(tree, pairs: PairBatch, goldens, width: int, pad_id: int):
+    """Each pair's positive and negative continuation at its turn: sampled nodes from the tree, golden positives
+    from ``goldens`` = ((action ids [B, Tg3], lengths [B]), (grounding ids [B, Tg4], lengths [B])).
+
+    Returns (positive, negative), each (tokens int32[P, width], logps f32[P, width], lengths int32[P]); pairs at
+    no turn (invalid) keep pad_id / 0.
+    """
+    row, turn, valid = pairs.batch_row, pairs.turn, pairs.valid
     pos_tok = jnp.full((pairs.capacity, width), pad_id, jnp.int32)
     neg_tok = pos_tok
     pos_lp = jnp.zeros((pairs.capacity, width), jnp.float32)
@@ -94,22 +88,26 @@ def gather_pair_tokens(
         neg_tok = jnp.where(here[:, None], toks[row, n_node], neg_tok)
         neg_lp = jnp.where(here[:, None], lps[row, n_node], neg_lp)
         neg_len = jnp.where(here, lens[row, n_node], neg_len)
-    for level, ids, lens in (
-        (tree_lib.ACTION_TURN, golden_action_ids, golden_action_lengths),
-        (tree_lib.GROUNDING_TURN, golden_grounding_ids, golden_grounding_lengths),
-    ):
+    for level, (ids, lens) in zip((tree_lib.ACTION_TURN, tree_lib.GROUNDING_TURN), goldens):
         here = valid & pairs.positive_golden & (turn == level)
         padded = _pad_last(ids.astype(jnp.int32), width, pad_id)
         pos_tok = jnp.where(here[:, None], padded[row], pos_tok)
         pos_len = jnp.where(here, lens.astype(jnp.int32)[row], pos_len)
+    return (pos_tok, pos_lp, pos_len), (neg_tok, neg_lp, neg_len)
 
-    # prefix path: ancestor at level l of the level-(t-1) prefix node, for l < t
+
+def _prefixes(tree, pairs: PairBatch, pad_id: int):
+    """Each pair's prefix turns: the ancestor at level l < t of its level-(t-1) prefix node.
+
+    Returns (path int32[P, 3] with -1 past the prefix, tokens 3 x int32[P, T_l], lengths int32[P, 3]).
+    """
+    row, turn, valid = pairs.batch_row, pairs.turn, pairs.valid
     depth = tree_lib.NUM_TURNS
     divisor = np.ones((depth + 1, depth - 1), np.int32)  # [turn, level-1]
     for t in range(1, depth + 1):
         for lvl in range(1, depth):
             if lvl < t:
-                divisor[t, lvl - 1] = int(np.prod(branching[lvl : t - 1]))
+                divisor[t, lvl - 1] = int(np.prod(tree.branching[lvl : t - 1]))
     div = jnp.asarray(divisor)[turn]  # [P, 3]
     levels = jnp.arange(1, depth, dtype=jnp.int32)
     in_prefix = valid[:, None] & (levels[None, :] < turn[:, None])
@@ -122,14 +120,38 @@ def gather_pair_tokens(
         use = in_prefix[:, lvl - 1]
         prefix_tokens.append(jnp.where(use[:, None], toks[row, node], pad_id))
         prefix_lengths.append(jnp.where(use, lens[row, node], 0))
+    return path.astype(jnp.int32), tuple(prefix_tokens), jnp.stack(prefix_lengths, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("pad_id",))
+def gather_pair_tokens(
+    tree: tree_lib.CoaTTree,
+    pairs: PairBatch,
+    golden_action_ids: jax.Array,
+    golden_grounding_ids: jax.Array,
+    golden_action_lengths: jax.Array,
+    golden_grounding_lengths: jax.Array,
+    pad_id: int = 0,
+) -> PairTokens:
+    """Continuation and prefix token ids of every pair (invalid pairs: padding). Golden ids: action int32[B, Tg3],
+    grounding int32[B, Tg4], with lengths int32[B].
+    """
+    _check_goldens(
+        tree.batch_size, golden_action_ids, golden_grounding_ids, golden_action_lengths, golden_grounding_lengths
+    )
+    width = max(tree.turn_lengths + (golden_action_ids.shape[1], golden_grounding_ids.shape[1]))
+    goldens = ((golden_action_ids, golden_action_lengths), (golden_grounding_ids, golden_grounding_lengths))
+    (pos_tok, pos_lp, pos_len), (neg_tok, neg_lp, neg_len) = _continuations(tree, pairs, goldens, width, pad_id)
+    path, prefix_tokens, prefix_lengths = _prefixes(tree, pairs, pad_id)
+    valid = pairs.valid
     return PairTokens(
-        batch_row=row,
+        batch_row=pairs.batch_row,
         step_index=pairs.step_index,
-        turn=turn,
+        turn=pairs.turn,
         valid=valid,
-        prefix_path=path.astype(jnp.int32),
-        prefix_tokens=tuple(prefix_tokens),
-        prefix_lengths=jnp.stack(prefix_lengths, axis=1),
+        prefix_path=path,
+        prefix_tokens=prefix_tokens,
+        prefix_lengths=prefix_lengths,
         positive_tokens=jnp.where(valid[:, None], pos_tok, pad_id),
         positive_lengths=jnp.where(valid, pos_len, 0),
         positive_logps=jnp.where(valid[:, None], pos_lp, 0.0),

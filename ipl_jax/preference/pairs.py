@@ -270,67 +270,37 @@ def _pad_candidates(fields, width):
     return {k: jnp.pad(x, ((0, 0), (0, extra))) for k, x in fields.items()}  # padding: mask False
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capacity"))
-def extract_pairs(
-    node_values: Sequence[jax.Array],
-    leaf_types: jax.Array,
-    golden_types: jax.Array,
-    step_valid: jax.Array,
-    *,
-    step_index: jax.Array | None = None,
-    action_text_matches_golden: jax.Array | None = None,
-    thought_allows_gamma: jax.Array | None = None,
-    config: PairConfig = PairConfig(),
-    capacity: int | None = None,
-) -> PairBatch:
-    """β and γ pairs of a batch of scored CoaT-trees, padded to a static ``capacity`` (default: the most possible).
-    Inputs as the module says, plus optional action_text_matches_golden bool[B, b1, b2, b3] and
-    thought_allows_gamma bool[B, b1, b2]. Valid pairs first, by row, turn (β before γ), rank.
+def _candidate_blocks(node_values, leaf_types, golden_types, classes, branching, eligible, config):
+    """The candidate blocks in output order: a list of (turn, tree class, cap, fields [B, N]) — β pairs of every
+    branching turn, then the γ pairs of the action / grounding turn. ``eligible`` = (action_ok, grounding_ok).
     """
-    B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
-    node_values = tuple(jnp.asarray(v, jnp.float32) for v in node_values)
-    leaf_types = jnp.asarray(leaf_types, jnp.int32)
-    golden_types = jnp.asarray(golden_types, jnp.int32)
-    step_valid = jnp.asarray(step_valid, bool)
-    classes = classify_trees(node_values[-1], step_valid, config.one_tolerance)
-    step_index = jnp.arange(B, dtype=jnp.int32) if step_index is None else jnp.asarray(step_index, jnp.int32)
-    action_ok, grounding_ok = _gamma_eligibility(
-        leaf_types,
-        golden_types,
-        branching,
-        action_text_matches_golden,
-        None if thought_allows_gamma is None else jnp.asarray(thought_allows_gamma, bool),
-    )
-
+    action_ok, grounding_ok = eligible
     beta_cap, gamma_cap = config.max_beta_pairs_per_tree_turn, config.max_gamma_pairs_per_tree_turn
-    blocks = []  # (turn, tree class, cap, candidate fields) in output order
+    gamma_turns = {}
+    if config.gamma_action_pairs:
+        gamma_turns[tree_lib.ACTION_TURN] = action_ok
+    if config.gamma_grounding_pairs:
+        gamma_turns[tree_lib.GROUNDING_TURN] = grounding_ok
+    blocks = []
     for t in range(1, tree_lib.NUM_TURNS + 1):
         if t not in config.turns:
             continue
         if branching[t - 1] > 1 and beta_cap > 0:
             blocks.append((t, BETA, beta_cap, _beta_block(node_values, leaf_types, classes, branching, t, config)))
-        if gamma_cap > 0 and t == tree_lib.ACTION_TURN and config.gamma_action_pairs:
-            blocks.append(
-                (t, GAMMA, gamma_cap, _gamma_block(node_values, classes, golden_types, branching, t, action_ok, config))
-            )
-        if gamma_cap > 0 and t == tree_lib.GROUNDING_TURN and config.gamma_grounding_pairs:
-            blocks.append(
-                (
-                    t,
-                    GAMMA,
-                    gamma_cap,
-                    _gamma_block(node_values, classes, golden_types, branching, t, grounding_ok, config),
-                )
-            )
+        if gamma_cap > 0 and t in gamma_turns:
+            fields = _gamma_block(node_values, classes, golden_types, branching, t, gamma_turns[t], config)
+            blocks.append((t, GAMMA, gamma_cap, fields))
     if not blocks:
         raise ValueError("extract_pairs: the config and branching allow no pairs at all")
-    if capacity is None:
-        capacity = B * sum(min(cap, f["mask"].shape[1]) for _, _, cap, f in blocks)
-    capacity = int(capacity)
-    if capacity < 1:
-        raise ValueError(f"extract_pairs: capacity must be >= 1, got {capacity}")
+    return blocks
 
-    # rank every (tree, block) in one batched call: candidates padded to a common width
+
+def _rank_blocks(blocks, B: int):
+    """Rank every (tree, block) in one batched call, candidates padded to a common width.
+
+    Returns the slots in (row, block, rank) order, each flat [B * nb * slot_cap]: the picked candidate fields
+    (dict, ``mask`` left out), turn int32, tree class int32, batch row int32, valid bool.
+    """
     width = max(f["mask"].shape[1] for *_, f in blocks)
     nb = len(blocks)
     padded = [_pad_candidates(f, width) for *_, f in blocks]
@@ -346,9 +316,13 @@ def extract_pairs(
     turn_all = per_block([t for t, *_ in blocks])
     class_all = per_block([c for _, c, *_ in blocks])
     rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None, None], (B, nb, slot_cap)).reshape(-1)
-    valid = taken.reshape(-1)
+    return pick, turn_all, class_all, rows, taken.reshape(-1)
 
-    # compaction: valid slots, in (row, block, rank) order, to the front of a capacity-P buffer
+
+def _compact_pairs(pick, turn_all, class_all, rows, valid, step_index, capacity: int) -> PairBatch:
+    """Move the valid slots (flat, in order) to the front of a capacity-P buffer; the rest count as dropped.
+    step_index: int32[B]. Returns the PairBatch.
+    """
     position = jnp.cumsum(valid.astype(jnp.int32)) - 1
     total = jnp.sum(valid.astype(jnp.int32))
     target = jnp.where(valid & (position < capacity), position, capacity)  # index `capacity` is dropped
@@ -382,3 +356,43 @@ def extract_pairs(
         count_by_class=jnp.stack([jnp.sum(kept & (tree_class == c)) for c in (ALPHA, BETA, GAMMA)]).astype(jnp.int32),
         dropped=(total - count).astype(jnp.int32),
     )
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capacity"))
+def extract_pairs(
+    node_values: Sequence[jax.Array],
+    leaf_types: jax.Array,
+    golden_types: jax.Array,
+    step_valid: jax.Array,
+    *,
+    step_index: jax.Array | None = None,
+    action_text_matches_golden: jax.Array | None = None,
+    thought_allows_gamma: jax.Array | None = None,
+    config: PairConfig = PairConfig(),
+    capacity: int | None = None,
+) -> PairBatch:
+    """β and γ pairs of a batch of scored CoaT-trees, padded to a static ``capacity`` (default: the most possible).
+    Inputs as the module says, plus optional action_text_matches_golden bool[B, b1, b2, b3] and
+    thought_allows_gamma bool[B, b1, b2]. Valid pairs first, by row, turn (β before γ), rank.
+    """
+    B, branching = _check_inputs(node_values, leaf_types, golden_types, step_valid)
+    node_values = tuple(jnp.asarray(v, jnp.float32) for v in node_values)
+    leaf_types = jnp.asarray(leaf_types, jnp.int32)
+    golden_types = jnp.asarray(golden_types, jnp.int32)
+    step_valid = jnp.asarray(step_valid, bool)
+    classes = classify_trees(node_values[-1], step_valid, config.one_tolerance)
+    step_index = jnp.arange(B, dtype=jnp.int32) if step_index is None else jnp.asarray(step_index, jnp.int32)
+    eligible = _gamma_eligibility(
+        leaf_types,
+        golden_types,
+        branching,
+        action_text_matches_golden,
+        None if thought_allows_gamma is None else jnp.asarray(thought_allows_gamma, bool),
+    )
+    blocks = _candidate_blocks(node_values, leaf_types, golden_types, classes, branching, eligible, config)
+    if capacity is None:
+        capacity = B * sum(min(cap, f["mask"].shape[1]) for _, _, cap, f in blocks)
+    capacity = int(capacity)
+    if capacity < 1:
+        raise ValueError(f"extract_pairs: capacity must be >= 1, got {capacity}")
+    return _compact_pairs(*_rank_blocks(blocks, B), step_index, capacity)

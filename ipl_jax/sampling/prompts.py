@@ -98,17 +98,9 @@ class TreePrompts:
         return int(self.step_index.shape[0])
 
 
-def pack_tree_prompts(
-    cfg: Qwen2VLConfig,
-    items: Sequence[StepPrompts],
-    config: SamplerConfig,
-    seed,
-    step_index: Sequence[int] | None = None,
-    batch_size: int | None = None,
-    vision_rows: Sequence[int] | None = None,
-) -> TreePrompts:
-    """Pads ``items`` to ``batch_size`` rows (padding invalid) and ``config``'s buckets, keys from ``seed``; with
-    ``config.image_patches`` only ``vision_rows``' image slots are built."""
+def _padded_rows(items, step_index, batch_size) -> tuple[list, list[int], int, int]:
+    """Check the steps and pad them to the batch by repeating the last one. Returns (rows, step indices, batch size
+    b, real steps n)."""
     items = list(items)
     if not items:
         raise ValueError("pack_tree_prompts: no steps")
@@ -119,11 +111,13 @@ def pack_tree_prompts(
     index = list(range(n)) if step_index is None else [int(i) for i in step_index]
     if len(index) != n:
         raise ValueError(f"pack_tree_prompts: {len(index)} step indices for {n} steps")
-    rows = items + [items[-1]] * (b - n)
-    index = index + [index[-1]] * (b - n)
-    if config.pad_id == cfg.image_token_id:
-        raise ValueError("SamplerConfig.pad_id must not be the image token id")
+    return items + [items[-1]] * (b - n), index + [index[-1]] * (b - n), b, n
 
+
+def _pack_prefix(cfg: Qwen2VLConfig, rows: list, config: SamplerConfig, vision_rows) -> ModelInputs:
+    """The rows' shared prefixes (system, screenshot, instruction, turn 1) as ModelInputs [b, P], P the prefix
+    bucket; with ``config.image_patches`` one image slot per row (only ``vision_rows``' when given)."""
+    b = len(rows)
     prefix_len = config.prefix_bucket(max(len(r.prefix_ids) for r in rows))
     ids = np.full((b, prefix_len), config.pad_id, np.int32)
     mask = np.zeros((b, prefix_len), bool)
@@ -162,7 +156,12 @@ def pack_tree_prompts(
             config.image_patches,
         )
         prefix = prefix.replace(vision=slots)
+    return prefix
 
+
+def _pack_turn_prompts(rows: list, config: SamplerConfig) -> tuple[tuple, np.ndarray]:
+    """The turn-2..4 prompts of each row, padded to their buckets: (3 x int32[b, Q_t], lengths int32[b, 3])."""
+    b = len(rows)
     prompt_ids, lengths = [], np.zeros((b, 3), np.int32)
     for t in range(3):
         q = config.prompt_bucket(max(len(r.turn_prompt_ids[t]) for r in rows))
@@ -174,9 +173,28 @@ def pack_tree_prompts(
             arr[i, : p.size] = p
             lengths[i, t] = p.size
         prompt_ids.append(arr)
+    return tuple(prompt_ids), lengths
+
+
+def pack_tree_prompts(
+    cfg: Qwen2VLConfig,
+    items: Sequence[StepPrompts],
+    config: SamplerConfig,
+    seed,
+    step_index: Sequence[int] | None = None,
+    batch_size: int | None = None,
+    vision_rows: Sequence[int] | None = None,
+) -> TreePrompts:
+    """Pads ``items`` to ``batch_size`` rows (padding invalid) and ``config``'s buckets, keys from ``seed``; with
+    ``config.image_patches`` only ``vision_rows``' image slots are built."""
+    rows, index, b, n = _padded_rows(items, step_index, batch_size)
+    if config.pad_id == cfg.image_token_id:
+        raise ValueError("SamplerConfig.pad_id must not be the image token id")
+    prefix = _pack_prefix(cfg, rows, config, vision_rows)
+    prompt_ids, lengths = _pack_turn_prompts(rows, config)
     return TreePrompts(
         prefix=prefix,
-        turn_prompt_ids=tuple(prompt_ids),
+        turn_prompt_ids=prompt_ids,
         turn_prompt_lengths=lengths,
         step_keys=step_keys(seed, [r.uid for r in rows]),
         step_index=np.asarray(index, np.int32),

@@ -101,17 +101,24 @@ class _Painter:
             self.text_in(box, glyph, size, fill)
 
     def paint(self, item):
+        """Draw one paint item ``(style, box, text, color, glyph, on, size)``; size None means the base size."""
         style, box, text, color, glyph, on, size = item
+        family = self._FAMILIES.get(style)
+        if family is None:
+            raise ValueError(f"render: unknown widget style {style!r}")
+        family(self, style, box, text, color, glyph, on, size or self.base)
+
+    def _paint_text(self, style, box, text, color, glyph, on, size):
+        """Plain text styles: text / label, subtle, title; clipped to the box width."""
+        x1, y1, x2, _ = box
+        fill = {"subtle": self.t["subtle"], "title": self.t["header_text"]}.get(style, self.t["text"])
+        self.text(x1, y1, text, size, fill, max_w=x2 - x1)
+
+    def _paint_chrome(self, style, box, text, color, glyph, on, size):
+        """Screen chrome: header background, wallpaper, back arrow, status icons, divider, nav bar, page dots."""
         t, d = self.t, self.d
-        size = size or self.base
         x1, y1, x2, y2 = box
-        if style in ("text", "label"):
-            self.text(x1, y1, text, size, t["text"], max_w=x2 - x1)
-        elif style == "subtle":
-            self.text(x1, y1, text, size, t["subtle"], max_w=x2 - x1)
-        elif style == "title":
-            self.text(x1, y1, text, size, t["header_text"], max_w=x2 - x1)
-        elif style == "header_bg":
+        if style == "header_bg":
             d.rectangle((x1, y1, x2 - 1, y2 - 1), fill=t["header"])
             d.line((x1, y2 - 1, x2, y2 - 1), fill=t["divider"])
         elif style == "wallpaper":
@@ -127,7 +134,30 @@ class _Painter:
                 d.rectangle((x2 - 36 + i * 4, y2 - 5 - i * 2, x2 - 34 + i * 4, y2 - 4), fill=c)
             if on:  # Wi-Fi on: a small fan
                 d.pieslice((x2 - 58, y1 + 3, x2 - 44, y2 + 3), 225, 315, fill=c)
-        elif style == "switch":
+        elif style == "divider":
+            d.line((x1, y1, x2, y1), fill=t["divider"])
+        elif style == "navbar":
+            c = t["subtle"]
+            cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
+            if on:  # three buttons
+                k = max(3, (y2 - y1) // 4)
+                d.polygon([(cx - 50 + k, cy - k), (cx - 50 + k, cy + k), (cx - 50 - k, cy)], outline=c)
+                d.ellipse((cx - k, cy - k, cx + k, cy + k), outline=c)
+                d.rectangle((cx + 50 - k, cy - k, cx + 50 + k, cy + k), outline=c)
+            else:
+                d.rounded_rectangle((cx - 30, cy - 1, cx + 30, cy + 1), radius=1, fill=c)
+        elif style == "dots":
+            cur, n = (int(v) for v in glyph.split("/"))
+            cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
+            for i in range(n):
+                px = cx + (i - (n - 1) / 2) * 10
+                d.ellipse((px - 2.5, cy - 2.5, px + 2.5, cy + 2.5), fill=t["text"] if i == cur else t["toggle_off"])
+
+    def _paint_control(self, style, box, text, color, glyph, on, size):
+        """Controls: switch, chevron, text field (with caret when focused), buttons, chip."""
+        t, d = self.t, self.d
+        x1, y1, x2, y2 = box
+        if style == "switch":
             h = y2 - y1
             d.rounded_rectangle(box, radius=h // 2, fill=t["accent"] if on else t["toggle_off"])
             kx = x2 - h + 1 if on else x1 + 1
@@ -135,15 +165,6 @@ class _Painter:
         elif style == "chevron":
             cx, cy, k = (x1 + x2) / 2, (y1 + y2) / 2, (y2 - y1) * 0.3
             d.line((cx - k * 0.5, cy - k, cx + k * 0.5, cy, cx - k * 0.5, cy + k), fill=t["subtle"], width=2)
-        elif style == "divider":
-            d.line((x1, y1, x2, y1), fill=t["divider"])
-        elif style == "app_icon":
-            tile = y2 - y1 - size - 5
-            tx = x1 + (x2 - x1 - tile) // 2
-            tbox = (tx, y1, tx + tile, y1 + tile)
-            d.rounded_rectangle(tbox, radius=max(3, tile // 4), fill=color)
-            self.glyph(tbox, glyph, (255, 255, 255))
-            self.text_in((x1, y1 + tile, x2, y2), text, size, t["text"])
         elif style == "field":
             d.rounded_rectangle(
                 box,
@@ -166,6 +187,18 @@ class _Painter:
         elif style == "chip":
             d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=t["surface"])
             self.text_in(box, text, size, t["text"])
+
+    def _paint_content(self, style, box, text, color, glyph, on, size):
+        """Content: app icon, card, banner, picture, chat bubbles, avatar, toast."""
+        t, d = self.t, self.d
+        x1, y1, x2, y2 = box
+        if style == "app_icon":
+            tile = y2 - y1 - size - 5
+            tx = x1 + (x2 - x1 - tile) // 2
+            tbox = (tx, y1, tx + tile, y1 + tile)
+            d.rounded_rectangle(tbox, radius=max(3, tile // 4), fill=color)
+            self.glyph(tbox, glyph, (255, 255, 255))
+            self.text_in((x1, y1 + tile, x2, y2), text, size, t["text"])
         elif style == "card":
             d.rounded_rectangle(box, radius=4, fill=t["surface"])
         elif style == "banner":
@@ -187,24 +220,15 @@ class _Painter:
         elif style == "toast":
             d.rounded_rectangle(box, radius=(y2 - y1) // 2, fill=(50, 50, 54))
             self.text_in(box, text, size, (245, 245, 245))
-        elif style == "navbar":
-            c = t["subtle"]
-            cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
-            if on:  # three buttons
-                k = max(3, (y2 - y1) // 4)
-                d.polygon([(cx - 50 + k, cy - k), (cx - 50 + k, cy + k), (cx - 50 - k, cy)], outline=c)
-                d.ellipse((cx - k, cy - k, cx + k, cy + k), outline=c)
-                d.rectangle((cx + 50 - k, cy - k, cx + 50 + k, cy + k), outline=c)
-            else:
-                d.rounded_rectangle((cx - 30, cy - 1, cx + 30, cy + 1), radius=1, fill=c)
-        elif style == "dots":
-            cur, n = (int(v) for v in glyph.split("/"))
-            cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
-            for i in range(n):
-                px = cx + (i - (n - 1) / 2) * 10
-                d.ellipse((px - 2.5, cy - 2.5, px + 2.5, cy + 2.5), fill=t["text"] if i == cur else t["toggle_off"])
-        else:
-            raise ValueError(f"render: unknown widget style {style!r}")
+
+    _FAMILIES = {
+        **dict.fromkeys(("text", "label", "subtle", "title"), _paint_text),
+        **dict.fromkeys(("header_bg", "wallpaper", "back", "status_icons", "divider", "navbar", "dots"), _paint_chrome),
+        **dict.fromkeys(("switch", "chevron", "field", "button", "button2", "chip"), _paint_control),
+        **dict.fromkeys(
+            ("app_icon", "card", "banner", "picture", "bubble_in", "bubble_out", "avatar", "toast"), _paint_content
+        ),
+    }
 
 
 def paint(size: tuple[int, int], theme: str, items, base_size: int = 11) -> Image.Image:
