@@ -71,11 +71,11 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.seed_selection.steps = 256
     c.seed_selection.embedder = "minilm"
 
-    c.sampler.branching = (3, 3, 3, 1)
+    c.sampler.tree.branching = (3, 3, 3, 1)
     c.sampler.temperature = 1.0
     c.sampler.batch_size = 8  # [choice] one tree per device: the 4th turn's KV cache of 16 trees passes 60 GB
-    c.sampler.prefix_buckets = tuple(b for b in (512, 1024, 2048, 3072, 4096) if b <= 2 * tokens) or (tokens,)
-    c.sampler.prompt_buckets = (64, 128, 256, 512)
+    c.sampler.tree.prefix_buckets = tuple(b for b in (512, 1024, 2048, 3072, 4096) if b <= 2 * tokens) or (tokens,)
+    c.sampler.tree.prompt_buckets = (64, 128, 256, 512)
 
     c.ipl.rounds = 4 if fmt == "aitz" else 2
     c.ipl.steps_per_round = 0  # every training step

@@ -64,13 +64,13 @@ def quick(c):
     c.model.vocab_size = 1024
     # one shape per program: nothing compiles twice
     c.buckets.tokens = (384,)
-    c.sampler.prefix_buckets = (128,)
-    c.sampler.prompt_buckets = (128,)
+    c.sampler.tree.prefix_buckets = (128,)
+    c.sampler.tree.prompt_buckets = (128,)
     c.ipl.text_buckets = (640,)
     c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.checkpoint_every = 8, 4, 4, 4
     c.sft.warmup_steps, c.sft.seed_candidates = 2, 2
     c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
-    c.sampler.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
+    c.sampler.tree.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
     c.ipl.rounds = c.ablation.rounds = 1
     c.ipl.steps_per_round, c.ipl.batch_size = 4, 4
     c.ipl.diagnostic_steps, c.ipl.heldout_steps = 4, 4
@@ -134,8 +134,8 @@ def gpu(c):
     c.data.loader_threads = 8
     c.buckets.patches = (512,)
     c.buckets.tokens = (480,)  # the longest dialogue of the default's 384 bucket + 96 more image tokens
-    c.sampler.prefix_buckets = (192,)  # system + image + turn-1 prompt: 161 tokens
-    c.sampler.prompt_buckets = (192,)
+    c.sampler.tree.prefix_buckets = (192,)  # system + image + turn-1 prompt: 161 tokens
+    c.sampler.tree.prompt_buckets = (192,)
     c.ipl.text_buckets = (768,)
     c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size = 1200, 32, 32
     c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every = 1e-3, 100, 400

@@ -34,8 +34,8 @@ def _fitting() -> list[Longest]:
     return [
         Longest("buckets.tokens", 384, "1/0"),
         Longest("buckets.patches", 128, "1/0"),
-        Longest("sampler.prefix_buckets", 65, "1/0"),
-        Longest("sampler.prompt_buckets", 98, "2/3"),
+        Longest("sampler.tree.prefix_buckets", 65, "1/0"),
+        Longest("sampler.tree.prompt_buckets", 98, "2/3"),
         Longest("ipl.text_buckets", 393, "2/4"),
     ]
 
@@ -64,22 +64,29 @@ def test_data_that_fit_change_no_bucket():
     assert line.startswith("  buckets: the data fit (SFT token length 384 <= 384,") and "\n" not in line
 
 
+def _leaves(d: dict, prefix: str = "") -> dict:
+    """Nested settings as ``{"section.field": value}``, sections within sections included."""
+    out = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def test_a_length_over_the_largest_bucket_adds_one_rounded_up():
     assert [round_up(n) for n in (1, 64, 65, 420, 448)] == [64, 64, 128, 448, 448]
     longest = _fitting()
     longest[0] = Longest("buckets.tokens", 420, "10077000021/5")
-    longest[3] = Longest("sampler.prompt_buckets", 129, "7/2")
+    longest[3] = Longest("sampler.tree.prompt_buckets", 129, "7/2")
     changed = fit(QUICK, longest)
-    assert changed == {"buckets.tokens": [384, 448], "sampler.prompt_buckets": [128, 192]}
+    assert changed == {"buckets.tokens": [384, 448], "sampler.tree.prompt_buckets": [128, 192]}
     fitted = apply(QUICK, {"changed": changed})
-    assert fitted.buckets.tokens == (384, 448) and fitted.sampler.prompt_buckets == (128, 192)
+    assert fitted.buckets.tokens == (384, 448) and fitted.sampler.tree.prompt_buckets == (128, 192)
     # everything else as configured: the settings differ in exactly these two fields
-    a, b = QUICK.to_dict(), fitted.to_dict()
-    diff = {f"{k}.{f}" for k in a for f in (a[k] if isinstance(a[k], dict) else {}) if a[k][f] != b[k][f]}
-    assert diff == {"buckets.tokens", "sampler.prompt_buckets"}
+    a, b = _leaves(QUICK.to_dict()), _leaves(fitted.to_dict())
+    assert {k for k in a if a[k] != b[k]} == {"buckets.tokens", "sampler.tree.prompt_buckets"}
     line = describe(QUICK, {x.field: x for x in longest}, changed)
     assert "buckets.tokens + 448 (SFT token length 420 of example 10077000021/5 > 384)" in line
-    assert "sampler.prompt_buckets + 192 (turn prompt length 129 of example 7/2 > 128)" in line
+    assert "sampler.tree.prompt_buckets + 192 (turn prompt length 129 of example 7/2 > 128)" in line
 
 
 def test_fixed_buckets_stop_with_one_line_naming_the_example_its_length_and_the_flag():
@@ -166,11 +173,11 @@ def test_scan_measures_what_the_loader_and_the_sampler_build(tiny):
     prompts = [step_prompts(s, tok, ic, cfg) for s in steps]
     assert lengths["buckets.tokens"] == Longest("buckets.tokens", max(sft), f"{longest.episode_id}/{longest.step_id}")
     assert lengths["buckets.patches"].length == max(int(np.prod(p.image_grid_thw, axis=1).max()) for p in prompts)
-    assert lengths["sampler.prefix_buckets"].length == max(len(p.prefix_ids) for p in prompts)
-    assert lengths["sampler.prompt_buckets"].length == max(len(q) for p in prompts for q in p.turn_prompt_ids)
+    assert lengths["sampler.tree.prefix_buckets"].length == max(len(p.prefix_ids) for p in prompts)
+    assert lengths["sampler.tree.prompt_buckets"].length == max(len(q) for p in prompts for q in p.turn_prompt_ids)
 
     # the click step's turn-4 group at full budgets: s1..s3 in its prefix, b4 sampled groundings and the golden one
-    budgets, b4, p = settings.buckets.max_turn_tokens, settings.sampler.branching[3], prompts[click]
+    budgets, b4, p = settings.buckets.max_turn_tokens, settings.sampler.tree.branching[3], prompts[click]
     prefix, _ = _step_prefix(p, 4, [np.full(n, tok.ids.pad, np.int32) for n in budgets[:3]])
     golden = np.asarray(tok.encode(golden_action_texts(steps[click])[4] + IM_END), np.int32)
     sampled = tuple(np.arange(1, budgets[3] + 1, dtype=np.int32) + k for k in range(b4))
@@ -270,7 +277,7 @@ def test_the_synthetic_jobs_data_fit_its_buckets(tmp_path, capsys):
     assert fitted["changed"] == {} and set(fitted["longest"]) == {
         "buckets.tokens",
         "buckets.patches",
-        "sampler.prefix_buckets",
-        "sampler.prompt_buckets",
+        "sampler.tree.prefix_buckets",
+        "sampler.tree.prompt_buckets",
         "ipl.text_buckets",
     }

@@ -125,9 +125,9 @@ CASES = [
     ),
     Case(
         "branching 0",
-        lambda f: _run(f, "--config.sampler.branching=(3,0,3,1)"),
+        lambda f: _run(f, "--config.sampler.tree.branching=(3,0,3,1)"),
         2,
-        r"^ipl-jax run: config\.sampler\.branching=\(3, 0, 3, 1\): must be four integers >= 1",
+        r"^ipl-jax run: config\.sampler\.tree\.branching=\(3, 0, 3, 1\): must be four integers >= 1",
         job=True,
     ),
     Case(

@@ -75,7 +75,11 @@ def test_get_config_arg_and_typed_overrides(config_path):
         ("--config.seed=1.5", SettingsError, r"^config\.seed='1\.5': must be an integer \(fix it with --config\.seed"),
         ("--config.sft.freeze_vision=maybe", SettingsError, r"^config\.sft\.freeze_vision='maybe': must be true or"),
         ("--config.ipl.learning_rate=fast", SettingsError, r"^config\.ipl\.learning_rate='fast': must be a number"),
-        ("--config.sampler.branching=(1, 'a', 1, 1)", SettingsError, r"^config\.sampler\.branching='a': must be an"),
+        (
+            "--config.sampler.tree.branching=(1, 'a', 1, 1)",
+            SettingsError,
+            r"^config\.sampler\.tree\.branching='a': must be an",
+        ),
         ("--config.sft=3", ConfigError, r"field 'sft' is a section, not a value"),
         ("--config.seed.x=3", ConfigError, r"unknown config field 'seed\.x' \(seed is a value, not a section\)"),
         ("garbage", ConfigError, r"expected --config\.FIELD=VALUE"),

@@ -579,7 +579,7 @@ def test_ablation_variants_are_config_switches():
 
     base = load_settings("synthetic")
     k2 = variant_settings(base, "k2")
-    assert k2.sampler.branching == (2, 2, 2, 1)
+    assert k2.sampler.tree.branching == (2, 2, 2, 1)
     assert k2.ipl.rounds == base.ablation.rounds and k2.ipl.early_stop is False
     assert variant_settings(base, "no_negatives").ipl.method == "no_negatives"
     assert variant_settings(base, "naive_dpo").ipl.method == "naive_dpo"

@@ -334,7 +334,7 @@ def test_plan_samples_with_the_job_sampler(tmp_path):
 
     from tests.support.rl_setup import make_tokenizer
 
-    settings = load_settings("synthetic:quick", ["--config.sampler.top_k=7", "--config.sampler.temperature=0.5"])
+    settings = load_settings("synthetic:quick", ["--config.sampler.tree.top_k=7", "--config.sampler.temperature=0.5"])
     _, cfg = plan_shapes.model_config(settings.model, "synthetic:quick")
     planned = plan_shapes.sampler_config(cfg, settings)
     job = settings.sampler.build(make_tokenizer(tmp_path).ids, settings.buckets, settings.eval.batch_size)

@@ -177,7 +177,7 @@ BASE_PATH = [  # the synthetic:reader job's start (configs/synthetic.py read) on
     f"--config.model.max_pixels={224 * 448}",
     "--config.buckets.patches=(512,)",
     "--config.buckets.tokens=(480,)",
-    "--config.sampler.prefix_buckets=(192,)",
+    "--config.sampler.tree.prefix_buckets=(192,)",
     "--config.ipl.text_buckets=(768,)",
 ]
 

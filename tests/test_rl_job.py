@@ -18,15 +18,15 @@ def _settings(name="synthetic:quick", **overrides):
 def test_equal_budget_of_the_shipped_configs():
     """One round of any method spends the T-DPO round's sampled completions: steps_per_round x leaves."""
     quick, default = _settings(), _settings("synthetic")
-    assert round_budget(quick.ipl, quick.sampler.branching) == 4 * 8 == 32  # branching (2, 2, 2, 1)
-    assert round_budget(default.ipl, default.sampler.branching) == 48 * 27 == 1296  # branching (3, 3, 3, 1)
+    assert round_budget(quick.ipl, quick.sampler.tree.branching) == 4 * 8 == 32  # branching (2, 2, 2, 1)
+    assert round_budget(default.ipl, default.sampler.tree.branching) == 48 * 27 == 1296  # branching (3, 3, 3, 1)
     assert grpo_prompts(32, quick.rl.grpo.group_size) * 8 == 32
     assert grpo_prompts(1728, 8) == 216 and grpo_prompts(1735, 8) == 216  # whole groups: never over budget
     assert grpo_prompts(5, 8) == 1  # at least one group
     frac = _settings(**{"ipl.round_fraction": 0.5})
-    assert round_budget(frac.ipl, frac.sampler.branching, 10) == 5 * 8
+    assert round_budget(frac.ipl, frac.sampler.tree.branching, 10) == 5 * 8
     with pytest.raises(ValueError, match="round_fraction"):
-        round_budget(frac.ipl, frac.sampler.branching)
+        round_budget(frac.ipl, frac.sampler.tree.branching)
 
 
 def test_rl_variants_are_method_switches():

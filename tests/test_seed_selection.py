@@ -145,7 +145,7 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
         yield SimpleNamespace(tree=fake, steps=list(steps_), prompts=[None] * len(steps_), start=0)
 
     monkeypatch.setattr(sel, "iter_tree_batches", fake_iter)
-    settings = load_settings("synthetic:quick", ["--config.sampler.branching=(2,1,2,1)"])
+    settings = load_settings("synthetic:quick", ["--config.sampler.tree.branching=(2,1,2,1)"])
     policy = SimpleNamespace(tokenizer=tokenizer)
     scores, kind = sel.score_candidates(
         [("p", policy)], steps, **seed_scoring(settings), embedder="tfidf", echo=lambda _: None

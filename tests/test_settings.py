@@ -29,9 +29,11 @@ def test_every_shipped_config_reads_into_settings(name):
 
 
 def test_values_are_typed():
-    s = load_settings("synthetic:quick", ["--config.ipl.learning_rate=1", "--config.sampler.branching=[2, 2, 2, 1]"])
+    s = load_settings(
+        "synthetic:quick", ["--config.ipl.learning_rate=1", "--config.sampler.tree.branching=[2, 2, 2, 1]"]
+    )
     assert s.ipl.learning_rate == 1.0 and isinstance(s.ipl.learning_rate, float)
-    assert s.sampler.branching == (2, 2, 2, 1) and isinstance(s.sampler.branching, tuple)
+    assert s.sampler.tree.branching == (2, 2, 2, 1) and isinstance(s.sampler.tree.branching, tuple)
     assert s.sft.micro == s.sft.micro_batch_size == 4 and s.data.split_names()[:2] == ["train", "dev"]
 
 
@@ -43,18 +45,24 @@ def test_values_are_typed():
             r"^config\.sft\.steps='many': must be an integer \(fix it with --config\.sft\.steps",
         ),
         (("sft", "freeze_vision", 1), r"^config\.sft\.freeze_vision=1: must be true or false"),
-        (("sampler", "branching", (2, 2)), r"^config\.sampler\.branching=\(2, 2\): must be four integers >= 1"),
+        (("sampler", "branching", (2, 2)), r"^config\.sampler\.tree\.branching=\(2, 2\): must be four integers >= 1"),
         (("sft", "micro_batch_size", 3), r"^config\.sft\.micro_batch_size=3: must divide sft\.batch_size"),
-        (("reward", "v_type", 0.95), r"^config\.reward\.v_format=0\.1: reward\.v_type \+ reward\.v_format must be"),
+        (
+            ("reward", "v_type", 0.95),
+            r"^config\.reward\.shares\.v_format=0\.1: reward\.shares\.v_type \+ reward\.shares\.v_format must be",
+        ),
         # fields a library declares (preference/sections.py, coat/sections.py), checked in the job's section too;
         # the ipl ones set by their old names (ipl.beta is ipl.dpo.beta now): the error names where they live
         (("ipl", "loss_kind", "kto"), r"^config\.ipl\.dpo\.loss_kind='kto': must be one of sigmoid, ipo, hinge"),
         (("ipl", "beta", 0.0), r"^config\.ipl\.dpo\.beta=0\.0: must be > 0"),
         (("ipl", "sft_norm", "mean"), r"^config\.ipl\.dpo\.sft_norm='mean': must be one of token, sum"),
         (("ipl", "type_balance", -1.0), r"^config\.ipl\.selection\.type_balance=-1\.0: must be >= 0"),
-        (("reward", "v_type", -0.1), r"^config\.reward\.v_type=-0\.1: must be >= 0"),
-        (("sampler", "top_p", 1.5), r"^config\.sampler\.top_p=1\.5: must be in \(0, 1\]"),  # sampling/sections.py
-        (("sampler", "prefix_buckets", ()), r"^config\.sampler\.prefix_buckets=\(\): must be one or more lengths"),
+        (("reward", "v_type", -0.1), r"^config\.reward\.shares\.v_type=-0\.1: must be >= 0"),
+        (("sampler", "top_p", 1.5), r"^config\.sampler\.tree\.top_p=1\.5: must be in \(0, 1\]"),  # sampling/sections.py
+        (
+            ("sampler", "prefix_buckets", ()),
+            r"^config\.sampler\.tree\.prefix_buckets=\(\): must be one or more lengths",
+        ),
         (("sft", "stepz", 3), r"^config\.sft: unknown field\(s\) stepz \(fields: steps, batch_size, "),
         (("mesh", "data", 0), r"^config\.mesh \(data, fsdp, tensor\) = \(0, 1, 1\): sizes must be >= 1"),
     ],
@@ -69,7 +77,7 @@ def test_a_bad_value_is_one_line_naming_the_field(change, message):
 
 
 def test_the_tree_sampler_checks_its_settings_as_the_job_does():
-    """``SamplerConfig`` (the sampler's static config) and the job's ``sampler`` section extend one declaration
+    """``SamplerConfig`` (the sampler's static config) extends the declaration the job's ``sampler.tree`` is
     (``sampling.sections.TreeSampling``): the same fields, defaults and one-line errors."""
     import dataclasses
 
@@ -77,8 +85,8 @@ def test_the_tree_sampler_checks_its_settings_as_the_job_does():
     from ipl_jax.sampling.sections import TreeSampling
 
     declared = {f.name: f.default for f in dataclasses.fields(TreeSampling)}
-    for cls in (SamplerConfig, type(Settings().sampler)):
-        assert {f.name: f.default for f in dataclasses.fields(cls) if f.name in declared} == declared
+    assert {f.name: f.default for f in dataclasses.fields(SamplerConfig) if f.name in declared} == declared
+    assert Settings().sampler.tree == TreeSampling()
     for field, value in (("top_p", 0.0), ("top_k", -1), ("branching", (3, 3, 1)), ("prompt_buckets", (0, 8))):
         values = load_settings("synthetic:quick").to_dict()
         values["sampler"][field] = value
@@ -140,10 +148,12 @@ def test_sections_build_the_library_objects_they_configure(tmp_path):
     from tests.support.rl_setup import make_tokenizer
 
     tok = make_tokenizer(tmp_path)
-    s = load_settings("synthetic:quick", ["--config.sampler.temperature=0.7", "--config.sampler.top_k=5"])
+    s = load_settings("synthetic:quick", ["--config.sampler.temperature=0.7", "--config.sampler.tree.top_k=5"])
     sampler = s.sampler.build(tok.ids, s.buckets, eval_batch_size=3)
     assert (
-        sampler.temperature == (0.7, 0.7, 0.7, 0.0) and sampler.top_k == 5 and sampler.branching == s.sampler.branching
+        sampler.temperature == (0.7, 0.7, 0.7, 0.0)
+        and sampler.top_k == 5
+        and sampler.branching == s.sampler.tree.branching
     )
     assert sampler.max_turn_tokens == s.buckets.max_turn_tokens and sampler.image_patches == max(s.buckets.patches)
     # patch buckets for a sampler batch and for an evaluation batch of 3 screenshots; the placeholders never sampled
@@ -154,6 +164,6 @@ def test_sections_build_the_library_objects_they_configure(tmp_path):
     wider = sampler.with_patch_buckets([7 * max(s.buckets.patches)])
     assert wider.patch_buckets == tuple(sorted({*sampler.patch_buckets, 7 * max(s.buckets.patches)}))
     reward = s.reward.build(s.data.rules())
-    assert (reward.v_type, reward.v_format, reward.rules) == (s.reward.v_type, s.reward.v_format, "aitz")
+    assert (reward.v_type, reward.v_format, reward.rules) == (s.reward.shares.v_type, s.reward.shares.v_format, "aitz")
     image = s.model.image_processor()
     assert (image.min_pixels, image.max_pixels) == (s.model.min_pixels, s.model.max_pixels)

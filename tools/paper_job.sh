@@ -42,7 +42,7 @@ now() { date +%s.%N; }
 INIT=() WORLD=(width=270 height=600 render_size=1080,2400) TRAIN=6 TEST=2
 JOB=(
   --config.data.dev_holdout=1 --config.evolution.max_items=8
-  --config.buckets.tokens=4096 --config.sampler.prefix_buckets=4096 --config.sampler.prompt_buckets='(256, 512)'
+  --config.buckets.tokens=4096 --config.sampler.tree.prefix_buckets=4096 --config.sampler.tree.prompt_buckets='(256, 512)'
   --config.ipl.text_buckets='(4096, 6144)'
   --config.sft.steps=3 --config.sft.batch_size=4 --config.sft.micro_batch_size=4 --config.sft.warmup_steps=1
   --config.sft.checkpoint_every=3 --config.sft.seed_candidates=1
@@ -59,9 +59,9 @@ if [ "$CPU" = 1 ]; then
   WORLD=(width=224 height=448 render_size=270,600) TRAIN=4 TEST=1
   JOB+=(
     --config.model.max_pixels=25088 --config.buckets.patches=128 --config.buckets.tokens=384
-    --config.sampler.prefix_buckets=192 --config.sampler.prompt_buckets=128 --config.ipl.text_buckets=640
+    --config.sampler.tree.prefix_buckets=192 --config.sampler.tree.prompt_buckets=128 --config.ipl.text_buckets=640
     --config.buckets.max_turn_tokens='(48, 32, 16, 24)' --config.sft.steps=2 --config.sft.checkpoint_every=2
-    --config.sampler.branching='(2, 2, 2, 1)' --config.ipl.batch_size=4
+    --config.sampler.tree.branching='(2, 2, 2, 1)' --config.ipl.batch_size=4
   )
 fi
 

@@ -1,6 +1,6 @@
 """The leaf reward's shares, owned by the reward kernels: declared here once, extended by ``rewards.RewardConfig``
-(the kernels' static settings, with the rule set) and by the job's ``reward`` section (with the value backup's
-discount). Importing this module loads no JAX.
+(the kernels' static settings, with the rule set) and held by the job's ``reward`` section as ``reward.shares``.
+Importing this module loads no JAX.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class LeafRewardShares(Section):
     """A leaf is worth 1 on an exact match, ``v_type`` + ``v_format`` + the argument's score on a type match
     (docs/method.md §4)."""
 
-    PATH: ClassVar[str] = "reward"
+    PATH: ClassVar[str] = "reward.shares"
     v_type: float = 0.1
     """The leaf reward's share for the right action type (docs/method.md §4)."""
     v_format: float = 0.1
@@ -25,4 +25,6 @@ class LeafRewardShares(Section):
     def __post_init__(self):
         self.need("v_type", is_nonneg(self.v_type), "must be >= 0")
         self.need("v_format", is_nonneg(self.v_format), "must be >= 0")
-        self.need("v_format", self.v_type + self.v_format <= 1, "reward.v_type + reward.v_format must be <= 1")
+        self.need(
+            "v_format", self.v_type + self.v_format <= 1, "reward.shares.v_type + reward.shares.v_format must be <= 1"
+        )

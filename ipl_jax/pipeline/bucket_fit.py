@@ -28,8 +28,8 @@ STAGE = "buckets"
 WHAT = {  # bucket field -> what its lengths are
     "buckets.tokens": "SFT token length",
     "buckets.patches": "image patches",
-    "sampler.prefix_buckets": "sampler prefix length",
-    "sampler.prompt_buckets": "turn prompt length",
+    "sampler.tree.prefix_buckets": "sampler prefix length",
+    "sampler.tree.prompt_buckets": "turn prompt length",
     "ipl.text_buckets": "packed T-DPO row length (bound)",
 }
 
@@ -61,8 +61,11 @@ class LengthScan:
 
 
 def buckets_of(settings: Settings, field: str) -> tuple[int, ...]:
-    section, name = field.split(".")
-    return tuple(getattr(getattr(settings, section), name))
+    """The buckets of the dotted ``field`` (``sampler.tree.prefix_buckets``)."""
+    node = settings
+    for name in field.split("."):
+        node = getattr(node, name)
+    return tuple(node)
 
 
 def round_up(n: int, multiple: int = ROUND) -> int:
@@ -189,12 +192,12 @@ def scan(
         name = step_name(step)
         prompts = [len(seg.turn_prompt_ids[t]) for t in (2, 3, 4)]
         out.add("buckets.patches", int(np.prod(grid, axis=1).max()), name)
-        out.add("sampler.prefix_buckets", len(seg.prefix_ids), name)
-        out.add("sampler.prompt_buckets", max(prompts), name)
+        out.add("sampler.tree.prefix_buckets", len(seg.prefix_ids), name)
+        out.add("sampler.tree.prompt_buckets", max(prompts), name)
         if (str(step.episode_id), int(step.step_id)) in packed:
             golden = {t: len(ids) for t, ids in seg.target_ids.items() if t in (3, 4)}
             bound = tdpo_row_bound(
-                len(seg.prefix_ids), prompts, golden, settings.sampler.branching, turn_tokens, settings.ipl
+                len(seg.prefix_ids), prompts, golden, settings.sampler.tree.branching, turn_tokens, settings.ipl
             )
             out.add("ipl.text_buckets", bound, name)
     return out

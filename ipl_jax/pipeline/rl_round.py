@@ -230,7 +230,7 @@ def run_rl_round(
     s = settings.ipl  # the settings refuse ipl.lora_rank > 0 with these methods
     t0 = time.perf_counter()
     policy = load_policy(start, job_mesh(settings.mesh))
-    budget = round_budget(s, settings.sampler.branching, len(train_steps))
+    budget = round_budget(s, settings.sampler.tree.branching, len(train_steps))
     rng = jax.random.PRNGKey(round_seed(settings.seed, round_index, "rng"))
     freeze = VISION_REGEX if s.freeze_vision else None
     if s.method == "grpo":

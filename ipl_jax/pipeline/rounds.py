@@ -225,8 +225,8 @@ def run_round(
     params = model_params(state.params, state.frozen)
     del state
     # sampled completions (tree leaves) of the round: the budget the RL methods are given (rl_round.round_budget)
-    record["samples"] = len(steps) * num_leaves(settings.sampler.branching)
-    record["budget"] = round_budget(ipl, settings.sampler.branching, len(train_steps))
+    record["samples"] = len(steps) * num_leaves(settings.sampler.tree.branching)
+    record["budget"] = round_budget(ipl, settings.sampler.tree.branching, len(train_steps))
     t0 = time.perf_counter()
     record["dev"] = dev_accuracy(inference_policy(policy, settings.model, params), dev_episodes, settings)
     record["seconds"]["evaluate"] = time.perf_counter() - t0

@@ -167,16 +167,16 @@ class JobShapes:
         return JobShapes(
             tdpo_rows=s.ipl.batch_size,
             tdpo_length=max(s.ipl.text_buckets),
-            tdpo_slots=max(s.sampler.branching) + 1,
+            tdpo_slots=max(s.sampler.tree.branching) + 1,
             tdpo_pairs=s.ipl.max_pairs_per_batch,
             image_patches=s.buckets.image_patches,
             sft_batch=s.sft.batch_size,
             sft_micro=s.sft.micro,
             sft_length=max(s.buckets.tokens),
             sampler_batch=s.sampler.batch_size,
-            prefix_length=max(s.sampler.prefix_buckets),
-            prompt_length=max(s.sampler.prompt_buckets),
-            branching=s.sampler.branching,
+            prefix_length=max(s.sampler.tree.prefix_buckets),
+            prompt_length=max(s.sampler.tree.prompt_buckets),
+            branching=s.sampler.tree.branching,
         )
 
 

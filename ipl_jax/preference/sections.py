@@ -10,8 +10,8 @@ from typing import ClassVar
 
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
-LOSS_KINDS = ("sigmoid", "ipo", "hinge")  # dpo_pair_losses' kinds (the job's ipl.loss_kind)
-SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.sft_norm)
+LOSS_KINDS = ("sigmoid", "ipo", "hinge")  # dpo_pair_losses' kinds (the job's ipl.dpo.loss_kind)
+SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.dpo.sft_norm)
 
 
 @dataclasses.dataclass(frozen=True)

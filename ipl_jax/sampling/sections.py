@@ -1,7 +1,6 @@
 """How CoaT-trees are sampled, declared once: the tree shape, the token filter and the prompt buckets. The tree
 sampler's static ``config.SamplerConfig`` extends ``TreeSampling`` (with the turn budgets, temperatures and ids of one
-batch) and so does the job's ``sampler`` section (with its batch size and one temperature). Importing this module
-loads no JAX.
+batch); the job's ``sampler`` section holds one as ``sampler.tree``. Importing this module loads no JAX.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from ipl_jax.sections import Section, is_positive
 class TreeSampling(Section):
     """A CoaT-tree's shape and how its tokens are drawn (docs/method.md §3)."""
 
-    PATH: ClassVar[str] = "sampler"
+    PATH: ClassVar[str] = "sampler.tree"
     branching: tuple[int, ...] = (3, 3, 3, 1)
     """Children per node at each of the four CoaT turns."""
     top_k: int = 0

@@ -11,7 +11,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ipl_jax.coat.sections import LeafRewardShares
 from ipl_jax.data.synthetic.config import WorldConfig
+from ipl_jax.preference.sections import DPOConfig, PairSelection
+from ipl_jax.sampling.sections import TreeSampling
 from ipl_jax.sections import Section, SettingsError, defaults, section_from, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
@@ -28,10 +31,18 @@ from ipl_jax.settings.training import (
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
 
-# Fields that moved into a section of their own: the old dotted name still works, with a one-line notice.
+# Fields that moved into a library's section, which the job's section now holds whole: the old dotted name still
+# works, with a one-line notice.
+_NESTED = {
+    "ipl.dpo": DPOConfig,
+    "ipl.selection": PairSelection,
+    "sampler.tree": TreeSampling,
+    "reward.shares": LeafRewardShares,
+}
 MOVED = {
-    **{f"ipl.{name}": f"ipl.dpo.{name}" for name in ("loss_kind", "beta", "sft_weight", "sft_norm")},
-    **{f"ipl.{name}": f"ipl.selection.{name}" for name in ("dedup", "type_balance", "mix_trees")},
+    f"{path.rsplit('.', 1)[0]}.{f.name}": f"{path}.{f.name}"
+    for path, cls in _NESTED.items()
+    for f in dataclasses.fields(cls)
 }
 _told: set[str] = set()
 

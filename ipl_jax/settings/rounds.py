@@ -160,7 +160,7 @@ class IPLSettings(Section):
         round_index: int = 1,
     ) -> RoundConfig:
         """Round ``round_index``: its T-DPO step (``tdpo``), pairs, selection and packing as this section says. A row
-        holds one step's prefix with up to ``max(sampler.branching) + 1`` continuations, so its patch slot is one
+        holds one step's prefix with up to ``max(sampler.tree.branching) + 1`` continuations, so its patch slot is one
         screenshot's (``buckets.patches``), as the memory plan assumes."""
         from ipl_jax.preference.packed_batch import PackingConfig
         from ipl_jax.preference.pairs import PairConfig
@@ -168,7 +168,7 @@ class IPLSettings(Section):
 
         packing = PackingConfig(
             rows=self.batch_size,
-            max_continuations=max(sampler.branching) + 1,
+            max_continuations=max(sampler.tree.branching) + 1,
             max_pairs=self.max_pairs_per_batch,
             text_buckets=self.text_buckets,
             patch_buckets=tuple(buckets.patches),

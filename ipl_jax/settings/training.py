@@ -101,18 +101,19 @@ class SeedSelectionSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplerSettings(TreeSampling):
-    """The job's sampler: the tree shape, token filter and prompt buckets (``sampling.sections``), one temperature
-    and the trees per call."""
+class SamplerSettings(Section):
+    """The job's sampler: the tree's shape, token filter and prompt buckets (``tree``: the tree sampler's own section),
+    one temperature and the trees per call."""
 
     PATH: ClassVar[str] = "sampler"
+    tree: TreeSampling = dataclasses.field(default_factory=TreeSampling)
+    """branching, top_k, top_p, prefix_buckets, prompt_buckets (sampling/sections.py)."""
     temperature: float = 1.0
     """Sampling temperature."""
     batch_size: int = 4
     """Trees per jitted call (4 x 27 leaves)."""
 
     def __post_init__(self):
-        super().__post_init__()
         self.need("temperature", is_nonneg(self.temperature), "must be >= 0")
         self.at_least("batch_size", 1)
 
@@ -125,19 +126,17 @@ class SamplerSettings(TreeSampling):
         greedy: bool = False,
         branching: Sequence[int] | None = None,
     ) -> SamplerConfig:
-        """The job's ``SamplerConfig``: this section's branching (or ``branching``), temperature (the grounding turn
-        greedy), top-k / top-p and prompt buckets; ``buckets``' turn budgets and patch buckets for a sampler batch
+        """The job's ``SamplerConfig``: this section's tree (its branching, or ``branching``), temperature (the
+        grounding turn greedy); ``buckets``' turn budgets and patch buckets for a sampler batch
         and an evaluation batch of ``eval_batch_size``. ``ids``: the tokenizer's ``SpecialIds`` (its ``eos``, ``pad``
         and vision placeholders are read; ``plan``, without a tokenizer, passes a checkpoint config's). ``greedy``:
         every turn greedy."""
         from ipl_jax.sampling.config import SamplerConfig, greedy_config  # imported when built (no JAX on import)
 
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TreeSampling)}  # declared once
-        if branching is not None:
-            shared["branching"] = tuple(branching)
+        tree = self.tree if branching is None else dataclasses.replace(self.tree, branching=tuple(branching))
         t = self.temperature
         config = SamplerConfig(
-            **shared,
+            **dataclasses.asdict(tree),
             max_turn_tokens=buckets.max_turn_tokens,
             temperature=(t, t, t, 0.0),
             eos_ids=tuple(ids.eos),
@@ -151,23 +150,24 @@ class SamplerSettings(TreeSampling):
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardSettings(LeafRewardShares):
-    """The leaf reward (docs/method.md §4; its shares ``v_type`` / ``v_format`` are ``coat.sections``') and the value
-    backup (§5)."""
+class RewardSettings(Section):
+    """The leaf reward (docs/method.md §4: its ``shares``, the reward kernels' own section) and the value backup
+    (§5)."""
 
     PATH: ClassVar[str] = "reward"
+    shares: LeafRewardShares = dataclasses.field(default_factory=LeafRewardShares)
+    """v_type, v_format: the reward of a right type and of a well-formed answer (coat/sections.py)."""
     discount: float = 0.95
     """c of the value backup (docs/method.md §5)."""
 
     def __post_init__(self):
-        super().__post_init__()
         self.need("discount", is_positive(self.discount) and self.discount <= 1, "must be in (0, 1]")
 
     def build(self, rules: str) -> RewardConfig:
         """The leaf reward: this section's shares, exact match by the rule set ``rules`` (``DataSettings.rules``)."""
         from ipl_jax.coat.rewards import RewardConfig  # imported when built (no JAX on import)
 
-        return RewardConfig(v_type=self.v_type, v_format=self.v_format, rules=rules)
+        return RewardConfig(**dataclasses.asdict(self.shares), rules=rules)
 
 
 @dataclasses.dataclass(frozen=True)
