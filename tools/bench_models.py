@@ -35,6 +35,21 @@ SIZES = {
         text_before=8,
         text_after=16,
     ),
+    # the smallest: the scripts' CPU modes in the test suite (seconds, mostly compiling)
+    "tiny": dict(
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        inter=128,
+        vocab=512,
+        v_dim=32,
+        v_depth=1,
+        v_heads=2,
+        grid=(1, 4, 4),
+        text_before=4,
+        text_after=4,
+    ),
 }
 
 

@@ -14,7 +14,7 @@ the baseline of the ratios):
 as ``bench_tdpo`` runs it): the [B, T, T] mask, the vision tower, the decoder forward and forward+backward, the
 log-prob head and the whole step, each jitted alone, with its matmul FLOPs and achieved GFLOP/s.
 
-    python -m tools.bench_precision [--repeats R] [--json OUT] [--profile [--shape default|quick]]
+    python -m tools.bench_precision [--repeats R] [--json OUT] [--tiny] [--profile [--shape default|quick|tiny]]
 """
 
 from __future__ import annotations
@@ -145,10 +145,12 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
     }
 
 
-def precision_table(repeats: int) -> list[dict]:
-    cfg = bench_model(TDPO_SHAPE)
+def precision_table(repeats: int, tdpo_shape: dict = TDPO_SHAPE, tree_shape: str = "quick") -> list[dict]:
+    """The rows of every variant: the T-DPO step on ``tdpo_shape`` (bench_tdpo's workload), the sampler on
+    bench_tree's ``tree_shape``."""
+    cfg = bench_model(tdpo_shape)
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    batch = tdpo_batches(cfg, TDPO_SHAPE, 2, packed=True)[0]
+    batch = tdpo_batches(cfg, tdpo_shape, 2, packed=True)[0]
     print(
         f"T-DPO model {count_params(params) / 1e6:.1f}M params; batch {batch.rows} rows x {batch.length} tokens, "
         f"{batch.num_pairs} pairs; jax {jax.__version__} on {jax.devices()[0].platform}",
@@ -159,7 +161,7 @@ def precision_table(repeats: int) -> list[dict]:
         for remat in (False, True):
             rows.append(run_tdpo(cfg, params, batch, dtype, remat, repeats))
             print(json.dumps(rows[-1]), flush=True)
-    s = TREE_SHAPES["quick"]
+    s = TREE_SHAPES[tree_shape]
     tcfg = bench_model(s)
     tparams = M.init_params(tcfg, jax.random.PRNGKey(1), std=0.02)
     steps = random_steps(tcfg, s, 1, np.random.default_rng(0))
@@ -296,11 +298,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per variant (median)")
     ap.add_argument("--profile", action="store_true", help="time the T-DPO step's pieces, packed vs unpacked")
     ap.add_argument("--shape", choices=tuple(TDPO_SHAPES), default="default", help="--profile's model (bench_tdpo)")
+    ap.add_argument("--tiny", action="store_true", help="the smallest models (the test suite's run; --shape tiny)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if args.profile:
-        rows = profile(args.shape, args.repeats)
+        rows = profile("tiny" if args.tiny else args.shape, args.repeats)
         print_profile(rows)
+    elif args.tiny:
+        rows = precision_table(args.repeats, TDPO_SHAPES["tiny"], "tiny")
+        print_precision(rows)
     else:
         rows = precision_table(args.repeats)
         print_precision(rows)

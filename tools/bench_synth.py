@@ -9,7 +9,7 @@ Measures, in one process (one core):
   * a screen-blind baseline: a policy that knows each click's target label and predicts that label's mean
     training position, scored with AITZ's 0.14 distance rule (how much the screen is needed).
 
-    python -m tools.bench_synth [--scale 1.0] [--json OUT] [--keep DIR]
+    python -m tools.bench_synth [--scale 1.0] [--screens 400] [--json OUT] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from ipl_jax.data.synthetic.render import png_bytes
 
 
 def bench_render(n_screens: int = 400) -> dict:
-    eps = generate_split("train", 80, seed=99)
+    """Screens painted per second, PNG encodes per second (at most 200 screens), and simulator steps per second
+    over ``n_screens / 2`` episodes."""
+    eps = generate_split("train", max(1, n_screens // 5), seed=99)
     painters = [s.image for e in eps for s in e.steps][:n_screens]
     for p in painters[:20]:
         p()  # warm the glyph caches, as a long generation run would be
@@ -47,7 +49,7 @@ def bench_render(n_screens: int = 400) -> dict:
         png_bytes(img, compress_level=1)
     png1 = (time.perf_counter() - t) / min(200, len(imgs))
     t = time.perf_counter()
-    more = generate_split("dev", 200, seed=98)
+    more = generate_split("dev", max(1, n_screens // 2), seed=98)
     sim_s = time.perf_counter() - t
     n_sim = sum(len(e.steps) for e in more)
     return {
@@ -86,9 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--keep", default=None, help="write the dataset here and keep it (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--screens", type=int, default=400, help="screens the render benchmark paints")
     args = ap.parse_args(argv)
 
-    out = {"render": bench_render()}
+    out = {"render": bench_render(args.screens)}
     r = out["render"]
     print(
         f"render: {r['render_per_s']:.0f} screens/s (one core); PNG level 6: {r['png6_per_s']:.0f}/s, "

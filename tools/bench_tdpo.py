@@ -26,8 +26,8 @@ TRL is not a project dependency (``pip install -e ".[bench]"`` adds it; or ``PYT
 holds trl, datasets, accelerate and their dependencies). It runs if importable; otherwise the TRL row (or the
 agreement's ``trl`` entry) says why it did not run.
 
-    python -m tools.bench_tdpo [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
-    python -m tools.bench_tdpo --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
+    python -m tools.bench_tdpo [--quick | --tiny] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
+    python -m tools.bench_tdpo --agreement [--quick | --tiny] [--groups G] [--ref-noise S] [--json OUT]
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ SHAPES = {
         turns=(16, 16),
         action=(4, 8),
     ),
+    "tiny": dict(SIZES["tiny"], prompts=(4, 3), turns=(4, 4), action=(2, 4)),
 }
 TEXT_BUCKETS = tuple(range(64, 4097, 64))
 
@@ -180,7 +181,9 @@ class JaxVariant:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small model (smoke test of the script)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a small model (smoke test of the script)")
+    size.add_argument("--tiny", action="store_true", help="the smallest model and pairs (the test suite's run)")
     parser.add_argument("--groups", type=int, default=2, help="prefix groups per batch (β, γ alternating)")
     parser.add_argument("--batches", type=int, default=1, help="distinct batches (same shapes)")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per batch")
@@ -192,7 +195,7 @@ def main(argv=None) -> int:
     if args.agreement:
         jax.config.update("jax_default_matmul_precision", "highest")
 
-    s = SHAPES["quick" if args.quick else "default"]
+    s = SHAPES["tiny" if args.tiny else "quick" if args.quick else "default"]
     cfg = bench_model(s)
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer

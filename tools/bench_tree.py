@@ -16,7 +16,7 @@ sharing (vision once per step, each prefix / prompt token once, one logits row p
 attention over the real context); achieved FLOP/s is that over each method's time, compared with the best of a
 few large ``jnp`` matmuls measured in the same run.
 
-    python -m tools.bench_tree [--quick | --full] [--steps B] [--json OUT] [--skip-transformers]
+    python -m tools.bench_tree [--quick | --full | --tiny] [--steps B] [--json OUT] [--skip-transformers]
                                [--skip-no-sharing]
 """
 
@@ -61,6 +61,8 @@ SHAPES = {
         branching=(2, 2, 2, 1),
         steps=1,
     ),
+    # the test suite's run: the smallest model, 4 leaves of a few tokens
+    "tiny": dict(SIZES["tiny"], prompts=(3, 3, 3), turns=(3, 3, 2, 2), branching=(2, 2, 1, 1), steps=1),
 }
 
 
@@ -260,13 +262,14 @@ def main(argv=None) -> int:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small model and tree (about a minute)")
     size.add_argument("--full", action="store_true", help="branching (3, 3, 3, 1): 27 leaves per step")
+    size.add_argument("--tiny", action="store_true", help="the smallest model and tree (the test suite's run)")
     ap.add_argument("--steps", type=int, default=None, help="steps (trees) per batch")
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--skip-no-sharing", action="store_true")
     args = ap.parse_args(argv)
 
-    shape = "quick" if args.quick else "full" if args.full else "default"
+    shape = "quick" if args.quick else "full" if args.full else "tiny" if args.tiny else "default"
     s = SHAPES[shape]
     n_steps = args.steps or s["steps"]
     clock = CompileSpans()
@@ -286,7 +289,8 @@ def main(argv=None) -> int:
     )
     leaves = n_steps * num_leaves(config.branching)
     flops = useful_tree_flops(cfg, steps, config)
-    peak = harness.matmul_peak(jnp.float32, n=2048, reps=4, products=4)  # f32, 4 independent products per call
+    n = 256 if args.tiny else 2048
+    peak = harness.matmul_peak(jnp.float32, n=n, reps=4, products=4)  # f32, 4 independent products per call
     res = {
         "shape": shape,
         "params": count_params(params),
