@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,3 +172,34 @@ def test_bench_precision_tiny_profile(tmp_path, capsys):
     assert {"whole step", "decoder fwd+bwd", "vision fwd"} <= pieces
     assert {(r["layout"], r["piece"]) for r in rows} == {(lay, p) for lay in ("packed", "unpacked") for p in pieces}
     assert "packed: 2 rows" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ TRL agreement
+
+
+@pytest.fixture
+def restore_matmul_precision():
+    """``--agreement`` sets JAX's default matmul precision for the process: put it back."""
+    before = jax.config.jax_default_matmul_precision
+    yield
+    jax.config.update("jax_default_matmul_precision", before)
+
+
+@pytest.mark.e2e
+def test_tdpo_agreement_with_trl(tmp_path, capsys, restore_matmul_precision):
+    """Our packed and unpacked T-DPO steps against TRL's ``DPOTrainer`` on the same weights and pairs: per-pair
+    loss within 1e-4, gradient cosine >= 0.9999 (TRL comes with the test extra)."""
+    from tools import bench_tdpo
+
+    out = tmp_path / "agreement.json"
+    rc = bench_tdpo.main(["--agreement", "--tiny", "--json", str(out)])
+    agreement = json.loads(out.read_text())["trl_agreement"]
+    assert "trl" not in agreement, agreement.get("trl")  # TRL ran
+    assert rc == 0 and agreement["pass"] is True and agreement["pairs"] == 5
+    for name in ("packed_vs_trl", "unpacked_vs_trl", "packed_vs_unpacked"):
+        row = agreement["comparisons"][name]
+        assert row["max_abs_loss_diff"] <= 1e-4 and row["grad"]["cosine"] >= 0.9999, (name, row)
+        assert row["grad"]["norm_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert set(agreement["per_pair"]) == {"packed", "unpacked", "trl"}
+    printed = capsys.readouterr().out
+    assert printed.count("PASS") == 3 and "gradient cosine >= 0.9999: met" in printed

@@ -22,9 +22,9 @@ median is reported.
 rewards and the DPO gradient of the packed step, the unpacked step and TRL, with a reference that differs from the
 policy, in float32 at the highest matmul precision; printed, and written to ``--json`` as ``trl_agreement``.
 
-TRL is not a project dependency (``pip install -e ".[bench]"`` adds it; or ``PYTHONPATH=DIR`` for a directory that
-holds trl, datasets, accelerate and their dependencies). It runs if importable; otherwise the TRL row (or the
-agreement's ``trl`` entry) says why it did not run.
+TRL comes with the test extra (``pip install -c constraints.txt -e ".[test]"``; ``.[bench]`` adds it alone), not
+with the package. It runs if importable; otherwise the TRL row (or the agreement's ``trl`` entry) says why it did not
+run. ``tests/test_tools.py`` runs both modes with ``--tiny``.
 
     python -m tools.bench_tdpo [--quick | --tiny] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
     python -m tools.bench_tdpo --agreement [--quick | --tiny] [--groups G] [--ref-noise S] [--json OUT]
