@@ -39,19 +39,14 @@ from ipl_jax.sampling.tree_sampler import sample_tree_jit
 from ipl_jax.training.hlo_cost import hlo_flops
 from ipl_jax.training.state import cast_floating
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 from tools.bench_tdpo import SHAPES as TDPO_SHAPES
 from tools.bench_tdpo import TEXT_BUCKETS, make_workload
 from tools.bench_tree import SHAPES as TREE_SHAPES
 from tools.bench_tree import random_steps
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
-TDPO_SHAPE = dict(
-    SIZES["12m"],
-    prompts=(24, 16),
-    turns=(24, 24),
-    action=(6, 12),
-)
+TDPO_SHAPE = bench_shape("12m", prompts=(24, 16), turns=(24, 24), action=(6, 12))
 
 
 def median_time(fn, repeats: int) -> float:
@@ -148,7 +143,7 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
 def precision_table(repeats: int, tdpo_shape: dict = TDPO_SHAPE, tree_shape: str = "quick") -> list[dict]:
     """The rows of every variant: the T-DPO step on ``tdpo_shape`` (bench_tdpo's workload), the sampler on
     bench_tree's ``tree_shape``."""
-    cfg = bench_model(tdpo_shape)
+    cfg = bench_model(tdpo_shape["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     batch = tdpo_batches(cfg, tdpo_shape, 2, packed=True)[0]
     print(
@@ -162,7 +157,7 @@ def precision_table(repeats: int, tdpo_shape: dict = TDPO_SHAPE, tree_shape: str
             rows.append(run_tdpo(cfg, params, batch, dtype, remat, repeats))
             print(json.dumps(rows[-1]), flush=True)
     s = TREE_SHAPES[tree_shape]
-    tcfg = bench_model(s)
+    tcfg = bench_model(s["size"])
     tparams = M.init_params(tcfg, jax.random.PRNGKey(1), std=0.02)
     steps = random_steps(tcfg, s, 1, np.random.default_rng(0))
     v = tcfg.text.vocab_size
@@ -207,7 +202,7 @@ def print_precision(rows: list[dict]) -> None:
 def profile(shape: str, repeats: int) -> list[dict]:
     """Seconds, matmul GFLOP and GFLOP/s of the T-DPO step's pieces, packed vs unpacked (fp32, no remat)."""
     s = TDPO_SHAPES[shape]
-    cfg = bench_model(s)
+    cfg = bench_model(s["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
     out = []

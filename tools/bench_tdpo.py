@@ -48,37 +48,16 @@ from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 from tools.bench_tdpo_agreement import print_agreement, run_agreement
 from tools.bench_tdpo_trl import make_trl
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
 SHAPES = {
-    "default": dict(
-        SIZES["53m"],
-        prompts=(40, 28),
-        turns=(48, 48),
-        action=(8, 16),
-    ),
-    "quick": dict(
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        inter=256,
-        vocab=2048,
-        v_dim=64,
-        v_depth=1,
-        v_heads=2,
-        grid=(1, 16, 16),
-        text_before=8,
-        text_after=12,
-        prompts=(16, 12),
-        turns=(16, 16),
-        action=(4, 8),
-    ),
-    "tiny": dict(SIZES["tiny"], prompts=(4, 3), turns=(4, 4), action=(2, 4)),
+    "default": bench_shape("53m", prompts=(40, 28), turns=(48, 48), action=(8, 16)),
+    "quick": bench_shape("1m", prompts=(16, 12), turns=(16, 16), action=(4, 8)),
+    "tiny": bench_shape("tiny", prompts=(4, 3), turns=(4, 4), action=(2, 4)),
 }
 TEXT_BUCKETS = tuple(range(64, 4097, 64))
 
@@ -196,7 +175,7 @@ def main(argv=None) -> int:
         jax.config.update("jax_default_matmul_precision", "highest")
 
     s = SHAPES["tiny" if args.tiny else "quick" if args.quick else "default"]
-    cfg = bench_model(s)
+    cfg = bench_model(s["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
     workload = make_workload(cfg, s, args.groups, args.batches, np.random.default_rng(0))

@@ -40,29 +40,18 @@ from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
 # prefix, finish in a few minutes on 2 CPU cores; "full" is the paper's K=3 (27 leaves, ~3x longer).
-_BENCH_MODEL = dict(
-    SIZES["53m"],
-    prompts=(40, 28, 16),
-    turns=(48, 48, 16, 16),
-    steps=1,
-)
+_BENCH_MODEL = bench_shape("53m", prompts=(40, 28, 16), turns=(48, 48, 16, 16), steps=1)
 SHAPES = {
     "default": dict(_BENCH_MODEL, branching=(2, 2, 2, 1)),
     "full": dict(_BENCH_MODEL, branching=(3, 3, 3, 1)),
-    "quick": dict(
-        SIZES["12m"],
-        prompts=(24, 16, 12),
-        turns=(16, 16, 8, 8),
-        branching=(2, 2, 2, 1),
-        steps=1,
-    ),
+    "quick": bench_shape("12m", prompts=(24, 16, 12), turns=(16, 16, 8, 8), branching=(2, 2, 2, 1), steps=1),
     # the test suite's run: the smallest model, 4 leaves of a few tokens
-    "tiny": dict(SIZES["tiny"], prompts=(3, 3, 3), turns=(3, 3, 2, 2), branching=(2, 2, 1, 1), steps=1),
+    "tiny": bench_shape("tiny", prompts=(3, 3, 3), turns=(3, 3, 2, 2), branching=(2, 2, 1, 1), steps=1),
 }
 
 
@@ -273,7 +262,7 @@ def main(argv=None) -> int:
     s = SHAPES[shape]
     n_steps = args.steps or s["steps"]
     clock = CompileSpans()
-    cfg = bench_model(s)
+    cfg = bench_model(s["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     steps = random_steps(cfg, s, n_steps, np.random.default_rng(0))
     v = cfg.text.vocab_size
