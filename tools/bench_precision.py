@@ -30,7 +30,6 @@ import numpy as np
 from ipl_jax import model as M
 from ipl_jax.model.params import count_params
 from ipl_jax.model.text import forward_hidden, token_log_probs
-from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from ipl_jax.sampling.config import SamplerConfig
@@ -41,7 +40,7 @@ from ipl_jax.training.state import cast_floating
 from tools import harness
 from tools.bench_models import bench_model, bench_shape
 from tools.bench_tdpo import SHAPES as TDPO_SHAPES
-from tools.bench_tdpo import TEXT_BUCKETS, make_workload
+from tools.bench_tdpo import make_workload, pack_layouts
 from tools.bench_tree import SHAPES as TREE_SHAPES
 from tools.bench_tree import random_steps
 
@@ -65,36 +64,10 @@ def memory(compiled) -> dict:
     }
 
 
-def tdpo_batches(cfg, s, groups: int, packed: bool):
-    workload = make_workload(cfg, s, groups, 1, np.random.default_rng(0))
-    patch_bucket = int(np.prod(s["grid"]))
-    g, p = workload[0]
-    if packed:
-        return PK.pack_round(
-            cfg,
-            g,
-            p,
-            PB.PackingConfig(
-                rows=groups,
-                max_continuations=4,
-                max_pairs=len(p),
-                text_buckets=TEXT_BUCKETS,
-                patch_buckets=(patch_bucket,),
-            ),
-        )
-    ug, up = PK.unpack_groups(g, p)
-    return PK.pack_unpacked(
-        cfg,
-        ug,
-        up,
-        PB.PackingConfig(
-            rows=len(ug),
-            max_continuations=1,
-            max_pairs=len(p),
-            text_buckets=TEXT_BUCKETS,
-            patch_buckets=(patch_bucket,),
-        ),
-    )
+def tdpo_batch(cfg, s, groups: int, layout: str):
+    """One batch of bench_tdpo's workload (``groups`` prefix groups) in the ``layout`` "packed" or "unpacked"."""
+    packed, unpacked = pack_layouts(cfg, s, make_workload(cfg, s, groups, 1, np.random.default_rng(0)), groups)
+    return (packed if layout == "packed" else unpacked)[0]
 
 
 def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
@@ -145,7 +118,7 @@ def precision_table(repeats: int, tdpo_shape: dict = TDPO_SHAPE, tree_shape: str
     bench_tree's ``tree_shape``."""
     cfg = bench_model(tdpo_shape["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    batch = tdpo_batches(cfg, tdpo_shape, 2, packed=True)[0]
+    batch = tdpo_batch(cfg, tdpo_shape, 2, "packed")
     print(
         f"T-DPO model {count_params(params) / 1e6:.1f}M params; batch {batch.rows} rows x {batch.length} tokens, "
         f"{batch.num_pairs} pairs; jax {jax.__version__} on {jax.devices()[0].platform}",
@@ -207,7 +180,7 @@ def profile(shape: str, repeats: int) -> list[dict]:
     config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
     out = []
     for layout in ("packed", "unpacked"):
-        batch = tdpo_batches(cfg, s, 2, packed=layout == "packed")[0]
+        batch = tdpo_batch(cfg, s, 2, layout)
         mask = PK.packed_attention_mask(batch.segment_ids)
         feats = PK.row_image_features(params, cfg, batch.vision)
         hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, mask, feats)

@@ -82,6 +82,69 @@ def blind_baseline(train, evals) -> dict:
     return out
 
 
+def write_splits(root: Path, scale: float, seed: int) -> tuple[dict, dict]:
+    """Every split at ``scale`` times its default size, generated and written in the AITZ format under ``root``,
+    each printed: (per-split figures, per-split episodes)."""
+    splits, all_eps = {}, {}
+    for name, size in DEFAULT_SIZES.items():
+        n = max(1, round(size * scale))
+        t = time.perf_counter()
+        eps = generate_split(name, n, seed=seed)
+        gen_s = time.perf_counter() - t
+        t = time.perf_counter()
+        split_dir = write_aitz_split(eps, root, name)
+        write_s = time.perf_counter() - t
+        mb = sum(f.stat().st_size for f in split_dir.rglob("*") if f.is_file()) / 2**20
+        steps = sum(len(e.steps) for e in eps)
+        splits[name] = {
+            "episodes": n,
+            "steps": steps,
+            "generate_s": round(gen_s, 2),
+            "write_s": round(write_s, 2),
+            "mb": round(mb, 1),
+        }
+        all_eps[name] = eps
+        print(f"{name}: {n} episodes, {steps} steps, generate {gen_s:.1f} s, write {write_s:.1f} s, {mb:.1f} MB")
+    return splits, all_eps
+
+
+def dataset_stats(splits: dict, all_eps: dict) -> dict:
+    """The whole dataset's sizes and times, action shares, episode and annotation lengths."""
+    eps = [e for v in all_eps.values() for e in v]
+    steps = [s for e in eps for s in e.steps]
+    total = collections.Counter(s.action.type for s in steps)
+    n_steps = len(steps)
+    return {
+        "splits": splits,
+        "episodes": len(eps),
+        "steps": n_steps,
+        "generate_s": round(sum(v["generate_s"] for v in splits.values()), 1),
+        "write_s": round(sum(v["write_s"] for v in splits.values()), 1),
+        "mb": round(sum(v["mb"] for v in splits.values()), 1),
+        "action_shares": {k: round(v / n_steps, 3) for k, v in sorted(total.items())},
+        "press_buttons": dict(collections.Counter(s.action.button for s in steps if s.action.type == "press")),
+        "scroll_directions": dict(collections.Counter(s.action.direction for s in steps if s.action.type == "scroll")),
+        "steps_per_episode": round(n_steps / len(eps), 2),
+        "families": dict(collections.Counter(e.meta["task"]["family"] for e in eps)),
+        "desc_words_mean": round(float(np.mean([len(s.coat.screen_desc.split()) for s in steps])), 1),
+        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for s in steps])), 1),
+        "elements_per_screen": round(float(np.mean([len(s.elements) for s in steps])), 1),
+    }
+
+
+def print_dataset(d: dict) -> None:
+    print(
+        f"default dataset: {d['episodes']} episodes, {d['steps']} steps, generate {d['generate_s']} s, "
+        f"write {d['write_s']} s, {d['mb']} MB"
+    )
+    print("action shares: " + ", ".join(f"{k} {v:.1%}" for k, v in d["action_shares"].items()))
+    print(f"press: {d['press_buttons']}; scroll: {d['scroll_directions']}; {d['steps_per_episode']} steps/episode")
+    print(
+        f"annotation words: description {d['desc_words_mean']}, thought {d['think_words_mean']}; "
+        f"{d['elements_per_screen']} UI elements per screen"
+    )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the default split sizes")
@@ -98,64 +161,10 @@ def main(argv=None) -> int:
         f"level 1: {r['png1_per_s']:.0f}/s; simulator+expert+annotation: {r['sim_steps_per_s_no_render']:.0f} "
         f"steps/s"
     )
-
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="synth_bench_"))
-    splits, all_eps = {}, {}
-    total = collections.Counter()
-    for name, size in DEFAULT_SIZES.items():
-        n = max(1, round(size * args.scale))
-        t = time.perf_counter()
-        eps = generate_split(name, n, seed=args.seed)
-        gen_s = time.perf_counter() - t
-        t = time.perf_counter()
-        split_dir = write_aitz_split(eps, root, name)
-        write_s = time.perf_counter() - t
-        mb = sum(f.stat().st_size for f in split_dir.rglob("*") if f.is_file()) / 2**20
-        types = collections.Counter(s.action.type for e in eps for s in e.steps)
-        total.update(types)
-        steps = sum(types.values())
-        splits[name] = {
-            "episodes": n,
-            "steps": steps,
-            "generate_s": round(gen_s, 2),
-            "write_s": round(write_s, 2),
-            "mb": round(mb, 1),
-        }
-        all_eps[name] = eps
-        print(f"{name}: {n} episodes, {steps} steps, generate {gen_s:.1f} s, write {write_s:.1f} s, {mb:.1f} MB")
-    n_steps = sum(total.values())
-    eps = [e for v in all_eps.values() for e in v]
-    out["dataset"] = {
-        "splits": splits,
-        "episodes": len(eps),
-        "steps": n_steps,
-        "generate_s": round(sum(v["generate_s"] for v in splits.values()), 1),
-        "write_s": round(sum(v["write_s"] for v in splits.values()), 1),
-        "mb": round(sum(v["mb"] for v in splits.values()), 1),
-        "action_shares": {k: round(v / n_steps, 3) for k, v in sorted(total.items())},
-        "press_buttons": dict(
-            collections.Counter(s.action.button for e in eps for s in e.steps if s.action.type == "press")
-        ),
-        "scroll_directions": dict(
-            collections.Counter(s.action.direction for e in eps for s in e.steps if s.action.type == "scroll")
-        ),
-        "steps_per_episode": round(n_steps / len(eps), 2),
-        "families": dict(collections.Counter(e.meta["task"]["family"] for e in eps)),
-        "desc_words_mean": round(float(np.mean([len(s.coat.screen_desc.split()) for e in eps for s in e.steps])), 1),
-        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for e in eps for s in e.steps])), 1),
-        "elements_per_screen": round(float(np.mean([len(s.elements) for e in eps for s in e.steps])), 1),
-    }
-    d = out["dataset"]
-    print(
-        f"default dataset: {d['episodes']} episodes, {d['steps']} steps, generate {d['generate_s']} s, "
-        f"write {d['write_s']} s, {d['mb']} MB"
-    )
-    print("action shares: " + ", ".join(f"{k} {v:.1%}" for k, v in d["action_shares"].items()))
-    print(f"press: {d['press_buttons']}; scroll: {d['scroll_directions']}; {d['steps_per_episode']} steps/episode")
-    print(
-        f"annotation words: description {d['desc_words_mean']}, thought {d['think_words_mean']}; "
-        f"{d['elements_per_screen']} UI elements per screen"
-    )
+    splits, all_eps = write_splits(root, args.scale, args.seed)
+    out["dataset"] = dataset_stats(splits, all_eps)
+    print_dataset(out["dataset"])
     evals = [e for k, v in all_eps.items() if k != "train" for e in v]
     out["blind_click_accuracy"] = blind_baseline(all_eps["train"], evals)
     print("screen-blind, label-aware click accuracy (0.14 rule): " + json.dumps(out["blind_click_accuracy"]))
