@@ -249,8 +249,9 @@ def _round_config(s, cfg):
 
 
 def test_ipl_settings_are_typed_and_checked():
+    from support.small_models import tiny_cfg
+
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
     from ipl_jax.settings import SettingsError
 
     s = load_settings(
@@ -267,18 +268,7 @@ def test_ipl_settings_are_typed_and_checked():
     assert ipl.gamma_pairs == "consistent" and ipl.selection.dedup is True and ipl.selection.type_balance == 1.5
     assert ipl.lr(1) == ipl.learning_rate and ipl.gamma_cap == ipl.max_pairs_per_tree
 
-    cfg = Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=2),
-        text=TextConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            mrope_section=(1, 1, 2),
-        ),
-    )
+    cfg = tiny_cfg()
     rc = _round_config(s, cfg)
     assert rc.gamma_consistent_only and rc.pairs.gamma_action_pairs and rc.train_on == "golden"
     assert rc.selection == PairSelection(dedup=True, type_balance=1.5, mix_trees=False)

@@ -124,20 +124,9 @@ def test_critic_reads_the_sibling_return():
     np.testing.assert_allclose(v, [[0.1 + float(jax.nn.gelu(2.0)), 0.2], [0.1, 0.2]], atol=1e-6)
     np.testing.assert_allclose(np.asarray(C.value_from_hidden(critic, h, None)), [[0.1, 0.2]] * 2, atol=1e-6)
     # a fresh critic starts at zero with or without GiGPPO (its output layers are zero)
-    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+    from support.small_models import tiny_cfg
 
-    cfg = Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=8, num_heads=2),
-        text=TextConfig(
-            vocab_size=16,
-            hidden_size=8,
-            intermediate_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            mrope_section=(1, 1, 0),
-        ),
-    )
+    cfg = tiny_cfg()
     fresh = C.init_critic({"w": jnp.ones(3)}, cfg, jax.random.PRNGKey(0), sibling_width=4)
-    hh = jax.random.normal(jax.random.PRNGKey(1), (3, 8))
+    hh = jax.random.normal(jax.random.PRNGKey(1), (3, cfg.text.hidden_size))
     np.testing.assert_array_equal(np.asarray(C.value_from_hidden(fresh, hh, jnp.ones((3, 4)))), 0.0)

@@ -1,71 +1,33 @@
-"""The benchmarks' model: a Qwen2-VL config built from a size table (tools/bench_tree.py, tools/bench_tdpo.py,
-tools/bench_precision.py), and the sizes they share: model dimensions, screenshot grid and the text around it."""
+"""The benchmarks' models: the sizes they share (``model.sizes.Size``), each with the screenshot grid and the text
+around it that its workloads use (tools/bench_tree.py, bench_tdpo.py, bench_precision.py and the sampler
+benchmark's CPU mode)."""
 
 from __future__ import annotations
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.sizes import Size, small_config
 
-# "53m": 53M parameters, 529 image tokens per step; "12m": about 12M parameters, 144 image tokens per step.
+# hidden, layers, heads, kv heads, MLP width, vocabulary; ViT width, depth, heads
 SIZES = {
-    "53m": dict(
-        hidden=512,
-        layers=8,
-        heads=8,
-        kv_heads=4,
-        inter=2048,
-        vocab=16384,
-        v_dim=256,
-        v_depth=4,
-        v_heads=4,
-        grid=(1, 46, 46),
-        text_before=12,
-        text_after=24,
-    ),
-    "12m": dict(
-        hidden=256,
-        layers=4,
-        heads=4,
-        kv_heads=2,
-        inter=1024,
-        vocab=8192,
-        v_dim=128,
-        v_depth=2,
-        v_heads=2,
-        grid=(1, 24, 24),
-        text_before=8,
-        text_after=16,
-    ),
+    "53m": Size(512, 8, 8, 4, 2048, 16384, 256, 4, 4),  # 53M parameters
+    "12m": Size(256, 4, 4, 2, 1024, 8192, 128, 2, 2),
+    "1m": Size(128, 2, 4, 2, 256, 2048, 64, 1, 2),  # bench_tdpo --quick
+    "tiny": Size(64, 2, 4, 2, 128, 512, 32, 1, 2),  # the scripts' CPU modes in the test suite
+}
+# per size: the screenshot grid (t, h, w patches) and the text tokens before / after it
+SCREENS = {
+    "53m": dict(grid=(1, 46, 46), text_before=12, text_after=24),  # 529 image tokens per step
+    "12m": dict(grid=(1, 24, 24), text_before=8, text_after=16),  # 144
+    "1m": dict(grid=(1, 16, 16), text_before=8, text_after=12),  # 64
+    "tiny": dict(grid=(1, 4, 4), text_before=4, text_after=4),  # 4
 }
 
 
-def bench_model(s: dict) -> Qwen2VLConfig:
-    """A Qwen2-VL config from ``s``: hidden, layers, heads, kv_heads, inter, vocab, v_dim, v_depth, v_heads. The
-    M-RoPE sections split half the head dimension 1 : 1.5 : 1.5 (like Qwen2-VL's 16 / 24 / 24); the special
-    tokens take the top of the vocabulary."""
-    head_dim = s["hidden"] // s["heads"]
-    half = head_dim // 2
-    t_sec = half // 4
-    h_sec = (half - t_sec) // 2
-    v = s["vocab"]
-    return Qwen2VLConfig(
-        vision=VisionConfig(
-            depth=s["v_depth"], embed_dim=s["v_dim"], hidden_size=s["hidden"], num_heads=s["v_heads"], mlp_ratio=4
-        ),
-        text=TextConfig(
-            vocab_size=v,
-            hidden_size=s["hidden"],
-            intermediate_size=s["inter"],
-            num_hidden_layers=s["layers"],
-            num_attention_heads=s["heads"],
-            num_key_value_heads=s["kv_heads"],
-            rms_norm_eps=1e-6,
-            mrope_section=(t_sec, h_sec, half - t_sec - h_sec),
-            eos_token_id=(v - 1,),
-            bos_token_id=0,
-            pad_token_id=0,
-        ),
-        image_token_id=v - 4,
-        video_token_id=v - 3,
-        vision_start_token_id=v - 6,
-        vision_end_token_id=v - 5,
-    )
+def bench_shape(size: str, **workload) -> dict:
+    """A benchmark's shape: the model ``size`` (a ``SIZES`` name), its screen (``SCREENS``) and ``workload``."""
+    return dict(SCREENS[size], size=size, **workload)
+
+
+def bench_model(size: str) -> Qwen2VLConfig:
+    """The model of ``SIZES[size]``: special ids at the top of the vocabulary, bos and pad id 0."""
+    return small_config(SIZES[size], rms_norm_eps=1e-6, bos_token_id=0, pad_token_id=0)

@@ -14,7 +14,7 @@ the baseline of the ratios):
 as ``bench_tdpo`` runs it): the [B, T, T] mask, the vision tower, the decoder forward and forward+backward, the
 log-prob head and the whole step, each jitted alone, with its matmul FLOPs and achieved GFLOP/s.
 
-    python -m tools.bench_precision [--repeats R] [--json OUT] [--profile [--shape default|quick]]
+    python -m tools.bench_precision [--repeats R] [--json OUT] [--tiny] [--profile [--shape default|quick|tiny]]
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ipl_jax import model as M
 from ipl_jax.model.params import count_params
 from ipl_jax.model.text import forward_hidden, token_log_probs
 from ipl_jax.planning.hlo_cost import hlo_flops
-from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from ipl_jax.sampling.config import SamplerConfig
@@ -39,19 +38,14 @@ from ipl_jax.sampling.prompts import pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree_jit
 from ipl_jax.training.state import cast_floating
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 from tools.bench_tdpo import SHAPES as TDPO_SHAPES
-from tools.bench_tdpo import TEXT_BUCKETS, make_workload
+from tools.bench_tdpo import make_workload, pack_layouts
 from tools.bench_tree import SHAPES as TREE_SHAPES
 from tools.bench_tree import random_steps
 
 # The T-DPO model: between bench_tdpo's "quick" and "default" (about 12M parameters, 144 image tokens per row).
-TDPO_SHAPE = dict(
-    SIZES["12m"],
-    prompts=(24, 16),
-    turns=(24, 24),
-    action=(6, 12),
-)
+TDPO_SHAPE = bench_shape("12m", prompts=(24, 16), turns=(24, 24), action=(6, 12))
 
 
 def median_time(fn, repeats: int) -> float:
@@ -70,36 +64,10 @@ def memory(compiled) -> dict:
     }
 
 
-def tdpo_batches(cfg, s, groups: int, packed: bool):
-    workload = make_workload(cfg, s, groups, 1, np.random.default_rng(0))
-    patch_bucket = int(np.prod(s["grid"]))
-    g, p = workload[0]
-    if packed:
-        return PK.pack_round(
-            cfg,
-            g,
-            p,
-            PB.PackingConfig(
-                rows=groups,
-                max_continuations=4,
-                max_pairs=len(p),
-                text_buckets=TEXT_BUCKETS,
-                patch_buckets=(patch_bucket,),
-            ),
-        )
-    ug, up = PK.unpack_groups(g, p)
-    return PK.pack_unpacked(
-        cfg,
-        ug,
-        up,
-        PB.PackingConfig(
-            rows=len(ug),
-            max_continuations=1,
-            max_pairs=len(p),
-            text_buckets=TEXT_BUCKETS,
-            patch_buckets=(patch_bucket,),
-        ),
-    )
+def tdpo_batch(cfg, s, groups: int, layout: str):
+    """One batch of bench_tdpo's workload (``groups`` prefix groups) in the ``layout`` "packed" or "unpacked"."""
+    packed, unpacked = pack_layouts(cfg, s, make_workload(cfg, s, groups, 1, np.random.default_rng(0)), groups)
+    return (packed if layout == "packed" else unpacked)[0]
 
 
 def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
@@ -145,10 +113,12 @@ def run_sampler(cfg, params, steps, config, dtype: str, repeats: int) -> dict:
     }
 
 
-def precision_table(repeats: int) -> list[dict]:
-    cfg = bench_model(TDPO_SHAPE)
+def precision_table(repeats: int, tdpo_shape: dict = TDPO_SHAPE, tree_shape: str = "quick") -> list[dict]:
+    """The rows of every variant: the T-DPO step on ``tdpo_shape`` (bench_tdpo's workload), the sampler on
+    bench_tree's ``tree_shape``."""
+    cfg = bench_model(tdpo_shape["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    batch = tdpo_batches(cfg, TDPO_SHAPE, 2, packed=True)[0]
+    batch = tdpo_batch(cfg, tdpo_shape, 2, "packed")
     print(
         f"T-DPO model {count_params(params) / 1e6:.1f}M params; batch {batch.rows} rows x {batch.length} tokens, "
         f"{batch.num_pairs} pairs; jax {jax.__version__} on {jax.devices()[0].platform}",
@@ -159,8 +129,8 @@ def precision_table(repeats: int) -> list[dict]:
         for remat in (False, True):
             rows.append(run_tdpo(cfg, params, batch, dtype, remat, repeats))
             print(json.dumps(rows[-1]), flush=True)
-    s = TREE_SHAPES["quick"]
-    tcfg = bench_model(s)
+    s = TREE_SHAPES[tree_shape]
+    tcfg = bench_model(s["size"])
     tparams = M.init_params(tcfg, jax.random.PRNGKey(1), std=0.02)
     steps = random_steps(tcfg, s, 1, np.random.default_rng(0))
     v = tcfg.text.vocab_size
@@ -205,12 +175,12 @@ def print_precision(rows: list[dict]) -> None:
 def profile(shape: str, repeats: int) -> list[dict]:
     """Seconds, matmul GFLOP and GFLOP/s of the T-DPO step's pieces, packed vs unpacked (fp32, no remat)."""
     s = TDPO_SHAPES[shape]
-    cfg = bench_model(s)
+    cfg = bench_model(s["size"])
     params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
     config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
     out = []
     for layout in ("packed", "unpacked"):
-        batch = tdpo_batches(cfg, s, 2, packed=layout == "packed")[0]
+        batch = tdpo_batch(cfg, s, 2, layout)
         mask = PK.packed_attention_mask(batch.segment_ids)
         feats = PK.row_image_features(params, cfg, batch.vision)
         hidden = forward_hidden(params, cfg, batch.input_ids, batch.positions, mask, feats)
@@ -296,11 +266,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per variant (median)")
     ap.add_argument("--profile", action="store_true", help="time the T-DPO step's pieces, packed vs unpacked")
     ap.add_argument("--shape", choices=tuple(TDPO_SHAPES), default="default", help="--profile's model (bench_tdpo)")
+    ap.add_argument("--tiny", action="store_true", help="the smallest models (the test suite's run; --shape tiny)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if args.profile:
-        rows = profile(args.shape, args.repeats)
+        rows = profile("tiny" if args.tiny else args.shape, args.repeats)
         print_profile(rows)
+    elif args.tiny:
+        rows = precision_table(args.repeats, TDPO_SHAPES["tiny"], "tiny")
+        print_precision(rows)
     else:
         rows = precision_table(args.repeats)
         print_precision(rows)

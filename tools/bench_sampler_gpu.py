@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -175,7 +176,7 @@ class Report:
             os._exit(124)
 
 
-def main(argv=None) -> int:
+def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=tuple(DEFAULTS), default="2b")
     ap.add_argument("--steps", type=int, default=4, help="steps (trees) per sampler batch")
@@ -203,9 +204,25 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here (after every part)")
     ap.add_argument("--transformers-worker", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.transformers_worker:
-        return transformers_worker(args.transformers_worker)
+    return ap.parse_args(argv)
+
+
+class Flags(NamedTuple):
+    """The list-valued flags, parsed and checked."""
+
+    parts: list[str]
+    decode_turns: tuple[int, ...]
+    branching: tuple[int, ...]
+    turns: tuple[int, ...]
+    screen: tuple[int, ...]
+    decode_options: dict
+    text: tuple[int, ...]
+    prompts: tuple[int, ...]
+
+
+def read_flags(args: argparse.Namespace) -> Flags:
+    """``args`` with the ``--size``'s defaults filled in, the list-valued flags parsed; a bad flag is one line
+    (``SystemExit``)."""
     for k, v in DEFAULTS[args.size].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -224,78 +241,74 @@ def main(argv=None) -> int:
     screen = _ints(args.screen.replace("x", ","), 2, "--screen")
     decode_options = _options(args.decode_options)
     text, prompts = _ints(args.text, 2, "--text"), _ints(args.prompts, 3, "--prompts")
+    return Flags(parts, decode_turns, branching, turns, screen, decode_options, text, prompts)
 
-    clock = CompileSpans()
-    rep = Report(args.json, args.time_limit)
-    res = rep.res
-    try:
-        dev = jax.devices()[0]
-        cfg = model_config(args.size, args.dtype, args.attention)
-        steps, grid = make_steps(cfg, args.steps, screen, args.max_pixels, text, prompts, args.seed)
-        config = sampler_config(cfg, steps, branching, turns)
-        kind = dev.device_kind.lower()
-        spec_bw = next((bw for k, bw in HBM_BYTES_PER_S.items() if k in kind), None)
-        gpu = dev.platform == "gpu"
-        measured_bw = hbm_bandwidth_measured(2**30 if gpu else 2**27)
-        measured_peak = harness.matmul_peak(jnp.dtype(args.dtype), n=8192 if gpu else 512)
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev) or measured_peak
-        res.update(
-            size=args.size,
-            device=dev.device_kind,
-            platform=dev.platform,
-            jax=jax.__version__,
-            python=platform.python_version(),
-            dtype=args.dtype,
-            attention_setting=args.attention,
-            attention=resolve_attention(args.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim)),
-            jax_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
-            xla_flags=os.environ.get("XLA_FLAGS", ""),
-            decode_options=decode_options,
-            steps=args.steps,
-            branching=list(branching),
-            turn_tokens=list(turns),
-            leaves=args.steps * num_leaves(branching),
-            screen=args.screen,
-            max_pixels=args.max_pixels,
-            grid=list(grid),
-            patches_per_step=int(np.prod(grid)),
-            image_tokens_per_step=int(np.prod(grid)) // cfg.vision.merge_factor,
-            prefix_tokens=len(steps[0].prefix_ids),
-            prompt_tokens=[len(p) for p in steps[0].turn_prompt_ids],
-            peak_flops=peak,
-            peak_source="--peak-tflops" if args.peak_tflops else ("device kind" if spec_peak(dev) else "measured"),
-            matmul_flops_measured=measured_peak,
-            hbm_bytes_per_s_measured=measured_bw,
-            hbm_bytes_per_s=args.hbm_gbps * 1e9 if args.hbm_gbps else spec_bw or measured_bw,
-            hbm_source="--hbm-gbps" if args.hbm_gbps else ("device kind" if spec_bw else "measured"),
-        )
-        t0 = time.perf_counter()
-        params = jax.block_until_ready(jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(args.seed)))
-        res.update(
-            init_s=time.perf_counter() - t0,
-            params=count_params(params),
-            decode_weight_bytes=decode_weight_bytes(params, cfg),
-            kv_bytes_per_token=kv_bytes_per_token(cfg),
-        )
-    except Exception as e:
-        res["errors"]["setup"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
-        print(rep.write())
-        return 1
-    rep.write()
-    print(
-        f"{res['params'] / 1e9:.2f}B params on {res['device']}, attention {res['attention']}; {args.steps} steps x "
-        f"{res['image_tokens_per_step']} image tokens, prefix {res['prefix_tokens']}, turns {turns} -> "
-        f"{res['leaves']} leaves",
-        flush=True,
+
+def peak_figures(dev, args: argparse.Namespace) -> dict:
+    """The matmul peak (FLOP/s) and HBM bandwidth (bytes/s) the figures divide by: ``--peak-tflops`` /
+    ``--hbm-gbps``, else the device kind's, else measured (both are measured either way), with their sources."""
+    kind = dev.device_kind.lower()
+    spec_bw = next((bw for k, bw in HBM_BYTES_PER_S.items() if k in kind), None)
+    gpu = dev.platform == "gpu"
+    measured_bw = hbm_bandwidth_measured(2**30 if gpu else 2**27)
+    measured_peak = harness.matmul_peak(jnp.dtype(args.dtype), n=8192 if gpu else 512)
+    return dict(
+        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else spec_peak(dev) or measured_peak,
+        peak_source="--peak-tflops" if args.peak_tflops else ("device kind" if spec_peak(dev) else "measured"),
+        matmul_flops_measured=measured_peak,
+        hbm_bytes_per_s_measured=measured_bw,
+        hbm_bytes_per_s=args.hbm_gbps * 1e9 if args.hbm_gbps else spec_bw or measured_bw,
+        hbm_source="--hbm-gbps" if args.hbm_gbps else ("device kind" if spec_bw else "measured"),
     )
-    runners = {
-        "tree": lambda: run_tree(params, cfg, steps, config, res, clock),
-        "prefill": lambda: run_prefill(params, cfg, steps, config, res, args.reps),
-        "decode": lambda: run_decode(
-            params, cfg, steps, config, res, decode_turns, args.reps, decode_options, args.profile
-        ),
-        "transformers": lambda: run_transformers(cfg, steps, config, res, args, rep.deadline, rep.box),
-    }
+
+
+def setup(args: argparse.Namespace, flags: Flags, res: dict) -> tuple:
+    """(cfg, steps, sampler config, params): the model, the random steps and the device's figures written into
+    ``res``, then the random weights drawn on the device (timed)."""
+    dev = jax.devices()[0]
+    cfg = model_config(args.size, args.dtype, args.attention)
+    steps, grid = make_steps(cfg, args.steps, flags.screen, args.max_pixels, flags.text, flags.prompts, args.seed)
+    config = sampler_config(cfg, steps, flags.branching, flags.turns)
+    peaks = peak_figures(dev, args)
+    res.update(
+        size=args.size,
+        device=dev.device_kind,
+        platform=dev.platform,
+        jax=jax.__version__,
+        python=platform.python_version(),
+        dtype=args.dtype,
+        attention_setting=args.attention,
+        attention=resolve_attention(args.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim)),
+        jax_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        decode_options=flags.decode_options,
+        steps=args.steps,
+        branching=list(flags.branching),
+        turn_tokens=list(flags.turns),
+        leaves=args.steps * num_leaves(flags.branching),
+        screen=args.screen,
+        max_pixels=args.max_pixels,
+        grid=list(grid),
+        patches_per_step=int(np.prod(grid)),
+        image_tokens_per_step=int(np.prod(grid)) // cfg.vision.merge_factor,
+        prefix_tokens=len(steps[0].prefix_ids),
+        prompt_tokens=[len(p) for p in steps[0].turn_prompt_ids],
+        **peaks,
+    )
+    t0 = time.perf_counter()
+    params = jax.block_until_ready(jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(args.seed)))
+    res.update(
+        init_s=time.perf_counter() - t0,
+        params=count_params(params),
+        decode_weight_bytes=decode_weight_bytes(params, cfg),
+        kv_bytes_per_token=kv_bytes_per_token(cfg),
+    )
+    return cfg, steps, config, params
+
+
+def run_parts(parts: list[str], runners: dict, rep: Report) -> None:
+    """Each part in turn: its result (or its error, which does not stop the others) printed and written."""
+    res = rep.res
     for part in parts:
         rep.part = part
         try:
@@ -305,6 +318,38 @@ def main(argv=None) -> int:
             res["errors"][part] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
         print(f"{part}: {json.dumps(res.get(part, res['errors'].get(part)), default=float)[:600]}", flush=True)
         rep.write()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.transformers_worker:
+        return transformers_worker(args.transformers_worker)
+    flags = read_flags(args)
+    clock = CompileSpans()
+    rep = Report(args.json, args.time_limit)
+    res = rep.res
+    try:
+        cfg, steps, config, params = setup(args, flags, res)
+    except Exception as e:
+        res["errors"]["setup"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+        print(rep.write())
+        return 1
+    rep.write()
+    print(
+        f"{res['params'] / 1e9:.2f}B params on {res['device']}, attention {res['attention']}; {args.steps} steps x "
+        f"{res['image_tokens_per_step']} image tokens, prefix {res['prefix_tokens']}, turns {flags.turns} -> "
+        f"{res['leaves']} leaves",
+        flush=True,
+    )
+    runners = {
+        "tree": lambda: run_tree(params, cfg, steps, config, res, clock),
+        "prefill": lambda: run_prefill(params, cfg, steps, config, res, args.reps),
+        "decode": lambda: run_decode(
+            params, cfg, steps, config, res, flags.decode_turns, args.reps, flags.decode_options, args.profile
+        ),
+        "transformers": lambda: run_transformers(cfg, steps, config, res, args, rep.deadline, rep.box),
+    }
+    run_parts(flags.parts, runners, rep)
     headline = ("leaves_per_s", "prefill_mfu", "decode_bound_ratio", "ratio_vs_transformers")
     print(json.dumps({k: res.get(k) for k in headline}), flush=True)
     return 1 if res["errors"] else 0

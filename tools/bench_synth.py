@@ -9,7 +9,7 @@ Measures, in one process (one core):
   * a screen-blind baseline: a policy that knows each click's target label and predicts that label's mean
     training position, scored with AITZ's 0.14 distance rule (how much the screen is needed).
 
-    python -m tools.bench_synth [--scale 1.0] [--json OUT] [--keep DIR]
+    python -m tools.bench_synth [--scale 1.0] [--screens 400] [--json OUT] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from ipl_jax.data.synthetic.render import png_bytes
 
 
 def bench_render(n_screens: int = 400) -> dict:
-    eps = generate_split("train", 80, seed=99)
+    """Screens painted per second, PNG encodes per second (at most 200 screens), and simulator steps per second
+    over ``n_screens / 2`` episodes."""
+    eps = generate_split("train", max(1, n_screens // 5), seed=99)
     painters = [s.image for e in eps for s in e.steps][:n_screens]
     for p in painters[:20]:
         p()  # warm the glyph caches, as a long generation run would be
@@ -47,7 +49,7 @@ def bench_render(n_screens: int = 400) -> dict:
         png_bytes(img, compress_level=1)
     png1 = (time.perf_counter() - t) / min(200, len(imgs))
     t = time.perf_counter()
-    more = generate_split("dev", 200, seed=98)
+    more = generate_split("dev", max(1, n_screens // 2), seed=98)
     sim_s = time.perf_counter() - t
     n_sim = sum(len(e.steps) for e in more)
     return {
@@ -80,37 +82,20 @@ def blind_baseline(train, evals) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the default split sizes")
-    ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--keep", default=None, help="write the dataset here and keep it (default: a temp dir)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-
-    out = {"render": bench_render()}
-    r = out["render"]
-    print(
-        f"render: {r['render_per_s']:.0f} screens/s (one core); PNG level 6: {r['png6_per_s']:.0f}/s, "
-        f"level 1: {r['png1_per_s']:.0f}/s; simulator+expert+annotation: {r['sim_steps_per_s_no_render']:.0f} "
-        f"steps/s"
-    )
-
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="synth_bench_"))
+def write_splits(root: Path, scale: float, seed: int) -> tuple[dict, dict]:
+    """Every split at ``scale`` times its default size, generated and written in the AITZ format under ``root``,
+    each printed: (per-split figures, per-split episodes)."""
     splits, all_eps = {}, {}
-    total = collections.Counter()
     for name, size in DEFAULT_SIZES.items():
-        n = max(1, round(size * args.scale))
+        n = max(1, round(size * scale))
         t = time.perf_counter()
-        eps = generate_split(name, n, seed=args.seed)
+        eps = generate_split(name, n, seed=seed)
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
         split_dir = write_aitz_split(eps, root, name)
         write_s = time.perf_counter() - t
         mb = sum(f.stat().st_size for f in split_dir.rglob("*") if f.is_file()) / 2**20
-        types = collections.Counter(s.action.type for e in eps for s in e.steps)
-        total.update(types)
-        steps = sum(types.values())
+        steps = sum(len(e.steps) for e in eps)
         splits[name] = {
             "episodes": n,
             "steps": steps,
@@ -120,9 +105,16 @@ def main(argv=None) -> int:
         }
         all_eps[name] = eps
         print(f"{name}: {n} episodes, {steps} steps, generate {gen_s:.1f} s, write {write_s:.1f} s, {mb:.1f} MB")
-    n_steps = sum(total.values())
+    return splits, all_eps
+
+
+def dataset_stats(splits: dict, all_eps: dict) -> dict:
+    """The whole dataset's sizes and times, action shares, episode and annotation lengths."""
     eps = [e for v in all_eps.values() for e in v]
-    out["dataset"] = {
+    steps = [s for e in eps for s in e.steps]
+    total = collections.Counter(s.action.type for s in steps)
+    n_steps = len(steps)
+    return {
         "splits": splits,
         "episodes": len(eps),
         "steps": n_steps,
@@ -130,19 +122,17 @@ def main(argv=None) -> int:
         "write_s": round(sum(v["write_s"] for v in splits.values()), 1),
         "mb": round(sum(v["mb"] for v in splits.values()), 1),
         "action_shares": {k: round(v / n_steps, 3) for k, v in sorted(total.items())},
-        "press_buttons": dict(
-            collections.Counter(s.action.button for e in eps for s in e.steps if s.action.type == "press")
-        ),
-        "scroll_directions": dict(
-            collections.Counter(s.action.direction for e in eps for s in e.steps if s.action.type == "scroll")
-        ),
+        "press_buttons": dict(collections.Counter(s.action.button for s in steps if s.action.type == "press")),
+        "scroll_directions": dict(collections.Counter(s.action.direction for s in steps if s.action.type == "scroll")),
         "steps_per_episode": round(n_steps / len(eps), 2),
         "families": dict(collections.Counter(e.meta["task"]["family"] for e in eps)),
-        "desc_words_mean": round(float(np.mean([len(s.coat.screen_desc.split()) for e in eps for s in e.steps])), 1),
-        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for e in eps for s in e.steps])), 1),
-        "elements_per_screen": round(float(np.mean([len(s.elements) for e in eps for s in e.steps])), 1),
+        "desc_words_mean": round(float(np.mean([len(s.coat.screen_desc.split()) for s in steps])), 1),
+        "think_words_mean": round(float(np.mean([len(s.coat.action_think.split()) for s in steps])), 1),
+        "elements_per_screen": round(float(np.mean([len(s.elements) for s in steps])), 1),
     }
-    d = out["dataset"]
+
+
+def print_dataset(d: dict) -> None:
     print(
         f"default dataset: {d['episodes']} episodes, {d['steps']} steps, generate {d['generate_s']} s, "
         f"write {d['write_s']} s, {d['mb']} MB"
@@ -153,6 +143,28 @@ def main(argv=None) -> int:
         f"annotation words: description {d['desc_words_mean']}, thought {d['think_words_mean']}; "
         f"{d['elements_per_screen']} UI elements per screen"
     )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of the default split sizes")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--keep", default=None, help="write the dataset here and keep it (default: a temp dir)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--screens", type=int, default=400, help="screens the render benchmark paints")
+    args = ap.parse_args(argv)
+
+    out = {"render": bench_render(args.screens)}
+    r = out["render"]
+    print(
+        f"render: {r['render_per_s']:.0f} screens/s (one core); PNG level 6: {r['png6_per_s']:.0f}/s, "
+        f"level 1: {r['png1_per_s']:.0f}/s; simulator+expert+annotation: {r['sim_steps_per_s_no_render']:.0f} "
+        f"steps/s"
+    )
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="synth_bench_"))
+    splits, all_eps = write_splits(root, args.scale, args.seed)
+    out["dataset"] = dataset_stats(splits, all_eps)
+    print_dataset(out["dataset"])
     evals = [e for k, v in all_eps.items() if k != "train" for e in v]
     out["blind_click_accuracy"] = blind_baseline(all_eps["train"], evals)
     print("screen-blind, label-aware click accuracy (0.14 rule): " + json.dumps(out["blind_click_accuracy"]))

@@ -22,12 +22,12 @@ median is reported.
 rewards and the DPO gradient of the packed step, the unpacked step and TRL, with a reference that differs from the
 policy, in float32 at the highest matmul precision; printed, and written to ``--json`` as ``trl_agreement``.
 
-TRL is not a project dependency (``pip install -e ".[bench]"`` adds it; or ``PYTHONPATH=DIR`` for a directory that
-holds trl, datasets, accelerate and their dependencies). It runs if importable; otherwise the TRL row (or the
-agreement's ``trl`` entry) says why it did not run.
+TRL comes with the test extra (``pip install -c constraints.txt -e ".[test]"``; ``.[bench]`` adds it alone), not
+with the package. It runs if importable; otherwise the TRL row (or the agreement's ``trl`` entry) says why it did not
+run. ``tests/test_tools.py`` runs both modes with ``--tiny``.
 
-    python -m tools.bench_tdpo [--quick] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
-    python -m tools.bench_tdpo --agreement [--quick] [--groups G] [--ref-noise S] [--json OUT]
+    python -m tools.bench_tdpo [--quick | --tiny] [--groups G] [--batches N] [--repeats R] [--json OUT] [--skip-trl]
+    python -m tools.bench_tdpo --agreement [--quick | --tiny] [--groups G] [--ref-noise S] [--json OUT]
 """
 
 from __future__ import annotations
@@ -48,36 +48,16 @@ from ipl_jax.preference import packed_batch as PB
 from ipl_jax.preference import packing as PK
 from ipl_jax.preference import tdpo as ipl
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 from tools.bench_tdpo_agreement import print_agreement, run_agreement
 from tools.bench_tdpo_trl import make_trl
 
 # name -> model sizes and prefix / continuation lengths. "default": ~50M parameters, 529 image tokens per step;
 # the prefix of a turn-3 pair is the screenshot, prompts and the sampled s1, s2 (~730 tokens).
 SHAPES = {
-    "default": dict(
-        SIZES["53m"],
-        prompts=(40, 28),
-        turns=(48, 48),
-        action=(8, 16),
-    ),
-    "quick": dict(
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        inter=256,
-        vocab=2048,
-        v_dim=64,
-        v_depth=1,
-        v_heads=2,
-        grid=(1, 16, 16),
-        text_before=8,
-        text_after=12,
-        prompts=(16, 12),
-        turns=(16, 16),
-        action=(4, 8),
-    ),
+    "default": bench_shape("53m", prompts=(40, 28), turns=(48, 48), action=(8, 16)),
+    "quick": bench_shape("1m", prompts=(16, 12), turns=(16, 16), action=(4, 8)),
+    "tiny": bench_shape("tiny", prompts=(4, 3), turns=(4, 4), action=(2, 4)),
 }
 TEXT_BUCKETS = tuple(range(64, 4097, 64))
 
@@ -175,92 +155,38 @@ class JaxVariant:
         }
 
 
-# ------------------------------------------------------------------------------------------------ main
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small model (smoke test of the script)")
-    parser.add_argument("--groups", type=int, default=2, help="prefix groups per batch (β, γ alternating)")
-    parser.add_argument("--batches", type=int, default=1, help="distinct batches (same shapes)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps per batch")
-    parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--agreement", action="store_true", help="check agreement with TRL instead of timing")
-    parser.add_argument("--ref-noise", type=float, default=0.02, help="--agreement: reference = policy + N(0, S^2)")
-    args = parser.parse_args(argv)
-    if args.agreement:
-        jax.config.update("jax_default_matmul_precision", "highest")
-
-    s = SHAPES["quick" if args.quick else "default"]
-    cfg = bench_model(s)
-    params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
-    workload = make_workload(cfg, s, args.groups, args.batches, np.random.default_rng(0))
+def pack_layouts(cfg: Qwen2VLConfig, s: dict, workload, groups: int) -> tuple[list, list]:
+    """The workload's batches in both layouts: packed (``pack_round``: one row per prefix group, ``groups`` rows) and
+    unpacked (``pack_unpacked``: one row per (prefix, continuation)); every row's patch slot holds one screenshot."""
     n_pairs = len(workload[0][1])
-    n_img = int(np.prod(s["grid"])) // cfg.vision.merge_factor
-    print(
-        f"model: {count_params(params) / 1e6:.1f}M parameters, {n_img} image tokens per step; "
-        f"{args.groups} prefix groups and {n_pairs} pairs per step; jax {jax.__version__} on "
-        f"{jax.devices()[0].platform}"
+    patch_bucket = int(np.prod(s["grid"]))
+    packing = lambda rows, conts: PB.PackingConfig(
+        rows=rows, max_continuations=conts, max_pairs=n_pairs, text_buckets=TEXT_BUCKETS, patch_buckets=(patch_bucket,)
     )
-
-    if args.agreement:
-        groups, pairs = workload[0]
-        with tempfile.TemporaryDirectory() as tmp:
-            agreement = run_agreement(
-                cfg, params, groups, pairs, beta=0.1, ref_noise=args.ref_noise, key=jax.random.PRNGKey(1), tmp=tmp
-            )
-        print_agreement(agreement)
-        if args.json:
-            harness.write_json(args.json, {"trl_agreement": agreement}, indent=2)
-        return 0 if agreement["pass"] else 1
-
-    patch_bucket = int(np.prod(s["grid"]))  # per row: one screenshot
-    packed = [
-        PK.pack_round(
-            cfg,
-            g,
-            p,
-            PB.PackingConfig(
-                rows=args.groups,
-                max_continuations=4,
-                max_pairs=n_pairs,
-                text_buckets=TEXT_BUCKETS,
-                patch_buckets=(patch_bucket,),
-            ),
-        )[0]
-        for g, p in workload
-    ]
+    packed = [PK.pack_round(cfg, g, p, packing(groups, 4))[0] for g, p in workload]
     unpacked = []
     for g, p in workload:
         ug, up = PK.unpack_groups(g, p)
-        rows = len(ug)
-        unpacked += PK.pack_unpacked(
-            cfg,
-            ug,
-            up,
-            PB.PackingConfig(
-                rows=rows,
-                max_continuations=1,
-                max_pairs=n_pairs,
-                text_buckets=TEXT_BUCKETS,
-                patch_buckets=(patch_bucket,),
-            ),
-        )
+        unpacked += PK.pack_unpacked(cfg, ug, up, packing(len(ug), 1))
+    return packed, unpacked
+
+
+def time_variants(cfg, params, config: ipl.TDPOConfig, workload, layouts, repeats: int, skip_trl: bool) -> list[dict]:
+    """The packed, unpacked and TRL rows (TRL's a ``skipped`` row when it does not run). The variants take turns,
+    one round each per repeat: a change in the machine's load (shared cores) then reaches all of them alike, and
+    the medians compare like with like."""
+    packed, unpacked = layouts
     variants = [JaxVariant("packed", params, config, packed), JaxVariant("unpacked", params, config, unpacked)]
     with tempfile.TemporaryDirectory() as tmp:
         trl = {"variant": "trl", "skipped": "--skip-trl"}
-        if not args.skip_trl:
+        if not skip_trl:
             trl = make_trl(cfg, params, workload, config, tmp)
         if not isinstance(trl, dict):
             variants.append(trl)
-        # the variants take turns, one round each per repeat: a change in the machine's load (shared cores)
-        # then reaches all of them alike, and the medians compare like with like
-        for r in range(args.repeats):
+        for r in range(repeats):
             for v in variants:
                 v.round()
-            print(f"round {r + 1}/{args.repeats} done", flush=True)
+            print(f"round {r + 1}/{repeats} done", flush=True)
     results = [v.result() for v in variants[:2]]
     our_ref = results[0].pop("_first_ref")
     unpacked_ref = results[1].pop("_first_ref")
@@ -268,32 +194,34 @@ def main(argv=None) -> int:
         max(np.max(np.abs(unpacked_ref[0] - our_ref[0])), np.max(np.abs(unpacked_ref[1] - our_ref[1])))
     )
     results.append(trl if isinstance(trl, dict) else trl.result(our_ref))
-    for r in results:
-        print(json.dumps(r))
+    return results
 
+
+def summarize(results: list[dict], **about) -> dict:
+    """The pairs/s ratios between the variants (None where one did not run), ``about`` and the rows."""
     by = {r["variant"]: r for r in results}
 
     def ratio(a, b, key="pairs_per_s"):
         return by[a][key] / by[b][key] if key in by[b] else None
 
-    summary = {
+    return {
         "ratio_vs_unpacked": ratio("packed", "unpacked"),
         "ratio_vs_trl": ratio("packed", "trl"),
         "ratio_vs_unpacked_step_only": ratio("packed", "unpacked", "pairs_per_s_step_only"),
         "unpacked_vs_trl": ratio("unpacked", "trl"),
         "ratio_vs_trl_step_only": ratio("packed", "trl", "pairs_per_s_step_only"),
         "unpacked_vs_trl_step_only": ratio("unpacked", "trl", "pairs_per_s_step_only"),
-        "params": count_params(params),
-        "image_tokens_per_step": n_img,
-        "pairs_per_step": n_pairs,
+        **about,
         "results": results,
     }
-    print()
+
+
+def print_summary(summary: dict) -> None:
     print(
-        f"{'variant':10s} {'rows':>5s} {'T':>5s} {'tok/pair':>9s} {'pad tok/pair':>12s} {'step s':>8s} "
+        f"\n{'variant':10s} {'rows':>5s} {'T':>5s} {'tok/pair':>9s} {'pad tok/pair':>12s} {'step s':>8s} "
         f"{'ref s':>7s} {'pairs/s':>9s}"
     )
-    for r in results:
+    for r in summary["results"]:
         if "skipped" in r:
             print(f"{r['variant']:10s} skipped: {r['skipped']}")
             continue
@@ -308,6 +236,64 @@ def main(argv=None) -> int:
         f"{fmt(summary['ratio_vs_trl_step_only'])}), unpacked {fmt(summary['unpacked_vs_trl'])} (step only "
         f"{fmt(summary['unpacked_vs_trl_step_only'])})"
     )
+
+
+def agreement(cfg, params, workload, ref_noise: float, json_out: str | None) -> int:
+    """``--agreement`` on the workload's first batch: printed, written to ``json_out``; 0 when the targets are met."""
+    groups, pairs = workload[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run_agreement(
+            cfg, params, groups, pairs, beta=0.1, ref_noise=ref_noise, key=jax.random.PRNGKey(1), tmp=tmp
+        )
+    print_agreement(out)
+    if json_out:
+        harness.write_json(json_out, {"trl_agreement": out}, indent=2)
+    return 0 if out["pass"] else 1
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a small model (smoke test of the script)")
+    size.add_argument("--tiny", action="store_true", help="the smallest model and pairs (the test suite's run)")
+    parser.add_argument("--groups", type=int, default=2, help="prefix groups per batch (β, γ alternating)")
+    parser.add_argument("--batches", type=int, default=1, help="distinct batches (same shapes)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed steps per batch")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--agreement", action="store_true", help="check agreement with TRL instead of timing")
+    parser.add_argument("--ref-noise", type=float, default=0.02, help="--agreement: reference = policy + N(0, S^2)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.agreement:
+        jax.config.update("jax_default_matmul_precision", "highest")
+    s = SHAPES["tiny" if args.tiny else "quick" if args.quick else "default"]
+    cfg = bench_model(s["size"])
+    params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
+    workload = make_workload(cfg, s, args.groups, args.batches, np.random.default_rng(0))
+    n_pairs = len(workload[0][1])
+    n_img = int(np.prod(s["grid"])) // cfg.vision.merge_factor
+    print(
+        f"model: {count_params(params) / 1e6:.1f}M parameters, {n_img} image tokens per step; "
+        f"{args.groups} prefix groups and {n_pairs} pairs per step; jax {jax.__version__} on "
+        f"{jax.devices()[0].platform}"
+    )
+    if args.agreement:
+        return agreement(cfg, params, workload, args.ref_noise, args.json)
+
+    config = ipl.TDPOConfig(model=cfg, logp_chunk=64)  # the paper's round-1 optimizer
+    layouts = pack_layouts(cfg, s, workload, args.groups)
+    results = time_variants(cfg, params, config, workload, layouts, args.repeats, args.skip_trl)
+    for r in results:
+        print(json.dumps(r))
+    summary = summarize(results, params=count_params(params), image_tokens_per_step=n_img, pairs_per_step=n_pairs)
+    print_summary(summary)
     if args.json:
         harness.write_json(args.json, summary, indent=2)
     return 0

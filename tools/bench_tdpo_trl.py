@@ -1,5 +1,6 @@
 """The TRL side of tools.bench_tdpo: ``DPOTrainer`` on a ``Qwen2VLForConditionalGeneration`` loaded from the
-same weights, fed the same pairs pre-tokenised in TRL's own layout. TRL is not a project dependency."""
+same weights, fed the same pairs pre-tokenised in TRL's own layout. TRL comes with the test extra, not with the
+package."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ sharing (vision once per step, each prefix / prompt token once, one logits row p
 attention over the real context); achieved FLOP/s is that over each method's time, compared with the best of a
 few large ``jnp`` matmuls measured in the same run.
 
-    python -m tools.bench_tree [--quick | --full] [--steps B] [--json OUT] [--skip-transformers]
+    python -m tools.bench_tree [--quick | --full | --tiny] [--steps B] [--json OUT] [--skip-transformers]
                                [--skip-no-sharing]
 """
 
@@ -40,27 +40,18 @@ from ipl_jax.sampling.no_sharing import sample_tree_no_sharing
 from ipl_jax.sampling.prompts import StepPrompts, pack_tree_prompts
 from ipl_jax.sampling.tree_sampler import sample_tree
 from tools import harness
-from tools.bench_models import SIZES, bench_model
+from tools.bench_models import bench_model, bench_shape
 
 # name -> model sizes and tree shape. "default" and "full": 53M parameters, 529 image tokens per step, turns
 # 48/48/16/16; "default" samples K=2 trees (8 leaves) so that the two baselines, which re-encode every
 # prefix, finish in a few minutes on 2 CPU cores; "full" is the paper's K=3 (27 leaves, ~3x longer).
-_BENCH_MODEL = dict(
-    SIZES["53m"],
-    prompts=(40, 28, 16),
-    turns=(48, 48, 16, 16),
-    steps=1,
-)
+_BENCH_MODEL = bench_shape("53m", prompts=(40, 28, 16), turns=(48, 48, 16, 16), steps=1)
 SHAPES = {
     "default": dict(_BENCH_MODEL, branching=(2, 2, 2, 1)),
     "full": dict(_BENCH_MODEL, branching=(3, 3, 3, 1)),
-    "quick": dict(
-        SIZES["12m"],
-        prompts=(24, 16, 12),
-        turns=(16, 16, 8, 8),
-        branching=(2, 2, 2, 1),
-        steps=1,
-    ),
+    "quick": bench_shape("12m", prompts=(24, 16, 12), turns=(16, 16, 8, 8), branching=(2, 2, 2, 1), steps=1),
+    # the test suite's run: the smallest model, 4 leaves of a few tokens
+    "tiny": bench_shape("tiny", prompts=(3, 3, 3), turns=(3, 3, 2, 2), branching=(2, 2, 1, 1), steps=1),
 }
 
 
@@ -255,42 +246,31 @@ def transformers_tree_seconds(model, cfg: Qwen2VLConfig, steps, config, device: 
 # ------------------------------------------------------------------------------------------------ main
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small model and tree (about a minute)")
-    size.add_argument("--full", action="store_true", help="branching (3, 3, 3, 1): 27 leaves per step")
-    ap.add_argument("--steps", type=int, default=None, help="steps (trees) per batch")
-    ap.add_argument("--json", default=None, help="write the figures here")
-    ap.add_argument("--skip-transformers", action="store_true")
-    ap.add_argument("--skip-no-sharing", action="store_true")
-    args = ap.parse_args(argv)
-
-    shape = "quick" if args.quick else "full" if args.full else "default"
-    s = SHAPES[shape]
-    n_steps = args.steps or s["steps"]
-    clock = CompileSpans()
-    cfg = bench_model(s)
-    params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
-    steps = random_steps(cfg, s, n_steps, np.random.default_rng(0))
-    v = cfg.text.vocab_size
-    config = SamplerConfig(
+def tree_config(cfg: Qwen2VLConfig, s: dict, steps: list[StepPrompts]) -> SamplerConfig:
+    """The sampler settings of shape ``s`` with exact buckets for ``steps`` and an end id outside the vocabulary (no
+    turn stops early: every method makes the same number of tokens)."""
+    return SamplerConfig(
         branching=s["branching"],
         max_turn_tokens=s["turns"],
         temperature=(1.0, 1.0, 1.0, 0.0),
-        eos_ids=(v,),  # outside the vocabulary: no turn stops early
+        eos_ids=(cfg.text.vocab_size,),
         suppress_ids=(cfg.image_token_id, cfg.video_token_id),
         prefix_buckets=(len(steps[0].prefix_ids),),
         prompt_buckets=tuple(sorted(set(s["prompts"]))),
-        patch_buckets=(n_steps * steps[0].pixel_values.shape[0],),
+        patch_buckets=(len(steps) * steps[0].pixel_values.shape[0],),
     )
-    leaves = n_steps * num_leaves(config.branching)
+
+
+def describe(shape: str, cfg, params, steps, config: SamplerConfig, matmul_n: int) -> dict:
+    """The run's sizes, useful work and the matmul peak (f32, 4 independent ``matmul_n``-square products per
+    call), printed; the figures' dict."""
+    leaves = len(steps) * num_leaves(config.branching)
     flops = useful_tree_flops(cfg, steps, config)
-    peak = harness.matmul_peak(jnp.float32, n=2048, reps=4, products=4)  # f32, 4 independent products per call
+    peak = harness.matmul_peak(jnp.float32, n=matmul_n, reps=4, products=4)
     res = {
         "shape": shape,
         "params": count_params(params),
-        "steps": n_steps,
+        "steps": len(steps),
         "branching": list(config.branching),
         "turn_tokens": list(config.max_turn_tokens),
         "image_tokens_per_step": int(steps[0].pixel_values.shape[0] // cfg.vision.merge_factor),
@@ -303,11 +283,16 @@ def main(argv=None) -> int:
     print(
         f"model {res['params'] / 1e6:.1f}M params, {res['image_tokens_per_step']} image tokens/step, "
         f"prefix {res['prefix_tokens']} tokens, branching {config.branching}, turns {config.max_turn_tokens}, "
-        f"{n_steps} step(s) -> {leaves} leaves; useful work {flops / 1e9:.1f} GFLOP; "
+        f"{len(steps)} step(s) -> {leaves} leaves; useful work {flops / 1e9:.1f} GFLOP; "
         f"matmul peak {peak / 1e9:.1f} GFLOP/s",
         flush=True,
     )
+    return res
 
+
+def time_ours(res: dict, params, cfg, steps, config: SamplerConfig) -> None:
+    """(a) into ``res``: our sampler's warm call, its leaves/s and its share of the matmul peak; printed."""
+    leaves, flops, peak = res["leaves"], res["useful_tflop"] * 1e12, res["matmul_peak_gflops"] * 1e9
     first, ours, tree = run_ours(params, cfg, steps, config)
     assert int(np.sum(np.asarray(tree.lengths[-1]))) == leaves * config.max_turn_tokens[-1]
     res.update(
@@ -322,8 +307,14 @@ def main(argv=None) -> int:
         f"the matmul peak",
         flush=True,
     )
-    if not args.skip_no_sharing:
-        wall, run = run_no_sharing(params, cfg, steps, config, clock)
+
+
+def time_baselines(res: dict, params, cfg, steps, config: SamplerConfig, no_sharing: bool, transformers: bool):
+    """(b) no sharing (compilation subtracted) and (c) transformers' ``generate`` into ``res``, each against ours;
+    printed."""
+    leaves, ours = res["leaves"], res["ours_seconds"]
+    if no_sharing:
+        wall, run = run_no_sharing(params, cfg, steps, config, CompileSpans())
         res.update(
             no_sharing_seconds=run,
             no_sharing_wall_seconds=wall,
@@ -335,7 +326,7 @@ def main(argv=None) -> int:
             f"ours is {run / ours:.2f}x faster",
             flush=True,
         )
-    if not args.skip_transformers:
+    if transformers:
         with tempfile.TemporaryDirectory() as d:
             M.save_params(params, cfg, d)
             hf = run_transformers(d, cfg, steps, config)
@@ -344,6 +335,29 @@ def main(argv=None) -> int:
             f"(c) transformers generate: {hf:.2f} s -> {leaves / hf:.2f} leaves/s; ours is {hf / ours:.2f}x faster",
             flush=True,
         )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small model and tree (about a minute)")
+    size.add_argument("--full", action="store_true", help="branching (3, 3, 3, 1): 27 leaves per step")
+    size.add_argument("--tiny", action="store_true", help="the smallest model and tree (the test suite's run)")
+    ap.add_argument("--steps", type=int, default=None, help="steps (trees) per batch")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--skip-no-sharing", action="store_true")
+    args = ap.parse_args(argv)
+
+    shape = "quick" if args.quick else "full" if args.full else "tiny" if args.tiny else "default"
+    s = SHAPES[shape]
+    cfg = bench_model(s["size"])
+    params = M.init_params(cfg, jax.random.PRNGKey(0), std=0.02)
+    steps = random_steps(cfg, s, args.steps or s["steps"], np.random.default_rng(0))
+    config = tree_config(cfg, s, steps)
+    res = describe(shape, cfg, params, steps, config, matmul_n=256 if args.tiny else 2048)
+    time_ours(res, params, cfg, steps, config)
+    time_baselines(res, params, cfg, steps, config, not args.skip_no_sharing, not args.skip_transformers)
     if args.json:
         harness.write_json(args.json, res, indent=2)
     return 0

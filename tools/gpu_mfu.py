@@ -38,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.layers import resolve_attention
 from ipl_jax.model.params import count_params, init_params
+from ipl_jax.model.sizes import Size, small_config
 from ipl_jax.model.vision import VisionInputs
 from ipl_jax.planning.hlo_cost import hlo_flops
 from ipl_jax.preference import tdpo
@@ -49,24 +50,7 @@ from ipl_jax.training.state import VISION_REGEX
 from tools import harness
 
 PEAK_BF16_TFLOPS = {"h200": 989.4, "h100": 989.4, "a100": 312.0, "l4": 121.0}  # dense, SXM where it matters
-TINY = Qwen2VLConfig(
-    vision=VisionConfig(depth=2, embed_dim=64, hidden_size=128, num_heads=4),
-    text=TextConfig(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        mrope_section=(4, 6, 6),
-        eos_token_id=(1023,),
-    ),
-    image_token_id=1020,
-    video_token_id=1021,
-    vision_start_token_id=1018,
-    vision_end_token_id=1019,
-    tie_word_embeddings=True,
-)
+TINY = small_config(Size(128, 2, 4, 2, 384, 1024, 64, 2, 4), tie=True)  # --size tiny (gpu_parity's too)
 
 
 def model_2b() -> Qwen2VLConfig:

@@ -12,7 +12,6 @@ from ipl_jax.sampling.prompts import StepPrompts
 from tools.bench_models import bench_model
 from tools.bench_tree import random_steps
 
-TINY_MODEL = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512, v_dim=32, v_depth=1, v_heads=2)
 # per size: screenshot (width x height), pixel limit (the paper's 1280x720 on AMEX / AndroidControl; AITZ's
 # 1540x1540 is --max-pixels 2371600), turn budgets, text around the image, turn-2..4 prompts (the CoaT template's)
 DEFAULTS = {
@@ -28,7 +27,7 @@ def model_config(size: str, dtype: str, attention: str) -> Qwen2VLConfig:
 
         cfg = Qwen2VLConfig.from_hf_dict(ARCHITECTURES["qwen2-vl-2b"])
     else:
-        cfg = bench_model(TINY_MODEL)
+        cfg = bench_model("tiny")
     return cfg.replace(dtype=dtype, param_dtype=dtype, attention=attention)
 
 

@@ -22,11 +22,9 @@ def tiny_hf_config(
     """A transformers ``Qwen2VLConfig`` (nested v5 form) for a tiny random model."""
     from transformers import Qwen2VLConfig
 
-    head_dim = hidden // heads
-    half = head_dim // 2
-    t_sec = half // 4
-    h_sec = (half - t_sec) // 2
-    mrope = [t_sec, h_sec, half - t_sec - h_sec]
+    from ipl_jax.model.sizes import mrope_split
+
+    mrope = list(mrope_split(hidden // heads))
     return Qwen2VLConfig(
         text_config=dict(
             vocab_size=vocab,

@@ -11,26 +11,11 @@ VOCAB = 96
 
 
 def tiny_config():
-    from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+    from ipl_jax.model.sizes import Size, SpecialIds, small_config
 
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
-        text=TextConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-6,
-            mrope_section=(2, 3, 3),
-            rope_theta=10000.0,
-            eos_token_id=(EOS,),
-        ),
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+    ids = SpecialIds(IMAGE, VIDEO, VISION_START, VISION_END, EOS)
+    return small_config(
+        Size(64, 2, 4, 2, 128, VOCAB, 32, 1, 2, mlp_ratio=2), ids=ids, rms_norm_eps=1e-6, rope_theta=1e4
     )
 
 

@@ -8,32 +8,15 @@ import numpy as np
 from ipl_jax import model as M
 from ipl_jax.data.batching import TrainingBatch
 from ipl_jax.model import param_shapes
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.sizes import Size, SpecialIds, small_config
 from ipl_jax.preference import packed_batch as PB
 
 IMG, VS, VE = 60, 62, 63
+SIZE = Size(32, 2, 4, 2, 64, 64, 16, 1, 2, mlp_ratio=2, patch_size=2)
 
 
 def tiny_cfg():
-    return Qwen2VLConfig(
-        vision=VisionConfig(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=2),
-        text=TextConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            mrope_section=(1, 1, 2),
-            bos_token_id=1,
-            eos_token_id=(2,),
-            pad_token_id=0,
-        ),
-        image_token_id=IMG,
-        video_token_id=61,
-        vision_start_token_id=VS,
-        vision_end_token_id=VE,
-    )
+    return small_config(SIZE, ids=SpecialIds(IMG, 61, VS, VE, eos=2), bos_token_id=1, pad_token_id=0)
 
 
 def tiny_params(cfg, seed=0):
