@@ -82,6 +82,11 @@ def _run(f: Files, *extra: str) -> list[str]:
     return ["run", "--config", "synthetic:quick", "--workdir", str(f.workdir), *extra]
 
 
+def _bad_flag(name: str, flag: str, message: str) -> Case:
+    """``ipl-jax run`` on the quick job's workdir with one bad ``flag``: exit 2, one line matching ``message``."""
+    return Case(name, lambda f: _run(f, flag), 2, message, job=True)
+
+
 def _paper(f: Files, *extra: str) -> list[str]:
     return ["run", "--config", "qwen2vl_2b_aitz", "--workdir", str(f.fresh), *extra]
 
@@ -94,48 +99,36 @@ def _two_devices(monkeypatch):
 
 CASES = [
     # ------------------------------------------------------------------ job config: values, files, variants
-    Case(
+    _bad_flag(
         "unknown ipl.method",
-        lambda f: _run(f, "--config.ipl.method=tdpoo"),
-        2,
+        "--config.ipl.method=tdpoo",
         r"^ipl-jax run: config\.ipl\.method='tdpoo': must be one of tdpo, .*, grpo, ppo, gigppo \(fix it with "
         r"--config\.ipl\.method=\.\.\.\)$",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "negative lr",
-        lambda f: _run(f, "--config.sft.learning_rate=-1e-3"),
-        2,
+        "--config.sft.learning_rate=-1e-3",
         r"^ipl-jax run: config\.sft\.learning_rate=-0\.001: must be > 0 \(fix it with",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "negative ipl lr",
-        lambda f: _run(f, "--config.ipl.learning_rate=-1e-6"),
-        2,
+        "--config.ipl.learning_rate=-1e-6",
         r"^ipl-jax run: config\.ipl\.learning_rate=-1e-06: must be > 0 \(fix it with",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "unknown data store",
-        lambda f: _run(f, "--config.data.store=parquet"),
-        2,
+        "--config.data.store=parquet",
         r"^ipl-jax run: config\.data\.store='parquet': must be aitz or arrayrecord",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "branching 0",
-        lambda f: _run(f, "--config.sampler.tree.branching=(3,0,3,1)"),
-        2,
+        "--config.sampler.tree.branching=(3,0,3,1)",
         r"^ipl-jax run: config\.sampler\.tree\.branching=\(3, 0, 3, 1\): must be four integers >= 1",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "negative seed",
-        lambda f: _run(f, "--config.seed=-4"),
-        2,
+        "--config.seed=-4",
         r"^ipl-jax run: config\.seed=-4: must be an integer in \[0, 4294967295\]",
-        job=True,
     ),
     Case(
         "batch not divisible by the mesh",
@@ -181,20 +174,16 @@ CASES = [
         2,
         r"^ipl-jax eval: --process-id=2: must be in 0\.\.1 \(--num-processes\)$",
     ),
-    Case(
+    _bad_flag(
         "unknown data.format",
-        lambda f: _run(f, "--config.data.format=aitzz"),
-        2,
+        "--config.data.format=aitzz",
         r"^ipl-jax run: config\.data\.format='aitzz': must be one of synthetic, aitz, amex, androidcontrol.* or "
         r"tfds:NAME \(fix it with --config\.data\.format=\.\.\.\)$",
-        job=True,
     ),
-    Case(
+    _bad_flag(
         "unknown field",
-        lambda f: _run(f, "--config.sft.stepz=3"),
-        2,
+        "--config.sft.stepz=3",
         r"^ipl-jax run: .*unknown config field 'sft\.stepz' \(fields at sft: .*\)",
-        job=True,
     ),
     Case(
         "unknown config variant",

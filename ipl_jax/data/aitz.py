@@ -94,6 +94,23 @@ def with_history(steps: Sequence[Step]) -> tuple[Step, ...]:
     return tuple(out)
 
 
+def episode_steps(steps: Sequence[Step], bad_ids: Sequence[int]) -> tuple[Step, ...]:
+    """An episode's readable ``steps`` in step-id order with their history; the steps after the first skipped one
+    (``bad_ids``) are flagged ``history_gap``, since its action is missing from their history."""
+    steps = with_history(sorted(steps, key=lambda s: s.step_id))
+    if not bad_ids:
+        return steps
+    first_bad = min(bad_ids)
+    gap = {"history_gap": True}
+    return tuple(s if s.step_id <= first_bad else dataclasses.replace(s, meta={**s.meta, **gap}) for s in steps)
+
+
+def bad_step_id(record, index: int) -> int:
+    """The step id of a record that could not be read: its ``step_id`` when that is an integer, else its index."""
+    sid = record.get("step_id") if isinstance(record, dict) else None
+    return sid if isinstance(sid, int) and not isinstance(sid, bool) else index
+
+
 # ---------------------------------------------------------------------------------------------- one record
 
 
@@ -301,8 +318,7 @@ def _load_episode(subset: str, file: Path, split_dir: Path, skip_bad: bool, skip
             if not skip_bad:
                 raise
             skipped.append(err)
-            sid = rec.get("step_id") if isinstance(rec, dict) else None
-            bad_step_ids.append(sid if isinstance(sid, int) and not isinstance(sid, bool) else i)
+            bad_step_ids.append(bad_step_id(rec, i))
     unique, seen = [], set()
     for s in steps:
         if s.step_id in seen:
@@ -315,13 +331,7 @@ def _load_episode(subset: str, file: Path, split_dir: Path, skip_bad: bool, skip
         unique.append(s)
     if not unique:
         return None
-    steps = with_history(sorted(unique, key=lambda s: s.step_id))
-    if bad_step_ids:
-        # A skipped step's action is missing from the later steps' history: flag them.
-        first_bad = min(bad_step_ids)
-        steps = tuple(
-            dataclasses.replace(s, meta={**s.meta, "history_gap": True}) if s.step_id > first_bad else s for s in steps
-        )
+    steps = episode_steps(unique, bad_step_ids)
     return Episode(
         episode_id=steps[0].episode_id,
         instruction=steps[0].instruction,

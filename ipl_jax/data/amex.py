@@ -7,7 +7,6 @@ containing it. ``split=None`` reads every episode, a named split ``instruction_a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -15,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.aitz import image_size, inside, pixel_box_to_fractions, smallest_box_containing, with_history
+from ipl_jax.data.aitz import (
+    bad_step_id,
+    episode_steps,
+    image_size,
+    inside,
+    pixel_box_to_fractions,
+    smallest_box_containing,
+)
 from ipl_jax.data.records import DataError, Episode, Step, UIElement
 from ipl_jax.progress import progress
 
@@ -245,8 +251,7 @@ def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataErro
             steps.append(parse_step(raw, file, i, root, episode_id, instruction, app))
         except DataError as err:
             bad(err)
-            sid = raw.get("step_id") if isinstance(raw, dict) else None
-            bad_ids.append(sid if isinstance(sid, int) and not isinstance(sid, bool) else i)
+            bad_ids.append(bad_step_id(raw, i))
     unique, first_index = [], {}
     for s in steps:
         if s.step_id in first_index:
@@ -265,20 +270,13 @@ def _load_episode(file: Path, root: Path, skip_bad: bool, skipped: list[DataErro
         unique.append(s)
     if not unique:
         return None
-    steps = with_history(sorted(unique, key=lambda s: s.step_id))
-    if bad_ids:
-        first_bad = min(bad_ids)
-        steps = tuple(s if s.step_id <= first_bad else _flag_gap(s) for s in steps)
+    steps = episode_steps(unique, bad_ids)
     return Episode(
         episode_id=episode_id,
         instruction=instruction,
         steps=steps,
         meta={"dataset": "amex", "app": app, "file": str(file)},
     )
-
-
-def _flag_gap(step: Step) -> Step:
-    return dataclasses.replace(step, meta={**step.meta, "history_gap": True})
 
 
 def load_amex_with_report(

@@ -20,21 +20,21 @@ class UsageError(ValueError):
 
 def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
     """``path`` as an existing regular file."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{flag} {p}: is a directory, expected {what}")
-    if not p.is_file():
-        raise UsageError(f"{flag} {p}: no such file (expected {what})")
-    return p
+    return _existing(Path(path), flag, what, directory=False)
 
 
 def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> Path:
     """``path`` as an existing directory."""
-    p = Path(path)
-    if p.is_file():
-        raise UsageError(f"{flag} {p}: is a file, expected {what}")
-    if not p.is_dir():
-        raise UsageError(f"{flag} {p}: no such directory (expected {what})")
+    return _existing(Path(path), flag, what, directory=True)
+
+
+def _existing(p: Path, flag: str, what: str, directory: bool) -> Path:
+    """``p`` when it exists as a directory (``directory``) or a regular file; else the one-line error saying which."""
+    kind, other = ("directory", "file") if directory else ("file", "directory")
+    if p.is_file() if directory else p.is_dir():
+        raise UsageError(f"{flag} {p}: is a {other}, expected {what}")
+    if not (p.is_dir() if directory else p.is_file()):
+        raise UsageError(f"{flag} {p}: no such {kind} (expected {what})")
     return p
 
 
