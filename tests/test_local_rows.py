@@ -114,7 +114,7 @@ GOLDEN = textwrap.dedent(
     from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.sharding import make_mesh
     from ipl_jax.pipeline.model_stage import Policy
-    from ipl_jax.pipeline.rounds import golden_update_fn
+    from ipl_jax.pipeline.rounds_stage import golden_update_fn
     from ipl_jax.preference import tdpo as T
 
     tok = R.make_tokenizer(tempfile.mkdtemp())

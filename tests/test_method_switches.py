@@ -244,7 +244,7 @@ def test_blank_screen_keeps_size_and_replaces_pixels():
 
 
 def _round_config(s, cfg):
-    """Round 1's config as the job builds it (``pipeline/rounds.run_round``), pad id 0."""
+    """Round 1's config as the job builds it (``pipeline/rounds_stage.run_round``), pad id 0."""
     return s.ipl.round(cfg, s.model.precision(), s.sft.grad_clip, s.sampler, s.buckets, 0, 1)
 
 

@@ -72,7 +72,7 @@ def test_action_logs_carry_no_annotation_into_anything_the_job_reads(tmp_path, m
     continued-SFT control see the markers of the annotated episodes only. ``oracle_steps`` (``sft_oracle``) reads
     those of the action logs back from the dataset; supervised training handed the logs refuses them."""
     from ipl_jax.pipeline.model_stage import tokenizer_corpus
-    from ipl_jax.pipeline.rounds import golden_steps, golden_update_fn, round_steps
+    from ipl_jax.pipeline.rounds_stage import golden_steps, golden_update_fn, round_steps
     from ipl_jax.pipeline.run import Job
     from ipl_jax.pipeline.sft_stage import sft_items
     from ipl_jax.pipeline.workdir import Workdir

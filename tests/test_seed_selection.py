@@ -12,7 +12,7 @@ import pytest
 from ipl_jax.data.records import sample_steps
 from ipl_jax.eval import embeddings
 from ipl_jax.eval import seed_selection as sel
-from ipl_jax.pipeline.round_eval import seed_scoring
+from ipl_jax.pipeline.eval_stage import seed_scoring
 
 
 def test_tfidf_known_answer():

@@ -24,8 +24,8 @@ from ipl_jax.data.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy
+from ipl_jax.pipeline.eval_stage import job_world_tasks
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
-from ipl_jax.pipeline.round_eval import job_world_tasks
 from ipl_jax.sampling.config import WIDE_BUCKETS, SamplerConfig
 
 PROG = "ipl-jax eval"

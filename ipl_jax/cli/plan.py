@@ -21,7 +21,7 @@ from jax.experimental import topologies
 from ipl_jax.cli.common import CommandParser, command, positive_int, write_text
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.model.sharding import make_mesh
-from ipl_jax.pipeline import bucket_fit
+from ipl_jax.pipeline import buckets_stage
 from ipl_jax.pipeline.paths import UsageError, output_file
 from ipl_jax.planning import programs as plan_lib
 from ipl_jax.planning import shapes as shapes_lib
@@ -150,7 +150,7 @@ def _check_early(args, settings, flags, mesh_arg, default_dtype):
 def main(argv: list[str]) -> int:
     args, settings = parse_args_with_settings(parser(), argv)
     if args.workdir:  # the buckets the job runs with (its buckets stage), not only the configured ones
-        settings = bucket_fit.apply(settings, bucket_fit.read_fitted(args.workdir))
+        settings = buckets_stage.apply(settings, buckets_stage.read_fitted(args.workdir))
     if args.json:
         output_file(args.json, "--json")
     try:

@@ -14,9 +14,9 @@ from ipl_jax.data.records import sample_steps
 from ipl_jax.eval.embeddings import EMBEDDERS
 from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline.data_stage import split_annotations
+from ipl_jax.pipeline.eval_stage import seed_scoring
 from ipl_jax.pipeline.model_stage import job_mesh, load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
-from ipl_jax.pipeline.round_eval import seed_scoring
 
 PROG = "ipl-jax select-seed"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 RULE = "best dev step accuracy (ties: the later round)"
-# the keys of a round entry that a test-split / live-world evaluation fills (round_eval.evaluate_policy_splits)
+# the keys of a round entry that a test-split / live-world evaluation fills (eval_stage.evaluate_policy_splits)
 EVAL_KEYS = ("metrics", "reading", "blank", "blank_reading", "online", "online_splits")
 SMALL_DEV = 50  # dev episodes below which the printout warns that dev picks rounds by noise as much as by skill
 

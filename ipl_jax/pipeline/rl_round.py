@@ -19,6 +19,7 @@ from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.pipeline.eval_stage import dev_accuracy, job_world_tasks
 from ipl_jax.pipeline.model_stage import (
     Policy,
     inference_policy,
@@ -27,7 +28,6 @@ from ipl_jax.pipeline.model_stage import (
     load_policy,
     write_policy_dir,
 )
-from ipl_jax.pipeline.round_eval import dev_accuracy, job_world_tasks
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.workdir import Workdir, write_json
 from ipl_jax.rl import grpo, ppo

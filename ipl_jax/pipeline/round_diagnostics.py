@@ -13,8 +13,8 @@ import numpy as np
 from ipl_jax.data.records import Step, sample_steps
 from ipl_jax.eval.evaluate import evaluate_policy
 from ipl_jax.eval.trees import LeafTally, iter_tree_batches, round_scores, row_tallies, sampled_trees, score_batch
+from ipl_jax.pipeline.eval_stage import eval_config
 from ipl_jax.pipeline.model_stage import Policy, inference_policy
-from ipl_jax.pipeline.round_eval import eval_config
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.preference.round import RoundProbe
 from ipl_jax.progress import progress

@@ -16,9 +16,9 @@ from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.data.records import sample_steps
 from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
-from ipl_jax.pipeline import bucket_fit, data_stage, export_stage, model_stage, report, rounds, sft_stage
+from ipl_jax.pipeline import buckets_stage, data_stage, export_stage, model_stage, report, rounds_stage, sft_stage
+from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes, seed_scoring
 from ipl_jax.pipeline.paths import UsageError
-from ipl_jax.pipeline.round_eval import dev_accuracy, evaluate_policy_splits, limit_episodes, seed_scoring
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
 from ipl_jax.settings import Settings
@@ -26,7 +26,7 @@ from ipl_jax.settings.job import relocated
 from ipl_jax.viz.plots import plot_step_accuracy_splits
 
 STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "eval_export", "export")
-# what a round entry of results.json takes from its evaluation besides ``metrics`` (round_eval.evaluate_policy_splits)
+# what a round entry of results.json takes from its evaluation besides ``metrics`` (eval_stage.evaluate_policy_splits)
 EVAL_EXTRA = tuple(k for k in export_stage.EVAL_KEYS if k != "metrics")
 
 
@@ -136,10 +136,10 @@ class Job:
         return self.train_steps + ([] if self.round_pool is self.train_steps else self.round_pool)
 
     def buckets(self) -> None:
-        """The buckets checked against the data (``bucket_fit``, in every process); the job goes on with them."""
+        """The buckets checked against the data (``buckets_stage``, in every process); the job goes on with them."""
         s, wd = self.settings, self.wd
-        fit = lambda: bucket_fit.fit_stage(s, wd, self.splits, self.train_steps, self.round_pool, self.qas)
-        self.settings = bucket_fit.apply(s, wd.run_stage("buckets", fit))
+        fit = lambda: buckets_stage.fit_stage(s, wd, self.splits, self.train_steps, self.round_pool, self.qas)
+        self.settings = buckets_stage.apply(s, wd.run_stage("buckets", fit))
 
     def sft(self) -> None:
         self.sft_summary = self.wd.run_stage(
@@ -213,7 +213,7 @@ class Job:
 
             def run(r=r, start=start, best=best):
                 t0 = time.perf_counter()
-                record = rounds.run_round(s, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
+                record = rounds_stage.run_round(s, wd, r, start, self.round_pool, self.dev, annotated=self.train_steps)
                 train_seconds = time.perf_counter() - t0
                 stops = s.ipl.early_stop and float(record["dev"]["step_accuracy"]) <= best
                 evaluation: dict = {"metrics": {}}

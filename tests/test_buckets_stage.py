@@ -1,4 +1,4 @@
-"""The ``buckets`` stage (``pipeline/bucket_fit.py``): a length over a largest bucket is found before training, from
+"""The ``buckets`` stage (``pipeline/buckets_stage.py``): a length over a largest bucket is found before training, from
 the data the job reads; the job adds a bucket for it, or with ``buckets.fixed`` stops with one line naming the
 example, its length, the largest bucket and the flag. Data that fit leave every bucket as configured."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from ipl_jax import cli
 from ipl_jax.configs.loader import load_settings
-from ipl_jax.pipeline.bucket_fit import (
+from ipl_jax.pipeline.buckets_stage import (
     LengthScan,
     Longest,
     apply,

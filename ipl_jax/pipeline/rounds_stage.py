@@ -1,4 +1,4 @@
-"""Stage 7: one IPL round (docs/method.md §6, §7) from the previous round's policy directory:
+"""Stage ``rounds``: one IPL round (docs/method.md §6, §7) from the previous round's policy directory:
 ``preference.round.ipl_round`` with this module's ``RoundStages``; the new policy goes to
 ``WORKDIR/rounds/<r>/policy``. RL methods' rounds are ``pipeline.rl_round``'s.
 """
@@ -22,6 +22,7 @@ from ipl_jax.data.dialogue import annotated_steps
 from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
+from ipl_jax.pipeline.eval_stage import dev_accuracy
 from ipl_jax.pipeline.model_stage import (
     Policy,
     inference_policy,
@@ -33,7 +34,6 @@ from ipl_jax.pipeline.model_stage import (
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.rl_round import round_budget, run_rl_round
 from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
-from ipl_jax.pipeline.round_eval import dev_accuracy
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn, sft_step_config
 from ipl_jax.pipeline.workdir import Workdir, write_json

@@ -1,5 +1,6 @@
-"""A policy's evaluation inside the job: the test splits, the live world, the dev early-stopping signal, and the
-seed selection's scoring of the SFT candidates (``seed_scoring``)."""
+"""The evaluation stages (``eval_seed``, ``eval_export``) and the evaluations the other stages run: the test splits,
+the live world, the dev early-stopping signal, and the seed selection's scoring of the SFT candidates
+(``seed_scoring``)."""
 
 from __future__ import annotations
 
