@@ -1,5 +1,5 @@
-"""Stages 1 and 2: the dataset (the synthetic world written as AITZ, or a benchmark read from disk) and instruction
-evolution. With scarce annotations (``data.action_episodes``, ``data.action_root``) some training episodes
+"""Stage ``data``: the dataset (the synthetic world written as AITZ, or a benchmark read from disk). With scarce
+annotations (``data.action_episodes``, ``data.action_root``) some training episodes
 become action logs, the pseudo-split ``train_actions`` the rounds sample.
 """
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import random
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -16,7 +15,6 @@ import numpy as np
 
 from ipl_jax.data.datasets import load_dataset, load_dataset_with_report, skipped_summary
 from ipl_jax.data.dialogue import has_coat
-from ipl_jax.data.evolution import evolve_steps, filter_qas, write_qas_jsonl
 from ipl_jax.data.packed.writer import pack_dataset
 from ipl_jax.data.records import Episode, Step
 from ipl_jax.data.synthetic import generate_split
@@ -26,7 +24,7 @@ from ipl_jax.eval.reading import PAGE_KEY
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.progress import progress
-from ipl_jax.settings import DataSettings, EvolutionSettings, Settings
+from ipl_jax.settings import DataSettings, Settings
 
 TRAIN, DEV = "train", "dev"
 ACTIONS = "train_actions"  # the action-only training episodes of a scarce-annotation job (not a split on disk)
@@ -224,46 +222,3 @@ def oracle_steps(data: DataSettings, wd: Workdir, steps: Sequence[Step]) -> list
 
 def steps_of(episodes: Sequence[Episode]) -> list[Step]:
     return [s for e in episodes for s in e.steps]
-
-
-# ------------------------------------------------------------------------------------------ instruction evolution
-
-
-def evolve(evolution: EvolutionSettings, seed: int, wd: Workdir, train_steps: Sequence[Step]) -> dict:
-    """Stage 2: filtered Q&A about the training screens, capped at ``max_items``, in
-    ``WORKDIR/evolution/qas.jsonl`` (empty when evolution is off)."""
-    path = wd.dir("evolution") / "qas.jsonl"
-    if not evolution.enabled:
-        write_qas_jsonl(path, [])
-        return {"enabled": False, "generated": 0, "kept": 0, "path": str(path)}
-    raw = evolve_steps(
-        progress(train_steps, desc="evolution", unit="screen"),
-        seed=seed,
-        levels=evolution.levels,
-        per_step=evolution.per_step,
-    )
-    kept, counts = filter_qas(raw)
-    cap = evolution.max_items
-    if cap and len(kept) > cap:
-        # a seeded sample, kept in step order
-        chosen = sorted(random.Random(seed).sample(range(len(kept)), cap))
-        kept = [kept[i] for i in chosen]
-    write_qas_jsonl(path, kept)
-    by_level = collections.Counter(q.level for q in kept)
-    by_kind = collections.Counter(q.kind for q in kept)
-    dropped = {k: v for k, v in counts.items() if k != "kept" and v}
-    wd.echo(
-        f"  {len(raw)} Q&A generated on {len(train_steps)} screens, {counts['kept']} pass the filter "
-        f"(dropped: {dropped or 'none'}), {len(kept)} used; by level "
-        + ", ".join(f"L{k} {v}" for k, v in sorted(by_level.items()))
-    )
-    return {
-        "enabled": True,
-        "generated": len(raw),
-        "passed_filter": counts["kept"],
-        "kept": len(kept),
-        "filter": counts,
-        "by_level": {str(k): v for k, v in sorted(by_level.items())},
-        "by_kind": dict(sorted(by_kind.items())),
-        "path": str(path),
-    }

@@ -16,7 +16,16 @@ from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.data.records import sample_steps
 from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
-from ipl_jax.pipeline import buckets_stage, data_stage, export_stage, model_stage, report, rounds_stage, sft_stage
+from ipl_jax.pipeline import (
+    buckets_stage,
+    data_stage,
+    evolution_stage,
+    export_stage,
+    model_stage,
+    report,
+    rounds_stage,
+    sft_stage,
+)
 from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes, seed_scoring
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.sources import check_job
@@ -113,7 +122,7 @@ class Job:
         s = self.settings
         self.wd.run_stage(
             "evolution",
-            lambda: data_stage.evolve(s.evolution, s.seed, self.wd, self.evolution_steps()),
+            lambda: evolution_stage.evolve(s.evolution, s.seed, self.wd, self.evolution_steps()),
             main_only=True,
         )
         self.qas = read_qas_jsonl(self.wd.path("evolution", "qas.jsonl"))
