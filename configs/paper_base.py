@@ -64,12 +64,12 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.sft.schedule = "cosine"
     c.sft.weight_decay = 0.0
     c.sft.checkpoint_every = max(50, c.sft.steps // 10)
-    c.sft.seed_candidates = 3
+    c.sft.start_candidates = 3
     c.sft.freeze_vision = False
     c.sft.lora_rank = 128
 
-    c.seed_selection.steps = 256
-    c.seed_selection.embedder = "minilm"
+    c.start_selection.steps = 256
+    c.start_selection.embedder = "minilm"
 
     c.sampler.tree.branching = (3, 3, 3, 1)
     c.sampler.temperature = 1.0

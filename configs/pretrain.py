@@ -17,7 +17,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.model.min_pixels = c.model.max_pixels = 224 * 448  # full resolution: 11-pixel text, 128 image tokens
     c.buckets.patches, c.buckets.tokens = (512,), (512, 640)
     c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size = 1500, 16, 16
-    c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every, c.sft.seed_candidates = 2e-3, 100, 100, 1
+    c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every, c.sft.start_candidates = 2e-3, 100, 100, 1
     c.pretrain.episodes, c.pretrain.eval_episodes = 2000, 24
     if arg == "quick":
         c.model.num_hidden_layers, c.model.vocab_size = 2, 1024

@@ -3,7 +3,7 @@ world on a 2-core CPU, with scarce annotations: warm-up SFT on the CoaT of 30 ep
 
     ipl-jax run --workdir runs/default                       # this config (the scarce setting)
     ipl-jax run --config synthetic:quick --workdir /tmp/q    # a smoke run of the same path (tests, the notebook)
-    ipl-jax ablate --workdir runs/ablate                     # T-DPO against its controls from one seed
+    ipl-jax ablate --workdir runs/ablate                     # T-DPO against its controls, one start
     ipl-jax run --config synthetic:full ...                  # every training episode annotated (the old default)
     ipl-jax ablate --config synthetic:gpu ...                # a 30M-parameter policy at full resolution, one GPU
 
@@ -68,8 +68,8 @@ def quick(c):
     c.sampler.tree.prompt_buckets = (128,)
     c.ipl.text_buckets = (640,)
     c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.checkpoint_every = 8, 4, 4, 4
-    c.sft.warmup_steps, c.sft.seed_candidates = 2, 2
-    c.seed_selection.steps, c.seed_selection.embedder = 4, "tfidf"
+    c.sft.warmup_steps, c.sft.start_candidates = 2, 2
+    c.start_selection.steps, c.start_selection.embedder = 4, "tfidf"
     c.sampler.tree.branching, c.sampler.batch_size = (2, 2, 2, 1), 4
     c.ipl.rounds = c.ablation.rounds = 1
     c.ipl.steps_per_round, c.ipl.batch_size = 4, 4
@@ -89,21 +89,20 @@ def quick(c):
 
 
 def scarce(c):
-    """Scarce annotations, the setting IPL's rule reward is made for: warm-up SFT on the golden CoaT of N
-    episodes; the rounds sample trees on M >> N further episodes read as action logs (golden action only), which
-    supervised training cannot use. ``ipl-jax ablate`` compares, from one seed at one sample budget, T-DPO with
-    rejection sampling (``no_negatives``), naive DPO, more SFT on the N annotated episodes (``continued_sft``)
-    and SFT on the hidden CoaT of the M episodes (``sft_oracle``, an upper bound). N, M, the rounds and the
-    round's optimizer are fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate,
-    ipl.schedule, ...). Three rounds, each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on
-    seed 0) and DPO's β 0.5 (at 0.1 the preference term left T-DPO level with rejection sampling; docs/rounds.md),
-    all three run (dev picks the exported round), pairs balanced over action types (ipl.selection.type_balance = 1:
-    without it the rounds trade PRESS steps for CLICK; docs/scarce_tuning.md), sibling (β) pairs only; intermediate
-    rounds evaluated on dev only."""
+    """Scarce annotations, the setting IPL's rule reward is made for: warm-up SFT on the golden CoaT of N episodes; the
+    rounds sample trees on M >> N further episodes read as action logs (golden action only), which supervised training
+    cannot use. ``ipl-jax ablate`` compares, from one starting policy at one sample budget, T-DPO with rejection
+    sampling (``no_negatives``), naive DPO, more SFT on the N annotated episodes (``continued_sft``) and SFT on the
+    hidden CoaT of the M episodes (``sft_oracle``, an upper bound). N, M, the rounds and the round's optimizer are
+    fields (data.annotated_episodes / action_episodes, ipl.rounds, ipl.learning_rate, ipl.schedule, ...). Three rounds,
+    each from the last, at lr 1e-4 (the best of 2e-5 / 1e-4 / 3e-4 for T-DPO on seed 0) and DPO's β 0.5 (at 0.1 the
+    preference term left T-DPO level with rejection sampling; docs/rounds.md), all three run (dev picks the exported
+    round), pairs balanced over action types (ipl.selection.type_balance = 1: without it the rounds trade PRESS steps
+    for CLICK; docs/scarce_tuning.md), sibling (β) pairs only; intermediate rounds evaluated on dev only."""
     c.data.annotated_episodes, c.data.action_episodes = 30, 270
     c.data.train_episodes = 300
-    c.sft.steps, c.sft.checkpoint_every, c.sft.seed_candidates = 600, 100, 1
-    c.seed_selection.steps = 8
+    c.sft.steps, c.sft.checkpoint_every, c.sft.start_candidates = 600, 100, 1
+    c.start_selection.steps = 8
     c.ipl.rounds = c.ablation.rounds = 3
     c.ipl.early_stop = False  # dev (12 episodes) is too small to stop on: it cut 4 of 5 seeds after round 1
     c.ipl.steps_per_round = 48

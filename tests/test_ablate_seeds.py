@@ -21,9 +21,9 @@ def _g(gain: float) -> dict:
     return {"gain": gain, "low": gain - 0.03, "high": gain + 0.03, "width": 0.06, "level": 0.95, "n_boot": 10}
 
 
-def _result(seed: int, seed_total: float, tdpo: list[float], control: list[float], minus: list[float]) -> dict:
+def _result(seed: int, start_total: float, tdpo: list[float], control: list[float], minus: list[float]) -> dict:
     rows = [
-        {"variant": "seed", "label": "seed policy (no IPL)", "mean_total": seed_total, "metrics": {}},
+        {"variant": "start", "label": "starting policy (no IPL)", "mean_total": start_total, "metrics": {}},
         {"variant": "tdpo", "label": "T-DPO (full)", "round_gains": [_g(x) for x in tdpo], "gain": _g(tdpo[-1])},
         {
             "variant": "continued_sft",
@@ -43,7 +43,9 @@ def test_summary_over_seeds_is_the_mean_and_sample_sd_of_each_seeds_gain():
     ]
     s = summarize_seeds(results)
     assert s["seeds"] == [0, 3] and s["rounds"] == 3
-    assert s["seed_total"]["mean"] == pytest.approx(0.25) and s["seed_total"]["sd"] == pytest.approx(0.1 / math.sqrt(2))
+    assert s["start_total"]["mean"] == pytest.approx(0.25) and s["start_total"]["sd"] == pytest.approx(
+        0.1 / math.sqrt(2)
+    )
     tdpo, control = s["variants"]
     assert tdpo["variant"] == "tdpo" and "tdpo_minus" not in tdpo
     assert tdpo["gain"]["mean"] == pytest.approx(0.04) and tdpo["gain"]["sd"] == pytest.approx(0.02 / math.sqrt(2))
@@ -56,6 +58,10 @@ def test_summary_over_seeds_is_the_mean_and_sample_sd_of_each_seeds_gain():
     control_line = next(line for line in table.splitlines() if "continued SFT" in line and "1/2" in line)
     assert "+1.5 ± 3.5" in control_line and "+4.0 [+1.0, +7.0]" in control_line  # T-DPO minus control
     assert "+5.0 [+2.0, +8.0]" in table and "+3.0 [+0.0, +6.0]" in table  # each seed's interval
+    assert "(starting policy 25.0 ± 7.1)" in table
+    # a summary written before the starting policy had its own word (seed_total) prints the same table
+    older = {("seed_total" if k == "start_total" else k): v for k, v in s.items()}
+    assert format_seeds(older) == table
 
 
 def test_one_seed_has_no_spread_and_the_single_seed_table_shows_each_round():

@@ -555,14 +555,14 @@ OUTPUTS = {  # every output path of every command, given a place that cannot be 
         "--html",
         f"{NOWHERE}/t.html",
     ],
-    "select-seed --json": lambda f: [
-        "select-seed",
+    "select-start --json": lambda f: [
+        "select-start",
         "--models",
         str(f.corrupt_model),
         "--data",
         str(f.aitz),
         "--json",
-        f"{NOWHERE}/seed.json",
+        f"{NOWHERE}/start.json",
     ],
     "export --out": lambda f: ["export", "--model", str(f.corrupt_model), "--out", f"{NOWHERE}/export"],
     "make-tiny --out": lambda f: ["make-tiny", "--out", f"{NOWHERE}/tiny"],
@@ -586,6 +586,17 @@ def test_every_output_path_is_checked_before_work(name: str, files: Files, capsy
         rf"^ipl-jax {command}: {flag} {NOWHERE}/\S+: cannot be written \(.+\); choose a writable location$", err[0]
     ), err[0]
     assert not (files.root / "trees.jsonl").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (Linux) for a path that cannot be created")
+def test_a_former_command_name_still_runs_with_a_notice(files: Files, capsys):
+    """``select-seed`` is ``select-start`` now: the old name runs it, saying so in one line before its own output."""
+    capsys.readouterr()
+    rc = cli.main(["select-seed", *OUTPUTS["select-start --json"](files)[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 2, err
+    assert err[0] == "ipl-jax select-seed is ipl-jax select-start now; the old name still works"
+    assert err[1].startswith(f"ipl-jax select-start: --json {NOWHERE}/start.json: cannot be written"), err[1]
 
 
 def test_skip_bad_reports_what_was_skipped(files: Files, capsys):

@@ -122,3 +122,39 @@ def test_argparse_glue(config_path):
     assert args.out == "o" and s.seed == 3 and s.sft.steps == 12
     with pytest.raises(SystemExit):
         parse_args_with_settings(argparse.ArgumentParser(), ["--config", str(config_path), "--config.zz=1"])
+
+
+def test_the_starting_policys_former_setting_names_still_work(capsys, monkeypatch):
+    """``seed_selection`` is ``start_selection`` now (every field) and ``sft.seed_candidates`` is
+    ``sft.start_candidates``: the old flags, a variant's switch and a recorded config.json still set them, each old
+    name told once in one line."""
+    from ipl_jax.settings import job
+    from ipl_jax.settings.job import relocated
+
+    monkeypatch.setattr(job, "_told", set())
+    s = load_settings(
+        "synthetic:quick",
+        [
+            "--config.seed_selection.steps=5",
+            "--config.seed_selection.embedder=minilm",
+            "--config.sft.seed_candidates=3",
+        ],
+    )
+    assert (s.start_selection.steps, s.start_selection.embedder, s.sft.start_candidates) == (5, "minilm", 3)
+    assert s.replace({"seed_selection.diversity_weight": 0.5}).start_selection.diversity_weight == 0.5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "config.seed_selection is config.start_selection now; the old name still works",
+        "config.sft.seed_candidates is config.sft.start_candidates now; the old name still works",
+    ]
+    old = {"seed": 1, "sft": {"steps": 4, "seed_candidates": 2}, "seed_selection": {"steps": 4, "embedder": "tfidf"}}
+    assert relocated(old, tell=False) == {
+        "seed": 1,
+        "sft": {"steps": 4, "start_candidates": 2},
+        "start_selection": {"steps": 4, "embedder": "tfidf"},
+    }
+    assert "seed_selection" in old  # the caller's dict is left as it was
+    with pytest.raises(SystemExit):  # a field the section never had is still unknown under the old name
+        parse_args_with_settings(
+            argparse.ArgumentParser(), ["--config", "synthetic:quick", "--config.seed_selection.x=1"]
+        )

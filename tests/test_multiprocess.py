@@ -43,7 +43,7 @@ SMALL = [
     "--config.evolution.max_items=8",
     "--config.sft.steps=2",
     "--config.sft.checkpoint_every=1",
-    "--config.seed_selection.steps=4",
+    "--config.start_selection.steps=4",
     "--config.eval.max_steps=4",
     "--config.eval.blank_splits=",
 ]
@@ -151,7 +151,7 @@ def weights_diff(a: Path, b: Path) -> float:
 
 def assert_same_job(a: Path, b: Path) -> None:
     """Two finished jobs of the same config on different process / device layouts agree: results.json
-    equal up to wall times, training metrics to float32 rounding, final weights and the seed within 1e-5."""
+    equal up to wall times, training metrics to float32 rounding, final weights and the starting policy within 1e-5."""
     ra, rb = results(a), results(b)
     # training metrics are reductions over devices grouped differently: equal to float32 rounding. The share of
     # pairs with a positive reward margin is left out: after a few updates margins are ~1e-3, and a pair within
@@ -171,7 +171,7 @@ def assert_same_job(a: Path, b: Path) -> None:
             assert da[k] == db[k], k
         elif not k.endswith("accuracy") and da[k] is not None:
             np.testing.assert_allclose(db[k], da[k], rtol=1e-4, atol=1e-5, err_msg=k)
-    for rel in ("rounds/1/policy", "seed"):
+    for rel in ("rounds/1/policy", "start"):
         diff = weights_diff(a / rel, b / rel)
         assert diff <= 1e-5, f"{rel}: max |{a.name} - {b.name}| = {diff}"
 
@@ -180,11 +180,11 @@ def test_two_processes_match_one(jobs):
     one, two = jobs
     res_one = json.loads((one / "results.json").read_text())
     res_two = json.loads((two / "results.json").read_text())
-    assert len(res_one["rounds"]) == 2  # the seed and one IPL round
+    assert len(res_one["rounds"]) == 2  # the starting policy and one IPL round
     assert res_two["rounds"][1]["pairs"] > 0  # the round trained on pairs
     assert_same_job(one, two)
-    # the round moved the weights (so equal final weights are not just the seed's twice)
-    assert weights_diff(one / "rounds/1/policy", one / "seed") > 0
+    # the round moved the weights (so equal final weights are not just the starting policy's twice)
+    assert weights_diff(one / "rounds/1/policy", one / "start") > 0
 
 
 def test_only_the_main_process_writes_the_logs(jobs):
@@ -259,11 +259,11 @@ def test_preempted_processes_resume_exactly(jobs, tmp_path):
     procs = launch_processes(wd, 2, 2, port, tmp_path / "round", env_extra=env, kill={0: "tdpo_step=2"})
     preempt(procs, 0)
     assert RESUMED_SFT in procs[0][1].read_text()
-    assert (wd / "stages" / "eval_seed.done").is_file() and not (wd / "stages" / "round_1.done").exists()
+    assert (wd / "stages" / "eval_start.done").is_file() and not (wd / "stages" / "round_1.done").exists()
     # both restarted again: the job ends as the uninterrupted one did, bit for bit
     finish(launch_processes(wd, 2, 2, port, tmp_path / "end", env_extra=env))
     assert results(wd) == results(two)
-    for rel in ("sft/candidates/step_000002", "seed", "rounds/1/policy", "export"):
+    for rel in ("sft/candidates/step_000002", "start", "rounds/1/policy", "export"):
         assert weights_diff(wd / rel, two / rel) == 0.0, rel
     # the SFT summary covers the steps before the kill too (the last losses travel in the checkpoints)
     assert sft_summary(wd) == sft_summary(two)

@@ -70,7 +70,7 @@ def quick_run(tmp_path_factory):
     first = run_cli(["sft", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
     first_seconds = time.perf_counter() - t0
     # `ipl-jax sft` stops after the SFT stage with the candidates written as Hugging Face directories
-    assert (workdir / "stages" / "sft.done").is_file() and not (workdir / "stages" / "seed.done").exists()
+    assert (workdir / "stages" / "sft.done").is_file() and not (workdir / "stages" / "start.done").exists()
     candidates = sorted((workdir / "sft" / "candidates").iterdir())
     assert [c.name for c in candidates] == [f"step_{s:06d}" for s in (4, 8)]
     assert all((c / "config.json").is_file() and (c / "tokenizer.json").is_file() for c in candidates)
@@ -113,7 +113,7 @@ def test_results_schema(quick_run):
     assert rounds[0]["pairs"] == 0
     # round 1 trained on pairs from its trees: a tree batch with no pair at all would mean nothing was learnt
     assert rounds[1]["pairs"] > 0
-    # every round, the seed's included, was also played in the live world (eval.online_episodes)
+    # every round, the starting policy's included, was also played in the live world (eval.online_episodes)
     # on every split of eval.online_splits (seen and unseen tasks); `online` is the first
     for r in rounds:
         assert list(r["online_splits"]) == list(config.eval.online_splits)
@@ -142,8 +142,8 @@ def test_results_schema(quick_run):
 
 @pytest.mark.e2e
 def test_results_name_the_exported_round_and_carry_reading_scores(quick_run):
-    """results.json names the round the job exported (the export stage's), with its scores and the seed's, and
-    every evaluated policy's reading scores on each test split and with grey screenshots; the run ends saying
+    """results.json names the round the job exported (the export stage's), with its scores and the starting policy's,
+    and every evaluated policy's reading scores on each test split and with grey screenshots; the run ends saying
     which round it exported."""
     config, workdir = quick_run["config"], quick_run["workdir"]
     results = json.loads((workdir / "results.json").read_text())
@@ -155,7 +155,7 @@ def test_results_name_the_exported_round_and_carry_reading_scores(quick_run):
     # both rounds of the quick job were evaluated when they ran: the export reuses their scores
     assert exported["evaluated_at_export"] is False
     assert "evaluation" not in json.loads((workdir / "stages" / "eval_export.done").read_text())
-    for key, entry in (("scores", rounds[chosen]), ("seed_scores", rounds[0])):
+    for key, entry in (("scores", rounds[chosen]), ("start_scores", rounds[0])):
         s = exported[key]
         assert s["step_accuracy"] == {k: entry["metrics"][k]["step_acc"] for k in config.data.test_splits}
         assert s["step_accuracy_mean"] == pytest.approx(np.mean(list(s["step_accuracy"].values())))
@@ -171,7 +171,9 @@ def test_results_name_the_exported_round_and_carry_reading_scores(quick_run):
             assert 0 < scores["grounding_steps"] <= r["metrics"][split]["CLICK"]["count"]
             assert all(0.0 <= scores[k] <= 1.0 for k in ("page", "texts", "grounding")), (split, scores)
     lines = quick_run["lines"]
-    assert any(line.startswith(f"exported: {'the seed' if chosen == 0 else f'round {chosen}'} ") for line in lines)
+    assert any(
+        line.startswith(f"exported: {'the starting policy' if chosen == 0 else f'round {chosen}'} ") for line in lines
+    )
     assert any(line.startswith("page named") for line in lines)
 
 
@@ -186,7 +188,7 @@ def test_an_exported_round_without_test_scores_is_evaluated_at_export(quick_run,
     shutil.copytree(quick_run["workdir"], workdir, symlinks=True)
     before = json.loads((workdir / "results.json").read_text())
     if json.loads((workdir / "stages" / "export.done").read_text())["exported_round"] != 1:
-        pytest.skip("the quick job exported its seed (dev accuracy fell): no round to strip")
+        pytest.skip("the quick job exported its starting policy (dev accuracy fell): no round to strip")
     marker = workdir / "stages" / "round_1.done"
     summary = json.loads(marker.read_text())
     marker.write_text(json.dumps({**{k: v for k, v in summary.items() if k not in EVAL_KEYS}, "metrics": {}}))
@@ -220,7 +222,7 @@ def test_round_probe_of_unchanged_weights_reads_no_change(quick_run):
 
     settings, wd = quick_run["config"], Workdir(quick_run["workdir"], echo=lambda *_: None)
     splits = load_splits(settings.data, wd, settings.seed)
-    policy = load_policy(quick_run["workdir"] / "seed")
+    policy = load_policy(quick_run["workdir"] / "start")
     sconfig = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     probe = RoundDiagnostics(settings, policy, steps_of(splits["train"]), steps_of(splits["dev"]), sconfig, 1)
     context = probe.before(policy.params)
@@ -277,7 +279,7 @@ def test_outputs(quick_run):
     assert cfg.text.vocab_size >= len(tok)
     # the exported weights are the chosen round's policy, bit for bit
     chosen = json.loads((workdir / "stages" / "export.done").read_text())["exported_round"]
-    src = workdir / ("seed" if chosen == 0 else f"rounds/{chosen}/policy")
+    src = workdir / ("start" if chosen == 0 else f"rounds/{chosen}/policy")
     other, _ = load_params(str(src))
     import jax
 
@@ -332,7 +334,7 @@ def test_tensorboard_events_hold_the_jobs_metrics(quick_run):
             got = [e.value for e in ipl.Scalars(tag) if e.step == r["round"]]
             assert got == [np.float32(value)], (r["round"], tag, got, value)
     assert [e.step for e in ipl.Scalars("trees/alpha")] == [r["round"] for r in rounds]
-    assert not [e for e in ipl.Scalars("train/loss") if e.step == 0]  # the seed trained on no pairs
+    assert not [e for e in ipl.Scalars("train/loss") if e.step == 0]  # the starting policy trained on no pairs
     (image,) = ipl.Images("step_accuracy")
     assert image.step == rounds[-1]["round"]
     assert image.encoded_image_string == (workdir / "step_accuracy.png").read_bytes()
@@ -477,6 +479,39 @@ def test_resume_skips_finished_stages(quick_run):
 
 
 @pytest.mark.e2e
+def test_a_workdir_made_before_the_rename_resumes(quick_run, tmp_path):
+    """A copy of the quick job with the former names (``stages/seed.done``, ``stages/eval_seed.done``, ``seed/``,
+    the stage log's and config.json's): the job resumes there redoing nothing but the export (removed here, so that
+    it copies the exported policy and writes results.json again), and writes today's names only."""
+    from support.former_layout import to_former_layout
+
+    workdir = tmp_path / "job"
+    shutil.copytree(quick_run["workdir"], workdir, symlinks=True)
+    before = json.loads((workdir / "results.json").read_text())
+    report_before = json.loads((workdir / "job_report.json").read_text())
+    to_former_layout(workdir)
+    for name in ("results.json", "stages/export.done"):
+        (workdir / name).unlink()
+    shutil.rmtree(workdir / "export")
+    n_events = len(_stage_events(workdir))
+    lines: list[str] = []
+    run_job(quick_run["config"], workdir, echo=lines.append)
+    new = _stage_events(workdir)[n_events:]
+    assert [e["stage"] for e in new if e["event"] == "started"] == ["export"]
+    skipped = [e["stage"] for e in new if e["event"] == "skipped"]
+    assert skipped[5:7] == ["start", "eval_start"]
+    assert "[start] already done (marker stages/seed.done); skipping" in lines
+    assert json.loads((workdir / "results.json").read_text()) == before
+    assert not (workdir / "start").exists() and not (workdir / "stages" / "start.done").exists()
+    exported = before["exported"]["round"]
+    src = workdir / ("seed" if exported == 0 else f"rounds/{exported}/policy")
+    assert (workdir / "export" / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    stages = [s["stage"] for s in json.loads((workdir / "job_report.json").read_text())["stages"]]
+    assert stages == [s["stage"] for s in report_before["stages"]]  # the old log's stages under today's names
+    assert "\nexported: " in "\n".join(lines)
+
+
+@pytest.mark.e2e
 def test_a_different_config_is_refused(quick_run):
     config = load_settings("synthetic:quick", ["--config.sft.steps=9"])
     with pytest.raises(UsageError, match="different config"):
@@ -484,14 +519,14 @@ def test_a_different_config_is_refused(quick_run):
 
 
 @pytest.mark.e2e
-def test_select_seed_command(quick_run):
+def test_select_start_command(quick_run):
     workdir = quick_run["workdir"]
     candidates = sorted(str(p) for p in (workdir / "sft" / "candidates").iterdir())
     assert len(candidates) == 2
     out_json = workdir / "select.json"
     proc = run_cli(
         [
-            "select-seed",
+            "select-start",
             "--models",
             *candidates,
             "--data",
@@ -505,13 +540,13 @@ def test_select_seed_command(quick_run):
         ],
         quick_run["cache"],
     )
-    assert "Acc_S" in proc.stdout and "<- seed" in proc.stdout
+    assert "Acc_S" in proc.stdout and "<- start" in proc.stdout
     got = json.loads(out_json.read_text())
-    # the command reproduces the pipeline's own seed selection (same steps, keys and embedder)
-    stage = json.loads((workdir / "stages" / "seed.done").read_text())
+    # the command reproduces the pipeline's own choice of the starting policy (same steps, keys and embedder)
+    stage = json.loads((workdir / "stages" / "start.done").read_text())
     assert [c["acc_s"] for c in got["candidates"]] == [c["acc_s"] for c in stage["candidates"]]
     assert [c["div_r"] for c in got["candidates"]] == pytest.approx([c["div_r"] for c in stage["candidates"]])
-    assert Path(got["seed"]).name == stage["chosen"]
+    assert Path(got["start"]).name == stage["chosen"]
 
 
 @pytest.mark.e2e
@@ -535,7 +570,7 @@ def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_pat
     assert g["low"] <= g["gain"] <= g["high"] and set(row["metrics"]) == set(quick_run["config"].data.test_splits)
     assert row["blank"] and "test" in row["blank"]
     # a gain per round, the last one the row's; T-DPO minus the control paired on the same episodes is the
-    # difference of their gains over the same seed
+    # difference of their gains over the same starting policy
     rounds = quick_run["config"].ablation.rounds
     assert len(row["round_gains"]) == len(tdpo["round_gains"]) == rounds and row["round_gains"][-1] == g
     d = row["tdpo_minus"][-1]
@@ -594,7 +629,7 @@ def test_ablation_variants_are_config_switches():
 
 @pytest.mark.slow
 def test_ablate_quick(tmp_path_factory):
-    """`ipl-jax ablate` on the quick config: a shared seed, two IPL variants and an alias (k2 = the quick
+    """`ipl-jax ablate` on the quick config: a shared starting policy, two IPL variants and an alias (k2 = the quick
     config's own branching, i.e. the tdpo run)."""
     cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
     root = tmp_path_factory.mktemp("ablate")
@@ -602,13 +637,13 @@ def test_ablate_quick(tmp_path_factory):
         ["ablate", "--config", "synthetic:quick", "--workdir", str(root), "--variants", "tdpo,no_negatives,k2"], cache
     )
     result = json.loads((root / "ablation.json").read_text())
-    assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "no_negatives", "k2"]
+    assert [r["variant"] for r in result["rows"]] == ["start", "tdpo", "no_negatives", "k2"]
     assert result["rows"][3]["same_as"] == "tdpo"
     for r in result["rows"][1:3]:
         assert set(r["metrics"]) == set(load_settings("synthetic:quick").data.test_splits)
         assert r["pairs"] > 0
-    # the variants started from the base seed: their round-1 input policy is the base job's seed
-    assert (root / "variants" / "tdpo" / "seed").resolve() == (root / "base" / "seed").resolve()
+    # the variants started from the base job's starting policy: their round-1 input policy is it
+    assert (root / "variants" / "tdpo" / "start").resolve() == (root / "base" / "start").resolve()
     # ... while each variant's own rounds are evaluated into its own directory (not one shared with the others)
     preds = {v: root / "variants" / v / "eval" / "round_1" / "test.predictions.jsonl" for v in ("tdpo", "no_negatives")}
     assert all(p.is_file() for p in preds.values())
@@ -634,15 +669,15 @@ def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
 
 
 def _rl_rows(result: dict, config) -> dict:
-    """Checks every RL row shares: the seed's numbers, the stated budget rule, online success in [0, 1]."""
+    """Checks every RL row shares: the starting policy's numbers, the stated budget rule, online success in [0, 1]."""
     from ipl_jax.pipeline.rl_round import grpo_prompts
 
     rows = {r["variant"]: r for r in result["rows"]}
-    assert result["seed"] == config.seed and rows["seed"]["samples"] == 0
+    assert result["seed"] == config.seed and rows["start"]["samples"] == 0
     for name, r in rows.items():
         assert 0.0 <= r["online"]["success_rate"] <= 1.0 and r["online"]["episodes"] == config.eval.online_episodes
         assert set(r["metrics"]) == set(config.data.test_splits)
-        if name == "seed":
+        if name == "start":
             continue
         vc = variant_settings(config, name, {name: EXTRA.get(name, {"ipl.method": name})})
         b = r["budget"]
@@ -688,8 +723,8 @@ def test_rl_rounds_in_the_ablation(quick_run, tmp_path):
     shutil.copytree(quick_run["workdir"], root / "base", symlinks=True)
     result = run_ablation(config, root, list(EXTRA), echo=lambda _: None, extra_variants=EXTRA)
     rows = _rl_rows(result, config)
-    seed_online = json.loads((quick_run["workdir"] / "results.json").read_text())["rounds"][0]["online"]
-    assert rows["seed"]["online"] == seed_online
+    start_online = json.loads((quick_run["workdir"] / "results.json").read_text())["rounds"][0]["online"]
+    assert rows["start"]["online"] == start_online
     record = json.loads((root / "variants" / "gigppo_tiny" / "rounds" / "1" / "round.json").read_text())
     assert record["method"] == "gigppo" and record["train"]["critic_updates"] >= 1
     assert record["train"]["train_episodes"]["env_steps"] == record["samples"]
@@ -708,8 +743,8 @@ def test_ablate_rl_variants_quick(quick_run, tmp_path):
     args = ["ablate", "--config", "synthetic:quick", "--workdir", str(root), "--variants", "tdpo,grpo,ppo,gigppo"]
     proc = run_cli(args, quick_run["cache"])
     result = json.loads((root / "ablation.json").read_text())
-    assert [r["variant"] for r in result["rows"]] == ["seed", "tdpo", "grpo", "ppo", "gigppo"]
+    assert [r["variant"] for r in result["rows"]] == ["start", "tdpo", "grpo", "ppo", "gigppo"]
     _rl_rows(result, config)
-    for v in ("tdpo", "grpo", "ppo", "gigppo"):  # one seed: every variant's round 1 starts from the base's
-        assert (root / "variants" / v / "seed").resolve() == (root / "base" / "seed").resolve()
+    for v in ("tdpo", "grpo", "ppo", "gigppo"):  # one starting policy: every variant's round 1 starts from the base's
+        assert (root / "variants" / v / "start").resolve() == (root / "base" / "start").resolve()
     assert "GRPO (UI-R1)" in proc.stdout and "GiGPPO (online)" in proc.stdout and "online %" in proc.stdout

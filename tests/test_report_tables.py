@@ -27,7 +27,7 @@ def test_round_and_ablation_tables():
         45.6,
     )
     text = round_table([r0, r1], "test").splitlines()
-    assert text[0].split() == ["test", "seed", "round", "1"]
+    assert text[0].split() == ["test", "start", "round", "1"]
     assert text[2].split() == ["click", "match", "50.00", "75.00"]
     assert text[4].split() == ["scroll", "match", "-", "-"]
     assert text[7].split() == ["total", "match", "40.00", "60.00"]
@@ -50,7 +50,7 @@ def test_online_budget_table():
     from ipl_jax.pipeline.report import online_budget_table
 
     rows = [
-        {"variant": "seed policy", "online": {"success_rate": 0.25, "mean_steps": 5.5}, "samples": 0},
+        {"variant": "starting policy", "online": {"success_rate": 0.25, "mean_steps": 5.5}, "samples": 0},
         {
             "variant": "GRPO (UI-R1)",
             "online": {"success_rate": 0.5, "mean_steps": 4.0},
@@ -63,7 +63,7 @@ def test_online_budget_table():
     ]
     lines = online_budget_table(rows).splitlines()
     assert lines[0].split() == ["variant", "online", "%", "steps", "samples", "budget", "updates", "seconds"]
-    assert lines[2].split() == ["seed", "policy", "25.00", "5.50", "0", "-", "0", "0"]
+    assert lines[2].split() == ["starting", "policy", "25.00", "5.50", "0", "-", "0", "0"]
     assert lines[3].split() == ["GRPO", "(UI-R1)", "50.00", "4.00", "32", "32", "1", "12"]
     assert lines[4].split() == ["PPO", "-", "-", "40", "32", "6", "31"]
 

@@ -164,7 +164,7 @@ def test_bf16_rl_updates_keep_fp32_master_weights_and_moments(policy):
 
 
 def test_the_job_samples_and_evaluates_policy_directories_in_the_storage_dtype(policy, tmp_path):
-    """Seed selection, the seed's and every round's evaluation load a policy directory (fp32 on disk) through
+    """The starting policy's selection, its and every round's evaluation load a policy directory (fp32 on disk) through
     ``Job.inference_policy``: storage-dtype weights, compute-dtype model, as the rounds' own sampling."""
     import types
     from pathlib import Path

@@ -159,7 +159,7 @@ def test_round_table_and_ablation_print_the_diagnostics():
         "splits": ["test"],
         "rounds": 2,
         "rows": [
-            {"variant": "seed", "metrics": tables},
+            {"variant": "start", "metrics": tables},
             {
                 "variant": "tdpo",
                 "metrics": tables,

@@ -194,8 +194,8 @@ QUICK_SCARCE = [
     "--config.sft.micro_batch_size=4",
     "--config.sft.checkpoint_every=4",
     "--config.sft.warmup_steps=2",
-    "--config.seed_selection.steps=4",
-    "--config.seed_selection.embedder=tfidf",
+    "--config.start_selection.steps=4",
+    "--config.start_selection.embedder=tfidf",
     "--config.sampler.tree.branching=(2,2,2,1)",
     "--config.ipl.rounds=2",
     "--config.ablation.rounds=2",
@@ -211,8 +211,8 @@ QUICK_SCARCE = [
 
 @pytest.mark.slow
 def test_ablate_scarce_quick(tmp_path):
-    """``ipl-jax ablate --config synthetic:scarce`` with the quick job's sizes: the five variants from one seed,
-    two rounds each; in round 1 they sample the same trees and pairs (only the update differs), the supervised
+    """``ipl-jax ablate --config synthetic:scarce`` with the quick job's sizes: the five variants from one starting
+    policy, two rounds each; in round 1 they sample the same trees and pairs (only the update differs), the supervised
     controls spend T-DPO's update budget, every round explains itself, and only the last is evaluated on test."""
     import os
     import subprocess
@@ -229,9 +229,9 @@ def test_ablate_scarce_quick(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "what each round did" in proc.stdout
     rows = {r["variant"]: r for r in json.loads((root / "ablation.json").read_text())["rows"]}
-    assert set(rows) == {"seed", "tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
+    assert set(rows) == {"start", "tdpo", "no_negatives", "naive_dpo", "continued_sft", "sft_oracle"}
     first = {
-        v: json.loads((root / "variants" / v / "rounds" / "1" / "round.json").read_text()) for v in rows if v != "seed"
+        v: json.loads((root / "variants" / v / "rounds" / "1" / "round.json").read_text()) for v in rows if v != "start"
     }
     for v in ("no_negatives", "continued_sft", "sft_oracle"):
         assert first[v]["pairs"] == first["tdpo"]["pairs"] and first[v]["batches"] == first["tdpo"]["batches"]
@@ -242,7 +242,7 @@ def test_ablate_scarce_quick(tmp_path):
     for v in ("continued_sft", "sft_oracle"):
         assert first[v]["train"]["steps"] == first["tdpo"]["train"]["steps"] > 0
     for v, row in rows.items():
-        if v == "seed":
+        if v == "start":
             continue
         assert row["rounds"] == 2 and len(row["diagnostics"]) == 2 and row["gain"]["low"] <= row["gain"]["high"]
         assert all(d["train_steps"]["steps"] == 2 for d in row["diagnostics"])

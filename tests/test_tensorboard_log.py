@@ -62,8 +62,8 @@ def test_round_scalars_name_every_number_and_skip_the_rest():
         "online/mean_steps": 3.0,
         "online/truncated_rate": 0.0,
     }
-    seed = {"round": 0, "metrics": {}, "trees": {"alpha": 0.0, "beta": 1.0, "gamma": 0.0}, "pairs": 0}
-    assert set(round_scalars(seed)) == {"trees/alpha", "trees/beta", "trees/gamma", "pairs/total"}
+    start = {"round": 0, "metrics": {}, "trees": {"alpha": 0.0, "beta": 1.0, "gamma": 0.0}, "pairs": 0}
+    assert set(round_scalars(start)) == {"trees/alpha", "trees/beta", "trees/gamma", "pairs/total"}
     record = {"stage": "sft", "step": 3, "loss": 2.5, "lr": 1e-3, "tokens": 100.0, "tokens_per_s": 40.0}
     assert sft_scalars(record) == {"sft/loss": 2.5, "sft/learning_rate": 1e-3, "sft/tokens_per_s": 40.0}
 

@@ -107,7 +107,7 @@ if [ "$CPU" = 0 ]; then
   part sampler 90 bash -c '$0 -m tools.bench_sampler_gpu --size 2b --steps 2 --turns 128,64,32,32 \
     --decode-turns 3,1 --decode-options xla_gpu_enable_dynamic_slice_fusion=true \
     --time-limit $((DEVICE_CHECK_LIMIT - 10)) --json "$1"' "$PY" "$OUT/sampler.json"
-  # the whole job at 2B: init-model, phone-resolution synthetic AITZ, data -> SFT -> seed -> one round -> export
+  # the whole job at 2B: init-model, phone-resolution synthetic AITZ, data -> SFT -> start -> one round -> export
   part job 210 env PYTHON="$PY" bash tools/paper_job.sh --out /tmp/paper_job --json "$OUT/job.json"
   part attention 45 $PY -m tools.bench_attention --reps 3 --json "$OUT/attention.json"
   part mfu_before 70 $PY -m tools.gpu_mfu --size 2b --attention reference --remat full --steps 1 --skip-matmul \

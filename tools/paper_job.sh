@@ -7,7 +7,7 @@
 # 1. ipl-jax init-model: DIR/model, random bf16 weights of the architecture and our tokenizer (kept when present);
 # 2. ipl-jax synth: DIR/data/{train,test}, screens laid out at AITZ's 270x600 and drawn at 1080x2400 (a phone);
 #    the paper's AITZ pixel limit (1540x1540) resizes them to 1008x2268 = 11,664 patches = 2,916 image tokens;
-# 3. ipl-jax run --config qwen2vl_<size>_aitz:gpu on it: data -> SFT -> seed -> one IPL round -> export, with the
+# 3. ipl-jax run --config qwen2vl_<size>_aitz:gpu on it: data -> SFT -> start -> one IPL round -> export, with the
 #    overrides below (single buckets: every program compiles once);
 # 4. DIR/job.json (and --json FILE): the run's job_report.json (stage seconds, SFT and T-DPO tokens/s, peak device
 #    memory) plus the seconds of steps 1 and 2; the run prints the same as a table.
@@ -45,8 +45,8 @@ JOB=(
   --config.buckets.tokens=4096 --config.sampler.tree.prefix_buckets=4096 --config.sampler.tree.prompt_buckets='(256, 512)'
   --config.ipl.text_buckets='(4096, 6144)'
   --config.sft.steps=3 --config.sft.batch_size=4 --config.sft.micro_batch_size=4 --config.sft.warmup_steps=1
-  --config.sft.checkpoint_every=3 --config.sft.seed_candidates=1
-  --config.seed_selection.steps=2 --config.seed_selection.embedder=tfidf --config.sampler.batch_size=2
+  --config.sft.checkpoint_every=3 --config.sft.start_candidates=1
+  --config.start_selection.steps=2 --config.start_selection.embedder=tfidf --config.sampler.batch_size=2
   --config.ipl.rounds=1 --config.ipl.steps_per_round=2
   --config.eval.max_steps=4 --config.eval.batch_size=4 --config.eval.blank_splits='()'
   --config.eval.online_episodes=0 --config.export.viewer_steps=1

@@ -21,13 +21,15 @@ COMMANDS = {
     "sft": ("ipl_jax.cli.sft", "main", "warm-up SFT (the job's data, evolution, model and SFT stages)"),
     "eval": ("ipl_jax.cli.eval", "main", "greedy CoaT decoding + Step.Acc tables"),
     "export": ("ipl_jax.cli.export", "main", "export a checkpoint as a Hugging Face directory"),
-    "select-seed": ("ipl_jax.cli.select_seed", "main", "Acc_S / Div_R seed-policy selection"),
+    "select-start": ("ipl_jax.cli.select_start", "main", "choose the starting policy of the rounds by Acc_S / Div_R"),
     "sample": ("ipl_jax.cli.sample", "main", "sample CoaT-trees and write them as JSONL + HTML"),
     "run": ("ipl_jax.cli.run", "main", "the main job: data -> SFT -> IPL rounds -> evaluation"),
     "ablate": ("ipl_jax.cli.ablate", "main", "run the ablation table"),
     "plan": ("ipl_jax.cli.plan", "main", "per-device memory and FLOPs of the job's programs, compiled ahead of time"),
     "pack-data": ("ipl_jax.cli.pack_data", "main", "convert a dataset into ArrayRecord shards for Grain / TFDS"),
 }
+# a command's former name -> its name now: the old name still runs it, with a one-line notice
+RENAMED = {"select-seed": "select-start"}
 
 
 def _usage() -> str:
@@ -55,6 +57,9 @@ def main(argv=None) -> int:
         print(f"ipl-jax {version()}")
         return 0
     name, rest = argv[0], argv[1:]
+    if name in RENAMED:
+        print(f"ipl-jax {name} is ipl-jax {RENAMED[name]} now; the old name still works", file=sys.stderr)
+        name = RENAMED[name]
     if name not in COMMANDS:
         close = [c for c in COMMANDS if c.startswith(name[:2])]
         hint = f"; did you mean {' or '.join(close)}?" if close else ""

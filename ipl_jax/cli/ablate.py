@@ -1,5 +1,5 @@
-"""``ipl-jax ablate``: IPL variants from one shared seed, printed as the paper's ablation table plus a summary of
-each variant's gain over the seed with its 95 % paired-bootstrap interval (see ``ipl_jax/pipeline/ablate.py``).
+"""``ipl-jax ablate``: IPL variants from one shared starting policy, printed as the paper's ablation table plus a
+summary of each variant's gain over it with its 95 % paired-bootstrap interval (see ``ipl_jax/pipeline/ablate.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def parser() -> CommandParser:
         action="append",
         default=[],
         metavar='"NAME=[BASE] FIELD=VALUE ..."',
-        help="a variant of your own, run after --variants from the same seed: BASE (optional) a variant above, then "
-        'round settings (ipl.*, rl.*) it changes, e.g. --variant "tdpo_b05=tdpo ipl.dpo.beta=0.5" (repeatable)',
+        help="a variant of your own, run after --variants from the same starting policy: BASE (optional) a variant "
+        'above, then round settings (ipl.*, rl.*) it changes, e.g. --variant "tdpo_b05=tdpo ipl.dpo.beta=0.5" '
+        "(repeatable)",
     )
     p.add_argument(
         "--seeds",

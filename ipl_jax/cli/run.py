@@ -14,6 +14,7 @@ from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.pipeline.paths import UsageError, output_dir
 from ipl_jax.pipeline.run import STAGES, run_job
 from ipl_jax.pipeline.sources import check_job
+from ipl_jax.pipeline.workdir import FORMER_STAGES
 
 PROG = "ipl-jax run"
 
@@ -37,10 +38,22 @@ def start_distributed(args) -> None:
         raise UsageError(str(e)) from None
 
 
+def stage_name(text: str) -> str:
+    """argparse type of ``--stop-after``: a stage; a former stage name (``workdir.FORMER_STAGES``) is today's, said in
+    one line."""
+    current = {old: new for new, old in FORMER_STAGES.items()}.get(text)
+    if current is None:
+        return text
+    print(f"{PROG}: --stop-after {text} is --stop-after {current} now; the old name still works", file=sys.stderr)
+    return current
+
+
 def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="job directory (created; reused to resume)")
-    p.add_argument("--stop-after", choices=STAGES, default=None, help="stop once this stage is finished")
+    p.add_argument(
+        "--stop-after", type=stage_name, choices=STAGES, default=None, help="stop once this stage is finished"
+    )
     return p
 
 

@@ -1,6 +1,6 @@
 """``ipl-jax sft``: the job's first stages only (data, instruction evolution, model, warm-up SFT).
 
-The last ``sft.seed_candidates`` checkpoints land in ``WORKDIR/sft/candidates/step_<n>``; ``ipl-jax run`` on
+The last ``sft.start_candidates`` checkpoints land in ``WORKDIR/sft/candidates/step_<n>``; ``ipl-jax run`` on
 the same workdir goes on from there.
 """
 

@@ -1,1 +1,1 @@
-"""Evaluation: greedy CoaT decoding and Step.Acc, scoring prediction files, seed selection."""
+"""Evaluation: greedy CoaT decoding and Step.Acc, scoring prediction files, the starting policy's selection."""

@@ -1,5 +1,6 @@
-"""Sentence embeddings of sampled turn texts (Div_R of seed selection, docs/method.md §9): all-MiniLM-L6-v2 (the
-``embed`` extra) when installed, else TF-IDF. Imports numpy only (the settings check ``EMBEDDERS``).
+"""Sentence embeddings of sampled turn texts (Div_R of the starting policy's selection, docs/method.md §9):
+all-MiniLM-L6-v2 (the ``embed`` extra) when installed, else TF-IDF. Imports numpy only (the settings check
+``EMBEDDERS``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-EMBEDDERS = ("auto", "minilm", "tfidf")  # resolve_embedder's kinds (the job's seed_selection.embedder)
+EMBEDDERS = ("auto", "minilm", "tfidf")  # resolve_embedder's kinds (the job's start_selection.embedder)
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 

@@ -1,7 +1,7 @@
 """``ipl-jax ablate``: the ablation table (docs/method.md §8, §11), IPL variants as settings switches.
 
 The base job runs once in ``WORKDIR/base``; each variant of ``VARIANTS`` runs ``ablation.rounds`` round(s) from
-the shared seed in ``WORKDIR/variants/<name>`` (equal settings share one run); results go to
+the shared starting policy in ``WORKDIR/variants/<name>`` (equal settings share one run); results go to
 ``WORKDIR/ablation.json``. Resumes like ``ipl-jax run``.
 """
 
@@ -24,8 +24,9 @@ from ipl_jax.settings import Settings
 
 # name -> the settings it changes. continued_sft is the control (the same trees sampled and packed, the same
 # number of updates spent on supervised training on the golden CoaT: do pairs add anything beyond more SFT?);
-# no_evolution trains its own SFT and seed without the evolved Q&A (the one variant not from the shared seed);
-# k2..k4 sample K per thinking turn; grpo / ppo / gigppo are the other seeds' learners at T-DPO's budget of
+# no_evolution trains its own SFT and starting policy without the evolved Q&A (the one variant not from the shared
+# starting policy);
+# k2..k4 sample K per thinking turn; grpo / ppo / gigppo are the baselines' learners at T-DPO's budget of
 # sampled completions per round (pipeline/rl_round.py).
 VARIANTS = {
     "tdpo": {"ipl.method": "tdpo"},
@@ -42,7 +43,7 @@ VARIANTS = {
     "gigppo": {"ipl.method": "gigppo"},
 }
 LABELS = {
-    "seed": "seed policy (no IPL)",
+    "start": "starting policy (no IPL)",
     "tdpo": "T-DPO (full)",
     "continued_sft": "continued SFT (control)",
     "sft_oracle": "oracle SFT (hidden CoaT)",
@@ -56,9 +57,9 @@ LABELS = {
     "ppo": "PPO (online, dense)",
     "gigppo": "GiGPPO (online)",
 }
-ROUND_SECTIONS = ("ipl", "rl")  # what a variant of your own may change: the rounds, never the shared seed's stages
-SHARED_STAGES = ("data", "evolution", "model", "sft", "seed", "eval_seed")
-SHARED_DIRS = ("data", "evolution", "model", "sft", "seed", "eval/round_0")  # a variant's own rounds: its eval/
+ROUND_SECTIONS = ("ipl", "rl")  # what a variant of your own may change: the rounds, never the shared stages before
+SHARED_STAGES = ("data", "evolution", "model", "sft", "start", "eval_start")
+SHARED_DIRS = ("data", "evolution", "model", "sft", "start", "eval/round_0")  # a variant's own rounds: its eval/
 
 
 def variant_settings(base: Settings, name: str, variants=None) -> Settings:
@@ -96,8 +97,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
             )
         elif field.split(".")[0] not in ROUND_SECTIONS:
             raise ValueError(
-                f"--variant {text!r}: {field!r} is not a round setting (ipl.* or rl.*); the seed is shared by every "
-                f"variant, so settings of the stages before the rounds go to --config for the whole ablation"
+                f"--variant {text!r}: {field!r} is not a round setting (ipl.* or rl.*); the starting policy is shared "
+                f"by every variant, so settings of the stages before the rounds go to --config for the whole ablation"
             )
         else:
             switches[field] = CommandLineText(value)
@@ -114,8 +115,8 @@ def _ipl_key(settings: Settings) -> str:
 def _share(base: Workdir, wd: Workdir, names: Sequence[str], stages: Sequence[str]) -> None:
     """Point ``wd`` at the base job's outputs (symlinks) and copy its stage markers (the main process)."""
     for d in names if wd.main else ():
-        src, dst = base.path(d), wd.path(d)
-        if src.exists() and not dst.exists():
+        src, dst = base.existing(d), wd.path(d)  # (an older base or variant keeps the starting policy in seed/)
+        if src.exists() and not wd.existing(d).exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(src, dst, target_is_directory=True)
     for stage in stages:
@@ -132,16 +133,16 @@ def _mean_total(metrics: dict, splits: Sequence[str]) -> float:
     return float(sum(float(metrics[s]["total"]["exact_acc"] or 0.0) for s in splits) / len(splits))
 
 
-def _seed_row(base: Workdir, splits: Sequence[str]) -> dict:
-    """The table's first row: the shared seed policy as evaluated by the base job (no pairs, no samples)."""
-    base_eval = base.summary("eval_seed")
+def _start_row(base: Workdir, splits: Sequence[str]) -> dict:
+    """The table's first row: the shared starting policy as evaluated by the base job (no pairs, no samples)."""
+    base_eval = base.summary("eval_start")
     return {
-        "variant": "seed",
-        "label": LABELS["seed"],
+        "variant": "start",
+        "label": LABELS["start"],
         "metrics": base_eval["metrics"],
         "pairs": 0,
         "blank": base_eval.get("blank"),
-        "trees": base.summary("seed")["trees"],
+        "trees": base.summary("start")["trees"],
         "seconds": 0.0,
         "mean_total": _mean_total(base_eval["metrics"], splits),
         "online": base_eval.get("online"),
@@ -151,8 +152,8 @@ def _seed_row(base: Workdir, splits: Sequence[str]) -> dict:
 
 
 def _run_variant(vc: Settings, name: str, base: Workdir, root: Path, splits: Sequence[str], echo) -> tuple:
-    """Run one variant's rounds in ``root/variants/<name>`` from the shared seed (no_evolution: from the shared data
-    only). Returns (its row without gains, its episode counts per round and test split)."""
+    """Run one variant's rounds in ``root/variants/<name>`` from the shared starting policy (no_evolution: from the
+    shared data only). Returns (its row without gains, its episode counts per round and test split)."""
     wd = Workdir(root / "variants" / name, echo=echo)
     if name == "no_evolution":
         _share(base, wd, ("data",), ("data",))
@@ -183,8 +184,8 @@ def _run_variant(vc: Settings, name: str, base: Workdir, root: Path, splits: Seq
         "diagnostics": [s["record"].get("diagnostics") for s in summaries],
     }
     counts = [_episode_counts(wd.root, f"round_{r}", splits) for r in range(1, last + 1)]
-    if name == "no_evolution":  # its own seed: the gain is still measured against the shared seed's table
-        row["seed_metrics"] = wd.summary("eval_seed")["metrics"]
+    if name == "no_evolution":  # its own starting policy: the gain is still measured against the shared one's table
+        row["start_metrics"] = wd.summary("eval_start")["metrics"]
     return row, counts
 
 
@@ -206,14 +207,15 @@ def run_ablation(
     echo=print,
     extra_variants: dict | None = None,
 ) -> dict:
-    """The base job once, then each variant's round(s) from its seed; ``extra_variants`` adds named variants."""
+    """The base job once, then each variant's round(s) from its starting policy; ``extra_variants`` adds named
+    variants."""
     known = {**VARIANTS, **(extra_variants or {})}
     splits = list(settings.data.test_splits)
     root = Path(workdir)
-    echo("== base job (shared seed) ==")
-    base = run_job(settings, root / "base", stop_after="eval_seed", echo=echo)
-    seed_counts = _episode_counts(base.root, "round_0", splits)
-    rows = [_seed_row(base, splits)]
+    echo("== base job (shared starting policy) ==")
+    base = run_job(settings, root / "base", stop_after="eval_start", echo=echo)
+    start_counts = _episode_counts(base.root, "round_0", splits)
+    rows = [_start_row(base, splits)]
     done: dict[str, dict] = {}
     counts: dict[str, list] = {}  # variant -> per round, per test split: {episode: (exact, steps)}
     for name in variants:
@@ -227,7 +229,7 @@ def run_ablation(
             continue
         echo(f"== variant {name} ==")
         row, counts[name] = _run_variant(vc, name, base, root, splits, echo)
-        row["round_gains"] = [paired_gain_interval(seed_counts, c, seed=settings.seed) for c in counts[name]]
+        row["round_gains"] = [paired_gain_interval(start_counts, c, seed=settings.seed) for c in counts[name]]
         row["gain"] = row["round_gains"][-1]
         rows.append(row)
         done[key] = row
@@ -272,7 +274,7 @@ def _mean_sd(values: Sequence[float]) -> dict:
 
 def summarize_seeds(results: Sequence[dict]) -> dict:
     """Per variant over the ablations of several seeds (``run_ablation``'s results, one per seed): each seed's gain
-    over its seed policy with its interval, their mean ± sd after the last round and round by round, and T-DPO
+    over its starting policy with its interval, their mean ± sd after the last round and round by round, and T-DPO
     minus the variant (paired on the same test episodes) per seed, mean ± sd and the seeds where T-DPO is ahead."""
     if not results:
         raise ValueError("summarize_seeds: no ablation results")
@@ -299,7 +301,7 @@ def summarize_seeds(results: Sequence[dict]) -> dict:
         "seeds": seeds,
         "splits": list(results[0]["splits"]),
         "rounds": results[0]["rounds"],
-        "seed_total": _mean_sd([r["rows"][0]["mean_total"] for r in results]),
+        "start_total": _mean_sd([r["rows"][0]["mean_total"] for r in results]),  # row 0: the starting policy
         "variants": out,
     }
 
@@ -307,11 +309,11 @@ def summarize_seeds(results: Sequence[dict]) -> dict:
 def format_seeds(summary: dict) -> str:
     """The table over seeds (``summarize_seeds``): gains per seed and per round, T-DPO minus each variant."""
     seeds = ", ".join(str(s) for s in summary["seeds"])
-    st = summary["seed_total"]
+    st = summary["start_total"] if "start_total" in summary else summary["seed_total"]  # (older: seed_total)
     return "\n\n".join(
         [
-            f"gain over the seed policy (points of mean total match over {', '.join(summary['splits'])}) after "
-            f"{summary['rounds']} round(s), mean ± sd over seeds {seeds} (seed policy {100 * st['mean']:.1f} ± "
+            f"gain over the starting policy (points of mean total match over {', '.join(summary['splits'])}) after "
+            f"{summary['rounds']} round(s), mean ± sd over seeds {seeds} (starting policy {100 * st['mean']:.1f} ± "
             f"{100 * st['sd']:.1f}); per seed with its 95 % paired bootstrap interval over test episodes\n"
             + report.seeds_gain_table(summary["variants"], summary["seeds"], "gains", "gain"),
             "gain after each round, mean ± sd over the seeds\n" + report.round_curve_table(summary["variants"]),
@@ -334,7 +336,7 @@ def format_ablation(result: dict) -> str:
         )
     blocks.append(
         f"summary over the test splits ({', '.join(result['splits'])}); gain = mean total match minus the "
-        f"seed's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows)
+        f"starting policy's, 95 % paired bootstrap over test episodes\n" + report.ablation_summary(rows)
     )
     blocks.append(
         "online (greedy episodes on held-out tasks in the live world), samples used / budget of the round(s) "

@@ -1,6 +1,6 @@
-"""The evaluation stages (``eval_seed``, ``eval_export``) and the evaluations the other stages run: the test splits,
-the live world, the dev early-stopping signal, and the seed selection's scoring of the SFT candidates
-(``seed_scoring``)."""
+"""The evaluation stages (``eval_start``, ``eval_export``) and the evaluations the other stages run: the test splits,
+the live world, the dev early-stopping signal, and the scoring of the SFT candidates that chooses the starting
+policy (``start_scoring``)."""
 
 from __future__ import annotations
 
@@ -167,8 +167,8 @@ def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], settings: Sett
     return {"step_accuracy": float(table["step_acc"] or 0.0), "type_accuracy": float(table["total"]["type_acc"] or 0)}
 
 
-def seed_scoring(settings) -> dict:
-    """``eval.seed_selection.score_candidates``' sampler, reward, discount, seed and batch size as the job's
+def start_scoring(settings) -> dict:
+    """``eval.start_selection.score_candidates``' sampler, reward, discount, seed and batch size as the job's
     settings (``Settings``) say."""
     return {
         "sampler_config": lambda tok: settings.sampler.build(tok.ids, settings.buckets, settings.eval.batch_size),

@@ -1,5 +1,5 @@
 """What the job hands over: the round it exports (``choose_round``: the best dev step accuracy), that round's scores
-against the seed's (``results.json["exported"]``, ``exported_block``) and the lines the run ends with
+against the starting policy's (``results.json["exported"]``, ``exported_block``) and the lines the run ends with
 (``export_report``). Pure functions of ``results.json``'s round entries; ``run.Job`` evaluates the chosen round
 on the test splits and in the live world first when no stage did (``is_evaluated``).
 """
@@ -15,7 +15,8 @@ SMALL_DEV = 50  # dev episodes below which the printout warns that dev picks rou
 
 
 def choose_round(rounds: Sequence[dict]) -> int:
-    """The round to export: the highest ``dev.step_accuracy``, the later round on a tie (round 0 = the seed)."""
+    """The round to export: the highest ``dev.step_accuracy``, the later round on a tie (round 0 = the starting
+    policy)."""
     if not rounds:
         raise ValueError("choose_round: no evaluated round to export (results.json has no rounds)")
     return int(max(rounds, key=lambda r: (float(r["dev"]["step_accuracy"]), int(r["round"])))["round"])
@@ -49,21 +50,21 @@ def policy_scores(entry: dict, test_names: Sequence[str]) -> dict:
 def exported_block(
     rounds: Sequence[dict], chosen: int, evaluated_at_export: bool, test_names: Sequence[str], dev: dict
 ) -> dict:
-    """``results.json["exported"]``: ``round`` (0 = the seed), the ``rule`` that chose it, ``dev`` (``episodes``,
-    ``steps`` and each round's ``step_accuracy`` as [round, accuracy]), ``evaluated_at_export`` (its test and
-    live-world scores were measured for the export, no round stage having done so), ``scores`` and
-    ``seed_scores`` (``policy_scores``) and ``gain`` (exported minus seed, mean step accuracy; None if either is
-    missing)."""
+    """``results.json["exported"]``: ``round`` (0 = the starting policy), the ``rule`` that chose it, ``dev``
+    (``episodes``, ``steps`` and each round's ``step_accuracy`` as [round, accuracy]), ``evaluated_at_export`` (its
+    test and live-world scores were measured for the export, no round stage having done so), ``scores`` and
+    ``start_scores`` (``policy_scores``; ``seed_scores`` in older results) and ``gain`` (exported minus the starting
+    policy, mean step accuracy; None if either is missing)."""
     entry = next(r for r in rounds if int(r["round"]) == chosen)
-    scores, seed = policy_scores(entry, test_names), policy_scores(rounds[0], test_names)
-    a, b = scores["step_accuracy_mean"], seed["step_accuracy_mean"]
+    scores, start = policy_scores(entry, test_names), policy_scores(rounds[0], test_names)
+    a, b = scores["step_accuracy_mean"], start["step_accuracy_mean"]
     return {
         "round": int(chosen),
         "rule": RULE,
         "dev": {**dev, "step_accuracy": [[int(r["round"]), float(r["dev"]["step_accuracy"])] for r in rounds]},
         "evaluated_at_export": bool(evaluated_at_export),
         "scores": scores,
-        "seed_scores": seed,
+        "start_scores": start,
         "gain": None if a is None or b is None else a - b,
     }
 
@@ -79,11 +80,12 @@ def _row(name: str, a: float | None, b: float | None) -> str:
 
 def export_report(exported: dict) -> str:
     """The lines the job ends with: which round it exported and why (the rule, every round's dev accuracy, a
-    warning when dev is small), then the exported policy's scores against the seed's (%; last column the gain)."""
+    warning when dev is small), then the exported policy's scores against the starting policy's (%; last column the
+    gain). An older ``exported`` block (``seed_scores``) reads the same."""
     r, dev = exported["round"], exported["dev"]
-    name = "the seed" if r == 0 else f"round {r}"
+    name = "the starting policy" if r == 0 else f"round {r}"
     devs = ", ".join(
-        f"{'seed' if k == 0 else 'round ' + str(k)} {100 * v:.1f}%{' <-' if k == r else ''}"
+        f"{'start' if k == 0 else 'round ' + str(k)} {100 * v:.1f}%{' <-' if k == r else ''}"
         for k, v in dev["step_accuracy"]
     )
     lines = [
@@ -96,19 +98,20 @@ def export_report(exported: dict) -> str:
             f"noise,\n  so the exported round may not be the best one on the test splits (docs/rounds.md)"
         )
     how = "evaluated for the export" if exported["evaluated_at_export"] else "its evaluation when it ran"
-    s, seed = exported["scores"], exported["seed_scores"]
+    s = exported["scores"]
+    start = exported["start_scores"] if "start_scores" in exported else exported["seed_scores"]
     lines.append(f"  scores in % ({how}):")
-    lines.append(f"  {'':<28}{'seed':>8}{name if r else 'seed':>9}{'gain':>8}")
-    lines.append(_row("test splits, mean", seed["step_accuracy_mean"], s["step_accuracy_mean"]))
+    lines.append(f"  {'':<28}{'start':>8}{name if r else 'start':>9}{'gain':>8}")
+    lines.append(_row("test splits, mean", start["step_accuracy_mean"], s["step_accuracy_mean"]))
     for split in s["step_accuracy"]:
-        lines.append(_row(split, seed["step_accuracy"].get(split), s["step_accuracy"].get(split)))
+        lines.append(_row(split, start["step_accuracy"].get(split), s["step_accuracy"].get(split)))
     for split in s["blank_step_accuracy"]:
         lines.append(
-            _row(f"{split}, grey screens", seed["blank_step_accuracy"].get(split), s["blank_step_accuracy"][split])
+            _row(f"{split}, grey screens", start["blank_step_accuracy"].get(split), s["blank_step_accuracy"][split])
         )
     for split in s["online_success"]:
-        lines.append(_row(f"live world {split}", seed["online_success"].get(split), s["online_success"][split]))
+        lines.append(_row(f"live world {split}", start["online_success"].get(split), s["online_success"][split]))
     for split, reading in list(s["reading"].items())[:1]:  # the others: the round table
         for key in ("page", "texts", "grounding"):
-            lines.append(_row(f"{key} ({split})", (seed["reading"].get(split) or {}).get(key), reading.get(key)))
+            lines.append(_row(f"{key} ({split})", (start["reading"].get(split) or {}).get(key), reading.get(key)))
     return "\n".join(lines)

@@ -34,7 +34,7 @@ def data_line(use: dict) -> str:
 
 def round_table(rounds: Sequence[dict], split: str) -> str:
     """Step accuracy (%) by action type, one column per round, then α/β/γ shares, pairs (samples, online success)."""
-    head = f"{split:<18}" + "".join(f"{'seed' if r['round'] == 0 else 'round ' + str(r['round']):>10}" for r in rounds)
+    head = f"{split:<18}" + "".join(f"{'start' if r['round'] == 0 else 'round ' + str(r['round']):>10}" for r in rounds)
     lines = [head, "-" * len(head)]
     for row in TYPE_ROWS + ("total",):
         cells = []
@@ -181,7 +181,8 @@ def _mean_sd(m: dict | None) -> str:
 
 
 def round_gains_table(rows: Sequence[dict]) -> str:
-    """One line per variant (the seed row left out): gain after each round, T-DPO minus it after each round."""
+    """One line per variant (the starting policy's row left out): gain after each round, T-DPO minus it after each
+    round."""
     lines = []
     for r in rows:
         if not r.get("round_gains"):

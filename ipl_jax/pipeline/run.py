@@ -1,6 +1,7 @@
-"""The main job (``ipl-jax run``): data -> evolution -> model -> buckets -> warm-up SFT -> seed selection -> seed
-evaluation -> IPL rounds -> export (docs/method.md §1). Each stage runs through ``Workdir.run_stage``, so a
-rerun resumes; a workdir refuses different settings. Outputs: see the README.
+"""The main job (``ipl-jax run``): data -> evolution -> model -> buckets -> warm-up SFT -> the starting policy's
+selection and evaluation -> IPL rounds -> export (docs/method.md §1). Each stage runs through
+``Workdir.run_stage``, so a rerun resumes (a workdir made before the rename reads as ``workdir.FORMER_STAGES`` says);
+a workdir refuses different settings. Outputs: see the README.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax
 from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.data.records import sample_steps
-from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
+from ipl_jax.eval.start_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline import (
     buckets_stage,
     data_stage,
@@ -26,7 +27,7 @@ from ipl_jax.pipeline import (
     rounds_stage,
     sft_stage,
 )
-from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes, seed_scoring
+from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes, start_scoring
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
@@ -34,7 +35,7 @@ from ipl_jax.settings import Settings
 from ipl_jax.settings.job import relocated
 from ipl_jax.viz.plots import plot_step_accuracy_splits
 
-STAGES = ("data", "evolution", "model", "buckets", "sft", "seed", "eval_seed", "rounds", "eval_export", "export")
+STAGES = ("data", "evolution", "model", "buckets", "sft", "start", "eval_start", "rounds", "eval_export", "export")
 # what a round entry of results.json takes from its evaluation besides ``metrics`` (eval_stage.evaluate_policy_splits)
 EVAL_EXTRA = tuple(k for k in export_stage.EVAL_KEYS if k != "metrics")
 
@@ -160,26 +161,27 @@ class Job:
         s = self.settings
         return model_stage.inference_policy(model_stage.load_policy(directory, model_stage.job_mesh(s.mesh)), s.model)
 
-    # ----------------------------------------------------------------------------------------------- seed
+    # ------------------------------------------------------------------------------------ the starting policy
 
-    def seed(self) -> None:
-        self.seed_summary = self.wd.run_stage("seed", self._select_seed)
+    def start(self) -> None:
+        """The starting policy of the IPL rounds: the SFT candidate of the highest Acc_S + w · Div_R, in ``start/``."""
+        self.start_summary = self.wd.run_stage("start", self._select_start)
 
-    def _select_seed(self) -> dict:
+    def _select_start(self) -> dict:
         s, wd = self.settings, self.wd
         paths = sft_stage.candidate_policies(self.sft_summary)
-        steps = sample_steps(self.train_steps, s.seed_selection.steps, s.seed)
+        steps = sample_steps(self.train_steps, s.start_selection.steps, s.seed)
         scores, kind = score_candidates(
             [(p.name, self.inference_policy(p)) for p in paths],
             steps,
-            **seed_scoring(s),
-            embedder=s.seed_selection.embedder,
+            **start_scoring(s),
+            embedder=s.start_selection.embedder,
             echo=wd.echo,
         )
-        chosen = choose(scores, s.seed_selection.diversity_weight)
+        chosen = choose(scores, s.start_selection.diversity_weight)
         for line in format_scores(scores, chosen).splitlines():
             wd.echo("  " + line)
-        target = wd.path("seed")
+        target = wd.path("start")
         if wd.main:
             if target.exists():
                 shutil.rmtree(target)
@@ -193,9 +195,9 @@ class Job:
             "trees": {k: getattr(scores[chosen], k) for k in ("alpha", "beta", "gamma")},
         }
 
-    def eval_seed(self) -> None:
+    def eval_start(self) -> None:
         def run():
-            policy = self.inference_policy(self.wd.path("seed"))
+            policy = self.inference_policy(self.wd.existing("start"))
             t0 = time.perf_counter()
             out = evaluate_policy_splits(
                 policy, self.splits, self.settings, self.wd.dir("eval", "round_0"), echo=self.wd.echo
@@ -204,8 +206,8 @@ class Job:
             out["eval_seconds"] = time.perf_counter() - t0
             return out
 
-        fresh = not self.wd.is_done("eval_seed")  # a round goes to TensorBoard once, when it runs
-        self.seed_eval = self.wd.run_stage("eval_seed", run)
+        fresh = not self.wd.is_done("eval_start")  # a round goes to TensorBoard once, when it runs
+        self.start_eval = self.wd.run_stage("eval_start", run)
         if fresh:
             self.wd.tensorboard.round(self.results()["rounds"][0])
 
@@ -215,8 +217,8 @@ class Job:
         """The round loop, resumable round by round; with ``ipl.early_stop`` it stops after the first round not beating
         the best dev accuracy. Without ``eval.every_round`` only the last round is evaluated on the test splits."""
         s, wd = self.settings, self.wd
-        start = wd.path("seed")
-        best = float(self.seed_eval["dev"]["step_accuracy"])
+        start = wd.existing("start")
+        best = float(self.start_eval["dev"]["step_accuracy"])
         self.round_summaries = []
         for r in range(1, s.ipl.rounds + 1):
 
@@ -261,17 +263,17 @@ class Job:
     # ----------------------------------------------------------------------------------------------- report
 
     def results(self) -> dict:
-        seed_trees = self.seed_summary["trees"]
-        seed_extra = {k: self.seed_eval[k] for k in EVAL_EXTRA if k in self.seed_eval}
+        start_trees = self.start_summary["trees"]
+        start_extra = {k: self.start_eval[k] for k in EVAL_EXTRA if k in self.start_eval}
         out = [
             report.results_round(
                 0,
-                self.seed_eval["metrics"],
-                seed_trees,
+                self.start_eval["metrics"],
+                start_trees,
                 0,
-                self.seed_eval["seconds"],
-                dev=self.seed_eval["dev"],
-                **seed_extra,
+                self.start_eval["seconds"],
+                dev=self.start_eval["dev"],
+                **start_extra,
             )
         ]
         for s in getattr(self, "round_summaries", []):
@@ -333,14 +335,14 @@ class Job:
             self.wd.echo("\n" + report.round_table(res, split) + "\n")
 
     def round_policy(self, r: int) -> Path:
-        """The policy directory of round ``r`` (0: the seed)."""
-        return self.wd.path("seed") if r == 0 else self.wd.path("rounds", str(r), "policy")
+        """The policy directory of round ``r`` (0: the starting policy)."""
+        return self.wd.existing("start") if r == 0 else self.wd.path("rounds", str(r), "policy")
 
     def eval_export(self) -> None:
         """Choose the round to export (``export_stage.choose_round``) and, when no stage evaluated it on the test
         splits and in the live world (an intermediate round under ``eval.every_round = false``), evaluate it now
-        into ``eval/round_<r>``; an evaluated round (the seed, the last round) keeps its evaluation. Every process
-        runs it (the evaluation is sharded)."""
+        into ``eval/round_<r>``; an evaluated round (the starting policy, the last round) keeps its evaluation.
+        Every process runs it (the evaluation is sharded)."""
 
         def run():
             rounds_ = self.results()["rounds"]

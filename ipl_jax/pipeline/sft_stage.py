@@ -1,6 +1,6 @@
 """Stage 4: warm-up SFT on the CoaT dialogues of the training steps plus the evolved Q&A. Each process builds
-only its devices' rows (``SFTRows``); Orbax checkpoints make SFT resumable; the last ``sft.seed_candidates``
-are exported for seed selection.
+only its devices' rows (``SFTRows``); Orbax checkpoints make SFT resumable; the last ``sft.start_candidates``
+are exported as candidates for the starting policy.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def run_sft(
     settings: Settings, wd: Workdir, train_steps: Sequence[Step], qas: Sequence, screens: Sequence[Step] = ()
 ) -> dict:
     """Stage 4: train from ``WORKDIR/model/init``; checkpoints in ``WORKDIR/sft/checkpoints``, the last
-    ``sft.seed_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
+    ``sft.start_candidates`` exported to ``WORKDIR/sft/candidates/step_<n>``."""
     sft = settings.sft
     if sft.steps == 0:  # start IPL from the given model as is (e.g. an instruction-tuned checkpoint)
         return {"steps": 0, "items": 0, "candidates": [str(wd.path("model", "init"))]}
@@ -262,7 +262,7 @@ def run_sft(
 def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, make_example) -> dict:
     """Train ``settings.sft.steps`` updates on ``items`` (``make_example(tokenizer, image_config)`` turns an item
     into a ``TrainingExample``) from ``WORKDIR/model/init``; resumable from ``WORKDIR/<stage>/checkpoints``; the
-    last ``sft.seed_candidates`` exported to ``WORKDIR/<stage>/candidates/step_<n>``."""
+    last ``sft.start_candidates`` exported to ``WORKDIR/<stage>/candidates/step_<n>``."""
     sft = settings.sft
     label = "SFT" if stage == "sft" else stage
     mesh = job_mesh(settings.mesh)
@@ -277,7 +277,7 @@ def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, 
     iterator = make_iterator(dataset, num_threads=settings.data.loader_threads, prefetch_buffer_size=4)
 
     state, optimizer = sft_init_state(init.params, settings)
-    keep = sft.seed_candidates
+    keep = sft.start_candidates
     ckpt = Checkpointer(wd.dir(stage) / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
     if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
         state = distributed.put(state, state_shardings(state, optimizer, mesh))

@@ -1,6 +1,7 @@
 """The job's working directory: settings, per-stage outputs and done-markers (with summaries), logs and metrics.
 A marker is written once a stage's outputs are complete; only the main process writes, and every stage ends
-at a barrier.
+at a barrier. A workdir made before the starting policy had its own word (``FORMER_STAGES``, ``FORMER_DIRS``) is
+read under its old names and written under the new ones.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ import jax
 
 from ipl_jax import distributed
 from ipl_jax.viz.tensorboard_log import TensorBoardLog
+
+# stage / directory -> its name in a workdir made before the rename, read when only that one exists
+FORMER_STAGES = {"start": "seed", "eval_start": "eval_seed"}
+FORMER_DIRS = {"start": "seed"}
+_CURRENT_STAGES = {old: new for new, old in FORMER_STAGES.items()}
 
 
 def _json_default(o):
@@ -57,6 +63,14 @@ class Workdir:
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
 
+    def existing(self, *parts: str) -> Path:
+        """``path(*parts)``, or where an older workdir keeps it (``FORMER_DIRS``) when only that exists."""
+        p = self.path(*parts)
+        former = FORMER_DIRS.get(parts[0]) if parts else None
+        if former is not None and not p.exists() and self.path(former, *parts[1:]).exists():
+            return self.path(former, *parts[1:])
+        return p
+
     def dir(self, *parts: str) -> Path:
         d = self.path(*parts)
         d.mkdir(parents=True, exist_ok=True)
@@ -65,14 +79,23 @@ class Workdir:
     # ---------------------------------------------------------------------------------------------- markers
 
     def marker(self, stage: str) -> Path:
+        """Where ``stage``'s marker is written."""
         return self.path("stages", f"{stage}.done")
 
+    def found_marker(self, stage: str) -> Path:
+        """Where ``stage``'s marker is read: ``marker``, or an older workdir's (``FORMER_STAGES``) when only that
+        exists."""
+        new = self.marker(stage)
+        if not new.is_file() and stage in FORMER_STAGES and self.marker(FORMER_STAGES[stage]).is_file():
+            return self.marker(FORMER_STAGES[stage])
+        return new
+
     def is_done(self, stage: str) -> bool:
-        return self.marker(stage).is_file()
+        return self.found_marker(stage).is_file()
 
     def summary(self, stage: str) -> dict | None:
         """The summary a finished stage recorded in its marker (None when it has not finished)."""
-        return read_json(self.marker(stage)) if self.is_done(stage) else None
+        return read_json(self.found_marker(stage)) if self.is_done(stage) else None
 
     def mark_done(self, stage: str, summary: dict) -> None:
         if self.main:
@@ -88,7 +111,7 @@ class Workdir:
         done = self.summary(stage)
         if done is not None:
             self.log_stage(stage, "skipped", seconds=0.0)
-            self.echo(f"[{stage}] already done (marker {self.marker(stage).relative_to(self.root)}); skipping")
+            self.echo(f"[{stage}] already done (marker {self.found_marker(stage).relative_to(self.root)}); skipping")
             distributed.barrier(f"stage {stage}")
             return done
         self.log_stage(stage, "started")
@@ -118,10 +141,12 @@ class Workdir:
             f.write(json.dumps(record, default=_json_default) + "\n")
 
     def stage_log(self) -> list[dict]:
+        """The stage log's records, an older workdir's stage names read as today's (``FORMER_STAGES``)."""
         p = self.path("stage_log.jsonl")
         if not p.is_file():
             return []
-        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [{**e, "stage": _CURRENT_STAGES.get(e["stage"], e["stage"])} for e in records]
 
 
 def device_peak_bytes() -> int | None:

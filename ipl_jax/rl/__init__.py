@@ -1,3 +1,3 @@
-"""The other seeds' learners on the same core (method.md §11): GRPO with UI-R1's rule reward, and online PPO with
+"""The baselines' learners on the same core (method.md §11): GRPO with UI-R1's rule reward, and online PPO with
 dense rewards in the live synthetic world (GiGPPO's sibling-conditioned critic as a switch).
 """

@@ -13,7 +13,7 @@ from ipl_jax.settings.job import MAX_SEED, MeshSettings, Settings
 from ipl_jax.settings.model import BucketSettings, ModelSettings
 from ipl_jax.settings.rl import GRPOSettings, PPOSettings, RLSettings
 from ipl_jax.settings.rounds import GAMMA_MODES, GOLDEN_METHODS, METHODS, RL_METHODS, IPLSettings
-from ipl_jax.settings.training import RewardSettings, SamplerSettings, SeedSelectionSettings, SFTSettings
+from ipl_jax.settings.training import RewardSettings, SamplerSettings, SFTSettings, StartSelectionSettings
 
 __all__ = [
     "GAMMA_MODES",
@@ -37,7 +37,7 @@ __all__ = [
     "SFTSettings",
     "SamplerSettings",
     "Section",
-    "SeedSelectionSettings",
+    "StartSelectionSettings",
     "Settings",
     "SettingsError",
     "setting_error",

@@ -52,7 +52,7 @@ class ExportSettings(Section):
 class AblationSettings(Section):
     PATH: ClassVar[str] = "ablation"
     variants: tuple[str, ...] = ("tdpo", "naive_dpo", "no_negatives", "no_evolution", "k2", "k3", "k4")
-    """What `ipl-jax ablate` compares from one seed."""
+    """What `ipl-jax ablate` compares from one starting policy."""
     rounds: int = 1
     """IPL rounds per variant (the paper's ablation is on round 1)."""
 

@@ -25,14 +25,14 @@ from ipl_jax.settings.training import (
     PretrainSettings,
     RewardSettings,
     SamplerSettings,
-    SeedSelectionSettings,
     SFTSettings,
+    StartSelectionSettings,
 )
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
 
-# Fields that moved into a library's section, which the job's section now holds whole: the old dotted name still
-# works, with a one-line notice.
+# Fields that moved into a library's section, which the job's section now holds whole, and fields renamed when the
+# starting policy got its own word: the old dotted name still works, with a one-line notice.
 _NESTED = {
     "ipl.dpo": DPOConfig,
     "ipl.selection": PairSelection,
@@ -40,27 +40,43 @@ _NESTED = {
     "reward.shares": LeafRewardShares,
 }
 MOVED = {
-    f"{path.rsplit('.', 1)[0]}.{f.name}": f"{path}.{f.name}"
-    for path, cls in _NESTED.items()
-    for f in dataclasses.fields(cls)
+    **{
+        f"{path.rsplit('.', 1)[0]}.{f.name}": f"{path}.{f.name}"
+        for path, cls in _NESTED.items()
+        for f in dataclasses.fields(cls)
+    },
+    "sft.seed_candidates": "sft.start_candidates",
 }
+# Whole sections renamed: every field ``old.X`` is ``new.X`` now.
+MOVED_SECTIONS = {"seed_selection": "start_selection"}
 _told: set[str] = set()
 
 
 def current_name(dotted: str, tell: bool = True) -> str:
-    """The dotted field name as the settings spell it now (``MOVED``); the first use of an old name says so."""
-    new = MOVED.get(dotted)
-    if new is None:
+    """The dotted field name as the settings spell it now (``MOVED``, ``MOVED_SECTIONS``); the first use of an old
+    name (of an old section: any of its fields) says so."""
+    head, dot, rest = dotted.partition(".")
+    if head in MOVED_SECTIONS:
+        old, new, dotted = head, MOVED_SECTIONS[head], MOVED_SECTIONS[head] + dot + rest
+    elif dotted in MOVED:
+        old, new, dotted = dotted, MOVED[dotted], MOVED[dotted]
+    else:
         return dotted
-    if tell and dotted not in _told:
-        _told.add(dotted)
-        print(f"config.{dotted} is config.{new} now; the old name still works", file=sys.stderr)
-    return new
+    if tell and old not in _told:
+        _told.add(old)
+        print(f"config.{old} is config.{new} now; the old name still works", file=sys.stderr)
+    return dotted
 
 
 def relocated(values: Mapping[str, Any], tell: bool = True) -> dict:
-    """A copy of nested setting ``values`` (a config file's, a recorded config.json) with old names moved."""
+    """A copy of nested setting ``values`` (a config file's, a recorded config.json) with old names moved (a field
+    set under both names keeps the old name's value, as a flag of either name would set it)."""
     out = copy.deepcopy(dict(values))
+    for old in MOVED_SECTIONS:
+        if isinstance(out.get(old), dict):
+            fields = out.pop(old)
+            new = current_name(old, tell)
+            out[new] = {**out.get(new, {}), **fields} if isinstance(out.get(new), dict) else fields
     for old in MOVED:
         *parents, leaf = old.split(".")
         node = out
@@ -132,7 +148,7 @@ class Settings(Section):
     model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     buckets: BucketSettings = dataclasses.field(default_factory=BucketSettings)
     sft: SFTSettings = dataclasses.field(default_factory=SFTSettings)
-    seed_selection: SeedSelectionSettings = dataclasses.field(default_factory=SeedSelectionSettings)
+    start_selection: StartSelectionSettings = dataclasses.field(default_factory=StartSelectionSettings)
     sampler: SamplerSettings = dataclasses.field(default_factory=SamplerSettings)
     reward: RewardSettings = dataclasses.field(default_factory=RewardSettings)
     ipl: IPLSettings = dataclasses.field(default_factory=IPLSettings)

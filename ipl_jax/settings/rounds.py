@@ -18,7 +18,7 @@ if typing.TYPE_CHECKING:
     from ipl_jax.training.optimizer import OptimizerSettings
     from ipl_jax.training.state import Precision
 
-RL_METHODS = ("grpo", "ppo", "gigppo")  # the other seeds' learners (pipeline/rl_round.py)
+RL_METHODS = ("grpo", "ppo", "gigppo")  # the baselines' learners (pipeline/rl_round.py)
 METHODS = ("tdpo", "naive_dpo", "no_negatives", "continued_sft", "sft_oracle", *RL_METHODS)
 GOLDEN_METHODS = ("continued_sft", "sft_oracle")  # supervised training on golden CoaT at the round's update budget
 GAMMA_MODES = ("paper", "consistent", "grounding", "none")
@@ -45,7 +45,8 @@ class IPLSettings(Section):
     """tdpo | naive_dpo | no_negatives | continued_sft (the control: golden CoaT, same updates) |
     sft_oracle, or grpo (UI-R1) | ppo | gigppo (online, dense) at the same sample budget (pipeline/rl_round.py)."""
     learning_rate: float = 5e-6
-    """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the seed's grounding turn)."""
+    """Round 1's learning rate (the least harmful tried with these pairs; 2e-4 wrecked the starting policy's
+    grounding turn)."""
     later_learning_rate: float = 0.0
     """Rounds 2.. (0: round 1's; the paper: 1e-6 then a constant 1e-7)."""
     schedule: str = "constant"

@@ -1,5 +1,5 @@
-"""Warm-up SFT (``sft``), seed selection (``seed_selection``), CoaT-tree sampling (``sampler``) and the leaf
-reward (``reward``).
+"""Warm-up SFT (``sft``), the starting policy's selection (``start_selection``), CoaT-tree sampling (``sampler``)
+and the leaf reward (``reward``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class SFTSettings(Section):
     """Gradient global-norm clip (0: none)."""
     checkpoint_every: int = 100
     """Updates between checkpoints."""
-    seed_candidates: int = 2
-    """Checkpoints (the last N saved) scored by seed selection."""
+    start_candidates: int = 2
+    """Checkpoints (the last N saved) scored to choose the starting policy."""
     freeze_vision: bool = False
     """Freeze the vision tower (the paper trains it during warm-up SFT)."""
     lora_rank: int = 0
@@ -55,7 +55,7 @@ class SFTSettings(Section):
         from ipl_jax.training.optimizer import SCHEDULES  # imported when made (no JAX on import)
 
         self.at_least("steps warmup_steps lora_rank reading_episodes", 0)
-        self.at_least("batch_size checkpoint_every seed_candidates", 1)
+        self.at_least("batch_size checkpoint_every start_candidates", 1)
         self.at_least("micro_batch_size", 0, " (0: no micro-batches)")
         self.need("micro_batch_size", self.batch_size % self.micro == 0, "must divide sft.batch_size")
         self.need("learning_rate", is_positive(self.learning_rate), "must be > 0")
@@ -83,8 +83,10 @@ class SFTSettings(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SeedSelectionSettings(Section):
-    PATH: ClassVar[str] = "seed_selection"
+class StartSelectionSettings(Section):
+    """How the starting policy of the IPL rounds is chosen among the SFT candidates (docs/method.md §9)."""
+
+    PATH: ClassVar[str] = "start_selection"
     steps: int = 24
     """Training steps whose trees score each candidate."""
     diversity_weight: float = 0.1

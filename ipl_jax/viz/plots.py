@@ -48,9 +48,9 @@ def _lines(ax, xs: Sequence[int], series: dict[str, list], bold: str) -> None:
 def plot_step_accuracy_splits(
     rounds: Sequence[dict], splits: Sequence[str], out: str | Path, exported: int | None = None
 ) -> Path:
-    """A PNG of step accuracy (%) across rounds (round 0 = the seed; a round without test scores has no point):
-    left, each test split's total and their mean (bold); right, each action type over the splits' steps together.
-    A dotted line marks the ``exported`` round."""
+    """A PNG of step accuracy (%) across rounds (round 0 = the starting policy; a round without test scores has no
+    point): left, each test split's total and their mean (bold); right, each action type over the splits' steps
+    together. A dotted line marks the ``exported`` round."""
     import matplotlib  # a second to import: only the export stage draws
 
     matplotlib.use("Agg")
@@ -64,7 +64,7 @@ def plot_step_accuracy_splits(
     for ax, title in zip(axes, titles):
         if exported is not None:
             ax.axvline(exported, color="grey", linestyle=":", linewidth=1.2, label=f"exported (round {exported})")
-        ax.set_xlabel("IPL round (0 = seed policy)")
+        ax.set_xlabel("IPL round (0 = starting policy)")
         ax.set_xticks(xs)
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)

@@ -1,5 +1,5 @@
-"""Seed-policy selection (docs/method.md §9): each SFT candidate samples one tree per chosen step (same keys for
-all); ``choose`` picks the highest Acc_S + w · Div_R / max Div_R.
+"""The starting policy's selection (docs/method.md §9): each SFT candidate samples one tree per chosen step (same
+keys for all); ``choose`` picks the highest Acc_S + w · Div_R / max Div_R.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def score_candidates(
         for batch in progress(
             iter_tree_batches(policy, steps, sconfig, seed, batch_size),
             total=-(-len(steps) // batch_size),
-            desc=f"seed selection {name}",
+            desc=f"starting-policy selection {name}",
             unit="batch",
         ):
             texts = turn_texts(batch.tree, policy.tokenizer)
@@ -154,6 +154,6 @@ def score_candidates(
 def format_scores(scores: Sequence[CandidateScore], chosen: int) -> str:
     lines = [f"{'candidate':<48}{'Acc_S %':>9}{'Div_R':>9}{'score':>9}"]
     for i, s in enumerate(scores):
-        mark = "  <- seed" if i == chosen else ""
+        mark = "  <- start" if i == chosen else ""
         lines.append(f"{s.name[-48:]:<48}{100 * s.acc_s:>9.2f}{s.div_r:>9.4f}{s.score:>9.4f}{mark}")
     return "\n".join(lines)

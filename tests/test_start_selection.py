@@ -1,5 +1,5 @@
-"""Seed selection (docs/method.md §9): known-answer tests for TF-IDF, sibling std, Div_R, the choice rule, and Acc_S /
-Div_R / tree classes of handcrafted trees pushed through the real decode -> parse -> reward chain."""
+"""The starting policy's selection (docs/method.md §9): known-answer tests for TF-IDF, sibling std, Div_R, the choice
+rule, and Acc_S / Div_R / tree classes of handcrafted trees pushed through the real decode -> parse -> reward chain."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from ipl_jax.data.records import sample_steps
 from ipl_jax.eval import embeddings
-from ipl_jax.eval import seed_selection as sel
-from ipl_jax.pipeline.eval_stage import seed_scoring
+from ipl_jax.eval import start_selection as sel
+from ipl_jax.pipeline.eval_stage import start_scoring
 
 
 def test_tfidf_known_answer():
@@ -148,7 +148,7 @@ def test_score_candidates_on_handcrafted_trees(tokenizer, monkeypatch):
     settings = load_settings("synthetic:quick", ["--config.sampler.tree.branching=(2,1,2,1)"])
     policy = SimpleNamespace(tokenizer=tokenizer)
     scores, kind = sel.score_candidates(
-        [("p", policy)], steps, **seed_scoring(settings), embedder="tfidf", echo=lambda _: None
+        [("p", policy)], steps, **start_scoring(settings), embedder="tfidf", echo=lambda _: None
     )
     (s,) = scores
     assert kind == "tfidf" and s.leaves == 8 and s.trees == 2

@@ -1,4 +1,5 @@
-"""``ipl-jax select-seed``: score policy models by Acc_S and Div_R (docs/method.md §9) and choose the seed."""
+"""``ipl-jax select-start``: score policy models by Acc_S and Div_R (docs/method.md §9) and choose the starting
+policy of the IPL rounds (``select-seed``, its former name, still works)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from ipl_jax.coat.metrics import FORMATS
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.data.records import sample_steps
 from ipl_jax.eval.embeddings import EMBEDDERS
-from ipl_jax.eval.seed_selection import choose, format_scores, score_candidates
+from ipl_jax.eval.start_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline.data_stage import split_annotations
-from ipl_jax.pipeline.eval_stage import seed_scoring
+from ipl_jax.pipeline.eval_stage import start_scoring
 from ipl_jax.pipeline.model_stage import job_mesh, load_policy
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
 
-PROG = "ipl-jax select-seed"
+PROG = "ipl-jax select-start"
 
 
 def parser() -> CommandParser:
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
     for m in args.models:
         model_dir(m, "--models")
     input_dir(args.data, "--data", f"a {args.fmt} dataset root")
-    sel = settings.seed_selection
+    sel = settings.start_selection
     n_steps = sel.steps if args.steps is None else args.steps
     embedder = sel.embedder if args.embedder is None else args.embedder
     weight = sel.diversity_weight if args.diversity_weight is None else args.diversity_weight
@@ -57,13 +58,13 @@ def main(argv: list[str]) -> int:
     mesh = job_mesh(settings.mesh)
     try:
         candidates = [(str(c), load_policy(Path(c), mesh)) for c in args.models]
-        scores, kind = score_candidates(candidates, steps, **seed_scoring(settings), embedder=embedder)
+        scores, kind = score_candidates(candidates, steps, **start_scoring(settings), embedder=embedder)
     except ImportError as e:  # the MiniLM embedder without its optional package
         raise UsageError(f"--embedder {embedder}: {e}") from None
     chosen = choose(scores, weight)
     print(format_scores(scores, chosen))
     print(
-        f"\nseed: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "
+        f"\nstart: {scores[chosen].name}  (rule: max Acc_S + {weight} * Div_R / max Div_R; "
         f"{len(steps)} steps, embedder {kind})"
     )
     if args.json:
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
                 {
                     "candidates": [s.to_json() for s in scores],
                     "chosen": chosen,
-                    "seed": scores[chosen].name,
+                    "start": scores[chosen].name,
                     "embedder": kind,
                     "diversity_weight": weight,
                     "steps": len(steps),
