@@ -1,5 +1,7 @@
-"""A test-only fault hook: SIGKILL this process at ``IPL_JAX_TEST_KILL_AT=point=count`` (``sft_step``,
-``tdpo_step``), as a preempted host dies. Imports nothing else of ipl_jax.
+"""A test-only fault hook: SIGKILL this process at ``IPL_JAX_TEST_KILL_AT=point=count``, as a preempted host dies.
+The points are the training loops' (``training.loop``), counted in finished steps: ``sft_step`` (warm-up SFT,
+from the resumed step), ``tdpo_step``, ``golden_sft_step``, ``grpo_update``, ``ppo_minibatch`` (from 0 each
+round). Imports nothing else of ipl_jax.
 """
 
 from __future__ import annotations

@@ -68,11 +68,6 @@ def progress(
     )
 
 
-def progress_bar(total: int, desc: str, unit: str = "it", initial: int = 0):
-    """``progress(total=..., desc=..., unit=..., initial=...)``, updated by hand."""
-    return progress(total=total, desc=desc, unit=unit, initial=initial)
-
-
 def format_seconds(seconds: float) -> str:
     """``75`` -> ``01:15``, ``4000`` -> ``1:06:40``."""
     seconds = int(round(max(0.0, seconds)))

@@ -27,8 +27,8 @@ from support.trees import assert_trees_equal
 from ipl_jax.training import optimizer as optim
 from ipl_jax.training import sft
 from ipl_jax.training import state as tstate
-from ipl_jax.training import step as tstep
 from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.loop import TrainLoop
 from ipl_jax.training.lora import LoraConfig, flatten_with_paths, merge_lora
 
 
@@ -196,16 +196,16 @@ def run_training_job(run_dir: str, num_steps: int, save_every: int, step_delay: 
         print(json.dumps({"step": n, "loss": metrics["loss"]}), flush=True)
         time.sleep(step_delay)
 
-    state, _ = tstep.train_loop(
-        state,
+    loop = TrainLoop(
         step,
-        batches,
-        num_steps,
+        kill_point="sft_step",
+        desc="SFT",
+        on_metrics=on_metrics,
         checkpointer=ckpt,
         data_state_fn=batches.get_state,
         metadata_fn=lambda: {"job": "kill-test"},
-        on_metrics=on_metrics,
     )
+    state, _ = loop.run(state, batches, start=int(state.step), num_steps=num_steps)
     ckpt.close()
     flat = flatten_with_paths(
         jax.device_get({"params": state.params, "opt_state": state.opt_state, "rng": state.rng, "step": state.step})

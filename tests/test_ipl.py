@@ -16,6 +16,7 @@ from support.small_models import IMG, VE, VS, make_groups, tiny_cfg, tiny_params
 from support.tdpo_rounds import ROUND_PACKING, ROUND_TDPO, mesh_round, round_batches
 from support.trees import assert_trees_close
 
+from ipl_jax import fault_hook
 from ipl_jax import model as M
 from ipl_jax.coat.actions import ACTION_TYPES
 from ipl_jax.coat.tree import CoaTTree
@@ -148,6 +149,23 @@ def test_train_round_compiles_its_update_once_and_counts_tokens():
     assert m["tokens"] == sum(int(np.sum(np.asarray(b.segment_ids) >= 0)) for b in batches) > 0
     first = int(np.sum(np.asarray(batches[m["order"][0]].segment_ids) >= 0))
     assert m["first_step_tokens"] == first and 0 < m["first_step_seconds"] <= m["seconds"]
+
+
+def test_train_round_runs_the_training_loop(monkeypatch):
+    """T-DPO's epoch is the shared loop's (``training.loop``): the state placed once, the kill point ``tdpo_step``
+    counted in the round's steps, no batches no steps."""
+    cfg = tiny_cfg()
+    config = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)  # the other train_round tests' config: no new compile
+    _, _, batches = round_batches(cfg, seed=10)
+    kills, placed = [], []
+    monkeypatch.setattr(fault_hook, "kill_at", lambda point, n: kills.append((point, n)))
+    place = ipl.place_state
+    monkeypatch.setattr(ipl, "place_state", lambda s, optimizer, mesh: placed.append(mesh) or place(s, optimizer, mesh))
+    state = ipl.init_state(tiny_params(cfg, 0), config, jax.random.PRNGKey(0))
+    state, m = ipl.train_round(state, tiny_params(cfg, 0), ipl.RoundData(batches), jax.random.PRNGKey(3), config)
+    assert placed == [None] and kills == [("tdpo_step", 1), ("tdpo_step", 2)] and m["steps"] == len(m["per_step"]) == 2
+    same, empty = ipl.train_round(state, None, ipl.RoundData([]), jax.random.PRNGKey(3), config)
+    assert same is state and empty == {"steps": 0, "pairs": 0.0, "per_step": []} and placed == [None]
 
 
 @pytest.mark.e2e
@@ -393,8 +411,8 @@ def test_round_pairs_group_by_prefix_node_with_the_right_prefix_and_continuation
 @pytest.mark.e2e
 def test_ipl_round_chains_rounds_with_injected_stages():
     """Two rounds by hand, as the pipeline's loop runs them: the sampler of round 2 sees round 1's policy, the
-    record counts trees, pairs and updates, and the continued-SFT control spends exactly the round's update
-    budget (one update per packed batch) through ``golden_update``."""
+    record counts trees, pairs and updates, and a control's update passed in (the continued-SFT control's) sees
+    the round's packed batches, without reference log-probs when it does not read them."""
     cfg = tiny_cfg()
     tdpo = ipl.TDPOConfig(model=cfg, **ROUND_TDPO)  # the train_round test's config and shapes: no new compile
     config = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING)
@@ -420,22 +438,17 @@ def test_ipl_round_chains_rounds_with_injected_stages():
 
     calls = []
 
-    def golden_update(state, n, rng):
-        calls.append(n)
+    def golden_update(state, data, rng):
+        n = len(data.batches)
+        calls.append((n, data.has_reference))
         return state, {"steps": n, "pairs": 0.0, "per_step": [{"loss": 1.0, "grad_norm": 0.5}] * n}
 
     control = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, train_on="golden")
     state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
-    _, rc = R.ipl_round(
-        state0,
-        control,
-        R.RoundStages(sample=sample, score=fake_scores, golden_update=golden_update),
-        1,
-        jax.random.PRNGKey(1),
-    )
-    assert calls == [r1["batches"]] and rc["batches"] == r1["batches"] and rc["pairs"] == r1["pairs"]
-    with pytest.raises(ValueError, match="golden_update"):
-        R.ipl_round(state0, control, stages, 1, jax.random.PRNGKey(1))
+    golden = R.RoundStages(sample=sample, score=fake_scores, update=golden_update, update_reads_reference=False)
+    _, rc = R.ipl_round(state0, control, golden, 1, jax.random.PRNGKey(1))
+    assert calls == [(r1["batches"], False)] and rc["batches"] == r1["batches"] and rc["pairs"] == r1["pairs"]
+    assert rc["train"] == {"steps": r1["batches"], "pairs": 0.0}
 
 
 @pytest.mark.parametrize("k", [3, 4])
@@ -553,12 +566,14 @@ def test_ipl_round_diagnostics_score_its_own_and_held_out_pairs_before_and_after
     assert seen["after"][1] == "context" and d["train_steps"] == {"steps": 3}
     assert rec["seconds"]["diagnostics"] > 0
 
-    def unchanged(state, n, rng):
-        return state, {"steps": n, "pairs": 0.0, "per_step": []}
+    def unchanged(state, data, rng):
+        return state, {"steps": len(data.batches), "pairs": 0.0, "per_step": []}
 
     control = R.RoundConfig(tdpo=tdpo, packing=ROUND_PACKING, train_on="golden")
     state0 = ipl.init_state(tiny_params(cfg, 0), tdpo, jax.random.PRNGKey(0))
-    stages = R.RoundStages(sample=sample, score=fake_scores, golden_update=unchanged, probe=probe)
+    stages = R.RoundStages(
+        sample=sample, score=fake_scores, update=unchanged, update_reads_reference=False, probe=probe
+    )
     _, rc = R.ipl_round(state0, control, stages, 1, jax.random.PRNGKey(1))
     for name in ("train_pairs", "heldout_pairs"):
         f = rc["diagnostics"][name]

@@ -111,6 +111,7 @@ GOLDEN = textwrap.dedent(
     import jax, numpy as np
     sys.path.insert(0, sys.argv[1])
     from support import rl_setup as R
+    from ipl_jax import fault_hook
     from ipl_jax.configs.loader import load_settings
     from ipl_jax.model.sharding import make_mesh
     from ipl_jax.pipeline.model_stage import Policy
@@ -125,6 +126,9 @@ GOLDEN = textwrap.dedent(
     optimizer = dataclasses.replace(T.IPL_OPTIMIZER, learning_rate=1e-4)
     rcfg = types.SimpleNamespace(tdpo=T.TDPOConfig(model=cfg, optimizer_settings=optimizer))
 
+    kills = []  # the shared training loop's kill point, counted in updates
+    fault_hook.kill_at = lambda point, n: kills.append((point, n))
+
     def run(mesh):
         _, params = R.make_model(tok)  # fresh arrays: the step donates the state
         update = golden_update_fn(settings, Policy(params, cfg, tok, R.image_config(), mesh=mesh), steps, rcfg)
@@ -137,6 +141,7 @@ GOLDEN = textwrap.dedent(
     np.testing.assert_allclose(sharded_losses, losses, rtol=1e-5)
     np.testing.assert_allclose(sharded_kernel, kernel, atol=1e-5)
     assert not np.allclose(kernel, R.make_model(tok)[1]["model"]["layers"]["mlp"]["up_proj"]["kernel"])
+    assert kills == [("golden_sft_step", 1), ("golden_sft_step", 2)] * 2
     print("ok")
     """
 )

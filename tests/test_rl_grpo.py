@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 from support import rl_setup as S
 
+from ipl_jax import fault_hook
 from ipl_jax.rl import grpo
 from ipl_jax.rl import sampling as RS
 from ipl_jax.rl.rows import RowConfig, build_rows, frozen_token_logps
@@ -89,12 +90,14 @@ def test_grpo_step_follows_the_advantage_sign(setup):
 
 
 @pytest.mark.e2e
-def test_round_without_reward_signal_changes_nothing(setup):
+def test_round_without_reward_signal_changes_nothing(setup, monkeypatch):
     """A random policy earns no reward: every group is flat, so every advantage is 0 (never NaN) and — the
     reference being the starting policy — the gradient is only the rounding noise between the reference's and
     the step's forward (Adam would still turn that into lr-sized steps, so the test reads the gradient)."""
     tok, cfg, params, steps = setup
     config = _config(cfg)
+    kills = []  # the shared training loop's kill point, counted in updates
+    monkeypatch.setattr(fault_hook, "kill_at", lambda point, n: kills.append((point, n)))
     state = grpo.init_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = grpo.grpo_round(
         state,
@@ -107,5 +110,6 @@ def test_round_without_reward_signal_changes_nothing(setup):
         sampler=S.sampler_config(tok),
     )
     assert m["completions"] == 9.0 and m["updates"] == 2 and m["abs_advantage"] == 0.0
+    assert kills == [("grpo_update", 1), ("grpo_update", 2)]
     assert all(np.isfinite(v) for k, v in m.items() if isinstance(v, float))
     assert max(s["grad_norm"] for s in m["per_step"]) < 1e-3 and m["kl"] < 1e-6

@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from support import rl_setup as S
 
+from ipl_jax import fault_hook
 from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
 from ipl_jax.rl import ppo
 from ipl_jax.rl import rollout as R
@@ -171,6 +172,8 @@ def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     summary = R.rollout_summary(trajs)
     assert summary["env_steps"] == 6 and summary["budget_cut"] == 4 and summary["success_rate"] is None
     config = _config(cfg, {"critic_warmup": 2})  # the settings of test_ppo_round_budget_and_warmup: its programs
+    kills = []  # the shared training loop's kill point, counted in minibatches
+    monkeypatch.setattr(fault_hook, "kill_at", lambda point, n: kills.append((point, n)))
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = ppo.ppo_round(
         state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
@@ -181,5 +184,6 @@ def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     # the cut batch is not trained on: 2 batches x 2 minibatches (12 states, 8 rows each) x 1 critic update, and
     # the policy's 2 updates per minibatch after the 2 warm-up updates
     assert m["critic_updates"] == 4 and m["updates"] == 2 * (4 - 2)
+    assert kills == [("ppo_minibatch", k) for k in (1, 2, 3, 4)]
     train = m["train_episodes"]
     assert train["episodes"] == 12 and train["budget_cut"] == 4 and train["truncated_rate"] == 1.0

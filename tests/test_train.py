@@ -18,6 +18,7 @@ from ipl_jax.training import sft
 from ipl_jax.training import state as tstate
 from ipl_jax.training import step as tstep
 from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.loop import NonFiniteLossError, TrainLoop
 from ipl_jax.training.lora import flatten_with_paths
 
 
@@ -213,8 +214,9 @@ def test_nan_loss_stops_before_checkpoint_is_overwritten(tmp_path):
             yield {**toy_batch(i), "poison": np.full((2,), int(i == 2), np.int32)}
 
     ckpt = Checkpointer(tmp_path / "ck", save_every=1, keep=5)
-    with pytest.raises(tstep.NonFiniteLossError, match="step 3: loss is nan"):
-        tstep.train_loop(state, step, batches(), 5, checkpointer=ckpt)
+    loop = TrainLoop(step, kill_point="sft_step", desc="SFT", checkpointer=ckpt)
+    with pytest.raises(NonFiniteLossError, match="step 3: loss is nan"):
+        loop.run(state, batches(), num_steps=5)
     assert ckpt.all_steps() == [1, 2]
     ckpt.close()
 

@@ -42,9 +42,10 @@ from ipl_jax.preference.tdpo import init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
 from ipl_jax.sampling.tree_records import tree_record, turn_texts
 from ipl_jax.settings import RL_METHODS, Settings
+from ipl_jax.training.loop import TrainLoop, place_state
 from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.sft import sft_step
-from ipl_jax.training.state import VISION_REGEX, model_params, state_shardings
+from ipl_jax.training.state import VISION_REGEX, model_params
 from ipl_jax.viz.viewer import write_html
 
 # ------------------------------------------------------------------------------------------ the round's configs
@@ -58,8 +59,8 @@ def round_steps(train_steps: Sequence[Step], settings: Settings, round_index: in
 
 # ------------------------------------------------------------------------------------------------ one round
 #
-# run_round, top to bottom: the round's steps and configs; its stages (sample_trees -> score_trees, each batch
-# of trees with the round's starting policy; golden_update for the supervised variants; the diagnostics probe);
+# run_round, top to bottom: the round's steps and configs (golden_round_update for the supervised controls); its
+# stages (sample_trees -> score_trees, each batch of trees with the round's starting policy; the diagnostics probe);
 # the starting state (round_state); ``ipl_round`` (pairs from each scored batch, selection, packing, reference
 # log-probs, the update); the new policy's dev accuracy; the files.
 
@@ -112,8 +113,9 @@ def score_trees(trees: TreeBatch, reward, discount: float, viewer: ViewerTrees) 
 
 
 def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], rcfg: RoundConfig):
-    """``RoundStages.golden_update`` of ``continued_sft`` / ``sft_oracle``: ``n`` supervised updates on the golden
-    CoaT of ``steps``. A step without CoaT raises before sampling (unless ``data.coat_fallback``)."""
+    """The update of ``continued_sft`` / ``sft_oracle``, ``update(state, n, rng) -> (state, metrics)``: ``n``
+    supervised updates on the golden CoaT of ``steps``. A step without CoaT raises before sampling (unless
+    ``data.coat_fallback``)."""
     fallback = settings.data.coat_fallback
     _, missing = annotated_steps(steps, fallback)
     if missing or not steps:
@@ -132,22 +134,26 @@ def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], 
 
     def update(state, n_updates: int, rng):
         tdpo = round_schedule(rcfg.tdpo, n_updates)
-        if mesh is not None:
-            state = distributed.put(state, state_shardings(state, tdpo.optimizer(), mesh))
-        else:
-            state = distributed.on_first_device(state)
         step_config = sft_step_config(policy.cfg, settings, tdpo.optimizer_settings, shape)
         seed = [int(x) for x in np.asarray(distributed.to_host(rng), np.uint32).reshape(-1)]
         order_rng = np.random.default_rng(seed)
-        order: list[int] = []
-        per_step = []
-        for _ in progress(range(n_updates), desc="continued SFT", unit="step"):
-            if len(order) < bs:
-                order.extend(order_rng.permutation(len(steps)).tolist())
-            chosen, order = order[:bs], order[bs:]
-            batch, _ = rows.assemble(rows.local_batch([SFTItem(steps[i]) for i in chosen]))
-            state, m = sft_step(state, batch, step_config, mesh=mesh)
-            per_step.append({k: float(v) for k, v in distributed.to_host(m).items()})
+
+        def batches():  # epochs over the golden steps in orders drawn from the round's key
+            order: list[int] = []
+            for _ in range(n_updates):
+                if len(order) < bs:
+                    order.extend(order_rng.permutation(len(steps)).tolist())
+                chosen, order = order[:bs], order[bs:]
+                yield rows.assemble(rows.local_batch([SFTItem(steps[i]) for i in chosen]))[0]
+
+        loop = TrainLoop(
+            lambda st, batch: sft_step(st, batch, step_config, mesh=mesh),
+            kill_point="golden_sft_step",
+            desc="continued SFT",
+            place=functools.partial(place_state, optimizer=tdpo.optimizer(), mesh=mesh),
+            in_flight=True,
+        )
+        state, per_step = loop.run(state, batches(), total=n_updates)
         # ``summarize_steps`` weights the round means by each step's "pairs" entry: here the dialogues per update
         dialogues = float(bs)
         for m in per_step:
@@ -157,6 +163,13 @@ def golden_update_fn(settings: Settings, policy: Policy, steps: Sequence[Step], 
         return state, out
 
     return update
+
+
+def golden_round_update(settings: Settings, wd: Workdir, policy: Policy, steps, annotated, rcfg: RoundConfig):
+    """``RoundStages.update`` of ``continued_sft`` / ``sft_oracle``: the golden update at the round's budget, one
+    supervised update per packed batch of pairs."""
+    golden = golden_update_fn(settings, policy, golden_steps(settings, wd, steps, annotated), rcfg)
+    return lambda state, round_data, rng: golden(state, len(round_data.batches), rng)
 
 
 def golden_steps(
@@ -194,28 +207,29 @@ def run_round(
     ipl = settings.ipl
     if ipl.method in RL_METHODS:
         return run_rl_round(settings, wd, round_index, start, train_steps, dev_episodes)
-    # the round's steps and configs
+    # the round's steps and configs; the controls' update (golden CoaT) in place of T-DPO's
     policy = load_policy(start, job_mesh(settings.mesh))
     steps = round_steps(train_steps, settings, round_index)
     model, pad = job_model_config(policy.cfg, settings.model), policy.tokenizer.ids.pad
     rcfg = ipl.round(
         model, settings.model.precision(), settings.sft.grad_clip, settings.sampler, settings.buckets, pad, round_index
     )
+    update = None
+    if rcfg.train_on == "golden":
+        update = golden_round_update(settings, wd, policy, steps, annotated, rcfg)
     sconfig = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     reward = settings.reward.build(settings.data.rules())
     discount = settings.reward.discount
-    # its stages: sample trees with π(n-1), score them (a few kept for the viewer), the supervised update, the probe
+    # its stages: sample trees with π(n-1), score them (a few kept for the viewer), the probe
     viewer = ViewerTrees(limit=settings.export.viewer_steps, discount=discount)
-    golden = None
-    if rcfg.train_on == "golden":
-        golden = golden_update_fn(settings, policy, golden_steps(settings, wd, steps, annotated), rcfg)
     probe = None
     if ipl.diagnostics:
         probe = RoundDiagnostics(settings, policy, steps, steps_of(dev_episodes), sconfig, round_index).probe()
     stages = RoundStages(
         sample=functools.partial(sample_trees, policy, settings, sconfig, steps),
         score=functools.partial(score_trees, reward=reward, discount=discount, viewer=viewer),
-        golden_update=golden,
+        update=update,
+        update_reads_reference=update is None,
         probe=probe,
     )
     # the round: pairs from each scored batch, selected and packed, then the update from π(n-1)'s state

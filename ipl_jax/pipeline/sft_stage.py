@@ -21,14 +21,14 @@ from ipl_jax.data.records import Step
 from ipl_jax.data.synthetic.reading import ReadingChat, pretrain_screens, reading_example
 from ipl_jax.pipeline.model_stage import job_mesh, job_model_config, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir
-from ipl_jax.progress import progress_bar
 from ipl_jax.settings import BucketSettings, Settings, SFTSettings
 from ipl_jax.training.checkpoint import Checkpointer
+from ipl_jax.training.loop import TrainLoop, place_state
 from ipl_jax.training.lora import lora_of_rank
 from ipl_jax.training.optimizer import OptimizerSettings, make_optimizer
 from ipl_jax.training.sft import SFTStepConfig, sft_batch_axes, sft_batch_shardings, sft_model_batch, sft_step
-from ipl_jax.training.state import VISION_REGEX, create_train_state, model_params, state_shardings
-from ipl_jax.training.step import stack_microbatches, train_loop
+from ipl_jax.training.state import VISION_REGEX, create_train_state, model_params
+from ipl_jax.training.step import stack_microbatches
 
 RECENT_LOSSES = 10  # SFT losses summarised as ``mean_loss_last_10``
 
@@ -279,10 +279,7 @@ def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, 
     state, optimizer = sft_init_state(init.params, settings)
     keep = sft.start_candidates
     ckpt = Checkpointer(wd.dir(stage) / "checkpoints", save_every=sft.checkpoint_every, keep=keep)
-    if mesh is not None:  # placed before a restore, so Orbax reads each process's shards straight into place
-        state = distributed.put(state, state_shardings(state, optimizer, mesh))
-    else:
-        state = distributed.on_first_device(state)
+    state = place_state(state, optimizer, mesh)  # before a restore: Orbax reads each process's shards into place
     state, iterator, recent = resume(ckpt, state, iterator, wd, label)
     step_config = sft_step_config(init.cfg, settings, sft.optimizer(), shape)
     counter = {"tokens": 0.0}
@@ -292,36 +289,31 @@ def fit_dialogues(settings: Settings, wd: Workdir, stage: str, items: Sequence, 
         counter["tokens"] += float(tokens)
         return sft_step(st, batch, step_config, mesh=mesh)
 
-    bar = progress_bar(total=sft.steps, initial=int(state.step), desc=label, unit="step")
     t0 = time.perf_counter()
     tokens0 = counter["tokens"]
     marks: list[tuple[float, float]] = []  # (seconds since t0, tokens so far) as each step's metrics arrive
 
-    def on_metrics(step: int, m: dict) -> None:
+    def on_metrics(step: int, m: dict) -> dict:
         recent.append(float(m["loss"]))
         del recent[:-RECENT_LOSSES]
-        bar.update(1)
         marks.append((time.perf_counter() - t0, counter["tokens"] - tokens0))
         rate = (counter["tokens"] - tokens0) / max(1e-9, time.perf_counter() - t0)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_s=f"{rate:,.0f}")
         record = {"stage": stage, "step": step, **m, "tokens_per_s": rate}
         wd.log_metrics(record)
         wd.tensorboard.sft(record)
+        return {"loss": f"{m['loss']:.3f}", "tok_s": f"{rate:,.0f}"}
 
     metadata = {"stage": stage, "items": len(items), "batch_size": sft.batch_size}
-    try:
-        state, _ = train_loop(
-            state,
-            counted_step,
-            iterator,
-            sft.steps,
-            checkpointer=ckpt,
-            data_state_fn=lambda: iterator_state(iterator),
-            metadata_fn=lambda: {**metadata, "recent_losses": list(recent)},
-            on_metrics=on_metrics,
-        )
-    finally:
-        bar.close()
+    loop = TrainLoop(
+        counted_step,
+        kill_point="sft_step",
+        desc=label,
+        on_metrics=on_metrics,
+        checkpointer=ckpt,
+        data_state_fn=lambda: iterator_state(iterator),
+        metadata_fn=lambda: {**metadata, "recent_losses": list(recent)},
+    )
+    state, _ = loop.run(state, iterator, start=int(state.step), num_steps=sft.steps)
     seconds = time.perf_counter() - t0
     candidates = export_candidates(wd, stage, ckpt, state, init, keep)
     return {

@@ -1,10 +1,12 @@
 """One IPL round (docs/method.md §1, §6, §7), π(n-1) -> π(n): sample, score, pair, group, select, pack, attach
-reference log-probs once, one epoch of T-DPO. The sampler and scorer are passed in (``RoundStages``).
+reference log-probs once, one epoch of T-DPO. The sampler and scorer are passed in (``RoundStages``), and so is
+the update of a control that trains on something else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -22,9 +24,8 @@ from ipl_jax.preference import pairs as pairs_lib
 from ipl_jax.preference.packed_batch import PackingConfig
 from ipl_jax.preference.sections import PairSelection
 from ipl_jax.preference.selection import select_round_pairs
-from ipl_jax.preference.tdpo import TDPOConfig, attach_reference, train_round
+from ipl_jax.preference.tdpo import RoundData, TDPOConfig, attach_reference, train_round
 from ipl_jax.training import state as state_lib
-from ipl_jax.training.step import check_finite
 
 PAIR_MODES = ("tdpo", "naive")
 TRAIN_ON = ("pairs", "golden")
@@ -70,19 +71,23 @@ class RoundProbe:
 
 @dataclasses.dataclass(frozen=True)
 class RoundStages:
-    """The pieces of a round passed in: sample, score, golden_update (``train_on = "golden"``), probe (or None)."""
+    """The pieces of a round passed in: sample, score, probe (or None) and the update ``update(state, round_data,
+    rng) -> (state, metrics)`` (None: one epoch of T-DPO on the round's pairs, ``tdpo.train_round``).
+    ``update_reads_reference``: whether the update reads the pairs' reference log-probs (the golden-SFT controls'
+    does not; the probe's diagnostics always do)."""
 
     sample: Callable[[Any, int, jax.Array], Iterable[SampledTrees]]
     score: Callable[[SampledTrees], TreeScores]
-    golden_update: Callable[[Any, int, jax.Array], tuple] | None = None
+    update: Callable[[Any, RoundData, jax.Array], tuple] | None = None
+    update_reads_reference: bool = True
     probe: RoundProbe | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RoundConfig:
     """One round's settings: pair_mode "tdpo" | "naive"; the pair selection (``PairSelection``: dedup, type_balance,
-    mix_trees); train_on "pairs" | "golden"; gamma_consistent_only: action-turn γ pairs only below thoughts naming
-    the golden action.
+    mix_trees); train_on "pairs" | "golden" (the round driver passes the golden-SFT update for "golden");
+    gamma_consistent_only: action-turn γ pairs only below thoughts naming the golden action.
     """
 
     tdpo: TDPOConfig
@@ -185,8 +190,9 @@ def pair_counts(grouped: grouping.GroupedPairs) -> dict:
 def ipl_round(
     state: state_lib.TrainState, config: RoundConfig, stages: RoundStages, round_index: int, rng, *, mesh=None
 ) -> tuple[state_lib.TrainState, dict]:
-    """One round from ``state`` (π(n-1), also the frozen reference); returns (π(n)'s state, the round record).
-    A non-finite loss raises ``NonFiniteLossError``.
+    """One round from ``state`` (π(n-1), also the frozen reference), in a straight line: pairs from the sampled
+    and scored trees, selection, packing, reference log-probs, the update (and the probe's diagnostics around it).
+    Returns (π(n)'s state, the round record); a non-finite loss raises ``NonFiniteLossError``.
     """
     probe_rng, sample_rng, train_rng = jax.random.split(jnp.asarray(rng), 3)
     t0 = time.perf_counter()
@@ -214,26 +220,13 @@ def ipl_round(
         "groups": len(grouped.groups),
         "batches": len(batches),
     }
-    round_data = None
-    if config.train_on == "golden":
-        if stages.golden_update is None:
-            raise ValueError("ipl_round: train_on='golden' needs RoundStages.golden_update")
-        if probe is not None and batches:  # the pairs' log-probs under π(n-1), for the diagnostics only
-            round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh)
-        del policy
-        t2 = time.perf_counter()
-        state, train_metrics = stages.golden_update(state, len(batches), train_rng)
-    elif batches:
-        round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh)
-        del policy
-        t2 = time.perf_counter()
-        state, train_metrics = train_round(state, None, round_data, train_rng, config.tdpo, mesh=mesh)
-    else:
-        del policy
-        t2 = time.perf_counter()
-        train_metrics = {"steps": 0, "pairs": 0.0, "per_step": []}
-    for step_metrics in train_metrics.get("per_step", []):
-        check_finite(step_metrics, int(state.step))
+    # the reference log-probs of π(n-1), once, where the update or the diagnostics read them
+    wanted = bool(batches) and (stages.update_reads_reference or probe is not None)
+    round_data = attach_reference(policy, batches, config.tdpo, mesh=mesh) if wanted else RoundData(batches)
+    del policy
+    t2 = time.perf_counter()
+    update = stages.update or functools.partial(_tdpo_update, config=config.tdpo, mesh=mesh)
+    state, train_metrics = update(state, round_data, train_rng)
     record["train"] = {k: v for k, v in train_metrics.items() if k not in ("per_step", "order")}
     t3 = time.perf_counter()
     seconds = {"sample_score_pairs": t1 - t0, "pack_reference": t2 - t1 - probe_seconds, "train": t3 - t2}
@@ -280,10 +273,15 @@ def _heldout_pairs(probe: RoundProbe, policy, config: RoundConfig, round_index: 
     return _Heldout(batches=batches, start=start, trees=int(counts.sum()))
 
 
+def _tdpo_update(state, round_data: RoundData, rng, *, config: TDPOConfig, mesh):
+    """The default ``RoundStages.update``: one epoch of T-DPO on the round's pairs (reference attached)."""
+    return train_round(state, None, round_data, rng, config, mesh=mesh)
+
+
 def _after_update(probe: RoundProbe, params, round_data, heldout, context, config: RoundConfig, mesh) -> dict:
     """The diagnostics of π(n): its pair figures on the round's pairs and the held-out ones, and the probe's."""
     beta = config.tdpo.dpo.beta
-    batches = [] if round_data is None else round_data.batches
+    batches = round_data.batches
     start = diagnostics_lib.attached_logps(batches)
     end = diagnostics_lib.pair_logps(params, batches, config.tdpo, mesh=mesh)
     out = {"train_pairs": diagnostics_lib.pair_figures(start, end, beta)}

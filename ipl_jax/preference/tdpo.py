@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ipl_jax import distributed, fault_hook
+from ipl_jax import distributed
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.sharding import batch_spec, param_shardings
 from ipl_jax.preference import losses
@@ -24,6 +25,7 @@ from ipl_jax.progress import progress
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
+from ipl_jax.training.loop import TrainLoop, place_state
 
 OBJECTIVES = ("tdpo", "positive_sft")
 
@@ -275,8 +277,10 @@ def train_round(
 ) -> tuple[state_lib.TrainState, dict]:
     """One epoch of T-DPO over the round's batches in an order drawn from ``rng``; ``state`` is donated.
     ``ref_params`` is used only when reference log-probs are missing (then computed first). Returns (state,
-    metrics with ``per_step`` and ``order``).
+    metrics with ``per_step`` and ``order``); no batches: the state as given and no steps.
     """
+    if not round_data.batches:
+        return state, {"steps": 0, "pairs": 0.0, "per_step": []}
     config = round_schedule(config, len(round_data.batches))
     if not round_data.has_reference:
         if ref_params is None:
@@ -284,31 +288,27 @@ def train_round(
         round_data = attach_reference(ref_params, round_data.batches, config, mesh=mesh)
     batches = round_data.batches
     order = epoch_order(rng, len(batches))
-    if mesh is not None and batches:
-        sh = state_lib.state_shardings(state, config.optimizer(), mesh)
-        state = distributed.put(state, sh)
-    elif batches:
-        state = distributed.on_first_device(state)
-    device_metrics = []
     t0 = time.perf_counter()
-    first_step = None
-    with progress(total=len(order), desc="T-DPO", unit="step") as bar:
-        for k, i in enumerate(order):
-            state, m = tdpo_step(state, batches[i], config, mesh=mesh)
-            device_metrics.append(m)
-            fault_hook.kill_at("tdpo_step", k + 1)
-            if k:  # one step stays in flight; the bar counts finished steps, so its ETA is the device's
-                jax.block_until_ready(device_metrics[k - 1]["loss"])
-                bar.update(1)
-                first_step = time.perf_counter() - t0 if k == 1 else first_step
-        per_step = [{k: float(v) for k, v in m.items()} for m in distributed.to_host(device_metrics)]
-        bar.update(1 if per_step else 0)
+    finished: list[float] = []  # seconds since t0 as each step's metrics arrive
+
+    def on_metrics(step: int, metrics: dict) -> None:
+        finished.append(time.perf_counter() - t0)
+
+    loop = TrainLoop(
+        lambda st, batch: tdpo_step(st, batch, config, mesh=mesh),
+        kill_point="tdpo_step",
+        desc="T-DPO",
+        place=functools.partial(place_state, optimizer=config.optimizer(), mesh=mesh),
+        in_flight=True,  # the bar counts finished steps, so its ETA is the device's
+        on_metrics=on_metrics,
+    )
+    state, per_step = loop.run(state, (batches[i] for i in order), total=len(order))
     seconds = time.perf_counter() - t0
     metrics = summarize_steps(per_step)
     tokens = [batch_tokens(batches[i]) for i in order]
     # throughput: every trained (non-padding) token; wall times of the loop and of its first step (compile included)
-    metrics.update(tokens=float(sum(tokens)), first_step_tokens=float(tokens[0]) if tokens else 0.0)
-    metrics.update(seconds=seconds, first_step_seconds=seconds if first_step is None else first_step)
+    metrics.update(tokens=float(sum(tokens)), first_step_tokens=float(tokens[0]))
+    metrics.update(seconds=seconds, first_step_seconds=finished[0] if len(finished) > 1 else seconds)
     metrics["per_step"] = per_step
     metrics["order"] = [int(i) for i in order]
     return state, metrics

@@ -84,10 +84,6 @@ def key_seed(rng) -> np.ndarray:
     return np.asarray(distributed.to_host(key), np.uint32).reshape(2)
 
 
-def host_metrics(m: Mapping) -> dict:
-    return {k: float(v) for k, v in distributed.to_host(dict(m)).items()}
-
-
 def mean_metrics(per_step: Sequence[Mapping[str, float]], weight_key: str) -> dict:
     """Weighted means (by ``weight_key``) of per-step metrics over the steps reporting each, the weight sum, the
     count."""

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.sharding import param_shardings
 from ipl_jax.rl.advantages import SIBLING_FEATURES
 from ipl_jax.rl.rows import Rows, last_hidden
+from ipl_jax.training.state import TrainState, train_state_shardings
 
 VALUE_STREAMS = 2  # terminal, dense
 CRITIC_VISION_REGEX = r"^model/visual/"
@@ -29,6 +32,20 @@ def init_critic(policy_params: dict, cfg: Qwen2VLConfig, rng, sibling_width: int
             "b2": jnp.zeros((VALUE_STREAMS,)),
         },
     }
+
+
+def critic_state_shardings(state: TrainState, optimizer, mesh) -> TrainState:
+    """NamedShardings of the critic's TrainState: its model copy (trained and frozen parts) by the model's partition
+    rules, as the policy's; the value head and the sibling net replicated; moments follow their params."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def tree(params: dict) -> dict:
+        return {
+            k: param_shardings(v, mesh) if k == "model" else jax.tree.map(lambda _: replicated, v)
+            for k, v in params.items()
+        }
+
+    return train_state_shardings(state, optimizer, mesh, tree(state.params), tree(state.frozen))
 
 
 def value_from_hidden(critic: dict, h: jax.Array, sibling: jax.Array | None) -> jax.Array:

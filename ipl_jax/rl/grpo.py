@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -25,6 +26,7 @@ from ipl_jax.sampling.prompts import step_prompts
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
+from ipl_jax.training.loop import TrainLoop, place_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,25 +110,30 @@ def init_state(params, config: GRPOConfig, rng, **kwargs) -> state_lib.TrainStat
     return state_lib.create_train_state(params, optimizer_lib.make_optimizer(config.optimizer_settings), rng, **kwargs)
 
 
-def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
-    """μ = ``settings.updates_per_batch`` updates on one batch; ``state`` donated, ``ref_params`` must not alias it.
-    Returns (state, metrics of the last update).
-    """
-    del rng
+def with_logps(state: state_lib.TrainState, ref_params, batch: GRPOBatch, config: GRPOConfig) -> GRPOBatch:
+    """``batch`` with the reference's log-probs and, for μ > 1 updates, the current policy's (``old_logps``)."""
     cfg = config.model
     if batch.ref_logps is None:
         batch = batch.replace(
             ref_logps=common.reference_logps(ref_params, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
         )
-    mu = config.settings.updates_per_batch
-    if mu > 1 and batch.old_logps is None:
+    if config.settings.updates_per_batch > 1 and batch.old_logps is None:
         current = state_lib.model_params(state.params, state.frozen)
         batch = batch.replace(
             old_logps=common.reference_logps(current, cfg, batch.rows, config.logp_chunk, config.compute_dtype)
         )
+    return batch
+
+
+def grpo_step(state: state_lib.TrainState, ref_params, batch: GRPOBatch, rng, config: GRPOConfig):
+    """μ = ``settings.updates_per_batch`` updates on one batch; ``state`` donated, ``ref_params`` must not alias it.
+    Returns (state, metrics of the last update).
+    """
+    del rng
+    batch = with_logps(state, ref_params, batch, config)
     update = make_grpo_update(config)
     metrics = {}
-    for _ in range(mu):
+    for _ in range(config.settings.updates_per_batch):
         state, metrics = update(state, batch)
     return state, metrics
 
@@ -218,30 +225,43 @@ def grpo_round(
     sampler: SamplerConfig,
     mesh=None,
 ) -> tuple[state_lib.TrainState, dict]:
-    """One GRPO pass over ``steps`` in batches of ``prompts_per_batch`` (batch i sampled with ``fold_in(rng, i)``);
-    ``ref_params`` None copies the starting policy. Returns (state, metrics).
+    """One GRPO pass over ``steps`` in batches of ``prompts_per_batch`` (batch i sampled with ``fold_in(rng, i)``
+    by the current policy, then μ updates on it); ``ref_params`` None copies the starting policy. Returns (state,
+    metrics).
     """
     steps = list(steps)
     if not steps:
         raise ValueError("grpo_round: no steps")
     if ref_params is None:
         ref_params = common.copy_params(common.policy_params(state), config.storage_dtype)
-    b = config.settings.prompts_per_batch
-    per_step = []
-    for i, start in enumerate(range(0, len(steps), b)):
-        key = jax.random.fold_in(jnp.asarray(rng), i)
-        policy = common.policy_params(state, config.storage_dtype)
-        batch, info = sample_batch(
-            policy, steps[start : start + b], tokenizer, image_config, sampler, common.key_seed(key), config, mesh
-        )
-        del policy
-        state, m = grpo_step(state, ref_params, batch, key, config)
-        rec = common.host_metrics(m)
-        step_lib.check_finite(rec, int(state.step))
-        rec.update(_reward_metrics(info["rewards"], info["valid"], batch.advantages))
-        rec["completions"] = float(info["completions"])
-        per_step.append(rec)
+    b, mu = config.settings.prompts_per_batch, config.settings.updates_per_batch
+    optimizer = optimizer_lib.make_optimizer(config.optimizer_settings)
+    sampled: list[dict] = []  # per sampled batch: its reward figures and completions
+
+    def batches():  # run by the loop between updates: ``loop.state`` is the current policy
+        for i, start in enumerate(range(0, len(steps), b)):
+            key = jax.random.fold_in(jnp.asarray(rng), i)
+            policy = common.policy_params(loop.state, config.storage_dtype)
+            batch, info = sample_batch(
+                policy, steps[start : start + b], tokenizer, image_config, sampler, common.key_seed(key), config, mesh
+            )
+            del policy
+            batch = with_logps(loop.state, ref_params, batch, config)
+            rewards = _reward_metrics(info["rewards"], info["valid"], batch.advantages)
+            sampled.append({**rewards, "completions": float(info["completions"])})
+            yield from [batch] * mu  # μ updates on each sampled batch
+
+    loop = TrainLoop(
+        make_grpo_update(config),
+        kill_point="grpo_update",
+        desc="GRPO",
+        unit="update",
+        place=functools.partial(place_state, optimizer=optimizer, mesh=mesh),
+    )
+    state, history = loop.run(state, batches(), total=-(-len(steps) // b) * mu)
+    # a sampled batch's record: its last update's metrics, its rewards
+    per_step = [{**history[(i + 1) * mu - 1], **rec} for i, rec in enumerate(sampled)]
     out = common.mean_metrics(per_step, "completions")
-    out["updates"] = len(per_step) * config.settings.updates_per_batch
+    out["updates"] = len(per_step) * mu
     out["per_step"] = per_step
     return state, out

@@ -5,6 +5,7 @@ asymmetric GAE, then critic updates and (after the warm-up) dual-clip PPO update
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -24,6 +25,7 @@ from ipl_jax.rl.sections import PPOSettings
 from ipl_jax.training import optimizer as optimizer_lib
 from ipl_jax.training import state as state_lib
 from ipl_jax.training import step as step_lib
+from ipl_jax.training.loop import TrainLoop, check_finite, place_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,12 +304,12 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     return st, rows, np.asarray(adv)[st.traj, st.t], np.asarray(ret)[st.traj, st.t], values, sibling
 
 
-def _train_on_batch(state: PPOState, ref_params, trajs, key, config: PPOConfig, end_id: int, per_update: list):
-    """``ppo_step`` on each minibatch of one rollout batch; appends host metrics to ``per_update``."""
+def minibatches(trajs, state: PPOState, config: PPOConfig, end_id: int):
+    """The ``PPOBatch`` es of one rollout batch, advantages from ``state``'s critic (read before the first one)."""
     st, crows, adv, ret, values, sibling = batch_advantages(trajs, state, config, end_id)
     m = config.settings.minibatch_rows
     for k, sel in enumerate(_minibatches(len(st.records), m)):
-        batch = PPOBatch(
+        yield PPOBatch(
             policy_rows=_policy_rows(config, [st.records[i] for i in sel]),
             critic_rows=crows[k],
             advantages=jnp.asarray(_pad(adv[sel], m)),
@@ -315,17 +317,41 @@ def _train_on_batch(state: PPOState, ref_params, trajs, key, config: PPOConfig, 
             old_values=jnp.asarray(_pad(values[sel], m)),
             sibling=jnp.asarray(_pad(sibling[sel], m)),
         )
-        state, metrics = ppo_step(state, ref_params, batch, key, config)
-        rec = common.host_metrics(metrics)
-        step_lib.check_finite(
-            {
-                "loss": rec.get("value_loss", 0.0) + rec.get("policy_loss", 0.0),
-                "grad_norm": rec.get("critic_grad_norm", 0.0) + rec.get("policy_grad_norm", 0.0),
-            },
-            int(state.critic.step),
-        )
-        per_update.append(rec)
-    return state
+
+
+def check_step(metrics: dict, step: int) -> None:
+    """The loop's non-finite check of a ``ppo_step``: its critic and policy losses and gradient norms."""
+    check_finite(
+        {
+            "loss": metrics.get("value_loss", 0.0) + metrics.get("policy_loss", 0.0),
+            "grad_norm": metrics.get("critic_grad_norm", 0.0) + metrics.get("policy_grad_norm", 0.0),
+        },
+        step,
+    )
+
+
+def place_ppo_state(state: PPOState, config: PPOConfig, mesh) -> PPOState:
+    """The policy and the critic placed as ``training.loop.place_state`` places a state (the critic's model copy by
+    the policy's partition rules)."""
+    return PPOState(
+        policy=place_state(state.policy, optimizer_lib.make_optimizer(config.policy_optimizer_settings()), mesh),
+        critic=place_state(
+            state.critic,
+            optimizer_lib.make_optimizer(config.critic_optimizer_settings()),
+            mesh,
+            critic_lib.critic_state_shardings,
+        ),
+    )
+
+
+@dataclasses.dataclass
+class _Played:
+    """A round's rollouts so far: environment steps spent, batches played, their trajectories and summaries."""
+
+    used: int = 0
+    batches: int = 0
+    trajs: list = dataclasses.field(default_factory=list)
+    summaries: list = dataclasses.field(default_factory=list)
 
 
 def ppo_round(
@@ -356,31 +382,44 @@ def ppo_round(
     order = np.random.default_rng(common.key_seed(jax.random.fold_in(jnp.asarray(rng), 0))).permutation(
         len(world_tasks)
     )
-    used, b, cursor = 0, 0, 0
-    all_trajs, per_update, per_batch = [], [], []
+    played = _Played()
+
+    def batches():  # run by the loop between steps: ``loop.state`` is the current policy and critic
+        while played.used < env_steps:
+            b = played.batches
+            chunk = [world_tasks[order[(b * p.tasks_per_batch + i) % len(order)]] for i in range(p.tasks_per_batch)]
+            key = jax.random.fold_in(jnp.asarray(rng), b + 1)
+            policy = common.policy_params(loop.state.policy, config.storage_dtype)
+            worlds = replicate(chunk, p.trajectories_per_task)
+            trajs = rollout(
+                policy, config.model, tokenizer, worlds, key, rcfg, mesh, max_env_steps=env_steps - played.used
+            )
+            del policy
+            if any(tr.steps and not tr.cut for tr in trajs):  # else every episode was cut: nothing to learn from
+                yield from minibatches(trajs, loop.state, config, end_id)
+            summary = rollout_summary(trajs)
+            played.used += summary["env_steps"]
+            played.summaries.append(summary)
+            played.trajs.extend(trajs)
+            played.batches += 1
+
+    loop = TrainLoop(
+        lambda st, batch: ppo_step(st, ref_params, batch, None, config),
+        kill_point="ppo_minibatch",
+        desc="PPO",
+        unit="minibatch",
+        place=functools.partial(place_ppo_state, config=config, mesh=mesh),
+        check=check_step,
+    )
     p0, c0 = int(state.policy.step), int(state.critic.step)
-    while used < env_steps:
-        chunk = [world_tasks[order[(cursor + i) % len(order)]] for i in range(p.tasks_per_batch)]
-        cursor += p.tasks_per_batch
-        key = jax.random.fold_in(jnp.asarray(rng), b + 1)
-        policy = common.policy_params(state.policy, config.storage_dtype)
-        worlds = replicate(chunk, p.trajectories_per_task)
-        trajs = rollout(policy, config.model, tokenizer, worlds, key, rcfg, mesh, max_env_steps=env_steps - used)
-        del policy
-        if any(tr.steps and not tr.cut for tr in trajs):  # else every episode was cut: nothing to learn from
-            state = _train_on_batch(state, ref_params, trajs, key, config, end_id, per_update)
-        summary = rollout_summary(trajs)
-        used += summary["env_steps"]
-        per_batch.append(summary)
-        all_trajs.extend(trajs)
-        b += 1
+    state, per_update = loop.run(state, batches())
     out = {
-        "train_episodes": rollout_summary(all_trajs),
-        "env_steps": used,
-        "rollout_batches": b,
+        "train_episodes": rollout_summary(played.trajs),
+        "env_steps": played.used,
+        "rollout_batches": played.batches,
         "updates": int(state.policy.step) - p0,
         "critic_updates": int(state.critic.step) - c0,
-        "per_batch": per_batch,
+        "per_batch": played.summaries,
     }
     out.update({k: v for k, v in common.mean_metrics(per_update, "states").items() if k != "steps"})
     return state, out

@@ -1,11 +1,10 @@
-"""The generic training step and loop shared by every trainer. With ``grad_accum_steps`` > 1 the step scans
-micro-batches (a leading [A, ...] axis) for the exact weighted mean loss.
+"""The generic training step every trainer's loop (``training.loop``) runs. With ``grad_accum_steps`` > 1 the
+step scans micro-batches (a leading [A, ...] axis) for the exact weighted mean loss.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -13,12 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ipl_jax import distributed, fault_hook
 from ipl_jax.training.state import TrainState, loss_params
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN/inf loss or gradient norm; nothing from that step was checkpointed."""
 
 
 def stack_microbatches(batches):
@@ -99,58 +93,3 @@ def train_step_fn(
 
 def _is_float(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.floating)
-
-
-# ------------------------------------------------------------------------------------------------ the loop
-
-
-def check_finite(metrics: Mapping[str, Any], step: int) -> None:
-    """Raise NonFiniteLossError if the loss or gradient norm of ``step`` is NaN/inf."""
-    for key in ("loss", "grad_norm"):
-        if key in metrics and not math.isfinite(float(metrics[key])):
-            values = {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
-            raise NonFiniteLossError(
-                f"step {step}: {key} is {float(metrics[key])} — training stopped before saving; "
-                f"the last checkpoint is untouched. metrics: {values}"
-            )
-
-
-def train_loop(
-    state: TrainState,
-    step_fn,
-    batches: Iterator,
-    num_steps: int,
-    *,
-    checkpointer=None,
-    data_state_fn: Callable[[], Any] | None = None,
-    metadata_fn: Callable[[], Mapping[str, Any]] | None = None,
-    on_metrics: Callable[[int, dict], None] | None = None,
-) -> tuple[TrainState, list[dict]]:
-    """Run ``step_fn`` until ``state.step == num_steps``; returns (state, per-step metrics). NaN/inf raise
-    ``NonFiniteLossError`` before saving; checkpoints on the ``checkpointer``'s schedule and at the end.
-    """
-    history: list[dict] = []
-    step = int(state.step)
-    try:
-        while step < num_steps:
-            batch = next(batches)
-            state, metrics = step_fn(state, batch)
-            metrics = {k: np.asarray(v).item() for k, v in distributed.to_host(metrics).items()}
-            step += 1
-            check_finite(metrics, step)
-            history.append(metrics)
-            if on_metrics is not None:
-                on_metrics(step, metrics)
-            if checkpointer is not None:
-                checkpointer.save(
-                    step,
-                    state,
-                    data_state=data_state_fn() if data_state_fn else None,
-                    metadata=metadata_fn() if metadata_fn else None,
-                    force=step == num_steps,
-                )
-            fault_hook.kill_at("sft_step", step)
-    finally:
-        if checkpointer is not None:
-            checkpointer.wait()
-    return state, history
