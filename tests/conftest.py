@@ -3,12 +3,12 @@
 another test module."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import pytest
+from support.commands import run_ok
 
 
 @pytest.fixture
@@ -34,13 +34,10 @@ def device_check_cpu(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH", "JAX_PLATFORMS")}
     env["PYTHON"] = sys.executable  # the interpreter running the tests, also where the checkout has no .venv
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
+    run_ok(
         ["bash", str(repo / "tools" / "device_check.sh"), "--cpu", "--out", str(out)],
         cwd=repo,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=1800,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out

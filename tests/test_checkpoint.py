@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when run as a script
 from support import small_models, toy_lm
+from support.commands import run_ok
 from support.small_models import tiny_training_batch
 from support.trees import assert_trees_equal
 
@@ -232,15 +233,12 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path):
     cache = tmp_path / "xla_cache"
     n_steps, every = 7, 2
 
-    full = subprocess.run(
+    full = run_ok(
         _job(tmp_path / "full", n_steps, every, 0, cache),
-        capture_output=True,
-        text=True,
-        env=env,
         cwd=repo,
+        env=env,
         timeout=300,
     )
-    assert full.returncode == 0, full.stderr[-3000:]
 
     killed_dir = tmp_path / "killed"
     proc = subprocess.Popen(

@@ -7,11 +7,11 @@ Minutes on a 2-core CPU (mostly compiles), hence ``slow``; the accelerator runs 
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.commands import run_ok
 
 pytest.importorskip("transformers")
 
@@ -22,15 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 def test_paper_job_cpu_runs_every_stage_and_reports(tmp_path):
     out = tmp_path / "job"
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPO), IPL_JAX_QUIET="1", JAX_LOG_COMPILES="1")
-    proc = subprocess.run(
+    proc = run_ok(
         ["bash", str(REPO / "tools" / "paper_job.sh"), "--out", "job", "--cpu", "--json", "copy/job.json"],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=1800,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "job.json").read_text())
     assert json.loads((tmp_path / "copy" / "job.json").read_text()) == report and report["run_exit"] == 0
     stages = [s["stage"] for s in report["stages"]]

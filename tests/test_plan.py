@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from support.commands import run_ok
 
 from ipl_jax.cli import plan as plan_cli
 from ipl_jax.configs.loader import load_settings
@@ -188,15 +188,12 @@ def test_tiny_job_planned_on_four_fake_devices(tmp_path):
         str(out4),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    proc = subprocess.run(
+    proc = run_ok(
         [sys.executable, "-c", _PLAN_SCRIPT, str(out1), *args],
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tdpo" in proc.stdout and "decode" in proc.stdout  # the table
     doc = json.loads(out4.read_text())
     assert doc["devices"] == 4 and doc["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
@@ -378,7 +375,7 @@ def test_paper_configs_plan_within_60_gb_per_device(tmp_path):
     for name in PAPER_CONFIGS:
         assert load_settings(f"{name}:gpu").to_dict() == load_settings(f"{name}:tpu").to_dict()
         out = tmp_path / f"{name}.json"
-        proc = subprocess.run(
+        run_ok(
             [
                 sys.executable,
                 "-m",
@@ -393,11 +390,8 @@ def test_paper_configs_plan_within_60_gb_per_device(tmp_path):
             ],
             cwd=ROOT,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=900,
         )
-        assert proc.returncode == 0, proc.stderr[-3000:]
         doc = json.loads(out.read_text())
         assert doc["devices"] == NAMED_DEVICES and doc["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
         totals = {p: round(doc["programs"][p]["total"] / 1e9, 1) for p in ("sft", "tdpo", "prefill", "decode")}

@@ -67,6 +67,11 @@ def row_config(rl: RLSettings, buckets: BucketSettings, rows_per_batch: int, pad
     )
 
 
+def precision_fields(precision: Precision) -> dict:
+    """What an RL learner's config takes from the job's precision: remat, compute and storage dtypes."""
+    return {"remat": precision.remat, "compute_dtype": precision.compute_dtype, "storage_dtype": precision.storage}
+
+
 def grpo_config(
     rl: RLSettings,
     buckets: BucketSettings,
@@ -83,9 +88,7 @@ def grpo_config(
         reward=UIR1RewardConfig(rules=rules),
         grad_clip_norm=grad_clip,
         rows=row_config(rl, buckets, rl.grpo.prompts_per_batch, pad_id),
-        remat=precision.remat,
-        compute_dtype=precision.compute_dtype,
-        storage_dtype=precision.storage,
+        **precision_fields(precision),
     )
 
 
@@ -106,9 +109,7 @@ def ppo_config(
         gigppo=gigppo,
         grad_clip_norm=grad_clip,
         rows=row_config(rl, buckets, rl.ppo.minibatch_rows, pad_id),
-        remat=precision.remat,
-        compute_dtype=precision.compute_dtype,
-        storage_dtype=precision.storage,
+        **precision_fields(precision),
     )
 
 
