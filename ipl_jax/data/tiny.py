@@ -24,7 +24,7 @@ from ipl_jax.data.tokenizer import (
     VISION_END,
     VISION_START,
 )
-from ipl_jax.model.config import default_mrope_section
+from ipl_jax.model.config import mrope_split
 
 DEFAULT_VOCAB_SIZE = 1024
 DEFAULT_MIN_PIXELS = 56 * 56  # 3136: at least 2x2 merged tokens
@@ -131,7 +131,7 @@ def build_config_dict(
         )
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     if not explicit_section:
-        rope["mrope_section"] = list(default_mrope_section(head_dim))
+        rope["mrope_section"] = list(mrope_split(head_dim))
     if sum(rope["mrope_section"]) != head_dim // 2:
         raise ValueError(f"mrope_section {rope['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
     text["rope_parameters"] = rope

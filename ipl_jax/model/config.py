@@ -72,7 +72,7 @@ class VisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
-    """The Qwen2 decoder with multimodal (3-section) rotary positions (``mrope_section`` (): ``default_mrope_section``
+    """The Qwen2 decoder with multimodal (3-section) rotary positions (``mrope_section`` (): ``mrope_split``
     of head_dim, filled in by ``Qwen2VLConfig``)."""
 
     vocab_size: int = 152064
@@ -171,11 +171,11 @@ class Qwen2VLConfig:
                 )
 
     def _fill_in(self) -> None:
-        """The sizes left to follow the others: an empty ``text.mrope_section`` (``default_mrope_section``) and a
+        """The sizes left to follow the others: an empty ``text.mrope_section`` (``mrope_split``) and a
         ``vision.hidden_size`` of 0 (the text width), written in once, when made."""
         t, v = self.text, self.vision
         if not t.mrope_section:
-            object.__setattr__(self, "text", dataclasses.replace(t, mrope_section=default_mrope_section(t.head_dim)))
+            object.__setattr__(self, "text", dataclasses.replace(t, mrope_section=mrope_split(t.head_dim)))
         if not v.hidden_size:
             object.__setattr__(self, "vision", dataclasses.replace(v, hidden_size=t.hidden_size))
 
@@ -303,9 +303,8 @@ class Qwen2VLConfig:
         }
 
 
-def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
-    """The rotary sections (time, height, width) of ``head_dim / 2`` frequencies: a quarter for time, the rest
-    halved ((16, 24, 24) for Qwen2-VL's head_dim 128)."""
+def mrope_split(head_dim: int) -> tuple[int, int, int]:
+    """Half the head dimension split about 1 : 1.5 : 1.5 over (time, height, width), like Qwen2-VL's 16 / 24 / 24."""
     half = head_dim // 2
     t = half // 4
     h = (half - t) // 2

@@ -18,6 +18,7 @@ from ipl_jax.model.config import (  # the model's config loads no JAX
     backend_dtypes,
     checkpoint_dtype,
 )
+from ipl_jax.model.sizes import SpecialIds, top_ids
 from ipl_jax.sections import Section, SettingsError, one_of, setting_error
 
 if typing.TYPE_CHECKING:
@@ -108,28 +109,25 @@ class ModelSettings(Section):
 
     def fresh_config(self, special_ids: Mapping[str, int] | None = None) -> Qwen2VLConfig:
         """The model config of a fresh model: ``text`` / ``vision`` with the special tokens' ids (``special_ids``:
-        token -> id, as ``write_tokenizer`` returns them; None: at the top of the vocabulary, for the plan, which has
-        no tokenizer)."""
+        token -> id, as ``write_tokenizer`` returns them; None: at the top of the vocabulary, ``top_ids``, for the
+        plan, which has no tokenizer)."""
         from ipl_jax.data.tokenizer import ENDOFTEXT, IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 
         v = self.text.vocab_size
-        ids = special_ids or {
-            ENDOFTEXT: v - 7,
-            VISION_START: v - 6,
-            VISION_END: v - 5,
-            IMAGE_PAD: v - 4,
-            VIDEO_PAD: v - 3,
-            IM_END: v - 1,
-        }
-        if max(ids.values()) >= v:
-            raise ValueError(f"model vocab_size {v} is smaller than the tokenizer ({max(ids.values()) + 1} tokens)")
+        if special_ids is None:
+            ids, bos = top_ids(v), v - 7
+        else:
+            tokens = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END, IM_END)
+            ids, bos = SpecialIds(*(special_ids[t] for t in tokens)), special_ids[ENDOFTEXT]
+        if max(*ids, bos) >= v:
+            raise ValueError(f"model vocab_size {v} is smaller than the tokenizer ({max(*ids, bos) + 1} tokens)")
         return Qwen2VLConfig(
             vision=self.vision,
-            text=dataclasses.replace(self.text, bos_token_id=ids[ENDOFTEXT], eos_token_id=(ids[IM_END],)),
-            image_token_id=ids[IMAGE_PAD],
-            video_token_id=ids[VIDEO_PAD],
-            vision_start_token_id=ids[VISION_START],
-            vision_end_token_id=ids[VISION_END],
+            text=dataclasses.replace(self.text, bos_token_id=bos, eos_token_id=(ids.eos,)),
+            image_token_id=ids.image,
+            video_token_id=ids.video,
+            vision_start_token_id=ids.vision_start,
+            vision_end_token_id=ids.vision_end,
             tie_word_embeddings=self.tie_word_embeddings,
         )
 
