@@ -20,7 +20,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.sft.learning_rate, c.sft.warmup_steps, c.sft.checkpoint_every, c.sft.start_candidates = 2e-3, 100, 100, 1
     c.pretrain.episodes, c.pretrain.eval_episodes = 2000, 24
     if arg == "quick":
-        c.model.num_hidden_layers, c.model.vocab_size = 2, 1024
+        c.model.text.num_hidden_layers, c.model.text.vocab_size = 2, 1024
         c.sft.steps, c.sft.batch_size, c.sft.micro_batch_size, c.sft.warmup_steps = 4, 4, 4, 1
         c.sft.checkpoint_every = 2
         c.pretrain.episodes, c.pretrain.eval_episodes, c.pretrain.where, c.pretrain.what = 6, 1, 1, 1

@@ -63,15 +63,15 @@ def get_config(arg=None):
     c.data.test_splits = ("test",)
     c.model.min_pixels = 56 * 56  # the Hub processor's value
     arch, vis = QWEN25VL_3B, QWEN25VL_3B["vision_config"]
-    c.model.vocab_size = arch["vocab_size"]
-    c.model.hidden_size = arch["hidden_size"]
-    c.model.intermediate_size = arch["intermediate_size"]
-    c.model.num_hidden_layers = arch["num_hidden_layers"]
-    c.model.num_attention_heads = arch["num_attention_heads"]
-    c.model.num_key_value_heads = arch["num_key_value_heads"]
-    c.model.vision_depth = vis["depth"]
-    c.model.vision_embed_dim = vis["hidden_size"]
-    c.model.vision_num_heads = vis["num_heads"]
+    c.model.text.vocab_size = arch["vocab_size"]
+    c.model.text.hidden_size = arch["hidden_size"]
+    c.model.text.intermediate_size = arch["intermediate_size"]
+    c.model.text.num_hidden_layers = arch["num_hidden_layers"]
+    c.model.text.num_attention_heads = arch["num_attention_heads"]
+    c.model.text.num_key_value_heads = arch["num_key_value_heads"]
+    c.model.vision.depth = vis["depth"]
+    c.model.vision.embed_dim = vis["hidden_size"]  # Qwen2.5-VL's HF name of the ViT width
+    c.model.vision.num_heads = vis["num_heads"]
     c.model.tie_word_embeddings = arch["tie_word_embeddings"]
 
     # A phone screenshot (1080x2400) keeps its size under this max_pixels: about 3.4k image tokens, 13.4k patches;

@@ -60,8 +60,8 @@ def quick(c):
     c.data.annotated_episodes, c.data.action_episodes = 6, 18
     c.data.train_episodes, c.data.dev_episodes, c.data.test_episodes = 24, 4, 4
     c.evolution.max_items = 48
-    c.model.num_hidden_layers = 2
-    c.model.vocab_size = 1024
+    c.model.text.num_hidden_layers = 2
+    c.model.text.vocab_size = 1024
     # one shape per program: nothing compiles twice
     c.buckets.tokens = (384,)
     c.sampler.tree.prefix_buckets = (128,)
@@ -125,9 +125,9 @@ def gpu(c):
     each: on a GPU padding is cheaper than another compilation) and 8 loader threads. Sized so that
     ``ipl-jax ablate --variants tdpo,continued_sft,no_negatives`` of one seed fits about 8 minutes on one H200: an
     estimate from the programs' FLOPs and compilations (docs/scarce_job.md), not yet measured."""
-    c.model.hidden_size, c.model.intermediate_size, c.model.num_hidden_layers = 512, 1536, 8
-    c.model.num_attention_heads, c.model.num_key_value_heads = 8, 4
-    c.model.vision_depth, c.model.vision_embed_dim, c.model.vision_num_heads = 4, 256, 4
+    c.model.text.hidden_size, c.model.text.intermediate_size, c.model.text.num_hidden_layers = 512, 1536, 8
+    c.model.text.num_attention_heads, c.model.text.num_key_value_heads = 8, 4
+    c.model.vision.depth, c.model.vision.embed_dim, c.model.vision.num_heads = 4, 256, 4
     c.model.dtype = "bfloat16"
     c.model.min_pixels = c.model.max_pixels = 224 * 448
     c.data.loader_threads = 8

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -94,7 +95,13 @@ def parsed(hint, text: str, field: str):
 
 
 def typed(hint, value, field: str):
-    """``value`` as the annotated type ``hint`` (bool, int, float, str, tuples of them, dataclasses)."""
+    """``value`` as the annotated type ``hint`` (bool, int, float, str, tuples of them, dataclasses, any of these or
+    None: ``none`` on the command line)."""
+    args = typing.get_args(hint)
+    if type(None) in args and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, CommandLineText) and value.strip().lower() == "none"):
+            return None
+        (hint,) = (a for a in args if a is not type(None))
     if isinstance(value, CommandLineText) and not dataclasses.is_dataclass(hint):
         value = parsed(hint, value, field)
     origin = typing.get_origin(hint)

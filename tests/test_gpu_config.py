@@ -21,14 +21,13 @@ REPO = Path(__file__).resolve().parent.parent
 def test_gpu_config_is_a_20_to_50m_policy_that_sees_full_resolution_screens():
     from ipl_jax.data.image_processing import smart_resize
     from ipl_jax.data.tokenizer import SPECIAL_TOKENS
-    from ipl_jax.model import Qwen2VLConfig, init_params
+    from ipl_jax.model import init_params
     from ipl_jax.pipeline.sources import check_job
-    from ipl_jax.planning.shapes import model_config_dict
 
     c, default = load_settings("synthetic:gpu"), load_settings("synthetic")
     check_job(c)
-    ids = {s: int(c.model.vocab_size) - len(SPECIAL_TOKENS) + i for i, s in enumerate(SPECIAL_TOKENS)}
-    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(c.model, ids))
+    ids = {s: c.model.text.vocab_size - len(SPECIAL_TOKENS) + i for i, s in enumerate(SPECIAL_TOKENS)}
+    cfg = c.model.fresh_config(ids)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
     assert 20e6 <= n <= 50e6, n
@@ -48,8 +47,8 @@ CUT = [
     "--config.data.test_episodes=2",
     "--config.data.test_splits=test",
     "--config.evolution.max_items=16",
-    "--config.model.num_hidden_layers=2",
-    "--config.model.vision_depth=1",
+    "--config.model.text.num_hidden_layers=2",
+    "--config.model.vision.depth=1",
     "--config.buckets.tokens=(480,)",
     "--config.sampler.tree.prefix_buckets=(192,)",
     "--config.sampler.tree.prompt_buckets=(192,)",

@@ -291,7 +291,7 @@ def test_moved_settings_keep_their_old_names(capsys, monkeypatch):
     """``ipl.beta`` and the selection's switches moved into ``ipl.dpo`` / ``ipl.selection``: the old flag, a variant's
     switch and a recorded config.json still set them, with one line saying where they live now."""
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.settings import job
+    from ipl_jax.settings import Settings, job
     from ipl_jax.settings.job import relocated
 
     monkeypatch.setattr(job, "_told", set())  # each old name is told once a process
@@ -301,8 +301,9 @@ def test_moved_settings_keep_their_old_names(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "config.ipl.beta is config.ipl.dpo.beta now" in err and "config.ipl.sft_weight" in err
     old = {"ipl": {"beta": 0.3, "dedup": False, "rounds": 2}, "seed": 1}
+    ipl = Settings.defaults()["ipl"]  # a section the old names move into starts from its defaults
     assert relocated(old, tell=False) == {
-        "ipl": {"rounds": 2, "dpo": {"beta": 0.3}, "selection": {"dedup": False}},
+        "ipl": {"rounds": 2, "dpo": {**ipl["dpo"], "beta": 0.3}, "selection": {**ipl["selection"], "dedup": False}},
         "seed": 1,
     }
     assert old["ipl"]["beta"] == 0.3  # the caller's dict is left as it was

@@ -163,11 +163,10 @@ def test_plan_plans_the_fresh_model_the_job_builds(tmp_path, name):
     the same sizes, so the same parameter count."""
     from ipl_jax.data.tiny_tokenizer import train_tokenizer, write_tokenizer
     from ipl_jax.pipeline.model_stage import tokenizer_corpus
-    from ipl_jax.planning.shapes import model_config_dict
 
     m = load_settings(name, []).model
-    special_ids = write_tokenizer(train_tokenizer(tokenizer_corpus([]), m.vocab_size), tmp_path / "tok")
-    job = Qwen2VLConfig.from_hf_dict(model_config_dict(m, special_ids))
+    special_ids = write_tokenizer(train_tokenizer(tokenizer_corpus([]), m.text.vocab_size), tmp_path / "tok")
+    job = m.fresh_config(special_ids)
     label, planned = plan_shapes.model_config(m, name)
     assert label == "config.model"
     assert count_params(param_shapes(planned)) == count_params(param_shapes(job))
@@ -232,7 +231,7 @@ def test_plan_lowers_the_tdpo_program_that_training_calls(monkeypatch):
             return real.lower(*args)
 
     monkeypatch.setattr(tdpo, "tdpo_update", Recorder())
-    settings = load_settings("synthetic:quick", ["--config.model.num_hidden_layers=1"])
+    settings = load_settings("synthetic:quick", ["--config.model.text.num_hidden_layers=1"])
     _, cfg = plan_shapes.model_config(settings.model, "synthetic:quick")
     mesh = make_mesh((1, 1, 1), devices=jax.devices()[:1])
     options = plan_lib.PlanSettings(compute_dtype="float32", remat="none", programs=("tdpo",))

@@ -149,7 +149,8 @@ def test_uir1_job_config():
     assert max(c.buckets.tokens) >= c.model.max_pixels // (28 * 28) + published["max_prompt_length"]
     # c.model repeats the checkpoint's sizes
     arch = Qwen2VLConfig.from_hf_dict(copy.deepcopy(QWEN25VL_3B))
-    assert (c.model.hidden_size, c.model.num_hidden_layers, c.model.vision_embed_dim, c.model.vocab_size) == (
+    t, v = c.model.text, c.model.vision
+    assert (t.hidden_size, t.num_hidden_layers, v.embed_dim, t.vocab_size) == (
         arch.text.hidden_size,
         arch.text.num_hidden_layers,
         arch.vision.embed_dim,

@@ -65,6 +65,13 @@ def test_values_are_typed():
         ),
         (("sft", "stepz", 3), r"^config\.sft: unknown field\(s\) stepz \(fields: steps, batch_size, "),
         (("mesh", "data", 0), r"^config\.mesh \(data, fsdp, tensor\) = \(0, 1, 1\): sizes must be >= 1"),
+        # a fresh model's shape: the model config's fields (the old flat names name where they live now)
+        (("model", "hidden_size", "wide"), r"^config\.model\.text\.hidden_size='wide': must be an integer"),
+        (
+            ("model", "num_attention_heads", 3),
+            r"^config\.model\.text / config\.model\.vision \(a fresh model's shape\): text hidden_size 128 is not "
+            r"divisible by heads 3$",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(change, message):
@@ -167,3 +174,58 @@ def test_sections_build_the_library_objects_they_configure(tmp_path):
     assert (reward.v_type, reward.v_format, reward.rules) == (s.reward.shares.v_type, s.reward.shares.v_format, "aitz")
     image = s.model.image_processor()
     assert (image.min_pixels, image.max_pixels) == (s.model.min_pixels, s.model.max_pixels)
+
+
+def test_a_fresh_models_shape_is_the_model_configs_own(capsys, monkeypatch):
+    """``model.text`` / ``model.vision`` are model/config.py's ``TextConfig`` / ``VisionConfig``: what the model config
+    fills in (the rotary sections, the merger's width) and the tokenizer's ids are left empty; the old flat names
+    (``model.hidden_size``, ``model.vision_depth``, ...) still set them, in flags and in a recorded config."""
+    from ipl_jax.model.config import TextConfig, VisionConfig
+    from ipl_jax.settings import job
+
+    monkeypatch.setattr(job, "_told", set())
+    m = load_settings(
+        "synthetic:gpu", ["--config.model.vision_num_heads=8", "--config.model.text.rope_theta=1e4"]
+    ).model
+    assert "config.model.vision_num_heads is config.model.vision.num_heads now" in capsys.readouterr().err
+    assert isinstance(m.text, TextConfig) and isinstance(m.vision, VisionConfig)
+    cfg, v = m.fresh_config(), m.text.vocab_size
+    assert (cfg.text.hidden_size, cfg.text.mrope_section, cfg.text.rope_theta) == (512, (8, 12, 12), 1e4)
+    assert (cfg.vision.hidden_size, cfg.vision.num_heads, cfg.vision.mlp_ratio) == (512, 8, 2)
+    assert (cfg.text.bos_token_id, cfg.text.eos_token_id, cfg.image_token_id) == (v - 7, (v - 1,), v - 4)
+    assert Settings.from_dict(_with_old_model_names(Settings().to_dict())) == Settings()  # a config recorded so
+    for field, value, message in (
+        (
+            "text.bos_token_id",
+            "3",
+            r"^config\.model\.text\.bos_token_id=3: a fresh model's token ids are its tokenizer",
+        ),
+        ("vision.in_channels", "4", r"^config\.model\.vision\.in_channels=4: screenshots are RGB: must be 3"),
+    ):
+        with pytest.raises(SettingsError, match=message):
+            load_settings("synthetic:quick", [f"--config.model.{field}={value}"])
+
+
+def _with_old_model_names(values: dict) -> dict:
+    """Settings ``values`` with the fresh model's shape under its old flat names (recorded before ``model.text``)."""
+    model = values["model"]
+    text, vision = model.pop("text"), model.pop("vision")
+    model.update({k: text[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_key_value_heads")})
+    model.update(vision_depth=vision["depth"], vision_embed_dim=vision["embed_dim"])
+    return values
+
+
+def test_a_workdir_recorded_with_the_old_model_names_resumes(tmp_path):
+    import json
+
+    from ipl_jax.pipeline.paths import UsageError
+    from ipl_jax.pipeline.run import check_workdir_config
+    from ipl_jax.pipeline.workdir import Workdir
+
+    wd, settings = Workdir(tmp_path, echo=lambda _: None), load_settings("synthetic:quick")
+    (tmp_path / "config.json").write_text(json.dumps(_with_old_model_names(settings.to_dict())))
+    wd.marker("data").parent.mkdir(parents=True)
+    wd.marker("data").touch()
+    check_workdir_config(wd, settings)
+    with pytest.raises(UsageError, match=r"fields differ: model\.text\.hidden_size\)"):
+        check_workdir_config(wd, settings.replace({"model.text.hidden_size": 256}))

@@ -24,6 +24,7 @@ from ipl_jax.data.tokenizer import (
     VISION_END,
     VISION_START,
 )
+from ipl_jax.model.config import mrope_split
 
 DEFAULT_VOCAB_SIZE = 1024
 DEFAULT_MIN_PIXELS = 56 * 56  # 3136: at least 2x2 merged tokens
@@ -91,13 +92,6 @@ def _require_torch_transformers():
 # ---------------------------------------------------------------------------------------------- model config
 
 
-def _default_mrope_section(head_dim: int) -> list[int]:
-    half = head_dim // 2
-    t = half // 4
-    h = (half - t) // 2
-    return [t, h, half - t - h]
-
-
 def build_config_dict(
     model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int], arch: str = "qwen2_vl"
 ) -> dict:
@@ -137,7 +131,7 @@ def build_config_dict(
         )
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     if not explicit_section:
-        rope["mrope_section"] = _default_mrope_section(head_dim)
+        rope["mrope_section"] = list(mrope_split(head_dim))
     if sum(rope["mrope_section"]) != head_dim // 2:
         raise ValueError(f"mrope_section {rope['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
     text["rope_parameters"] = rope

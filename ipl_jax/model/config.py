@@ -15,6 +15,10 @@ from typing import Any
 DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a model computes and stores in (the job's model.dtype)
 BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # the dtypes a backend runs (the other backends: DTYPES)
 _ATTENTION = ("auto", "reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
+_SIZES = {  # the sizes of each part that must be >= 1
+    "text": "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads",
+    "vision": "depth embed_dim mlp_ratio num_heads in_channels patch_size spatial_merge_size temporal_patch_size",
+}
 _ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
 
 
@@ -26,7 +30,7 @@ class VisionConfig:
 
     depth: int = 32
     embed_dim: int = 1280  # ViT width
-    hidden_size: int = 3584  # merger output width = the language model's width
+    hidden_size: int = 3584  # merger output width = the language model's width (0: the text hidden_size)
     mlp_ratio: int = 4
     num_heads: int = 16
     in_channels: int = 3
@@ -68,7 +72,8 @@ class VisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
-    """The Qwen2 decoder with multimodal (3-section) rotary positions."""
+    """The Qwen2 decoder with multimodal (3-section) rotary positions (``mrope_section`` (): ``mrope_split``
+    of head_dim, filled in by ``Qwen2VLConfig``)."""
 
     vocab_size: int = 152064
     hidden_size: int = 8192
@@ -78,7 +83,7 @@ class TextConfig:
     num_key_value_heads: int = 8
     rms_norm_eps: float = 1e-5
     rope_theta: float = 1000000.0
-    mrope_section: tuple[int, int, int] = (16, 24, 24)
+    mrope_section: tuple[int, ...] = (16, 24, 24)
     max_position_embeddings: int = 32768
     hidden_act: str = "silu"
     bos_token_id: int | None = 151643
@@ -119,6 +124,11 @@ class Qwen2VLConfig:
     attention: str = "auto"
 
     def __post_init__(self):
+        for part, names in _SIZES.items():
+            for name in names.split():
+                if getattr(getattr(self, part), name) < 1:
+                    raise ValueError(f"{part} {name} must be >= 1, got {getattr(getattr(self, part), name)}")
+        self._fill_in()
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"Qwen2VLConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
@@ -134,8 +144,12 @@ class Qwen2VLConfig:
                 f"num_attention_heads {t.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {t.num_key_value_heads}"
             )
+        if len(t.mrope_section) != 3:
+            raise ValueError(f"mrope_section {t.mrope_section} must be 3 sizes (time, height, width)")
         if sum(t.mrope_section) * 2 != t.head_dim:
             raise ValueError(f"mrope_section {t.mrope_section} must sum to head_dim/2 = {t.head_dim // 2}")
+        if t.hidden_act != "silu":
+            raise ValueError(f"unsupported text hidden_act {t.hidden_act!r} (only silu)")
         if v.embed_dim % v.num_heads or v.head_dim % 4:
             raise ValueError(
                 f"vision embed_dim {v.embed_dim} / heads {v.num_heads} must give a head_dim divisible by 4"
@@ -155,6 +169,15 @@ class Qwen2VLConfig:
                     f"vision window_size {v.window_size} must be at least spatial_merge_size * "
                     f"patch_size = {v.spatial_merge_size * v.patch_size}"
                 )
+
+    def _fill_in(self) -> None:
+        """The sizes left to follow the others: an empty ``text.mrope_section`` (``mrope_split``) and a
+        ``vision.hidden_size`` of 0 (the text width), written in once, when made."""
+        t, v = self.text, self.vision
+        if not t.mrope_section:
+            object.__setattr__(self, "text", dataclasses.replace(t, mrope_section=mrope_split(t.head_dim)))
+        if not v.hidden_size:
+            object.__setattr__(self, "vision", dataclasses.replace(v, hidden_size=t.hidden_size))
 
     def replace(self, **kw) -> Qwen2VLConfig:
         return dataclasses.replace(self, **kw)
@@ -280,6 +303,14 @@ class Qwen2VLConfig:
         }
 
 
+def mrope_split(head_dim: int) -> tuple[int, int, int]:
+    """Half the head dimension split about 1 : 1.5 : 1.5 over (time, height, width), like Qwen2-VL's 16 / 24 / 24."""
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return t, h, half - t - h
+
+
 def backend_dtypes(platform: str) -> tuple[str, ...]:
     """The dtypes ``platform`` (a JAX backend name) runs: ``BACKEND_DTYPES``' entry, else ``DTYPES``."""
     return BACKEND_DTYPES.get(platform, DTYPES)
@@ -338,8 +369,6 @@ def _text_from_hf(d: dict[str, Any], txt: dict[str, Any]) -> TextConfig:
         eos_token_id=eos,
         pad_token_id=txt.get("pad_token_id", d.get("pad_token_id")),
     )
-    if text.hidden_act != "silu":
-        raise ValueError(f"unsupported text hidden_act {text.hidden_act!r} (only silu)")
     if txt.get("use_sliding_window"):
         raise ValueError("use_sliding_window=true is not supported (HF honours it only with flash attention)")
     return text

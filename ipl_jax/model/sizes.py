@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig
+from ipl_jax.model.config import Qwen2VLConfig, TextConfig, VisionConfig, mrope_split
 
 
 class Size(NamedTuple):
@@ -37,14 +37,6 @@ class SpecialIds(NamedTuple):
     vision_start: int
     vision_end: int
     eos: int
-
-
-def mrope_split(head_dim: int) -> tuple[int, int, int]:
-    """Half the head dimension split about 1 : 1.5 : 1.5 over (time, height, width), like Qwen2-VL's 16 / 24 / 24."""
-    half = head_dim // 2
-    t = half // 4
-    h = (half - t) // 2
-    return t, h, half - t - h
 
 
 def top_ids(vocab: int) -> SpecialIds:

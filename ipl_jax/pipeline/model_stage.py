@@ -25,7 +25,6 @@ from ipl_jax.model.sharding import make_mesh, param_shardings
 from ipl_jax.model.weights import load_params, save_params
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir, write_json
-from ipl_jax.planning.shapes import model_config_dict
 from ipl_jax.settings import MeshSettings, ModelSettings, Settings
 from ipl_jax.training.state import cast_floating
 
@@ -147,8 +146,8 @@ def build_initial_model(
 
     corpus = tokenizer_corpus(train_steps, qas, texts)
     tok_dir = wd.dir("model", "tokenizer")
-    special_ids = write_tokenizer(train_tokenizer(corpus, model.vocab_size), tok_dir)
-    cfg = Qwen2VLConfig.from_hf_dict(model_config_dict(model, special_ids))
+    special_ids = write_tokenizer(train_tokenizer(corpus, model.text.vocab_size), tok_dir)
+    cfg = model.fresh_config(special_ids)
     params = init_params(cfg, jax.random.PRNGKey(settings.seed))
     write_policy_dir(out, params, cfg, tok_dir, model.image_processor())
     n = count_params(params)

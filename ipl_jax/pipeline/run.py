@@ -46,7 +46,7 @@ def check_workdir_config(wd: Workdir, settings: Settings) -> None:
     current = json.loads(json.dumps(settings.to_dict()))
     path = wd.path("config.json")
     if path.is_file():
-        stored = relocated(read_json(path), tell=False)
+        stored = json.loads(json.dumps(relocated(read_json(path), tell=False)))  # defaults moved in: as JSON
         diff = sorted(_diff_keys(stored, current))
         if diff and not any(wd.path("stages").glob("*.done")):
             wd.echo(

@@ -14,8 +14,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.data.tiny import build_config_dict
-from ipl_jax.data.tokenizer import ENDOFTEXT, IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.sharding import AXES
 from ipl_jax.model.vision import VisionInputs
@@ -105,7 +103,7 @@ def architecture_dtype(name: str) -> str:
 
 def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:
     """(architecture name, model config): ``arch`` from ``ARCHITECTURES``, or 'auto' (the checkpoint's config.json,
-    else the config file's name, else the ``model`` section's sizes)."""
+    else the config file's name, else the fresh model of the ``model`` section: ``ModelSettings.fresh_config``)."""
     if arch != "auto":
         if arch not in ARCHITECTURES:
             raise PlanError(f"--arch {arch!r} is unknown (valid: auto, {', '.join(ARCHITECTURES)})")
@@ -117,31 +115,9 @@ def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") ->
     for pattern, name in _CONFIG_ARCH:
         if re.match(pattern, stem):
             return name, Qwen2VLConfig.from_hf_dict(ARCHITECTURES[name])
-    # the job's fresh model (``model_config_dict``, as model_stage builds it), its special tokens at the top of the
-    # vocabulary (the plan has no tokenizer)
-    v = m.vocab_size
-    ids = {ENDOFTEXT: v - 7, VISION_START: v - 6, VISION_END: v - 5, IMAGE_PAD: v - 4, VIDEO_PAD: v - 3, IM_END: v - 1}
-    return "config.model", Qwen2VLConfig.from_hf_dict(model_config_dict(m, ids))
-
-
-def model_config_dict(m: ModelSettings, special_ids: dict) -> dict:
-    """The Hugging Face config of a fresh model of the configured size (transformers-5 nested layout)."""
-    overrides = {
-        "text_config": {
-            "hidden_size": m.hidden_size,
-            "intermediate_size": m.intermediate_size,
-            "num_hidden_layers": m.num_hidden_layers,
-            "num_attention_heads": m.num_attention_heads,
-            "num_key_value_heads": m.num_key_value_heads,
-        },
-        "vision_config": {
-            "depth": m.vision_depth,
-            "embed_dim": m.vision_embed_dim,
-            "num_heads": m.vision_num_heads,
-        },
-        "tie_word_embeddings": m.tie_word_embeddings,
-    }
-    return build_config_dict(overrides, m.vocab_size, special_ids)
+    # the job's fresh model (as model_stage builds it), its special tokens at the top of the vocabulary (the plan
+    # has no tokenizer)
+    return "config.model", m.fresh_config()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,14 +31,16 @@ from ipl_jax.settings.training import (
 
 MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take numpy seeds)
 
-# Fields that moved into a library's section, which the job's section now holds whole, and fields renamed when the
-# starting policy got its own word: the old dotted name still works, with a one-line notice.
+# Fields that moved into a library's section, which the job's section now holds whole, fields renamed when the
+# starting policy got its own word, and a fresh model's sizes, now fields of the model config's own TextConfig /
+# VisionConfig: the old dotted name still works, with a one-line notice.
 _NESTED = {
     "ipl.dpo": DPOConfig,
     "ipl.selection": PairSelection,
     "sampler.tree": TreeSampling,
     "reward.shares": LeafRewardShares,
 }
+_TEXT_SIZES = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads"
 MOVED = {
     **{
         f"{path.rsplit('.', 1)[0]}.{f.name}": f"{path}.{f.name}"
@@ -46,6 +48,8 @@ MOVED = {
         for f in dataclasses.fields(cls)
     },
     "sft.seed_candidates": "sft.start_candidates",
+    **{f"model.{name}": f"model.text.{name}" for name in _TEXT_SIZES.split()},
+    **{f"model.vision_{name}": f"model.vision.{name}" for name in ("depth", "embed_dim", "num_heads")},
 }
 # Whole sections renamed: every field ``old.X`` is ``new.X`` now.
 MOVED_SECTIONS = {"seed_selection": "start_selection"}
@@ -70,8 +74,10 @@ def current_name(dotted: str, tell: bool = True) -> str:
 
 def relocated(values: Mapping[str, Any], tell: bool = True) -> dict:
     """A copy of nested setting ``values`` (a config file's, a recorded config.json) with old names moved (a field
-    set under both names keeps the old name's value, as a flag of either name would set it)."""
-    out = copy.deepcopy(dict(values))
+    set under both names keeps the old name's value, as a flag of either name would set it). A section that old
+    names move into starts, where ``values`` lack it, from its defaults: its other fields had no names before, so
+    they held those values (a fresh model's ``model.text`` beyond its old sizes)."""
+    out, default = copy.deepcopy(dict(values)), None
     for old in MOVED_SECTIONS:
         if isinstance(out.get(old), dict):
             fields = out.pop(old)
@@ -85,9 +91,11 @@ def relocated(values: Mapping[str, Any], tell: bool = True) -> dict:
         if isinstance(node, dict) and leaf in node:
             value = node.pop(leaf)
             *new_parents, new_leaf = current_name(old, tell).split(".")
-            target = out
+            default = default or defaults(Settings)
+            target, start = out, default
             for part in new_parents:
-                target = target.setdefault(part, {})
+                start = start.get(part, {})
+                target = target.setdefault(part, copy.deepcopy(start))
             target[new_leaf] = value
     return out
 

@@ -1,20 +1,50 @@
-"""The model sections: its size, precision and resolution (``model``) and its sequence buckets (``buckets``)."""
+"""The model sections: a fresh model's shape (the model config's own ``TextConfig`` / ``VisionConfig``), precision and
+resolution (``model``) and its sequence buckets (``buckets``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from ipl_jax.sections import Section, SettingsError, one_of
+from ipl_jax.model.config import (  # the model's config loads no JAX
+    DTYPES,
+    Qwen2VLConfig,
+    TextConfig,
+    VisionConfig,
+    backend_dtypes,
+    checkpoint_dtype,
+)
+from ipl_jax.model.sizes import SpecialIds, top_ids
+from ipl_jax.sections import Section, SettingsError, one_of, setting_error
 
 if typing.TYPE_CHECKING:
     from ipl_jax.data.image_processing import ImageProcessorConfig
     from ipl_jax.training.state import Precision
 
 BUILTIN = "builtin:"  # model.checkpoint prefix naming a base model shipped inside the package
+# A fresh model's shape: a 4 x 128 decoder and a 2 x 64 vision tower. Left empty, for the model config to fill in:
+# the rotary sections (split from head_dim), the merger's output (the decoder's width) and the special tokens (the
+# tokenizer's, ``ModelSettings.fresh_config``).
+FRESH_TEXT = TextConfig(
+    vocab_size=2048,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    mrope_section=(),
+    max_position_embeddings=4096,
+    bos_token_id=None,
+    eos_token_id=(),
+    pad_token_id=None,
+)
+FRESH_VISION = VisionConfig(depth=2, embed_dim=64, hidden_size=0, mlp_ratio=2, num_heads=4)
+_TOKENIZER_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # a fresh model's are its tokenizer's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,27 +52,14 @@ class ModelSettings(Section):
     PATH: ClassVar[str] = "model"
     checkpoint: str = ""
     """A Hugging Face directory to start from, or a base model shipped with the package by name ('builtin:reader':
-    the screen reader ``ipl-jax pretrain`` made, docs/pretrain.md); empty: a fresh model of the size below."""
-    vocab_size: int = 2048
-    """A fresh model's vocabulary (a BPE trained on the world's own texts, at most this size)."""
-    hidden_size: int = 128
-    """Decoder width."""
-    intermediate_size: int = 384
-    """Decoder MLP width."""
-    num_hidden_layers: int = 4
-    """Decoder layers."""
-    num_attention_heads: int = 4
-    """Decoder attention heads."""
-    num_key_value_heads: int = 2
-    """Decoder key / value heads (grouped-query attention)."""
-    vision_depth: int = 2
-    """Vision tower blocks."""
-    vision_embed_dim: int = 64
-    """Vision tower width."""
-    vision_num_heads: int = 4
-    """Vision tower attention heads."""
+    the screen reader ``ipl-jax pretrain`` made, docs/pretrain.md); empty: a fresh model of the shape below."""
+    text: TextConfig = dataclasses.field(default_factory=lambda: FRESH_TEXT)
+    """A fresh model's decoder: model/config.py's TextConfig, every field (vocab_size: a BPE trained on the world's
+    own texts, at most this size; mrope_section (): split from head_dim; the token ids: the tokenizer's, left empty)."""
+    vision: VisionConfig = dataclasses.field(default_factory=lambda: FRESH_VISION)
+    """A fresh model's vision tower: model/config.py's VisionConfig, every field (hidden_size 0: the decoder's)."""
     tie_word_embeddings: bool = True
-    """The output projection shares the input embedding."""
+    """A fresh model's output projection shares the input embedding (Qwen2VLConfig.tie_word_embeddings)."""
     dtype: str = "auto"
     """Compute dtype; auto: the starting checkpoint's torch_dtype, float32 for a fresh model."""
     param_dtype: str = "auto"
@@ -59,7 +76,6 @@ class ModelSettings(Section):
     """Screenshot pixels, at most."""
 
     def __post_init__(self):
-        from ipl_jax.model.config import DTYPES  # imported when made (no JAX on import)
         from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES
 
         for name in ("dtype", "param_dtype"):
@@ -73,6 +89,47 @@ class ModelSettings(Section):
         self.need("remat", self.remat in REMAT_POLICIES, one_of(REMAT_POLICIES))
         self.at_least("min_pixels", 1)
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        """The fresh model's shape makes a model config; its token ids are left to the tokenizer, its screenshots
+        are RGB."""
+        for name in _TOKENIZER_IDS:
+            value = getattr(self.text, name)
+            if value not in (None, ()):
+                raise setting_error(
+                    f"model.text.{name}", value, "a fresh model's token ids are its tokenizer's: leave it none"
+                )
+        if self.vision.in_channels != 3:
+            raise setting_error("model.vision.in_channels", self.vision.in_channels, "screenshots are RGB: must be 3")
+        try:
+            self.fresh_config()
+        except ValueError as e:
+            raise SettingsError(f"config.model.text / config.model.vision (a fresh model's shape): {e}") from None
+
+    def fresh_config(self, special_ids: Mapping[str, int] | None = None) -> Qwen2VLConfig:
+        """The model config of a fresh model: ``text`` / ``vision`` with the special tokens' ids (``special_ids``:
+        token -> id, as ``write_tokenizer`` returns them; None: at the top of the vocabulary, ``top_ids``, for the
+        plan, which has no tokenizer)."""
+        from ipl_jax.data.tokenizer import ENDOFTEXT, IM_END, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+
+        v = self.text.vocab_size
+        if special_ids is None:
+            ids, bos = top_ids(v), v - 7
+        else:
+            tokens = (IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END, IM_END)
+            ids, bos = SpecialIds(*(special_ids[t] for t in tokens)), special_ids[ENDOFTEXT]
+        if max(*ids, bos) >= v:
+            raise ValueError(f"model vocab_size {v} is smaller than the tokenizer ({max(*ids, bos) + 1} tokens)")
+        return Qwen2VLConfig(
+            vision=self.vision,
+            text=dataclasses.replace(self.text, bos_token_id=bos, eos_token_id=(ids.eos,)),
+            image_token_id=ids.image,
+            video_token_id=ids.video,
+            vision_start_token_id=ids.vision_start,
+            vision_end_token_id=ids.vision_end,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
     def checkpoint_dir(self) -> str:
         """``checkpoint`` as a directory ("" for none): a shipped base (``builtin:NAME``) is
@@ -85,8 +142,6 @@ class ModelSettings(Section):
         """These settings with ``dtype`` and ``param_dtype`` concrete (the one place 'auto' is read): 'auto' compute
         is the checkpoint's declared dtype (its config.json, read here), ``default_dtype`` without a checkpoint on
         disk (float32: a fresh model; the plan passes a published architecture's); 'auto' storage the compute dtype."""
-        from ipl_jax.model.config import checkpoint_dtype  # imported when made (no JAX on import)
-
         compute = self.dtype
         if compute == "auto":
             ckpt = self.checkpoint_dir()
@@ -109,14 +164,20 @@ class ModelSettings(Section):
         return Precision(compute, compute if self.param_dtype == "auto" else self.param_dtype, self.remat)
 
     def image_processor(self) -> ImageProcessorConfig:
-        """How screenshots are resized: between ``min_pixels`` and ``max_pixels``."""
+        """How screenshots are resized: between ``min_pixels`` and ``max_pixels``, into a fresh model's patches
+        (``vision``; a checkpoint's are the Hub's)."""
         from ipl_jax.data.image_processing import ImageProcessorConfig  # imported when built (no JAX on import)
 
-        return ImageProcessorConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        pixels = ImageProcessorConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        if self.checkpoint:
+            return pixels
+        v = self.vision
+        return dataclasses.replace(
+            pixels, patch_size=v.patch_size, merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size
+        )
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""
-        from ipl_jax.model.config import backend_dtypes  # imported when made (no JAX on import)
         from ipl_jax.model.layers import check_remat
 
         valid = ("auto", *backend_dtypes(platform))
