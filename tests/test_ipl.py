@@ -76,7 +76,7 @@ def test_tdpo_loss_and_gradient_match_direct_per_pair_forward(sft_weight):
     params, ref_params = tiny_params(cfg, 0), tiny_params(cfg, 1)
     groups = make_groups(cfg, seed=5, n_groups=3, conts=(3, 2, 4), scored_groups=(1,))
     pairs = [PB.PairRef(0, 0, 1, 1), PB.PairRef(0, 2, 1, 2), PB.PairRef(1, 1, 0, 3), PB.PairRef(2, 3, 0, 4)]
-    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.5, sft_weight=sft_weight), logp_chunk=16)
+    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOSettings(beta=0.5, sft_weight=sft_weight), logp_chunk=16)
     packing = ROUND_PACKING
     with jax.default_matmul_precision("highest"):
         data = ipl.attach_reference(ref_params, PK.pack_round(cfg, groups, pairs, packing), config)
@@ -111,7 +111,7 @@ def test_loss_kinds_and_positive_sft_objective():
         ("hinge", np.maximum(0.0, 1 - 0.2 * h)),
         ("sigmoid", -np.log(1 / (1 + np.exp(-0.2 * h)))),
     ):
-        config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=0.2, sft_weight=0.5, loss_kind=kind))
+        config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOSettings(beta=0.2, sft_weight=0.5, loss_kind=kind))
         loss, m = ipl.pair_loss(pos, neg, n_pos, batch, config)
         want = per[valid].mean() + 0.5 * (-pos / n_pos)[valid].mean()
         assert float(loss) == pytest.approx(want, rel=1e-6)

@@ -16,7 +16,7 @@ def test_tdpo_matches_direct_formula_with_and_without_sft():
     ntok = [3.0, 2.0, 5.0]
     valid = [True, True, False]
     for lam in (0.0, 1.0):
-        cfg = losses.DPOConfig(beta=0.1, sft_weight=lam)
+        cfg = losses.DPOSettings(beta=0.1, sft_weight=lam)
         loss, m = losses.tdpo_loss(*(jnp.array(v) for v in (pp, pn, rp, rn, ntok)), jnp.array(valid), cfg)
         want_pref = np.mean([-math.log(_sig(0.1 * ((pp[i] - rp[i]) - (pn[i] - rn[i])))) for i in (0, 1)])
         want_sft = np.mean([-pp[i] / ntok[i] for i in (0, 1)])

@@ -158,10 +158,10 @@ def test_sft_term_per_token_or_summed():
     zero = jnp.zeros(2)
     valid = jnp.asarray([True, True])
     # policy = reference: the DPO term is log 2 per pair; the SFT term is the mean NLL
-    per_token, m1 = losses.tdpo_loss(pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOConfig())
+    per_token, m1 = losses.tdpo_loss(pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOSettings())
     assert float(m1["sft_nll"]) == pytest.approx((6 / 3 + 2 / 1) / 2)
     summed, m2 = losses.tdpo_loss(
-        pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOConfig(sft_norm="sum", sft_weight=0.5)
+        pos, neg, zero + pos, zero + neg, ntok, valid, losses.DPOSettings(sft_norm="sum", sft_weight=0.5)
     )
     assert float(m2["sft_nll"]) == pytest.approx((6 + 2) / 2)
     assert float(summed) == pytest.approx(np.log(2) + 0.5 * 4.0, rel=1e-6)
@@ -169,7 +169,7 @@ def test_sft_term_per_token_or_summed():
     nll, _ = losses.positive_sft_loss(pos, ntok, valid, "sum")
     assert float(nll) == pytest.approx(4.0)
     with pytest.raises(ValueError, match="sft_norm"):
-        losses.DPOConfig(sft_norm="mean")
+        losses.DPOSettings(sft_norm="mean")
 
 
 # ------------------------------------------------------------------------------------------------- thoughts

@@ -69,7 +69,7 @@ def test_kv_cache_is_kept_in_the_compute_dtype(small):
 def test_bf16_tdpo_step_keeps_fp32_master_weights_and_moments(small):
     cfg, params = small
     batch = _packed(cfg)
-    dpo = losses.DPOConfig(beta=0.5, sft_weight=1.0)
+    dpo = losses.DPOSettings(beta=0.5, sft_weight=1.0)
     opt = dataclasses.replace(ipl.IPL_OPTIMIZER, learning_rate=1e-3)
     c32 = ipl.TDPOConfig(model=cfg, dpo=dpo, logp_chunk=16, optimizer_settings=opt)
     c16 = ipl.TDPOConfig(

@@ -123,7 +123,7 @@ def test_tdpo_step_is_dpo_on_transformers_log_probs(setup, layout):
     cfg, want, n = setup["cfg"], setup["want"], len(PAIRS)
     loss_np, chosen_np, rejected_np = numpy_dpo(want)
     assert np.ptp(loss_np) > 0.5 and np.abs(chosen_np - rejected_np).max() > 1.0  # far from log 2 everywhere
-    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=BETA, sft_weight=0.0), logp_chunk=16)
+    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOSettings(beta=BETA, sft_weight=0.0), logp_chunk=16)
     with jax.default_matmul_precision("highest"):
         (batch,) = ipl.attach_reference(setup["ref_params"], batches(cfg, setup["groups"], layout), config).batches
         pos, neg = (np.asarray(x, np.float64)[:n] for x in ipl.reference_logps(setup["params"], batch, config))

@@ -84,7 +84,7 @@ def run_agreement(cfg: Qwen2VLConfig, params, groups, pairs, *, beta: float, ref
     """The ``trl_agreement`` dict for ``pairs`` of ``groups`` (one batch), the reference ``perturbed(params, key,
     ref_noise)``."""
     ref_params = perturbed(params, key, ref_noise)
-    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOConfig(beta=beta, sft_weight=0.0), logp_chunk=64)
+    config = ipl.TDPOConfig(model=cfg, dpo=losses.DPOSettings(beta=beta, sft_weight=0.0), logp_chunk=64)
     n = len(pairs)
     buckets = tuple(range(64, 8193, 64))
     patches = max(int(np.prod(g.image_grid_thw)) for g in groups)

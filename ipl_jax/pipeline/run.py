@@ -15,8 +15,6 @@ import jax
 
 from ipl_jax import distributed
 from ipl_jax.data.evolution import read_qas_jsonl
-from ipl_jax.data.records import sample_steps
-from ipl_jax.eval.start_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline import (
     buckets_stage,
     data_stage,
@@ -26,8 +24,9 @@ from ipl_jax.pipeline import (
     report,
     rounds_stage,
     sft_stage,
+    start_stage,
 )
-from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes, start_scoring
+from ipl_jax.pipeline.eval_stage import dev_accuracy, evaluate_policy_splits, limit_episodes
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import Workdir, read_json, write_json
@@ -165,35 +164,14 @@ class Job:
 
     def start(self) -> None:
         """The starting policy of the IPL rounds: the SFT candidate of the highest Acc_S + w · Div_R, in ``start/``."""
-        self.start_summary = self.wd.run_stage("start", self._select_start)
 
-    def _select_start(self) -> dict:
-        s, wd = self.settings, self.wd
-        paths = sft_stage.candidate_policies(self.sft_summary)
-        steps = sample_steps(self.train_steps, s.start_selection.steps, s.seed)
-        scores, kind = score_candidates(
-            [(p.name, self.inference_policy(p)) for p in paths],
-            steps,
-            **start_scoring(s),
-            embedder=s.start_selection.embedder,
-            echo=wd.echo,
-        )
-        chosen = choose(scores, s.start_selection.diversity_weight)
-        for line in format_scores(scores, chosen).splitlines():
-            wd.echo("  " + line)
-        target = wd.path("start")
-        if wd.main:
-            if target.exists():
-                shutil.rmtree(target)
-            shutil.copytree(paths[chosen], target)
-        return {
-            "candidates": [s.to_json() for s in scores],
-            "chosen": paths[chosen].name,
-            "embedder": kind,
-            "steps": len(steps),
-            "policy": str(target),
-            "trees": {k: getattr(scores[chosen], k) for k in ("alpha", "beta", "gamma")},
-        }
+        def policies(paths):
+            return [(p.name, self.inference_policy(p)) for p in paths]
+
+        def select():
+            return start_stage.select_start(self.settings, self.wd, self.sft_summary, self.train_steps, policies)
+
+        self.start_summary = self.wd.run_stage("start", select)
 
     def eval_start(self) -> None:
         def run():

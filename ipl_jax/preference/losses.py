@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ipl_jax.preference.sections import LOSS_KINDS, SFT_NORMS, DPOConfig
+from ipl_jax.preference.sections import LOSS_KINDS, SFT_NORMS, DPOSettings
 
 
 def sum_logps(token_logps: jax.Array, mask: jax.Array) -> jax.Array:
@@ -62,7 +62,7 @@ def tdpo_loss(
     ref_neg: jax.Array,
     pos_tokens: jax.Array,
     valid: jax.Array,
-    config: DPOConfig,
+    config: DPOSettings,
 ) -> tuple[jax.Array, dict]:
     """Thinking-level DPO plus an SFT term on the positive (docs/method.md §7), averaged over valid pairs.
     Inputs f32[P] summed over turn t's tokens; ``pos_tokens``: f32[P]; ``valid``: bool[P].

@@ -1,4 +1,4 @@
-"""The preference library's settings and the names they accept: the T-DPO loss (``DPOConfig``) and the round's pair
+"""The preference library's settings and the names they accept: the T-DPO loss (``DPOSettings``) and the round's pair
 selection (``PairSelection``) are declared here once; the job's ``ipl`` section holds one of each (``ipl.dpo``,
 ``ipl.selection``) and hands that same object to the T-DPO step and the round. Importing this module loads no JAX.
 """
@@ -15,7 +15,7 @@ SFT_NORMS = ("token", "sum")  # positive_nll's normalisations (the job's ipl.dpo
 
 
 @dataclasses.dataclass(frozen=True)
-class DPOConfig(Section):
+class DPOSettings(Section):
     """The T-DPO loss (docs/method.md §7): the DPO term of ``loss_kind`` at ``beta`` plus ``sft_weight`` times the
     positive's NLL (normalised by ``sft_norm``)."""
 

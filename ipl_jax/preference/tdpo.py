@@ -41,7 +41,7 @@ class TDPOConfig:
     """Settings of the T-DPO step (hashable): the model, the loss, the objective, the optimizer, precision."""
 
     model: Qwen2VLConfig
-    dpo: losses.DPOConfig = losses.DPOConfig()
+    dpo: losses.DPOSettings = losses.DPOSettings()
     objective: str = "tdpo"  # "tdpo" | "positive_sft" (IPL without negatives)
     optimizer_settings: optimizer_lib.OptimizerSettings = IPL_OPTIMIZER
     remat: bool | str = False  # rematerialisation policy (model.layers.REMAT_POLICIES; True = "full")

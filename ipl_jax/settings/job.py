@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from ipl_jax.coat.sections import LeafRewardShares
 from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.preference.sections import DPOConfig, PairSelection
+from ipl_jax.preference.sections import DPOSettings, PairSelection
 from ipl_jax.sampling.sections import TreeSampling
 from ipl_jax.sections import Section, SettingsError, defaults, section_from, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
@@ -35,7 +35,7 @@ MAX_SEED = 2**32 - 1  # numpy's seed range (the world and the samplers take nump
 # starting policy got its own word, and a fresh model's sizes, now fields of the model config's own TextConfig /
 # VisionConfig: the old dotted name still works, with a one-line notice.
 _NESTED = {
-    "ipl.dpo": DPOConfig,
+    "ipl.dpo": DPOSettings,
     "ipl.selection": PairSelection,
     "sampler.tree": TreeSampling,
     "reward.shares": LeafRewardShares,

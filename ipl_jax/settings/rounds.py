@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from typing import ClassVar
 
-from ipl_jax.preference.sections import DPOConfig, PairSelection
+from ipl_jax.preference.sections import DPOSettings, PairSelection
 from ipl_jax.sections import Section, is_nonneg, is_positive, one_of
 
 if typing.TYPE_CHECKING:
@@ -31,7 +31,7 @@ class IPLSettings(Section):
     library's own sections, handed to the round as they are."""
 
     PATH: ClassVar[str] = "ipl"
-    dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
+    dpo: DPOSettings = dataclasses.field(default_factory=DPOSettings)
     """The T-DPO loss: loss_kind, beta, sft_weight, sft_norm (preference/sections.py)."""
     selection: PairSelection = dataclasses.field(default_factory=PairSelection)
     """Which pairs a round trains on: dedup, type_balance, mix_trees (preference/sections.py)."""

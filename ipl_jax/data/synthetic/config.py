@@ -10,81 +10,30 @@ from collections.abc import Sequence
 
 from ipl_jax.sections import CommandLineText, SettingsError, typed
 
-# Colour palettes. Keys: bg, surface, header, header_text, text, subtle, accent, on_accent, divider, toggle_off.
-THEMES = {
-    "light": dict(
-        bg=(250, 250, 250),
-        surface=(236, 238, 242),
-        header=(255, 255, 255),
-        header_text=(20, 20, 20),
-        text=(25, 25, 25),
-        subtle=(110, 110, 118),
-        accent=(26, 115, 232),
-        on_accent=(255, 255, 255),
-        divider=(220, 220, 225),
-        toggle_off=(170, 170, 176),
-    ),
-    "mint": dict(
-        bg=(240, 250, 246),
-        surface=(214, 238, 228),
-        header=(30, 140, 110),
-        header_text=(255, 255, 255),
-        text=(20, 40, 34),
-        subtle=(90, 120, 110),
-        accent=(0, 150, 110),
-        on_accent=(255, 255, 255),
-        divider=(200, 226, 216),
-        toggle_off=(160, 180, 174),
-    ),
-    "sand": dict(
-        bg=(252, 247, 236),
-        surface=(240, 228, 204),
-        header=(200, 120, 40),
-        header_text=(255, 255, 255),
-        text=(50, 35, 20),
-        subtle=(130, 110, 90),
-        accent=(200, 100, 20),
-        on_accent=(255, 255, 255),
-        divider=(230, 216, 190),
-        toggle_off=(190, 176, 160),
-    ),
-    "dark": dict(
-        bg=(22, 24, 28),
-        surface=(44, 47, 54),
-        header=(32, 34, 40),
-        header_text=(240, 240, 240),
-        text=(235, 235, 235),
-        subtle=(160, 160, 170),
-        accent=(120, 170, 255),
-        on_accent=(10, 20, 40),
-        divider=(60, 63, 70),
-        toggle_off=(90, 92, 100),
-    ),
+# Colour palettes: a hex RGB colour for each role of PALETTE_KEYS, in that order.
+PALETTE_KEYS = (
+    "bg",
+    "surface",
+    "header",
+    "header_text",
+    "text",
+    "subtle",
+    "accent",
+    "on_accent",
+    "divider",
+    "toggle_off",
+)
+_PALETTES = {
+    "light": "fafafa eceef2 ffffff 141414 191919 6e6e76 1a73e8 ffffff dcdce1 aaaab0",
+    "mint": "f0faf6 d6eee4 1e8c6e ffffff 142822 5a786e 00966e ffffff c8e2d8 a0b4ae",
+    "sand": "fcf7ec f0e4cc c87828 ffffff 322314 826e5a c86414 ffffff e6d8be beb0a0",
+    "dark": "16181c 2c2f36 202228 f0f0f0 ebebeb a0a0aa 78aaff 0a1428 3c3f46 5a5c64",
     # held out
-    "night_blue": dict(
-        bg=(14, 22, 48),
-        surface=(30, 44, 84),
-        header=(20, 30, 66),
-        header_text=(230, 236, 255),
-        text=(226, 232, 255),
-        subtle=(150, 160, 200),
-        accent=(255, 196, 60),
-        on_accent=(30, 20, 0),
-        divider=(44, 58, 100),
-        toggle_off=(80, 90, 130),
-    ),
-    "rose": dict(
-        bg=(255, 244, 246),
-        surface=(248, 220, 228),
-        header=(190, 40, 90),
-        header_text=(255, 255, 255),
-        text=(60, 20, 30),
-        subtle=(140, 100, 110),
-        accent=(210, 40, 100),
-        on_accent=(255, 255, 255),
-        divider=(240, 210, 218),
-        toggle_off=(200, 170, 180),
-    ),
+    "night_blue": "0e1630 1e2c54 141e42 e6ecff e2e8ff 96a0c8 ffc43c 1e1400 2c3a64 505a82",
+    "rose": "fff4f6 f8dce4 be285a ffffff 3c141e 8c646e d22864 ffffff f0d2da c8aab4",
+}
+THEMES = {
+    name: {key: tuple(bytes.fromhex(c)) for key, c in zip(PALETTE_KEYS, row.split())} for name, row in _PALETTES.items()
 }
 SEEN_THEMES = ("light", "mint", "sand", "dark")
 HELD_OUT_THEMES = ("night_blue", "rose")
