@@ -213,7 +213,7 @@ QUICK_SCARCE = [
 def test_ablate_scarce_quick(tmp_path):
     """``ipl-jax ablate --config synthetic:scarce`` with the quick job's sizes: the five variants from one starting
     policy, two rounds each; in round 1 they sample the same trees and pairs (only the update differs), the supervised
-    controls spend T-DPO's update budget, every round explains itself, and only the last is evaluated on test."""
+    controls spend T-DPO's update budget, every round explains itself and is evaluated on test."""
     import os
     import subprocess
     import sys
@@ -246,9 +246,7 @@ def test_ablate_scarce_quick(tmp_path):
             continue
         assert row["rounds"] == 2 and len(row["diagnostics"]) == 2 and row["gain"]["low"] <= row["gain"]["high"]
         assert all(d["train_steps"]["steps"] == 2 for d in row["diagnostics"])
+        # an ablation variant evaluates every round on test (eval.every_round), so any round can be compared
         results = [json.loads((root / "variants" / v / "stages" / f"round_{r}.done").read_text()) for r in (1, 2)]
-        assert results[0]["metrics"] == {} and set(results[1]["metrics"]) == {
-            "test",
-            "test_app_unseen",
-            "test_task_unseen",
-        }
+        for result in results:
+            assert set(result["metrics"]) == {"test", "test_app_unseen", "test_task_unseen"}
