@@ -66,32 +66,18 @@ def _reference_turns(ckpt, steps):
     return out
 
 
+def _on_test(ckpt, data, steps: int) -> list[str]:
+    """The flags of a command that decodes ``ckpt`` on the first ``steps`` test steps of ``data``."""
+    turns = ["--max-turn-tokens", *(str(t) for t in TURN_TOKENS)]
+    return ["--model", str(ckpt), "--data", str(data), "--split", "test", "--steps", str(steps), *turns]
+
+
 @pytest.mark.e2e
 def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
     ckpt, data = setup
     preds_path, table_path = tmp_path / "preds.jsonl", tmp_path / "table.json"
-    rc = eval_main(
-        [
-            "--model",
-            str(ckpt),
-            "--data",
-            str(data),
-            "--format",
-            "aitz",
-            "--split",
-            "test",
-            "--steps",
-            "3",
-            "--batch-size",
-            "2",
-            "--max-turn-tokens",
-            *map(str, TURN_TOKENS),
-            "--json",
-            str(table_path),
-            "--predictions",
-            str(preds_path),
-        ]
-    )
+    outputs = ["--json", str(table_path), "--predictions", str(preds_path)]
+    rc = eval_main([*_on_test(ckpt, data, 3), "--format", "aitz", "--batch-size", "2", *outputs])
     assert rc == 0
     records = [json.loads(line) for line in preds_path.read_text().splitlines()]
     table = json.loads(table_path.read_text())
@@ -135,33 +121,8 @@ def test_eval_main_decodes_greedily_and_scores(setup, tmp_path):
 def test_sample_main_writes_trees_and_viewer(setup, tmp_path):
     ckpt, data = setup
     out, page = tmp_path / "trees.jsonl", tmp_path / "trees.html"
-    rc = sample_main(
-        [
-            "--model",
-            str(ckpt),
-            "--data",
-            str(data),
-            "--split",
-            "test",
-            "--steps",
-            "2",
-            "--out",
-            str(out),
-            "--html",
-            str(page),
-            "--branching",
-            "2",
-            "1",
-            "2",
-            "1",
-            "--max-turn-tokens",
-            *map(str, TURN_TOKENS),
-            "--batch-size",
-            "2",
-            "--temperature",
-            "1.0",
-        ]
-    )
+    sampling = ["--branching", "2", "1", "2", "1", "--batch-size", "2", "--temperature", "1.0"]
+    rc = sample_main([*_on_test(ckpt, data, 2), "--out", str(out), "--html", str(page), *sampling])
     assert rc == 0
     trees = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(trees) == 2

@@ -70,15 +70,20 @@ def tdpo_batch(cfg, s, groups: int, layout: str):
     return (packed if layout == "packed" else unpacked)[0]
 
 
+def compiled_tdpo_step(params, batch, config):
+    """(``batch`` with its reference log-probs, the T-DPO step compiled for it, ``{"state": a fresh state}``): the
+    step's state lives in the box, which each timed call updates (the state is donated)."""
+    ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
+    batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
+    state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
+    return batch, ipl.lower_tdpo_step(state, batch, config).compile(), {"state": state}
+
+
 def run_tdpo(cfg, params, batch, dtype: str, remat: bool, repeats: int) -> dict:
     config = ipl.TDPOConfig(
         model=cfg.replace(dtype=dtype), remat=remat, logp_chunk=64, compute_dtype=None if dtype == "float32" else dtype
     )
-    ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
-    batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
-    state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-    compiled = ipl.lower_tdpo_step(state, batch, config).compile()
-    box = {"state": state}
+    batch, compiled, box = compiled_tdpo_step(params, batch, config)
 
     def one():
         box["state"], metrics = compiled(box["state"], batch)
@@ -206,11 +211,7 @@ def profile(shape: str, repeats: int) -> list[dict]:
                 (params, hidden),
             ),
         }
-        ref_pos, ref_neg = ipl.reference_logps(params, batch, config)
-        batch = batch.with_reference(np.asarray(ref_pos), np.asarray(ref_neg))
-        state = ipl.init_state(jax.tree.map(lambda x: x.copy(), params), config, jax.random.PRNGKey(0))
-        step = ipl.lower_tdpo_step(state, batch, config).compile()
-        box = {"state": state}
+        batch, step, box = compiled_tdpo_step(params, batch, config)
 
         def run_step():
             box["state"], m = step(box["state"], batch)
