@@ -131,14 +131,14 @@ def test_job_precision_follows_the_checkpoint_by_default(tmp_path):
 def test_resolution_reads_the_checkpoint_once_and_precision_reads_nothing(tmp_path, monkeypatch):
     """``Settings.resolved`` reads the checkpoint's torch_dtype (once) into the settings; ``precision()`` of the
     resolved settings touches no file (the checkpoint is gone); unresolved 'auto' with a checkpoint is an error."""
-    from ipl_jax.model import config as model_config
+    from ipl_jax.settings import model as model_settings  # where the settings read the checkpoint's dtype
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "vision_config": {}}))
     reads = []
-    real = model_config.checkpoint_dtype
-    monkeypatch.setattr(model_config, "checkpoint_dtype", lambda p: reads.append(p) or real(p))
+    real = model_settings.checkpoint_dtype
+    monkeypatch.setattr(model_settings, "checkpoint_dtype", lambda p: reads.append(p) or real(p))
     settings = load_settings("synthetic:quick", [f"--config.model.checkpoint={ckpt}"])
     assert settings.model.dtype == settings.model.param_dtype == "auto"
     resolved = settings.resolved(1)
