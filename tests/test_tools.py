@@ -6,23 +6,32 @@ Covered elsewhere: the accelerator scripts (``gpu_parity``, ``gpu_mfu`` with ``x
 (test_device_check.py, test_bench_sampler_gpu.py), ``paper_job.sh`` in test_paper_job.py, ``harness`` in
 test_tools_harness.py; ``test.sh``, the suite's own runner, is only parsed here.
 
-The scripts run in this process (``main(argv)``: the imports and compiled programs are shared). The T-DPO step,
-the tree sampler, the step's pieces and the TRL agreement compile the model's larger programs (``e2e``); the
-precision table compiles six of them (``slow``)."""
+The light scripts run in this process (``main(argv)``). The T-DPO step, the tree sampler, the step's pieces and the
+TRL agreement compile the model's larger programs (``e2e``; the precision table compiles six of them: ``slow``):
+they run as ``python -m tools.NAME`` in a process of their own, as a user runs them, apart from the suite's JAX
+and torch state."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import pytest
+from support.commands import run_ok
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _tool(name: str, *args: str) -> str:
+    """``python -m tools.NAME ARGS`` in its own process on one CPU device; returns what it printed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = str(REPO)
+    return run_ok([sys.executable, "-m", f"tools.{name}", *args], cwd=REPO, env=env, timeout=1200).stdout
 
 
 def _ratio(text: str, label: str) -> float:
@@ -94,11 +103,9 @@ def test_shell_scripts_parse(script):
 
 
 @pytest.mark.e2e
-def test_bench_tdpo_tiny_times_packed_unpacked_and_trl(tmp_path, capsys):
-    from tools import bench_tdpo
-
+def test_bench_tdpo_tiny_times_packed_unpacked_and_trl(tmp_path):
     out = tmp_path / "tdpo.json"
-    assert bench_tdpo.main(["--tiny", "--repeats", "1", "--json", str(out)]) == 0
+    printed = _tool("bench_tdpo", "--tiny", "--repeats", "1", "--json", str(out))
     res = json.loads(out.read_text())
     by = {r["variant"]: r for r in res["results"]}
     assert list(by) == ["packed", "unpacked", "trl"] and res["pairs_per_step"] == 5
@@ -107,7 +114,6 @@ def test_bench_tdpo_tiny_times_packed_unpacked_and_trl(tmp_path, capsys):
     assert packed["pairs_per_s"] == pytest.approx(5 / (packed["step_s"] + packed["reference_s"]))
     assert res["ratio_vs_unpacked"] == pytest.approx(packed["pairs_per_s"] / unpacked["pairs_per_s"])
     assert unpacked["max_abs_ref_logp_diff_vs_packed"] < 1e-4
-    printed = capsys.readouterr().out
     assert _ratio(printed, "packed vs unpacked:") == pytest.approx(res["ratio_vs_unpacked"], abs=0.006)
     trl = by["trl"]
     if "skipped" in trl:  # TRL (the test extra) missing: the row says why
@@ -119,17 +125,14 @@ def test_bench_tdpo_tiny_times_packed_unpacked_and_trl(tmp_path, capsys):
 
 
 @pytest.mark.e2e
-def test_bench_tree_tiny_against_no_sharing_and_transformers(tmp_path, capsys):
-    from tools import bench_tree
-
+def test_bench_tree_tiny_against_no_sharing_and_transformers(tmp_path):
     out = tmp_path / "tree.json"
     flags = [] if _importable("torch") else ["--skip-transformers"]
-    assert bench_tree.main(["--tiny", "--json", str(out), *flags]) == 0
+    printed = _tool("bench_tree", "--tiny", "--json", str(out), *flags)
     res = json.loads(out.read_text())
     assert res["shape"] == "tiny" and res["leaves"] == 4 and res["branching"] == [2, 2, 1, 1]
     assert res["ours_leaves_per_s"] == pytest.approx(4 / res["ours_seconds"])
     assert 0 < res["useful_tflop"] and 0 < res["ours_flops_fraction_of_peak"]
-    printed = capsys.readouterr().out
     assert res["ratio_vs_no_sharing"] == pytest.approx(res["no_sharing_seconds"] / res["ours_seconds"])
     assert _ratio(printed, "ours is") == pytest.approx(res["ratio_vs_no_sharing"], abs=0.006)
     if flags:
@@ -147,59 +150,44 @@ def _importable(name: str) -> bool:
 
 
 @pytest.mark.slow
-def test_bench_precision_tiny_table(tmp_path, capsys):
-    from tools import bench_precision
-
+def test_bench_precision_tiny_table(tmp_path):
     out = tmp_path / "precision.json"
-    assert bench_precision.main(["--tiny", "--repeats", "1", "--json", str(out)]) == 0
+    printed = _tool("bench_precision", "--tiny", "--repeats", "1", "--json", str(out))
     rows = json.loads(out.read_text())
     variants = [(r["program"], r["dtype"], r["remat"]) for r in rows]
     want = [("tdpo_step", d, r) for d in ("float32", "bfloat16") for r in (False, True)]
     assert variants == want + [("sampler", "float32", False), ("sampler", "bfloat16", False)]
     assert all(r["seconds"] > 0 and r["total_mb"] > 0 and r["gflop"] > 0 for r in rows)
     assert abs(rows[2]["loss"] - rows[0]["loss"]) < 0.01 and rows[1]["loss"] == pytest.approx(rows[0]["loss"])
-    assert len(re.findall(r"^tdpo_step\s", capsys.readouterr().out, re.M)) == 4
+    assert len(re.findall(r"^tdpo_step\s", printed, re.M)) == 4
 
 
 @pytest.mark.e2e
-def test_bench_precision_tiny_profile(tmp_path, capsys):
-    from tools import bench_precision
-
+def test_bench_precision_tiny_profile(tmp_path):
     out = tmp_path / "profile.json"
-    assert bench_precision.main(["--profile", "--tiny", "--repeats", "1", "--json", str(out)]) == 0
+    printed = _tool("bench_precision", "--profile", "--tiny", "--repeats", "1", "--json", str(out))
     rows = json.loads(out.read_text())
     pieces = {r["piece"] for r in rows}
     assert {"whole step", "decoder fwd+bwd", "vision fwd"} <= pieces
     assert {(r["layout"], r["piece"]) for r in rows} == {(lay, p) for lay in ("packed", "unpacked") for p in pieces}
-    assert "packed: 2 rows" in capsys.readouterr().out
+    assert "packed: 2 rows" in printed
 
 
 # ------------------------------------------------------------------------------------------------ TRL agreement
 
 
-@pytest.fixture
-def restore_matmul_precision():
-    """``--agreement`` sets JAX's default matmul precision for the process: put it back."""
-    before = jax.config.jax_default_matmul_precision
-    yield
-    jax.config.update("jax_default_matmul_precision", before)
-
-
 @pytest.mark.e2e
-def test_tdpo_agreement_with_trl(tmp_path, capsys, restore_matmul_precision):
+def test_tdpo_agreement_with_trl(tmp_path):
     """Our packed and unpacked T-DPO steps against TRL's ``DPOTrainer`` on the same weights and pairs: per-pair
     loss within 1e-4, gradient cosine >= 0.9999 (TRL comes with the test extra)."""
-    from tools import bench_tdpo
-
     out = tmp_path / "agreement.json"
-    rc = bench_tdpo.main(["--agreement", "--tiny", "--json", str(out)])
+    printed = _tool("bench_tdpo", "--agreement", "--tiny", "--json", str(out))
     agreement = json.loads(out.read_text())["trl_agreement"]
     assert "trl" not in agreement, agreement.get("trl")  # TRL ran
-    assert rc == 0 and agreement["pass"] is True and agreement["pairs"] == 5
+    assert agreement["pass"] is True and agreement["pairs"] == 5
     for name in ("packed_vs_trl", "unpacked_vs_trl", "packed_vs_unpacked"):
         row = agreement["comparisons"][name]
         assert row["max_abs_loss_diff"] <= 1e-4 and row["grad"]["cosine"] >= 0.9999, (name, row)
         assert row["grad"]["norm_ratio"] == pytest.approx(1.0, abs=1e-3)
     assert set(agreement["per_pair"]) == {"packed", "unpacked", "trl"}
-    printed = capsys.readouterr().out
     assert printed.count("PASS") == 3 and "gradient cosine >= 0.9999: met" in printed

@@ -74,7 +74,7 @@ def _trainer(policy_dir: str, ref_dir: str, beta: float, learning_rate: float, t
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast, Qwen2VLForConditionalGeneration
-    from trl import DPOSettings, DPOTrainer
+    from trl import DPOConfig, DPOTrainer
 
     load = lambda d: Qwen2VLForConditionalGeneration.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     model, ref_model = load(policy_dir), load(ref_dir)
@@ -92,7 +92,7 @@ def _trainer(policy_dir: str, ref_dir: str, beta: float, learning_rate: float, t
         InMemoryTable.from_pydict({"prompt": ["a"], "chosen": ["b"], "rejected": ["c"]}),
         fingerprint="bench-placeholder",
     )
-    args = DPOSettings(
+    args = DPOConfig(
         output_dir=os.path.join(tmp, "trl"),
         per_device_train_batch_size=1,
         learning_rate=learning_rate,
