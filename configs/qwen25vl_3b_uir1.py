@@ -63,12 +63,9 @@ def get_config(arg=None):
     c.data.test_splits = ("test",)
     c.model.min_pixels = 56 * 56  # the Hub processor's value
     arch, vis = QWEN25VL_3B, QWEN25VL_3B["vision_config"]
-    c.model.text.vocab_size = arch["vocab_size"]
-    c.model.text.hidden_size = arch["hidden_size"]
-    c.model.text.intermediate_size = arch["intermediate_size"]
-    c.model.text.num_hidden_layers = arch["num_hidden_layers"]
-    c.model.text.num_attention_heads = arch["num_attention_heads"]
-    c.model.text.num_key_value_heads = arch["num_key_value_heads"]
+    text_fields = ("vocab_size", "hidden_size", "intermediate_size")
+    for name in (*text_fields, "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        c.model.text[name] = arch[name]
     c.model.vision.depth = vis["depth"]
     c.model.vision.embed_dim = vis["hidden_size"]  # Qwen2.5-VL's HF name of the ViT width
     c.model.vision.num_heads = vis["num_heads"]
@@ -84,12 +81,9 @@ def get_config(arg=None):
     published = uir1_published(stage)
     c.ipl.method = "grpo"
     c.rl.grpo.style = "think_answer"
-    c.rl.grpo.group_size = published["group_size"]
-    c.rl.grpo.learning_rate = published["learning_rate"]
+    for name in ("group_size", "learning_rate", "clip_eps", "kl_beta", "dast"):
+        c.rl.grpo[name] = published[name]
     c.rl.grpo.prompts_per_batch = published["prompts_per_update"]
-    c.rl.grpo.clip_eps = published["clip_eps"]
-    c.rl.grpo.kl_beta = published["kl_beta"]
-    c.rl.grpo.dast = published["dast"]
     c.ipl.freeze_vision = published["freeze_vision"]
     return c
 

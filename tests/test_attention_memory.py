@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from support.small_models import make_groups, numpy_params, tiny_cfg, tiny_training_batch
+from support.small_models import make_groups, numpy_params, packed_round, tiny_cfg, tiny_training_batch
 from support.trees import assert_trees_close
 
 from ipl_jax import model as M
@@ -28,10 +28,7 @@ def small():
 
 def _packed_batch(cfg):
     groups = make_groups(cfg, seed=2, scored_groups=(1,))
-    pairs = [PB.PairRef(g, 0, 1, 1) for g in range(3)]
-    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
-    (batch,) = PK.pack_round(cfg, groups, pairs, packing)
-    return batch
+    return packed_round(cfg, groups, [PB.PairRef(g, 0, 1, 1) for g in range(3)])
 
 
 @pytest.mark.e2e

@@ -87,6 +87,11 @@ def _bad_flag(name: str, flag: str, message: str) -> Case:
     return Case(name, lambda f: _run(f, flag), 2, message, job=True)
 
 
+def _fresh(command: str, *extra: str) -> Callable[[Files], list[str]]:
+    """``ipl-jax COMMAND`` of the quick job on a new workdir, with ``extra`` flags."""
+    return lambda f: [command, "--config", "synthetic:quick", "--workdir", str(f.fresh), *extra]
+
+
 def _paper(f: Files, *extra: str) -> list[str]:
     return ["run", "--config", "qwen2vl_2b_aitz", "--workdir", str(f.fresh), *extra]
 
@@ -246,69 +251,44 @@ CASES = [
     ),
     Case(
         "ablate unknown variant",
-        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--variants", "tdpo,k9"],
+        _fresh("ablate", "--variants", "tdpo,k9"),
         2,
         r"^ipl-jax ablate: --variants: unknown variant 'k9'; known: tdpo, ",
     ),
     Case(
         "ablate own variant outside the rounds",
-        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--variant", "a=sft.steps=3"],
+        _fresh("ablate", "--variant", "a=sft.steps=3"),
         2,
         r"^ipl-jax ablate: --variant 'a=sft.steps=3': 'sft.steps' is not a round setting \(ipl\.\* or rl\.\*\)",
     ),
     Case(
         "ablate own variant bad value",
-        lambda f: [
-            "ablate",
-            "--config",
-            "synthetic:quick",
-            "--workdir",
-            str(f.fresh),
-            "--variant",
-            "b=tdpo ipl.dpo.beta=x",
-        ],
+        _fresh("ablate", "--variant", "b=tdpo ipl.dpo.beta=x"),
         2,
         r"^ipl-jax ablate: --variant b: ipl\.dpo\.beta: must be a number",
     ),
     Case(
         "ablate bad seeds",
-        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--seeds", "0,1,1"],
+        _fresh("ablate", "--seeds", "0,1,1"),
         2,
         r"^ipl-jax ablate: --seeds: '0,1,1' is not a comma-separated list of distinct non-negative integers",
     ),
     Case(
         "ablate seed out of range",
-        lambda f: ["ablate", "--config", "synthetic:quick", "--workdir", str(f.fresh), "--seeds", "0,4294967296"],
+        _fresh("ablate", "--seeds", "0,4294967296"),
         2,
         r"^ipl-jax ablate: config\.seed=4294967296: must be an integer in \[0, 4294967295\]",
     ),
     Case(
         "ablate bad rl value",
-        lambda f: [
-            "ablate",
-            "--config",
-            "synthetic:quick",
-            "--workdir",
-            str(f.fresh),
-            "--variants",
-            "tdpo,ppo",
-            "--config.rl.ppo.gamma_dense=1.5",
-        ],
+        _fresh("ablate", "--variants", "tdpo,ppo", "--config.rl.ppo.gamma_dense=1.5"),
         2,
         r"^ipl-jax ablate: config\.rl\.ppo\.gamma_dense=1\.5: must be in \[0, 1\] \(fix it with "
         r"--config\.rl\.ppo\.gamma_dense=\.\.\.\)$",
     ),
     Case(
         "gigppo without sibling trajectories",
-        lambda f: [
-            "run",
-            "--config",
-            "synthetic:quick",
-            "--workdir",
-            str(f.fresh),
-            "--config.ipl.method=gigppo",
-            "--config.rl.ppo.trajectories_per_task=1",
-        ],
+        _fresh("run", "--config.ipl.method=gigppo", "--config.rl.ppo.trajectories_per_task=1"),
         2,
         r"^ipl-jax run: config\.rl\.ppo\.trajectories_per_task=1: must be >= 2 with gigppo",
     ),

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.small_models import make_groups, numpy_params, tiny_cfg
+from support.small_models import make_groups, numpy_params, packed_round, tiny_cfg
 
 from ipl_jax import model as M
 from ipl_jax.configs.loader import load_settings
@@ -30,9 +30,7 @@ def small():
 def _packed(cfg):
     groups = make_groups(cfg, seed=5, n_groups=3, conts=(3, 2, 4))
     pairs = [PB.PairRef(0, 0, 1, 1), PB.PairRef(0, 2, 1, 2), PB.PairRef(1, 1, 0, 3), PB.PairRef(2, 3, 0, 4)]
-    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
-    (batch,) = PK.pack_round(cfg, groups, pairs, packing)
-    return batch
+    return packed_round(cfg, groups, pairs)
 
 
 @pytest.mark.e2e

@@ -7,48 +7,36 @@ Weights: ``load_params`` / ``init_params`` / ``save_params``; inputs: ``prepare_
 ``TextConfig`` / ``VisionConfig``) loads no JAX.
 """
 
-import importlib
+from ipl_jax.lazy import lazy_names
 
-_MODULES = {  # name -> the module of this package that defines it
-    "Qwen2VLConfig": "config",
-    "TextConfig": "config",
-    "VisionConfig": "config",
-    "KVCache": "decode",
-    "append_tokens": "decode",
-    "decode_step": "decode",
-    "extend": "decode",
-    "greedy_generate": "decode",
-    "grow_cache": "decode",
-    "init_cache": "decode",
-    "prefill": "decode",
-    "repeat_cache": "decode",
-    "select_rows": "decode",
-    "ModelInputs": "inputs",
-    "get_rope_index": "inputs",
-    "pick_bucket": "inputs",
-    "prepare_inputs": "inputs",
-    "prepare_vision": "inputs",
-    "count_params": "params",
-    "init_params": "params",
-    "param_layout": "params",
-    "param_shapes": "params",
-    "attention_mask_from_spec": "text",
-    "embed_tokens": "text",
-    "forward": "text",
-    "forward_hidden": "text",
-    "forward_inputs": "text",
-    "logits_from_hidden": "text",
-    "token_log_probs": "text",
-    "VisionInputs": "vision",
-    "encode_images": "vision",
-    "merged_valid": "vision",
-    "load_params": "weights",
-    "save_params": "weights",
-}
-__all__ = list(_MODULES)
-
-
-def __getattr__(name: str):
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+__all__, __getattr__ = lazy_names(
+    __name__,
+    {  # module of this package -> the names it defines
+        "config": ("Qwen2VLConfig", "TextConfig", "VisionConfig"),
+        "decode": (
+            "KVCache",
+            "append_tokens",
+            "decode_step",
+            "extend",
+            "greedy_generate",
+            "grow_cache",
+            "init_cache",
+            "prefill",
+            "repeat_cache",
+            "select_rows",
+        ),
+        "inputs": ("ModelInputs", "get_rope_index", "pick_bucket", "prepare_inputs", "prepare_vision"),
+        "params": ("count_params", "init_params", "param_layout", "param_shapes"),
+        "text": (
+            "attention_mask_from_spec",
+            "embed_tokens",
+            "forward",
+            "forward_hidden",
+            "forward_inputs",
+            "logits_from_hidden",
+            "token_log_probs",
+        ),
+        "vision": ("VisionInputs", "encode_images", "merged_valid"),
+        "weights": ("load_params", "save_params"),
+    },
+)

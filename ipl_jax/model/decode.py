@@ -155,8 +155,13 @@ def append_tokens(
     image_features: jnp.ndarray | None = None,
     logits: bool = True,
 ):
-    """``extend`` unjitted, for callers tracing their own loop (the cache then updates in place as a loop carry).
-    ``logits=False`` skips the lm_head and returns (None, cache)."""
+    """Appends T tokens per row to the cache; returns (logits f32[B, T, V], new cache).
+
+    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads not written); positions: int32[3, B, T] or None (text
+    positions from ``next_pos``); attention_mask: bool[B, T, T] or None (causal); image_features: f32[N, hidden].
+    ``logits=False`` skips the lm_head and returns (None, cache). Unjitted, for callers tracing their own loop (the
+    cache then updates in place as a loop carry); ``extend`` is the jitted form that donates the cache.
+    """
     ids = jnp.asarray(input_ids)
     valid = jnp.asarray(valid_mask).astype(bool)
     b, t = ids.shape
@@ -180,23 +185,7 @@ def append_tokens(
     return (logits_from_hidden(params, cfg, hidden) if logits else None), cache
 
 
-@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
-def extend(
-    params: dict,
-    cfg: Qwen2VLConfig,
-    cache: KVCache,
-    input_ids: jnp.ndarray,
-    valid_mask: jnp.ndarray,
-    positions: jnp.ndarray | None = None,
-    attention_mask: jnp.ndarray | None = None,
-    image_features: jnp.ndarray | None = None,
-):
-    """Appends T tokens per row to the cache (donated); returns (logits f32[B, T, V], new cache).
-
-    input_ids: int32[B, T]; valid_mask: bool[B, T] (pads not written); positions: int32[3, B, T] or None (text
-    positions from ``next_pos``); attention_mask: bool[B, T, T] or None (causal); image_features: f32[N, hidden].
-    """
-    return append_tokens(params, cfg, cache, input_ids, valid_mask, positions, attention_mask, image_features)
+extend = jax.jit(append_tokens, static_argnums=(1,), static_argnames=("logits",), donate_argnums=(2,))
 
 
 @functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))

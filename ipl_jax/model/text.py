@@ -175,25 +175,15 @@ def logits_from_hidden(params: dict, cfg: Qwen2VLConfig, hidden: jnp.ndarray) ->
 
 
 def _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features=None, remat=False):
+    """Final-norm hidden states dtype[B, T, hidden]. input_ids: int32[B, T]; positions: int32[3, B, T];
+    attention_spec: see the module docstring; image_features: f32[N, hidden] or None; remat: a REMAT_POLICIES policy.
+    """
     x = embed_tokens(params, cfg, input_ids, image_features)
     hidden, _ = decoder_stack(params, cfg, x, positions, self_attention(cfg, attention_spec), remat=remat)
     return hidden
 
 
-@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("remat",))
-def forward_hidden(
-    params: dict,
-    cfg: Qwen2VLConfig,
-    input_ids: jnp.ndarray,
-    positions: jnp.ndarray,
-    attention_spec: jnp.ndarray,
-    image_features: jnp.ndarray | None = None,
-    remat: bool = False,
-) -> jnp.ndarray:
-    """Final-norm hidden states dtype[B, T, hidden]. input_ids: int32[B, T]; positions: int32[3, B, T];
-    attention_spec: see the module docstring; image_features: f32[N, hidden] or None; remat: a REMAT_POLICIES policy.
-    """
-    return _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_features, remat)
+forward_hidden = jax.jit(_forward_hidden, static_argnums=(1,), static_argnames=("remat",))
 
 
 @functools.partial(jax.jit, static_argnums=(1,), static_argnames=("remat",))

@@ -141,12 +141,22 @@ def _state_kwargs(options: PlanSettings, lora_rank: int, freeze_vision: bool) ->
     return dict(freeze_regex=VISION_REGEX if freeze_vision else None, frozen_dtype=frozen)
 
 
-def _state_inputs(state, state_sh) -> dict:
-    return {
+def _placed_step(state, state_sh, batch, batch_sh) -> tuple:
+    """(placed state, placed batch, per-device input bytes by part) of a training step's arguments."""
+    inputs = {
         "trainable": _per_device_bytes(state.params, state_sh.params),
         "optimizer": _per_device_bytes(state.opt_state, state_sh.opt_state),
         "frozen": _per_device_bytes(state.frozen, state_sh.frozen),
+        "batch": _per_device_bytes(batch, batch_sh),
     }
+    return _placed(state, state_sh), _placed(batch, batch_sh), inputs
+
+
+def _weights_note(lora: int, state_kwargs: dict) -> str:
+    """What a training step updates, for a plan's shape line."""
+    return (f", LoRA r={lora}" if lora else ", full weights") + (
+        ", ViT frozen" if state_kwargs.get("freeze_regex") else ""
+    )
 
 
 def _compute(options: PlanSettings) -> str | None:
@@ -169,13 +179,10 @@ def plan_tdpo(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, option
     batch = tdpo_batch(mcfg, s)
     state_sh = state_shardings(state, tcfg.optimizer(), mesh)
     batch_sh = tdpo_lib.batch_shardings(batch, mesh)
-    placed_state, placed_batch = _placed(state, state_sh), _placed(batch, batch_sh)
-    inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
+    placed_state, placed_batch, inputs = _placed_step(state, state_sh, batch, batch_sh)
     shapes = (
         f"{s.tdpo_rows} rows x {s.tdpo_length} tokens, {s.tdpo_slots} continuation slots/row, "
-        f"{s.tdpo_pairs} pair slots, {s.image_patches} patches/row"
-        + (f", LoRA r={lora}" if lora else ", full weights")
-        + (", ViT frozen" if kw.get("freeze_regex") else "")
+        f"{s.tdpo_pairs} pair slots, {s.image_patches} patches/row" + _weights_note(lora, kw)
     )
     return _measure("tdpo", shapes, lambda: tdpo_lib.lower_tdpo_step(placed_state, placed_batch, tcfg, mesh), inputs)
 
@@ -199,13 +206,10 @@ def plan_sft(settings: Settings, cfg: Qwen2VLConfig, s: JobShapes, mesh, options
         remat=options.remat,
         compute_dtype=_compute(options),
     )
-    placed_state, placed_batch = _placed(state, state_sh), _placed(batch, batch_sh)
-    inputs = {**_state_inputs(state, state_sh), "batch": _per_device_bytes(batch, batch_sh)}
+    placed_state, placed_batch, inputs = _placed_step(state, state_sh, batch, batch_sh)
     shapes = (
         f"{s.sft_batch} dialogues x {s.sft_length} tokens as {accum} micro-batches of {s.sft_micro}, "
-        f"{s.sft_micro} image slots of {s.image_patches} patches/micro-batch"
-        + (f", LoRA r={lora}" if lora else ", full weights")
-        + (", ViT frozen" if kw.get("freeze_regex") else "")
+        f"{s.sft_micro} image slots of {s.image_patches} patches/micro-batch" + _weights_note(lora, kw)
     )
     return _measure(
         "sft", shapes, lambda: sft_lib.lower_sft_step(placed_state, placed_batch, step_config, mesh), inputs

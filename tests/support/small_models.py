@@ -10,6 +10,7 @@ from ipl_jax.data.batching import TrainingBatch
 from ipl_jax.model import param_shapes
 from ipl_jax.model.sizes import Size, SpecialIds, small_config
 from ipl_jax.preference import packed_batch as PB
+from ipl_jax.preference import packing as PK
 
 IMG, VS, VE = 60, 62, 63
 SIZE = Size(32, 2, 4, 2, 64, 64, 16, 1, 2, mlp_ratio=2, patch_size=2)
@@ -99,3 +100,10 @@ def make_groups(cfg, seed=0, n_groups=3, conts=(3, 2, 4), scored_groups=()):
             )
         )
     return groups
+
+
+def packed_round(cfg, groups, pairs):
+    """The one packed batch of ``groups`` and ``pairs`` in 4 rows of 64 tokens (32 patches), 4 pairs at most."""
+    packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
+    (batch,) = PK.pack_round(cfg, groups, pairs, packing)
+    return batch

@@ -3,27 +3,14 @@ and the default dataset in the AITZ format. Names are imported lazily, so readin
 world nor PIL.
 """
 
-import importlib
+from ipl_jax.lazy import lazy_names
 
-_MODULES = {  # name -> the module of this package that defines it
-    "WorldConfig": "config",
-    "apply_overrides": "config",
-    "SPLITS": "config",
-    "DEFAULT_SIZES": "dataset",
-    "generate_episode": "dataset",
-    "generate_split": "dataset",
-    "replay": "dataset",
-    "split_config": "dataset",
-    "Task": "tasks",
-    "is_done": "tasks",
-    "sample_task": "tasks",
-    "Screen": "world",
-    "World": "world",
-}
-__all__ = list(_MODULES)
-
-
-def __getattr__(name: str):
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+__all__, __getattr__ = lazy_names(
+    __name__,
+    {  # module of this package -> the names it defines
+        "config": ("WorldConfig", "apply_overrides", "SPLITS"),
+        "dataset": ("DEFAULT_SIZES", "generate_episode", "generate_split", "replay", "split_config"),
+        "tasks": ("Task", "is_done", "sample_task"),
+        "world": ("Screen", "World"),
+    },
+)
