@@ -1,0 +1,279 @@
+"""Qwen3-VL (dense) against transformers' ``Qwen3VLForConditionalGeneration`` on tiny random checkpoints that
+transformers builds from its own config classes: logits (float32, max |difference| <= 1e-4, weights scaled so
+logits are far from zero) with images of different aspect ratios, several images and a text-only row in one
+batch; one and three DeepStack taps at different blocks (unsorted, and more taps than decoder layers); tied and
+untied embeddings, GQA, odd widths, a head_dim apart from hidden / heads, attention biases; the learned position
+table resampled as transformers does; greedy decoding through our KV cache against ``generate``; the export
+loading back in transformers; the config's one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
+from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
+
+from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
+from ipl_jax.model.decode import greedy_generate  # noqa: E402
+from ipl_jax.model.inputs import get_rope_index, prepare_inputs, prepare_vision  # noqa: E402
+from ipl_jax.model.text import forward_inputs  # noqa: E402
+from ipl_jax.model.weights import load_params, save_params  # noqa: E402
+
+PATCH_DIM = 3 * 2 * 16 * 16
+VOCAB = 500
+TOL = 1e-4
+
+# "one": one DeepStack tap (block 1 of 3), untied, GQA 4:2, head_dim 24 (hidden / heads = 16), a 6x6 position grid.
+# "three": three taps given out of order ([3, 0, 2]: the decoder adds block 0's, 2's, 3's), tied, odd widths (72
+# over 3 heads of 20, a 48-wide tower of 3 heads, MLPs of 100 and 80), one KV head, attention biases, a 7x7 grid.
+# "deep": three taps but two decoder layers (transformers adds the first two only), a 3x3 grid (images larger).
+CONFIGS = {
+    "one": dict(
+        text=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4),
+        kv=2,
+        head_dim=24,
+        mrope=[4, 4, 4],
+        vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, num_position_embeddings=36),
+        taps=[1],
+        tie=False,
+        bias=False,
+        seed=0,
+    ),
+    "three": dict(
+        text=dict(hidden_size=72, intermediate_size=100, num_hidden_layers=4, num_attention_heads=3),
+        kv=1,
+        head_dim=20,
+        mrope=[4, 3, 3],
+        vision=dict(depth=4, hidden_size=48, intermediate_size=80, num_heads=3, num_position_embeddings=49),
+        taps=[3, 0, 2],
+        tie=True,
+        bias=True,
+        seed=1,
+    ),
+    "deep": dict(
+        text=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2),
+        kv=2,
+        head_dim=32,
+        mrope=[6, 5, 5],
+        vision=dict(depth=3, hidden_size=32, intermediate_size=32, num_heads=2, num_position_embeddings=9),
+        taps=[0, 1, 2],
+        tie=False,
+        bias=False,
+        seed=2,
+    ),
+}
+# Grids (t, h, w) in patches: wide, tall, a thin strip and a larger one; rows: two images, one image, text only.
+GRIDS = [[1, 4, 6], [1, 6, 4], [1, 2, 8], [1, 10, 6]]
+PATCH_BUCKET = 192
+
+
+def tiny3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0):
+    """A random Qwen3VLForConditionalGeneration (eager, float32): weights x ``scale``, biases and norm weights
+    random (transformers starts them at 0 and 1, which would hide bias and norm bugs)."""
+    config = transformers.Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=VOCAB,
+            num_key_value_heads=kv,
+            head_dim=head_dim,
+            attention_bias=bias,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=EOS,
+            pad_token_id=0,
+            rope_parameters={
+                "rope_type": "default",
+                "mrope_section": mrope,
+                "rope_theta": 1e4,
+                "mrope_interleaved": True,
+            },
+            **text,
+        ),
+        vision_config=dict(out_hidden_size=text["hidden_size"], deepstack_visual_indexes=list(taps), **vision),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.mul_(scale)
+    for c in (model.config, model.model.visual.config, model.model.language_model.config):
+        c._attn_implementation = "eager"
+    return model.eval()
+
+
+def batch(seed: int = 0, grids=GRIDS):
+    rng = np.random.default_rng(seed)
+    pv = np.concatenate([random_image(rng, tuple(g[1:]), PATCH_DIM)[0] for g in grids])
+    rows = [sample_tokens(rng, 5, grids[:2], 4, VOCAB), sample_tokens(rng, 2, grids[2:], 3, VOCAB)]
+    rows.append(sample_tokens(rng, 9, [], 0, VOCAB))  # text only
+    ids, mask = left_pad(rows)
+    return ids, mask, pv, grids
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = {}
+    for name, kw in CONFIGS.items():
+        model = tiny3_model(**kw)
+        d = tmp_path_factory.mktemp(name)
+        model.save_pretrained(str(d))
+        out[name] = (str(d), model)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def highest_precision():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def ours(model_dir, ids, mask, pv, grids):
+    params, cfg = load_params(model_dir)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    return np.asarray(forward_inputs(params, cfg, inputs))[:, : ids.shape[1]], cfg
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(models, name):
+    model_dir, hf_model = models[name]
+    ids, mask, pv, grids = batch(CONFIGS[name]["seed"])
+    ref = hf_forward(hf_model, ids, mask, pv, grids)
+    got, cfg = ours(model_dir, ids, mask, pv, grids)
+    kw = CONFIGS[name]
+    assert cfg.model_type == "qwen3_vl" and cfg.tie_word_embeddings == kw["tie"]
+    assert cfg.vision.deepstack_visual_indexes == tuple(kw["taps"]) and cfg.text.head_dim == kw["head_dim"]
+    valid = mask.astype(bool)
+    diff = float(np.max(np.abs(got - ref)[valid]))
+    print(f"qwen3-vl {name}: max |logit diff| {diff:.3g}, logit std {ref[valid].std():.3g}")
+    assert ref[valid].std() >= 0.5
+    assert diff <= TOL
+
+
+def test_deepstack_and_positions_matter(models):
+    """The check above would pass with DeepStack or the position table left out if they changed nothing: they
+    move the logits of the image rows by far more than the tolerance."""
+    model_dir, hf_model = models["one"]
+    ids, mask, pv, grids = batch(0)
+    ref = hf_forward(hf_model, ids, mask, pv, grids)
+    params, cfg = load_params(model_dir)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    flat = jax.tree.map(lambda a: a, params)
+    flat["visual"]["deepstack_merger"]["mlp_2"] = jax.tree.map(
+        np.zeros_like, params["visual"]["deepstack_merger"]["mlp_2"]
+    )
+    no_pos = jax.tree.map(lambda a: a, params)
+    no_pos["visual"]["pos_embed"] = {"embedding": np.zeros_like(params["visual"]["pos_embed"]["embedding"])}
+    valid = mask.astype(bool)
+    for changed in (flat, no_pos):
+        got = np.asarray(forward_inputs(changed, cfg, inputs))[:, : ids.shape[1]]
+        assert np.max(np.abs(got - ref)[valid]) > 100 * TOL
+
+
+def test_rope_index_matches_transformers(models):
+    model_dir, hf_model = models["three"]
+    ids, mask, _, grids = batch(1)
+    cfg = Qwen2VLConfig.from_dir(model_dir)
+    ref_pos, ref_delta = hf_model.model.get_rope_index(
+        torch.as_tensor(ids),
+        image_grid_thw=torch.as_tensor(np.asarray(grids)),
+        attention_mask=torch.as_tensor(mask),
+        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
+    )
+    pos, delta = get_rope_index(ids, mask, np.asarray(grids), cfg)
+    valid = mask.astype(bool)
+    np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
+    np.testing.assert_array_equal(delta, ref_delta.numpy()[:, 0])
+
+
+def test_position_table_resampling_matches_transformers(models):
+    """Per patch, the resampled learned positions equal transformers' (packed images, and one image per slot)."""
+    from ipl_jax.model.vision3 import position_embeddings
+
+    model_dir, hf_model = models["three"]
+    params, cfg = load_params(model_dir)
+    visual = hf_model.model.visual
+    grids = [[1, 4, 6], [1, 12, 2], [2, 2, 2], [1, 14, 14]]
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    index, weights = get_vision_interpolation_indices_and_weights(
+        torch.as_tensor(grids), visual.num_grid_per_side, "bilinear", True, 2
+    )
+    with torch.no_grad():
+        ref = (visual.pos_embed(index) * weights[:, :, None]).sum(1).numpy()
+    n = ref.shape[0]
+    vis = prepare_vision(cfg, np.zeros((n, PATCH_DIM), np.float32), grids, patch_buckets=(n + 8,))
+    got = np.asarray(
+        position_embeddings(params["visual"]["pos_embed"]["embedding"], jax.tree.map(lambda a: a[None], vis), cfg)
+    )
+    np.testing.assert_allclose(got[0, :n], ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.e2e
+def test_greedy_matches_transformers_generate(models):
+    model_dir, hf_model = models["one"]
+    ids, mask, pv, grids = batch(3)
+    ref = hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=16)
+    params, cfg = load_params(model_dir)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=16)
+    assert len(set(ref[0].tolist())) > 3  # not a degenerate repeat of one token
+    np.testing.assert_array_equal(np.asarray(tokens), ref)
+    assert np.asarray(n).tolist() == [16, 16, 16]
+
+
+def test_export_loads_in_transformers(models, tmp_path):
+    model_dir, hf_model = models["three"]
+    params, cfg = load_params(model_dir)
+    save_params(params, cfg, str(tmp_path))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    assert saved["vision_config"]["deepstack_visual_indexes"] == [3, 0, 2]
+    assert Qwen2VLConfig.from_dir(tmp_path) == cfg
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(
+        str(tmp_path), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    assert type(loaded).__name__ == "Qwen3VLForConditionalGeneration"
+    theirs, want = loaded.state_dict(), hf_model.state_dict()
+    assert set(theirs) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(theirs[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (dict(model_type="qwen3_vl_moe"), "model_type 'qwen3_vl_moe' is not supported"),
+        (dict(vision_config=dict(depth=2, deepstack_visual_indexes=[0, 2])), "vision deepstack_visual_indexes"),
+        (dict(vision_config=dict(depth=2, deepstack_visual_indexes=[-1])), "vision deepstack_visual_indexes"),
+        (dict(vision_config=dict(hidden_act="silu")), "vision hidden_act 'silu'"),
+    ],
+)
+def test_bad_configs_name_the_field(change, needle):
+    d = {
+        "model_type": "qwen3_vl",
+        "text_config": {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 16},
+        "vision_config": {"out_hidden_size": 64, "hidden_size": 32, "num_heads": 2},
+    }
+    d["text_config"]["rope_parameters"] = {"mrope_section": [2, 3, 3]}
+    for k, v in change.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) else v
+    with pytest.raises(ValueError, match=needle) as e:
+        Qwen2VLConfig.from_hf_dict(d)
+    assert "\n" not in str(e.value)
