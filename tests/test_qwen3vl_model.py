@@ -277,3 +277,135 @@ def test_bad_configs_name_the_field(change, needle):
     with pytest.raises(ValueError, match=needle) as e:
         Qwen2VLConfig.from_hf_dict(d)
     assert "\n" not in str(e.value)
+
+
+def test_slots_vmapped_rows_and_query_chunks_match_packed(models):
+    """The tower on one image per slot (each slot's own grid for the position table) and on packed rows under
+    ``vmap`` with attention in query chunks: the features (DeepStack columns included) of the packed batch."""
+    from ipl_jax.model.inputs import prepare_vision_slots
+    from ipl_jax.model.vision import encode_images, encode_images_unjitted
+
+    params, cfg = load_params(models["three"][0])
+    rng = np.random.default_rng(4)
+    grids = [[1, 4, 6], [1, 10, 2], [1, 8, 8]]
+    pv = np.concatenate([random_image(rng, tuple(g[1:]), PATCH_DIM)[0] for g in grids])
+    n_merged = sum(g[1] * g[2] for g in grids) // 4
+    packed = np.asarray(encode_images(params, cfg, prepare_vision(cfg, pv, grids, patch_buckets=(128,))))[:n_merged]
+    assert packed.shape[1] == 4 * 72 and np.abs(packed).std() > 0.5
+    slots = np.asarray(encode_images(params, cfg, prepare_vision_slots(cfg, pv, grids, slot_patches=72)))
+    np.testing.assert_allclose(slots[:n_merged], packed, atol=1e-4, rtol=0)
+    rows = [prepare_vision(cfg, pv[:24], grids[:1], (96,)), prepare_vision(cfg, pv[24:44], grids[1:2], (96,))]
+    stacked = jax.tree.map(lambda *a: np.stack(a), *rows)
+    chunked = cfg.replace(attention_query_chunk=16)
+    both = np.asarray(jax.jit(jax.vmap(lambda v: encode_images_unjitted(params, chunked, v)))(stacked))
+    np.testing.assert_allclose(both[0][:6], packed[:6], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(both[1][:5], packed[6:11], atol=1e-4, rtol=0)
+
+
+# Qwen3-VL-2B-Instruct's config.json as published (rope and tie inside text_config, the vision model_type of the
+# first release).
+QWEN3VL_2B = {
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "image_token_id": 151655,
+    "model_type": "qwen3_vl",
+    "text_config": {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "dtype": "bfloat16",
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_vl_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+        "rope_theta": 5000000,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "vocab_size": 151936,
+    },
+    "tie_word_embeddings": True,
+    "video_token_id": 151656,
+    "vision_config": {
+        "deepstack_visual_indexes": [5, 11, 17],
+        "depth": 24,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1024,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 4096,
+        "model_type": "qwen3_vl",
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "vision_end_token_id": 151653,
+    "vision_start_token_id": 151652,
+}
+
+
+def test_published_2b_layout_matches_transformers():
+    """The published 2B config reads as transformers reads it; tensor names, shapes and the parameter count equal
+    transformers' model (built on the meta device); the nested layout written back reads to the same config."""
+    import copy
+
+    from ipl_jax.model.params import count_params, param_layout, param_shapes
+    from ipl_jax.model.weights import hf_shape, stored_name
+
+    cfg = Qwen2VLConfig.from_hf_dict(copy.deepcopy(QWEN3VL_2B))
+    t, v = cfg.text, cfg.vision
+    assert (t.head_dim, t.rope_theta, t.mrope_section, t.mrope_interleaved, cfg.tie_word_embeddings) == (
+        128,
+        5e6,
+        (24, 20, 20),
+        True,
+        True,
+    )
+    assert (v.embed_dim, v.hidden_size, v.mlp_dim, v.position_grid_side, v.deepstack_taps) == (
+        1024,
+        2048,
+        4096,
+        48,
+        ((5, 0), (11, 1), (17, 2)),
+    )
+    hf_cfg = transformers.Qwen3VLConfig(**copy.deepcopy(QWEN3VL_2B))
+    with torch.device("meta"):
+        model = transformers.Qwen3VLForConditionalGeneration(hf_cfg)
+    theirs = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    ours = {}
+    for ent in param_layout(cfg):
+        for i in range(ent.shape[0] if ent.stacked else 1):
+            ours[stored_name(ent.hf_name.format(i=i), cfg)] = hf_shape(ent, cfg)
+    theirs.pop("lm_head.weight", None)  # tied
+    assert ours == theirs
+    assert count_params(param_shapes(cfg)) == sum(p.numel() for p in model.parameters())
+    assert Qwen2VLConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+    assert Qwen2VLConfig.from_hf_dict(transformers.Qwen3VLConfig(**cfg.to_hf_dict()).to_dict()) == cfg
+
+
+def test_make_tiny_then_check_parity(tmp_path, capsys):
+    from ipl_jax.cli import main as cli_main
+
+    out = tmp_path / "tiny3"
+    assert cli_main(["make-tiny", "--arch", "qwen3_vl", "--scale", "8", "--out", str(out)]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "qwen3_vl" and saved["vision_config"]["patch_size"] == 16
+    assert saved["vision_config"]["deepstack_visual_indexes"] == [0]
+    assert saved["text_config"]["rope_parameters"]["mrope_interleaved"] is True
+    assert json.loads((out / "preprocessor_config.json").read_text())["image_mean"] == [0.5, 0.5, 0.5]
+    capsys.readouterr()
+    rc = cli_main(["check-parity", "--model", str(out)])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    print(f"check-parity on make-tiny --arch qwen3_vl: {res}")
+    assert rc == 0 and res["ok"] is True
+    assert res["logit_std"] >= 0.5 and res["max_abs_logit_diff"] <= TOL
