@@ -212,6 +212,11 @@ class Qwen2VLConfig:
                 what = ", ".join(used) or ("qkv_bias" if not t.qkv_bias else "head_dim")
                 raise ValueError(f"{what}: Qwen3-VL settings (model_type qwen3_vl), not {self.model_type}'s")
             return
+        if not (t.qk_norm and t.mrope_interleaved) or t.qkv_bias != t.o_bias:
+            raise ValueError(
+                "qwen3_vl's decoder has q/k norms, interleaved M-RoPE and one attention_bias switch (text qk_norm, "
+                "mrope_interleaved true; qkv_bias == o_bias)"
+            )
         for i in v.deepstack_visual_indexes:
             if not 0 <= i < v.depth:
                 raise ValueError(
