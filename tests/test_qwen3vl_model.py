@@ -17,8 +17,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
-from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
+from support import IMAGE  # noqa: E402
+from support.hf_models import (  # noqa: E402
+    hf_forward,
+    hf_greedy,
+    left_pad,
+    random_image,
+    sample_tokens,
+    tiny_qwen3_model,
+)
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from ipl_jax.model.decode import greedy_generate  # noqa: E402
@@ -74,50 +81,6 @@ GRIDS = [[1, 4, 6], [1, 6, 4], [1, 2, 8], [1, 10, 6]]
 PATCH_BUCKET = 192
 
 
-def tiny3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0):
-    """A random Qwen3VLForConditionalGeneration (eager, float32): weights x ``scale``, biases and norm weights
-    random (transformers starts them at 0 and 1, which would hide bias and norm bugs)."""
-    config = transformers.Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=VOCAB,
-            num_key_value_heads=kv,
-            head_dim=head_dim,
-            attention_bias=bias,
-            rms_norm_eps=1e-6,
-            bos_token_id=1,
-            eos_token_id=EOS,
-            pad_token_id=0,
-            rope_parameters={
-                "rope_type": "default",
-                "mrope_section": mrope,
-                "rope_theta": 1e4,
-                "mrope_interleaved": True,
-            },
-            **text,
-        ),
-        vision_config=dict(out_hidden_size=text["hidden_size"], deepstack_visual_indexes=list(taps), **vision),
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.mul_(scale)
-    for c in (model.config, model.model.visual.config, model.model.language_model.config):
-        c._attn_implementation = "eager"
-    return model.eval()
-
-
 def batch(seed: int = 0, grids=GRIDS):
     rng = np.random.default_rng(seed)
     pv = np.concatenate([random_image(rng, tuple(g[1:]), PATCH_DIM)[0] for g in grids])
@@ -131,7 +94,7 @@ def batch(seed: int = 0, grids=GRIDS):
 def models(tmp_path_factory):
     out = {}
     for name, kw in CONFIGS.items():
-        model = tiny3_model(**kw)
+        model = tiny_qwen3_model(vocab=VOCAB, **kw)
         d = tmp_path_factory.mktemp(name)
         model.save_pretrained(str(d))
         out[name] = (str(d), model)
