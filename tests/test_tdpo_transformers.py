@@ -1,14 +1,15 @@
-"""The T-DPO step is DPO as transformers' Qwen2-VL scores it: per-continuation log-probs from
-``Qwen2VLForConditionalGeneration`` (images included) for a policy and a different reference, the sigmoid DPO loss
-and implicit rewards written out in numpy, against our packed and unpacked steps (pair log-probs, per-pair loss
-and rewards, the step's loss, reward metrics and gradient norm)."""
+"""The T-DPO step is DPO as transformers' Qwen2-VL and Qwen3-VL score it: per-continuation log-probs from
+``Qwen2VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` (images included, DeepStack too) for a
+policy and a different reference, the sigmoid DPO loss and implicit rewards written out in numpy, against our
+packed and unpacked steps (pair log-probs, per-pair loss and rewards, the step's loss, reward metrics and gradient
+norm)."""
 
 import jax
 import numpy as np
 import pytest
 import torch
 from support import EOS, FIRST_TEXT_ID, IMAGE, VISION_END, VISION_START
-from support.hf_models import random_image, save_tiny
+from support.hf_models import random_image, save_tiny, tiny_qwen3_model
 
 from ipl_jax import model as M
 from ipl_jax.preference import losses
@@ -77,12 +78,34 @@ def hf_grad_norm(model, groups, want):
     return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None)))
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """Policy and reference (two random tiny checkpoints) in both frameworks, the groups, and transformers'
-    chosen / rejected log-probs of every pair under each model (float64 numpy)."""
-    policy_dir, policy_hf = save_tiny(tmp_path_factory.mktemp("policy"), seed=0)
-    ref_dir, ref_hf = save_tiny(tmp_path_factory.mktemp("reference"), seed=1)
+# Qwen3-VL: DeepStack from blocks 0 and 1 (added after decoder layers 0 and 1), GQA 4:2, head_dim 16
+QWEN3 = dict(
+    text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
+    kv=2,
+    head_dim=16,
+    mrope=[2, 3, 3],
+    vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, num_position_embeddings=16),
+    taps=[0, 1],
+    tie=False,
+    bias=False,
+)
+
+
+def save_model(out_dir, family: str, seed: int):
+    """(dir, transformers model) of a random tiny checkpoint of ``family``, saved by transformers."""
+    if family == "qwen2_vl":
+        return save_tiny(out_dir, seed=seed)
+    model = tiny_qwen3_model(seed=seed, vocab=VOCAB, **QWEN3)
+    model.save_pretrained(str(out_dir))
+    return str(out_dir), model
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def setup(tmp_path_factory, request):
+    """Policy and reference (two random tiny checkpoints of one family) in both frameworks, the groups, and
+    transformers' chosen / rejected log-probs of every pair under each model (float64 numpy)."""
+    policy_dir, policy_hf = save_model(tmp_path_factory.mktemp("policy"), request.param, seed=0)
+    ref_dir, ref_hf = save_model(tmp_path_factory.mktemp("reference"), request.param, seed=1)
     params, cfg = M.load_params(policy_dir)
     ref_params, _ = M.load_params(ref_dir)
     groups = make_groups(cfg.vision.patch_dim)

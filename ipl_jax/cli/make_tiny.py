@@ -1,4 +1,4 @@
-"""``ipl-jax make-tiny --out DIR``: a random tiny Qwen2-VL (or Qwen2.5-VL) checkpoint with a small BPE tokenizer,
+"""``ipl-jax make-tiny --out DIR``: a random tiny Qwen2-VL (Qwen2.5-VL, Qwen3-VL) checkpoint with a small BPE tokenizer,
 written with transformers (needs torch), for tests and smoke runs."""
 
 from __future__ import annotations
@@ -41,10 +41,14 @@ def parser() -> CommandParser:
     ):
         p.add_argument(flag, type=positive_int, dest=key, default=None, help=f"text {key}")
     p.add_argument("--vision-depth", type=positive_int, default=None)
-    p.add_argument("--vision-dim", type=positive_int, default=None, help="vision width (embed_dim; 2.5: hidden_size)")
+    p.add_argument(
+        "--vision-dim", type=positive_int, default=None, help="vision width (embed_dim; 2.5, 3: hidden_size)"
+    )
     p.add_argument("--vision-heads", type=positive_int, default=None)
     p.add_argument("--tie-embeddings", action="store_true")
-    p.add_argument("--arch", choices=ARCHS, default="qwen2_vl", help="Qwen2-VL or Qwen2.5-VL (windowed ViT)")
+    p.add_argument(
+        "--arch", choices=ARCHS, default="qwen2_vl", help="Qwen2-VL, Qwen2.5-VL (windowed ViT) or Qwen3-VL (DeepStack)"
+    )
     return p
 
 
@@ -70,7 +74,7 @@ def model_overrides(args) -> dict:
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
         if getattr(args, key) is not None:
             text_over[key] = getattr(args, key)
-    vision_width = "hidden_size" if args.arch == "qwen2_5_vl" else "embed_dim"
+    vision_width = "embed_dim" if args.arch == "qwen2_vl" else "hidden_size"
     for flag, key in (("vision_depth", "depth"), ("vision_dim", vision_width), ("vision_heads", "num_heads")):
         if getattr(args, flag) is not None:
             vision_over[key] = getattr(args, flag)

@@ -1,4 +1,4 @@
-"""Random tiny Qwen2-VL / Qwen2.5-VL checkpoints written with transformers (needs torch), with a tiny BPE
+"""Random tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints written with transformers (needs torch), with a tiny BPE
 tokenizer (``data.tiny_tokenizer``) and small pixel limits.
 """
 
@@ -71,7 +71,25 @@ TINY_VISION25_CONFIG = {
     "tokens_per_second": 2,
     "initializer_range": 0.02,
 }
-ARCHS = ("qwen2_vl", "qwen2_5_vl")
+# Qwen3-VL (``arch="qwen3_vl"``): the 2.5 names, patch 16, a 6x6 learned position grid, DeepStack from block 0 (a
+# head_dim of its own, interleaved M-RoPE: build_config_dict).
+TINY_VISION3_CONFIG = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 4,
+    "hidden_act": "gelu_pytorch_tanh",
+    "in_channels": 3,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 36,
+    "deepstack_visual_indexes": [0],
+    "initializer_range": 0.02,
+}
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_CLASS_PREFIX = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}
+_HALF = (0.5, 0.5, 0.5)  # Qwen3-VL's image mean and std
 ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
@@ -95,20 +113,22 @@ def _require_torch_transformers():
 def build_config_dict(
     model_overrides: dict | None, vocab_size: int, special_ids: dict[str, int], arch: str = "qwen2_vl"
 ) -> dict:
-    """The nested Qwen2VLConfig (or Qwen2_5_VLConfig) kwargs: tiny defaults updated by ``model_overrides``
-    (sub-config dicts, root keys, flat text fields); the merger output follows the text ``hidden_size``.
+    """The nested Qwen2VLConfig (Qwen2_5_VLConfig, Qwen3VLConfig) kwargs: tiny defaults updated by
+    ``model_overrides`` (sub-config dicts, root keys, flat text fields); the merger output follows the text
+    ``hidden_size``.
     """
     over = copy.deepcopy(model_overrides or {})
     text = copy.deepcopy(TINY_TEXT_CONFIG)
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r} (expected one of {ARCHS})")
-    qwen25 = arch == "qwen2_5_vl"
-    vision = copy.deepcopy(TINY_VISION25_CONFIG if qwen25 else TINY_VISION_CONFIG)
+    qwen25 = arch in ("qwen2_5_vl", "qwen3_vl")  # the ViT width named hidden_size, the merger's out_hidden_size
+    qwen3 = arch == "qwen3_vl"
+    vision = copy.deepcopy(TINY_VISION3_CONFIG if qwen3 else TINY_VISION25_CONFIG if qwen25 else TINY_VISION_CONFIG)
     root: dict[str, Any] = {"tie_word_embeddings": False}
     text_over = dict(over.pop("text_config", None) or {})
     vision_over = over.pop("vision_config", None) or {}
     vision.update(vision_over)
-    if qwen25 and "fullatt_block_indexes" not in vision_over:
+    if arch == "qwen2_5_vl" and "fullatt_block_indexes" not in vision_over:
         vision["fullatt_block_indexes"] = [vision["depth"] - 1]
     for k in ROOT_KEYS:
         if k in over:
@@ -135,6 +155,9 @@ def build_config_dict(
     if sum(rope["mrope_section"]) != head_dim // 2:
         raise ValueError(f"mrope_section {rope['mrope_section']} must sum to head_dim/2 = {head_dim // 2}")
     text["rope_parameters"] = rope
+    if qwen3:
+        text.setdefault("head_dim", head_dim)
+        rope["mrope_interleaved"] = True
     text["vocab_size"] = int(text.get("vocab_size") or vocab_size)
     n_tok = max(special_ids.values()) + 1
     if text["vocab_size"] < n_tok:
@@ -206,7 +229,7 @@ def make_tiny_checkpoint(
     texts = default_corpus() if corpus is None else scaffold_texts() + list(corpus)
     special_ids = write_tokenizer(train_tokenizer(texts, vocab_size), out)
     cfg_kwargs = build_config_dict(model_overrides, vocab_size, special_ids, arch)
-    prefix = "Qwen2_5_VL" if arch == "qwen2_5_vl" else "Qwen2VL"
+    prefix = _CLASS_PREFIX[arch]
     config = getattr(transformers, prefix + "Config")(**cfg_kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, prefix + "ForConditionalGeneration")(config).to(torch.float32).eval()
@@ -223,5 +246,6 @@ def make_tiny_checkpoint(
         patch_size=cfg_kwargs["vision_config"]["patch_size"],
         merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
         temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"],
+        **(dict(image_mean=_HALF, image_std=_HALF) if arch == "qwen3_vl" else {}),
     ).save(out)
     return out

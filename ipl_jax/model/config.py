@@ -1,8 +1,10 @@
-"""Qwen2-VL configuration as frozen (hashable) dataclasses, so a config can be a static ``jax.jit`` argument.
+"""The model configuration of the three families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; ``model_type``) as frozen
+(hashable) dataclasses, so a config can be a static ``jax.jit`` argument. One dataclass pair holds every family:
+their differences are fields and switches.
 
 ``Qwen2VLConfig.from_hf_dict`` reads the flat Hub layout (``rope_scaling.mrope_section``, top-level
 ``rope_theta``) and the nested transformers-5 layout (``text_config.rope_parameters``); ``to_hf_dict`` writes
-the nested one.
+the nested one (the field mapping of each family: ``hf_config``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 from typing import Any
 
+from ipl_jax.model import hf_config
+
 DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a model computes and stores in (the job's model.dtype)
 BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # the dtypes a backend runs (the other backends: DTYPES)
 _ATTENTION = ("auto", "reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
@@ -19,13 +23,14 @@ _SIZES = {  # the sizes of each part that must be >= 1
     "text": "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads",
     "vision": "depth embed_dim mlp_ratio num_heads in_channels patch_size spatial_merge_size temporal_patch_size",
 }
-_ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu"}  # the one vision activation of each model
+# the one vision activation of each model
+_ARCH_VISION_ACT = {"qwen2_vl": "quick_gelu", "qwen2_5_vl": "silu", "qwen3_vl": "gelu_pytorch_tanh"}
 
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
     """The vision tower (ViT + 2x2 patch merger). ``embed_dim`` is the ViT width, ``hidden_size`` the merger output
-    (Qwen2.5-VL's HF config names them ``hidden_size`` and ``out_hidden_size``).
+    (Qwen2.5-VL's and Qwen3-VL's HF configs name them ``hidden_size`` and ``out_hidden_size``).
     """
 
     depth: int = 32
@@ -45,10 +50,26 @@ class VisionConfig:
     window_size: int = 0
     fullatt_block_indexes: tuple[int, ...] = ()
     tokens_per_second: int = 0
+    # Qwen3-VL only: the learned position table (a square grid of this many entries, resampled to each image; 0 =
+    # none) and the blocks whose outputs, each through its own merger, are added to the first decoder layers.
+    num_position_embeddings: int = 0
+    deepstack_visual_indexes: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
+
+    @property
+    def position_grid_side(self) -> int:
+        """Side of the learned position grid (transformers' ``int(num_position_embeddings ** 0.5)``)."""
+        return int(self.num_position_embeddings**0.5)
+
+    @property
+    def deepstack_taps(self) -> tuple[tuple[int, int], ...]:
+        """(block, merger) of each DeepStack feature in the order the decoder adds them: blocks ascending, each
+        once, read by the merger at its first place in ``deepstack_visual_indexes`` (as transformers)."""
+        idx = self.deepstack_visual_indexes
+        return tuple((block, idx.index(block)) for block in sorted(set(idx)))
 
     @property
     def window_tokens(self) -> int:
@@ -72,8 +93,8 @@ class VisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig:
-    """The Qwen2 decoder with multimodal (3-section) rotary positions (``mrope_section`` (): ``mrope_split``
-    of head_dim, filled in by ``Qwen2VLConfig``)."""
+    """The Qwen2 / Qwen3 decoder with multimodal (3-section) rotary positions (``mrope_section`` (): ``mrope_split``
+    of head_dim; ``head_dim`` 0: hidden_size / num_attention_heads; both filled in by ``Qwen2VLConfig``)."""
 
     vocab_size: int = 152064
     hidden_size: int = 8192
@@ -89,10 +110,13 @@ class TextConfig:
     bos_token_id: int | None = 151643
     eos_token_id: tuple[int, ...] = (151645,)
     pad_token_id: int | None = None
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    head_dim: int = 0
+    # Qwen3's attention: RMSNorm over each head's queries and keys before the rotary, its bias switch
+    # (attention_bias: q/k/v and o; Qwen2: q/k/v only), and M-RoPE sections interleaved over the frequencies.
+    qk_norm: bool = False
+    qkv_bias: bool = True
+    o_bias: bool = False
+    mrope_interleaved: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -111,7 +135,8 @@ class Qwen2VLConfig:
     vision_start_token_id: int = 151652
     vision_end_token_id: int = 151653
     tie_word_embeddings: bool = False
-    # "qwen2_vl" or "qwen2_5_vl" (same decoder; 2.5 has the RMSNorm/SwiGLU windowed vision tower)
+    # "qwen2_vl", "qwen2_5_vl" (same decoder; 2.5 has the RMSNorm/SwiGLU windowed vision tower) or "qwen3_vl"
+    # (Qwen3's decoder, a LayerNorm tower with learned positions and DeepStack)
     model_type: str = "qwen2_vl"
     param_dtype: str = "float32"
     dtype: str = "float32"
@@ -137,7 +162,7 @@ class Qwen2VLConfig:
         if self.attention_query_chunk < 0:
             raise ValueError(f"attention_query_chunk must be >= 0, got {self.attention_query_chunk}")
         t, v = self.text, self.vision
-        if t.hidden_size % t.num_attention_heads:
+        if t.hidden_size % t.num_attention_heads and self.model_type != "qwen3_vl":
             raise ValueError(f"text hidden_size {t.hidden_size} is not divisible by heads {t.num_attention_heads}")
         if t.num_attention_heads % t.num_key_value_heads:
             raise ValueError(
@@ -169,11 +194,46 @@ class Qwen2VLConfig:
                     f"vision window_size {v.window_size} must be at least spatial_merge_size * "
                     f"patch_size = {v.spatial_merge_size * v.patch_size}"
                 )
+        self._check_qwen3()
+
+    def _check_qwen3(self) -> None:
+        """Qwen3-VL's own fields: DeepStack taps inside the tower, a position table; other families use none."""
+        t, v = self.text, self.vision
+        if self.model_type != "qwen3_vl":
+            own = dict(
+                qk_norm=t.qk_norm,
+                o_bias=t.o_bias,
+                mrope_interleaved=t.mrope_interleaved,
+                num_position_embeddings=v.num_position_embeddings,
+                deepstack_visual_indexes=v.deepstack_visual_indexes,
+            )
+            used = [k for k, val in own.items() if val]
+            if used or not t.qkv_bias or t.head_dim * t.num_attention_heads != t.hidden_size:
+                what = ", ".join(used) or ("qkv_bias" if not t.qkv_bias else "head_dim")
+                raise ValueError(f"{what}: Qwen3-VL settings (model_type qwen3_vl), not {self.model_type}'s")
+            return
+        if not (t.qk_norm and t.mrope_interleaved) or t.qkv_bias != t.o_bias:
+            raise ValueError(
+                "qwen3_vl's decoder has q/k norms, interleaved M-RoPE and one attention_bias switch (text qk_norm, "
+                "mrope_interleaved true; qkv_bias == o_bias)"
+            )
+        for i in v.deepstack_visual_indexes:
+            if not 0 <= i < v.depth:
+                raise ValueError(
+                    f"vision deepstack_visual_indexes {list(v.deepstack_visual_indexes)}: {i} is outside the "
+                    f"tower's blocks 0..{v.depth - 1}"
+                )
+        if v.position_grid_side < 1:
+            raise ValueError(f"vision num_position_embeddings must be >= 1, got {v.num_position_embeddings}")
 
     def _fill_in(self) -> None:
-        """The sizes left to follow the others: an empty ``text.mrope_section`` (``mrope_split``) and a
-        ``vision.hidden_size`` of 0 (the text width), written in once, when made."""
+        """The sizes left to follow the others: a ``text.head_dim`` of 0 (hidden_size / heads), an empty
+        ``text.mrope_section`` (``mrope_split``) and a ``vision.hidden_size`` of 0 (the text width), written in
+        once, when made."""
         t, v = self.text, self.vision
+        if not t.head_dim:
+            t = dataclasses.replace(t, head_dim=t.hidden_size // t.num_attention_heads)
+            object.__setattr__(self, "text", t)
         if not t.mrope_section:
             object.__setattr__(self, "text", dataclasses.replace(t, mrope_section=mrope_split(t.head_dim)))
         if not v.hidden_size:
@@ -193,8 +253,9 @@ class Qwen2VLConfig:
         vis = d.get("vision_config")
         if vis is None:
             raise ValueError("config has no 'vision_config'; not a Qwen2-VL config")
-        text = _text_from_hf(d, txt)
-        vision, model_type = _vision_from_hf(d, vis, text.hidden_size)
+        family = hf_config.model_type(d, vis)
+        text = TextConfig(**hf_config.text_fields(d, txt, family))
+        vision = VisionConfig(**hf_config.vision_fields(vis, family, text.hidden_size))
         tie = d.get("tie_word_embeddings")
         if not tie:
             tie = bool(txt.get("tie_word_embeddings", False)) or bool(tie)
@@ -206,7 +267,7 @@ class Qwen2VLConfig:
             vision_start_token_id=int(d.get("vision_start_token_id", 151652)),
             vision_end_token_id=int(d.get("vision_end_token_id", 151653)),
             tie_word_embeddings=bool(tie),
-            model_type=model_type,
+            model_type=family,
         )
         kw.update(overrides)
         return Qwen2VLConfig(**kw)
@@ -230,76 +291,18 @@ class Qwen2VLConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The nested transformers-5 layout, loadable by transformers' ``from_pretrained``."""
-        t, v = self.text, self.vision
-        torch_dtype = self.param_dtype
-        eos = list(t.eos_token_id)
-        text = {
-            "model_type": "qwen2_vl_text",
-            "vocab_size": t.vocab_size,
-            "hidden_size": t.hidden_size,
-            "intermediate_size": t.intermediate_size,
-            "num_hidden_layers": t.num_hidden_layers,
-            "num_attention_heads": t.num_attention_heads,
-            "num_key_value_heads": t.num_key_value_heads,
-            "hidden_act": t.hidden_act,
-            "max_position_embeddings": t.max_position_embeddings,
-            "rms_norm_eps": t.rms_norm_eps,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "attention_dropout": 0.0,
-            "rope_parameters": {
-                "rope_type": "default",
-                "mrope_section": list(t.mrope_section),
-                "rope_theta": t.rope_theta,
-            },
-            "bos_token_id": t.bos_token_id,
-            "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
-            "pad_token_id": t.pad_token_id,
-            "dtype": torch_dtype,
-        }
-        vision = {
-            "model_type": "qwen2_vl_vision",
-            "depth": v.depth,
-            "embed_dim": v.embed_dim,
-            "hidden_size": v.hidden_size,
-            "hidden_act": v.hidden_act,
-            "mlp_ratio": v.mlp_ratio,
-            "num_heads": v.num_heads,
-            "in_channels": v.in_channels,
-            "patch_size": v.patch_size,
-            "spatial_merge_size": v.spatial_merge_size,
-            "temporal_patch_size": v.temporal_patch_size,
-            "rope_parameters": {"rope_theta": v.rope_theta, "rope_type": "axial"},
-            "dtype": torch_dtype,
-        }
-        if self.model_type == "qwen2_5_vl":
-            text["model_type"] = "qwen2_5_vl_text"
-            for k in ("embed_dim", "mlp_ratio"):
-                del vision[k]
-            vision.update(
-                model_type="qwen2_5_vl_vision",
-                hidden_size=v.embed_dim,
-                out_hidden_size=v.hidden_size,
-                intermediate_size=v.mlp_dim,
-                window_size=v.window_size,
-                fullatt_block_indexes=list(v.fullatt_block_indexes),
-                tokens_per_second=v.tokens_per_second,
-            )
+        family = self.model_type
         return {
-            "architectures": [
-                "Qwen2_5_VLForConditionalGeneration"
-                if self.model_type == "qwen2_5_vl"
-                else "Qwen2VLForConditionalGeneration"
-            ],
-            "model_type": self.model_type,
-            "text_config": text,
-            "vision_config": vision,
+            "architectures": [hf_config.ARCHITECTURES[family]],
+            "model_type": family,
+            "text_config": hf_config.text_dict(self.text, family, self.param_dtype),
+            "vision_config": hf_config.vision_dict(self.vision, family, self.param_dtype),
             "image_token_id": self.image_token_id,
             "video_token_id": self.video_token_id,
             "vision_start_token_id": self.vision_start_token_id,
             "vision_end_token_id": self.vision_end_token_id,
             "tie_word_embeddings": self.tie_word_embeddings,
-            "dtype": torch_dtype,
+            "dtype": self.param_dtype,
         }
 
 
@@ -326,90 +329,3 @@ def checkpoint_dtype(path: str | os.PathLike) -> str:
     name = d.get("torch_dtype") or d.get("dtype") or text.get("torch_dtype") or text.get("dtype") or "float32"
     name = str(name).removeprefix("torch.")
     return name if name in DTYPES else "float32"
-
-
-def _model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
-    """'qwen2_5_vl' when the root model_type, the architectures or the vision config say so, else 'qwen2_vl'."""
-    root = d.get("model_type")
-    if root not in (None, "qwen2_vl", "qwen2_5_vl"):
-        raise ValueError(f"model_type {root!r} is neither qwen2_vl nor qwen2_5_vl")
-    archs = d.get("architectures") or ()
-    if (
-        root == "qwen2_5_vl"
-        or any(str(a).startswith("Qwen2_5_VL") for a in archs)
-        or vis.get("model_type") in ("qwen2_5_vl", "qwen2_5_vl_vision")
-    ):
-        return "qwen2_5_vl"
-    return "qwen2_vl"
-
-
-def _text_from_hf(d: dict[str, Any], txt: dict[str, Any]) -> TextConfig:
-    """The language model's settings from a ``config.json`` dict ``d`` and its text part ``txt`` (``d`` itself in
-    the flat layout; rope, eos, bos and pad may sit at either level). Rejects what the decoder does not run."""
-    rope = txt.get("rope_parameters") or txt.get("rope_scaling") or d.get("rope_scaling") or {}
-    mrope = tuple(int(s) for s in rope.get("mrope_section", (16, 24, 24)))
-    rope_theta = rope.get("rope_theta", txt.get("rope_theta", d.get("rope_theta", 1000000.0)))
-    eos = txt.get("eos_token_id", d.get("eos_token_id", 151645))
-    eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((int(eos),) if eos is not None else ())
-    hidden = int(txt.get("hidden_size", 8192))
-    heads = int(txt.get("num_attention_heads", 64))
-    text = TextConfig(
-        vocab_size=int(txt.get("vocab_size", 152064)),
-        hidden_size=hidden,
-        intermediate_size=int(txt.get("intermediate_size", 29568)),
-        num_hidden_layers=int(txt.get("num_hidden_layers", 80)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(txt.get("num_key_value_heads") or heads),
-        rms_norm_eps=float(txt.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(rope_theta),
-        mrope_section=mrope,  # type: ignore[arg-type]
-        max_position_embeddings=int(txt.get("max_position_embeddings", 32768)),
-        hidden_act=str(txt.get("hidden_act", "silu")),
-        bos_token_id=txt.get("bos_token_id", d.get("bos_token_id")),
-        eos_token_id=eos,
-        pad_token_id=txt.get("pad_token_id", d.get("pad_token_id")),
-    )
-    if txt.get("use_sliding_window"):
-        raise ValueError("use_sliding_window=true is not supported (HF honours it only with flash attention)")
-    return text
-
-
-def _vision_from_hf(d: dict[str, Any], vis: dict[str, Any], text_hidden: int) -> tuple[VisionConfig, str]:
-    """The vision tower's settings from the ``vision_config`` dict ``vis`` and the model type (see ``_model_type``).
-    Qwen2.5-VL names its ViT width hidden_size and the merger's output out_hidden_size; Qwen2-VL's merger output
-    (hidden_size) defaults to the text width ``text_hidden``. Returns (VisionConfig, model_type)."""
-    vrope = vis.get("rope_parameters") or {}
-    patch = vis.get("patch_size", 14)
-    tpatch = vis.get("temporal_patch_size", 2)
-    if isinstance(patch, (list, tuple)) or isinstance(tpatch, (list, tuple)):
-        raise ValueError(f"non-scalar patch sizes are not supported: {patch!r}, {tpatch!r}")
-    model_type = _model_type(d, vis)
-    common = dict(
-        depth=int(vis.get("depth", 32)),
-        num_heads=int(vis.get("num_heads", 16)),
-        in_channels=int(vis.get("in_channels", 3)),  # HF ignores the old 'in_chans' key too
-        patch_size=int(patch),
-        spatial_merge_size=int(vis.get("spatial_merge_size", 2)),
-        temporal_patch_size=int(tpatch),
-        rope_theta=float(vrope.get("rope_theta", 10000.0)),
-    )
-    if model_type == "qwen2_5_vl":  # HF: hidden_size = ViT width, out_hidden_size = merger output
-        vision = VisionConfig(
-            embed_dim=int(vis.get("hidden_size", 3584)),
-            hidden_size=int(vis.get("out_hidden_size", 3584)),
-            intermediate_size=int(vis.get("intermediate_size", 3420)),
-            hidden_act=str(vis.get("hidden_act", "silu")),
-            window_size=int(vis.get("window_size", 112)),
-            fullatt_block_indexes=tuple(int(i) for i in vis.get("fullatt_block_indexes", (7, 15, 23, 31))),
-            tokens_per_second=int(vis.get("tokens_per_second", 4)),
-            **common,
-        )
-    else:
-        vision = VisionConfig(
-            embed_dim=int(vis.get("embed_dim", 1280)),
-            hidden_size=int(vis.get("hidden_size", text_hidden)),
-            mlp_ratio=int(vis.get("mlp_ratio", 4)),
-            hidden_act=str(vis.get("hidden_act", "quick_gelu")),
-            **common,
-        )
-    return vision, model_type

@@ -16,7 +16,7 @@ from flax import struct
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import two_block_attention
-from ipl_jax.model.text import decoder_stack, embed_tokens, logits_from_hidden, self_attention
+from ipl_jax.model.text import decoder_stack, deepstack_embeds, embed_tokens, logits_from_hidden, self_attention
 from ipl_jax.model.vision import encode_images_unjitted
 
 
@@ -89,9 +89,12 @@ def _layer(a: jnp.ndarray, layer) -> jnp.ndarray:
     return jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)
 
 
-def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new_mask, valid, read_cache: bool):
+def _run_and_write(
+    params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new_mask, valid, read_cache: bool, deepstack=None
+):
     """The decoder over x dtype[B, T, hidden] (new tokens attend by new_mask bool[B, T, T], and to valid cache slots
-    with ``read_cache``), then one scatter of the valid keys / values. Returns (hidden, cache; next_pos unchanged)."""
+    with ``read_cache``; ``deepstack``: ``text.deepstack_embeds``), then one scatter of the valid keys / values.
+    Returns (hidden, cache; next_pos unchanged)."""
     s = cache.size
     chunk = cfg.attention_query_chunk
     if read_cache:
@@ -103,7 +106,9 @@ def _run_and_write(params, cfg: Qwen2VLConfig, cache: KVCache, x, positions, new
             )
     else:
         attend = self_attention(cfg, new_mask)
-    hidden, (k_new, v_new) = decoder_stack(params, cfg, x, positions, attend, kv_dtype=cache.k.dtype)
+    hidden, (k_new, v_new) = decoder_stack(
+        params, cfg, x, positions, attend, kv_dtype=cache.k.dtype, deepstack=deepstack
+    )
     b, t = valid.shape
     rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
     slots = jnp.where(valid, cache.length[:, None] + rank, s)  # slot s (out of range) drops a pad
@@ -123,8 +128,10 @@ def _prefill(params, cfg: Qwen2VLConfig, inputs: ModelInputs, cache_size: int, a
     b, t = ids.shape
     x = embed_tokens(params, cfg, ids, feats)
     mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+    cache = init_cache(cfg, b, cache_size)
+    deepstack = deepstack_embeds(cfg, ids, feats)
     hidden, cache = _run_and_write(
-        params, cfg, init_cache(cfg, b, cache_size), x, jnp.asarray(inputs.positions), mask, valid, read_cache=False
+        params, cfg, cache, x, jnp.asarray(inputs.positions), mask, valid, read_cache=False, deepstack=deepstack
     )
     n = jnp.sum(valid.astype(jnp.int32), axis=1)
     cache = cache.replace(next_pos=n + jnp.asarray(inputs.rope_deltas).astype(jnp.int32))
@@ -180,7 +187,8 @@ def append_tokens(
     else:
         new_mask = jnp.asarray(attention_mask).astype(bool) & valid[:, None, :]
     x = embed_tokens(params, cfg, ids, image_features)
-    hidden, cache = _run_and_write(params, cfg, cache, x, positions, new_mask, valid, read_cache=True)
+    deepstack = deepstack_embeds(cfg, ids, image_features)
+    hidden, cache = _run_and_write(params, cfg, cache, x, positions, new_mask, valid, True, deepstack)
     cache = cache.replace(next_pos=next_pos)
     return (logits_from_hidden(params, cfg, hidden) if logits else None), cache
 

@@ -41,57 +41,74 @@ def param_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
 
 def _vision_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     """The vision tower's leaves: patch embedding, the stacked blocks (layer axis first), the patch merger.
-    Qwen2.5-VL has RMSNorms (scale only) and a SwiGLU MLP; Qwen2-VL LayerNorms and a two-layer MLP."""
+    Qwen2.5-VL has RMSNorms (scale only) and a SwiGLU MLP; Qwen2-VL and Qwen3-VL LayerNorms and a two-layer MLP;
+    Qwen3-VL adds a patch bias, the learned position table and the DeepStack mergers (stacked, tap axis first)."""
     v = cfg.vision
     e, lv, m = v.embed_dim, v.depth, v.mlp_dim
-    me = v.merge_factor * e
+    qwen25, qwen3 = cfg.model_type == "qwen2_5_vl", cfg.model_type == "qwen3_vl"
     out: list[ParamEntry] = [
         ParamEntry(
             ("visual", "patch_embed", "kernel"), (v.patch_dim, e), "normal", "visual.patch_embed.proj.weight", "conv"
         )
     ]
+    if qwen3:
+        out.append(ParamEntry(("visual", "patch_embed", "bias"), (e,), "zeros", "visual.patch_embed.proj.bias"))
+    if v.num_position_embeddings:
+        pos = ("visual", "pos_embed", "embedding")
+        out.append(ParamEntry(pos, (v.num_position_embeddings, e), "normal", "visual.pos_embed.weight"))
     vb = "visual.blocks.{i}."
-    qwen25 = cfg.model_type == "qwen2_5_vl"  # RMSNorms (no bias) and a SwiGLU MLP (with biases)
     for n in ("norm1", "norm2"):
         out.append(ParamEntry(("visual", "blocks", n, "scale"), (lv, e), "ones", vb + n + ".weight"))
         if not qwen25:
             out.append(ParamEntry(("visual", "blocks", n, "bias"), (lv, e), "zeros", vb + n + ".bias"))
+    fc = "linear_fc" if qwen3 else "fc"  # the two-layer MLP's names in the checkpoint
     mlp = (
-        (("mlp", "gate_proj", e, m), ("mlp", "up_proj", e, m), ("mlp", "down_proj", m, e))
+        (
+            ("mlp", "gate_proj", e, m, "gate_proj"),
+            ("mlp", "up_proj", e, m, "up_proj"),
+            ("mlp", "down_proj", m, e, "down_proj"),
+        )
         if qwen25
-        else (("mlp", "fc1", e, m), ("mlp", "fc2", m, e))
+        else (("mlp", "fc1", e, m, fc + "1"), ("mlp", "fc2", m, e, fc + "2"))
     )
-    for sub, name, din, dout in (("attn", "qkv", e, 3 * e), ("attn", "proj", e, e)) + mlp:
-        out += [
-            ParamEntry(
-                ("visual", "blocks", sub, name, "kernel"),
-                (lv, din, dout),
-                "normal",
-                f"{vb}{sub}.{name}.weight",
-                "linear",
-            ),
-            ParamEntry(("visual", "blocks", sub, name, "bias"), (lv, dout), "zeros", f"{vb}{sub}.{name}.bias"),
-        ]
-    out.append(ParamEntry(("visual", "merger", "ln_q", "scale"), (e,), "ones", "visual.merger.ln_q.weight"))
-    if not qwen25:
-        out.append(ParamEntry(("visual", "merger", "ln_q", "bias"), (e,), "zeros", "visual.merger.ln_q.bias"))
-    for idx, din, dout in ((0, me, me), (2, me, v.hidden_size)):
-        out += [
-            ParamEntry(
-                ("visual", "merger", f"mlp_{idx}", "kernel"),
-                (din, dout),
-                "normal",
-                f"visual.merger.mlp.{idx}.weight",
-                "linear",
-            ),
-            ParamEntry(("visual", "merger", f"mlp_{idx}", "bias"), (dout,), "zeros", f"visual.merger.mlp.{idx}.bias"),
-        ]
+    for sub, name, din, dout, hf in (("attn", "qkv", e, 3 * e, "qkv"), ("attn", "proj", e, e, "proj")) + mlp:
+        out += _dense_entries(("visual", "blocks", sub, name), (lv,), din, dout, f"{vb}{sub}.{hf}", bias=True)
+    out += _merger_entries(cfg, ("visual", "merger"), (), "visual.merger", norm_width=e)
+    if v.deepstack_visual_indexes:
+        k = (len(v.deepstack_visual_indexes),)
+        merged = v.merge_factor * e  # DeepStack mergers normalise after the merge (transformers' postshuffle norm)
+        out += _merger_entries(cfg, ("visual", "deepstack_merger"), k, "visual.deepstack_merger_list.{i}", merged)
+    return out
+
+
+def _dense_entries(path, lead: tuple[int, ...], din: int, dout: int, hf: str, bias: bool) -> list[ParamEntry]:
+    """The kernel (and bias) of one linear layer at ``path``: ``lead`` is () or (layers,) for a stacked one."""
+    out = [ParamEntry(path + ("kernel",), lead + (din, dout), "normal", f"{hf}.weight", "linear")]
+    if bias:
+        out.append(ParamEntry(path + ("bias",), lead + (dout,), "zeros", f"{hf}.bias"))
+    return out
+
+
+def _merger_entries(cfg: Qwen2VLConfig, path, lead: tuple[int, ...], hf: str, norm_width: int) -> list[ParamEntry]:
+    """A patch merger (norm, Linear(merged, merged), GELU, Linear(merged, hidden)) at ``path``; its norm spans
+    ``norm_width`` (the ViT width, or the merged width after the merge). Checkpoint names: Qwen2-VL's
+    ``ln_q`` / ``mlp.0`` / ``mlp.2``, Qwen3-VL's ``norm`` / ``linear_fc1`` / ``linear_fc2``."""
+    v = cfg.vision
+    me = v.merge_factor * v.embed_dim
+    qwen3 = cfg.model_type == "qwen3_vl"
+    norm, fc1, fc2 = ("norm", "linear_fc1", "linear_fc2") if qwen3 else ("ln_q", "mlp.0", "mlp.2")
+    out = [ParamEntry(path + ("ln_q", "scale"), lead + (norm_width,), "ones", f"{hf}.{norm}.weight")]
+    if cfg.model_type != "qwen2_5_vl":
+        out.append(ParamEntry(path + ("ln_q", "bias"), lead + (norm_width,), "zeros", f"{hf}.{norm}.bias"))
+    out += _dense_entries(path + ("mlp_0",), lead, me, me, f"{hf}.{fc1}", bias=True)
+    out += _dense_entries(path + ("mlp_2",), lead, me, v.hidden_size, f"{hf}.{fc2}", bias=True)
     return out
 
 
 def _text_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     """The language model's leaves: token embedding, the stacked decoder layers (layer axis first; q/k/v with
-    biases, o_proj and the SwiGLU MLP without), the final norm, and the LM head unless tied to the embedding."""
+    biases unless ``qkv_bias`` is off, o_proj with one when ``o_bias``, Qwen3's per-head q/k norms, the SwiGLU MLP
+    without), the final norm, and the LM head unless tied to the embedding."""
     t = cfg.text
     h, lt, i_dim = t.hidden_size, t.num_hidden_layers, t.intermediate_size
     dq, dkv = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
@@ -101,38 +118,15 @@ def _text_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     tl = "model.layers.{i}."
     for n in ("input_layernorm", "post_attention_layernorm"):
         out.append(ParamEntry(("model", "layers", n, "scale"), (lt, h), "ones", tl + n + ".weight"))
+    attn = ("model", "layers", "self_attn")
     for name, dout in (("q_proj", dq), ("k_proj", dkv), ("v_proj", dkv)):
-        out += [
-            ParamEntry(
-                ("model", "layers", "self_attn", name, "kernel"),
-                (lt, h, dout),
-                "normal",
-                f"{tl}self_attn.{name}.weight",
-                "linear",
-            ),
-            ParamEntry(
-                ("model", "layers", "self_attn", name, "bias"), (lt, dout), "zeros", f"{tl}self_attn.{name}.bias"
-            ),
-        ]
-    out.append(
-        ParamEntry(
-            ("model", "layers", "self_attn", "o_proj", "kernel"),
-            (lt, dq, h),
-            "normal",
-            f"{tl}self_attn.o_proj.weight",
-            "linear",
-        )
-    )
+        out += _dense_entries(attn + (name,), (lt,), h, dout, f"{tl}self_attn.{name}", bias=t.qkv_bias)
+    out += _dense_entries(attn + ("o_proj",), (lt,), dq, h, f"{tl}self_attn.o_proj", bias=t.o_bias)
+    if t.qk_norm:
+        for n in ("q_norm", "k_norm"):
+            out.append(ParamEntry(attn + (n, "scale"), (lt, t.head_dim), "ones", f"{tl}self_attn.{n}.weight"))
     for name, din, dout in (("gate_proj", h, i_dim), ("up_proj", h, i_dim), ("down_proj", i_dim, h)):
-        out.append(
-            ParamEntry(
-                ("model", "layers", "mlp", name, "kernel"),
-                (lt, din, dout),
-                "normal",
-                f"{tl}mlp.{name}.weight",
-                "linear",
-            )
-        )
+        out += _dense_entries(("model", "layers", "mlp", name), (lt,), din, dout, f"{tl}mlp.{name}", bias=False)
     out.append(ParamEntry(("model", "norm", "scale"), (h,), "ones", "model.norm.weight"))
     if not cfg.tie_word_embeddings:
         out.append(ParamEntry(("lm_head", "kernel"), (h, t.vocab_size), "normal", "lm_head.weight", "linear"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from ipl_jax.model import hf_config
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.model.text import forward_inputs
@@ -60,14 +61,14 @@ def random_batch(cfg: Qwen2VLConfig, rng: np.random.Generator, grids=DEFAULT_GRI
 def compare(model_dir: str, seed: int = 0) -> dict:
     """Runs both models on one random batch; returns the comparison as a dict."""
     import torch  # the reference stack (the test extra), needed by this comparison only
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+    import transformers
 
     params, cfg = load_params(model_dir, dtype="float32")
     cfg = cfg.replace(dtype="float32")
     qwen25 = cfg.model_type == "qwen2_5_vl"
     ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed), WINDOW_GRIDS if qwen25 else DEFAULT_GRIDS)
 
-    ref_cls = Qwen2_5_VLForConditionalGeneration if qwen25 else Qwen2VLForConditionalGeneration
+    ref_cls = getattr(transformers, hf_config.ARCHITECTURES[cfg.model_type])
     ref_model = ref_cls.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         ref = (

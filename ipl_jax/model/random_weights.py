@@ -13,7 +13,7 @@ import numpy as np
 
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import param_layout
-from ipl_jax.model.weights import hf_shape, write_safetensors
+from ipl_jax.model.weights import hf_shape, stored_name, write_safetensors
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
@@ -41,14 +41,14 @@ def hf_tensor_shapes(cfg: Qwen2VLConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _tensors(cfg: Qwen2VLConfig):
-    """(HF name, HF shape, init, key path: leaf index and layer) of every tensor, in ``param_layout`` order."""
+    """(stored name, HF shape, init, key path: leaf index and layer) of every tensor, in ``param_layout`` order."""
     for j, ent in enumerate(param_layout(cfg)):
         shape = hf_shape(ent, cfg)
         if ent.stacked:
             for i in range(ent.shape[0]):
-                yield ent.hf_name.format(i=i), shape, ent.init, (j, i)
+                yield stored_name(ent.hf_name.format(i=i), cfg), shape, ent.init, (j, i)
         else:
-            yield ent.hf_name, shape, ent.init, (j,)
+            yield stored_name(ent.hf_name, cfg), shape, ent.init, (j,)
 
 
 def write_random_weights(

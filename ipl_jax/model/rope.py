@@ -1,4 +1,5 @@
-"""Rotary position embeddings: the text decoder's 3-section M-RoPE and the vision tower's axial 2D RoPE.
+"""Rotary position embeddings: the text decoder's 3-section M-RoPE (sections in blocks, Qwen2-VL, or interleaved,
+Qwen3-VL) and the vision tower's axial 2D RoPE.
 Frequencies and angles are float32; text cos/sin are cast to the activation dtype, vision rotates in f32.
 """
 
@@ -31,11 +32,22 @@ def mrope_section_rows(mrope_section: tuple[int, ...]) -> np.ndarray:
     return np.concatenate([np.full(s, i % 3, dtype=np.int32) for i, s in enumerate(mrope_section)])
 
 
+def interleaved_section_rows(mrope_section: tuple[int, ...]) -> np.ndarray:
+    """Qwen3-VL's interleaved layout: frequency j reads H when j % 3 == 1 and j < 3 * sections[1], W when
+    j % 3 == 2 and j < 3 * sections[2], else T (transformers' ``recomposition_frequencies``)."""
+    j = np.arange(sum(mrope_section))
+    rows = np.zeros(j.shape, np.int32)
+    for row in (1, 2):
+        rows[(j % 3 == row) & (j < 3 * mrope_section[row])] = row
+    return rows
+
+
 def text_cos_sin(positions: jnp.ndarray, cfg: TextConfig, dtype) -> tuple[jnp.ndarray, jnp.ndarray]:
     """M-RoPE tables: positions int32[3, B, T] (rows T, H, W) -> cos, sin dtype[B, T, head_dim] (``cat(f, f)``)."""
     d = cfg.head_dim
     inv = jnp.asarray(_inv_freq(cfg.rope_theta, d))  # f32[d/2]
-    rows = mrope_section_rows(cfg.mrope_section)  # [d/2] static
+    split = interleaved_section_rows if cfg.mrope_interleaved else mrope_section_rows
+    rows = split(cfg.mrope_section)  # [d/2] static
     pos = positions.astype(jnp.float32)[rows]  # [d/2, B, T]
     freqs = jnp.moveaxis(pos, 0, -1) * inv  # [B, T, d/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)

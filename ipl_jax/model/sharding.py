@@ -44,7 +44,7 @@ DEFAULT_RULES: tuple[tuple[str, tuple], ...] = (
     (r".*", ()),  # everything else (norms, row-parallel biases) replicated
 )
 
-_STACKED = re.compile(r"^(visual/blocks|model/layers)/")
+_STACKED = re.compile(r"^(visual/blocks|visual/deepstack_merger|model/layers)/")
 
 
 def make_mesh(shape: Sequence[int] = (1, -1, 1), axes: Sequence[str] = AXES, devices=None) -> Mesh:

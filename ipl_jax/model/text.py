@@ -25,19 +25,39 @@ def embed_tokens(
 ) -> jnp.ndarray:
     """Token embeddings with image features scattered into image-pad slots.
 
-    input_ids: int32[B, T]; image_features: f32[N, hidden] or None. The k-th image-pad token (row-major)
-    receives feature row k. Returns dtype[B, T, hidden].
+    input_ids: int32[B, T]; image_features: f32[N, F] or None (F = hidden, or (1 + taps) * hidden for Qwen3-VL:
+    ``deepstack_embeds``). The k-th image-pad token (row-major) receives row k's first ``hidden`` columns.
+    Returns dtype[B, T, hidden].
     """
     dtype = jnp.dtype(cfg.dtype)
     x = jnp.take(params["model"]["embed_tokens"]["embedding"], input_ids, axis=0).astype(dtype)
     if image_features is not None:
-        b, t = input_ids.shape
-        is_img = input_ids == cfg.image_token_id
-        idx = (jnp.cumsum(is_img.reshape(-1).astype(jnp.int32)) - 1).reshape(b, t)
-        idx = jnp.clip(idx, 0, image_features.shape[0] - 1)
-        feats = jnp.take(image_features, idx, axis=0).astype(dtype)
-        x = jnp.where(is_img[..., None], feats, x)
+        is_img, feats = _image_rows(cfg, input_ids, image_features)
+        x = jnp.where(is_img[..., None], feats[..., : cfg.text.hidden_size].astype(dtype), x)
     return x
+
+
+def _image_rows(cfg: Qwen2VLConfig, input_ids, image_features):
+    """(bool[B, T] image-pad slots, f32[B, T, F] the feature row of each slot: the k-th slot, row-major, reads
+    row k; other slots read a clipped row)."""
+    b, t = input_ids.shape
+    is_img = input_ids == cfg.image_token_id
+    idx = (jnp.cumsum(is_img.reshape(-1).astype(jnp.int32)) - 1).reshape(b, t)
+    idx = jnp.clip(idx, 0, image_features.shape[0] - 1)
+    return is_img, jnp.take(image_features, idx, axis=0)
+
+
+def deepstack_embeds(cfg: Qwen2VLConfig, input_ids: jnp.ndarray, image_features: jnp.ndarray | None):
+    """Qwen3-VL's DeepStack inputs: dtype[K, B, T, hidden], tap k's features at the image-pad slots (zeros
+    elsewhere), added after decoder layer k; None without taps or images. ``image_features`` f32[N, (1 + K) *
+    hidden]: each image token's merged feature, then its K DeepStack features (``vision.encode_images``)."""
+    k = len(cfg.vision.deepstack_taps)
+    if not k or image_features is None:
+        return None
+    h = cfg.text.hidden_size
+    is_img, feats = _image_rows(cfg, input_ids, image_features)
+    taps = feats[..., h:].reshape(feats.shape[:2] + (k, h)).astype(jnp.dtype(cfg.dtype))
+    return jnp.moveaxis(jnp.where(is_img[..., None, None], taps, 0), 2, 0)
 
 
 def attention_mask_from_spec(attention_spec: jnp.ndarray) -> jnp.ndarray:
@@ -93,7 +113,8 @@ def _given_mask(mask, _):
 def decoder_layer(
     lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray, attend: Callable, kv_dtype=None
 ):
-    """One Qwen2 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual).
+    """One Qwen2 / Qwen3 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual); Qwen3
+    (``qk_norm``) normalises each head's queries and keys before the rotary. Biases are the parameters' own.
 
     x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D]; attend(q, k, v) -> dtype[B, T, Hq, D]; kv_dtype: the new
     keys / values are rounded to it before attending. Returns (x, (k, v) [B, T, Hkv, D]).
@@ -107,6 +128,8 @@ def decoder_layer(
     q = dense(at["q_proj"], h, dtype).reshape(b, t, t_cfg.num_attention_heads, t_cfg.head_dim)
     k = dense(at["k_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
     v = dense(at["v_proj"], h, dtype).reshape(b, t, t_cfg.num_key_value_heads, t_cfg.head_dim)
+    if t_cfg.qk_norm:
+        q, k = rms_norm(at["q_norm"], q, t_cfg.rms_norm_eps), rms_norm(at["k_norm"], k, t_cfg.rms_norm_eps)
     q = apply_rotary(q, cos, sin)
     k = apply_rotary(k, cos, sin)
     if kv_dtype is not None:
@@ -130,9 +153,11 @@ def decoder_stack(
     attend: Callable,
     kv_dtype=None,
     remat: bool | str = False,
+    deepstack: jnp.ndarray | None = None,
 ):
     """Every decoder layer (one ``lax.scan``) and the final norm: x dtype[B, T, hidden], positions int32[3, B, T],
-    attend(q, k, v, layer). Returns (hidden, None or (k, v) [L, B, T, Hkv, D] in ``kv_dtype``).
+    attend(q, k, v, layer); deepstack: None or dtype[K, B, T, hidden], added after layers 0 .. K-1
+    (``deepstack_embeds``). Returns (hidden, None or (k, v) [L, B, T, Hkv, D] in ``kv_dtype``).
     """
     cos, sin = text_cos_sin(positions, cfg.text, x.dtype)
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
@@ -140,6 +165,9 @@ def decoder_stack(
     def body(x, xs):
         lp, i = xs
         x, kv = decoder_layer(lp, cfg, x, cos, sin, lambda q, k, v: attend(q, k, v, i), kv_dtype)
+        if deepstack is not None:
+            n = deepstack.shape[0]
+            x = x + jnp.where(i < n, jax.lax.dynamic_index_in_dim(deepstack, jnp.minimum(i, n - 1), 0, False), 0)
         return x, (kv if kv_dtype is not None else None)
 
     body = remat_body(body, remat)
@@ -179,7 +207,9 @@ def _forward_hidden(params, cfg, input_ids, positions, attention_spec, image_fea
     attention_spec: see the module docstring; image_features: f32[N, hidden] or None; remat: a REMAT_POLICIES policy.
     """
     x = embed_tokens(params, cfg, input_ids, image_features)
-    hidden, _ = decoder_stack(params, cfg, x, positions, self_attention(cfg, attention_spec), remat=remat)
+    deepstack = deepstack_embeds(cfg, input_ids, image_features)
+    attend = self_attention(cfg, attention_spec)
+    hidden, _ = decoder_stack(params, cfg, x, positions, attend, remat=remat, deepstack=deepstack)
     return hidden
 
 

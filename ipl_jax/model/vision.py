@@ -1,5 +1,6 @@
-"""The Qwen2-VL vision tower on fixed-shape, padded patch arrays, packed ([P, ...]) or one image per slot
-([N, Pi, ...]). Attention is block-diagonal over ``segment_ids``; merged outputs keep the packing order.
+"""The vision towers (Qwen2-VL's here; Qwen2.5-VL's and Qwen3-VL's in their modules) on fixed-shape, padded patch
+arrays, packed ([P, ...]) or one image per slot ([N, Pi, ...]). Attention is block-diagonal over ``segment_ids``;
+merged outputs keep the packing order.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.layers import dense, layer_norm, quick_gelu, remat_body
 from ipl_jax.model.rope import vision_cos_sin
+from ipl_jax.model.vision3 import encode_images_qwen3
 from ipl_jax.model.vision25 import encode_images_qwen25
 from ipl_jax.model.vision_common import VisionInputs, merge_patches, vision_block
 
@@ -27,9 +29,12 @@ def _mlp(mp, h, dtype):
 
 
 def _tower(params: dict, cfg: Qwen2VLConfig, vision: VisionInputs, remat, lengths) -> jnp.ndarray:
-    """ViT + merger on rows of patches (leaves [N, P, ...]): f32[N * P // merge_factor, hidden]."""
+    """ViT + merger on rows of patches (leaves [N, P, ...]): f32[N * P // merge_factor, hidden] (Qwen3-VL:
+    (1 + DeepStack taps) * hidden columns, ``vision3.encode_images_qwen3``)."""
     if cfg.model_type == "qwen2_5_vl":  # windowed RMSNorm/SwiGLU tower (vision25.py)
         return encode_images_qwen25(params, cfg, vision, remat)
+    if cfg.model_type == "qwen3_vl":  # position table, GELU-tanh MLP, DeepStack (vision3.py)
+        return encode_images_qwen3(params, cfg, vision, remat, lengths)
     dtype = jnp.dtype(cfg.dtype)
     vp = params["visual"]
     x = dense(vp["patch_embed"], vision.patches, dtype)  # [N, P, E]

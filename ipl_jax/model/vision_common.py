@@ -1,4 +1,4 @@
-"""What the Qwen2-VL and Qwen2.5-VL vision towers share: the packed patch inputs, the pre-norm block and the
+"""What the Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision towers share: the packed patch inputs, the pre-norm block and the
 patch merger. Norm and MLP are passed in; blocks run on patch rows [N, P, E] (N = 1 packed, N = images per slot).
 """
 
@@ -53,12 +53,14 @@ def vision_block(cfg: Qwen2VLConfig, norm: Norm, mlp: Callable, x, bp, cos, sin,
     return x + mlp(bp["mlp"], norm(bp["norm2"], x), x.dtype)
 
 
-def merge_patches(cfg: Qwen2VLConfig, norm: Norm, mp: dict, x) -> jnp.ndarray:
-    """The merger: norm, each run of ``merge_factor`` patches concatenated, a GELU MLP. x: [N, P, E] ->
-    f32[N * P // merge_factor, hidden] (rows in order)."""
+def merge_patches(cfg: Qwen2VLConfig, norm: Norm, mp: dict, x, postshuffle: bool = False) -> jnp.ndarray:
+    """The merger: norm, each run of ``merge_factor`` patches concatenated, a GELU MLP (``postshuffle``: the norm
+    after the concatenation, Qwen3-VL's DeepStack mergers). x: [N, P, E] -> f32[N * P // merge_factor, hidden]
+    (rows in order)."""
     v = cfg.vision
     dtype = jnp.dtype(cfg.dtype)
-    h = norm(mp["ln_q"], x).reshape(-1, v.merge_factor * v.embed_dim)
+    width = v.merge_factor * v.embed_dim
+    h = norm(mp["ln_q"], x.reshape(-1, width)) if postshuffle else norm(mp["ln_q"], x).reshape(-1, width)
     h = dense(mp["mlp_0"], h, dtype)
     h = jax.nn.gelu(h, approximate=False)
     h = dense(mp["mlp_2"], h, dtype)

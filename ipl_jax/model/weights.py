@@ -32,6 +32,18 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def stored_name(name: str, cfg: Qwen2VLConfig) -> str:
+    """The name ``save_params`` writes for a canonical ``name``: the on-disk names transformers reads for the
+    family; Qwen3-VL (no mapping from the older names in transformers) takes the in-memory ones."""
+    if cfg.model_type != "qwen3_vl":
+        return name
+    if name.startswith("visual."):
+        return "model." + name
+    if name.startswith("model."):
+        return "model.language_model." + name[len("model.") :]
+    return name
+
+
 class _TensorSource:
     """Open safetensors files of one checkpoint directory; tensors addressed by canonical name."""
 
@@ -165,7 +177,7 @@ def _host_value(leaf) -> np.ndarray:
 
 
 def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
-    """Yields (hf_name, numpy array in HF layout), one per-layer tensor at a time."""
+    """Yields (stored name, numpy array in HF layout), one per-layer tensor at a time."""
     for ent in param_layout(cfg):
         leaf = get_path(params, ent.path)
         if tuple(leaf.shape) != ent.shape:
@@ -180,7 +192,7 @@ def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
             elif ent.transform == "conv":
                 v = cfg.vision
                 a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-            yield name, np.ascontiguousarray(a)
+            yield stored_name(name, cfg), np.ascontiguousarray(a)
 
 
 def save_params(params: dict, cfg: Qwen2VLConfig, out_dir: str, max_shard_bytes: int = 4 << 30) -> None:

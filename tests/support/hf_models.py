@@ -1,4 +1,5 @@
-"""Tiny random transformers Qwen2-VL checkpoints (the parity references) and the token / patch inputs they read."""
+"""Tiny random transformers Qwen2-VL (and Qwen3-VL) checkpoints (the parity references) and the token / patch
+inputs they read."""
 
 from __future__ import annotations
 
@@ -70,6 +71,55 @@ def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
     model.config._attn_implementation = "eager"
     model.model.visual.config._attn_implementation = "eager"
     model.model.language_model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0, vocab: int = 500):
+    """A random ``Qwen3VLForConditionalGeneration`` (eager, float32) made by transformers from its config classes:
+    ``text`` / ``vision`` config fields beside KV heads, head_dim, M-RoPE sections, DeepStack ``taps``, tied
+    embeddings and attention ``bias``; weights x ``scale``, biases and norm weights random (transformers starts
+    them at 0 and 1, which would hide bias and norm bugs)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=vocab,
+            num_key_value_heads=kv,
+            head_dim=head_dim,
+            attention_bias=bias,
+            rms_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=EOS,
+            pad_token_id=0,
+            rope_parameters={
+                "rope_type": "default",
+                "mrope_section": mrope,
+                "rope_theta": 1e4,
+                "mrope_interleaved": True,
+            },
+            **text,
+        ),
+        vision_config=dict(out_hidden_size=text["hidden_size"], deepstack_visual_indexes=list(taps), **vision),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.mul_(scale)
+    for c in (model.config, model.model.visual.config, model.model.language_model.config):
+        c._attn_implementation = "eager"
     return model.eval()
 
 
