@@ -15,13 +15,24 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support import EOS, IMAGE, VIDEO, VISION_END, VISION_START  # noqa: E402
-from support.hf_models import hf_forward, hf_greedy, left_pad, random_image, sample_tokens  # noqa: E402
+from support.hf_models import (  # noqa: E402
+    TEXT_IDS,
+    VISION_IDS,
+    assert_logits_close,
+    assert_rope_index_matches,
+    hf_forward,
+    hf_greedy,
+    left_pad,
+    random_hf_model,
+    random_image,
+    sample_tokens,
+    saved_models,
+)
 from support.trees import assert_trees_equal  # noqa: E402
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from ipl_jax.model.decode import greedy_generate  # noqa: E402
-from ipl_jax.model.inputs import get_rope_index, prepare_inputs, prepare_vision  # noqa: E402
+from ipl_jax.model.inputs import prepare_inputs, prepare_vision  # noqa: E402
 from ipl_jax.model.text import forward_inputs  # noqa: E402
 from ipl_jax.model.vision25 import window_index_host, window_order  # noqa: E402
 from ipl_jax.model.weights import load_params, save_params  # noqa: E402
@@ -58,10 +69,7 @@ def tiny25_model(window: int, depth: int, fullatt, tie: bool, kv_heads: int, see
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=kv_heads,
-            rms_norm_eps=1e-6,
-            bos_token_id=1,
-            eos_token_id=EOS,
-            pad_token_id=0,
+            **TEXT_IDS,
             rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
         ),
         vision_config=dict(
@@ -74,26 +82,10 @@ def tiny25_model(window: int, depth: int, fullatt, tie: bool, kv_heads: int, see
             fullatt_block_indexes=list(fullatt),
             tokens_per_second=2,
         ),
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        **VISION_IDS,
         tie_word_embeddings=tie,
     )
-    torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "ln_q" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.mul_(scale)
-    for c in (model.config, model.model.visual.config, model.model.language_model.config):
-        c._attn_implementation = "eager"
-    return model.eval()
+    return random_hf_model(transformers.Qwen2_5_VLForConditionalGeneration, config, seed, scale)
 
 
 def batch(name: str, seed: int = 0):
@@ -106,19 +98,10 @@ def batch(name: str, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    out = {}
-    for name, kw in CONFIGS.items():
-        model = tiny25_model(**kw)
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(str(d))
-        out[name] = (str(d), model)
-    return out
+    return saved_models(tmp_path_factory, tiny25_model, CONFIGS)
 
 
-@pytest.fixture(autouse=True)
-def highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 def cfg25(window: int) -> Qwen2VLConfig:
@@ -172,11 +155,7 @@ def test_logits_match_transformers(models, name):
     assert cfg.vision.fullatt_block_indexes == tuple(CONFIGS[name]["fullatt"])
     inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET[name],))
     ours = np.asarray(forward_inputs(params, cfg, inputs))[:, : ids.shape[1]]
-    valid = mask.astype(bool)
-    diff = float(np.max(np.abs(ours - ref)[valid]))
-    print(f"qwen2.5-vl {name}: max |logit diff| {diff:.3g}, logit std {ref[valid].std():.3g}")
-    assert ref[valid].std() >= 0.5
-    assert diff <= TOL
+    assert_logits_close(f"qwen2.5-vl {name}", ours, ref, mask, TOL)
 
 
 def test_rope_index_matches_transformers(models):
@@ -184,16 +163,7 @@ def test_rope_index_matches_transformers(models):
     model_dir, hf_model = models["win4"]
     ids, mask, _, grids = batch("win4")
     cfg = Qwen2VLConfig.from_dir(model_dir)
-    ref_pos, ref_delta = hf_model.model.get_rope_index(
-        torch.as_tensor(ids),
-        image_grid_thw=torch.as_tensor(np.asarray(grids)),
-        attention_mask=torch.as_tensor(mask),
-        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
-    )
-    pos, delta = get_rope_index(ids, mask, np.asarray(grids), cfg)
-    valid = mask.astype(bool)
-    np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
-    np.testing.assert_array_equal(delta, ref_delta.numpy()[:, 0])
+    assert_rope_index_matches(hf_model, cfg, ids, mask, grids)
 
 
 def test_rows_under_vmap_with_query_chunks(models):

@@ -8,6 +8,7 @@ loading back in transformers; the config's one-line errors."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -17,19 +18,21 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from support import IMAGE  # noqa: E402
 from support.hf_models import (  # noqa: E402
+    assert_logits_close,
+    assert_rope_index_matches,
     hf_forward,
     hf_greedy,
     left_pad,
     random_image,
     sample_tokens,
+    saved_models,
     tiny_qwen3_model,
 )
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
 from ipl_jax.model.decode import greedy_generate  # noqa: E402
-from ipl_jax.model.inputs import get_rope_index, prepare_inputs, prepare_vision  # noqa: E402
+from ipl_jax.model.inputs import prepare_inputs, prepare_vision  # noqa: E402
 from ipl_jax.model.text import forward_inputs  # noqa: E402
 from ipl_jax.model.weights import load_params, save_params  # noqa: E402
 
@@ -92,19 +95,10 @@ def batch(seed: int = 0, grids=GRIDS):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    out = {}
-    for name, kw in CONFIGS.items():
-        model = tiny_qwen3_model(vocab=VOCAB, **kw)
-        d = tmp_path_factory.mktemp(name)
-        model.save_pretrained(str(d))
-        out[name] = (str(d), model)
-    return out
+    return saved_models(tmp_path_factory, functools.partial(tiny_qwen3_model, vocab=VOCAB), CONFIGS)
 
 
-@pytest.fixture(autouse=True)
-def highest_precision():
-    with jax.default_matmul_precision("highest"):
-        yield
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 def ours(model_dir, ids, mask, pv, grids):
@@ -122,11 +116,7 @@ def test_logits_match_transformers(models, name):
     kw = CONFIGS[name]
     assert cfg.model_type == "qwen3_vl" and cfg.tie_word_embeddings == kw["tie"]
     assert cfg.vision.deepstack_visual_indexes == tuple(kw["taps"]) and cfg.text.head_dim == kw["head_dim"]
-    valid = mask.astype(bool)
-    diff = float(np.max(np.abs(got - ref)[valid]))
-    print(f"qwen3-vl {name}: max |logit diff| {diff:.3g}, logit std {ref[valid].std():.3g}")
-    assert ref[valid].std() >= 0.5
-    assert diff <= TOL
+    assert_logits_close(f"qwen3-vl {name}", got, ref, mask, TOL)
 
 
 def test_deepstack_and_positions_matter(models):
@@ -153,16 +143,7 @@ def test_rope_index_matches_transformers(models):
     model_dir, hf_model = models["three"]
     ids, mask, _, grids = batch(1)
     cfg = Qwen2VLConfig.from_dir(model_dir)
-    ref_pos, ref_delta = hf_model.model.get_rope_index(
-        torch.as_tensor(ids),
-        image_grid_thw=torch.as_tensor(np.asarray(grids)),
-        attention_mask=torch.as_tensor(mask),
-        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
-    )
-    pos, delta = get_rope_index(ids, mask, np.asarray(grids), cfg)
-    valid = mask.astype(bool)
-    np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
-    np.testing.assert_array_equal(delta, ref_delta.numpy()[:, 0])
+    assert_rope_index_matches(hf_model, cfg, ids, mask, grids)
 
 
 def test_position_table_resampling_matches_transformers(models):

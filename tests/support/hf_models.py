@@ -7,6 +7,12 @@ import numpy as np
 
 from support import EOS, FIRST_TEXT_ID, IMAGE, VIDEO, VISION_END, VISION_START
 
+# The special ids and norm epsilon of every tiny transformers checkpoint here: its text_config's and its own.
+TEXT_IDS = dict(rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
+VISION_IDS = dict(
+    image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END
+)
+
 
 def tiny_hf_config(
     *,
@@ -34,31 +40,25 @@ def tiny_hf_config(
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            rms_norm_eps=1e-6,
-            bos_token_id=1,
-            eos_token_id=EOS,
-            pad_token_id=0,
+            **TEXT_IDS,
             rope_parameters={"rope_type": "default", "mrope_section": mrope, "rope_theta": 10000.0},
         ),
         vision_config=dict(
             depth=vision_depth, embed_dim=vision_embed, hidden_size=hidden, num_heads=vision_heads, mlp_ratio=2
         ),
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        **VISION_IDS,
         tie_word_embeddings=tie,
     )
 
 
-def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
-    """A random ``Qwen2VLForConditionalGeneration`` (eager attention, float32) with weights scaled up so
-    logits are far from zero (std >= 0.5)."""
+def random_hf_model(model_class, config, seed: int = 0, scale: float = 8.0):
+    """A random ``model_class(config)`` (eager attention, float32): weights x ``scale`` so logits are far from zero
+    (std >= 0.5); biases and norm weights random (transformers starts them at 0 and 1, which would hide bias and
+    norm bugs)."""
     import torch
-    from transformers import Qwen2VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -68,10 +68,16 @@ def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.mul_(scale)
-    model.config._attn_implementation = "eager"
-    model.model.visual.config._attn_implementation = "eager"
-    model.model.language_model.config._attn_implementation = "eager"
+    for c in (model.config, model.model.visual.config, model.model.language_model.config):
+        c._attn_implementation = "eager"
     return model.eval()
+
+
+def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
+    """A random ``Qwen2VLForConditionalGeneration`` of ``config`` (see ``random_hf_model``)."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    return random_hf_model(Qwen2VLForConditionalGeneration, config, seed, scale)
 
 
 def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0, vocab: int = 500):
@@ -79,7 +85,6 @@ def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, s
     ``text`` / ``vision`` config fields beside KV heads, head_dim, M-RoPE sections, DeepStack ``taps``, tied
     embeddings and attention ``bias``; weights x ``scale``, biases and norm weights random (transformers starts
     them at 0 and 1, which would hide bias and norm bugs)."""
-    import torch
     import transformers
 
     config = transformers.Qwen3VLConfig(
@@ -88,10 +93,7 @@ def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, s
             num_key_value_heads=kv,
             head_dim=head_dim,
             attention_bias=bias,
-            rms_norm_eps=1e-6,
-            bos_token_id=1,
-            eos_token_id=EOS,
-            pad_token_id=0,
+            **TEXT_IDS,
             rope_parameters={
                 "rope_type": "default",
                 "mrope_section": mrope,
@@ -101,26 +103,10 @@ def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, s
             **text,
         ),
         vision_config=dict(out_hidden_size=text["hidden_size"], deepstack_visual_indexes=list(taps), **vision),
-        image_token_id=IMAGE,
-        video_token_id=VIDEO,
-        vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END,
+        **VISION_IDS,
         tie_word_embeddings=tie,
     )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3VLForConditionalGeneration(config).to(torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.mul_(scale)
-    for c in (model.config, model.model.visual.config, model.model.language_model.config):
-        c._attn_implementation = "eager"
-    return model.eval()
+    return random_hf_model(transformers.Qwen3VLForConditionalGeneration, config, seed, scale)
 
 
 def random_image(rng: np.random.Generator, grid_hw: tuple[int, int], patch_dim: int):
@@ -204,3 +190,41 @@ def two_image_batch(rng: np.random.Generator, patch_dim: int, vocab: int):
     r1 = sample_tokens(rng, 2, grids[2:], 3, vocab)
     ids, mask = left_pad([r0, r1])
     return ids, mask, pv, grids
+
+
+def assert_rope_index_matches(hf_model, cfg, ids: np.ndarray, mask: np.ndarray, grids) -> None:
+    """Our M-RoPE positions and deltas for a batch equal transformers' ``get_rope_index`` on its valid tokens."""
+    import torch
+
+    from ipl_jax.model.inputs import get_rope_index
+
+    ref_pos, ref_delta = hf_model.model.get_rope_index(
+        torch.as_tensor(ids),
+        image_grid_thw=torch.as_tensor(np.asarray(grids)),
+        attention_mask=torch.as_tensor(mask),
+        mm_token_type_ids=torch.as_tensor((ids == IMAGE).astype(np.int64)),
+    )
+    pos, delta = get_rope_index(ids, mask, np.asarray(grids), cfg)
+    valid = mask.astype(bool)
+    np.testing.assert_array_equal(pos[:, valid], ref_pos.numpy()[:, valid])
+    np.testing.assert_array_equal(delta, ref_delta.numpy()[:, 0])
+
+
+def saved_models(tmp_path_factory, make, configs: dict) -> dict:
+    """name -> (directory, model): ``make(**kw)`` for each config, saved in transformers' format."""
+    out = {}
+    for name, kw in configs.items():
+        model = make(**kw)
+        d = tmp_path_factory.mktemp(name)
+        model.save_pretrained(str(d))
+        out[name] = (str(d), model)
+    return out
+
+
+def assert_logits_close(label: str, ours: np.ndarray, ref: np.ndarray, mask: np.ndarray, tol: float) -> None:
+    """Our logits within ``tol`` of transformers' on the valid tokens, which must be far from zero (std >= 0.5)."""
+    valid = mask.astype(bool)
+    diff = float(np.max(np.abs(ours - ref)[valid]))
+    print(f"{label}: max |logit diff| {diff:.3g}, logit std {ref[valid].std():.3g}")
+    assert ref[valid].std() >= 0.5
+    assert diff <= tol
