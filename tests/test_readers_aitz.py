@@ -100,20 +100,25 @@ def aitz_root(tmp_path):
         "google_apps",
         "2002",
         [
-            dict(
-                action_type=4,
-                touch=(0.5, 0.5),
-                lift=(0.5, 0.5),
-                positions=[[300, 270, 600, 270]],
-                ui_text=["Search"],
-                ui_types=["TEXT"],
-            ),
+            _tap((0.5, 0.5), {"Search": [300, 270, 600, 270]}),
             dict(action_type=11),
         ],
         size=(540, 1200),
         image_prefix="android_in_the_zoo/train/google_apps/GOOGLE_APPS-2002",
     )
     return tmp_path
+
+
+def _tap(point: tuple[float, float], texts: dict) -> dict:
+    """An AITZ tap record at ``point`` (y, x) on a screen of TEXT elements: text -> its position [y, x, h, w]."""
+    return dict(
+        action_type=4,
+        touch=point,
+        lift=point,
+        positions=list(texts.values()),
+        ui_text=list(texts),
+        ui_types=["TEXT"] * len(texts),
+    )
 
 
 def test_actions_boxes_and_history(aitz_root):
@@ -209,14 +214,7 @@ def test_each_malformed_field_is_named(tmp_path, field, value, problem):
         "general",
         "7",
         [
-            dict(
-                action_type=4,
-                touch=(0.3, 0.2),
-                lift=(0.3, 0.2),
-                positions=[OUTER, INNER],
-                ui_text=["a", "b"],
-                ui_types=["TEXT", "TEXT"],
-            ),
+            _tap((0.3, 0.2), {"a": OUTER, "b": INNER}),
         ],
     )
     records = json.loads(f.read_text())

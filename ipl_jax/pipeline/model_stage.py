@@ -103,6 +103,21 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
     return out
 
 
+def write_round(wd: Workdir, round_index: int, record: dict, params, policy: Policy, start: Path, extra=None) -> dict:
+    """``rounds/<r>/policy`` (the round's weights with ``start``'s tokenizer and processor) and ``round.json``;
+    ``extra(out_dir)``, where given, writes the round's other files first. Every process calls it; the main one
+    writes. Returns ``record`` with the policy's path."""
+    out_dir = wd.dir("rounds", str(round_index))
+    write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
+    if wd.main:
+        if extra is not None:
+            extra(out_dir)
+        write_json(out_dir / "round.json", record)
+    distributed.barrier(f"round {round_index} written")
+    record["policy"] = str(out_dir / "policy")
+    return record
+
+
 def job_mesh(mesh: MeshSettings):
     """The ('data', 'fsdp', 'tensor') mesh of ``mesh`` over every device (``MeshSettings.shape``), or None on a
     single device."""

@@ -13,23 +13,15 @@ from pathlib import Path
 
 import jax
 
-from ipl_jax import distributed
 from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.pipeline.eval_stage import dev_accuracy, job_world_tasks
-from ipl_jax.pipeline.model_stage import (
-    Policy,
-    inference_policy,
-    job_mesh,
-    job_model_config,
-    load_policy,
-    write_policy_dir,
-)
+from ipl_jax.pipeline.model_stage import Policy, inference_policy, job_mesh, job_model_config, load_policy, write_round
 from ipl_jax.pipeline.seeds import round_seed
-from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.rl import grpo, ppo
 from ipl_jax.rl.grpo import GRPOConfig
 from ipl_jax.rl.ppo import PPOConfig
@@ -263,10 +255,4 @@ def run_rl_round(
         f"  round {round_index} ({s.method}): {samples} {unit} (budget {budget}), {metrics['updates']} updates, "
         f"dev step accuracy {record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s"
     )
-    out_dir = wd.dir("rounds", str(round_index))
-    write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
-    if wd.main:
-        write_json(out_dir / "round.json", record)
-    distributed.barrier(f"round {round_index} written")
-    record["policy"] = str(out_dir / "policy")
-    return record
+    return write_round(wd, round_index, record, params, policy, start)

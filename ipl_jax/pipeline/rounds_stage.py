@@ -23,20 +23,13 @@ from ipl_jax.data.records import Episode, Step, sample_steps
 from ipl_jax.eval.trees import iter_tree_batches, round_scores, sampled_trees, score_batch
 from ipl_jax.pipeline.data_stage import oracle_steps, steps_of
 from ipl_jax.pipeline.eval_stage import dev_accuracy
-from ipl_jax.pipeline.model_stage import (
-    Policy,
-    inference_policy,
-    job_mesh,
-    job_model_config,
-    load_policy,
-    write_policy_dir,
-)
+from ipl_jax.pipeline.model_stage import Policy, inference_policy, job_mesh, job_model_config, load_policy, write_round
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.rl_round import round_budget, run_rl_round
 from ipl_jax.pipeline.round_diagnostics import RoundDiagnostics
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.sft_stage import BatchShape, SFTItem, SFTRows, make_example_fn, sft_step_config
-from ipl_jax.pipeline.workdir import Workdir, write_json
+from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.preference.round import RoundConfig, RoundStages, SampledTrees, TreeScores, ipl_round
 from ipl_jax.preference.tdpo import init_state, round_schedule, summarize_steps
 from ipl_jax.progress import progress
@@ -250,16 +243,9 @@ def run_round(
         f"loss {record['train'].get('loss', float('nan')):.4f}, dev step accuracy "
         f"{record['dev']['step_accuracy']:.4f}, {record['seconds']['total']:.1f}s"
     )
-    # the files
-    out_dir = wd.dir("rounds", str(round_index))
-    write_policy_dir(out_dir / "policy", params, policy.cfg, start, policy.image_config)
-    if wd.main:
-        title = f"IPL round {round_index}: trees sampled with the round's starting policy"
-        write_trees(out_dir, viewer.kept, title)
-        write_json(out_dir / "round.json", record)
-    distributed.barrier(f"round {round_index} written")
-    record["policy"] = str(out_dir / "policy")
-    return record
+    title = f"IPL round {round_index}: trees sampled with the round's starting policy"
+    trees = functools.partial(write_trees, kept=viewer.kept, title=title)
+    return write_round(wd, round_index, record, params, policy, start, extra=trees)
 
 
 def write_trees(out_dir: Path, kept: Sequence[tuple[dict, Step]], title: str) -> None:

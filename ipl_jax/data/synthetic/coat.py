@@ -148,41 +148,40 @@ def _done_phrase(prev: Decision | None, rng) -> str:
     return _pick(rng, ("I {x}.", "Last I {x}.", "So far I {x}.")).format(x=past)
 
 
+# What the step needs, by the expert's intent: fixed, or about the decision's subject ``s``.
+_NEED = {
+    "stop": "the task is complete",
+    "back_out": "this page is not the one I need",
+    "type": "the box is ready and empty",
+    "submit": "the query is typed",
+    "add": "this is the first result",
+    "send": "the message is typed",
+}
+_NEED_OF_SUBJECT = {
+    "open_app": "{s} is on this page",
+    "next_home_page": "{s} is not on this page",
+    "find": "{s} is not visible yet",
+    "focus": 'I must enter "{s}"',
+    "install": "this is {s}",
+    "open_chat": "{s} is in the list",
+}
+
+
 def _need_phrase(task: Task, d: Decision, screen) -> str:
     s, i = d.subject, d.intent
-    if i == "stop":
-        return "the task is complete"
+    if i in _NEED:
+        return _NEED[i]
+    if i in _NEED_OF_SUBJECT:
+        return _NEED_OF_SUBJECT[i].format(s=s)
     if i == "go_home":
         return f"this is not {task.target_app}" if screen.app != "Home" else "I must start over"
-    if i == "back_out":
-        return "this page is not the one I need"
-    if i == "open_app":
-        return f"{s} is on this page"
-    if i == "next_home_page":
-        return f"{s} is not on this page"
-    if i == "find":
-        return f"{s} is not visible yet"
     if i == "toggle":
         want = task.on if s == task.setting else task.on2
         return f"{s} is {'off' if want else 'on'} but must be {'on' if want else 'off'}"
     if i == "open_menu":
         return f"{s} is inside {content.SUBMENU_OF[s]}"
-    if i == "focus":
-        return f'I must enter "{s}"'
-    if i == "type":
-        return "the box is ready and empty"
-    if i == "submit":
-        return "the query is typed"
     if i == "open_result":
         return f"{s} is the result I want" if task.family == "install" else f"the first result is {s}"
-    if i == "add":
-        return "this is the first result"
-    if i == "install":
-        return f"this is {s}"
-    if i == "open_chat":
-        return f"{s} is in the list"
-    if i == "send":
-        return "the message is typed"
     raise ValueError(f"unknown intent {i!r}")
 
 
