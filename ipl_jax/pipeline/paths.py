@@ -1,17 +1,23 @@
 """Checks of the paths a command is given, before any expensive work; each raises a one-line ``UsageError``.
-Outputs are probed (directories made, a file written, then all undone).
+Outputs are probed (directories made, a file written, then all undone). An output directory may be an
+object-store URI (``gs://BUCKET/run``): its bucket, client and credentials are checked (``storage.check_location``)
+and an object of this process's own name is written there and removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from safetensors import safe_open
+
+from ipl_jax import storage
 
 
 class UsageError(ValueError):
@@ -79,11 +85,37 @@ def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
 
 
 def output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """A directory that exists or can be created, and can be written into (nothing is left behind)."""
+    """A directory that exists or can be created, and can be written into (nothing is left behind); a URI is checked
+    on its store (``remote_dir``)."""
+    if storage.is_remote(path):
+        return remote_dir(path, flag)
     p = Path(path)
     if _kind(p) == "other":
         raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
     _probe_dir(p, flag, p)
+    return p
+
+
+def remote_dir(uri: str | os.PathLike, flag: str):
+    """An object-store "directory" (a name prefix) that can be written: reachable (``storage.check_location``), not
+    an object itself, and an object of this process's own name written there and removed (the processes of a job
+    probe at once, each its own object)."""
+    try:
+        storage.check_location(uri)
+    except storage.LocationError as e:
+        raise UsageError(f"{flag} {e}") from None
+    p = storage.as_path(uri)
+    probe = p / f".probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        if p.is_file():
+            raise UsageError(f"{flag} {uri}: is an object, not a directory; choose a directory path")
+        probe.write_text("")
+        probe.unlink()
+    except UsageError:
+        raise
+    except Exception as e:  # the store's clients raise their own types besides OSError
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UsageError(f"{flag} {uri}: cannot be written ({reason}); check access to the bucket") from None
     return p
 
 

@@ -12,6 +12,7 @@ from PIL import Image
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from ipl_jax import storage
 from ipl_jax.viz.plots import TYPE_ROWS
 
 # pairs_by_turn index -> tag name (index 0: pairs between whole trajectories, then one per CoaT turn)
@@ -76,7 +77,7 @@ class TensorBoardLog:
     """The job's event files under ``root`` (one writer per run); does nothing unless ``enabled``."""
 
     def __init__(self, root: str | Path, enabled: bool = True):
-        self.root = Path(root)
+        self.root = storage.as_path(root)  # a URI stays one (pathlib would fold gs:// into gs:/)
         self.enabled = bool(enabled)
         self._writers: dict[str, EventFileWriter] = {}
 
