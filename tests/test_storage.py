@@ -9,6 +9,7 @@ import importlib.util
 import json
 import pathlib
 
+import jax
 import pytest
 
 from ipl_jax import cli, storage
@@ -187,3 +188,27 @@ def test_run_with_an_unusable_workdir_ends_in_one_line(gcs_bucket, capsys, workd
     assert err.count("\n") == 1 and err.startswith("ipl-jax run: --workdir ") and workdir in err, err
     assert all(w in err for w in words), err
     assert "[data]" not in out  # before any stage
+
+
+def test_orbax_checkpoint_round_trips_through_a_bucket(gcs_bucket):
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ipl_jax.training.checkpoint import Checkpointer
+
+    tree = {"w": jnp.arange(12, dtype=jnp.float32).reshape(3, 4) / 7, "b": {"c": jnp.full(5, 0.1, jnp.bfloat16)}}
+    uri = f"{gcs_bucket.uri}/run/sft/checkpoints"
+    with Checkpointer(uri, save_every=1, keep=2) as ckpt:
+        assert ckpt.directory == uri
+        for step in (1, 2, 3):
+            ckpt.save(step, tree, data_state=f"it{step}".encode(), metadata={"epoch": step})
+    again = Checkpointer(uri, save_every=1)  # as a restarted job (or another host) opens it
+    try:
+        assert again.all_steps() == [2, 3]
+        state, data_state, meta = again.restore(jax.tree.map(jnp.zeros_like, tree))
+    finally:
+        again.close()
+    assert data_state == b"it3" and meta == {"step": 3, "epoch": 3}
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(tree)):
+        assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert sorted(p.name for p in storage.as_path(uri).iterdir()) == ["2", "3"]
