@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import pathlib
 import re
+import shutil
 import tempfile
 from typing import Any
 
@@ -114,6 +116,57 @@ def scratch_dir(location: str | os.PathLike, *parts: str) -> pathlib.Path:
     d = d.joinpath(*parts)
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def upload_tree(local: str | os.PathLike, dest) -> int:
+    """Copy every file under the local directory ``local`` to the same names under ``dest`` (a URI or a local
+    directory), each written whole; returns the number of files."""
+    local, dest = pathlib.Path(local), as_path(dest)
+    n = 0
+    for src in sorted(p for p in local.rglob("*") if p.is_file()):
+        target = dest.joinpath(*src.relative_to(local).parts)
+        make_dir(target.parent)
+        with open(src, "rb") as f, target.open("wb") as g:
+            shutil.copyfileobj(f, g, 1 << 22)
+        n += 1
+    return n
+
+
+def local_copy(location, *parts: str) -> pathlib.Path:
+    """``location`` as a directory on this host's disk: itself when local; for a URI, every object under it
+    downloaded into this host's scratch (``scratch_dir(location, *parts)``), an object fetched again only when its
+    size or modification time changed since the last copy (kept in ``.copied.json``)."""
+    if not is_remote(location):
+        return as_path(location)
+    root, out = as_path(location), scratch_dir(location, *parts)
+    manifest = out / ".copied.json"
+    seen = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    now: dict[str, list] = {}
+    for src in _objects(root):
+        rel = "/".join(src.relative_to(root).parts)
+        st = src.stat()
+        now[rel] = [int(st.length), float(st.mtime)]
+        target = out / rel
+        if seen.get(rel) == now[rel] and target.is_file():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        with src.open("rb") as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 22)
+        os.replace(tmp, target)
+    for rel in set(seen) - set(now):  # gone from the store: gone here
+        (out / rel).unlink(missing_ok=True)
+    manifest.write_text(json.dumps(now))
+    return out
+
+
+def _objects(root) -> list:
+    """Every object under ``root`` (epath's ``rglob`` refuses ``**`` on a store), in name order."""
+    out, todo = [], [root]
+    while todo:
+        for p in todo.pop().iterdir():
+            (todo if p.is_dir() else out).append(p)
+    return sorted(out, key=str)
 
 
 # ------------------------------------------------------------------------------------------------------- checks

@@ -212,3 +212,23 @@ def test_orbax_checkpoint_round_trips_through_a_bucket(gcs_bucket):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(tree)):
         assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert sorted(p.name for p in storage.as_path(uri).iterdir()) == ["2", "3"]
+
+
+def _files(root: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_data_stage_in_a_bucket_equals_a_local_one(gcs_bucket, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(storage.SCRATCH_ENV, str(tmp_path / "scratch"))
+    uri, local = f"{gcs_bucket.uri}/quick", tmp_path / "quick"
+    for workdir in (uri, str(local), uri):  # the third: a restarted job finds the marker in the bucket
+        assert cli.main(["run", "--config", "synthetic:quick", "--stop-after", "data", "--workdir", workdir]) == 0
+    out = capsys.readouterr().out
+    assert "uploaded" in out and out.count("[data] already done") == 1
+    remote_done, local_done = read_json(f"{uri}/stages/data.done"), read_json(local / "stages" / "data.done")
+    assert remote_done.pop("root") == f"{uri}/data" and local_done.pop("root") == str(local / "data")
+    assert _without_times([remote_done]) == _without_times([local_done])
+    assert read_json(f"{uri}/config.json") == read_json(local / "config.json")
+    copied = storage.local_copy(f"{uri}/data", "data")  # this host's copy, as the stages read it
+    assert copied.is_relative_to(tmp_path / "scratch")
+    assert {k: v for k, v in _files(copied).items() if k != ".copied.json"} == _files(local / "data")
