@@ -232,3 +232,19 @@ def test_data_stage_in_a_bucket_equals_a_local_one(gcs_bucket, tmp_path, monkeyp
     copied = storage.local_copy(f"{uri}/data", "data")  # this host's copy, as the stages read it
     assert copied.is_relative_to(tmp_path / "scratch")
     assert {k: v for k, v in _files(copied).items() if k != ".copied.json"} == _files(local / "data")
+
+
+def test_tensorboard_events_in_a_bucket_keep_every_batch(gcs_bucket, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    from ipl_jax.viz.tensorboard_log import TensorBoardLog
+
+    monkeypatch.setenv(storage.SCRATCH_ENV, str(tmp_path / "scratch"))
+    uri = f"{gcs_bucket.uri}/job/tensorboard"
+    log = TensorBoardLog(uri)
+    for step in (1, 2, 3):  # one upload per batch: each replaces the object with the whole file so far
+        log.sft({"step": step, "loss": 1.0 / step})
+    log.close()
+    monkeypatch.setenv(storage.SCRATCH_ENV, str(tmp_path / "reader"))  # another host reads the bucket
+    events = EventAccumulator(str(storage.local_copy(f"{uri}/sft")), size_guidance={SCALARS: 0}).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
