@@ -80,13 +80,16 @@ def test_missing_bucket_is_one_line(gcs_bucket):
 
 
 def test_output_dir_probe_leaves_nothing(gcs_bucket):
-    p = output_dir(f"{gcs_bucket.uri}/job", "--workdir")
+    p = output_dir(f"{gcs_bucket.uri}/job", "--workdir", remote=True)
     assert str(p) == f"{gcs_bucket.uri}/job"
     assert list(storage.as_path(gcs_bucket.uri).iterdir()) == []
     write_json(storage.as_path(f"{gcs_bucket.uri}/job/an_object"), {})
     with pytest.raises(UsageError) as e:
-        output_dir(f"{gcs_bucket.uri}/job/an_object", "--workdir")
+        output_dir(f"{gcs_bucket.uri}/job/an_object", "--workdir", remote=True)
     _one_line(e.value, "--workdir", f"{gcs_bucket.uri}/job/an_object", "is an object")
+    with pytest.raises(UsageError) as e:  # where a command takes local paths only
+        output_dir(f"{gcs_bucket.uri}/job", "--out")
+    _one_line(e.value, f"--out {gcs_bucket.uri}/job: takes a directory on this host's disk", "use a local path")
 
 
 def _bookkeeping(wd: Workdir) -> dict:
@@ -175,19 +178,31 @@ def test_a_fresh_workdir_resumes_from_the_bucket_markers(gcs_bucket):
 
 
 @pytest.mark.parametrize(
-    "workdir, words",
+    "argv, words",
     [
-        ("gs://missing-bucket-41/x", ("bucket missing-bucket-41 does not exist",)),
-        ("ftp://host/x", ("no filesystem handles ftp://",)),
+        (
+            ["run", "--stop-after", "data", "--workdir", "gs://missing-bucket-41/x"],
+            ("bucket missing-bucket-41 does not",),
+        ),
+        (["run", "--stop-after", "data", "--workdir", "ftp://host/x"], ("no filesystem handles ftp://",)),
+        (["run", "--workdir", "gs://BUCKET/x"], ("runs the stages up to data so far", "add --stop-after data")),
+        (["sft", "--workdir", "gs://BUCKET/x"], ("takes a directory on this host's disk",)),
+        (["synth", "--out", "gs://BUCKET/x", "--split", "train"], ("takes a directory on this host's disk",)),
     ],
+    ids=["missing-bucket", "unknown-scheme", "past-data", "sft", "synth"],
 )
-def test_run_with_an_unusable_workdir_ends_in_one_line(gcs_bucket, capsys, workdir, words):
-    argv = ["run", "--config", "synthetic:quick", "--stop-after", "data", "--workdir", workdir]
+def test_an_unusable_uri_ends_in_one_line(gcs_bucket, capsys, argv, words):
+    argv = [a.replace("BUCKET", gcs_bucket.name) for a in argv]
+    if argv[0] in ("run", "sft"):
+        argv += ["--config", "synthetic:quick"]
     assert cli.main(argv) == 2
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and err.startswith("ipl-jax run: --workdir ") and workdir in err, err
+    flag = argv[argv.index("--out") if "--out" in argv else argv.index("--workdir")]
+    uri = argv[argv.index(flag) + 1]
+    assert err.count("\n") == 1 and err.startswith(f"ipl-jax {argv[0]}: {flag} {uri}: "), err
     assert all(w in err for w in words), err
     assert "[data]" not in out  # before any stage
+    assert list(storage.as_path(gcs_bucket.uri).iterdir()) == []
 
 
 def test_orbax_checkpoint_round_trips_through_a_bucket(gcs_bucket):

@@ -1,7 +1,8 @@
 """Checks of the paths a command is given, before any expensive work; each raises a one-line ``UsageError``.
-Outputs are probed (directories made, a file written, then all undone). An output directory may be an
-object-store URI (``gs://BUCKET/run``): its bucket, client and credentials are checked (``storage.check_location``)
-and an object of this process's own name is written there and removed.
+Outputs are probed (directories made, a file written, then all undone). Where a command takes an
+object-store URI (``output_dir(..., remote=True)``: ``gs://BUCKET/run``) its bucket, client and credentials are
+checked (``storage.check_location``) and an object of this process's own name is written there and removed;
+elsewhere a URI is refused in one line (pathlib would read ``gs://B/x`` as the local ``gs:/B/x``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,24 @@ class UsageError(ValueError):
     """An invocation that cannot work as given; the message is one line naming the flag / field / file and the fix."""
 
 
+def local_only(path: str | os.PathLike, flag: str, what: str) -> None:
+    """``UsageError`` when ``path`` is an object-store URI where only a path on this host's disk works yet."""
+    if storage.is_remote(path):
+        raise UsageError(
+            f"{flag} {os.fspath(path)}: takes {what} on this host's disk (object-store URIs are not supported here "
+            f"yet); use a local path"
+        )
+
+
 def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
     """``path`` as an existing regular file."""
+    local_only(path, flag, what)
     return _existing(Path(path), flag, what, directory=False)
 
 
 def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> Path:
     """``path`` as an existing directory."""
+    local_only(path, flag, what)
     return _existing(Path(path), flag, what, directory=True)
 
 
@@ -84,11 +96,12 @@ def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
                 pass
 
 
-def output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """A directory that exists or can be created, and can be written into (nothing is left behind); a URI is checked
-    on its store (``remote_dir``)."""
-    if storage.is_remote(path):
+def output_dir(path: str | os.PathLike, flag: str, remote: bool = False) -> Path:
+    """A directory that exists or can be created, and can be written into (nothing is left behind); with ``remote``
+    an object-store URI is checked on its store (``remote_dir``), else refused."""
+    if remote and storage.is_remote(path):
         return remote_dir(path, flag)
+    local_only(path, flag, "a directory")
     p = Path(path)
     if _kind(p) == "other":
         raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
@@ -121,6 +134,7 @@ def remote_dir(uri: str | os.PathLike, flag: str):
 
 def output_file(path: str | os.PathLike, flag: str) -> Path:
     """A file path that can be written (its directory exists or can be created)."""
+    local_only(path, flag, "a file path")
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {p}: is a directory; give a file path")
