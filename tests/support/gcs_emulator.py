@@ -3,8 +3,8 @@
 each test gets a bucket of its own, and the variables that point every client at the server:
 
 - ``STORAGE_EMULATOR_HOST``: gcsfs (etils.epath's ``gs://`` backend) and google-cloud-storage;
-- ``TENSORSTORE_GCS_HTTP_URL`` and ``GOOGLE_AUTH_TOKEN_FOR_TESTING``: tensorstore's GCS driver (Orbax's arrays),
-  which reads neither the variable above nor takes no credentials;
+- ``TENSORSTORE_GCS_HTTP_URL``: tensorstore's GCS driver (Orbax's arrays), which does not read the one above;
+  ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` spares it the search for credentials (and the error it logs) first;
 - ``EPATH_USE_TF=false``: epath would take ``tf.io.gfile`` wherever TensorFlow is importable;
 - ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: gcsfs would ask the storage-layout gRPC API (which the server has
   not) about every bucket, warning at each call; read when gcsfs is imported, so nothing imports it earlier.
