@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 from support.commands import run_ok
+from support.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 (fixtures: a GCS emulator and a bucket)
 
 
 @pytest.fixture

@@ -1,30 +1,48 @@
 """Checks of the paths a command is given, before any expensive work; each raises a one-line ``UsageError``.
-Outputs are probed (directories made, a file written, then all undone).
+Outputs are probed (directories made, a file written, then all undone). Where a command takes an
+object-store URI (``output_dir(..., remote=True)``: ``gs://BUCKET/run``) its bucket, client and credentials are
+checked (``storage.check_location``) and an object of this process's own name is written there and removed;
+elsewhere a URI is refused in one line (pathlib would read ``gs://B/x`` as the local ``gs:/B/x``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from safetensors import safe_open
+
+from ipl_jax import storage
 
 
 class UsageError(ValueError):
     """An invocation that cannot work as given; the message is one line naming the flag / field / file and the fix."""
 
 
+def local_only(path: str | os.PathLike, flag: str, what: str) -> None:
+    """``UsageError`` when ``path`` is an object-store URI where only a path on this host's disk works yet."""
+    if storage.is_remote(path):
+        raise UsageError(
+            f"{flag} {os.fspath(path)}: takes {what} on this host's disk (object-store URIs are not supported here "
+            f"yet); use a local path"
+        )
+
+
 def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
     """``path`` as an existing regular file."""
+    local_only(path, flag, what)
     return _existing(Path(path), flag, what, directory=False)
 
 
 def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> Path:
     """``path`` as an existing directory."""
+    local_only(path, flag, what)
     return _existing(Path(path), flag, what, directory=True)
 
 
@@ -78,8 +96,12 @@ def _probe_dir(directory: Path, flag: str, shown: Path) -> None:
                 pass
 
 
-def output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """A directory that exists or can be created, and can be written into (nothing is left behind)."""
+def output_dir(path: str | os.PathLike, flag: str, remote: bool = False) -> Path:
+    """A directory that exists or can be created, and can be written into (nothing is left behind); with ``remote``
+    an object-store URI is checked on its store (``remote_dir``), else refused."""
+    if remote and storage.is_remote(path):
+        return remote_dir(path, flag)
+    local_only(path, flag, "a directory")
     p = Path(path)
     if _kind(p) == "other":
         raise UsageError(f"{flag} {p}: exists and is not a directory; choose a directory path")
@@ -87,8 +109,32 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
     return p
 
 
+def remote_dir(uri: str | os.PathLike, flag: str):
+    """An object-store "directory" (a name prefix) that can be written: reachable (``storage.check_location``), not
+    an object itself, and an object of this process's own name written there and removed (the processes of a job
+    probe at once, each its own object)."""
+    try:
+        storage.check_location(uri)
+    except storage.LocationError as e:
+        raise UsageError(f"{flag} {e}") from None
+    p = storage.as_path(uri)
+    probe = p / f".probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        if p.is_file():
+            raise UsageError(f"{flag} {uri}: is an object, not a directory; choose a directory path")
+        probe.write_text("")
+        probe.unlink()
+    except UsageError:
+        raise
+    except Exception as e:  # the store's clients raise their own types besides OSError
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UsageError(f"{flag} {uri}: cannot be written ({reason}); check access to the bucket") from None
+    return p
+
+
 def output_file(path: str | os.PathLike, flag: str) -> Path:
     """A file path that can be written (its directory exists or can be created)."""
+    local_only(path, flag, "a file path")
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {p}: is a directory; give a file path")

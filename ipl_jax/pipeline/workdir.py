@@ -2,6 +2,19 @@
 A marker is written once a stage's outputs are complete; only the main process writes, and every stage ends
 at a barrier. A workdir made before the starting policy had its own word (``FORMER_STAGES``, ``FORMER_DIRS``) is
 read under its old names and written under the new ones.
+
+The workdir may be a local directory or an object-store URI (``gs://BUCKET/run``; ``ipl_jax.storage``). What each
+file keeps there, where no rename and no directory exist:
+
+- ``stages/STAGE.done``: write-then-mark. The marker is one object written after the stage's outputs; a reader
+  that sees it sees the outputs (object storage is strongly consistent after a write), and a job killed before
+  it reruns the stage.
+- ``config.json``, ``results.json``, ``job_report.json`` (``write_json``): replaced whole, by a temporary file
+  renamed locally and by one upload on a store; a reader sees the old or the new content, never a part.
+- ``stage_log.jsonl``, ``metrics.jsonl`` (``append_jsonl``): appended locally; on a store each record rewrites the
+  object with this process's copy of it, read once, so a killed job keeps every record but the one being written.
+  Only the main process writes them (as every file here).
+- directories (``dir``): made locally; on a store nothing is made (a name prefix is all there is).
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from typing import Any
 
 import jax
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.viz.tensorboard_log import TensorBoardLog
 
 # stage / directory -> its name in a workdir made before the rename, read when only that one exists
@@ -29,31 +42,31 @@ def _json_default(o):
         return o.tolist()
     if isinstance(o, (set, tuple)):
         return list(o)
-    if isinstance(o, Path):
-        return str(o)
+    if isinstance(o, os.PathLike):  # a local Path, or an epath.Path of a URI
+        return os.fspath(o)
     raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``obj`` as indented JSON whole (``storage.write_text``: a temporary file renamed into place locally,
+    one upload on an object store)."""
+    path = storage.as_path(path)
+    storage.write_text(path, json.dumps(obj, indent=1, default=_json_default) + "\n")
     return path
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    return json.loads(storage.as_path(path).read_text(encoding="utf-8"))
 
 
 class Workdir:
     """Paths, stage markers and logs of one job directory."""
 
     def __init__(self, root: str | os.PathLike, echo: Callable[[str], None] = print):
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        """``root``: a local directory (made) or an object-store URI (``storage.as_path``)."""
+        self.root = storage.make_dir(root if storage.is_remote(root) else Path(root).resolve())
+        self.remote = storage.is_remote(self.root)
+        self._written: dict[str, str] = {}  # on a store: what append_jsonl last wrote to each log
         self.main = distributed.is_main()
         self.echo = echo if self.main else _silent
         self.tensorboard = TensorBoardLog(self.path("tensorboard"), enabled=self.main)
@@ -72,9 +85,8 @@ class Workdir:
         return p
 
     def dir(self, *parts: str) -> Path:
-        d = self.path(*parts)
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+        """``path(*parts)``, made as a directory (on an object store there is nothing to make)."""
+        return storage.make_dir(self.path(*parts))
 
     # ---------------------------------------------------------------------------------------------- markers
 
@@ -137,8 +149,10 @@ class Workdir:
     def append_jsonl(self, name: str, record: dict) -> None:
         if not self.main:
             return
-        with open(self.path(name), "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=_json_default) + "\n")
+        line = json.dumps(record, default=_json_default) + "\n"
+        written = storage.append_text(self.path(name), line, known=self._written.get(name))
+        if self.remote:
+            self._written[name] = written
 
     def stage_log(self) -> list[dict]:
         """The stage log's records, an older workdir's stage names read as today's (``FORMER_STAGES``)."""

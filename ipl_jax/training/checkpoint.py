@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from ipl_jax import storage
 from ipl_jax.training.lora import LoraParams, merge_lora
 from ipl_jax.training.state import merge_trees
 
@@ -25,7 +26,7 @@ class Checkpointer:
     ):
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
-        self.directory = os.path.abspath(os.fspath(directory))
+        self.directory = storage.absolute(directory)  # a gs:// URI stays one: Orbax writes there directly
         self.save_every = int(save_every)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,

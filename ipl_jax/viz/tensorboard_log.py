@@ -1,5 +1,6 @@
 """TensorBoard event files of a job (runs ``sft/`` and ``ipl/``), from the same records as ``metrics.jsonl`` and
-``results.json``; written without TensorFlow, by the main process, flushed every batch.
+``results.json``; written without TensorFlow, by the main process, flushed every batch. Under an object-store URI
+(which has no append) the files are written in this host's scratch and uploaded whole after every batch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from PIL import Image
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from ipl_jax import storage
 from ipl_jax.viz.plots import TYPE_ROWS
 
 # pairs_by_turn index -> tag name (index 0: pairs between whole trajectories, then one per CoaT turn)
@@ -76,19 +78,24 @@ class TensorBoardLog:
     """The job's event files under ``root`` (one writer per run); does nothing unless ``enabled``."""
 
     def __init__(self, root: str | Path, enabled: bool = True):
-        self.root = Path(root)
+        self.root = storage.as_path(root)  # a URI stays one (pathlib would make gs://B/x the local /gs/B/x)
         self.enabled = bool(enabled)
         self._writers: dict[str, EventFileWriter] = {}
+        self._local = None  # on an object store: where the files are written before each upload
+        if self.enabled and storage.is_remote(self.root):
+            self._local = storage.scratch_dir(self.root, "tensorboard")
 
     def _write(self, run: str, step: int, values: list[summary_pb2.Summary.Value]) -> None:
         if not self.enabled or not values:
             return
         if run not in self._writers:
-            self._writers[run] = EventFileWriter(str(self.root / run))
+            self._writers[run] = EventFileWriter(str((self.root if self._local is None else self._local) / run))
         writer = self._writers[run]
         event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values))
         writer.add_event(event)
         writer.flush()
+        if self._local is not None:
+            storage.upload_tree(self._local / run, self.root / run)
 
     def scalars(self, run: str, step: int, values: Mapping[str, float]) -> None:
         """Scalars ``{tag: value}`` at ``step`` of ``run``, as one event."""
