@@ -39,7 +39,7 @@ def write_synthetic(settings: Settings, wd: Workdir) -> dict:
     ArrayRecord shards, AITZ files removed, with ``data.store == "arrayrecord"``). In a workdir on an object store
     the files are written in this host's scratch, then uploaded to ``WORKDIR/data`` (before the stage's marker)."""
     if not wd.remote:
-        return _write_synthetic(settings, wd, wd.dir("data"), wd.path("data_aitz"))
+        return _write_synthetic(settings, wd, wd.path("data"), wd.path("data_aitz"))
     staging = storage.scratch_dir(wd.root, "write")
     shutil.rmtree(staging)  # what an interrupted attempt left
     summary = _write_synthetic(settings, wd, staging / "data", staging / "data_aitz")
