@@ -27,8 +27,9 @@ def _synthetic():
     return module.get_config("full")  # every episode annotated: the paper's data, not the scarce default
 
 
-def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
-    """The job config for ``fmt`` (aitz | amex | androidcontrol); ``train_samples`` sizes the 2 SFT epochs."""
+def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None, patch_size: int = 14):
+    """The job config for ``fmt`` (aitz | amex | androidcontrol); ``train_samples`` sizes the 2 SFT epochs;
+    ``patch_size``: the checkpoint's (14 for Qwen2-VL, 16 for Qwen3-VL; an image token is 2 x 2 patches)."""
     c = _synthetic()
     if arg not in (None, "", "gpu", "tpu"):
         raise ValueError(f"unknown variant {arg!r} (expected 'gpu' or 'tpu')")
@@ -51,9 +52,9 @@ def paper_config(fmt: str, max_pixels: int, train_samples: int, arg=None):
     c.model.min_pixels = 56 * 56
     c.model.max_pixels = max_pixels
 
-    tokens = max_pixels // (28 * 28) + 1024  # image tokens + the dialogue
+    tokens = max_pixels // (2 * patch_size) ** 2 + 1024  # image tokens + the dialogue
     c.buckets.tokens = tuple(b for b in (1024, 1536, 2048, 3072, 4096, 6144) if b <= 2 * tokens) or (tokens,)
-    c.buckets.patches = (-(-max_pixels // (14 * 14) // 4) * 4,)  # one image's patches, a multiple of 2x2
+    c.buckets.patches = (-(-max_pixels // patch_size**2 // 4) * 4,)  # one image's patches, a multiple of 2x2
     c.buckets.max_turn_tokens = (256, 128, 32, 32)
 
     c.sft.batch_size = 128

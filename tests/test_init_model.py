@@ -1,9 +1,9 @@
-"""`ipl-jax init-model`: random checkpoints of the published Qwen2-VL architectures.
+"""`ipl-jax init-model`: random checkpoints of the published Qwen2-VL and Qwen3-VL architectures.
 
 A shrunk variant of the 2B layout (--override) is written and read back by our loader and by transformers (same
-tensors, same logits); the 2B / 7B tensor lists equal transformers' model built on the meta device; the
-tokenizer's special tokens sit at the published ids without changing how text encodes; weights stream to disk
-one shard at a time; bad invocations end in one line.
+tensors, same logits); the 2B / 7B (Qwen3-VL: 2B / 8B) tensor lists equal transformers' model built on the meta
+device; the tokenizer's special tokens sit at the published ids without changing how text encodes; weights stream
+to disk one shard at a time; bad invocations end in one line.
 """
 
 import json
@@ -103,18 +103,26 @@ def test_filled_vocabulary_leaves_encodings_unchanged():
     assert not set(fillers) & set(plain.get_vocab())
 
 
-@pytest.mark.parametrize("arch", ["qwen2-vl-2b", "qwen2-vl-7b"])
+@pytest.mark.parametrize("arch", ["qwen2-vl-2b", "qwen2-vl-7b", "qwen3-vl-2b", "qwen3-vl-8b"])
 def test_published_shapes_equal_transformers(arch, capsys):
     hf = checkpoint_config(arch)
-    config = transformers.Qwen2VLConfig.from_dict(hf)
+    prefix = "Qwen3VL" if arch.startswith("qwen3") else "Qwen2VL"
+    config = getattr(transformers, f"{prefix}Config").from_dict(hf)
     with torch.device("meta"):
-        model = transformers.Qwen2VLForConditionalGeneration(config)
-    theirs = {canonical_name(k): tuple(v.shape) for k, v in model.state_dict().items()}
+        model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
+    on_disk = canonical_name if prefix == "Qwen2VL" else str  # Qwen3-VL stores the in-memory names
+    theirs = {on_disk(k): tuple(v.shape) for k, v in model.state_dict().items()}
     if hf["tie_word_embeddings"]:
-        assert theirs.pop("lm_head.weight") == theirs["model.embed_tokens.weight"]  # tied: not on disk
+        embed = on_disk("model.language_model.embed_tokens.weight")
+        assert theirs.pop("lm_head.weight") == theirs[embed]  # tied: not on disk
     ours = dict(tensor_shapes(hf))
     assert ours == theirs
-    expected = {"qwen2-vl-2b": 2_208_985_600, "qwen2-vl-7b": 8_291_375_616}[arch]  # the published totals
+    expected = {  # the published totals
+        "qwen2-vl-2b": 2_208_985_600,
+        "qwen2-vl-7b": 8_291_375_616,
+        "qwen3-vl-2b": 2_127_532_032,
+        "qwen3-vl-8b": 8_767_123_696,
+    }[arch]
     assert sum(math.prod(s) for s in ours.values()) == expected
     # --dry-run lists the same tensors and writes nothing
     assert cli_main(["init-model", "--architecture", arch, "--out", "/nonexistent/never", "--dry-run"]) == 0

@@ -290,6 +290,35 @@ def test_outputs(quick_run):
     assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in sft)
 
 
+def _key_paths(value, path=()) -> set[tuple]:
+    """Every key path of a JSON document, a list's items under one '[]' step."""
+    if isinstance(value, dict):
+        return {path} | {p for k, v in value.items() for p in _key_paths(v, (*path, k))}
+    if isinstance(value, list):
+        return {path} | {p for v in value for p in _key_paths(v, (*path, "[]"))}
+    return {path}
+
+
+@pytest.mark.e2e
+def test_the_quick_job_on_a_fresh_qwen3vl_model(quick_run, tmp_path):
+    """``--config.model.family=qwen3_vl``: a fresh Qwen3-VL-architecture policy (q/k norms, interleaved M-RoPE,
+    16-pixel patches, DeepStack) runs every stage; its results.json has the Qwen2-VL run's keys, and its export
+    reads as Qwen3-VL with the family's processor."""
+    workdir = tmp_path / "qwen3vl"
+    flags = ["--config", "synthetic:quick", "--config.model.family=qwen3_vl", "--workdir", str(workdir)]
+    run_cli(["run", *flags], quick_run["cache"])
+    assert sorted(p.stem for p in (workdir / "stages").glob("*.done")) == sorted(
+        {"rounds": "round_1"}.get(s, s) for s in STAGES
+    )
+    config = json.loads((workdir / "export" / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl" and config["vision_config"]["deepstack_visual_indexes"] == [0]
+    processor = json.loads((workdir / "export" / "preprocessor_config.json").read_text())
+    assert (processor["patch_size"], processor["image_mean"]) == (16, [0.5] * 3)
+    ours, qwen2 = (json.loads((w / "results.json").read_text()) for w in (workdir, quick_run["workdir"]))
+    assert _key_paths(ours) == _key_paths(qwen2)
+    assert ours["rounds"][1]["pairs"] > 0
+
+
 @pytest.mark.e2e
 def test_tensorboard_events_hold_the_jobs_metrics(quick_run):
     """tensorboard/ read back with TensorBoard's own event reader: the SFT scalars are metrics.jsonl's, step by

@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         f"wrote {out}: {args.architecture}, {summary['parameters'] / 1e9:.3f} B parameters, "
         f"{summary['bytes'] / 1e9:.2f} GB {args.dtype} in {len(summary['files'])} file(s); tokenizer "
         f"{summary['tokenizer_size']} ids (image_token_id {ids['image_token_id']}, vocab_size "
-        f"{hf_config['vocab_size']}) ({time.perf_counter() - t0:.1f} s)"
+        f"{hf_config.get('text_config', hf_config)['vocab_size']}) ({time.perf_counter() - t0:.1f} s)"
     )
     return 0
 

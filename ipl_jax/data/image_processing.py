@@ -17,6 +17,14 @@ from PIL import Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+HALF = (0.5, 0.5, 0.5)  # Qwen3-VL's mean and std
+NORMALISATION = {"qwen3_vl": (HALF, HALF)}  # a family's (mean, std); the others: CLIP's
+# A processor field and the model config's (vision_config) field it must equal.
+MODEL_FIELDS = {
+    "patch_size": "patch_size",
+    "merge_size": "spatial_merge_size",
+    "temporal_patch_size": "temporal_patch_size",
+}
 
 # The values in the published Qwen2-VL preprocessor_config.json files (not the class default max of 1003520).
 HUB_MIN_PIXELS = 3136
@@ -142,6 +150,37 @@ class ImageProcessorConfig:
         if not isinstance(d, dict):
             raise ValueError(f"{p}: expected a JSON object")
         return ImageProcessorConfig.from_dict(d, source=str(p))
+
+    @staticmethod
+    def for_model(cfg, min_pixels: int = HUB_MIN_PIXELS, max_pixels: int = HUB_MAX_PIXELS) -> ImageProcessorConfig:
+        """The processor a model of config ``cfg`` (a ``Qwen2VLConfig``) reads: its vision tower's patch, merge
+        and temporal sizes, its family's normalisation (``NORMALISATION``)."""
+        mean, std = NORMALISATION.get(cfg.model_type, (CLIP_MEAN, CLIP_STD))
+        v = cfg.vision
+        return ImageProcessorConfig(
+            min_pixels, max_pixels, v.patch_size, v.spatial_merge_size, v.temporal_patch_size, mean, std
+        )
+
+    def check_model(self, vision, source: str) -> None:
+        """ValueError naming ``source`` and the field when a patch size disagrees with the model's ``vision``
+        config (a ``VisionConfig``): such pixels would not fit the patch embedding."""
+        for name, model_name in MODEL_FIELDS.items():
+            mine, model = getattr(self, name), getattr(vision, model_name)
+            if mine != model:
+                raise ValueError(
+                    f"{source}: field {name!r} is {mine}, the model's (config.json vision_config.{model_name}) {model}"
+                )
+
+    @staticmethod
+    def load_for_model(directory: str | Path, cfg) -> ImageProcessorConfig:
+        """A checkpoint directory's processor (``ImageProcessorConfig.for_model(cfg)`` when it has none), checked
+        against its model config ``cfg`` (``check_model``) before any weight is read."""
+        p = Path(directory) / PREPROCESSOR_CONFIG
+        if not p.is_file():
+            return ImageProcessorConfig.for_model(cfg)
+        out = ImageProcessorConfig.load(p)
+        out.check_model(cfg.vision, str(p))
+        return out
 
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ipl_jax.data.image_processing import PREPROCESSOR_CONFIG, ImageProcessorConfig
+from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.tokenizer import load_tokenizer
 from ipl_jax.model import load_params, param_shapes
 from ipl_jax.model.config import Qwen2VLConfig
@@ -19,12 +19,11 @@ def load_policy(checkpoint: str, mesh: bool = False):
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
     the_mesh, shardings = None, None
+    cfg = Qwen2VLConfig.from_dir(directory)
+    image_config = ImageProcessorConfig.load_for_model(directory, cfg)  # checked before any weight loads
     if mesh:
         the_mesh = make_mesh()
-        shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), the_mesh)
+        shardings = param_shardings(param_shapes(cfg), the_mesh)
     params, cfg = load_params(str(directory), shardings=shardings)
     tokenizer = load_tokenizer(directory)
-    image_config = (
-        ImageProcessorConfig.load(directory) if (directory / PREPROCESSOR_CONFIG).is_file() else ImageProcessorConfig()
-    )
     return params, cfg, tokenizer, image_config, the_mesh

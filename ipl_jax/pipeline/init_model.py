@@ -40,15 +40,19 @@ def checkpoint_config(name: str, overrides: dict | None = None, dtype: str = "bf
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is unknown (valid: {', '.join(DTYPES)})")
     d = copy.deepcopy(ARCHITECTURES[name])
+    text = d.get("text_config", d)  # the nested layout (Qwen3-VL) or the flat one
     over = copy.deepcopy(overrides or {})
-    for nested in ("vision_config", "rope_scaling"):
+    for nested in ("vision_config", "text_config", "rope_scaling"):
         part = over.pop(nested, None)
-        if part is not None:
-            if not isinstance(part, dict):
-                raise ValueError(f"override {nested}: expected a JSON object, got {type(part).__name__}")
-            d[nested].update(part)
+        if part is None:
+            continue
+        home = d if nested in d else text
+        if not isinstance(part, dict) or nested not in home:
+            raise ValueError(f"override {nested}: expected a JSON object (of a part {name} has)")
+        home[nested].update(part)
     d.update(over)
-    d["vision_config"]["hidden_size"] = d["hidden_size"]
+    merger = "out_hidden_size" if "out_hidden_size" in d["vision_config"] else "hidden_size"
+    d["vision_config"][merger] = text["hidden_size"]
     d["torch_dtype"] = dtype
     Qwen2VLConfig.from_hf_dict(d)  # raises ValueError naming an inconsistent field
     return d
@@ -64,7 +68,7 @@ def _write_tokenizer(out: Path, hf_config: dict, bpe_size: int) -> dict[str, int
     """Our tokenizer in ``out``, specials at the config's ids when the vocabulary holds them; returns the ids."""
 
     first, n = int(hf_config["bos_token_id"]), len(SPECIAL_TOKENS)
-    vocab = int(hf_config["vocab_size"])
+    vocab = int(hf_config.get("text_config", hf_config)["vocab_size"])
     if first + n <= vocab:  # the published layout: BPE (filled) below the specials at the config's ids
         tok = train_tokenizer(default_corpus(), min(bpe_size, first) + n, specials_at=first)
     else:
@@ -95,10 +99,7 @@ def write_random_checkpoint(
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     cfg = Qwen2VLConfig.from_hf_dict(config)
-    v = cfg.vision
-    ImageProcessorConfig(
-        patch_size=v.patch_size, merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size
-    ).save(out)
+    ImageProcessorConfig.for_model(cfg).save(out)
     nbytes = write_random_weights(
         str(out),
         cfg,

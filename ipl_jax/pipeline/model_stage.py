@@ -128,15 +128,16 @@ def job_mesh(mesh: MeshSettings):
 
 def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
     """A policy directory, placed by the partition rules when ``mesh`` is given, in ``dtype`` (default param_dtype)."""
-    shardings = None
+    shardings, cfg = None, Qwen2VLConfig.from_dir(directory)
+    image_config = ImageProcessorConfig.load_for_model(directory, cfg)  # checked before any weight loads
     if mesh is not None:
-        shardings = param_shardings(param_shapes(Qwen2VLConfig.from_dir(directory)), mesh)
+        shardings = param_shardings(param_shapes(cfg), mesh)
     params, cfg = load_params(str(directory), shardings=shardings, dtype=dtype)
     return Policy(
         params=params,
         cfg=cfg,
         tokenizer=load_tokenizer(directory),
-        image_config=ImageProcessorConfig.load(directory),
+        image_config=image_config,
         source=str(directory),
         mesh=mesh,
     )
@@ -153,10 +154,10 @@ def build_initial_model(
         src = Path(model.checkpoint_dir())
         if not (src / "config.json").is_file():
             raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
-        # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); the job's image settings apply
-        # (e.g. max_pixels) unless the checkpoint's are wanted
+        # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); its processor (patches,
+        # normalisation) with the job's pixel range
         policy = load_policy(src, dtype=checkpoint_dtype(src))
-        write_policy_dir(out, policy.params, policy.cfg, src, model.image_processor())
+        write_policy_dir(out, policy.params, policy.cfg, src, model.image_processor(policy.image_config))
         return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
 
     corpus = tokenizer_corpus(train_steps, qas, texts)
@@ -164,7 +165,7 @@ def build_initial_model(
     special_ids = write_tokenizer(train_tokenizer(corpus, model.text.vocab_size), tok_dir)
     cfg = model.fresh_config(special_ids)
     params = init_params(cfg, jax.random.PRNGKey(settings.seed))
-    write_policy_dir(out, params, cfg, tok_dir, model.image_processor())
+    write_policy_dir(out, params, cfg, tok_dir, model.image_processor(ImageProcessorConfig.for_model(cfg)))
     n = count_params(params)
     wd.echo(
         f"  tokenizer: {max(special_ids.values()) + 1} tokens from {len(corpus)} texts; model: "

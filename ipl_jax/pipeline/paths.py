@@ -159,7 +159,22 @@ def model_dir(path: str | os.PathLike, flag: str) -> Path:
         raise UsageError(f"{flag} {p}: no *.safetensors weights; expected a Hugging Face model directory")
     for w in weights:
         check_safetensors(w, flag)
+    check_processor(p, flag)
     return p
+
+
+def check_processor(p: Path, flag: str) -> None:
+    """``UsageError`` when the directory's ``preprocessor_config.json`` cuts screenshots into patches of another size
+    than its ``config.json``'s vision tower embeds (read before any weight)."""
+    from ipl_jax.data.image_processing import PREPROCESSOR_CONFIG, ImageProcessorConfig
+    from ipl_jax.model.config import Qwen2VLConfig
+
+    if not (p / PREPROCESSOR_CONFIG).is_file():
+        return
+    try:
+        ImageProcessorConfig.load_for_model(p, Qwen2VLConfig.from_dir(p))
+    except ValueError as e:
+        raise UsageError(f"{flag} {e}; the processor must be the model's own (re-download or re-export it)") from None
 
 
 def check_safetensors(path: Path, flag: str) -> None:

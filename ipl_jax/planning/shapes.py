@@ -1,6 +1,6 @@
-"""The plan's inputs: the published Qwen2-VL architectures and the job's fresh model, the job's batch shapes
-(``JobShapes.of``: the largest buckets of each program), the mesh, and abstract batches of the SFT step, T-DPO step
-and sampler.
+"""The plan's inputs: the published Qwen2-VL and Qwen3-VL architectures and the job's fresh model, the job's batch
+shapes (``JobShapes.of``: the largest buckets of each program), the mesh, and abstract batches of the SFT step,
+T-DPO step and sampler.
 """
 
 from __future__ import annotations
@@ -84,7 +84,83 @@ ARCHITECTURES = {
         vision_config=dict(_VISION, hidden_size=3584),
     ),
 }
-_CONFIG_ARCH = ((r"qwen2vl_2b", "qwen2-vl-2b"), (r"qwen2vl_7b", "qwen2-vl-7b"))
+_TEXT3 = dict(
+    model_type="qwen3_vl_text",
+    head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=262144,
+    rms_norm_eps=1e-6,
+    rope_theta=5000000,
+    rope_scaling={"rope_type": "default", "mrope_interleaved": True, "mrope_section": [24, 20, 20]},
+    attention_bias=False,
+    vocab_size=151936,
+    num_key_value_heads=8,
+)
+_VISION3 = dict(
+    model_type="qwen3_vl",
+    hidden_act="gelu_pytorch_tanh",
+    num_heads=16,
+    in_channels=3,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    num_position_embeddings=2304,
+)
+# The published Qwen3-VL-2B / 8B (Instruct) config.json files, nested layout.
+ARCHITECTURES |= {
+    "qwen3-vl-2b": dict(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        model_type="qwen3_vl",
+        dtype="bfloat16",
+        tie_word_embeddings=True,
+        **_SPECIAL,
+        text_config=dict(
+            _TEXT3,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            _VISION3,
+            depth=24,
+            hidden_size=1024,
+            intermediate_size=4096,
+            out_hidden_size=2048,
+            deepstack_visual_indexes=[5, 11, 17],
+        ),
+    ),
+    "qwen3-vl-8b": dict(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        model_type="qwen3_vl",
+        dtype="bfloat16",
+        tie_word_embeddings=False,
+        **_SPECIAL,
+        text_config=dict(
+            _TEXT3,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            _VISION3,
+            depth=27,
+            hidden_size=1152,
+            intermediate_size=4304,
+            out_hidden_size=4096,
+            deepstack_visual_indexes=[8, 16, 24],
+        ),
+    ),
+}
+_CONFIG_ARCH = (
+    (r"qwen2vl_2b", "qwen2-vl-2b"),
+    (r"qwen2vl_7b", "qwen2-vl-7b"),
+    (r"qwen3vl_2b", "qwen3-vl-2b"),
+    (r"qwen3vl_8b", "qwen3-vl-8b"),
+)
 _KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
@@ -98,7 +174,10 @@ class PlanError(ValueError):
 def architecture_dtype(name: str) -> str:
     """The dtype a published architecture ships in (its torch_dtype), float32 for any other model: the plan's
     ``default_dtype`` for ``Settings.resolved`` (a model.dtype of 'auto' with no checkpoint on disk)."""
-    return ARCHITECTURES[name].get("torch_dtype", "float32") if name in ARCHITECTURES else "float32"
+    if name not in ARCHITECTURES:
+        return "float32"
+    arch = ARCHITECTURES[name]
+    return arch.get("torch_dtype", arch.get("dtype", "float32"))
 
 
 def model_config(m: ModelSettings, config_name: str = "", arch: str = "auto") -> tuple[str, Qwen2VLConfig]:

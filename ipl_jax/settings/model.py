@@ -44,6 +44,23 @@ FRESH_TEXT = TextConfig(
     pad_token_id=None,
 )
 FRESH_VISION = VisionConfig(depth=2, embed_dim=64, hidden_size=0, mlp_ratio=2, num_heads=4)
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # a fresh model's architecture (model.family; hf_config.FAMILIES)
+# What a fresh model of another family takes in place of the Qwen2-VL values above, in each field the config leaves
+# at that value: Qwen2.5-VL's SwiGLU tower with 112-pixel windows (its last block attending over the whole image);
+# Qwen3-VL's decoder (q/k norms, no biases, interleaved M-RoPE) and tower (patch 16, GELU-tanh, a learned 8 x 8
+# position grid, DeepStack from up to three blocks before the last).
+FAMILY_TEXT = {"qwen3_vl": dict(qk_norm=True, qkv_bias=False, o_bias=False, mrope_interleaved=True)}
+FAMILY_VISION = {
+    "qwen2_5_vl": lambda depth: dict(
+        hidden_act="silu", window_size=112, fullatt_block_indexes=(depth - 1,), tokens_per_second=2
+    ),
+    "qwen3_vl": lambda depth: dict(
+        hidden_act="gelu_pytorch_tanh",
+        patch_size=16,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=tuple(range(min(3, depth - 1))) or (0,),
+    ),
+}
 _TOKENIZER_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # a fresh model's are its tokenizer's
 
 
@@ -60,6 +77,9 @@ class ModelSettings(Section):
     """A fresh model's vision tower: model/config.py's VisionConfig, every field (hidden_size 0: the decoder's)."""
     tie_word_embeddings: bool = True
     """A fresh model's output projection shares the input embedding (Qwen2VLConfig.tie_word_embeddings)."""
+    family: str = "qwen2_vl"
+    """A fresh model's architecture: qwen2_vl | qwen2_5_vl | qwen3_vl (the family's own values, FAMILY_TEXT /
+    FAMILY_VISION, fill the text / vision fields left at their defaults); a checkpoint's is its config.json's."""
     dtype: str = "auto"
     """Compute dtype; auto: the starting checkpoint's torch_dtype, float32 for a fresh model."""
     param_dtype: str = "auto"
@@ -87,6 +107,7 @@ class ModelSettings(Section):
             f"cuDNN attention needs model.dtype bfloat16 or float16, not {self.dtype} (or use auto)",
         )
         self.need("remat", self.remat in REMAT_POLICIES, one_of(REMAT_POLICIES))
+        self.need("family", self.family in FAMILIES, one_of(FAMILIES))
         self.at_least("min_pixels", 1)
         self.need("max_pixels", self.max_pixels >= self.min_pixels, "must be >= model.min_pixels")
         self._check_shape()
@@ -121,15 +142,28 @@ class ModelSettings(Section):
             ids, bos = SpecialIds(*(special_ids[t] for t in tokens)), special_ids[ENDOFTEXT]
         if max(*ids, bos) >= v:
             raise ValueError(f"model vocab_size {v} is smaller than the tokenizer ({max(*ids, bos) + 1} tokens)")
+        text, vision = self.family_shape()
         return Qwen2VLConfig(
-            vision=self.vision,
-            text=dataclasses.replace(self.text, bos_token_id=bos, eos_token_id=(ids.eos,)),
+            vision=vision,
+            text=dataclasses.replace(text, bos_token_id=bos, eos_token_id=(ids.eos,)),
             image_token_id=ids.image,
             video_token_id=ids.video,
             vision_start_token_id=ids.vision_start,
             vision_end_token_id=ids.vision_end,
             tie_word_embeddings=self.tie_word_embeddings,
+            model_type=self.family,
         )
+
+    def family_shape(self) -> tuple[TextConfig, VisionConfig]:
+        """``text`` / ``vision`` with ``family``'s own values in the fields left at their defaults (``FRESH_TEXT`` /
+        ``FRESH_VISION``'s)."""
+        text_own = FAMILY_TEXT.get(self.family, {})
+        vision_own = FAMILY_VISION[self.family](self.vision.depth) if self.family in FAMILY_VISION else {}
+        parts = []
+        for part, fresh, own in ((self.text, FRESH_TEXT, text_own), (self.vision, FRESH_VISION, vision_own)):
+            left = {k: v for k, v in own.items() if getattr(part, k) == getattr(fresh, k)}
+            parts.append(dataclasses.replace(part, **left))
+        return parts[0], parts[1]
 
     def checkpoint_dir(self) -> str:
         """``checkpoint`` as a directory ("" for none): a shipped base (``builtin:NAME``) is
@@ -163,18 +197,14 @@ class ModelSettings(Section):
         compute = "float32" if self.dtype == "auto" else self.dtype
         return Precision(compute, compute if self.param_dtype == "auto" else self.param_dtype, self.remat)
 
-    def image_processor(self) -> ImageProcessorConfig:
-        """How screenshots are resized: between ``min_pixels`` and ``max_pixels``, into a fresh model's patches
-        (``vision``; a checkpoint's are the Hub's)."""
+    def image_processor(self, model: ImageProcessorConfig | None = None) -> ImageProcessorConfig:
+        """How screenshots are resized: between ``min_pixels`` and ``max_pixels``, into the patches of ``model``
+        (the processor of the model the job starts from: a checkpoint's own; None: the fresh model's,
+        ``ImageProcessorConfig.for_model``)."""
         from ipl_jax.data.image_processing import ImageProcessorConfig  # imported when built (no JAX on import)
 
-        pixels = ImageProcessorConfig(min_pixels=self.min_pixels, max_pixels=self.max_pixels)
-        if self.checkpoint:
-            return pixels
-        v = self.vision
-        return dataclasses.replace(
-            pixels, patch_size=v.patch_size, merge_size=v.spatial_merge_size, temporal_patch_size=v.temporal_patch_size
-        )
+        base = model or ImageProcessorConfig.for_model(self.fresh_config())
+        return dataclasses.replace(base, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
 
     def check_platform(self, platform: str) -> None:
         """The dtypes, attention and remat policy run on ``platform``."""

@@ -1,0 +1,14 @@
+"""Qwen3-VL-2B-Instruct on AITZ: the 8B recipe on the smaller model (qwen2vl_2b_aitz.py's choices).
+
+    ipl-jax run --config qwen3vl_2b_aitz[:gpu|tpu] --config.data.root=/data/aitz \
+        --config.model.checkpoint=/models/Qwen3-VL-2B-Instruct --workdir runs/aitz3vl2b
+"""
+
+from ipl_jax.configs import qwen3vl_8b_aitz as _aitz_8b
+
+
+def get_config(arg=None):
+    c = _aitz_8b.get_config(arg)
+    c.sft.learning_rate = 2e-5  # [choice] the upper half of the paper's range for the smaller model
+    c.ipl.lora_rank = 64  # [choice] IPL with adapters: reference + policy + optimizer fit one GPU
+    return c
