@@ -8,7 +8,11 @@ from ipl_jax.configs import qwen2vl_7b_aitz as _aitz_7b
 
 
 def get_config(arg=None):
-    c = _aitz_7b.get_config(arg)
+    return smaller_model(_aitz_7b.get_config(arg))
+
+
+def smaller_model(c):
+    """What the 2B models change in their larger sibling's recipe."""
     c.sft.learning_rate = 2e-5  # [choice] the upper half of the paper's range for the smaller model
     c.ipl.lora_rank = 64  # [choice] IPL with adapters: reference + policy + optimizer fit one GPU
     return c

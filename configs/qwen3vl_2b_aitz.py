@@ -5,10 +5,8 @@
 """
 
 from ipl_jax.configs import qwen3vl_8b_aitz as _aitz_8b
+from ipl_jax.configs.qwen2vl_2b_aitz import smaller_model
 
 
 def get_config(arg=None):
-    c = _aitz_8b.get_config(arg)
-    c.sft.learning_rate = 2e-5  # [choice] the upper half of the paper's range for the smaller model
-    c.ipl.lora_rank = 64  # [choice] IPL with adapters: reference + policy + optimizer fit one GPU
-    return c
+    return smaller_model(_aitz_8b.get_config(arg))

@@ -91,12 +91,17 @@ def test_submenu_and_back():
     assert (s.app, s.page) == ("Settings", "main")
 
 
+def _in_app(world_seed: int, typed_name: str, app_name: str, **task):
+    """(world, app): ``World(world_seed)`` reset to a task of ``task``'s fields, then ``app`` opened by the name
+    ``typed_name`` (an open_app action); ``app_name``: the app's key in ``world.apps``."""
+    world = World(world_seed)
+    world.reset(Task(instruction="x", template=0, **task))
+    world.step(Action(type="open_app", text=typed_name))
+    return world, world.apps[app_name]
+
+
 def test_shop_search_flow_and_typing_needs_focus():
-    world = World(3)
-    task = Task(family="add_to_cart", instruction="x", template=0, query="red shoes")
-    world.reset(task)
-    world.step(Action(type="open_app", text="shop"))
-    shop = world.apps["Shop"]
+    world, shop = _in_app(3, "shop", "Shop", family="add_to_cart", query="red shoes")
     assert world.current == "Shop"
     world.step(Action(type="type", text="red shoes"))
     assert shop.field == ""  # nothing is focused: typing goes nowhere
@@ -113,7 +118,7 @@ def test_shop_search_flow_and_typing_needs_focus():
     s, _ = world.step(_tap(s, f"result:{first}"))
     assert (s.page, shop.item) == ("details", first)
     world.step(_tap(world.screen, "primary"))
-    assert shop.cart == [first] and is_done(world, task)
+    assert shop.cart == [first] and is_done(world, world.task)
     assert any(w.style == "toast" and w.text == "Added to cart" for w in world.screen.widgets)
 
 
@@ -291,11 +296,7 @@ def test_expert_recovers_from_every_start_state():
 
 
 def test_store_install_and_shared_text_transitions():
-    world = World(4)
-    task = Task(family="install", instruction="x", template=0, app="Lingo")
-    world.reset(task)
-    world.step(Action(type="open_app", text="Store"))
-    store = world.apps["Store"]
+    world, store = _in_app(4, "Store", "Store", family="install", app="Lingo")
     world.step(_tap(world.screen, "field"))
     world.step(Action(type="type", text="Lingo"))
     s, _ = world.step(Action(type="press", button="enter"))
@@ -308,5 +309,5 @@ def test_store_install_and_shared_text_transitions():
     s, _ = world.step(_tap(s, "result:Lingo"))
     assert s.page == "details" and s.find("primary").text == "Install"
     s, _ = world.step(_tap(s, "primary"))
-    assert store.installed == {"Lingo"} and is_done(world, task)
+    assert store.installed == {"Lingo"} and is_done(world, world.task)
     assert s.find("primary").text == "Open"

@@ -51,38 +51,31 @@ _VISION = dict(
     spatial_merge_size=2,
     temporal_patch_size=2,
 )
-# The published Qwen2-VL-2B / 7B (Instruct) config.json files, flat Hub layout (torch_dtype: the dtype they ship in).
+
+
+def _qwen2(vocab: int, hidden: int, mlp: int, heads: int, kv_heads: int, tied: bool) -> dict:
+    """A published Qwen2-VL config.json (flat Hub layout; torch_dtype: the dtype it ships in), 28 layers."""
+    return dict(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        model_type="qwen2_vl",
+        torch_dtype="bfloat16",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=28,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tied,
+        **_TEXT,
+        **_SPECIAL,
+        vision_config=dict(_VISION, hidden_size=hidden),
+    )
+
+
+# The published Qwen2-VL-2B / 7B (Instruct): vocabulary, width, MLP, heads, KV heads, tied embeddings.
 ARCHITECTURES = {
-    "qwen2-vl-2b": dict(
-        architectures=["Qwen2VLForConditionalGeneration"],
-        model_type="qwen2_vl",
-        torch_dtype="bfloat16",
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        **_TEXT,
-        **_SPECIAL,
-        vision_config=dict(_VISION, hidden_size=1536),
-    ),
-    "qwen2-vl-7b": dict(
-        architectures=["Qwen2VLForConditionalGeneration"],
-        model_type="qwen2_vl",
-        torch_dtype="bfloat16",
-        vocab_size=152064,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-        **_TEXT,
-        **_SPECIAL,
-        vision_config=dict(_VISION, hidden_size=3584),
-    ),
+    "qwen2-vl-2b": _qwen2(151936, 1536, 8960, 12, 2, True),
+    "qwen2-vl-7b": _qwen2(152064, 3584, 18944, 28, 4, False),
 }
 _TEXT3 = dict(
     model_type="qwen3_vl_text",
@@ -106,53 +99,35 @@ _VISION3 = dict(
     temporal_patch_size=2,
     num_position_embeddings=2304,
 )
-# The published Qwen3-VL-2B / 8B (Instruct) config.json files, nested layout.
+
+
+def _qwen3(tied: bool, text: dict, vision: dict, taps: list[int]) -> dict:
+    """A published Qwen3-VL config.json (nested layout) from the fields its sizes set."""
+    return dict(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        model_type="qwen3_vl",
+        dtype="bfloat16",
+        tie_word_embeddings=tied,
+        **_SPECIAL,
+        text_config=dict(_TEXT3, tie_word_embeddings=tied, **text),
+        vision_config=dict(_VISION3, **vision, deepstack_visual_indexes=taps),
+    )
+
+
+# The published Qwen3-VL-2B / 8B (Instruct) config.json files: text width, MLP, layers, heads; the tower's depth,
+# width, MLP, output width and DeepStack taps.
 ARCHITECTURES |= {
-    "qwen3-vl-2b": dict(
-        architectures=["Qwen3VLForConditionalGeneration"],
-        model_type="qwen3_vl",
-        dtype="bfloat16",
-        tie_word_embeddings=True,
-        **_SPECIAL,
-        text_config=dict(
-            _TEXT3,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            tie_word_embeddings=True,
-        ),
-        vision_config=dict(
-            _VISION3,
-            depth=24,
-            hidden_size=1024,
-            intermediate_size=4096,
-            out_hidden_size=2048,
-            deepstack_visual_indexes=[5, 11, 17],
-        ),
+    "qwen3-vl-2b": _qwen3(
+        True,
+        dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
+        dict(depth=24, hidden_size=1024, intermediate_size=4096, out_hidden_size=2048),
+        [5, 11, 17],
     ),
-    "qwen3-vl-8b": dict(
-        architectures=["Qwen3VLForConditionalGeneration"],
-        model_type="qwen3_vl",
-        dtype="bfloat16",
-        tie_word_embeddings=False,
-        **_SPECIAL,
-        text_config=dict(
-            _TEXT3,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            tie_word_embeddings=False,
-        ),
-        vision_config=dict(
-            _VISION3,
-            depth=27,
-            hidden_size=1152,
-            intermediate_size=4304,
-            out_hidden_size=4096,
-            deepstack_visual_indexes=[8, 16, 24],
-        ),
+    "qwen3-vl-8b": _qwen3(
+        False,
+        dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32),
+        dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=4096),
+        [8, 16, 24],
     ),
 }
 _CONFIG_ARCH = (
