@@ -38,6 +38,15 @@ class SpecialIds(NamedTuple):
     vision_end: int
     eos: int
 
+    def config_fields(self) -> dict[str, int]:
+        """The ``Qwen2VLConfig`` fields these ids fill (the end-of-turn id goes in its text config)."""
+        return dict(
+            image_token_id=self.image,
+            video_token_id=self.video,
+            vision_start_token_id=self.vision_start,
+            vision_end_token_id=self.vision_end,
+        )
+
 
 def top_ids(vocab: int) -> SpecialIds:
     """The special ids at the top of a vocabulary of ``vocab``: vision start / end, image, video, then (last) the
@@ -77,9 +86,6 @@ def small_config(
             eos_token_id=(ids.eos,),
             **text,
         ),
-        image_token_id=ids.image,
-        video_token_id=ids.video,
-        vision_start_token_id=ids.vision_start,
-        vision_end_token_id=ids.vision_end,
         tie_word_embeddings=tie,
+        **ids.config_fields(),
     )

@@ -146,12 +146,9 @@ class ModelSettings(Section):
         return Qwen2VLConfig(
             vision=vision,
             text=dataclasses.replace(text, bos_token_id=bos, eos_token_id=(ids.eos,)),
-            image_token_id=ids.image,
-            video_token_id=ids.video,
-            vision_start_token_id=ids.vision_start,
-            vision_end_token_id=ids.vision_end,
             tie_word_embeddings=self.tie_word_embeddings,
             model_type=self.family,
+            **ids.config_fields(),
         )
 
     def family_shape(self) -> tuple[TextConfig, VisionConfig]:
