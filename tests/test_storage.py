@@ -185,11 +185,11 @@ def test_a_fresh_workdir_resumes_from_the_bucket_markers(gcs_bucket):
             ("bucket missing-bucket-41 does not",),
         ),
         (["run", "--stop-after", "data", "--workdir", "ftp://host/x"], ("no filesystem handles ftp://",)),
-        (["run", "--workdir", "gs://BUCKET/x"], ("runs the stages up to data so far", "add --stop-after data")),
+        (["run", "--workdir", "gs://missing-bucket-41/x"], ("bucket missing-bucket-41 does not",)),
         (["sft", "--workdir", "gs://BUCKET/x"], ("takes a directory on this host's disk",)),
         (["synth", "--out", "gs://BUCKET/x", "--split", "train"], ("takes a directory on this host's disk",)),
     ],
-    ids=["missing-bucket", "unknown-scheme", "past-data", "sft", "synth"],
+    ids=["missing-bucket", "unknown-scheme", "missing-bucket-whole-job", "sft", "synth"],
 )
 def test_an_unusable_uri_ends_in_one_line(gcs_bucket, capsys, argv, words):
     argv = [a.replace("BUCKET", gcs_bucket.name) for a in argv]
