@@ -157,25 +157,31 @@ def local_copy(location, *parts: str) -> pathlib.Path:
     size or modification time changed since the last copy (kept beside the copy, in ``<copy>.copied.json``)."""
     if not is_remote(location):
         return as_path(location)
+    from ipl_jax.progress import progress
+
     root, out = as_path(location), scratch_dir(location, *parts)
     manifest = out.with_name(out.name + ".copied.json")
     seen = json.loads(manifest.read_text()) if manifest.is_file() else {}
     now: dict[str, list] = {}
+    fetch = []
     for src in _objects(root):
         rel = "/".join(src.relative_to(root).parts)
         st = src.stat()
         now[rel] = [int(st.length), float(st.mtime)]
-        target = out / rel
-        if seen.get(rel) == now[rel] and target.is_file():
-            continue
+        if seen.get(rel) != now[rel] or not (out / rel).is_file():
+            fetch.append((src, out / rel))
+    # a large first copy shows its progress; the processes of one host may copy at once: each its own .part file
+    for src, target in progress(fetch, desc=f"copy {location}", unit="file") if len(fetch) > 100 else fetch:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".part")
+        tmp = target.with_name(f"{target.name}.part{os.getpid()}")
         with src.open("rb") as f, open(tmp, "wb") as g:
             shutil.copyfileobj(f, g, 1 << 22)
         os.replace(tmp, target)
     for rel in set(seen) - set(now):  # gone from the store: gone here
         (out / rel).unlink(missing_ok=True)
-    manifest.write_text(json.dumps(now))
+    tmp = manifest.with_name(f"{manifest.name}.part{os.getpid()}")
+    tmp.write_text(json.dumps(now))
+    os.replace(tmp, manifest)
     return out
 
 
