@@ -10,11 +10,30 @@ else through fsspec's ``gcsfs`` (the ``gcs`` extra); gcsfs and tensorstore (Orba
 
 Object storage has no directories and no rename: a "directory" is a name prefix (nothing to create), an object
 is replaced whole by one upload (a reader sees the old or the new one, never a part), and an append rewrites the
-object.
+object. What each file of a job's workdir keeps on a store (only the main process writes any of them):
+
+- ``stages/STAGE.done``: write-then-mark. One object, written after every output of the stage has been uploaded
+  (and Orbax has committed its checkpoint); a reader that sees it sees the outputs (GCS reads and listings are
+  strongly consistent after a write). A job killed before it reruns the stage, which rewrites its outputs whole.
+- ``config.json``, ``results.json``, ``job_report.json``, ``rounds/R/round.json``, ``evolution/qas.jsonl``,
+  ``eval/round_R/*.jsonl``, ``rounds/R/trees.*``, ``step_accuracy.png``, ``trees.html``: one upload each, so a
+  reader sees the old or the new object whole (locally: a temporary file renamed, or written before the marker).
+- ``stage_log.jsonl``, ``metrics.jsonl``: each record rewrites the object with this process's copy plus the
+  record (``append_text``); a killed job keeps every record but the one being written.
+- policy directories (``model/init``, ``model/tokenizer``, ``sft/candidates/step_N``, ``start``,
+  ``rounds/R/policy``, ``export``) and the synthetic ``data/``: written in this host's scratch, then the old
+  objects removed and each file uploaded (``staged_dir``, ``copy_tree``). There is no atomic swap of a whole
+  directory: one is read only once the marker of the stage that wrote it exists, and a rerun rewrites it whole.
+  Readers that need a local directory (transformers, safetensors, tokenizers) read this host's copy
+  (``local_dir``), an object fetched again when its size or modification time changed.
+- ``sft/checkpoints/STEP`` (Orbax, through tensorstore): Orbax's own protocol on a store; a step counts once its
+  ``commit_success.txt`` is written, so a step cut off by a kill is not restored.
+- ``tensorboard/RUN/events...``: one object per run, uploaded whole after each batch of events.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -135,29 +154,95 @@ def upload_tree(local: str | os.PathLike, dest) -> int:
 def local_copy(location, *parts: str) -> pathlib.Path:
     """``location`` as a directory on this host's disk: itself when local; for a URI, every object under it
     downloaded into this host's scratch (``scratch_dir(location, *parts)``), an object fetched again only when its
-    size or modification time changed since the last copy (kept in ``.copied.json``)."""
+    size or modification time changed since the last copy (kept beside the copy, in ``<copy>.copied.json``)."""
     if not is_remote(location):
         return as_path(location)
+    from ipl_jax.progress import progress
+
     root, out = as_path(location), scratch_dir(location, *parts)
-    manifest = out / ".copied.json"
+    manifest = out.with_name(out.name + ".copied.json")
     seen = json.loads(manifest.read_text()) if manifest.is_file() else {}
     now: dict[str, list] = {}
+    fetch = []
     for src in _objects(root):
         rel = "/".join(src.relative_to(root).parts)
         st = src.stat()
         now[rel] = [int(st.length), float(st.mtime)]
-        target = out / rel
-        if seen.get(rel) == now[rel] and target.is_file():
-            continue
+        if seen.get(rel) != now[rel] or not (out / rel).is_file():
+            fetch.append((src, out / rel))
+    # a large first copy shows its progress; the processes of one host may copy at once: each its own .part file
+    for src, target in progress(fetch, desc=f"copy {location}", unit="file") if len(fetch) > 100 else fetch:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".part")
+        tmp = target.with_name(f"{target.name}.part{os.getpid()}")
         with src.open("rb") as f, open(tmp, "wb") as g:
             shutil.copyfileobj(f, g, 1 << 22)
         os.replace(tmp, target)
     for rel in set(seen) - set(now):  # gone from the store: gone here
         (out / rel).unlink(missing_ok=True)
-    manifest.write_text(json.dumps(now))
+    tmp = manifest.with_name(f"{manifest.name}.part{os.getpid()}")
+    tmp.write_text(json.dumps(now))
+    os.replace(tmp, manifest)
     return out
+
+
+def local_dir(location) -> pathlib.Path:
+    """``location`` where a library needs a local directory (transformers, safetensors, tokenizers): itself when
+    local, else this host's cached copy of it (``local_copy``)."""
+    return local_copy(location, "copy")
+
+
+@contextlib.contextmanager
+def staged_dir(dest):
+    """A local directory to write the directory ``dest`` in: for a URI a fresh one in this host's scratch, uploaded
+    to ``dest`` (what was there removed first) when the block ends without error; a local ``dest`` is yielded as
+    it is (the caller keeps its own local discipline)."""
+    if not is_remote(dest):
+        yield as_path(dest)
+        return
+    work = scratch_dir(dest, "write")
+    shutil.rmtree(work)  # what an interrupted attempt left
+    out = work / (as_path(dest).name or "dir")
+    out.mkdir(parents=True)
+    try:
+        yield out
+        remove_tree(dest)
+        upload_tree(out, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_tree(path) -> None:
+    """Remove the directory ``path`` with everything under it, when it is there (on a store: every object under
+    the prefix, one by one)."""
+    p = as_path(path)
+    if not is_remote(p):
+        if p.exists():
+            shutil.rmtree(p)
+        return
+    if p.is_dir():
+        for obj in _objects(p):
+            obj.unlink()
+
+
+def copy_tree(src, dest) -> None:
+    """Copy the directory ``src`` to ``dest`` (either may be a URI), replacing what ``dest`` held: between local
+    directories ``shutil.copytree``; else ``src``'s local copy (``local_dir``) uploaded file by file."""
+    if not is_remote(src) and not is_remote(dest):
+        remove_tree(dest)
+        shutil.copytree(src, dest)
+        return
+    remove_tree(dest)
+    upload_tree(local_dir(src), dest)
+
+
+def copy_file(src, dest):
+    """Copy the file ``src`` to ``dest`` (either may be a URI); returns ``dest`` as a path."""
+    s, d = as_path(src), as_path(dest)
+    if not is_remote(s) and not is_remote(d):
+        return shutil.copyfile(s, d)
+    with s.open("rb") as f, d.open("wb") as g:
+        shutil.copyfileobj(f, g, 1 << 22)
+    return d
 
 
 def _objects(root) -> list:

@@ -10,6 +10,7 @@ import jax
 import pytest
 from support.commands import run_ok
 from support.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 (fixtures: a GCS emulator and a bucket)
+from support.quick_job import quick_run  # noqa: F401 (fixture: the local quick job, run once per session)
 
 
 @pytest.fixture

@@ -1,23 +1,21 @@
 """The main job end to end on the quick config: results.json schema, outputs, resume without redoing stages.
 
-One module-scoped run (about 2 min on two busy CPU cores when the notebook test has filled the shared
-compilation cache) feeds the job tests here: it is made in two invocations (``ipl-jax sft``, then ``ipl-jax
-run``), so the second invocation resuming after a finished stage is itself under test; a third invocation must
-redo nothing.
+One run of the session (fixture ``quick_run``, ``support.quick_job``: about 2 min on two busy CPU cores when the
+notebook test has filled the shared compilation cache) feeds the job tests here: it is made in two invocations
+(``ipl-jax sft``, then ``ipl-jax run``), so the second invocation resuming after a finished stage is itself under
+test; a third invocation must redo nothing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.quick_job import REPO, run_cli
 
 from ipl_jax.configs.loader import load_settings
 from ipl_jax.pipeline.ablate import variant_settings
@@ -40,48 +38,6 @@ SCORE_KEYS = {
     "format",
     "rules",
 }
-
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess:
-    """``ipl-jax ...`` in a fresh interpreter of this environment. JAX's persistent compilation cache is shared
-    by every job of the test session (this module and the notebook test), so a program compiles once."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        IPL_JAX_QUIET="1",
-        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "ipl_jax.cli", *args], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    config = load_settings("synthetic:quick")
-    workdir = tmp_path_factory.mktemp("quick_job")
-    cache = tmp_path_factory.getbasetemp() / "jax_compilation_cache"
-    t0 = time.perf_counter()
-    first = run_cli(["sft", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
-    first_seconds = time.perf_counter() - t0
-    # `ipl-jax sft` stops after the SFT stage with the candidates written as Hugging Face directories
-    assert (workdir / "stages" / "sft.done").is_file() and not (workdir / "stages" / "start.done").exists()
-    candidates = sorted((workdir / "sft" / "candidates").iterdir())
-    assert [c.name for c in candidates] == [f"step_{s:06d}" for s in (4, 8)]
-    assert all((c / "config.json").is_file() and (c / "tokenizer.json").is_file() for c in candidates)
-    second = run_cli(["run", "--config", "synthetic:quick", "--workdir", str(workdir)], cache)
-    return {
-        "config": config,
-        "workdir": Path(workdir),
-        "lines": (first.stdout + second.stdout).splitlines(),
-        "first_seconds": first_seconds,
-        "cache": cache,
-    }
 
 
 def _stage_events(workdir: Path) -> list[dict]:

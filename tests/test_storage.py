@@ -185,11 +185,11 @@ def test_a_fresh_workdir_resumes_from_the_bucket_markers(gcs_bucket):
             ("bucket missing-bucket-41 does not",),
         ),
         (["run", "--stop-after", "data", "--workdir", "ftp://host/x"], ("no filesystem handles ftp://",)),
-        (["run", "--workdir", "gs://BUCKET/x"], ("runs the stages up to data so far", "add --stop-after data")),
+        (["run", "--workdir", "gs://missing-bucket-41/x"], ("bucket missing-bucket-41 does not",)),
         (["sft", "--workdir", "gs://BUCKET/x"], ("takes a directory on this host's disk",)),
         (["synth", "--out", "gs://BUCKET/x", "--split", "train"], ("takes a directory on this host's disk",)),
     ],
-    ids=["missing-bucket", "unknown-scheme", "past-data", "sft", "synth"],
+    ids=["missing-bucket", "unknown-scheme", "missing-bucket-whole-job", "sft", "synth"],
 )
 def test_an_unusable_uri_ends_in_one_line(gcs_bucket, capsys, argv, words):
     argv = [a.replace("BUCKET", gcs_bucket.name) for a in argv]
@@ -263,3 +263,41 @@ def test_tensorboard_events_in_a_bucket_keep_every_batch(gcs_bucket, tmp_path, m
     monkeypatch.setenv(storage.SCRATCH_ENV, str(tmp_path / "reader"))  # another host reads the bucket
     events = EventAccumulator(str(storage.local_copy(f"{uri}/sft")), size_guidance={SCALARS: 0}).Reload()
     assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+
+
+def test_a_data_root_in_a_bucket_reads_as_the_local_one(gcs_bucket, tmp_path, monkeypatch):
+    import dataclasses
+
+    import numpy as np
+
+    from ipl_jax.configs.loader import load_settings
+    from ipl_jax.data.synthetic import generate_split
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.pipeline import data_stage
+    from ipl_jax.pipeline.sources import check_sources
+
+    monkeypatch.setenv(storage.SCRATCH_ENV, str(tmp_path / "scratch"))
+    s = load_settings("synthetic:quick")
+    local, uri = tmp_path / "aitz", f"{gcs_bucket.uri}/datasets/aitz"
+    for split in s.data.split_names():
+        write_aitz_split(generate_split(split, s.data.episodes_for(split), seed=s.seed, config=s.world), local, split)
+    storage.upload_tree(local, uri)
+    wd = Workdir(tmp_path / "wd", echo=lambda _: None)
+    read = {
+        root: data_stage.load_splits(dataclasses.replace(s.data, format="aitz", root=root), wd, s.seed)
+        for root in (str(local), uri, uri)
+    }  # the second read of the bucket: from this host's copy
+    a, b = read[str(local)], read[uri]
+    assert a.keys() == b.keys() and all(len(a[k]) == len(b[k]) > 0 for k in a)
+    for split in a:
+        for x, y in zip(a[split], b[split]):
+            assert x.episode_id == y.episode_id and len(x.steps) == len(y.steps)
+            for p, q in zip(x.steps, y.steps):
+                assert (p.instruction, p.action, p.coat) == (q.instruction, q.action, q.coat)
+                assert np.array_equal(np.asarray(p.load_image()), np.asarray(q.load_image()))
+    assert str(b["train"][0].steps[0].image).startswith(str(tmp_path / "scratch"))  # read on this host's disk
+
+    bad = dataclasses.replace(s.data, format="arrayrecord", root="gs://no-such-bucket-41/aitz")
+    with pytest.raises(UsageError) as e:
+        check_sources(bad, s.model)
+    _one_line(e.value, "config.data.root=gs://no-such-bucket-41/aitz: bucket no-such-bucket-41 does not exist")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ipl_jax import distributed, storage
+from ipl_jax import distributed
 from ipl_jax.cli.common import CommandParser, command
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.pipeline.paths import UsageError, output_dir
@@ -17,31 +17,18 @@ from ipl_jax.pipeline.sources import check_job
 from ipl_jax.pipeline.workdir import FORMER_STAGES
 
 PROG = "ipl-jax run"
-# the stages a workdir on an object store (gs://BUCKET/run, ipl_jax.storage) carries so far, in order
-REMOTE_STAGES = ("data",)
 
 
-def job_settings(parser: CommandParser, argv: list[str], remote_stages: tuple[str, ...] = ()):
+def job_settings(parser: CommandParser, argv: list[str], remote: bool = False):
     """(args, settings) of a job command: ``--config FILE[:VARIANT]`` (default ``synthetic``) and overrides, checked
-    with the sources, machine and ``--workdir`` (a multi-process launch joined) before any work. ``remote_stages``:
-    the stages a job stopping early may run in a workdir on an object store (none: local workdirs only)."""
+    with the sources, machine and ``--workdir`` (a multi-process launch joined) before any work. ``remote``: the
+    workdir may be an object-store URI (``gs://BUCKET/run``, checked on its store), else local only."""
     distributed.add_flags(parser)
     args, settings = parse_args_with_settings(parser, argv, default_config="synthetic")
     start_distributed(args)
-    check_workdir(args.workdir, getattr(args, "stop_after", None), remote_stages)
+    output_dir(args.workdir, "--workdir", remote=remote)
     check_job(settings)
     return args, settings
-
-
-def check_workdir(workdir: str, stop_after: str | None, remote_stages: tuple[str, ...]) -> None:
-    """``--workdir``: a local directory that can be written, or an object-store URI for a job that stops after one
-    of ``remote_stages`` (checked on its store); else one line saying what works."""
-    if storage.is_remote(workdir) and remote_stages and stop_after not in remote_stages:
-        raise UsageError(
-            f"--workdir {workdir}: a workdir on an object store runs the stages up to {remote_stages[-1]} so far; "
-            f"add --stop-after {remote_stages[-1]}, or use a local directory"
-        )
-    output_dir(workdir, "--workdir", remote=bool(remote_stages))
 
 
 def start_distributed(args) -> None:
@@ -73,7 +60,7 @@ def parser() -> CommandParser:
 
 @command(PROG)
 def main(argv: list[str]) -> int:
-    args, settings = job_settings(parser(), argv, REMOTE_STAGES)
+    args, settings = job_settings(parser(), argv, remote=True)
     run_job(settings, args.workdir, args.stop_after)
     return 0
 

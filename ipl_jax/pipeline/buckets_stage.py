@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ipl_jax import storage
 from ipl_jax.data.dialogue import annotated_steps, coat_example, coat_segments, qa_example
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
@@ -225,7 +226,7 @@ def fit_stage(
     qas: Sequence,
 ) -> dict:
     """Stage ``buckets`` (every process): scan with ``WORKDIR/model/init``'s tokenizer, ``fit``, echo one line."""
-    policy_dir = wd.path("model", "init")
+    policy_dir = storage.local_dir(wd.path("model", "init"))  # this host's copy of a URI
     tokenizer, image_config = load_tokenizer(policy_dir), ImageProcessorConfig.load(policy_dir)
     ipl, fallback = settings.ipl, settings.data.coat_fallback
     items: list = []

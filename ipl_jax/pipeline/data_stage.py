@@ -91,10 +91,17 @@ def _write_synthetic(settings: Settings, wd: Workdir, out: Path, aitz: Path) -> 
 
 def data_root(data: DataSettings, wd: Workdir) -> Path:
     """Where the dataset is read: the synthetic world's in the workdir (a workdir on an object store: its copy in
-    this host's scratch), else ``data.root``."""
+    this host's scratch), else ``data.root`` (a URI: its copy, ``local_root``)."""
     if not data.synthetic:
-        return Path(data.root)
+        return local_root(data.root)
     return storage.local_copy(wd.path("data"), "data") if wd.remote else wd.path("data")
+
+
+def local_root(root: str) -> Path:
+    """A dataset root as the readers take it: a local path as it is; a URI (``gs://BUCKET/aitz``) copied into this
+    host's scratch once (``storage.local_copy``: later reads fetch only what changed, and the decoded screenshots the
+    readers cache beside the data stay on this host)."""
+    return storage.local_copy(root, "data") if storage.is_remote(root) else Path(root)
 
 
 def load_splits(data: DataSettings, wd: Workdir, seed: int) -> dict[str, list[Episode]]:
@@ -189,7 +196,7 @@ def action_logs(
     ``strip_episode``-d. ``UsageError`` when there are none, fewer than M, or an id is shared with ``taken``."""
     root, fmt = data.action_root, data.log_format
     here = f"config.data.action_root={root!r}"
-    episodes, skipped = load_dataset_with_report(root, fmt, TRAIN, skip_bad=data.skip_bad)
+    episodes, skipped = load_dataset_with_report(local_root(root), fmt, TRAIN, skip_bad=data.skip_bad)
     if skipped:
         echo(f"  {skipped_summary(skipped, f'{root} split {TRAIN!r}')}")
     if not episodes:
@@ -223,7 +230,7 @@ def oracle_steps(data: DataSettings, wd: Workdir, steps: Sequence[Step]) -> list
     """The annotated records of action-only ``steps``, read back from their dataset (for ``sft_oracle`` only).
     ``UsageError`` naming a step missing there or without CoaT."""
     if data.action_root:
-        root, fmt = Path(data.action_root), data.log_format
+        root, fmt = local_root(data.action_root), data.log_format
     else:
         root, fmt = data_root(data, wd), "aitz" if data.synthetic else data.format
     episodes = load_dataset(root, fmt, TRAIN, skip_bad=data.skip_bad)

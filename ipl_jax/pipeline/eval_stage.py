@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Episode
 from ipl_jax.data.synthetic.config import WorldConfig
@@ -61,7 +61,7 @@ def evaluate_splits(
     """Greedy CoaT decoding of each split in ``names``: ({split: Step.Acc table}, {split: reading scores}
     (``eval.reading``)); predictions go to ``out_dir/<split>.predictions.jsonl``
     (``<split>.blank.predictions.jsonl`` with grey ``blank_screens``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    storage.make_dir(out_dir)
     ec = eval_config(policy, settings, blank_screens)
     tables, reading = {}, {}
     for name in names:
@@ -70,7 +70,7 @@ def evaluate_splits(
         records, table = evaluate_policy(policy.params, policy.cfg, policy.tokenizer, episodes, ec, policy.mesh)
         suffix = ".blank" if blank_screens else ""
         if distributed.is_main():
-            with open(out_dir / f"{name}{suffix}.predictions.jsonl", "w", encoding="utf-8") as f:
+            with storage.as_path(out_dir / f"{name}{suffix}.predictions.jsonl").open("w", encoding="utf-8") as f:
                 for r in records:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
         tables[name] = table
@@ -143,10 +143,10 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     )
     rng = jax.random.PRNGKey(settings.seed)
     out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    storage.make_dir(out_dir)
     detail = out.pop("episodes_detail", [])
     if distributed.is_main():
-        with open(out_dir / f"online.{split}.episodes.jsonl", "w", encoding="utf-8") as f:
+        with storage.as_path(out_dir / f"online.{split}.episodes.jsonl").open("w", encoding="utf-8") as f:
             for r in detail:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     out = {"split": split, **out, "seconds": round(time.perf_counter() - t0, 2)}

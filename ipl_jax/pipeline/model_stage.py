@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.coat.actions import format_action, format_grounding
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS
 from ipl_jax.data.image_processing import ImageProcessorConfig
@@ -80,16 +80,31 @@ def tokenizer_corpus(steps: Sequence[Step], qas: Sequence = (), texts: Sequence[
 
 
 def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) -> Path:
-    """Write a policy directory; ``generation_config.json`` holds only our end-of-turn ids and pad id.
+    """Write a policy directory; ``generation_config.json`` holds only our end-of-turn ids and pad id. ``out`` and
+    ``tokenizer_dir`` may be object-store URIs: the directory is then written in this host's scratch and uploaded
+    (``storage.staged_dir``), the tokenizer read from its local copy.
 
     Multi-process: every process calls it (weights are all-gathered), the main one writes; barrier before reading."""
-    out = Path(out)
+    out = storage.as_path(out)
     params = distributed.to_host(params)
     if not distributed.is_main():
+        return out
+    if storage.is_remote(out):
+        with storage.staged_dir(out) as local:
+            _write_policy_files(local, params, cfg, storage.local_dir(tokenizer_dir), image_config)
         return out
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
+    _write_policy_files(tmp, params, cfg, storage.local_dir(tokenizer_dir), image_config)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _write_policy_files(tmp: Path, params, cfg, tokenizer_dir: Path, image_config) -> None:
+    """A policy directory's files written into the local directory ``tmp``."""
     save_params(params, cfg, str(tmp))
     for f in Path(tokenizer_dir).iterdir():
         if f.is_file() and f.name not in TOKENIZER_FILES_EXCLUDE and ".safetensors" not in f.name:
@@ -97,10 +112,6 @@ def write_policy_dir(out: Path, params, cfg, tokenizer_dir: Path, image_config) 
     image_config.save(tmp)
     ids = load_tokenizer(tokenizer_dir).ids
     write_json(tmp / "generation_config.json", {"eos_token_id": list(ids.eos), "pad_token_id": ids.pad})
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def write_round(wd: Workdir, round_index: int, record: dict, params, policy: Policy, start: Path, extra=None) -> dict:
@@ -127,7 +138,10 @@ def job_mesh(mesh: MeshSettings):
 
 
 def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
-    """A policy directory, placed by the partition rules when ``mesh`` is given, in ``dtype`` (default param_dtype)."""
+    """A policy directory, placed by the partition rules when ``mesh`` is given, in ``dtype`` (default param_dtype);
+    on an object store read from this host's copy of it (``storage.local_dir``), ``source`` naming the URI."""
+    source = str(directory)
+    directory = storage.local_dir(directory)
     shardings, cfg = None, Qwen2VLConfig.from_dir(directory)
     image_config = ImageProcessorConfig.load_for_model(directory, cfg)  # checked before any weight loads
     if mesh is not None:
@@ -138,7 +152,7 @@ def load_policy(directory: Path, mesh=None, dtype: str | None = None) -> Policy:
         cfg=cfg,
         tokenizer=load_tokenizer(directory),
         image_config=image_config,
-        source=str(directory),
+        source=source,
         mesh=mesh,
     )
 
@@ -151,18 +165,23 @@ def build_initial_model(
     model = settings.model
     out = wd.path("model", "init")
     if model.checkpoint:
-        src = Path(model.checkpoint_dir())
+        src = storage.local_dir(model.checkpoint_dir())
         if not (src / "config.json").is_file():
             raise FileNotFoundError(f"config.model.checkpoint: {src} is not a Hugging Face checkpoint directory")
         # copied in its own dtype (a bfloat16 checkpoint is not doubled in size); its processor (patches,
         # normalisation) with the job's pixel range
         policy = load_policy(src, dtype=checkpoint_dtype(src))
         write_policy_dir(out, policy.params, policy.cfg, src, model.image_processor(policy.image_config))
-        return {"source": str(src), "parameters": count_params(policy.params), "vocab": len(policy.tokenizer)}
+        return {
+            "source": str(storage.as_path(model.checkpoint_dir())),
+            "parameters": count_params(policy.params),
+            "vocab": len(policy.tokenizer),
+        }
 
     corpus = tokenizer_corpus(train_steps, qas, texts)
     tok_dir = wd.dir("model", "tokenizer")
-    special_ids = write_tokenizer(train_tokenizer(corpus, model.text.vocab_size), tok_dir)
+    with storage.staged_dir(tok_dir) as local:
+        special_ids = write_tokenizer(train_tokenizer(corpus, model.text.vocab_size), local)
     cfg = model.fresh_config(special_ids)
     params = init_params(cfg, jax.random.PRNGKey(settings.seed))
     write_policy_dir(out, params, cfg, tok_dir, model.image_processor(ImageProcessorConfig.for_model(cfg)))

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.dialogue import annotated_steps
 from ipl_jax.data.records import Episode, Step, sample_steps
@@ -250,7 +250,7 @@ def run_round(
 
 def write_trees(out_dir: Path, kept: Sequence[tuple[dict, Step]], title: str) -> None:
     """``trees.jsonl`` (one ``tree_record`` per line) and ``trees.html`` (the viewer)."""
-    with open(out_dir / "trees.jsonl", "w", encoding="utf-8") as f:
+    with storage.as_path(out_dir / "trees.jsonl").open("w", encoding="utf-8") as f:
         for record, _ in kept:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     write_html(out_dir / "trees.html", [r for r, _ in kept], [s.load_image() for _, s in kept], title=title)

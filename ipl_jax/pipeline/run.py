@@ -7,13 +7,12 @@ a workdir refuses different settings. Outputs: see the README.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import jax
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.data.evolution import read_qas_jsonl
 from ipl_jax.pipeline import (
     buckets_stage,
@@ -207,7 +206,7 @@ class Job:
                 stops = s.ipl.early_stop and float(record["dev"]["step_accuracy"]) <= best
                 evaluation: dict = {"metrics": {}}
                 if s.eval.every_round or stops or r == s.ipl.rounds:
-                    policy = self.inference_policy(Path(record["policy"]))
+                    policy = self.inference_policy(storage.as_path(record["policy"]))
                     evaluation = evaluate_policy_splits(
                         policy, self.splits, s, wd.dir("eval", f"round_{r}"), echo=wd.echo
                     )
@@ -228,7 +227,7 @@ class Job:
                 }
             )
             self.print_rounds()
-            start = Path(summary["record"]["policy"])
+            start = storage.as_path(summary["record"]["policy"])
             acc = float(summary["record"]["dev"]["step_accuracy"])
             if s.ipl.early_stop and acc <= best:
                 wd.echo(
@@ -346,9 +345,7 @@ class Job:
         res = self.results()
         rounds_, chosen = res["rounds"], res["exported"]["round"]
         target = wd.path("export")
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(self.round_policy(chosen), target)
+        storage.copy_tree(self.round_policy(chosen), target)
         write_json(wd.path("results.json"), res)
         plot = plot_step_accuracy_splits(rounds_, self.test_names, wd.path("step_accuracy.png"), exported=chosen)
         wd.tensorboard.image("ipl", "step_accuracy", plot, step=rounds_[-1]["round"])
@@ -380,7 +377,7 @@ class Job:
         page = self.wd.path("rounds", str(last), "trees.html")
         if last == 0 or not page.is_file():
             return None
-        return str(shutil.copyfile(page, self.wd.path("trees.html")))
+        return str(storage.copy_file(page, self.wd.path("trees.html")))
 
 
 def run_job(settings: Settings, workdir: str | Path, stop_after: str | None = None, echo=print) -> Workdir:

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from ipl_jax import distributed
+from ipl_jax import distributed, storage
 from ipl_jax.data.batching import collate, smallest_bucket
 from ipl_jax.data.dialogue import annotated_steps, coat_example, qa_example
 from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
@@ -365,4 +365,5 @@ def steady_rate(marks: list[tuple[float, float]]) -> dict:
 
 
 def candidate_policies(summary: dict) -> list[Path]:
-    return [Path(p) for p in summary["candidates"]]
+    """The candidates' policy directories (local paths or URIs, ``storage.as_path``)."""
+    return [storage.as_path(p) for p in summary["candidates"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jax
 
+from ipl_jax import storage
 from ipl_jax.data.datasets import TFDS_PREFIX
 from ipl_jax.data.packed.layout import is_packed, read_metadata
 from ipl_jax.pipeline.paths import UsageError, model_dir
@@ -67,7 +68,7 @@ def _check_root(data: DataSettings) -> None:
             f"config.data.root is empty: the {fmt} job reads its dataset from disk; pass --config.data.root=DIR "
             f"(see README: Datasets)"
         )
-    p = Path(root)
+    p = _root_path(root, "config.data.root")
     if not p.is_dir():
         raise UsageError(
             f"config.data.root={root!r}: no such directory; pass --config.data.root=DIR holding the {fmt} dataset "
@@ -91,7 +92,7 @@ def _check_root(data: DataSettings) -> None:
 def _check_action_root(data: DataSettings) -> None:
     """``data.action_root`` is a directory holding a training split in ``data.log_format``'s layout."""
     root, fmt = data.action_root, data.log_format
-    p = Path(root)
+    p = _root_path(root, "config.data.action_root")
     if not p.is_dir():
         raise UsageError(
             f"config.data.action_root={root!r}: no such directory; pass --config.data.action_root=DIR holding the "
@@ -113,6 +114,16 @@ def _check_action_root(data: DataSettings) -> None:
             f"config.data.action_root={root!r}: no train split ({TRAIN_SPLIT[fmt]}); the action logs are read "
             f"from a dataset's training split"
         )
+
+
+def _root_path(root: str, field: str):
+    """``root`` as a path to check: a local ``Path``; a URI checked on its store first (``storage.check_location``:
+    one line naming it and the fix)."""
+    try:
+        storage.check_location(root)
+    except storage.LocationError as e:
+        raise UsageError(f"{field}={e}") from None
+    return storage.as_path(root)
 
 
 def _json_object(path: Path, root: str) -> dict:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ipl_jax import storage
 from ipl_jax.data.records import Step, sample_steps
 from ipl_jax.eval.start_selection import choose, format_scores, score_candidates
 from ipl_jax.pipeline import sft_stage
@@ -35,9 +35,7 @@ def select_start(
         wd.echo("  " + line)
     target = wd.path("start")
     if wd.main:
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(paths[chosen], target)
+        storage.copy_tree(paths[chosen], target)
     return {
         "candidates": [c.to_json() for c in scores],
         "chosen": paths[chosen].name,

@@ -15,6 +15,8 @@ file keeps there, where no rename and no directory exist:
   object with this process's copy of it, read once, so a killed job keeps every record but the one being written.
   Only the main process writes them (as every file here).
 - directories (``dir``): made locally; on a store nothing is made (a name prefix is all there is).
+
+The stages' own files (policy directories, predictions, checkpoints) are listed in ``ipl_jax.storage``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ipl_jax import storage
+
 TYPE_ROWS = ("CLICK", "TYPE", "SCROLL", "PRESS", "STOP")
 
 
@@ -72,8 +74,12 @@ def plot_step_accuracy_splits(
         ax.legend(loc="best", fontsize=8, ncol=2)
     axes[0].set_ylabel("step accuracy (%)")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    out = storage.as_path(out)  # a local path or a URI (written as one upload)
+    storage.make_dir(out.parent)
+    if storage.is_remote(out):
+        with out.open("wb") as f:
+            fig.savefig(f, format="png")
+    else:
+        fig.savefig(out, format="png")
     plt.close(fig)
     return out

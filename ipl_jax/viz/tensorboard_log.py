@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,8 +106,8 @@ class TensorBoardLog:
         """A PNG file as an image summary (the file's bytes as they are)."""
         if not self.enabled:
             return
-        data = Path(png).read_bytes()
-        with Image.open(png) as im:
+        data = storage.as_path(png).read_bytes()
+        with Image.open(io.BytesIO(data)) as im:
             (width, height), channels = im.size, len(im.getbands())
         image = summary_pb2.Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=data)
         self._write(run, step, [summary_pb2.Summary.Value(tag=tag, image=image)])

@@ -8,6 +8,8 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from ipl_jax import storage
+
 TURN_NAMES = {1: "s1 description", 2: "s2 thought", 3: "s3 action", 4: "s4 grounding"}
 
 _STYLE = """
@@ -94,7 +96,7 @@ def render_html(
 def write_html(path, records: Sequence[dict], images: Sequence | None = None, title: str = "CoaT-trees") -> Path:
     """Write the viewer page; ``images``: PIL images (or None) aligned with ``records``."""
     uris = None if images is None else [None if im is None else image_data_uri(im) for im in images]
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = storage.as_path(path)  # a local path or a URI
+    storage.make_dir(out.parent)
     out.write_text(render_html(records, uris, title), encoding="utf-8")
     return out

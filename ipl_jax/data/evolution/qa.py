@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from ipl_jax import storage
 from ipl_jax.data.records import DataError
 
 LEVELS = (1, 2, 3)
@@ -59,7 +60,7 @@ class QA:
 def write_qas_jsonl(path: str | Path, qas: Iterable[QA]) -> int:
     """Write one JSON object per line; returns the number written."""
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with storage.as_path(path).open("w", encoding="utf-8") as f:
         for qa in qas:
             f.write(json.dumps(qa.to_json(), ensure_ascii=False) + "\n")
             n += 1
@@ -72,7 +73,7 @@ _QA_FIELDS = {"episode_id": str, "step_id": int, "level": int, "kind": str, "que
 def read_qas_jsonl(path: str | Path) -> list[QA]:
     """Read a file written by ``write_qas_jsonl``. A malformed line raises DataError naming the line and field."""
     out = []
-    with open(path, encoding="utf-8") as f:
+    with storage.as_path(path).open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ipl_jax import storage
+
 METADATA_FILE = "ipl_jax_arrayrecord.json"
 FORMAT_NAME = "ipl-jax-arrayrecord"
 VERSION = 1
@@ -21,7 +23,7 @@ def shard_name(split: str, k: int, n: int) -> str:
 def is_packed(root) -> bool:
     """Whether ``root`` is a directory written by ``pack-data`` (it holds the metadata file)."""
     try:
-        return (Path(root) / METADATA_FILE).is_file()
+        return (storage.as_path(root) / METADATA_FILE).is_file()
     except (TypeError, OSError):
         return False
 
@@ -33,7 +35,7 @@ def _bad(path: Path, problem: str) -> ValueError:
 def read_metadata(root) -> dict:
     """The validated metadata of a packed directory. Raises ``FileNotFoundError`` when there is none and
     ``ValueError`` when it is malformed or of another version."""
-    path = Path(root) / METADATA_FILE
+    path = storage.as_path(root) / METADATA_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{root}: no {METADATA_FILE}; not a packed dataset (write one with ipl-jax pack-data)")
     try:
