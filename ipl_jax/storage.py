@@ -191,6 +191,20 @@ def local_dir(location) -> pathlib.Path:
     return local_copy(location, "copy")
 
 
+def local_file(location) -> pathlib.Path:
+    """``location`` where a reader needs a local file: itself when local, else the object downloaded whole into this
+    host's scratch (again at each call: such inputs are small, a predictions file)."""
+    if not is_remote(location):
+        return as_path(location)
+    src = as_path(location)
+    target = scratch_dir(location, "file") / (src.name or "object")
+    tmp = target.with_name(f"{target.name}.part{os.getpid()}")
+    with src.open("rb") as f, open(tmp, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 22)
+    os.replace(tmp, target)
+    return target
+
+
 @contextlib.contextmanager
 def staged_dir(dest):
     """A local directory to write the directory ``dest`` in: for a URI a fresh one in this host's scratch, uploaded
@@ -280,7 +294,7 @@ def check_location(uri: str | os.PathLike) -> None:
         found = as_path(f"{kind}://{bucket}").exists()
     except Exception as e:  # the clients raise their own types (HttpError, tf errors) besides OSError
         raise LocationError(
-            f"{s}: bucket {bucket} cannot be reached ({_reason(e)}); check the name and access"
+            f"{s}: bucket {bucket} cannot be reached ({reason(e)}); check the name and access"
         ) from None
     if not found:
         how = f" (gcloud storage buckets create gs://{bucket})" if kind == "gs" else ""
@@ -316,7 +330,7 @@ def _check_gcs_credentials(uri: str) -> None:
         google.auth.default()
     except google.auth.exceptions.DefaultCredentialsError as e:
         raise LocationError(
-            f"{uri}: no Google Cloud credentials found ({_reason(e)}); run `gcloud auth application-default "
+            f"{uri}: no Google Cloud credentials found ({reason(e)}); run `gcloud auth application-default "
             f"login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
         ) from None
 
@@ -325,6 +339,7 @@ def _bucket(uri: str) -> str:
     return uri.split("://", 1)[1].split("/", 1)[0]
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
+    """An error as one line of at most 200 characters (for the one-line messages)."""
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 200 else text[:197] + "..."

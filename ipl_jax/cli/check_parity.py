@@ -27,7 +27,7 @@ def parser() -> CommandParser:
 @command(PROG)
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    model_dir(args.model, "--model")
+    args.model = str(model_dir(args.model, "--model"))  # a URI: this host's copy
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -8,8 +8,8 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
+from ipl_jax import storage
 from ipl_jax.configs.loader import ConfigError
 from ipl_jax.data.datasets import skipped_summary
 from ipl_jax.data.records import DataError
@@ -103,6 +103,6 @@ def report_skipped(prog: str, skipped: Sequence, where: str) -> None:
 
 
 def write_text(path, text: str) -> None:
-    """Write an output file (its directory created), after ``paths.output_file`` has checked the path."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text, encoding="utf-8")
+    """Write an output file whole (its directory created; a URI: one upload), after ``paths.output_file`` has
+    checked the path."""
+    storage.write_text(path, text)

@@ -67,10 +67,10 @@ def parser() -> CommandParser:
 
 
 def load_model(flag: str, directory: str, mesh: bool):
-    """``eval.policy.load_policy`` with its failures named after the flag."""
-    model_dir(directory, flag)
+    """``eval.policy.load_policy`` with its failures named after the flag (a URI: this host's copy of it)."""
+    local = model_dir(directory, flag)
     try:
-        return load_policy(directory, mesh)
+        return load_policy(str(local), mesh)
     except (FileNotFoundError, ValueError, KeyError) as e:
         raise UsageError(f"{flag} {directory}: cannot be loaded: {e}") from None
 
@@ -99,8 +99,8 @@ def main(argv: list[str]) -> int:
     require(p, args, "data", "--data")
     require(p, args, "fmt", "--format")
     args.split = args.split or "test"
-    model_dir(args.model, "--model")
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+    args.model = str(model_dir(args.model, "--model"))  # a URI: this host's copy
+    args.data = str(input_dir(args.data, "--data", f"a {args.fmt} dataset root"))
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     if args.steps is not None:
         episodes = keep_steps(episodes, [s for ep in episodes for s in ep.steps][: args.steps])
@@ -134,7 +134,7 @@ def online(args, job) -> int:
         raise UsageError(f"--split {split!r}: the synthetic world's splits are {', '.join(SPLITS)}")
     if not job.data.synthetic:
         raise UsageError(f"--config: data.format is {job.data.format!r}; --online plays the synthetic world")
-    model_dir(args.model, "--model")
+    args.model = str(model_dir(args.model, "--model"))
     n = args.episodes or job.eval.online_episodes or job.data.test_episodes
     max_steps = args.max_steps or job.eval.online_max_steps
     tasks = job_world_tasks(job.data, job.world, job.seed, split, n, max_steps=max_steps)

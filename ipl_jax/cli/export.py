@@ -12,6 +12,7 @@ import sys
 import jax
 import orbax.checkpoint as ocp
 
+from ipl_jax import storage
 from ipl_jax.cli.common import CommandParser, command, nonnegative_int
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.model.params import param_shapes
@@ -65,6 +66,11 @@ def parser() -> CommandParser:
     return p
 
 
+def same_file(model: str, out: str, name: str) -> bool:
+    """Whether ``model/name`` and ``out/name`` are one file (an export into its own model directory)."""
+    return storage.absolute(os.path.join(model, name)) == storage.absolute(os.path.join(out, name))
+
+
 @command(PROG)
 def main(argv: list[str]) -> int:
 
@@ -72,34 +78,38 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.orbax_checkpoint is not None and args.orbax_params is not None:
         p.error("give one of --orbax-checkpoint and --orbax-params")
-    output_dir(args.out, "--out")
+    output_dir(args.out, "--out", remote=True)
+    source = args.model
     if args.orbax_checkpoint is None and args.orbax_params is None:
-        model_dir(args.model, "--model")  # its weights are the ones exported
-    elif not os.path.isfile(os.path.join(input_dir(args.model, "--model"), "config.json")):
+        args.model = str(model_dir(args.model, "--model"))  # its weights are the ones exported (a URI: a copy)
+    elif not os.path.isfile(os.path.join(model := input_dir(args.model, "--model"), "config.json")):
         raise UsageError(f"--model {args.model}: no config.json; expected a Hugging Face model directory")
+    else:
+        args.model = str(model)
     cfg = Qwen2VLConfig.from_dir(args.model)
-    if args.orbax_checkpoint is not None:
-        input_dir(args.orbax_checkpoint, "--orbax-checkpoint", "a training checkpoint directory")
-        ckpt = Checkpointer(os.path.abspath(args.orbax_checkpoint))
+    if args.orbax_checkpoint is not None:  # Orbax reads a URI itself
+        input_dir(args.orbax_checkpoint, "--orbax-checkpoint", "a training checkpoint directory", fetch=False)
+        ckpt = Checkpointer(storage.absolute(args.orbax_checkpoint))
         try:
             params, _ = ckpt.load_model_params(args.step)
         finally:
             ckpt.close()
     elif args.orbax_params is not None:
-        input_dir(args.orbax_params, "--orbax-params", "an Orbax params directory")
+        input_dir(args.orbax_params, "--orbax-params", "an Orbax params directory", fetch=False)
         with ocp.StandardCheckpointer() as ckptr:
-            params = ckptr.restore(os.path.abspath(args.orbax_params), param_shapes(cfg))
+            params = ckptr.restore(storage.absolute(args.orbax_params), param_shapes(cfg))
     else:
         params, cfg = load_params(args.model)
     if args.dtype:
         params = jax.tree.map(lambda a: a.astype(args.dtype), params)
-    save_params(params, cfg, args.out)
     copied = []
-    for name in SIDE_FILES:
-        f = os.path.join(args.model, name)
-        if os.path.isfile(f) and os.path.abspath(f) != os.path.abspath(os.path.join(args.out, name)):
-            shutil.copyfile(f, os.path.join(args.out, name))
-            copied.append(name)
+    with storage.staged_dir(args.out) as out:  # a URI: written here, then uploaded
+        save_params(params, cfg, out)
+        for name in SIDE_FILES:
+            f = os.path.join(args.model, name)
+            if os.path.isfile(f) and not same_file(source, args.out, name):
+                shutil.copyfile(f, os.path.join(out, name))
+                copied.append(name)
     print(json.dumps({"out": args.out, "copied": copied}))
     return 0
 

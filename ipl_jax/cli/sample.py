@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
+from ipl_jax import storage
 from ipl_jax.cli.common import (
     CommandParser,
     add_skip_bad,
@@ -69,8 +69,9 @@ def main(argv: list[str]) -> int:
     output_file(args.out, "--out")
     if args.html:
         output_file(args.html, "--html")
-    model_dir(args.model, "--model")
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+    name = storage.as_path(args.data).name
+    args.model = str(model_dir(args.model, "--model"))  # a URI: this host's copy
+    args.data = str(input_dir(args.data, "--data", f"a {args.fmt} dataset root"))
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     steps = [s for ep in episodes for s in ep.steps][: args.steps]
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
                 images.append(s.load_image())
             except (OSError, ValueError):
                 images.append(None)
-        write_html(args.html, records, images, title=f"CoaT-trees: {Path(args.data).name} / {args.split}")
+        write_html(args.html, records, images, title=f"CoaT-trees: {name} / {args.split}")
     n = len(records)
     leaves = 1
     for b in config.branching:

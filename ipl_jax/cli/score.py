@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.json:
         output_file(args.json, "--json")
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
-    input_file(args.predictions, "--predictions", "a predictions JSONL file")
-    predictions = load_predictions(args.predictions)
+    # a URI: read from this host's copy of it
+    args.data = str(input_dir(args.data, "--data", f"a {args.fmt} dataset root"))
+    predictions = load_predictions(str(input_file(args.predictions, "--predictions", "a predictions JSONL file")))
     episodes = load_split(PROG, args.data, args.fmt, args.split, args.skip_bad)
     table = score_episodes(episodes, predictions, args.fmt, args.rules)
     step_keys = {(str(s.episode_id), int(s.step_id)) for ep in episodes for s in ep.steps}

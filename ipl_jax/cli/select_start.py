@@ -43,8 +43,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         output_file(args.json, "--json")
     for m in args.models:
-        model_dir(m, "--models")
-    input_dir(args.data, "--data", f"a {args.fmt} dataset root")
+        model_dir(m, "--models")  # (a URI: load_policy reads this host's copy)
+    args.data = str(input_dir(args.data, "--data", f"a {args.fmt} dataset root"))
     sel = settings.start_selection
     n_steps = sel.steps if args.steps is None else args.steps
     embedder = sel.embedder if args.embedder is None else args.embedder

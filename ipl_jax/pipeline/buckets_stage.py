@@ -99,8 +99,12 @@ def apply(settings: Settings, summary: dict | None) -> Settings:
 
 
 def read_fitted(workdir: str | Path) -> dict:
-    """The summary of a job's ``buckets`` stage; UsageError when it has none."""
-    wd = Path(workdir)
+    """The summary of a job's ``buckets`` stage; UsageError when it has none (or its URI cannot be reached)."""
+    try:
+        storage.check_location(workdir)
+    except storage.LocationError as e:
+        raise UsageError(f"--workdir {e}") from None
+    wd = storage.as_path(workdir)  # a local directory or a URI
     marker = wd / "stages" / f"{STAGE}.done"
     if not marker.is_file():
         raise UsageError(f"--workdir {wd}: no finished buckets stage ({marker} is missing); run the job past it first")

@@ -1,8 +1,9 @@
 """Checks of the paths a command is given, before any expensive work; each raises a one-line ``UsageError``.
-Outputs are probed (directories made, a file written, then all undone). Where a command takes an
-object-store URI (``output_dir(..., remote=True)``: ``gs://BUCKET/run``) its bucket, client and credentials are
-checked (``storage.check_location``) and an object of this process's own name is written there and removed;
-elsewhere a URI is refused in one line (pathlib would read ``gs://B/x`` as the local ``gs:/B/x``).
+Outputs are probed (directories made, a file written, then all undone). An object-store URI (``gs://BUCKET/run``)
+has its bucket, client and credentials checked (``storage.check_location``); an output's directory gets an object
+of this process's own name written and removed, an input must exist on the store and is read from this host's
+copy of it (``storage.local_dir`` / ``local_file``), so the commands read local files as before. ``local_only``
+refuses a URI in one line where only a local path works (pathlib would read ``gs://B/x`` as the local ``gs:/B/x``).
 """
 
 from __future__ import annotations
@@ -35,15 +36,44 @@ def local_only(path: str | os.PathLike, flag: str, what: str) -> None:
 
 
 def input_file(path: str | os.PathLike, flag: str, what: str = "a file") -> Path:
-    """``path`` as an existing regular file."""
-    local_only(path, flag, what)
+    """``path`` as an existing regular file; an object-store URI checked on its store and read from this host's
+    copy of it (``storage.local_file``)."""
+    if storage.is_remote(path):
+        return storage.local_file(remote_input(path, flag, what, directory=False))
     return _existing(Path(path), flag, what, directory=False)
 
 
-def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory") -> Path:
-    """``path`` as an existing directory."""
-    local_only(path, flag, what)
+def input_dir(path: str | os.PathLike, flag: str, what: str = "a directory", fetch: bool = True) -> Path:
+    """``path`` as an existing directory; an object-store URI checked on its store and, with ``fetch``, read from
+    this host's copy of it (``storage.local_dir``; without: the URI's path, for readers that take URIs)."""
+    if storage.is_remote(path):
+        p = remote_input(path, flag, what, directory=True)
+        return storage.local_dir(p) if fetch else p
     return _existing(Path(path), flag, what, directory=True)
+
+
+def remote_input(uri: str | os.PathLike, flag: str, what: str, directory: bool):
+    """An object-store URI that names an existing object (``directory``: a prefix with objects under it), its bucket
+    reachable (``storage.check_location``); the one-line ``UsageError`` otherwise."""
+    _check_store(uri, flag)
+    p = storage.as_path(uri)
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except Exception as e:  # the store's clients raise their own types besides OSError
+        raise UsageError(f"{flag} {uri}: cannot be read ({storage.reason(e)}); check access to the bucket") from None
+    kind, other = ("directory", "object") if directory else ("object", "directory")
+    if is_file if directory else is_dir:
+        raise UsageError(f"{flag} {uri}: is an {other}, expected {what}")
+    if not (is_dir if directory else is_file):
+        raise UsageError(f"{flag} {uri}: no such {kind} (expected {what})")
+    return p
+
+
+def _check_store(uri: str | os.PathLike, flag: str) -> None:
+    try:
+        storage.check_location(uri)
+    except storage.LocationError as e:
+        raise UsageError(f"{flag} {e}") from None
 
 
 def _existing(p: Path, flag: str, what: str, directory: bool) -> Path:
@@ -113,10 +143,7 @@ def remote_dir(uri: str | os.PathLike, flag: str):
     """An object-store "directory" (a name prefix) that can be written: reachable (``storage.check_location``), not
     an object itself, and an object of this process's own name written there and removed (the processes of a job
     probe at once, each its own object)."""
-    try:
-        storage.check_location(uri)
-    except storage.LocationError as e:
-        raise UsageError(f"{flag} {e}") from None
+    _check_store(uri, flag)
     p = storage.as_path(uri)
     probe = p / f".probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -127,14 +154,20 @@ def remote_dir(uri: str | os.PathLike, flag: str):
     except UsageError:
         raise
     except Exception as e:  # the store's clients raise their own types besides OSError
-        reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise UsageError(f"{flag} {uri}: cannot be written ({reason}); check access to the bucket") from None
+        raise UsageError(f"{flag} {uri}: cannot be written ({storage.reason(e)}); check access to the bucket") from None
     return p
 
 
 def output_file(path: str | os.PathLike, flag: str) -> Path:
-    """A file path that can be written (its directory exists or can be created)."""
-    local_only(path, flag, "a file path")
+    """A file path that can be written (its directory exists or can be created); an object-store URI: not a
+    directory, and its directory writable on its store (``remote_dir``)."""
+    if storage.is_remote(path):
+        _check_store(path, flag)  # (errors name the file's URI)
+        p = storage.as_path(path)
+        remote_dir(str(p.parent), flag)
+        if p.is_dir():
+            raise UsageError(f"{flag} {path}: is a directory; give a file path")
+        return p
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {p}: is a directory; give a file path")
