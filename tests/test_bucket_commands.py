@@ -99,6 +99,27 @@ def test_export_reads_and_writes_a_bucket(inputs, gcs_bucket, tmp_path, capsys):
     assert files(storage.local_dir(f"{remote}/export")) == files(f"{local}/export")
 
 
+def test_export_reads_orbax_params_from_a_bucket(inputs, gcs_bucket, tmp_path):
+    """``--orbax-params`` in a bucket: Orbax reads the URI itself (no copy); the export equals the local one's."""
+    import orbax.checkpoint as ocp
+
+    from ipl_jax.model.weights import load_params
+
+    params, _ = load_params(inputs["model"][0])
+    for where in (str(tmp_path / "params"), f"{gcs_bucket.uri}/params"):
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(where, params)
+
+    def export(i, out):
+        src = (str(tmp_path / "params"), f"{gcs_bucket.uri}/params")[i]
+        return ["export", "--model", inputs["model"][i], "--orbax-params", src, "--out", f"{out}/export"]
+
+    local, remote = _both(export, tmp_path, gcs_bucket)
+    files = lambda root: {p.name: p.read_bytes() for p in storage.as_path(root).iterdir()}
+    assert files(storage.local_dir(f"{remote}/export")) == files(f"{local}/export")
+    assert not list((tmp_path / "scratch").glob("params-*"))  # read by Orbax from the bucket, not copied
+
+
 def _without_compile_times(obj):
     if isinstance(obj, dict):
         return {k: _without_compile_times(v) for k, v in obj.items() if not k.startswith("compile")}
