@@ -134,7 +134,17 @@ def test_plan_reads_a_workdir_in_a_bucket(gcs_bucket, tmp_path, capsys):
 
     def plan(i, out):
         wd = (str(tmp_path / "wd"), f"{gcs_bucket.uri}/wd")[i]
-        return ["plan", "--config", "synthetic:quick", "--workdir", wd, "--json", f"{out}/plan.json"]
+        return [
+            "plan",
+            "--config",
+            "synthetic:quick",
+            "--programs",
+            "tdpo",
+            "--workdir",
+            wd,
+            "--json",
+            f"{out}/plan.json",
+        ]
 
     local, remote = _both(plan, tmp_path, gcs_bucket)
     assert _without_compile_times(json.loads(_text(remote, "plan.json"))) == _without_compile_times(
@@ -143,10 +153,41 @@ def test_plan_reads_a_workdir_in_a_bucket(gcs_bucket, tmp_path, capsys):
     assert "704" in _text(remote, "plan.json")
 
 
-def test_a_missing_input_in_a_bucket_ends_in_one_line(gcs_bucket, tmp_path, capsys):
-    uri = f"{gcs_bucket.uri}/nothing/preds.jsonl"
-    data = tmp_path / "data"
-    data.mkdir()
-    assert cli.main(["score", "--data", str(data), "--format", "aitz", "--predictions", uri]) == 2
+@pytest.mark.parametrize(
+    "argv, flag, words",
+    [
+        (
+            ["score", "--data", "LOCAL", "--format", "aitz", "--predictions", "BUCKET/none.jsonl"],
+            "--predictions",
+            "no such object",
+        ),
+        (["eval", "--model", "BUCKET/none", "--data", "LOCAL", "--format", "aitz"], "--model", "no such directory"),
+        (
+            ["eval", "--model", "gs://missing-bucket-41/m", "--data", "LOCAL", "--format", "aitz"],
+            "--model",
+            "does not exist",
+        ),
+        (["export", "--model", "LOCAL", "--out", "gs://missing-bucket-41/e"], "--out", "does not exist"),
+        (
+            ["sample", "--model", "LOCAL", "--data", "LOCAL", "--out", "ftp://h/t.jsonl"],
+            "--out",
+            "no filesystem handles",
+        ),
+        (["plan", "--config", "synthetic:quick", "--workdir", "BUCKET/wd"], "--workdir", "no finished buckets stage"),
+    ],
+    ids=[
+        "score-missing-object",
+        "eval-missing-model",
+        "eval-missing-bucket",
+        "export-missing-bucket",
+        "sample-scheme",
+        "plan-no-stage",
+    ],
+)
+def test_an_unusable_uri_ends_in_one_line(gcs_bucket, tmp_path, capsys, argv, flag, words):
+    argv = [a.replace("BUCKET", gcs_bucket.uri).replace("LOCAL", str(tmp_path)) for a in argv]
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"ipl-jax score: --predictions {uri}: no such object"), err
+    uri = argv[argv.index(flag) + 1]
+    assert err.count("\n") == 1 and err.startswith(f"ipl-jax {argv[0]}: {flag} "), err
+    assert uri in err and words in err, err
