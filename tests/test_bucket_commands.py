@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.published_fixtures import tiny_checkpoint_and_data
 
 from ipl_jax import cli, storage
 
@@ -18,14 +19,7 @@ TURN_TOKENS = ["--max-turn-tokens", "8", "6", "6", "8"]
 @pytest.fixture(scope="module")
 def local_inputs(tmp_path_factory):
     """(checkpoint, data root) on this host's disk."""
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import generate_split
-    from ipl_jax.data.tiny import make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("inputs")
-    ckpt = make_tiny_checkpoint(root / "ckpt", seed=0, scale=4.0)
-    write_aitz_split(generate_split("train", 2, seed=0), root / "data", "test")
-    return ckpt, root / "data"
+    return tiny_checkpoint_and_data(tmp_path_factory.mktemp("inputs"))
 
 
 @pytest.fixture

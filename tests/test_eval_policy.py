@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from support.published_fixtures import tiny_checkpoint_and_data
+
 from ipl_jax import model as M
 from ipl_jax.cli.eval import main as eval_main
 from ipl_jax.cli.sample import main as sample_main
@@ -25,14 +27,7 @@ TURN_TOKENS = (8, 6, 6, 8)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import generate_split
-    from ipl_jax.data.tiny import make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("eval")
-    ckpt = make_tiny_checkpoint(root / "ckpt", seed=0, scale=4.0)
-    write_aitz_split(generate_split("train", 2, seed=0), root / "data", "test")
-    return ckpt, root / "data"
+    return tiny_checkpoint_and_data(tmp_path_factory.mktemp("eval"))
 
 
 def _reference_turns(ckpt, steps):

@@ -201,3 +201,15 @@ WRITERS = {
     "androidcontrol": write_android_control,
     "synthetic": write_synthetic,
 }
+
+
+def tiny_checkpoint_and_data(root: Path) -> tuple[Path, Path]:
+    """(a random tiny checkpoint, an AITZ root whose ``test`` split holds two synthetic episodes) under ``root``:
+    what a command reading a model and a dataset needs, made in about a second."""
+    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.data.synthetic.dataset import generate_split
+    from ipl_jax.data.tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(root / "ckpt", seed=0, scale=4.0)
+    write_aitz_split(generate_split("train", 2, seed=0), root / "data", "test")
+    return ckpt, root / "data"
