@@ -2,6 +2,7 @@
 ``support`` package next to this file, where subprocess scripts can import them too; no test module imports
 another test module."""
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,15 @@ import pytest
 from support.commands import run_ok
 from support.gcs_emulator import gcs_bucket, gcs_emulator  # noqa: F401 (fixtures: a GCS emulator and a bucket)
 from support.quick_job import quick_run  # noqa: F401 (fixture: the local quick job, run once per session)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """JAX's in-memory caches emptied after each test module: one process compiles the whole suite's programs, and
+    the executables of finished modules would otherwise stay in its memory to the end."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture
