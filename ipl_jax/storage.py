@@ -145,8 +145,7 @@ def upload_tree(local: str | os.PathLike, dest) -> int:
     for src in sorted(p for p in local.rglob("*") if p.is_file()):
         target = dest.joinpath(*src.relative_to(local).parts)
         make_dir(target.parent)
-        with open(src, "rb") as f, target.open("wb") as g:
-            shutil.copyfileobj(f, g, 1 << 22)
+        _copy_bytes(src, target)
         n += 1
     return n
 
@@ -173,10 +172,7 @@ def local_copy(location, *parts: str) -> pathlib.Path:
     # a large first copy shows its progress; the processes of one host may copy at once: each its own .part file
     for src, target in progress(fetch, desc=f"copy {location}", unit="file") if len(fetch) > 100 else fetch:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.part{os.getpid()}")
-        with src.open("rb") as f, open(tmp, "wb") as g:
-            shutil.copyfileobj(f, g, 1 << 22)
-        os.replace(tmp, target)
+        _download(src, target)
     for rel in set(seen) - set(now):  # gone from the store: gone here
         (out / rel).unlink(missing_ok=True)
     tmp = manifest.with_name(f"{manifest.name}.part{os.getpid()}")
@@ -198,11 +194,22 @@ def local_file(location) -> pathlib.Path:
         return as_path(location)
     src = as_path(location)
     target = scratch_dir(location, "file") / (src.name or "object")
-    tmp = target.with_name(f"{target.name}.part{os.getpid()}")
-    with src.open("rb") as f, open(tmp, "wb") as g:
-        shutil.copyfileobj(f, g, 1 << 22)
-    os.replace(tmp, target)
+    _download(src, target)
     return target
+
+
+def _download(src, target: pathlib.Path) -> None:
+    """The object ``src`` to the local file ``target`` through a file of this process's own (the processes of one
+    host may fetch the same object at once), renamed into place."""
+    tmp = target.with_name(f"{target.name}.part{os.getpid()}")
+    _copy_bytes(src, tmp)
+    os.replace(tmp, target)
+
+
+def _copy_bytes(src, dest) -> None:
+    """The bytes of the file ``src`` written to ``dest`` (path objects of either kind of store), 4 MiB at a time."""
+    with as_path(src).open("rb") as f, as_path(dest).open("wb") as g:
+        shutil.copyfileobj(f, g, 1 << 22)
 
 
 @contextlib.contextmanager
@@ -254,8 +261,7 @@ def copy_file(src, dest):
     s, d = as_path(src), as_path(dest)
     if not is_remote(s) and not is_remote(d):
         return shutil.copyfile(s, d)
-    with s.open("rb") as f, d.open("wb") as g:
-        shutil.copyfileobj(f, g, 1 << 22)
+    _copy_bytes(s, d)
     return d
 
 

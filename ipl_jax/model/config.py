@@ -153,6 +153,8 @@ class Qwen2VLConfig:
             for name in names.split():
                 if getattr(getattr(self, part), name) < 1:
                     raise ValueError(f"{part} {name} must be >= 1, got {getattr(getattr(self, part), name)}")
+        if self.text.head_dim < 0:
+            raise ValueError(f"text head_dim must be >= 0 (0: hidden_size / heads), got {self.text.head_dim}")
         self._fill_in()
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
