@@ -1,5 +1,5 @@
 """The base model's pretraining (``ipl-jax pretrain``): the default job's world and model, trained from scratch to
-read the world's screens (``ipl_jax/data/synthetic/reading.py``) before warm-up SFT starts from it.
+read the world's screens (``ipl_jax/envs/synthetic/reading.py``) before warm-up SFT starts from it.
 
     ipl-jax pretrain --workdir runs/pretrain                    # this recipe (two CPU cores: see docs/pretrain.md)
     ipl-jax pretrain --config pretrain:quick --workdir /tmp/p   # a few steps of the same path (tests)

@@ -24,8 +24,8 @@ from ipl_jax.configs.loader import load_settings
 from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.android_control import load_android_control
 from ipl_jax.data.dialogue import annotated_steps, has_coat
-from ipl_jax.data.synthetic import generate_split
-from ipl_jax.data.synthetic.android_control_writer import episode_example, shard_path
+from ipl_jax.envs.synthetic import generate_split
+from ipl_jax.envs.synthetic.android_control_writer import episode_example, shard_path
 from ipl_jax.pipeline import data_stage
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir

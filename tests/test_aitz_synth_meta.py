@@ -6,8 +6,8 @@ import pytest
 
 from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.records import DataError
-from ipl_jax.data.synthetic import generate_split
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.envs.synthetic import generate_split
+from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
 
 def test_synth_meta_round_trips_through_the_reader(tmp_path):

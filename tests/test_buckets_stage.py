@@ -133,9 +133,9 @@ def test_tdpo_row_bound_on_hand_made_lengths():
 def tiny(tmp_path_factory):
     """A make-tiny checkpoint (its own tokenizer, not the job's BPE) and a few synthetic steps written as AITZ."""
     from ipl_jax.data.datasets import load_dataset
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import generate_split
     from ipl_jax.data.tiny import make_tiny_checkpoint
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic.dataset import generate_split
 
     root = tmp_path_factory.mktemp("bucket_fit")
     ckpt = make_tiny_checkpoint(root / "ckpt", seed=0)

@@ -16,11 +16,11 @@ from pathlib import Path
 import ipl_jax
 
 PACKAGE = Path(ipl_jax.__file__).resolve().parent
-LOWER = ("model", "coat", "data", "sampling", "preference", "training", "rl", "eval")
+LOWER = ("model", "coat", "data", "envs", "sampling", "preference", "training", "rl", "eval")
 HIGHER = ("ipl_jax.pipeline", "ipl_jax.cli", "ipl_jax.settings", "ipl_jax.planning")
 PLANNER = ("planning",)  # reads the job's settings; the job and the commands import it
 ABOVE_PLANNER = ("ipl_jax.pipeline", "ipl_jax.cli")
-NOT_LOADED = ("PIL", "ipl_jax.data.synthetic", "ipl_jax.settings", "ipl_jax.pipeline", "ipl_jax.cli")
+NOT_LOADED = ("PIL", "ipl_jax.envs.synthetic", "ipl_jax.settings", "ipl_jax.pipeline", "ipl_jax.cli")
 
 
 def _imported(path: Path) -> set[str]:
@@ -92,5 +92,5 @@ def test_losses_step_and_optimizer_load_no_settings_or_world():
 def test_settings_load_no_jax_or_world():
     """The job's settings read the data's name tables and the world's config without the readers, the world, its
     renderer or JAX (a library's names are imported when a section is made), so commands start fast."""
-    watch = ("jax", "PIL", "ipl_jax.data.records", "ipl_jax.data.synthetic.world", "ipl_jax.data.synthetic.dataset")
+    watch = ("jax", "PIL", "ipl_jax.data.records", "ipl_jax.envs.synthetic.world", "ipl_jax.envs.synthetic.dataset")
     assert _loaded_after(["ipl_jax.settings"], watch) == {"ipl_jax.settings": []}

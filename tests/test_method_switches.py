@@ -365,9 +365,9 @@ def test_eval_blank_screens_equals_a_dataset_of_grey_screenshots(tmp_path):
     from PIL import Image
 
     from ipl_jax.cli.eval import main as eval_main
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import generate_split
     from ipl_jax.data.tiny import make_tiny_checkpoint
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic.dataset import generate_split
     from ipl_jax.eval.evaluate import BLANK_GREY
 
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", seed=0, scale=4.0)

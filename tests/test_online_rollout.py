@@ -53,8 +53,8 @@ def _config(tok, batch_size=3):
 def test_world_and_expert_accept_any_parsed_action():
     """Random model-like texts, parsed, drive the world; the expert's next action exists at every state reached."""
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.data.synthetic.expert import expert_decision
-    from ipl_jax.data.synthetic.world import World
+    from ipl_jax.envs.synthetic.expert import expert_decision
+    from ipl_jax.envs.synthetic.world import World
 
     rng = np.random.default_rng(0)
     words = [
@@ -121,7 +121,7 @@ def test_world_and_expert_accept_any_parsed_action():
 
 
 def test_split_world_tasks_are_the_generated_episodes():
-    from ipl_jax.data.synthetic.dataset import generate_split
+    from ipl_jax.envs.synthetic.dataset import generate_split
 
     episodes = generate_split("test_task_unseen", 3, seed=4)
     tasks = R.split_world_tasks("test_task_unseen", 3, seed=4)

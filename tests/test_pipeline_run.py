@@ -569,7 +569,7 @@ def test_continued_sft_control_spends_the_tdpo_rounds_updates(quick_run, tmp_pat
 
 
 def test_world_is_a_typed_config_section():
-    from ipl_jax.data.synthetic.config import WorldConfig
+    from ipl_jax.envs.synthetic.config import WorldConfig
     from ipl_jax.settings import Settings, SettingsError
 
     # the default config's world section is a valid WorldConfig

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from ipl_jax.coat.actions import parse_grounding
-from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig
-from ipl_jax.data.synthetic.content import SUBMENU_OF
-from ipl_jax.data.synthetic.dataset import SPLITS, episode_seed, generate_split
-from ipl_jax.data.synthetic.reading import (
+from ipl_jax.envs.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, WorldConfig
+from ipl_jax.envs.synthetic.content import SUBMENU_OF
+from ipl_jax.envs.synthetic.dataset import SPLITS, episode_seed, generate_split
+from ipl_jax.envs.synthetic.reading import (
     PRETRAIN_SPLIT,
     TEXTS_PROMPT,
     ReadingChat,
@@ -24,7 +24,7 @@ from ipl_jax.data.synthetic.reading import (
     screen_texts,
     task_answers,
 )
-from ipl_jax.data.synthetic.tasks import Task
+from ipl_jax.envs.synthetic.tasks import Task
 from ipl_jax.eval.reading import box_hit, chat_answer_score
 
 
@@ -204,8 +204,8 @@ def test_warm_up_sft_can_mix_in_the_reading_chats_of_pretraining_screens():
     """``sft.reading_episodes``: reading items from the pretraining stream (never the job's splits), built as the
     pretraining's own examples; refused, in one line, on data other than the synthetic world."""
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.data.synthetic.reading import reading_example
     from ipl_jax.data.tokenizer import load_tokenizer
+    from ipl_jax.envs.synthetic.reading import reading_example
     from ipl_jax.pipeline.sft_stage import make_example_fn, reading_items
     from ipl_jax.sections import SettingsError
     from ipl_jax.settings import ModelSettings

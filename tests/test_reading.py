@@ -121,7 +121,7 @@ def test_reading_scores_of_a_split():
 def test_golden_descriptions_of_the_world_name_their_page():
     """The world's own CoaT reads its screens: every golden description names its page and every golden click is
     grounded; it lists most, not all, element texts (titles and long lists are left out)."""
-    from ipl_jax.data.synthetic import generate_split
+    from ipl_jax.envs.synthetic import generate_split
 
     steps = [s for e in generate_split("test", 6, seed=0) for s in e.steps]
     records = [
@@ -141,8 +141,8 @@ def test_the_page_phrase_survives_the_jobs_data_files(tmp_path):
     each step holds its phrase and none of the world's other meta (which instruction evolution would read)."""
     from ipl_jax.data.datasets import load_dataset
     from ipl_jax.data.packed.writer import pack_dataset
-    from ipl_jax.data.synthetic import generate_split
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic import generate_split
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
     episodes = generate_split("dev", 2, seed=5)
     write_aitz_split(episodes, tmp_path / "aitz", "dev", with_meta=("page_name",))

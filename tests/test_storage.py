@@ -271,8 +271,8 @@ def test_a_data_root_in_a_bucket_reads_as_the_local_one(gcs_bucket, tmp_path, mo
     import numpy as np
 
     from ipl_jax.configs.loader import load_settings
-    from ipl_jax.data.synthetic import generate_split
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic import generate_split
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
     from ipl_jax.pipeline import data_stage
     from ipl_jax.pipeline.sources import check_sources
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipl_jax.cli.synth import main as synth_main
-from ipl_jax.data.synthetic import generate_split
+from ipl_jax.envs.synthetic import generate_split
 
 STRING_JSON = ("ui_positions", "ui_text", "ui_types", "result_touch_yx", "result_lift_yx")
 FIELDS = {
@@ -53,7 +53,7 @@ def written(tmp_path_factory):
         ]
     )
     assert rc == 0
-    from ipl_jax.data.synthetic import WorldConfig, apply_overrides
+    from ipl_jax.envs.synthetic import WorldConfig, apply_overrides
 
     generated = generate_split(SPLIT, N, seed=SEED, config=apply_overrides(WorldConfig(), CONFIG))
     return root, generated
@@ -146,7 +146,7 @@ def test_cli_rejects_bad_config(tmp_path, capsys):
 
 def test_with_meta_adds_only_synth_meta(tmp_path):
     eps = generate_split("dev", 2, seed=1)
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
     write_aitz_split(eps, tmp_path, "dev", with_meta=True)
     for ep in eps:
@@ -167,7 +167,7 @@ def test_render_size_writes_phone_screenshots_with_the_same_fractions(tmp_path):
     from PIL import Image
 
     from ipl_jax.data.aitz import load_aitz
-    from ipl_jax.data.synthetic import WorldConfig, apply_overrides
+    from ipl_jax.envs.synthetic import WorldConfig, apply_overrides
 
     layout = ["width=224", "height=448", "p_start_home=0.3"]
     for name, extra in (("layout", []), ("phone", ["render_size=270,600"])):

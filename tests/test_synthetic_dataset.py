@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from ipl_jax.coat.actions import CORE_TYPES, Action, format_action, format_grounding, parse_action
-from ipl_jax.data.synthetic import SPLITS, Task, WorldConfig, generate_episode, generate_split, replay
-from ipl_jax.data.synthetic.coat import MAX_DESC_WORDS, MAX_THINK_WORDS
-from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS
-from ipl_jax.data.synthetic.expert import INTENTS
-from ipl_jax.data.synthetic.render import png_bytes
+from ipl_jax.envs.synthetic import SPLITS, Task, WorldConfig, generate_episode, generate_split, replay
+from ipl_jax.envs.synthetic.coat import MAX_DESC_WORDS, MAX_THINK_WORDS
+from ipl_jax.envs.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS
+from ipl_jax.envs.synthetic.expert import INTENTS
+from ipl_jax.envs.synthetic.render import png_bytes
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from ipl_jax.coat.actions import Action
-from ipl_jax.data.synthetic import Task, World, WorldConfig, apply_overrides, is_done
-from ipl_jax.data.synthetic.expert import expert_decision
+from ipl_jax.envs.synthetic import Task, World, WorldConfig, apply_overrides, is_done
+from ipl_jax.envs.synthetic.expert import expert_decision
 
 
 def _task(**kw):

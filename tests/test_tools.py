@@ -63,7 +63,7 @@ def test_bench_data_times_every_source_and_thread_count(tmp_path, capsys):
 
 
 def test_bench_synth_small_scale_writes_every_split(tmp_path, capsys):
-    from ipl_jax.data.synthetic import DEFAULT_SIZES
+    from ipl_jax.envs.synthetic import DEFAULT_SIZES
     from tools import bench_synth
 
     out, keep = tmp_path / "synth.json", tmp_path / "dataset"

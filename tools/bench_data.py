@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
 
-    from ipl_jax.data.synthetic import generate_split
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic import generate_split
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         work = Path(tmp)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ipl_jax.data.synthetic import DEFAULT_SIZES, generate_split
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-from ipl_jax.data.synthetic.render import png_bytes
+from ipl_jax.envs.synthetic import DEFAULT_SIZES, generate_split
+from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.envs.synthetic.render import png_bytes
 
 
 def bench_render(n_screens: int = 400) -> dict:

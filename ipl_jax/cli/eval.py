@@ -20,7 +20,7 @@ from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import FORMATS, RULES
 from ipl_jax.coat.tables import format_table
 from ipl_jax.configs.loader import parse_args_with_settings
-from ipl_jax.data.synthetic.config import SPLITS
+from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy

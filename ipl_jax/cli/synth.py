@@ -15,10 +15,10 @@ from pathlib import Path
 
 from ipl_jax.cli.common import CommandParser, command, nonnegative_int, seed_int
 from ipl_jax.configs.loader import parse_args_with_settings
-from ipl_jax.data.synthetic import android_control_writer as ac
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-from ipl_jax.data.synthetic.config import SPLITS, WorldConfig, apply_overrides
-from ipl_jax.data.synthetic.dataset import DEFAULT_SIZES, config_to_json, generate_split
+from ipl_jax.envs.synthetic import android_control_writer as ac
+from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.envs.synthetic.config import SPLITS, WorldConfig, apply_overrides
+from ipl_jax.envs.synthetic.dataset import DEFAULT_SIZES, config_to_json, generate_split
 from ipl_jax.pipeline.paths import UsageError, output_dir
 from ipl_jax.progress import progress
 

@@ -26,7 +26,7 @@ SUBSPLITS = ("IDD", "app_unseen", "task_unseen", "category_unseen")
 FINGER_OF_CONTENT = {"up": "down", "down": "up", "left": "right", "right": "left"}
 CONTENT_OF_FINGER = {finger: content for content, finger in FINGER_OF_CONTENT.items()}
 # keyboard_enter: AndroidWorld's name for the enter key, which AndroidControl's own episodes never hold; the
-# synthetic world's AndroidControl writer uses it for press enter (data/synthetic/android_control_writer.py)
+# synthetic world's AndroidControl writer uses it for press enter (envs/synthetic/android_control_writer.py)
 _NAV = {"navigate_home": "home", "navigate_back": "back", "keyboard_enter": "enter"}
 
 

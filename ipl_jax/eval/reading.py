@@ -24,7 +24,7 @@ from ipl_jax.data.dialogue import chat_example
 from ipl_jax.data.evolution.screen import usable_elements
 from ipl_jax.data.records import Step
 from ipl_jax.data.screenshots import decode_pixels
-from ipl_jax.data.synthetic.reading import fold_text, qa_messages, reading_qa
+from ipl_jax.envs.synthetic.reading import fold_text, qa_messages, reading_qa
 from ipl_jax.model.decode import greedy_generate
 from ipl_jax.model.inputs import prepare_inputs
 from ipl_jax.progress import progress
@@ -118,7 +118,7 @@ def box_hit(answer: str, golden) -> bool:
 
 
 def chat_answer_score(kind: str, answer: str, golden: str, step: Step) -> float | None:
-    """One answer of a reading chat (``data/synthetic/reading.py``) scored: ``describe`` names the page (``page``),
+    """One answer of a reading chat (``envs/synthetic/reading.py``) scored: ``describe`` names the page (``page``),
     ``texts`` the share of the screen's texts reproduced, ``where`` the box's centre in the element's, ``what``
     the element's text exactly, ``names`` and ``typed`` the task's answer exactly."""
     if kind == "describe":

@@ -18,9 +18,9 @@ from ipl_jax.data.datasets import load_dataset, load_dataset_with_report, skippe
 from ipl_jax.data.dialogue import has_coat
 from ipl_jax.data.packed.writer import pack_dataset
 from ipl_jax.data.records import Episode, Step
-from ipl_jax.data.synthetic import generate_split
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-from ipl_jax.data.synthetic.dataset import episode_id
+from ipl_jax.envs.synthetic import generate_split
+from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.envs.synthetic.dataset import episode_id
 from ipl_jax.eval.reading import PAGE_KEY
 from ipl_jax.pipeline.paths import UsageError
 from ipl_jax.pipeline.workdir import Workdir

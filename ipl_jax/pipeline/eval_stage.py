@@ -14,7 +14,7 @@ import jax
 from ipl_jax import distributed, storage
 from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Episode
-from ipl_jax.data.synthetic.config import WorldConfig
+from ipl_jax.envs.synthetic.config import WorldConfig
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.reading import SCORES as READING_SCORES

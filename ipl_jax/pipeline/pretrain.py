@@ -1,5 +1,5 @@
 """``ipl-jax pretrain``: a base model that reads the world's screens, trained from scratch on reading chats
-(``data/synthetic/reading.py``) and written as a Hugging Face checkpoint that a job starts from
+(``envs/synthetic/reading.py``) and written as a Hugging Face checkpoint that a job starts from
 (``model.checkpoint``). Stages: screens -> tokenizer and fresh model -> training (resumable) -> held-out reading
 scores -> ``WORKDIR/pretrain/model`` with ``recipe.json`` beside it.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from ipl_jax.data.synthetic.reading import (
+from ipl_jax.envs.synthetic.reading import (
     ReadingChat,
     pretrain_screens,
     reading_corpus,

@@ -18,7 +18,7 @@ from ipl_jax.data.batching import collate, smallest_bucket
 from ipl_jax.data.dialogue import annotated_steps, coat_example, qa_example
 from ipl_jax.data.pipeline import iterator_state, make_dataset, make_iterator, restore_iterator
 from ipl_jax.data.records import Step
-from ipl_jax.data.synthetic.reading import ReadingChat, pretrain_screens, reading_example
+from ipl_jax.envs.synthetic.reading import ReadingChat, pretrain_screens, reading_example
 from ipl_jax.pipeline.model_stage import job_mesh, job_model_config, load_policy, write_policy_dir
 from ipl_jax.pipeline.workdir import Workdir
 from ipl_jax.settings import BucketSettings, Settings, SFTSettings

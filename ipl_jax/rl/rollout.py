@@ -17,11 +17,11 @@ from ipl_jax.coat.rewards import RewardConfig, encode_actions, encode_golden, le
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
-from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.data.synthetic.dataset import MAX_STEPS, episode_seed, split_config
-from ipl_jax.data.synthetic.expert import expert_decision
-from ipl_jax.data.synthetic.tasks import Task, is_done, sample_task
-from ipl_jax.data.synthetic.world import World
+from ipl_jax.envs.synthetic.config import WorldConfig
+from ipl_jax.envs.synthetic.dataset import MAX_STEPS, episode_seed, split_config
+from ipl_jax.envs.synthetic.expert import expert_decision
+from ipl_jax.envs.synthetic.tasks import Task, is_done, sample_task
+from ipl_jax.envs.synthetic.world import World
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.rl import common
 from ipl_jax.rl import rewards as rewards_lib

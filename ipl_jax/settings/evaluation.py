@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from ipl_jax.data.synthetic.config import SPLITS
+from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.sections import Section
 
 

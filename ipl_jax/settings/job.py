@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.coat.sections import LeafRewardShares
-from ipl_jax.data.synthetic.config import WorldConfig
+from ipl_jax.envs.synthetic.config import WorldConfig
 from ipl_jax.preference.sections import DPOSettings, PairSelection
 from ipl_jax.sampling.sections import TreeSampling
 from ipl_jax.sections import Section, SettingsError, defaults, section_from, setting_error
@@ -151,7 +151,7 @@ class Settings(Section):
     """The job's seed (the world, initialization, samplers)."""
     data: DataSettings = dataclasses.field(default_factory=DataSettings)
     world: WorldConfig = dataclasses.field(default_factory=WorldConfig)
-    """The synthetic world: every field of data/synthetic/config.py's WorldConfig (its defaults)."""
+    """The synthetic world: every field of envs/synthetic/config.py's WorldConfig (its defaults)."""
     evolution: EvolutionSettings = dataclasses.field(default_factory=EvolutionSettings)
     model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     buckets: BucketSettings = dataclasses.field(default_factory=BucketSettings)

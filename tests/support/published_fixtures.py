@@ -187,8 +187,8 @@ def write_android_control(root: Path, episodes=((11, 3), (12, 4), (13, 2)), size
 
 def write_synthetic(root: Path, sizes=(("train", 4), ("test", 2)), seed: int = 0) -> Path:
     """The synthetic world's episodes written in the AITZ layout (``ipl-jax synth --with-meta``)."""
-    from ipl_jax.data.synthetic import generate_split
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic import generate_split
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
     for split, n in sizes:
         write_aitz_split(generate_split(split, n, seed=seed), root, split, with_meta=True)
@@ -206,9 +206,9 @@ WRITERS = {
 def tiny_checkpoint_and_data(root: Path) -> tuple[Path, Path]:
     """(a random tiny checkpoint, an AITZ root whose ``test`` split holds two synthetic episodes) under ``root``:
     what a command reading a model and a dataset needs, made in about a second."""
-    from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
-    from ipl_jax.data.synthetic.dataset import generate_split
     from ipl_jax.data.tiny import make_tiny_checkpoint
+    from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
+    from ipl_jax.envs.synthetic.dataset import generate_split
 
     ckpt = make_tiny_checkpoint(root / "ckpt", seed=0, scale=4.0)
     write_aitz_split(generate_split("train", 2, seed=0), root / "data", "test")

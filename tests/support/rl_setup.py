@@ -61,6 +61,6 @@ def sampler_config(tokenizer, branching=(1, 1, 1, 1), temperature=1.0):
 
 
 def golden_steps(n_episodes: int = 2, seed: int = 0):
-    from ipl_jax.data.synthetic.dataset import generate_split
+    from ipl_jax.envs.synthetic.dataset import generate_split
 
     return [s for e in generate_split("train", n_episodes, seed=seed) for s in e.steps]

@@ -15,8 +15,8 @@ from PIL import Image
 from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.packed.encoding import RECORD_VERSION, canonical_json, image_bytes, step_header
 from ipl_jax.data.packed.writer import portable, source_splits
-from ipl_jax.data.synthetic import generate_split
-from ipl_jax.data.synthetic.aitz_writer import write_aitz_split
+from ipl_jax.envs.synthetic import generate_split
+from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
 SCORING_FORMAT = "aitz"
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from PIL import ImageFont
 
-from ipl_jax.data.synthetic.config import Variant
+from ipl_jax.envs.synthetic.config import Variant
 
 Box = tuple[int, int, int, int]
 

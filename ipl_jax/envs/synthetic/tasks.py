@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.catalog import normalize_query
-from ipl_jax.data.synthetic.config import FAMILIES
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.catalog import normalize_query
+from ipl_jax.envs.synthetic.config import FAMILIES
 
 HELD_OUT_FAMILIES = ("toggle_pair",)
 N_HELD_OUT_TEMPLATES = 2

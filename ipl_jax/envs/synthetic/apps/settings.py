@@ -3,9 +3,9 @@ information rows."""
 
 from __future__ import annotations
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, ListView, header
-from ipl_jax.data.synthetic.widgets import Widget
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.base import App, ListView, header
+from ipl_jax.envs.synthetic.widgets import Widget
 
 
 def row_kind(name: str) -> str:

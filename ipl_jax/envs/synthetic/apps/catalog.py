@@ -8,9 +8,9 @@ import zlib
 
 import numpy as np
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, ListView, clean_typed, header
-from ipl_jax.data.synthetic.widgets import Widget
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.base import App, ListView, clean_typed, header
+from ipl_jax.envs.synthetic.widgets import Widget
 
 PRODUCT_RGB = {
     "Red": (210, 50, 50),

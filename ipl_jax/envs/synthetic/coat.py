@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.expert import Decision
-from ipl_jax.data.synthetic.tasks import Task
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.expert import Decision
+from ipl_jax.envs.synthetic.tasks import Task
 
 MAX_DESC_WORDS = 40
 MAX_THINK_WORDS = 35

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, header
-from ipl_jax.data.synthetic.widgets import Widget
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.base import App, header
+from ipl_jax.envs.synthetic.widgets import Widget
 
 
 class PlainApp(App):

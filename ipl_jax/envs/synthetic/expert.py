@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 from ipl_jax.coat.actions import Action, box_center
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.catalog import normalize_query
-from ipl_jax.data.synthetic.tasks import Task, is_done
-from ipl_jax.data.synthetic.world import HOME
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.catalog import normalize_query
+from ipl_jax.envs.synthetic.tasks import Task, is_done
+from ipl_jax.envs.synthetic.world import HOME
 
 # Intents name why an action is taken; coat.py turns them into thoughts.
 INTENTS = (

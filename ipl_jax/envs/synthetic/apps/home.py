@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ipl_jax.data.synthetic.apps.base import App
-from ipl_jax.data.synthetic.widgets import Widget
+from ipl_jax.envs.synthetic.apps.base import App
+from ipl_jax.envs.synthetic.widgets import Widget
 
 
 class HomeApp(App):

@@ -10,11 +10,11 @@ import numpy as np
 
 from ipl_jax.coat.actions import format_action
 from ipl_jax.data.records import CoaT, Episode, Step
-from ipl_jax.data.synthetic import coat as coat_text
-from ipl_jax.data.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, SPLITS, WorldConfig
-from ipl_jax.data.synthetic.expert import expert_decision
-from ipl_jax.data.synthetic.tasks import Task, is_done, sample_task
-from ipl_jax.data.synthetic.world import World
+from ipl_jax.envs.synthetic import coat as coat_text
+from ipl_jax.envs.synthetic.config import HELD_OUT_THEMES, HELD_OUT_VARIANTS, SEEN_VARIANTS, SPLITS, WorldConfig
+from ipl_jax.envs.synthetic.expert import expert_decision
+from ipl_jax.envs.synthetic.tasks import Task, is_done, sample_task
+from ipl_jax.envs.synthetic.world import World
 
 SPLIT_CODES = {"train": 1, "dev": 2, "test": 3, "test_app_unseen": 4, "test_task_unseen": 5}
 # The default dataset (the `ipl-jax run` job's data); sizes chosen so that warm-up SFT of a tiny model on two

@@ -11,8 +11,8 @@ import math
 
 from PIL import Image, ImageDraw
 
-from ipl_jax.data.synthetic.config import THEMES
-from ipl_jax.data.synthetic.widgets import font, text_width
+from ipl_jax.envs.synthetic.config import THEMES
+from ipl_jax.envs.synthetic.widgets import font, text_width
 
 
 @functools.lru_cache(maxsize=8192)

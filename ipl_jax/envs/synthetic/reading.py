@@ -22,10 +22,10 @@ from ipl_jax.data.dialogue import DEFAULT_PROMPTS, chat_example
 from ipl_jax.data.evolution.screen import usable_elements
 from ipl_jax.data.records import Episode, Step, UIElement
 from ipl_jax.data.screenshots import decode_pixels
-from ipl_jax.data.synthetic.config import WorldConfig
-from ipl_jax.data.synthetic.content import SUBMENU_OF
-from ipl_jax.data.synthetic.dataset import SPLIT_CODES, episode_id, generate_episode, split_config
-from ipl_jax.data.synthetic.tasks import Task, sample_task
+from ipl_jax.envs.synthetic.config import WorldConfig
+from ipl_jax.envs.synthetic.content import SUBMENU_OF
+from ipl_jax.envs.synthetic.dataset import SPLIT_CODES, episode_id, generate_episode, split_config
+from ipl_jax.envs.synthetic.tasks import Task, sample_task
 
 # The seed stream of pretraining screens: a split code no evaluation split uses (see ``SPLIT_CODES``).
 PRETRAIN_SPLIT = "pretrain"

@@ -12,11 +12,11 @@ import numpy as np
 
 from ipl_jax.coat.actions import DIRECTIONS
 from ipl_jax.data.records import UIElement
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps import CatalogApp, HomeApp, MessagesApp, PlainApp, SettingsApp
-from ipl_jax.data.synthetic.config import VARIANTS, WorldConfig
-from ipl_jax.data.synthetic.render import ScreenPainter
-from ipl_jax.data.synthetic.widgets import Widget, make_geometry
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps import CatalogApp, HomeApp, MessagesApp, PlainApp, SettingsApp
+from ipl_jax.envs.synthetic.config import VARIANTS, WorldConfig
+from ipl_jax.envs.synthetic.render import ScreenPainter
+from ipl_jax.envs.synthetic.widgets import Widget, make_geometry
 
 HOME = "Home"
 
@@ -105,7 +105,7 @@ class World:
 
     def reset(self, task=None) -> Screen:
         """Draw a new phone and put it in ``task``'s start state (the home screen if task is None)."""
-        from ipl_jax.data.synthetic.tasks import prepare_world, task_requirements  # tasks imports this module
+        from ipl_jax.envs.synthetic.tasks import prepare_world, task_requirements  # tasks imports this module
 
         rng, cfg = self.rng, self.config
         self.theme = cfg.themes[int(rng.integers(len(cfg.themes)))]

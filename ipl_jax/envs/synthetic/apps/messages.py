@@ -3,9 +3,9 @@ message box and a Send button."""
 
 from __future__ import annotations
 
-from ipl_jax.data.synthetic import content
-from ipl_jax.data.synthetic.apps.base import App, ListView, clean_typed, header
-from ipl_jax.data.synthetic.widgets import Widget
+from ipl_jax.envs.synthetic import content
+from ipl_jax.envs.synthetic.apps.base import App, ListView, clean_typed, header
+from ipl_jax.envs.synthetic.widgets import Widget
 
 AVATAR_RGB = ((220, 90, 60), (60, 140, 220), (90, 170, 80), (170, 90, 190), (230, 160, 40), (40, 160, 160))
 

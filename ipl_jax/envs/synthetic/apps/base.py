@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from ipl_jax.data.synthetic.widgets import Geometry, Widget
+from ipl_jax.envs.synthetic.widgets import Geometry, Widget
 
 
 class Host(Protocol):
