@@ -47,7 +47,11 @@ class Client:
                 time.sleep(RETRY_PAUSE)
             try:
                 r = self.session.request(
-                    method, self.url + endpoint, params=params, json=body, timeout=(min(10.0, self.timeout), self.timeout)
+                    method,
+                    self.url + endpoint,
+                    params=params,
+                    json=body,
+                    timeout=(min(10.0, self.timeout), self.timeout),
                 )
             except requests.ConnectionError as e:  # refused (never sent), or reset / connect timeout
                 reason = _short(e)

@@ -128,7 +128,9 @@ def check(url: str, timeout: float = HEALTH_TIMEOUT) -> None:
         raise EnvError(f"AndroidWorld server {url} is not healthy: /health answered {answer!r}"[:300])
 
 
-def open(urls: Sequence[str], timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES) -> list[AndroidWorldEnv]:
+def open(
+    urls: Sequence[str], timeout: float = DEFAULT_TIMEOUT, retries: int = DEFAULT_RETRIES
+) -> list[AndroidWorldEnv]:
     """One ``AndroidWorldEnv`` per server URL, each checked healthy first (one line on the first that is not)."""
     if not urls:
         raise EnvError("AndroidWorld: no server URL given")
@@ -160,14 +162,18 @@ def suite_tasks(
     clients = [Client(url, timeout, retries) for url in urls]
     try:
         for c in clients:
-            c.get("/suite/reinitialize", n_task_combinations=int(n_task_combinations), seed=int(seed), task_family=family)
+            c.get(
+                "/suite/reinitialize", n_task_combinations=int(n_task_combinations), seed=int(seed), task_family=family
+            )
         listed = clients[0].get("/suite/task_list", max_index=-1).get("task_list")
         if not isinstance(listed, list):
             raise EnvError(f"{clients[0].url}/suite/task_list: no task list")
         wanted = list(listed) if names is None else [n.strip() for n in names if n.strip()]
         missing = [n for n in wanted if n not in listed]
         if missing:
-            raise EnvError(f"--tasks: {', '.join(missing)} not in the {family} suite of {urls[0]} ({len(listed)} tasks)")
+            raise EnvError(
+                f"--tasks: {', '.join(missing)} not in the {family} suite of {urls[0]} ({len(listed)} tasks)"
+            )
         out = []
         for task_type in wanted:
             n = int(clients[0].get("/suite/task_length", task_type=task_type).get("length", 0))
