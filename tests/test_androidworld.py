@@ -249,3 +249,15 @@ def test_a_task_that_fails_to_initialise(server):
         env.reset(task)
     with pytest.raises(EnvError, match="no episode"):
         env.observe()
+
+
+def test_an_action_the_device_cannot_play_is_not_fatal(server, monkeypatch):
+    env = AndroidWorldEnv(server.url, timeout=5, retries=0)
+    env.reset(suite_tasks([server.url], names=["toggle"])[0])
+
+    def refuse(d):
+        raise ValueError("No app name provided")
+
+    monkeypatch.setattr(server, "_world_actions", refuse)
+    assert env.act(Action(type="open_app", text="Nowhere")) is False
+    assert env.steps == 1 and "No app name provided" in env.last_error
