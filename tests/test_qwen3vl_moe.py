@@ -198,3 +198,17 @@ def test_experts_split_over_the_mesh_equal_one_device(models, tmp_path):
     assert out["max_diff"] <= 1e-5, out
     assert out["spec"] == "P(None, 'fsdp', None, 'tensor')" and out["shard"] == [2, 1, 64, 24], out
     assert out["devices"] == 8
+
+
+def test_experts_in_position_chunks_equal_all_at_once(models):
+    """``sparse_mlp`` a few positions of each row at a time (T = 50 over chunks of 16, padded) equals one pass."""
+    import jax
+
+    from ipl_jax.model.experts import sparse_mlp
+
+    params, cfg = load_params(models["top2"][0])
+    mp = jax.tree.map(lambda a: a[0], params["model"]["layers"]["mlp"])
+    h = jax.random.normal(jax.random.key(0), (2, 50, cfg.text.hidden_size))
+    whole = np.asarray(sparse_mlp(mp, cfg.text, h, chunk=64))
+    np.testing.assert_allclose(np.asarray(sparse_mlp(mp, cfg.text, h, chunk=16)), whole, rtol=1e-5, atol=1e-5)
+    assert np.abs(whole).mean() > 0.1
