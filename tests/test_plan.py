@@ -139,6 +139,7 @@ def test_published_architectures_have_their_parameter_counts():
         "qwen2-vl-7b": 8_291_375_616,
         "qwen3-vl-2b": 2_127_532_032,
         "qwen3-vl-8b": 8_767_123_696,
+        "qwen3-vl-30b-a3b": 31_070_754_032,  # the card's 31.07B (two decimals)
     }
 
 

@@ -106,7 +106,7 @@ def test_class_defaults_match_transformers():
 @pytest.mark.parametrize(
     "d, needle",
     [
-        ({"model_type": "qwen3_vl_moe", "vision_config": {}}, "model_type 'qwen3_vl_moe'"),
+        ({"model_type": "qwen3_omni_moe", "vision_config": {}}, "model_type 'qwen3_omni_moe'"),
         ({"model_type": "qwen2_5_vl", "vision_config": {"window_size": 14}, **TEXT_3584}, "window_size 14"),
         (
             {"model_type": "qwen2_5_vl", "vision_config": {"hidden_act": "quick_gelu"}, **TEXT_3584},

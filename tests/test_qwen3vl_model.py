@@ -203,7 +203,7 @@ def test_export_loads_in_transformers(models, tmp_path):
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (dict(model_type="qwen3_vl_moe"), "model_type 'qwen3_vl_moe' is not supported"),
+        (dict(model_type="qwen3_omni_moe"), "model_type 'qwen3_omni_moe' is not supported"),
         (dict(vision_config=dict(depth=2, deepstack_visual_indexes=[0, 2])), "vision deepstack_visual_indexes"),
         (dict(vision_config=dict(depth=2, deepstack_visual_indexes=[-1])), "vision deepstack_visual_indexes"),
         (dict(vision_config=dict(hidden_act="silu")), "vision hidden_act 'silu'"),

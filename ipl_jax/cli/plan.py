@@ -42,7 +42,10 @@ def parser() -> CommandParser:
     where.add_argument("--topology", help="plan for a TPU slice: v5p-16, v5e-16, ... or v5p:2x2x2")
     p.add_argument("--mesh", help="axis sizes data=D,fsdp=F,tensor=T (default: the config's mesh section)")
     p.add_argument(
-        "--arch", default="auto", help="auto (checkpoint, config name, config.model), qwen2-vl-2b or qwen2-vl-7b"
+        "--arch",
+        default="auto",
+        help="auto (checkpoint, config name, config.model) or a published architecture: "
+        "qwen2-vl-2b, qwen2-vl-7b, qwen3-vl-2b, qwen3-vl-8b, qwen3-vl-30b-a3b",
     )
     p.add_argument(
         "--dtype",

@@ -117,6 +117,11 @@ class TextConfig:
     qkv_bias: bool = True
     o_bias: bool = False
     mrope_interleaved: bool = False
+    # Qwen3-VL-MoE: every layer's MLP is ``num_experts`` SwiGLU experts of width ``moe_intermediate_size``, each
+    # token routed to ``num_experts_per_tok`` of them (softmax router, top-k weights renormalised); 0: dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @property
     def num_groups(self) -> int:
@@ -208,6 +213,7 @@ class Qwen2VLConfig:
                 mrope_interleaved=t.mrope_interleaved,
                 num_position_embeddings=v.num_position_embeddings,
                 deepstack_visual_indexes=v.deepstack_visual_indexes,
+                num_experts=t.num_experts,
             )
             used = [k for k, val in own.items() if val]
             if used or not t.qkv_bias or t.head_dim * t.num_attention_heads != t.hidden_size:
@@ -227,6 +233,11 @@ class Qwen2VLConfig:
                 )
         if v.position_grid_side < 1:
             raise ValueError(f"vision num_position_embeddings must be >= 1, got {v.num_position_embeddings}")
+        if t.num_experts and not (1 <= t.num_experts_per_tok <= t.num_experts and t.moe_intermediate_size >= 1):
+            raise ValueError(
+                f"text num_experts_per_tok {t.num_experts_per_tok} must be in 1..num_experts ({t.num_experts}) and "
+                f"moe_intermediate_size {t.moe_intermediate_size} >= 1"
+            )
 
     def _fill_in(self) -> None:
         """The sizes left to follow the others: a ``text.head_dim`` of 0 (hidden_size / heads), an empty
@@ -240,6 +251,11 @@ class Qwen2VLConfig:
             object.__setattr__(self, "text", dataclasses.replace(t, mrope_section=mrope_split(t.head_dim)))
         if not v.hidden_size:
             object.__setattr__(self, "vision", dataclasses.replace(v, hidden_size=t.hidden_size))
+
+    @property
+    def hf_model_type(self) -> str:
+        """The checkpoint's ``model_type``: the family's, or ``qwen3_vl_moe`` for a Qwen3-VL with experts."""
+        return hf_config.MOE if self.text.num_experts else self.model_type
 
     def replace(self, **kw) -> Qwen2VLConfig:
         return dataclasses.replace(self, **kw)
@@ -259,7 +275,7 @@ class Qwen2VLConfig:
         text = TextConfig(**hf_config.text_fields(d, txt, family))
         vision = VisionConfig(**hf_config.vision_fields(vis, family, text.hidden_size))
         tie = d.get("tie_word_embeddings")
-        if not tie:
+        if not tie and not (hf_config.is_moe(d) and tie is not None):  # MoE: the root's flag is the model's
             tie = bool(txt.get("tie_word_embeddings", False)) or bool(tie)
         kw = dict(
             vision=vision,
@@ -294,11 +310,12 @@ class Qwen2VLConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """The nested transformers-5 layout, loadable by transformers' ``from_pretrained``."""
         family = self.model_type
+        kind = self.hf_model_type
         return {
-            "architectures": [hf_config.ARCHITECTURES[family]],
-            "model_type": family,
+            "architectures": [hf_config.ARCHITECTURES[kind]],
+            "model_type": kind,
             "text_config": hf_config.text_dict(self.text, family, self.param_dtype),
-            "vision_config": hf_config.vision_dict(self.vision, family, self.param_dtype),
+            "vision_config": hf_config.vision_dict(self.vision, family, self.param_dtype, kind),
             "image_token_id": self.image_token_id,
             "video_token_id": self.video_token_id,
             "vision_start_token_id": self.vision_start_token_id,

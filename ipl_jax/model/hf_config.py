@@ -1,4 +1,5 @@
-"""Hugging Face ``config.json`` layouts of the three families (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``): the
+"""Hugging Face ``config.json`` layouts of the three families (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``; Qwen3-VL's
+mixture-of-experts checkpoints, ``qwen3_vl_moe``, are the ``qwen3_vl`` family with experts in the text part): the
 field values of ``TextConfig`` / ``VisionConfig`` read from the flat Hub or the nested transformers-5 layout, and
 the nested layout written back. Plain dicts in and out (``config.py`` builds the dataclasses), so this module
 imports nothing of the model.
@@ -11,16 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+MOE = "qwen3_vl_moe"  # the model_type of Qwen3-VL's mixture-of-experts checkpoints (family qwen3_vl)
 ARCHITECTURES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    MOE: "Qwen3VLMoeForConditionalGeneration",
 }
 # transformers' class defaults where the families differ (text; the vision ones are in vision_fields)
 _TEXT_DEFAULTS = {
     "qwen2_vl": dict(vocab=152064, hidden=8192, inter=29568, layers=80, heads=64, max_pos=32768, eps=1e-5, theta=1e6),
     "qwen2_5_vl": dict(vocab=152064, hidden=8192, inter=29568, layers=80, heads=64, max_pos=32768, eps=1e-5, theta=1e6),
     "qwen3_vl": dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, max_pos=128000, eps=1e-6, theta=5e5),
+    MOE: dict(vocab=151936, hidden=2048, inter=5632, layers=24, heads=16, max_pos=128000, eps=1e-6, theta=5e5),
 }
 _MROPE_DEFAULT = {"qwen2_vl": (16, 24, 24), "qwen2_5_vl": (16, 24, 24), "qwen3_vl": (24, 20, 20)}
 
@@ -30,10 +34,10 @@ def model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
     model_type, the architectures or the vision config say so; else 'qwen2_vl'. An unknown root ``model_type``:
     ValueError naming it."""
     root = d.get("model_type")
-    if root not in (None, *FAMILIES):
-        raise ValueError(f"model_type {root!r} is not supported (supported: {', '.join(FAMILIES)})")
+    if root not in (None, *FAMILIES, MOE):
+        raise ValueError(f"model_type {root!r} is not supported (supported: {', '.join(FAMILIES + (MOE,))})")
     archs = [str(a) for a in d.get("architectures") or ()]
-    if root == "qwen3_vl" or (root is None and any(a.startswith("Qwen3VL") for a in archs)):
+    if root in ("qwen3_vl", MOE) or (root is None and any(a.startswith("Qwen3VL") for a in archs)):
         return "qwen3_vl"
     if (
         root == "qwen2_5_vl"
@@ -44,10 +48,18 @@ def model_type(d: dict[str, Any], vis: dict[str, Any]) -> str:
     return "qwen2_vl"
 
 
+def is_moe(d: dict[str, Any]) -> bool:
+    """Whether a ``config.json`` dict is a Qwen3-VL mixture-of-experts checkpoint (its model_type or architectures)."""
+    if d.get("model_type") is not None:
+        return d["model_type"] == MOE
+    return any(str(a).startswith("Qwen3VLMoe") for a in d.get("architectures") or ())
+
+
 def text_fields(d: dict[str, Any], txt: dict[str, Any], family: str) -> dict[str, Any]:
     """``TextConfig`` keyword arguments from a ``config.json`` dict ``d`` and its text part ``txt`` (``d`` itself in
     the flat layout; rope, eos, bos and pad may sit at either level). Rejects what the decoder does not run."""
-    dft = _TEXT_DEFAULTS[family]
+    moe = is_moe(d)
+    dft = _TEXT_DEFAULTS[MOE if moe else family]
     rope = txt.get("rope_parameters") or txt.get("rope_scaling") or d.get("rope_scaling") or {}
     mrope = tuple(int(s) for s in rope.get("mrope_section", _MROPE_DEFAULT[family]))
     rope_theta = rope.get("rope_theta", txt.get("rope_theta", d.get("rope_theta", dft["theta"])))
@@ -75,13 +87,36 @@ def text_fields(d: dict[str, Any], txt: dict[str, Any], family: str) -> dict[str
     if family == "qwen3_vl":  # Qwen3's attention: q/k norms, one bias switch, its own head_dim; interleaved M-RoPE
         bias = bool(txt.get("attention_bias", False))
         out.update(
-            head_dim=int(txt.get("head_dim") or 128),
+            head_dim=int(txt.get("head_dim") or (out["hidden_size"] // heads if moe else 128)),
             qk_norm=True,
             qkv_bias=bias,
             o_bias=bias,
             mrope_interleaved=True,  # transformers' Qwen3-VL rotary always interleaves
         )
+    if moe:
+        out.update(_expert_fields(txt))
     return out
+
+
+def _expert_fields(txt: dict[str, Any]) -> dict[str, Any]:
+    """The experts of a ``qwen3_vl_moe`` text config (transformers' defaults where absent). Only every layer sparse
+    (``decoder_sparse_step`` 1, no ``mlp_only_layers``) and renormalised top-k weights (transformers' router always
+    renormalises) are run; anything else is rejected naming the field."""
+    step = txt.get("decoder_sparse_step", 1)
+    if step != 1:
+        raise ValueError(f"text_config.decoder_sparse_step {step} is not supported (only 1: every layer sparse)")
+    if txt.get("mlp_only_layers"):
+        raise ValueError(f"text_config.mlp_only_layers {txt['mlp_only_layers']} is not supported (only [])")
+    if txt.get("norm_topk_prob", True) is not True:
+        raise ValueError("text_config.norm_topk_prob false is not supported (Qwen3-VL-MoE renormalises the top-k)")
+    experts = int(txt.get("num_experts", txt.get("num_local_experts", 60)))
+    if experts < 1:
+        raise ValueError(f"text_config.num_experts {experts} must be >= 1 for {MOE}")
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(txt.get("num_experts_per_tok", 4)),
+        moe_intermediate_size=int(txt.get("moe_intermediate_size", 1408)),
+    )
 
 
 def vision_fields(vis: dict[str, Any], family: str, text_hidden: int) -> dict[str, Any]:
@@ -135,8 +170,9 @@ def vision_fields(vis: dict[str, Any], family: str, text_hidden: int) -> dict[st
 def text_dict(t, family: str, dtype: str) -> dict[str, Any]:
     """The nested layout's ``text_config`` of the ``TextConfig`` ``t``."""
     eos = list(t.eos_token_id)
+    kind = MOE if t.num_experts else family
     out = {
-        "model_type": f"{family}_text",
+        "model_type": f"{kind}_text",
         "vocab_size": t.vocab_size,
         "hidden_size": t.hidden_size,
         "intermediate_size": t.intermediate_size,
@@ -159,13 +195,22 @@ def text_dict(t, family: str, dtype: str) -> dict[str, Any]:
         del out["use_sliding_window"], out["sliding_window"]
         out.update(head_dim=t.head_dim, attention_bias=t.qkv_bias)
         out["rope_parameters"]["mrope_interleaved"] = True
+    if t.num_experts:
+        out.update(
+            num_experts=t.num_experts,
+            num_experts_per_tok=t.num_experts_per_tok,
+            moe_intermediate_size=t.moe_intermediate_size,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     return out
 
 
-def vision_dict(v, family: str, dtype: str) -> dict[str, Any]:
-    """The nested layout's ``vision_config`` of the ``VisionConfig`` ``v``."""
+def vision_dict(v, family: str, dtype: str, kind: str = "") -> dict[str, Any]:
+    """The nested layout's ``vision_config`` of the ``VisionConfig`` ``v`` (``kind``: the root model_type, when it
+    is not the family's: ``MOE``)."""
     out = {
-        "model_type": f"{family}_vision",
+        "model_type": f"{kind or family}_vision",
         "depth": v.depth,
         "embed_dim": v.embed_dim,
         "hidden_size": v.hidden_size,

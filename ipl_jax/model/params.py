@@ -17,7 +17,9 @@ from ipl_jax.model.config import Qwen2VLConfig
 @dataclasses.dataclass(frozen=True)
 class ParamEntry:
     """One leaf: tree path, full shape, init kind, HF tensor name (``{i}`` when stacked) and the HF -> ours mapping:
-    'copy', 'linear' ((out, in) -> (in, out)) or 'conv' ((E, C, T, ps, ps) flattened to (E, C*T*ps*ps), transposed)."""
+    'copy', 'linear' ((out, in) -> (in, out)), 'conv' ((E, C, T, ps, ps) flattened to (E, C*T*ps*ps), transposed)
+    or 'experts' (stacked experts, ours (experts, in, out): the published checkpoints' layout, or transformers-5's
+    (experts, out, in), told apart by shape; ``weights.expert_layout``)."""
 
     path: tuple[str, ...]
     shape: tuple[int, ...]
@@ -125,12 +127,29 @@ def _text_layout(cfg: Qwen2VLConfig) -> list[ParamEntry]:
     if t.qk_norm:
         for n in ("q_norm", "k_norm"):
             out.append(ParamEntry(attn + (n, "scale"), (lt, t.head_dim), "ones", f"{tl}self_attn.{n}.weight"))
-    for name, din, dout in (("gate_proj", h, i_dim), ("up_proj", h, i_dim), ("down_proj", i_dim, h)):
-        out += _dense_entries(("model", "layers", "mlp", name), (lt,), din, dout, f"{tl}mlp.{name}", bias=False)
+    if t.num_experts:
+        out += _expert_entries(cfg)
+    else:
+        for name, din, dout in (("gate_proj", h, i_dim), ("up_proj", h, i_dim), ("down_proj", i_dim, h)):
+            out += _dense_entries(("model", "layers", "mlp", name), (lt,), din, dout, f"{tl}mlp.{name}", bias=False)
     out.append(ParamEntry(("model", "norm", "scale"), (h,), "ones", "model.norm.weight"))
     if not cfg.tie_word_embeddings:
         out.append(ParamEntry(("lm_head", "kernel"), (h, t.vocab_size), "normal", "lm_head.weight", "linear"))
     return out
+
+
+def _expert_entries(cfg: Qwen2VLConfig) -> list[ParamEntry]:
+    """Qwen3-VL-MoE's sparse MLP of every layer: the router (``gate``, [hidden, experts]) and the experts' fused
+    gate-and-up projection [experts, hidden, 2 * moe_intermediate] (gate columns first) and down projection
+    [experts, moe_intermediate, hidden], layer axis first."""
+    t = cfg.text
+    lt, h, e, m = t.num_hidden_layers, t.hidden_size, t.num_experts, t.moe_intermediate_size
+    tl = "model.layers.{i}.mlp."
+    ex = ("model", "layers", "mlp", "experts")
+    return _dense_entries(("model", "layers", "mlp", "gate"), (lt,), h, e, tl + "gate", bias=False) + [
+        ParamEntry(ex + ("gate_up_proj",), (lt, e, h, 2 * m), "normal", tl + "experts.gate_up_proj", "experts"),
+        ParamEntry(ex + ("down_proj",), (lt, e, m, h), "normal", tl + "experts.down_proj", "experts"),
+    ]
 
 
 def set_path(tree: dict, path: tuple[str, ...], value) -> None:

@@ -68,7 +68,7 @@ def compare(model_dir: str, seed: int = 0) -> dict:
     qwen25 = cfg.model_type == "qwen2_5_vl"
     ids, mask, pv, grids = random_batch(cfg, np.random.default_rng(seed), WINDOW_GRIDS if qwen25 else DEFAULT_GRIDS)
 
-    ref_cls = getattr(transformers, hf_config.ARCHITECTURES[cfg.model_type])
+    ref_cls = getattr(transformers, hf_config.ARCHITECTURES[cfg.hf_model_type])
     ref_model = ref_cls.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         ref = (

@@ -21,6 +21,9 @@ from ipl_jax.model.params import iter_paths, set_path
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+# Logical axes a rule may name, and the mesh axis each is laid on. 'expert': the experts of a sparse MLP are split
+# over 'fsdp' (like the other weights, each device stores 1/fsdp of them; the mesh has no axis of its own for them).
+LOGICAL_AXES = {"expert": "fsdp"}
 
 # (regex over the '/'-joined path, spec per dimension *after* any leading layer axis)
 DEFAULT_RULES: tuple[tuple[str, tuple], ...] = (
@@ -31,6 +34,8 @@ DEFAULT_RULES: tuple[tuple[str, tuple], ...] = (
     (r"self_attn/o_proj/kernel$", ("tensor", "fsdp")),
     (r"mlp/(gate|up)_proj/kernel$", ("fsdp", "tensor")),
     (r"mlp/down_proj/kernel$", ("tensor", "fsdp")),
+    (r"mlp/experts/gate_up_proj$", ("expert", None, "tensor")),  # [E, hidden, 2I]
+    (r"mlp/experts/down_proj$", ("expert", "tensor", None)),  # [E, I, hidden]
     (r"attn/qkv/kernel$", ("fsdp", "tensor")),
     (r"attn/qkv/bias$", ("tensor",)),
     (r"attn/proj/kernel$", ("tensor", "fsdp")),
@@ -63,10 +68,12 @@ def make_mesh(shape: Sequence[int] = (1, -1, 1), axes: Sequence[str] = AXES, dev
 
 
 def _fit(spec: Sequence, shape: Sequence[int], mesh: Mesh) -> P:
-    """Drops axes that the mesh lacks or whose size does not divide the dimension."""
+    """Lays logical axes (``LOGICAL_AXES``) on their mesh axes, then drops axes that the mesh lacks or whose size
+    does not divide the dimension."""
     out = []
     for dim, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
         names = () if ax is None else ((ax,) if isinstance(ax, str) else tuple(ax))
+        names = tuple(LOGICAL_AXES.get(n, n) for n in names)
         names = tuple(n for n in names if n in mesh.shape)
         size = math.prod(mesh.shape[n] for n in names) if names else 1
         if not names or dim % size:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from ipl_jax.model import layers
 from ipl_jax.model.config import Qwen2VLConfig
+from ipl_jax.model.experts import sparse_mlp
 from ipl_jax.model.layers import dense, masked_attention, remat_body, rms_norm, shard_rows
 from ipl_jax.model.rope import apply_rotary, text_cos_sin
 from ipl_jax.model.vision import encode_images_unjitted
@@ -114,7 +115,8 @@ def decoder_layer(
     lp: dict, cfg: Qwen2VLConfig, x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray, attend: Callable, kv_dtype=None
 ):
     """One Qwen2 / Qwen3 decoder layer (pre-norm attention, then pre-norm SwiGLU MLP, both residual); Qwen3
-    (``qk_norm``) normalises each head's queries and keys before the rotary. Biases are the parameters' own.
+    (``qk_norm``) normalises each head's queries and keys before the rotary; Qwen3-VL-MoE (``num_experts``) has the
+    sparse MLP of ``experts.py``. Biases are the parameters' own.
 
     x: dtype[B, T, hidden]; cos, sin: [B, T, 1, D]; attend(q, k, v) -> dtype[B, T, Hq, D]; kv_dtype: the new
     keys / values are rounded to it before attending. Returns (x, (k, v) [B, T, Hkv, D]).
@@ -140,8 +142,11 @@ def decoder_layer(
     h = rms_norm(lp["post_attention_layernorm"], x, t_cfg.rms_norm_eps)
     mp = lp["mlp"]
     with jax.named_scope("mlp"):
-        inner = shard_rows(jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype))
-        h = dense(mp["down_proj"], inner, dtype)
+        if t_cfg.num_experts:  # Qwen3-VL-MoE: router and top-k experts
+            h = sparse_mlp(mp, t_cfg, h)
+        else:
+            inner = shard_rows(jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype))
+            h = dense(mp["down_proj"], inner, dtype)
     return x + h, (k, v)
 
 

@@ -105,9 +105,19 @@ def hf_shape(ent: ParamEntry, cfg: Qwen2VLConfig) -> tuple[int, ...]:
     return shape
 
 
+def expert_layout(stored: tuple[int, ...], ours: tuple[int, ...]) -> str:
+    """How a stacked-experts tensor of shape ``stored`` holds ours (experts, in, out): 'transposed' when it has
+    transformers-5's shape (experts, out, in) (a square one included, as transformers reads it), else 'copy' (the
+    published checkpoints' layout, (experts, in, out)). ``save_params`` writes the published layout unless square."""
+    return "transposed" if tuple(stored) == (ours[0], ours[2], ours[1]) else "copy"
+
+
 def _read_unstacked(src: _TensorSource, ent: ParamEntry, name: str, index: tuple) -> np.ndarray:
     """Reads our-layout slice ``index`` (one slice per our dim) of one per-layer (or unstacked) tensor."""
-    if ent.transform == "copy":
+    if ent.transform == "experts" and expert_layout(src.shape(name), hf_shape(ent, None)) == "transposed":
+        e, a, b = index if index else (slice(None),) * 3
+        return src.read(name, (e, b, a)).transpose(0, 2, 1)
+    if ent.transform in ("copy", "experts"):
         return src.read(name, index)
     if ent.transform == "linear":
         a, b = index if index else (slice(None), slice(None))
@@ -156,7 +166,7 @@ def load_params(
         want = hf_shape(ent, cfg)
         for n in names:
             got = src.shape(n)
-            if got != want:
+            if got != want and not (ent.transform == "experts" and got == (want[0], want[2], want[1])):
                 raise ValueError(f"{model_dir}: tensor {n!r} has shape {got}, config implies {want}")
         if shardings is None:
             sh = default
@@ -189,6 +199,8 @@ def _hf_tensors(params: dict, cfg: Qwen2VLConfig):
         for name, a in items:
             if ent.transform == "linear":
                 a = a.T
+            elif ent.transform == "experts" and a.shape[1] == a.shape[2]:  # square: transformers-5's layout
+                a = a.transpose(0, 2, 1)
             elif ent.transform == "conv":
                 v = cfg.vision
                 a = a.T.reshape(a.shape[1], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)

@@ -130,11 +130,36 @@ ARCHITECTURES |= {
         [8, 16, 24],
     ),
 }
+# The published Qwen3-VL-30B-A3B (Instruct) config.json: the same decoder with a sparse MLP in every layer (128
+# experts of width 768, 8 per token), 48 layers of width 2048, 32 query / 4 KV heads of 128; untied embeddings; the
+# 27-block 1152-wide tower of the 8B (transformers' Qwen3VLMoeVisionConfig defaults) with a 2048-wide output.
+_MOE_TEXT = dict(
+    _TEXT3,
+    model_type="qwen3_vl_moe_text",
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    norm_topk_prob=True,
+)
+ARCHITECTURES["qwen3-vl-30b-a3b"] = dict(
+    _qwen3(False, {}, dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=2048), [8, 16, 24]),
+    architectures=["Qwen3VLMoeForConditionalGeneration"],
+    model_type="qwen3_vl_moe",
+    text_config=dict(_MOE_TEXT, tie_word_embeddings=False),
+)
 _CONFIG_ARCH = (
     (r"qwen2vl_2b", "qwen2-vl-2b"),
     (r"qwen2vl_7b", "qwen2-vl-7b"),
     (r"qwen3vl_2b", "qwen3-vl-2b"),
     (r"qwen3vl_8b", "qwen3-vl-8b"),
+    (r"qwen3vl_30b_a3b", "qwen3-vl-30b-a3b"),
 )
 _KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 

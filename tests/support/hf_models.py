@@ -80,14 +80,19 @@ def tiny_hf_model(config, seed: int = 0, scale: float = 8.0):
     return random_hf_model(Qwen2VLForConditionalGeneration, config, seed, scale)
 
 
-def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0, vocab: int = 500):
+def tiny_qwen3_model(
+    text, kv, head_dim, mrope, vision, taps, tie, bias, seed, scale: float = 8.0, vocab: int = 500, experts=None
+):
     """A random ``Qwen3VLForConditionalGeneration`` (eager, float32) made by transformers from its config classes:
     ``text`` / ``vision`` config fields beside KV heads, head_dim, M-RoPE sections, DeepStack ``taps``, tied
     embeddings and attention ``bias``; weights x ``scale``, biases and norm weights random (transformers starts
-    them at 0 and 1, which would hide bias and norm bugs)."""
+    them at 0 and 1, which would hide bias and norm bugs). ``experts``: text config fields of the experts, which
+    make it a ``Qwen3VLMoeForConditionalGeneration``."""
     import transformers
 
-    config = transformers.Qwen3VLConfig(
+    moe = "Moe" if experts else ""
+    text = {**text, **(experts or {})}
+    config = getattr(transformers, f"Qwen3VL{moe}Config")(
         text_config=dict(
             vocab_size=vocab,
             num_key_value_heads=kv,
@@ -106,7 +111,7 @@ def tiny_qwen3_model(text, kv, head_dim, mrope, vision, taps, tie, bias, seed, s
         **VISION_IDS,
         tie_word_embeddings=tie,
     )
-    return random_hf_model(transformers.Qwen3VLForConditionalGeneration, config, seed, scale)
+    return random_hf_model(getattr(transformers, f"Qwen3VL{moe}ForConditionalGeneration"), config, seed, scale)
 
 
 def random_image(rng: np.random.Generator, grid_hw: tuple[int, int], patch_dim: int):

@@ -1,0 +1,214 @@
+"""Qwen3-VL-MoE against transformers' ``Qwen3VLMoeForConditionalGeneration`` on tiny random checkpoints that
+transformers builds from its own config classes: logits (float32, max |difference| <= 1e-4) with images and a
+text-only row in one batch, top-1 and top-2 routing over 4 and 6 experts, tied and untied embeddings, a square
+fused gate-and-up projection (hidden == 2 x moe_intermediate, whose layout transformers tells by shape alone);
+greedy decoding against ``generate``; the export loading back in transformers as Qwen3-VL-MoE in the published
+expert layout; the refused fields; and the forward with the experts split over a mesh of fake CPU devices equal to
+the single-device one."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from safetensors import safe_open  # noqa: E402
+from support import fake_devices  # noqa: E402
+from support.hf_models import assert_logits_close, hf_forward, hf_greedy, saved_models, tiny_qwen3_model  # noqa: E402
+from test_qwen3vl_model import PATCH_BUCKET, VOCAB, batch  # noqa: E402
+
+from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
+from ipl_jax.model.decode import greedy_generate  # noqa: E402
+from ipl_jax.model.inputs import prepare_inputs  # noqa: E402
+from ipl_jax.model.text import forward_inputs  # noqa: E402
+from ipl_jax.model.weights import load_params, save_params  # noqa: E402
+
+TOL = 1e-4
+_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, num_position_embeddings=36)
+# "top1": 4 experts, one per token, untied, GQA 4:2, expert width 24 (gate_up [4, 64, 48]).
+# "top2": 6 experts, two per token, tied, odd widths (72 over 3 heads of 20), one KV head, attention biases, expert
+# width 36: the fused gate_up is square ([6, 72, 72]), so its file layout is transformers-5's.
+CONFIGS = {
+    "top1": dict(
+        text=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4),
+        experts=dict(num_experts=4, num_experts_per_tok=1, moe_intermediate_size=24),
+        kv=2,
+        head_dim=16,
+        mrope=[4, 2, 2],
+        vision=_VISION,
+        taps=[1],
+        tie=False,
+        bias=False,
+        seed=0,
+    ),
+    "top2": dict(
+        text=dict(hidden_size=72, intermediate_size=100, num_hidden_layers=3, num_attention_heads=3),
+        experts=dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=36),
+        kv=1,
+        head_dim=20,
+        mrope=[4, 3, 3],
+        vision=_VISION,
+        taps=[0, 1],
+        tie=True,
+        bias=True,
+        seed=1,
+    ),
+}
+
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return saved_models(tmp_path_factory, functools.partial(tiny_qwen3_model, vocab=VOCAB), CONFIGS)
+
+
+def ours(params, cfg, ids, mask, pv, grids):
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    return np.asarray(forward_inputs(params, cfg, inputs))[:, : ids.shape[1]]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(models, name):
+    model_dir, hf_model = models[name]
+    kw = CONFIGS[name]
+    ids, mask, pv, grids = batch(kw["seed"])
+    params, cfg = load_params(model_dir)
+    assert cfg.model_type == "qwen3_vl" and cfg.hf_model_type == "qwen3_vl_moe"
+    assert cfg.tie_word_embeddings == kw["tie"]
+    e = kw["experts"]
+    assert (cfg.text.num_experts, cfg.text.num_experts_per_tok, cfg.text.moe_intermediate_size) == tuple(e.values())
+    ref = hf_forward(hf_model, ids, mask, pv, grids)
+    assert_logits_close(f"qwen3-vl-moe {name}", ours(params, cfg, ids, mask, pv, grids), ref, mask, TOL)
+    # the routing matters: every expert at once (or one fewer / more) moves the logits far beyond the tolerance
+    k = e["num_experts_per_tok"]
+    other = cfg.replace(text=dataclasses.replace(cfg.text, num_experts_per_tok=k + 1))
+    got = ours(params, other, ids, mask, pv, grids)
+    assert np.max(np.abs(got - ref)[mask.astype(bool)]) > 100 * TOL
+
+
+def test_greedy_matches_transformers_generate(models):
+    model_dir, hf_model = models["top2"]
+    ids, mask, pv, grids = batch(3)
+    ref = hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=4)
+    params, cfg = load_params(model_dir)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=4)
+    np.testing.assert_array_equal(np.asarray(tokens), ref)
+    assert np.asarray(n).tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_export_loads_in_transformers(models, tmp_path, name):
+    model_dir, hf_model = models[name]
+    params, cfg = load_params(model_dir)
+    save_params(params, cfg, str(tmp_path))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen3VLMoeForConditionalGeneration"] and saved["model_type"] == "qwen3_vl_moe"
+    assert Qwen2VLConfig.from_dir(tmp_path) == cfg
+    t = cfg.text
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        gate_up = f.get_slice("model.language_model.layers.0.mlp.experts.gate_up_proj").get_shape()
+        down = f.get_slice("model.language_model.layers.0.mlp.experts.down_proj").get_shape()
+    # the published layout (experts, in, out); square [E, 72, 72] is the same shape either way
+    assert (gate_up, down) == (
+        [t.num_experts, t.hidden_size, 2 * t.moe_intermediate_size],
+        [t.num_experts, t.moe_intermediate_size, t.hidden_size],
+    )
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert type(loaded).__name__ == "Qwen3VLMoeForConditionalGeneration"
+    theirs, want = loaded.state_dict(), hf_model.state_dict()
+    assert set(theirs) == set(want)
+    for key, tensor in want.items():
+        assert torch.equal(theirs[key], tensor), key
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("decoder_sparse_step", 2, "text_config.decoder_sparse_step 2"),
+        ("mlp_only_layers", [0], "text_config.mlp_only_layers [0]"),
+        ("norm_topk_prob", False, "text_config.norm_topk_prob false"),
+        ("num_experts_per_tok", 5, "num_experts_per_tok 5 must be in 1..num_experts (4)"),
+        ("num_experts", 0, "text_config.num_experts 0"),
+    ],
+)
+def test_bad_configs_name_the_file_and_field(tmp_path, field, value, needle):
+    text = dict(hidden_size=64, num_attention_heads=4, head_dim=16, num_experts=4, num_experts_per_tok=2)
+    text["rope_parameters"] = {"mrope_section": [2, 3, 3]}
+    d = {
+        "model_type": "qwen3_vl_moe",
+        "text_config": {**text, field: value},
+        "vision_config": {"out_hidden_size": 64, "hidden_size": 32, "num_heads": 2},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError) as e:
+        Qwen2VLConfig.from_dir(tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(str(tmp_path / "config.json")) and needle in msg and "\n" not in msg
+
+
+SHARDED = """
+import json, sys
+import numpy as np
+import jax
+from ipl_jax.model.inputs import prepare_inputs
+from ipl_jax.model.params import param_shapes
+from ipl_jax.model.sharding import inputs_shardings, make_mesh, param_shardings
+from ipl_jax.model.text import forward_inputs
+from ipl_jax.model.weights import load_params
+
+model_dir, batch_file = sys.argv[1], sys.argv[2]
+data = np.load(batch_file)
+jax.config.update("jax_default_matmul_precision", "highest")
+params, cfg = load_params(model_dir)
+inputs = prepare_inputs(cfg, data["ids"], data["mask"], data["pv"], data["grids"], text_buckets=(128,),
+                        patch_buckets=(192,))
+single = np.asarray(forward_inputs(params, cfg, inputs))
+mesh = make_mesh((1, 4, 2))
+sharded, _ = load_params(model_dir, shardings=param_shardings(param_shapes(cfg), mesh))
+gate_up = sharded["model"]["layers"]["mlp"]["experts"]["gate_up_proj"]
+placed = jax.device_put(inputs, inputs_shardings(inputs, mesh))
+logits = forward_inputs(sharded, cfg, placed)
+print(json.dumps({
+    "max_diff": float(np.max(np.abs(np.asarray(logits) - single))),
+    "spec": str(gate_up.sharding.spec), "shard": list(gate_up.addressable_shards[0].data.shape),
+    "devices": len(logits.sharding.device_set),
+}))
+"""
+
+
+def test_experts_split_over_the_mesh_equal_one_device(models, tmp_path):
+    """The 4 experts of "top1" over fsdp=4 (one per device), their widths over tensor=2: same logits."""
+    model_dir, _ = models["top1"]
+    ids, mask, pv, grids = batch(0)
+    ids, mask = np.concatenate([ids, ids[:1]]), np.concatenate([mask, mask[:1]])  # 4 rows: the batch splits too
+    pv = np.concatenate([pv, pv[: 24 + 24]])
+    grids = grids + grids[:2]
+    np.savez(tmp_path / "batch.npz", ids=ids, mask=mask, pv=pv, grids=np.asarray(grids))
+    stdout = fake_devices.run(SHARDED, model_dir, str(tmp_path / "batch.npz"), timeout=600)
+    out = json.loads(stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["max_diff"] <= 1e-5, out
+    assert out["spec"] == "P(None, 'fsdp', None, 'tensor')" and out["shard"] == [2, 1, 64, 24], out
+    assert out["devices"] == 8
+
+
+def test_experts_in_position_chunks_equal_all_at_once(models):
+    """``sparse_mlp`` a few positions of each row at a time (T = 50 over chunks of 16, padded) equals one pass."""
+    import jax
+
+    from ipl_jax.model.experts import sparse_mlp
+
+    params, cfg = load_params(models["top2"][0])
+    mp = jax.tree.map(lambda a: a[0], params["model"]["layers"]["mlp"])
+    h = jax.random.normal(jax.random.key(0), (2, 50, cfg.text.hidden_size))
+    whole = np.asarray(sparse_mlp(mp, cfg.text, h, chunk=64))
+    np.testing.assert_allclose(np.asarray(sparse_mlp(mp, cfg.text, h, chunk=16)), whole, rtol=1e-5, atol=1e-5)
+    assert np.abs(whole).mean() > 0.1
