@@ -24,6 +24,7 @@ from ipl_jax.coat.metrics import FORMATS, RULES
 from ipl_jax.coat.tables import format_table
 from ipl_jax.configs.loader import parse_args_with_settings
 from ipl_jax.envs import open_envs
+from ipl_jax.envs.protocol import EnvError
 from ipl_jax.envs.sections import ENV_KINDS
 from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
@@ -173,14 +174,20 @@ def online(args, job) -> int:
     args.model = str(model_dir(args.model, "--model"))
     n = args.episodes or job.eval.online_episodes or job.data.test_episodes
     max_steps = args.max_steps or job.eval.online_max_steps
-    tasks = job_env_tasks(job, split, n, max_steps=max_steps)
+    try:
+        tasks = job_env_tasks(job, split, n, max_steps=max_steps)
+    except EnvError as e:
+        raise UsageError(f"--env-url: {e}") from None
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
     greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
     oc = online_config(
         greedy.with_patch_buckets(job.buckets.patch_buckets(bs)), image_config, job.reward.build(job.data.rules()), bs
     )
-    envs = open_envs(job.env, bs)
+    try:
+        envs = open_envs(job.env, bs)
+    except EnvError as e:
+        raise UsageError(f"--env-url: {e}") from None
     out = online_eval(params, cfg, tokenizer, tasks, envs, jax.random.PRNGKey(job.seed), oc, mesh)
     episodes = out.pop("episodes_detail", [])
     out = {"split": split, "seed": job.seed, **out}
