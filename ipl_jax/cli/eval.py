@@ -176,8 +176,8 @@ def online(args, job) -> int:
     max_steps = args.max_steps or job.eval.online_max_steps
     try:
         tasks = job_env_tasks(job, split, n, max_steps=max_steps)
-    except EnvError as e:
-        raise UsageError(f"--env-url: {e}") from None
+    except EnvError as e:  # the client's line names the server or the flag
+        raise UsageError(str(e)) from None
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
     greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
@@ -187,7 +187,7 @@ def online(args, job) -> int:
     try:
         envs = open_envs(job.env, bs)
     except EnvError as e:
-        raise UsageError(f"--env-url: {e}") from None
+        raise UsageError(str(e)) from None
     out = online_eval(params, cfg, tokenizer, tasks, envs, jax.random.PRNGKey(job.seed), oc, mesh)
     episodes = out.pop("episodes_detail", [])
     out = {"split": split, "seed": job.seed, **out}

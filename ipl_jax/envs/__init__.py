@@ -41,10 +41,11 @@ def open_envs(env, slots: int, check: Callable[[str], None] | None = None) -> li
         return [SyntheticEnv() for _ in range(max(1, int(slots)))]
     check_envs(env, check)
     client = _client()
-    return [client.AndroidWorldEnv(url, timeout_s=env.timeout_s, retries=env.retries) for url in env.urls]
+    return [client.AndroidWorldEnv(url, env.timeout_s, env.retries) for url in env.urls]
 
 
-def suite_tasks(env, n: int | None = None) -> list:
-    """The ``EnvTask`` s of an AndroidWorld suite (``env.tasks``' names, else every task; the first ``n``), as the
-    client lists them from the first server."""
-    return _client().suite_tasks(env.urls[0], names=env.tasks, n=n, timeout_s=env.timeout_s, retries=env.retries)
+def suite_tasks(env) -> list:
+    """The ``EnvTask`` s of an AndroidWorld suite (``env.tasks``' names, else every task), every server's suite
+    rebuilt alike so that one task index is one task instance on each."""
+    names = list(env.tasks) or None
+    return _client().suite_tasks(env.urls, names=names, timeout=env.timeout_s, retries=env.retries)

@@ -25,7 +25,7 @@ class EnvSettings(Section):
     """AndroidWorld: one server (one emulator) per URL, http://HOST:PORT."""
     tasks: tuple[str, ...] = ()
     """AndroidWorld: the suite's task names to play (empty: every task)."""
-    timeout_s: float = 120.0
+    timeout_s: float = 60.0
     """AndroidWorld: seconds one request may take before it is retried."""
     retries: int = 2
     """AndroidWorld: retries of a failed or timed-out request before the episode is recorded as failed."""
