@@ -300,6 +300,24 @@ CASES = [
         r"^ipl-jax eval: --split 'nope': the synthetic world's splits are train, dev, test, ",
     ),
     Case(
+        "eval --env androidworld without a server",
+        lambda f: ["eval", "--env", "androidworld", "--model", str(f.corrupt_model)],
+        2,
+        r"^ipl-jax eval: --env-url: must name one or more servers with env\.kind=androidworld$",
+    ),
+    Case(
+        "eval --env-url not a URL",
+        lambda f: ["eval", "--env", "androidworld", "--env-url", "localhost:5000", "--model", str(f.corrupt_model)],
+        2,
+        r"^ipl-jax eval: --env-url: 'localhost:5000' is not an http\(s\):// URL$",
+    ),
+    Case(  # no server there (or, until the client is merged, no client): one line before the model loads
+        "eval --env-url unreachable",
+        lambda f: ["eval", "--env", "androidworld", "--env-url", "http://127.0.0.1:9", "--model", str(f.corrupt_model)],
+        2,
+        r"^ipl-jax eval: --env-url: .*(client not available|127\.0\.0\.1:9)",
+    ),
+    Case(
         "eval without --data",
         lambda f: ["eval", "--model", str(f.corrupt_model), "--format", "aitz"],
         2,

@@ -17,6 +17,8 @@ from support import rl_setup as S
 
 from ipl_jax import fault_hook
 from ipl_jax.coat.actions import format_action, format_grounding, needs_grounding
+from ipl_jax.envs.protocol import replicate
+from ipl_jax.envs.synthetic.env import SyntheticEnv, split_world_tasks
 from ipl_jax.rl import ppo
 from ipl_jax.rl import rollout as R
 from ipl_jax.rl.rows import RowConfig, frozen_token_logps
@@ -48,11 +50,12 @@ def mixed_act(tokenizer):
 def setup(tmp_path_factory):
     tok = S.make_tokenizer(tmp_path_factory.mktemp("tok"))
     cfg, params = S.make_model(tok)
-    tasks = R.split_world_tasks("train", 4, seed=0, max_steps=6)
+    tasks = split_world_tasks("train", 4, seed=0, max_steps=6)
     rc = R.RolloutConfig(sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=4)
     return tok, cfg, params, tasks, rc
 
 
+ENVS = [SyntheticEnv() for _ in range(4)]
 SECTION = {"tasks_per_batch": 2, "trajectories_per_task": 2, "minibatch_rows": 8}
 
 
@@ -73,7 +76,7 @@ def test_ppo_step_moves_policy_by_advantage_and_critic_towards_returns(setup, mo
     monkeypatch.setattr(R, "act", mixed_act(tok))
     section = {"critic_warmup": 0, "policy_updates": 1, "kl_coef": 0.0}
     config = _config(cfg, {**section, "policy_learning_rate": 3e-3, "critic_learning_rate": 3e-3}, critic_updates=1)
-    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
+    trajs = R.rollout(None, cfg, tok, replicate(tasks[:2], 2), ENVS, jax.random.PRNGKey(0), rc)
     assert any(t.success for t in trajs) and any(s.reward == 0 for t in trajs for s in t.steps)
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     st, crows, adv, ret, values, _ = ppo.batch_advantages(trajs, state, config, int(rc.sampler.eos_ids[0]))
@@ -114,7 +117,7 @@ def test_ppo_round_budget_and_warmup(setup, monkeypatch):
     config = _config(cfg, {"critic_warmup": 2})
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = ppo.ppo_round(
-        state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
+        state, None, tasks, jax.random.PRNGKey(4), config, envs=ENVS, tokenizer=tok, rollout_config=rc, env_steps=30
     )
     assert m["env_steps"] == 30  # the batch that reaches the budget is cut there (hand counts below)
     assert m["env_steps"] == m["train_episodes"]["env_steps"] == sum(b["env_steps"] for b in m["per_batch"])
@@ -129,7 +132,7 @@ def test_gigppo_siblings_from_concurrent_trajectories(setup, monkeypatch):
     tok, cfg, params, tasks, rc = setup
     monkeypatch.setattr(R, "act", mixed_act(tok))
     config = _config(cfg, gigppo=True)
-    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc)
+    trajs = R.rollout(None, cfg, tok, replicate(tasks[:2], 2), ENVS, jax.random.PRNGKey(0), rc)
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     st, _, _, _, _, sib = ppo.batch_advantages(trajs, state, config, int(rc.sampler.eos_ids[0]))
     assert np.all(sib[:, 3] == 1.0)  # every state has a sibling in the other trajectory of its task
@@ -163,11 +166,11 @@ def babble_act(tokenizer):
 def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     tok, cfg, params, _, rc = setup
     monkeypatch.setattr(R, "act", babble_act(tok))
-    tasks = [t for t in R.split_world_tasks("train", 8, seed=0, max_steps=3) if t.step_limit == 3][:4]
+    tasks = [t for t in split_world_tasks("train", 8, seed=0, max_steps=3) if t.step_limit == 3][:4]
     assert len(tasks) == 4
     # 4 worlds of 3 steps each; a budget of 6: step 0 takes 4, step 1 the first 2 worlds (the others are cut
     # unfinished), step 2 none
-    trajs = R.rollout(None, cfg, tok, R.replicate(tasks[:2], 2), jax.random.PRNGKey(0), rc, max_env_steps=6)
+    trajs = R.rollout(None, cfg, tok, replicate(tasks[:2], 2), ENVS, jax.random.PRNGKey(0), rc, max_env_steps=6)
     assert [t.num_steps for t in trajs] == [2, 2, 1, 1] and all(t.cut and not t.truncated for t in trajs)
     summary = R.rollout_summary(trajs)
     assert summary["env_steps"] == 6 and summary["budget_cut"] == 4 and summary["success_rate"] is None
@@ -176,7 +179,7 @@ def test_ppo_round_never_passes_its_budget(setup, monkeypatch):
     monkeypatch.setattr(fault_hook, "kill_at", lambda point, n: kills.append((point, n)))
     state = ppo.init_ppo_state(_copy(params), config, jax.random.PRNGKey(0))
     state, m = ppo.ppo_round(
-        state, None, tasks, jax.random.PRNGKey(4), config, tokenizer=tok, rollout_config=rc, env_steps=30
+        state, None, tasks, jax.random.PRNGKey(4), config, envs=ENVS, tokenizer=tok, rollout_config=rc, env_steps=30
     )
     # whole batches would spend 12 + 12 + 12 = 36; the third is cut after 4 + 2 of its steps
     assert [b["env_steps"] for b in m["per_batch"]] == [12, 12, 6] and m["env_steps"] == 30

@@ -104,7 +104,7 @@ def test_ppo_round_rolls_out_and_scores_the_reference_in_the_storage_dtype(polic
     record_state = _recorder(seen, "state", ppo.init_ppo_state)
     record_ref = _recorder(seen, "ref", common.copy_params)
 
-    def play(params, cfg, tokenizer, world_tasks, rng, config, mesh=None, max_env_steps=None):
+    def play(params, cfg, tokenizer, world_tasks, envs, rng, config, mesh=None, max_env_steps=None):
         seen["rollout"], seen["cfg"], seen["limit"] = params, cfg, max_env_steps
         raise Stop
 

@@ -1,8 +1,11 @@
 """``ipl-jax eval``: greedy four-turn CoaT decoding of every step of a dataset split with a Hugging Face model,
-scored with the benchmark's Step.Acc table; with ``--online``, whole episodes in the live synthetic world.
+scored with the benchmark's Step.Acc table; with ``--online``, whole episodes in a live world.
 
-Online: greedy episodes in the worlds of the split's first N episodes; success is stopping with the goal
-reached; the step limit is min(--max-steps, 2 x the expert's steps).
+Online (``--env``, default the config's ``env.kind``): in the synthetic world, greedy episodes in the worlds of the
+split's first N episodes, success is stopping with the goal reached, the step limit min(--max-steps, 2 x the
+expert's steps); on AndroidWorld (``--env androidworld --env-url URL``, repeated: one server per emulator), the
+suite's tasks (``--tasks``) spread over the servers, each scored by the task itself. Servers are checked before
+the model loads.
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ from ipl_jax.cli.score import load_split
 from ipl_jax.coat.metrics import FORMATS, RULES
 from ipl_jax.coat.tables import format_table
 from ipl_jax.configs.loader import parse_args_with_settings
+from ipl_jax.envs import open_envs
+from ipl_jax.envs.protocol import EnvError
+from ipl_jax.envs.sections import ENV_KINDS
 from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.policy import load_policy
-from ipl_jax.pipeline.eval_stage import job_world_tasks
+from ipl_jax.pipeline.eval_stage import failed_note, job_env_tasks
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
+from ipl_jax.pipeline.sources import check_env
 from ipl_jax.sampling.config import WIDE_BUCKETS, SamplerConfig
+from ipl_jax.settings import SettingsError
 
 PROG = "ipl-jax eval"
 
@@ -39,7 +47,17 @@ def parser() -> CommandParser:
     p.add_argument(
         "--split", default=None, help="split (default: test; online: the first of config.eval.online_splits)"
     )
-    p.add_argument("--online", action="store_true", help="play whole episodes in the live synthetic world")
+    p.add_argument("--online", action="store_true", help="play whole episodes in a live world (--env)")
+    p.add_argument(
+        "--env",
+        choices=ENV_KINDS,
+        default=None,
+        help="online: the live world (default: config.env.kind; implies --online)",
+    )
+    p.add_argument(
+        "--env-url", action="append", default=None, help="online: an AndroidWorld server http://HOST:PORT (repeatable)"
+    )
+    p.add_argument("--tasks", default=None, help="online, AndroidWorld: the suite's tasks to play, NAME,NAME,...")
     p.add_argument("--episodes", type=positive_int, default=None, help="online: episodes (default: the config's)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="online: step limit cap (default: config's)")
     p.add_argument("--rules", choices=tuple(RULES), default=None, help="matching rule set (default: the format's)")
@@ -94,8 +112,8 @@ def main(argv: list[str]) -> int:
     for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
         if path:
             output_file(path, flag)
-    if args.online:
-        return online(args, job)
+    if args.online or args.env or args.env_url or args.tasks:
+        return online(args, env_job(args, job))
     require(p, args, "data", "--data")
     require(p, args, "fmt", "--format")
     args.split = args.split or "test"
@@ -127,30 +145,56 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def env_job(args, job):
+    """The job's settings with ``--env``, ``--env-url`` and ``--tasks`` in its ``env`` section."""
+    values = {}
+    if args.env:
+        values["env.kind"] = args.env
+    if args.env_url:
+        values["env.urls"] = tuple(args.env_url)
+    if args.tasks:
+        values["env.tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    try:
+        return job.replace(values) if values else job
+    except SettingsError as e:
+        field, _, why = e.why.partition(": ")
+        flag = {"env.kind": "--env", "env.urls": "--env-url", "env.tasks": "--tasks"}.get(field)
+        raise UsageError(f"{flag}: {why}" if flag else str(e)) from None
+
+
 def online(args, job) -> int:
-    """``--online``: ``eval.online.online_eval`` on the split's live tasks."""
-    split = args.split or job.eval.online_splits[0]
-    if split not in SPLITS:
+    """``--online``: ``eval.online.online_eval`` on the live tasks of the job's ``env`` (servers checked first)."""
+    synthetic = job.env.kind == "synthetic"
+    split = (args.split or job.eval.online_splits[0]) if synthetic else job.env.kind
+    if synthetic and split not in SPLITS:
         raise UsageError(f"--split {split!r}: the synthetic world's splits are {', '.join(SPLITS)}")
-    if not job.data.synthetic:
+    if synthetic and not job.data.synthetic:
         raise UsageError(f"--config: data.format is {job.data.format!r}; --online plays the synthetic world")
+    check_env(job, "--env-url")  # a wrong or dead server: one line, before any model loads
     args.model = str(model_dir(args.model, "--model"))
     n = args.episodes or job.eval.online_episodes or job.data.test_episodes
     max_steps = args.max_steps or job.eval.online_max_steps
-    tasks = job_world_tasks(job.data, job.world, job.seed, split, n, max_steps=max_steps)
+    try:
+        tasks = job_env_tasks(job, split, n, max_steps=max_steps)
+    except EnvError as e:  # the client's line names the server or the flag
+        raise UsageError(str(e)) from None
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
     greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
     oc = online_config(
         greedy.with_patch_buckets(job.buckets.patch_buckets(bs)), image_config, job.reward.build(job.data.rules()), bs
     )
-    out = online_eval(params, cfg, tokenizer, tasks, jax.random.PRNGKey(job.seed), oc, mesh)
+    try:
+        envs = open_envs(job.env, bs)
+    except EnvError as e:
+        raise UsageError(str(e)) from None
+    out = online_eval(params, cfg, tokenizer, tasks, envs, jax.random.PRNGKey(job.seed), oc, mesh)
     episodes = out.pop("episodes_detail", [])
     out = {"split": split, "seed": job.seed, **out}
     print(
         f"online {split} (seed {out['seed']}, {out['episodes']} episodes): success rate "
         f"{100 * out['success_rate']:.1f}%, mean steps {out['mean_steps']:.2f}, truncated "
-        f"{100 * out['truncated_rate']:.1f}%, unparsable steps {100 * out['unparsable_rate']:.1f}%"
+        f"{100 * out['truncated_rate']:.1f}%, unparsable steps {100 * out['unparsable_rate']:.1f}%{failed_note(out)}"
     )
     for fam, v in out["by_family"].items():
         print(

@@ -68,6 +68,7 @@ class Env(Protocol):
     """One environment slot (one synthetic world; one AndroidWorld server = one emulator)."""
 
     name: str  # where it plays, for messages and results ("synthetic", "http://host:5000")
+    concurrent: bool  # its calls wait on a server: slots are played in threads (``each``); absent: True
 
     def reset(self, task: EnvTask) -> Observation: ...
 
@@ -78,6 +79,16 @@ class Env(Protocol):
     def score(self) -> float: ...
 
     def close(self) -> None: ...
+
+
+def replicate(tasks: Sequence[EnvTask], k: int) -> list[EnvTask]:
+    """Each task ``k`` times, named ``name#j`` (concurrent episodes of one task: distinct names, hence keys)."""
+    return [dataclasses.replace(t, name=f"{t.name}#{j}") for t in tasks for j in range(int(k))]
+
+
+def is_concurrent(envs: Sequence[Env]) -> bool:
+    """Whether ``envs`` are played in threads: any slot whose ``concurrent`` is True or unset (behind a network)."""
+    return any(getattr(e, "concurrent", True) for e in envs)
 
 
 T = TypeVar("T")

@@ -1,5 +1,7 @@
-"""Online evaluation in the live synthetic world: success (``stop`` at the goal) rate and mean steps on held-out
-tasks. Greedy by default; with a temperature, ``samples_per_task`` episodes per task.
+"""Online evaluation in a live world (``envs.protocol``: the synthetic world, AndroidWorld): the success rate (the
+world's own score; synthetic: ``stop`` at the goal) with its 95% interval, mean steps, per-family rates and one
+record per episode (its error, if an environment failed, and its wall time). Greedy by default; with a
+temperature, ``samples_per_task`` episodes per task.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numpy as np
 from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import NUM_TURNS
 from ipl_jax.data.image_processing import ImageProcessorConfig
-from ipl_jax.rl.rollout import RolloutConfig, WorldTask, replicate, rollout, rollout_summary
+from ipl_jax.envs.protocol import Env, EnvTask, replicate
+from ipl_jax.rl.rollout import RolloutConfig, rollout, rollout_summary
 from ipl_jax.sampling.config import SamplerConfig
 
 
@@ -37,23 +40,34 @@ class OnlineEvalConfig:
 def _episode_record(tr) -> dict:
     return {
         "name": tr.task.name,
-        "family": tr.task.task.family,
-        "instruction": tr.task.task.instruction,
+        "family": tr.task.family,
+        "instruction": tr.goal,
         "success": bool(tr.success),
+        "score": float(tr.score),
         "stopped": bool(tr.stopped),
         "truncated": bool(tr.truncated),
         "steps": tr.num_steps,
         "step_limit": tr.task.step_limit,
         "actions": [s.texts[2] for s in tr.steps],
         "rewards": [round(float(s.reward), 4) for s in tr.steps],
+        "error": tr.error,
+        "wall_s": round(float(tr.wall_s), 3),
     }
 
 
 def online_eval(
-    params: dict, cfg, tokenizer, world_tasks: Sequence[WorldTask], rng, config: OnlineEvalConfig, mesh=None
+    params: dict,
+    cfg,
+    tokenizer,
+    world_tasks: Sequence[EnvTask],
+    envs: Sequence[Env],
+    rng,
+    config: OnlineEvalConfig,
+    mesh=None,
 ) -> dict:
-    """Play every task ``samples_per_task`` times and summarise (success_rate, mean_steps, truncated_rate,
-    wrong_stop_rate, ..., by_family; episodes_detail with ``keep_episodes``).
+    """Play every task ``samples_per_task`` times on ``envs`` and summarise (``rl.rollout.rollout_summary``:
+    success_rate and success_ci95, mean_steps, truncated_rate, wrong_stop_rate, failed_episodes, ...; by_family;
+    episodes_detail with ``keep_episodes``).
     """
     if not world_tasks:
         raise ValueError("online_eval: no tasks")
@@ -62,11 +76,11 @@ def online_eval(
         config.rollout, keep_prompts=False, sampler=config.rollout.sampler.replace(temperature=(t,) * NUM_TURNS)
     )
     tasks = replicate(world_tasks, config.samples_per_task) if config.samples_per_task > 1 else list(world_tasks)
-    trajs = rollout(params, cfg, tokenizer, tasks, rng, rcfg, mesh)
+    trajs = rollout(params, cfg, tokenizer, tasks, envs, rng, rcfg, mesh)
     out = rollout_summary(trajs)
     fams = defaultdict(list)
     for tr in trajs:
-        fams[tr.task.task.family].append(tr)
+        fams[tr.task.family].append(tr)
     out["by_family"] = {
         f: {
             "episodes": len(v),

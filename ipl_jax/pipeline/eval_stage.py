@@ -14,14 +14,14 @@ import jax
 from ipl_jax import distributed, storage
 from ipl_jax.data.datasets import scoring_format
 from ipl_jax.data.records import Episode
-from ipl_jax.envs.synthetic.config import WorldConfig
+from ipl_jax.envs import open_envs, suite_tasks
+from ipl_jax.envs.protocol import EnvTask
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
 from ipl_jax.eval.online import online_config, online_eval
 from ipl_jax.eval.reading import SCORES as READING_SCORES
 from ipl_jax.eval.reading import reading_scores
 from ipl_jax.pipeline.model_stage import Policy
-from ipl_jax.rl.rollout import WorldTask, split_world_tasks
-from ipl_jax.settings import DataSettings, Settings
+from ipl_jax.settings import Settings
 
 
 def limit_episodes(episodes: Sequence[Episode], max_steps: int) -> list[Episode]:
@@ -103,37 +103,45 @@ def evaluate_policy_splits(
             policy, splits, blank, settings, out_dir, echo=echo, blank_screens=True
         )
     if settings.eval.online_episodes > 0:
-        by_split = {s: evaluate_online(policy, settings, s, out_dir, echo=echo) for s in settings.eval.online_splits}
-        out["online"] = by_split[settings.eval.online_splits[0]]
+        names = online_split_names(settings)
+        by_split = {s: evaluate_online(policy, settings, s, out_dir, echo=echo) for s in names}
+        out["online"] = by_split[names[0]]
         out["online_splits"] = by_split
     return out
 
 
-def job_world_tasks(
-    data: DataSettings,
-    world: WorldConfig,
-    seed: int,
-    split: str,
-    n: int | None = None,
-    max_steps: int = 25,
-    step_factor: float = 2.0,
-) -> list[WorldTask]:
-    """The live tasks of a synthetic job's split: the episodes' world seeds, tasks and config (``n``: all by
-    default)."""
+def online_split_names(settings: Settings) -> tuple[str, ...]:
+    """What the live-world evaluation plays: the synthetic world's ``eval.online_splits``, or AndroidWorld's suite
+    once (named after the world)."""
+    return settings.eval.online_splits if settings.env.kind == "synthetic" else (settings.env.kind,)
+
+
+def job_env_tasks(
+    settings: Settings, split: str, n: int | None = None, max_steps: int = 25, step_factor: float = 2.0
+) -> list[EnvTask]:
+    """The live tasks the job's ``env`` plays: the synthetic job's split (the episodes' world seeds, tasks and
+    config; ``n``: all by default; step limit ``min(max_steps, ceil(step_factor · expert steps))``), or the
+    AndroidWorld suite's ``env.tasks`` (each task's own step budget; ``split`` unread)."""
+    if settings.env.kind != "synthetic":
+        return suite_tasks(settings.env)
+    from ipl_jax.envs.synthetic.env import split_world_tasks
+
+    data = settings.data
     if not data.synthetic:
         raise ValueError(f"online evaluation needs the synthetic world (config.data.format is {data.format!r})")
     n = data.episodes_for(split) if n is None else n
-    return split_world_tasks(split, n, seed=seed, config=world, max_steps=max_steps, step_factor=step_factor)
+    return split_world_tasks(
+        split, n, seed=settings.seed, config=settings.world, max_steps=max_steps, step_factor=step_factor
+    )
 
 
 def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Path, echo=print) -> dict:
-    """Greedy episodes in the live world on the first ``eval.online_episodes`` tasks of ``split`` (written to
-    ``out_dir/online.<split>.episodes.jsonl``); returns the summary (success_rate, mean_steps, ...)."""
+    """Greedy episodes in the job's live world (``env``) on the first ``eval.online_episodes`` tasks of ``split``
+    (AndroidWorld: its suite; written to ``out_dir/online.<split>.episodes.jsonl``); returns the summary
+    (success_rate, its interval, mean_steps, failed episodes, ...)."""
     t0 = time.perf_counter()
     e = settings.eval
-    tasks = job_world_tasks(
-        settings.data, settings.world, settings.seed, split, e.online_episodes, max_steps=e.online_max_steps
-    )
+    tasks = job_env_tasks(settings, split, e.online_episodes, max_steps=e.online_max_steps)
     greedy = settings.sampler.build(policy.tokenizer.ids, settings.buckets, e.batch_size, greedy=True)
     oc = online_config(
         greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size)),
@@ -142,7 +150,8 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
         e.batch_size,
     )
     rng = jax.random.PRNGKey(settings.seed)
-    out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, rng, oc, policy.mesh)
+    envs = open_envs(settings.env, e.batch_size)
+    out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, envs, rng, oc, policy.mesh)
     storage.make_dir(out_dir)
     detail = out.pop("episodes_detail", [])
     if distributed.is_main():
@@ -153,9 +162,18 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     echo(
         f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
         f"wrong stops {100 * out['wrong_stop_rate']:.1f}%, step limit {100 * out['truncated_rate']:.1f}%, "
-        f"mean steps {out['mean_steps']:.2f} ({out['seconds']:.1f} s)"
+        f"mean steps {out['mean_steps']:.2f}{failed_note(out)} ({out['seconds']:.1f} s)"
     )
     return out
+
+
+def failed_note(summary: dict) -> str:
+    """``, 2 failed (http://h:5000: ...)`` where environments failed episodes, else empty."""
+    n = summary.get("failed_episodes") or 0
+    if not n:
+        return ""
+    first = next(iter(summary.get("errors", {}).values()), "")
+    return f", {n} failed ({first})"
 
 
 def dev_accuracy(policy: Policy, dev_episodes: Sequence[Episode], settings: Settings) -> dict:

@@ -17,8 +17,9 @@ from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import num_leaves
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Episode, Step, sample_steps
+from ipl_jax.envs import open_envs
 from ipl_jax.model.config import Qwen2VLConfig
-from ipl_jax.pipeline.eval_stage import dev_accuracy, job_world_tasks
+from ipl_jax.pipeline.eval_stage import dev_accuracy, job_env_tasks
 from ipl_jax.pipeline.model_stage import Policy, inference_policy, job_mesh, job_model_config, load_policy, write_round
 from ipl_jax.pipeline.seeds import round_seed
 from ipl_jax.pipeline.workdir import Workdir
@@ -182,9 +183,7 @@ def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigp
     p = settings.rl.ppo
     precision = settings.model.precision()
     pcfg = round_ppo_config(settings, policy, gigppo)
-    tasks = job_world_tasks(
-        settings.data, settings.world, settings.seed, "train", max_steps=p.max_steps, step_factor=p.step_factor
-    )
+    tasks = job_env_tasks(settings, "train", max_steps=p.max_steps, step_factor=p.step_factor)
     sampler = settings.sampler.build(policy.tokenizer.ids, settings.buckets, settings.eval.batch_size)
     rcfg = rollout_config(
         p,
@@ -201,6 +200,7 @@ def ppo_train(policy: Policy, settings: Settings, budget: int, rng, freeze, gigp
         tasks,
         rng,
         pcfg,
+        envs=open_envs(settings.env, p.worlds),
         tokenizer=policy.tokenizer,
         rollout_config=rcfg,
         env_steps=budget,

@@ -1,5 +1,6 @@
-"""What a job needs before any stage runs: its dataset and starting checkpoint (``check_sources``) and the
-backend-dependent settings (``check_job``); failures are one-line usage / settings errors.
+"""What a job needs before any stage runs: its dataset and starting checkpoint (``check_sources``), its live
+world's servers (``check_env``) and the backend-dependent settings (``check_job``); failures are one-line usage /
+settings errors.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import jax
 from ipl_jax import storage
 from ipl_jax.data.datasets import TFDS_PREFIX
 from ipl_jax.data.packed.layout import is_packed, read_metadata
+from ipl_jax.envs import check_envs
+from ipl_jax.envs.protocol import EnvError
 from ipl_jax.pipeline.paths import UsageError, model_dir
 from ipl_jax.settings import DataSettings, ModelSettings, Settings
 
@@ -27,8 +30,11 @@ TRAIN_SPLIT = {
 
 
 def check_job(settings: Settings, n_devices: int | None = None, platform: str | None = None) -> None:
-    """``check_sources``, then ``Settings.check_machine`` on ``platform`` / ``n_devices`` (default: JAX's)."""
+    """``check_sources`` and ``check_env``, then ``Settings.check_machine`` on ``platform`` / ``n_devices``
+    (default: JAX's)."""
     check_sources(settings.data, settings.model)
+    if settings.eval.online_episodes > 0 or settings.ipl.method in ("ppo", "gigppo"):
+        check_env(settings, "config.env")
     logs = settings.data.log_format
     if settings.ipl.method == "sft_oracle" and settings.data.action_root and logs in NO_COAT:
         raise UsageError(
@@ -36,6 +42,15 @@ def check_job(settings: Settings, n_devices: int | None = None, platform: str | 
             f"{logs} data, published without CoaT; leave sft_oracle out (ipl-jax ablate --variants ...)"
         )
     settings.check_machine(platform or jax.default_backend(), jax.device_count() if n_devices is None else n_devices)
+
+
+def check_env(settings: Settings, where: str, check=None) -> None:
+    """The live world's servers up and healthy (``envs.check_envs``; ``check(url)`` replaces the client's), else one
+    ``UsageError`` line naming ``where`` (the settings or the flag) and the URL."""
+    try:
+        check_envs(settings.env, check)
+    except EnvError as e:
+        raise UsageError(f"{where}: {e}") from None
 
 
 def check_sources(data: DataSettings, model: ModelSettings) -> None:

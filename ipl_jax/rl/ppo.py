@@ -1,5 +1,5 @@
-"""Online PPO with dense rewards in the live synthetic world, and GiGPPO (method.md §11): rollouts, critic values,
-asymmetric GAE, then critic updates and (after the warm-up) dual-clip PPO updates with a k3 KL.
+"""Online PPO with dense rewards in live environments (``envs.protocol``), and GiGPPO (method.md §11): rollouts,
+critic values, asymmetric GAE, then critic updates and (after the warm-up) dual-clip PPO updates with a k3 KL.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import numpy as np
 from flax import struct
 
 from ipl_jax.coat.actions import needs_grounding
+from ipl_jax.envs.protocol import Env, replicate
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.rl import advantages as adv_lib
 from ipl_jax.rl import common, losses
 from ipl_jax.rl import critic as critic_lib
-from ipl_jax.rl.rollout import RolloutConfig, Trajectory, replicate, rollout, rollout_summary
+from ipl_jax.rl.rollout import RolloutConfig, Trajectory, rollout, rollout_summary
 from ipl_jax.rl.rows import RowConfig, Rows, build_rows, row_token_logps
 from ipl_jax.rl.sampling import coat_row_spec, state_row_spec
 from ipl_jax.rl.sections import PPOSettings
@@ -235,7 +236,7 @@ class _States:
 def _flatten(trajs: Sequence[Trajectory]) -> _States:
     traj, t, records = [], [], []
     for j, tr in enumerate(trajs):
-        if tr.cut:  # cut unfinished by the budget: no return to learn from
+        if tr.unknown:  # cut unfinished by the budget, or ended by an environment's failure: no return to learn from
             continue
         for s in tr.steps:
             traj.append(j)
@@ -266,7 +267,7 @@ def _pad(x: np.ndarray, n: int) -> np.ndarray:
 
 def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOConfig, end_id: int):
     """(states, critic rows per minibatch, advantages f32[N], returns f32[N, 2], values f32[N, 2], sibling f32[N, 4])
-    over a rollout batch's N >= 1 states not cut by the budget."""
+    over a rollout batch's N >= 1 states of episodes with a known return (``Trajectory.unknown``)."""
     p = config.settings
     st = _flatten(trajs)
     n, m = len(st.records), p.minibatch_rows
@@ -274,7 +275,7 @@ def batch_advantages(trajs: Sequence[Trajectory], state: PPOState, config: PPOCo
     rewards = np.zeros((e, s_max), np.float32)
     mask = np.zeros((e, s_max), bool)
     for j, tr in enumerate(trajs):
-        if not tr.cut:
+        if not tr.unknown:
             rewards[j, : tr.num_steps], mask[j, : tr.num_steps] = tr.step_rewards, True
     terminal = np.asarray([tr.terminal_reward for tr in trajs], np.float32)
     realised = np.asarray(adv_lib.stream_returns(rewards, terminal, mask, p.gamma_dense, config.gamma_terminal))[
@@ -361,14 +362,16 @@ def ppo_round(
     rng,
     config: PPOConfig,
     *,
+    envs: Sequence[Env],
     tokenizer,
     rollout_config: RolloutConfig,
     env_steps: int,
     mesh=None,
 ) -> tuple[PPOState, dict]:
     """Online PPO until ``env_steps`` environment steps are spent (the batch reaching it cuts its episodes, not
-    trained on); episodes are played by ``rollout_config`` with ``config.settings`` (its worlds per batch, its step
-    and success rewards); ``ref_params`` None copies the starting policy. Returns (state, metrics).
+    trained on); episodes (``world_tasks``: ``EnvTask`` s) are played on ``envs`` by ``rollout_config`` with
+    ``config.settings`` (its worlds per batch, its step and success rewards); ``ref_params`` None copies the starting
+    policy. Returns (state, metrics).
     """
     if not world_tasks:
         raise ValueError("ppo_round: no world tasks")
@@ -392,10 +395,10 @@ def ppo_round(
             policy = common.policy_params(loop.state.policy, config.storage_dtype)
             worlds = replicate(chunk, p.trajectories_per_task)
             trajs = rollout(
-                policy, config.model, tokenizer, worlds, key, rcfg, mesh, max_env_steps=env_steps - played.used
+                policy, config.model, tokenizer, worlds, envs, key, rcfg, mesh, max_env_steps=env_steps - played.used
             )
             del policy
-            if any(tr.steps and not tr.cut for tr in trajs):  # else every episode was cut: nothing to learn from
+            if any(tr.steps and not tr.unknown for tr in trajs):  # else no episode has a return to learn from
                 yield from minibatches(trajs, loop.state, config, end_id)
             summary = rollout_summary(trajs)
             played.used += summary["env_steps"]

@@ -1,12 +1,17 @@
-"""Whole episodes of a policy in a batch of live synthetic worlds (online PPO and ``eval.online``): one jitted
-sampler call per step, keys from ``step_uid(name, t)``, step limit ``min(max_steps, ceil(step_factor · expert
-steps))``.
+"""Whole episodes of a policy in a batch of environments (``envs.protocol``: the synthetic world, AndroidWorld),
+for online PPO / GiGPPO and ``eval.online``: one jitted sampler call per step over the episodes still running, keys
+from ``step_uid(name, t)``; each episode ends at STOP or its task's step limit, then is scored by its world.
+
+Step rewards (leaf or UI-R1) are against the observation's expert action where the world has one, else 0; the
+terminal reward is ``success_reward · score``. An ``EnvError`` of one environment ends only its own episode, recorded
+as failed with the reason; the others go on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,11 +22,7 @@ from ipl_jax.coat.rewards import RewardConfig, encode_actions, encode_golden, le
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
-from ipl_jax.envs.synthetic.config import WorldConfig
-from ipl_jax.envs.synthetic.dataset import MAX_STEPS, episode_seed, split_config
-from ipl_jax.envs.synthetic.expert import expert_decision
-from ipl_jax.envs.synthetic.tasks import Task, is_done, sample_task
-from ipl_jax.envs.synthetic.world import World
+from ipl_jax.envs.protocol import Env, EnvError, EnvTask, Observation, each, is_concurrent
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.rl import common
 from ipl_jax.rl import rewards as rewards_lib
@@ -34,62 +35,10 @@ from ipl_jax.sampling.tree_sampler import sample_tree
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldTask:
-    """One episode to play: a world seed, its config, the task, the step limit and a name (the key id)."""
-
-    world_seed: int
-    task: Task
-    config: WorldConfig
-    step_limit: int
-    name: str
-
-
-def expert_steps(world_seed: int, task: Task, config: WorldConfig, cap: int = MAX_STEPS) -> int:
-    """How many actions the scripted expert needs for ``task`` in ``World(world_seed, config)`` (stop included)."""
-    world = World(world_seed, config)
-    world.reset(task)
-    for t in range(cap):
-        _, done = world.step(expert_decision(world, task).action)
-        if done:
-            return t + 1
-    return cap
-
-
-def world_task(
-    world_seed: int, task: Task, config: WorldConfig, name: str, max_steps: int = MAX_STEPS, step_factor: float = 2.0
-) -> WorldTask:
-    """A ``WorldTask`` whose step limit is ``min(max_steps, ceil(step_factor · expert steps))``."""
-    limit = min(int(max_steps), int(math.ceil(step_factor * expert_steps(world_seed, task, config, max_steps))))
-    return WorldTask(world_seed=int(world_seed), task=task, config=config, step_limit=max(1, limit), name=name)
-
-
-def split_world_tasks(
-    split: str,
-    n: int,
-    seed: int = 0,
-    config: WorldConfig | None = None,
-    max_steps: int = MAX_STEPS,
-    step_factor: float = 2.0,
-) -> list[WorldTask]:
-    """The first ``n`` episodes of a synthetic split as live tasks (as ``generate_split``'s episodes)."""
-    cfg = split_config(split, config)
-    out = []
-    for i in range(int(n)):
-        ws = episode_seed(seed, split, i)
-        task = sample_task(np.random.default_rng([ws, 2]), cfg, unseen=(split == "test_task_unseen"))
-        out.append(world_task(ws, task, cfg, f"{split}/{int(seed)}/{i}", max_steps, step_factor))
-    return out
-
-
-def replicate(tasks: Sequence[WorldTask], k: int) -> list[WorldTask]:
-    """Each task k times (concurrent trajectories of one task: same world, distinct names, hence keys)."""
-    return [dataclasses.replace(t, name=f"{t.name}#{j}") for t in tasks for j in range(int(k))]
-
-
-@dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """How episodes are played: sampler (branching forced to (1, 1, 1, 1)), image_config, batch_size (worlds per
-    call), settings (the ``rl.ppo`` section: its step_reward and success_reward), thumb_size, keep_prompts."""
+    """How episodes are played: sampler (branching forced to (1, 1, 1, 1)), image_config, batch_size (episodes per
+    sampler call, padded to it; at most one per environment), settings (the ``rl.ppo`` section: its step_reward and
+    success_reward), thumb_size, keep_prompts."""
 
     sampler: SamplerConfig
     image_config: ImageProcessorConfig
@@ -108,14 +57,15 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class StepRecord:
-    """One environment step: prompt (if kept), completion, turn texts, parsed and expert actions, reward, thumbnail."""
+    """One environment step: prompt (if kept), completion, turn texts, parsed and expert (None: the world has none)
+    actions, reward, thumbnail, and the screen's app / page where the world says."""
 
     t: int
     prompt: StepPrompts | None
     completion: Completion
     texts: list
     action: Action
-    golden: Action
+    golden: Action | None
     reward: float
     thumb: np.ndarray
     app: str
@@ -124,16 +74,27 @@ class StepRecord:
 
 @dataclasses.dataclass
 class Trajectory:
-    """One episode: task, steps, and outcome flags ``stopped``, ``success`` (stopped at the goal), ``truncated`` (step
-    limit), ``cut`` (budget ran out, outcome unknown)."""
+    """One episode: task, goal, steps, and outcome: ``stopped``, ``score`` (the world's, in [0, 1]), ``success``
+    (score 1: for the synthetic world, stopped at the goal), ``truncated`` (step limit), ``cut`` (budget ran out,
+    outcome unknown), ``error`` (an ``EnvError`` ended it: failed, outcome unknown), ``wall_s`` (seconds from its
+    batch's start to its end)."""
 
-    task: WorldTask
+    task: EnvTask
+    goal: str = ""
     steps: list = dataclasses.field(default_factory=list)
     stopped: bool = False
     success: bool = False
     truncated: bool = False
     terminal_reward: float = 0.0
     cut: bool = False
+    score: float = 0.0
+    error: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def unknown(self) -> bool:
+        """Its return is unknown (cut by the budget, or ended by an environment's failure): nothing to learn from."""
+        return self.cut or self.error is not None
 
     @property
     def num_steps(self) -> int:
@@ -144,18 +105,22 @@ class Trajectory:
         return np.asarray([s.reward for s in self.steps], np.float32)
 
 
-def _step_of(world, wt: WorldTask, t: int, history: Sequence[str]) -> Step:
-    screen = world.screen
+_NO_EXPERT = Action(type="wait")  # the golden turn a world without an expert gives the prompt builder (unscored)
+
+
+def _step_of(obs: Observation, task: EnvTask, t: int, history: Sequence[str]) -> Step:
+    """The ``Step`` a prompt (and a scripted stand-in policy) reads: the observation's goal, screen and expert."""
+    image = obs.image
     return Step(
-        episode_id=wt.name,
+        episode_id=task.name,
         step_id=t,
-        instruction=wt.task.instruction,
-        image=screen.painter(),
-        screen_size=screen.picture_size,
-        action=expert_decision(world, wt.task).action,
+        instruction=obs.goal,
+        image=lambda: image,
+        screen_size=tuple(obs.screen_size),
+        action=obs.expert if obs.expert is not None else _NO_EXPERT,
         history=tuple(history),
-        elements=screen.elements,
-        meta={"app": screen.app, "page": screen.page},
+        elements=tuple(obs.elements),
+        meta=dict(obs.meta),
     )
 
 
@@ -193,97 +158,175 @@ def rollout(
     params: dict,
     cfg: Qwen2VLConfig,
     tokenizer,
-    world_tasks: Sequence[WorldTask],
+    tasks: Sequence[EnvTask],
+    envs: Sequence[Env],
     rng,
     config: RolloutConfig,
     mesh=None,
     max_env_steps: int | None = None,
 ) -> list[Trajectory]:
-    """Play every task to its end, ``config.batch_size`` worlds at a time; one ``Trajectory`` per task.
-    ``max_env_steps`` cuts episodes still running; an unparsable completion is a no-op with reward 0.
-    """
+    """Play every task to its end, ``min(config.batch_size, len(envs))`` at a time, the k-th task of a batch on
+    ``envs[k]``; one ``Trajectory`` per task. ``max_env_steps`` cuts episodes still running; an unparsable
+    completion is a no-op with reward 0; an ``EnvError`` ends only its own episode (``error``)."""
+    if not envs:
+        raise ValueError("rollout: no environments to play")
     seed = common.key_seed(rng)
+    width = min(config.batch_size, len(envs))
     out = []
-    for start in range(0, len(world_tasks), config.batch_size):
+    for start in range(0, len(tasks), width):
         left = None if max_env_steps is None else max_env_steps - sum(tr.num_steps for tr in out)
-        batch = list(world_tasks[start : start + config.batch_size])
-        out.extend(_rollout_batch(params, cfg, tokenizer, batch, seed, config, mesh, left))
+        batch = list(tasks[start : start + width])
+        out.extend(_rollout_batch(params, cfg, tokenizer, batch, list(envs[: len(batch)]), seed, config, mesh, left))
     return out
 
 
-def _rollout_batch(params, cfg, tokenizer, tasks: list[WorldTask], seed, config: RolloutConfig, mesh, budget=None):
-    worlds, trajs, histories = [], [], []
-    for wt in tasks:
-        world = World(wt.world_seed, wt.config)
-        world.reset(wt.task)
-        worlds.append(world)
-        trajs.append(Trajectory(task=wt))
-        histories.append([])
-    active = list(range(len(tasks)))
+class _Play:
+    """One batch of episodes in play: slot i plays ``tasks[i]`` on ``envs[i]``; a slot's ``EnvError`` ends its
+    episode (recorded, its env closed) and no other."""
+
+    def __init__(self, tasks: list[EnvTask], envs: list[Env], config: RolloutConfig):
+        self.tasks, self.envs, self.config = tasks, envs, config
+        self.concurrent = is_concurrent(envs)
+        self.trajs = [Trajectory(task=task) for task in tasks]
+        self.histories: list[list[str]] = [[] for _ in tasks]
+        self.obs: list[Observation | None] = [None] * len(tasks)
+        self.closed: set[int] = set()
+        self.t0 = time.perf_counter()
+
+    def each(self, fn, slots: list[int]) -> dict:
+        """{slot: fn(slot)} for the slots whose call succeeded; the others failed (``fail``)."""
+        out = {}
+        for i, r in zip(slots, each(fn, slots, self.concurrent)):
+            if isinstance(r, EnvError):
+                self.fail(i, r)
+            else:
+                out[i] = r
+        return out
+
+    def fail(self, i: int, err: EnvError) -> None:
+        self.trajs[i].error = str(err).splitlines()[0] if str(err) else type(err).__name__
+        self.close([i])
+
+    def finish(self, slots: list[int]) -> None:
+        """Score the ended episodes (terminal reward ``success_reward · score``; success: score 1), then close."""
+        for i, score in self.each(lambda i: self.envs[i].score(), slots).items():
+            tr = self.trajs[i]
+            tr.score = float(score)
+            tr.success = tr.score >= 1.0
+            tr.terminal_reward = self.config.settings.success_reward * tr.score
+        self.close(slots)
+
+    def close(self, slots: list[int]) -> None:
+        slots = [i for i in slots if i not in self.closed]
+        self.closed.update(slots)
+        each(lambda i: self.envs[i].close(), slots, self.concurrent)  # a failing close loses nothing recorded
+        now = time.perf_counter()
+        for i in slots:
+            self.trajs[i].wall_s = now - self.t0
+
+
+def _rollout_batch(params, cfg, tokenizer, tasks: list[EnvTask], envs, seed, config: RolloutConfig, mesh, budget=None):
+    play = _Play(tasks, envs, config)
+    for i, o in play.each(lambda i: envs[i].reset(tasks[i]), list(range(len(tasks)))).items():
+        play.obs[i], play.trajs[i].goal = o, o.goal
+    active = sorted(i for i, o in enumerate(play.obs) if o is not None)
     t = 0
     while active:
-        if budget is not None:  # the first worlds still running take what is left; the rest are cut unfinished
-            left = max(0, budget - sum(tr.num_steps for tr in trajs))
+        if budget is not None:  # the first episodes still running take what is left; the rest are cut unfinished
+            left = max(0, budget - sum(tr.num_steps for tr in play.trajs))
             for i in active[left:]:
-                trajs[i].cut = True
+                play.trajs[i].cut = True
+            play.close(active[left:])
             active = active[:left]
-            if not active:
-                break
-        steps = [_step_of(worlds[i], tasks[i], t, histories[i]) for i in active]
-        images = [worlds[i].screen.image for i in active]
-        items = [
-            step_prompts(s, tokenizer, config.image_config, cfg, config.prompts, image=img)
-            for s, img in zip(steps, images)
-        ]
-        comps = act(params, cfg, items, steps, seed, config, mesh)
-        parsed = [common.parse_completion(tokenizer, c, "coat") for c in comps]
-        actions = [a for a, _, _ in parsed]
-        r = _step_rewards(actions, [ok for _, ok, _ in parsed], steps, config, config.batch_size)
-        still = []
-        for k, i in enumerate(active):
-            world, traj, action = worlds[i], trajs[i], actions[k]
-            screen = world.screen
-            reward = float(r[k]) if action.parsed else 0.0
-            traj.steps.append(
-                StepRecord(
-                    t=t,
-                    prompt=items[k] if config.keep_prompts else None,
-                    completion=comps[k],
-                    texts=common.completion_texts(tokenizer, comps[k]),
-                    action=action,
-                    golden=steps[k].action,
-                    reward=reward,
-                    thumb=screen_thumbnail(images[k], config.thumb_size),
-                    app=screen.app,
-                    page=screen.page,
-                )
-            )
-            if action.parsed:  # an unparsable completion is a no-op: the world is not touched
-                _, done = world.step(action)
-                histories[i].append(format_action(action))
-                if done:
-                    traj.stopped = True
-                    traj.success = bool(is_done(world, tasks[i].task))
-                    traj.terminal_reward = config.settings.success_reward if traj.success else 0.0
-                    continue
-            if t + 1 >= tasks[i].step_limit:
-                traj.truncated = True
-                continue
-            still.append(i)
-        active = still
+        need = [i for i in active if play.obs[i] is None]
+        for i, o in play.each(lambda i: envs[i].observe(), need).items():
+            play.obs[i] = o
+        active = [i for i in active if play.trajs[i].error is None]
+        if not active:
+            break
+        active = _decide(play, params, cfg, tokenizer, active, t, seed, mesh)
         t += 1
-    return trajs
+    return play.trajs
+
+
+def _decide(play: _Play, params, cfg, tokenizer, active: list[int], t: int, seed, mesh) -> list[int]:
+    """One action for every active episode (one sampler call), applied; returns the episodes still running."""
+    config = play.config
+    obs = [play.obs[i] for i in active]
+    steps = [_step_of(o, play.tasks[i], t, play.histories[i]) for i, o in zip(active, obs)]
+    items = [
+        step_prompts(s, tokenizer, config.image_config, cfg, config.prompts, image=o.image) for s, o in zip(steps, obs)
+    ]
+    comps = act(params, cfg, items, steps, seed, config, mesh)
+    parsed = [common.parse_completion(tokenizer, c, "coat") for c in comps]
+    actions = [a for a, _, _ in parsed]
+    scored = [o.expert is not None for o in obs]  # a world without an expert gives no step reward
+    r = (
+        _step_rewards(actions, [ok for _, ok, _ in parsed], steps, config, config.batch_size)
+        if any(scored)
+        else np.zeros(len(actions), np.float32)
+    )
+    for k, (i, o, action) in enumerate(zip(active, obs, actions)):
+        play.trajs[i].steps.append(
+            StepRecord(
+                t=t,
+                prompt=items[k] if config.keep_prompts else None,
+                completion=comps[k],
+                texts=common.completion_texts(tokenizer, comps[k]),
+                action=action,
+                golden=o.expert,
+                reward=float(r[k]) if action.parsed and scored[k] else 0.0,
+                thumb=screen_thumbnail(o.image, config.thumb_size),
+                app=str(o.meta.get("app", "")),
+                page=str(o.meta.get("page", "")),
+            )
+        )
+    chosen = dict(zip(active, actions))
+    moved = [i for i in active if chosen[i].parsed]  # an unparsable completion is a no-op: the world is not touched
+    done = play.each(lambda i: play.envs[i].act(chosen[i]), moved)
+    for i in done:
+        play.histories[i].append(format_action(chosen[i]))
+        play.obs[i] = None
+    ended, still = [], []
+    for i in active:
+        tr = play.trajs[i]
+        if tr.error is not None:
+            continue
+        if done.get(i):
+            tr.stopped = True
+            ended.append(i)
+        elif t + 1 >= play.tasks[i].step_limit:
+            tr.truncated = True
+            ended.append(i)
+        else:
+            still.append(i)
+    play.finish(ended)
+    return still
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval of a success rate (95% at z = 1.96; sound at 0 / n and n / n, unlike the normal
+    approximation); None for n = 0."""
+    if n <= 0:
+        return None
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
-    """Success rate, mean steps, truncations and wrong stops over finished episodes; unparsable steps, mean reward,
-    env steps over all steps; ``budget_cut`` episodes."""
+    """Success rate (with its 95% Wilson interval ``success_ci95``), mean score, mean steps, truncations and wrong
+    stops over the episodes not cut by the budget (one ended by an environment's failure counts as a failure, and
+    in ``failed_episodes`` with its reason in ``errors``); unparsable steps, mean reward, env steps over all steps;
+    ``budget_cut`` episodes; ``mean_wall_s`` per episode."""
     n = len(trajs)
     if n == 0:
         return {"episodes": 0, "success_rate": None, "mean_steps": None}
     ended = [tr for tr in trajs if not tr.cut]
     ok = [tr.num_steps for tr in ended if tr.success]
     all_steps = [s for tr in trajs for s in tr.steps]
+    ci = wilson_interval(len(ok), len(ended))
 
     def rate(values):
         return float(np.mean(values)) if ended else None
@@ -291,6 +334,8 @@ def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
     return {
         "episodes": n,
         "success_rate": rate([tr.success for tr in ended]),
+        "success_ci95": None if ci is None else [round(ci[0], 4), round(ci[1], 4)],
+        "mean_score": rate([tr.score for tr in ended]),
         "mean_steps": rate([tr.num_steps for tr in ended]),
         "mean_steps_success": float(np.mean(ok)) if ok else None,
         "truncated_rate": rate([tr.truncated for tr in ended]),
@@ -299,4 +344,7 @@ def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
         "mean_step_reward": float(np.mean([s.reward for s in all_steps])) if all_steps else 0.0,
         "env_steps": len(all_steps),
         "budget_cut": int(sum(tr.cut for tr in trajs)),
+        "failed_episodes": int(sum(tr.error is not None for tr in trajs)),
+        "errors": {tr.task.name: tr.error for tr in trajs if tr.error is not None},
+        "mean_wall_s": round(float(np.mean([tr.wall_s for tr in trajs])), 3),
     }

@@ -6,6 +6,7 @@ The names a library accepts are the library's own (preference.losses.LOSS_KINDS,
 ...): a section imports them when it is made, so that importing the settings loads no JAX (commands start fast).
 """
 
+from ipl_jax.envs.sections import EnvSettings
 from ipl_jax.sections import Section, SettingsError, setting_error
 from ipl_jax.settings.data import DataSettings, EvolutionSettings
 from ipl_jax.settings.evaluation import AblationSettings, EvalSettings, ExportSettings
@@ -24,6 +25,7 @@ __all__ = [
     "AblationSettings",
     "BucketSettings",
     "DataSettings",
+    "EnvSettings",
     "EvalSettings",
     "EvolutionSettings",
     "ExportSettings",

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ipl_jax.coat.sections import LeafRewardShares
+from ipl_jax.envs.sections import EnvSettings
 from ipl_jax.envs.synthetic.config import WorldConfig
 from ipl_jax.preference.sections import DPOSettings, PairSelection
 from ipl_jax.sampling.sections import TreeSampling
@@ -152,6 +153,8 @@ class Settings(Section):
     data: DataSettings = dataclasses.field(default_factory=DataSettings)
     world: WorldConfig = dataclasses.field(default_factory=WorldConfig)
     """The synthetic world: every field of envs/synthetic/config.py's WorldConfig (its defaults)."""
+    env: EnvSettings = dataclasses.field(default_factory=EnvSettings)
+    """The live world the online evaluation and PPO / GiGPPO play (envs/sections.py)."""
     evolution: EvolutionSettings = dataclasses.field(default_factory=EvolutionSettings)
     model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     buckets: BucketSettings = dataclasses.field(default_factory=BucketSettings)
@@ -170,10 +173,12 @@ class Settings(Section):
     def __post_init__(self):
         self.need("seed", 0 <= self.seed <= MAX_SEED, f"must be an integer in [0, {MAX_SEED}]")
         fmt = self.data.format
-        if self.eval.online_episodes > 0 and not self.data.synthetic:
+        synthetic_world = self.env.kind == "synthetic"
+        if self.eval.online_episodes > 0 and synthetic_world and not self.data.synthetic:
             raise SettingsError(
                 f"config.eval.online_episodes={self.eval.online_episodes}: online evaluation plays the synthetic "
-                f"world, but config.data.format is {fmt!r} (fix it with --config.eval.online_episodes=0)"
+                f"world (config.env.kind), but config.data.format is {fmt!r} (fix it with "
+                "--config.eval.online_episodes=0)"
             )
         if self.sft.reading_episodes > 0 and not self.data.synthetic:
             raise SettingsError(
@@ -188,8 +193,10 @@ class Settings(Section):
                 "trains on the CoaT of action-only episodes, and data.action_episodes is 0 (without them "
                 "continued_sft already trains on the golden CoaT of the round's steps)",
             )
-        if method in ("ppo", "gigppo") and not self.data.synthetic:
-            raise setting_error("data.format", fmt, f"must be synthetic with ipl.method={method} (online)")
+        if method in ("ppo", "gigppo") and synthetic_world and not self.data.synthetic:
+            raise setting_error(
+                "data.format", fmt, f"must be synthetic with ipl.method={method} in the synthetic world (online)"
+            )
         if method == "gigppo" and self.rl.ppo.trajectories_per_task < 2:
             raise setting_error(
                 "rl.ppo.trajectories_per_task",
