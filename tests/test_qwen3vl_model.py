@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from support.hf_models import (  # noqa: E402
     assert_logits_close,
+    assert_reloads_equal,
     assert_rope_index_matches,
     hf_forward,
     hf_greedy,
@@ -190,14 +191,7 @@ def test_export_loads_in_transformers(models, tmp_path):
     assert saved["architectures"] == ["Qwen3VLForConditionalGeneration"]
     assert saved["vision_config"]["deepstack_visual_indexes"] == [3, 0, 2]
     assert Qwen2VLConfig.from_dir(tmp_path) == cfg
-    loaded = transformers.AutoModelForImageTextToText.from_pretrained(
-        str(tmp_path), attn_implementation="eager", dtype=torch.float32
-    ).eval()
-    assert type(loaded).__name__ == "Qwen3VLForConditionalGeneration"
-    theirs, want = loaded.state_dict(), hf_model.state_dict()
-    assert set(theirs) == set(want)
-    for name, tensor in want.items():
-        assert torch.equal(theirs[name], tensor), name
+    assert_reloads_equal(tmp_path, hf_model, "Qwen3VLForConditionalGeneration")
 
 
 @pytest.mark.parametrize(

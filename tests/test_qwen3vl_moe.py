@@ -20,7 +20,14 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors import safe_open  # noqa: E402
 from support import fake_devices  # noqa: E402
-from support.hf_models import assert_logits_close, hf_forward, hf_greedy, saved_models, tiny_qwen3_model  # noqa: E402
+from support.hf_models import (  # noqa: E402
+    assert_logits_close,
+    assert_reloads_equal,
+    hf_forward,
+    hf_greedy,
+    saved_models,
+    tiny_qwen3_model,
+)
 from test_qwen3vl_model import PATCH_BUCKET, VOCAB, batch  # noqa: E402
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
@@ -121,12 +128,7 @@ def test_export_loads_in_transformers(models, tmp_path, name):
         [t.num_experts, t.hidden_size, 2 * t.moe_intermediate_size],
         [t.num_experts, t.moe_intermediate_size, t.hidden_size],
     )
-    loaded = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
-    assert type(loaded).__name__ == "Qwen3VLMoeForConditionalGeneration"
-    theirs, want = loaded.state_dict(), hf_model.state_dict()
-    assert set(theirs) == set(want)
-    for key, tensor in want.items():
-        assert torch.equal(theirs[key], tensor), key
+    assert_reloads_equal(tmp_path, hf_model, "Qwen3VLMoeForConditionalGeneration")
 
 
 @pytest.mark.parametrize(

@@ -233,3 +233,18 @@ def assert_logits_close(label: str, ours: np.ndarray, ref: np.ndarray, mask: np.
     print(f"{label}: max |logit diff| {diff:.3g}, logit std {ref[valid].std():.3g}")
     assert ref[valid].std() >= 0.5
     assert diff <= tol
+
+
+def assert_reloads_equal(export_dir, hf_model, architecture: str) -> None:
+    """transformers loads ``export_dir`` as ``architecture`` with every tensor equal to ``hf_model``'s."""
+    import torch
+    import transformers
+
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(
+        str(export_dir), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    assert type(loaded).__name__ == architecture
+    theirs, want = loaded.state_dict(), hf_model.state_dict()
+    assert set(theirs) == set(want)
+    for name, tensor in want.items():
+        assert torch.equal(theirs[name], tensor), name
