@@ -19,15 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from safetensors import safe_open  # noqa: E402
-from support import fake_devices  # noqa: E402
-from support.hf_models import (  # noqa: E402
-    assert_logits_close,
-    assert_reloads_equal,
-    hf_forward,
-    hf_greedy,
-    saved_models,
-    tiny_qwen3_model,
-)
+from support import fake_devices, hf_models  # noqa: E402
 from test_qwen3vl_model import PATCH_BUCKET, VOCAB, batch  # noqa: E402
 
 from ipl_jax.model.config import Qwen2VLConfig  # noqa: E402
@@ -73,7 +65,7 @@ pytestmark = pytest.mark.usefixtures("highest_precision")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    return saved_models(tmp_path_factory, functools.partial(tiny_qwen3_model, vocab=VOCAB), CONFIGS)
+    return hf_models.saved_models(tmp_path_factory, functools.partial(hf_models.tiny_qwen3_model, vocab=VOCAB), CONFIGS)
 
 
 def ours(params, cfg, ids, mask, pv, grids):
@@ -91,8 +83,8 @@ def test_logits_match_transformers(models, name):
     assert cfg.tie_word_embeddings == kw["tie"]
     e = kw["experts"]
     assert (cfg.text.num_experts, cfg.text.num_experts_per_tok, cfg.text.moe_intermediate_size) == tuple(e.values())
-    ref = hf_forward(hf_model, ids, mask, pv, grids)
-    assert_logits_close(f"qwen3-vl-moe {name}", ours(params, cfg, ids, mask, pv, grids), ref, mask, TOL)
+    ref = hf_models.hf_forward(hf_model, ids, mask, pv, grids)
+    hf_models.assert_logits_close(f"qwen3-vl-moe {name}", ours(params, cfg, ids, mask, pv, grids), ref, mask, TOL)
     # the routing matters: every expert at once (or one fewer / more) moves the logits far beyond the tolerance
     k = e["num_experts_per_tok"]
     other = cfg.replace(text=dataclasses.replace(cfg.text, num_experts_per_tok=k + 1))
@@ -103,7 +95,7 @@ def test_logits_match_transformers(models, name):
 def test_greedy_matches_transformers_generate(models):
     model_dir, hf_model = models["top2"]
     ids, mask, pv, grids = batch(3)
-    ref = hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=4)
+    ref = hf_models.hf_greedy(hf_model, ids, mask, pv, grids, max_new_tokens=4)
     params, cfg = load_params(model_dir)
     inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
     tokens, n = greedy_generate(params, cfg, inputs, max_new_tokens=4)
@@ -128,7 +120,7 @@ def test_export_loads_in_transformers(models, tmp_path, name):
         [t.num_experts, t.hidden_size, 2 * t.moe_intermediate_size],
         [t.num_experts, t.moe_intermediate_size, t.hidden_size],
     )
-    assert_reloads_equal(tmp_path, hf_model, "Qwen3VLMoeForConditionalGeneration")
+    hf_models.assert_reloads_equal(tmp_path, hf_model, "Qwen3VLMoeForConditionalGeneration")
 
 
 @pytest.mark.parametrize(
