@@ -64,7 +64,7 @@ class AndroidWorldEnv:
             self.client.post("/task/initialize", **self._task_params())
         except EnvError as e:
             self.task = None
-            raise EnvError(f"{self.name}: task {task.name!r} failed to initialise ({e})") from None
+            raise EnvError(f"{self.name}: task {task.name!r} failed to initialise ({e})", down=e.down) from None
         goal = self.client.get("/task/goal", **self._task_params()).get("goal")
         if not isinstance(goal, str):
             raise EnvError(f"{self.name}/task/goal: no goal text for {task.name!r}")
