@@ -18,8 +18,9 @@ from ipl_jax.coat.rewards import RewardConfig
 from ipl_jax.coat.tree import NUM_TURNS
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.envs.protocol import Env, EnvTask, replicate
+from ipl_jax.model.inputs import DEFAULT_PATCH_BUCKETS, DEFAULT_TEXT_BUCKETS
 from ipl_jax.rl.rollout import RolloutConfig, rollout, rollout_summary, wilson_interval
-from ipl_jax.sampling.config import SamplerConfig
+from ipl_jax.sampling.config import DEFAULT_PROMPT_BUCKETS, SamplerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +198,21 @@ class EpisodeLog:
 
 
 # ------------------------------------------------------------------------------------------------ job wiring
+
+
+def any_screen_buckets(sampler: SamplerConfig, image_config: ImageProcessorConfig, images: int) -> SamplerConfig:
+    """``sampler`` able to take ``images`` screenshots of any size (a world whose screens the job's buckets were not
+    fitted to: AndroidWorld's phones): patch buckets up to ``images`` screens at the processor's largest size, and
+    the wide text buckets (a screen's image tokens are most of a prompt)."""
+    merge = image_config.merge_size**2
+    per_image = image_config.max_pixels // image_config.patch_size**2 // merge * merge
+    cap = int(images) * per_image
+    patches = {b for b in DEFAULT_PATCH_BUCKETS if b < cap} | {cap}
+    return sampler.with_patch_buckets(patches).replace(
+        image_patches=max(sampler.image_patches, per_image) if sampler.image_patches else 0,
+        prefix_buckets=sorted(set(sampler.prefix_buckets) | set(DEFAULT_TEXT_BUCKETS)),
+        prompt_buckets=sorted(set(sampler.prompt_buckets) | set(DEFAULT_PROMPT_BUCKETS)),
+    )
 
 
 def online_config(
