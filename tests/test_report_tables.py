@@ -33,9 +33,10 @@ def test_round_and_ablation_tables():
     assert text[7].split() == ["total", "match", "40.00", "60.00"]
     assert text[9].split() == ["alpha", "trees", "10.00", "20.00"]
     assert text[12].split() == ["pairs", "0", "321"] and len(text) == 14
-    r1 = {**r1, "samples": 32, "online": {"success_rate": 0.25}}
+    r1 = {**r1, "samples": 32, "online": {"success_rate": 0.25, "success_ci95": [0.0715, 0.5907]}}
     text = round_table([{**r0, "online": {"success_rate": 0.0}}, r1], "test").splitlines()
     assert text[14].split() == ["samples", "0", "32"] and text[15].split() == ["online", "success", "0.00", "25.00"]
+    assert text[16].split() == ["95%", "interval", "-", "7-59"]  # Wilson's for 2 of 8: 7.15% to 59.07%
     rows = [
         {"variant": "T-DPO (full)", "metrics": r1["metrics"], "pairs": 321},
         {"variant": "naive DPO", "metrics": r0["metrics"], "pairs": 7},

@@ -28,7 +28,7 @@ from ipl_jax.envs.protocol import EnvError
 from ipl_jax.envs.sections import ENV_KINDS
 from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import online_config, online_eval
+from ipl_jax.eval.online import EpisodeLog, any_screen_buckets, online_config, online_eval, summarize_records
 from ipl_jax.eval.policy import load_policy
 from ipl_jax.pipeline.eval_stage import failed_note, job_env_tasks
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
@@ -163,7 +163,9 @@ def env_job(args, job):
 
 
 def online(args, job) -> int:
-    """``--online``: ``eval.online.online_eval`` on the live tasks of the job's ``env`` (servers checked first)."""
+    """``--online``: ``eval.online.online_eval`` on the live tasks of the job's ``env`` (servers checked first);
+    with ``--predictions``, a resumable run (``eval.online.EpisodeLog``: the episodes already there are not played
+    again)."""
     synthetic = job.env.kind == "synthetic"
     split = (args.split or job.eval.online_splits[0]) if synthetic else job.env.kind
     if synthetic and split not in SPLITS:
@@ -178,34 +180,60 @@ def online(args, job) -> int:
         tasks = job_env_tasks(job, split, n, max_steps=max_steps)
     except EnvError as e:  # the client's line names the server or the flag
         raise UsageError(str(e)) from None
+    if not synthetic and args.max_steps:  # AndroidWorld: --max-steps caps each task's own budget
+        tasks = [dataclasses.replace(t, step_limit=min(t.step_limit, args.max_steps)) for t in tasks]
+    try:
+        log = EpisodeLog(args.predictions, write=distributed.is_main()) if args.predictions else None
+    except ValueError as e:
+        raise UsageError(f"--predictions {e}") from None
+    todo = [t for t in tasks if log is None or t.name not in log.done]
+    if len(todo) < len(tasks):
+        print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} episodes already in {args.predictions}")
+    records = play_online(args, job, todo, log) if todo else []
+    records = log.finish(tasks) if log is not None else records
+    if not distributed.is_main():
+        return 0
+    out = {"env": job.env.kind, "split": split, "seed": job.seed, "servers": list(job.env.urls)}
+    out.update(resumed=len(tasks) - len(todo), **summarize_records(records))
+    print_online(out)
+    if args.json:
+        write_text(args.json, json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def play_online(args, job, tasks, log) -> list[dict]:
+    """The episode records of ``tasks`` played greedily by ``--model`` on the job's ``env`` (each appended to
+    ``log`` as it ends)."""
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
     greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
-    oc = online_config(
-        greedy.with_patch_buckets(job.buckets.patch_buckets(bs)), image_config, job.reward.build(job.data.rules()), bs
-    )
+    greedy = greedy.with_patch_buckets(job.buckets.patch_buckets(bs))
+    if job.env.kind != "synthetic":  # screens the job's buckets were not fitted to
+        greedy = any_screen_buckets(greedy, image_config, bs)
+    oc = online_config(greedy, image_config, job.reward.build(job.data.rules()), bs)
     try:
         envs = open_envs(job.env, bs)
     except EnvError as e:
         raise UsageError(str(e)) from None
-    out = online_eval(params, cfg, tokenizer, tasks, envs, jax.random.PRNGKey(job.seed), oc, mesh)
-    episodes = out.pop("episodes_detail", [])
-    out = {"split": split, "seed": job.seed, **out}
+    on_episode = None if log is None else log.append
+    out = online_eval(params, cfg, tokenizer, tasks, envs, jax.random.PRNGKey(job.seed), oc, mesh, on_episode)
+    return out["episodes_detail"]
+
+
+def print_online(out: dict) -> None:
+    """The run's summary lines: success with its 95% interval, steps, failures; one line a family."""
+    ci = out["success_ci95"]
     print(
-        f"online {split} (seed {out['seed']}, {out['episodes']} episodes): success rate "
-        f"{100 * out['success_rate']:.1f}%, mean steps {out['mean_steps']:.2f}, truncated "
-        f"{100 * out['truncated_rate']:.1f}%, unparsable steps {100 * out['unparsable_rate']:.1f}%{failed_note(out)}"
+        f"online {out['split']} (seed {out['seed']}, {out['episodes']} episodes): success rate "
+        f"{100 * out['success_rate']:.1f}% (95% CI {100 * ci[0]:.1f}-{100 * ci[1]:.1f}%), mean steps "
+        f"{out['mean_steps']:.2f}, truncated {100 * out['truncated_rate']:.1f}%, unparsable steps "
+        f"{100 * out['unparsable_rate']:.1f}%{failed_note(out)}"
     )
     for fam, v in out["by_family"].items():
         print(
             f"  {fam:<24}{v['episodes']:>4} episodes  success {100 * v['success_rate']:5.1f}%  "
             f"steps {v['mean_steps']:.2f}"
         )
-    if args.json:
-        write_text(args.json, json.dumps(out, indent=2) + "\n")
-    if args.predictions:
-        write_text(args.predictions, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in episodes))
-    return 0
 
 
 if __name__ == "__main__":

@@ -24,7 +24,13 @@ from ipl_jax.coat.actions import Action
 
 class EnvError(RuntimeError):
     """An environment could not do what was asked (server down or unhealthy, a request that failed after its
-    retries, a task that failed to initialise). The message is one line naming where and what."""
+    retries, a task that failed to initialise). The message is one line naming where and what. ``down``: the
+    environment is gone (its server refuses or cannot be reached after the retries), so the caller stops giving it
+    episodes; a slow or failing server is not down (its episode fails, the next one is tried)."""
+
+    def __init__(self, message: str = "", down: bool = False):
+        super().__init__(message)
+        self.down = bool(down)
 
 
 @dataclasses.dataclass(frozen=True)

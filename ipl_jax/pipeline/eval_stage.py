@@ -17,7 +17,7 @@ from ipl_jax.data.records import Episode
 from ipl_jax.envs import open_envs, suite_tasks
 from ipl_jax.envs.protocol import EnvTask
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import online_config, online_eval
+from ipl_jax.eval.online import any_screen_buckets, online_config, online_eval
 from ipl_jax.eval.reading import SCORES as READING_SCORES
 from ipl_jax.eval.reading import reading_scores
 from ipl_jax.pipeline.model_stage import Policy
@@ -143,8 +143,11 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     e = settings.eval
     tasks = job_env_tasks(settings, split, e.online_episodes, max_steps=e.online_max_steps)
     greedy = settings.sampler.build(policy.tokenizer.ids, settings.buckets, e.batch_size, greedy=True)
+    greedy = greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size))
+    if settings.env.kind != "synthetic":  # screens the job's buckets were not fitted to
+        greedy = any_screen_buckets(greedy, policy.image_config, e.batch_size)
     oc = online_config(
-        greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size)),
+        greedy,
         policy.image_config,
         settings.reward.build(settings.data.rules()),
         e.batch_size,

@@ -23,6 +23,12 @@ def _pct(v: float | None) -> str:
     return "   -  " if v is None else f"{100.0 * v:6.2f}"
 
 
+def _ci(summary: dict | None) -> str:
+    """A live-world success rate's 95% interval as a 10-wide cell, ``lo-hi`` in %."""
+    ci = (summary or {}).get("success_ci95")
+    return f"{'-':>10}" if not ci else f"{f'{100 * ci[0]:.0f}-{100 * ci[1]:.0f}':>10}"
+
+
 def data_line(use: dict) -> str:
     """One line: the episodes warm-up SFT and the rounds used, of which kind (``Job.data_use``)."""
     sft, rounds, evo = use["warmup_sft"], use["rounds"], use["evolution"]
@@ -58,9 +64,13 @@ def round_table(rounds: Sequence[dict], split: str) -> str:
                 f"{_pct(((r.get('online_splits') or {}).get(name) or {}).get('success_rate')):>10}" for r in rounds
             ]
             lines.append(f"{'online ' + name:<18.18}" + "".join(cells))
+            lines.append(
+                f"{'  95% interval':<18}" + "".join(_ci((r.get("online_splits") or {}).get(name)) for r in rounds)
+            )
     elif any(r.get("online") for r in rounds):
         cells = [f"{_pct((r.get('online') or {}).get('success_rate')):>10}" for r in rounds]
         lines.append(f"{'online success':<18}" + "".join(cells))
+        lines.append(f"{'  95% interval':<18}" + "".join(_ci(r.get("online")) for r in rounds))
     if any(r.get("diagnostics") for r in rounds):
         for name, section, key in DIAGNOSTIC_ROWS:
             if key == "logp_margin":  # "before->after" log-prob margins need more than a column: the ablation has them

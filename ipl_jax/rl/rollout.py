@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -154,6 +154,9 @@ def act(
     return [g[0] for g in tree_completions(tree, config.batch_size, 1)[: len(items)]]
 
 
+NO_LIVE_SERVER = "no live server"  # the error of the episodes left when every environment is down
+
+
 def rollout(
     params: dict,
     cfg: Qwen2VLConfig,
@@ -164,47 +167,85 @@ def rollout(
     config: RolloutConfig,
     mesh=None,
     max_env_steps: int | None = None,
+    on_done: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
-    """Play every task to its end, ``min(config.batch_size, len(envs))`` at a time, the k-th task of a batch on
-    ``envs[k]``; one ``Trajectory`` per task. ``max_env_steps`` cuts episodes still running; an unparsable
-    completion is a no-op with reward 0; an ``EnvError`` ends only its own episode (``error``)."""
+    """Play every task to its end, ``min(config.batch_size, live slots)`` at a time, the k-th task of a batch on the
+    k-th live slot; one ``Trajectory`` per task, in order. ``max_env_steps`` cuts episodes still running; an
+    unparsable completion is a no-op with reward 0; an ``EnvError`` ends only its own episode (``error``).
+
+    A slot whose error is ``down`` (its server gone) is dropped for the rest of the call: its running episode is
+    recorded failed, a task it could not even start goes back to the front of the queue for the live slots, and
+    once no slot is live the tasks left are recorded failed (``NO_LIVE_SERVER``). In-process worlds never go down,
+    so their batches are exactly the fixed ones. ``on_done(trajectory)`` is called as each episode's record is
+    final (a resumable caller appends it to its log)."""
     if not envs:
         raise ValueError("rollout: no environments to play")
     seed = common.key_seed(rng)
-    width = min(config.batch_size, len(envs))
-    out = []
-    for start in range(0, len(tasks), width):
-        left = None if max_env_steps is None else max_env_steps - sum(tr.num_steps for tr in out)
-        batch = list(tasks[start : start + width])
-        out.extend(_rollout_batch(params, cfg, tokenizer, batch, list(envs[: len(batch)]), seed, config, mesh, left))
-    return out
+    live = list(range(len(envs)))
+    queue = list(range(len(tasks)))  # task indexes not yet played, in order
+    out: dict[int, Trajectory] = {}
+    last_down = ""
+    while queue:
+        if not live:
+            for j in queue:
+                out[j] = Trajectory(
+                    task=tasks[j], error=f"{NO_LIVE_SERVER} ({last_down})" if last_down else NO_LIVE_SERVER
+                )
+                if on_done is not None:
+                    on_done(out[j])
+            break
+        width = min(config.batch_size, len(live))
+        batch, queue = queue[:width], queue[width:]
+        slots = live[: len(batch)]
+        left = None if max_env_steps is None else max_env_steps - sum(tr.num_steps for tr in out.values())
+        play = _Play([tasks[j] for j in batch], [envs[s] for s in slots], config, on_done)
+        _rollout_batch(play, params, cfg, tokenizer, seed, mesh, left)
+        for k, j in enumerate(batch):
+            if k not in play.unstarted:
+                out[j] = play.trajs[k]
+        queue = [batch[k] for k in sorted(play.unstarted)] + queue
+        if play.down:
+            last_down = play.trajs[min(play.down)].error or ""
+            live = [s for s in live if s not in {slots[k] for k in play.down}]
+    return [out[j] for j in range(len(tasks))]
 
 
 class _Play:
     """One batch of episodes in play: slot i plays ``tasks[i]`` on ``envs[i]``; a slot's ``EnvError`` ends its
-    episode (recorded, its env closed) and no other."""
+    episode (recorded, its env closed) and no other; a ``down`` one marks the slot dead (``down``), and where it
+    came at the reset the task is handed back unplayed (``unstarted``)."""
 
-    def __init__(self, tasks: list[EnvTask], envs: list[Env], config: RolloutConfig):
-        self.tasks, self.envs, self.config = tasks, envs, config
+    def __init__(self, tasks: list[EnvTask], envs: list[Env], config: RolloutConfig, on_done=None):
+        self.tasks, self.envs, self.config, self.on_done = tasks, envs, config, on_done
         self.concurrent = is_concurrent(envs)
         self.trajs = [Trajectory(task=task) for task in tasks]
         self.histories: list[list[str]] = [[] for _ in tasks]
         self.obs: list[Observation | None] = [None] * len(tasks)
         self.closed: set[int] = set()
+        self.down: set[int] = set()
+        self.unstarted: set[int] = set()
         self.t0 = time.perf_counter()
 
-    def each(self, fn, slots: list[int]) -> dict:
+    def each(self, fn, slots: list[int], starting: bool = False) -> dict:
         """{slot: fn(slot)} for the slots whose call succeeded; the others failed (``fail``)."""
         out = {}
         for i, r in zip(slots, each(fn, slots, self.concurrent)):
             if isinstance(r, EnvError):
-                self.fail(i, r)
+                self.fail(i, r, starting)
             else:
                 out[i] = r
         return out
 
-    def fail(self, i: int, err: EnvError) -> None:
+    def fail(self, i: int, err: EnvError, starting: bool = False) -> None:
         self.trajs[i].error = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if getattr(err, "down", False):  # nothing to tear down on a server that is gone
+            self.down.add(i)
+            self.closed.add(i)
+            if starting:
+                self.unstarted.add(i)
+            else:
+                self._end(i, time.perf_counter())
+            return
         self.close([i])
 
     def finish(self, slots: list[int]) -> None:
@@ -222,12 +263,17 @@ class _Play:
         each(lambda i: self.envs[i].close(), slots, self.concurrent)  # a failing close loses nothing recorded
         now = time.perf_counter()
         for i in slots:
-            self.trajs[i].wall_s = now - self.t0
+            self._end(i, now)
+
+    def _end(self, i: int, now: float) -> None:
+        self.trajs[i].wall_s = now - self.t0
+        if self.on_done is not None:
+            self.on_done(self.trajs[i])
 
 
-def _rollout_batch(params, cfg, tokenizer, tasks: list[EnvTask], envs, seed, config: RolloutConfig, mesh, budget=None):
-    play = _Play(tasks, envs, config)
-    for i, o in play.each(lambda i: envs[i].reset(tasks[i]), list(range(len(tasks)))).items():
+def _rollout_batch(play: _Play, params, cfg, tokenizer, seed, mesh, budget=None) -> None:
+    tasks, envs = play.tasks, play.envs
+    for i, o in play.each(lambda i: envs[i].reset(tasks[i]), list(range(len(tasks))), starting=True).items():
         play.obs[i], play.trajs[i].goal = o, o.goal
     active = sorted(i for i, o in enumerate(play.obs) if o is not None)
     t = 0
@@ -246,7 +292,6 @@ def _rollout_batch(params, cfg, tokenizer, tasks: list[EnvTask], envs, seed, con
             break
         active = _decide(play, params, cfg, tokenizer, active, t, seed, mesh)
         t += 1
-    return play.trajs
 
 
 def _decide(play: _Play, params, cfg, tokenizer, active: list[int], t: int, seed, mesh) -> list[int]:

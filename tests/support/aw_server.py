@@ -8,7 +8,8 @@ AndroidWorld's JSON actions by AndroidWorld's own rules (``actuation.py``: ``scr
 ``swipe`` the finger's), written here independently of the client's mapping, with one difference: ``input_text``
 does not press Enter after typing (the synthetic world's ``type`` does not, and parity with it is the point).
 
-Faults: ``kill()`` stops serving (connections refused), ``hang[endpoint] = seconds`` delays that endpoint's
+Faults: ``kill()`` stops serving (connections refused), ``die_on[endpoint] = n``: the n-th request to that endpoint
+kills the server unanswered (a server dying mid-run), ``hang[endpoint] = seconds`` delays that endpoint's
 answers, ``fail_init`` (a set of task types, or True for all) makes ``/task/initialize`` answer 500.
 """
 
@@ -57,6 +58,7 @@ class SyntheticAndroidWorld:
     def __init__(self, n_task_combinations: int = 2, seed: int = 42):
         self.lock = threading.Lock()
         self.hang: dict[str, float] = {}
+        self.die_on: dict[str, int] = {}
         self.fail_init: bool | set = False
         self.requests: list[str] = []  # "METHOD /endpoint" in the order served
         self.actions: list[dict] = []  # the JSON actions executed
@@ -99,6 +101,9 @@ class SyntheticAndroidWorld:
         parsed = urlparse(h.path)
         endpoint, query = parsed.path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
         self.requests.append(f"{method} {endpoint}")
+        if self.die_on.get(endpoint) == self.requests.count(f"{method} {endpoint}"):
+            self.kill()  # the connection closes unanswered; later ones are refused
+            return
         delay = self.hang.get(endpoint, 0.0)
         if delay:
             time.sleep(delay)

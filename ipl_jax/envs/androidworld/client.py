@@ -5,7 +5,9 @@ Every request has a timeout (a hung server costs at most ``timeout`` seconds a t
 action (``idempotent=False``) is retried only when the request never reached the server (a refused connection):
 after a timeout the action may already have been played, and playing it twice would change the episode; a server
 error there is the device failing to play it (AndroidWorld raises on, e.g., an app it cannot open), which the
-episode goes on from, as AndroidWorld's own agents do.
+episode goes on from, as AndroidWorld's own agents do. When the last try could not connect at all (refused,
+unreachable, connect timeout), the ``EnvError`` is ``down``: the server is gone and its slot is dropped; a request
+that timed out is not (the server is slow: its episode fails, the slot plays on).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class Client:
     def _request(self, method: str, endpoint: str, params: dict, body, raw: bool, idempotent: bool):
         params = {k: _query_value(v) for k, v in params.items()}
         tries = 1 + self.retries
-        reason = ""
+        reason, down = "", False
         for attempt in range(tries):
             if attempt:
                 time.sleep(RETRY_PAUSE)
@@ -54,17 +56,17 @@ class Client:
                     timeout=(min(10.0, self.timeout), self.timeout),
                 )
             except requests.ConnectionError as e:  # refused (never sent), or reset / connect timeout
-                reason = _short(e)
-                if not idempotent and not _never_sent(e):
+                reason, down = _short(e), _never_sent(e)
+                if not idempotent and not down:
                     break
                 continue
             except requests.RequestException as e:
-                reason = _short(e)
+                reason, down = _short(e), False
                 if not idempotent:
                     break
                 continue
             if r.status_code >= 500 and idempotent:
-                reason = f"HTTP {r.status_code}: {_detail(r)}"
+                reason, down = f"HTTP {r.status_code}: {_detail(r)}", False
                 continue
             if r.status_code >= 500:  # the device failed to play the action (AndroidWorld raises, e.g. no such app)
                 return {"status": "error", "message": _detail(r)}
@@ -76,7 +78,8 @@ class Client:
                 return r.json()
             except ValueError:
                 raise EnvError(f"{self.url}{endpoint}: the answer is not JSON") from None
-        raise EnvError(f"{self.url}{endpoint}: {reason} (after {attempt + 1} of {tries} tries)")
+        # down: the last try could not even connect (refused, unreachable): the server is gone, not slow
+        raise EnvError(f"{self.url}{endpoint}: {reason} (after {attempt + 1} of {tries} tries)", down=down)
 
     def close(self) -> None:
         self.session.close()

@@ -42,7 +42,7 @@ class AndroidWorldEnv:
         self.task: EnvTask | None = None
         self.goal = ""
         self.steps = 0
-        self.ended = False
+        self.ended = self.stopped = False
         self.screen_size: tuple[int, int] | None = None
         self.last_error = ""  # the device's complaint about the last action, if any
 
@@ -60,11 +60,12 @@ class AndroidWorldEnv:
             self.close()
         self.client.post("/reset", go_home=True)
         self.task, self.goal, self.steps, self.ended, self.last_error = task, "", 0, False, ""
+        self.stopped = False
         try:
             self.client.post("/task/initialize", **self._task_params())
         except EnvError as e:
             self.task = None
-            raise EnvError(f"{self.name}: task {task.name!r} failed to initialise ({e})") from None
+            raise EnvError(f"{self.name}: task {task.name!r} failed to initialise ({e})", down=e.down) from None
         goal = self.client.get("/task/goal", **self._task_params()).get("goal")
         if not isinstance(goal, str):
             raise EnvError(f"{self.name}/task/goal: no goal text for {task.name!r}")
@@ -84,11 +85,12 @@ class AndroidWorldEnv:
         return Observation(goal=self.goal, image=image, screen_size=image.size, step=self.steps)
 
     def act(self, action: Action) -> bool:
-        """Play ``action``; True once the episode has ended (STOP, or the step budget spent)."""
+        """Play ``action``; True if it ended the episode (STOP). Once the task's step budget is spent nothing more is
+        played (the caller ends the episode there as truncated, as in every world)."""
         if self.task is None:
             raise EnvError(f"{self.name}: no episode (call reset first)")
         if self.ended:
-            return True
+            return self.stopped
         if self.screen_size is None:
             self.observe()
         body = to_json_action(action, self.screen_size)
@@ -96,8 +98,9 @@ class AndroidWorldEnv:
             answer = self.client.post("/execute_action", body, idempotent=False)
             self.last_error = answer.get("message", "") if answer.get("status") == "error" else ""
         self.steps += 1
-        self.ended = action.type == "stop" or self.steps >= self.task.step_limit
-        return self.ended
+        self.stopped = action.type == "stop"
+        self.ended = self.stopped or self.steps >= self.task.step_limit
+        return self.stopped
 
     def score(self) -> float:
         value = self.client.get("/task/score", **self._task_params()).get("score")
