@@ -191,7 +191,7 @@ def test_eval_scores_every_task_and_resumes_without_replaying(servers, tiny_ckpt
     names = ["toggle/0", "open_app/0", "install/0"]
     assert [t["name"] for t in res["tasks"]] == names and res["episodes"] == 3 and _inits(server) == 3
     for t in res["tasks"]:
-        assert t["steps"] == 2 == t["step_limit"] and t["error"] is None and t["wall_s"] > 0
+        assert t["steps"] == 2 == t["step_limit"] and t["error"] is None and t["wall_seconds"] > 0
         assert t["score"] in (0.0, 1.0) and t["success"] == (t["score"] == 1.0)
     wins = sum(t["success"] for t in res["tasks"])
     assert res["success_rate"] == wins / 3 and res["success_ci95"] == [round(x, 4) for x in wilson_interval(wins, 3)]

@@ -117,7 +117,7 @@ def test_a_failing_environment_fails_only_its_own_episode(tmp_path, monkeypatch)
     assert d.error == "http://d:5000: task t3 failed to initialise" and d.num_steps == 0
     assert all(e.closed == 1 for e in envs)  # every episode closed once, failed or not
     assert all(s.reward == 0.0 and s.golden is None for tr in trajs for s in tr.steps)  # no expert: no step reward
-    assert all(tr.wall_s > 0 for tr in trajs)
+    assert all(tr.wall_seconds > 0 for tr in trajs)
     summary = R.rollout_summary(trajs)
     assert summary["failed_episodes"] == 2 and summary["success_rate"] == 0.25 and summary["mean_score"] == 0.375
     assert summary["errors"] == {"t1": b.error, "t3": d.error}

@@ -55,7 +55,7 @@ def _episode_record(tr) -> dict:
         "rewards": [round(float(s.reward), 4) for s in tr.steps],
         "unparsable_steps": int(sum(not s.action.parsed for s in tr.steps)),
         "error": tr.error,
-        "wall_s": round(float(tr.wall_s), 3),
+        "wall_seconds": round(float(tr.wall_seconds), 3),
     }
 
 
@@ -100,7 +100,7 @@ def online_eval(
     return out
 
 
-TASK_FIELDS = ("name", "family", "success", "score", "steps", "step_limit", "wall_s", "error")
+TASK_FIELDS = ("name", "family", "success", "score", "steps", "step_limit", "wall_seconds", "error")
 
 
 def summarize_records(records: Sequence[dict]) -> dict:
@@ -137,7 +137,7 @@ def summarize_records(records: Sequence[dict]) -> dict:
         "budget_cut": 0,
         "failed_episodes": int(sum(r["error"] is not None for r in records)),
         "errors": {r["name"]: r["error"] for r in records if r["error"] is not None},
-        "mean_wall_s": round(mean("wall_s"), 3),
+        "mean_wall_seconds": round(mean("wall_seconds"), 3),
         "by_family": {
             f: {"episodes": len(v), "success_rate": mean("success", v), "mean_steps": mean("steps", v)}
             for f, v in sorted(fams.items())

@@ -76,7 +76,7 @@ class StepRecord:
 class Trajectory:
     """One episode: task, goal, steps, and outcome: ``stopped``, ``score`` (the world's, in [0, 1]), ``success``
     (score 1: for the synthetic world, stopped at the goal), ``truncated`` (step limit), ``cut`` (budget ran out,
-    outcome unknown), ``error`` (an ``EnvError`` ended it: failed, outcome unknown), ``wall_s`` (seconds from its
+    outcome unknown), ``error`` (an ``EnvError`` ended it: failed, outcome unknown), ``wall_seconds`` (seconds from its
     batch's start to its end)."""
 
     task: EnvTask
@@ -89,7 +89,7 @@ class Trajectory:
     cut: bool = False
     score: float = 0.0
     error: str | None = None
-    wall_s: float = 0.0
+    wall_seconds: float = 0.0
 
     @property
     def unknown(self) -> bool:
@@ -266,7 +266,7 @@ class _Play:
             self._end(i, now)
 
     def _end(self, i: int, now: float) -> None:
-        self.trajs[i].wall_s = now - self.t0
+        self.trajs[i].wall_seconds = now - self.t0
         if self.on_done is not None:
             self.on_done(self.trajs[i])
 
@@ -364,7 +364,7 @@ def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
     """Success rate (with its 95% Wilson interval ``success_ci95``), mean score, mean steps, truncations and wrong
     stops over the episodes not cut by the budget (one ended by an environment's failure counts as a failure, and
     in ``failed_episodes`` with its reason in ``errors``); unparsable steps, mean reward, env steps over all steps;
-    ``budget_cut`` episodes; ``mean_wall_s`` per episode."""
+    ``budget_cut`` episodes; ``mean_wall_seconds`` per episode."""
     n = len(trajs)
     if n == 0:
         return {"episodes": 0, "success_rate": None, "mean_steps": None}
@@ -391,5 +391,5 @@ def rollout_summary(trajs: Sequence[Trajectory]) -> dict:
         "budget_cut": int(sum(tr.cut for tr in trajs)),
         "failed_episodes": int(sum(tr.error is not None for tr in trajs)),
         "errors": {tr.task.name: tr.error for tr in trajs if tr.error is not None},
-        "mean_wall_s": round(float(np.mean([tr.wall_s for tr in trajs])), 3),
+        "mean_wall_seconds": round(float(np.mean([tr.wall_seconds for tr in trajs])), 3),
     }
