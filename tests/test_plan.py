@@ -22,7 +22,7 @@ from ipl_jax.model.params import count_params, param_shapes
 from ipl_jax.model.sharding import make_mesh
 from ipl_jax.planning import programs as plan_lib
 from ipl_jax.planning import shapes as plan_shapes
-from ipl_jax.planning.hlo_cost import hlo_flops
+from ipl_jax.planning.hlo_cost import hlo_flops, widened_bytes
 from ipl_jax.preference import tdpo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +128,44 @@ def test_hlo_flops_counts_only_real_taps_of_a_tpu_batched_matmul():
     padded = _TPU_BATCHED_MATMUL_HLO.replace("window={size=4 stride=3 lhs_dilate=4}", "window={size=3 pad=1_1}")
     # a plain 3-tap convolution padded by one each side: 4 outputs x 3 taps minus the 2 taps on padding
     assert hlo_flops(padded).flops == 2 * 128 * 128 * 16 * (4 * 3 - 2)
+
+
+_WIDENING_HLO = """HloModule m
+
+%wrapped_convert_computation (p: bf16[4,8]) -> f32[4,8] {
+  %p = bf16[4,8]{1,0} parameter(0)
+  ROOT %c = f32[4,8]{1,0} convert(%p)
+}
+
+%fused_scale (q: bf16[4,8]) -> f32[4,8] {
+  %q = bf16[4,8]{1,0} parameter(0)
+  %c2 = f32[4,8]{1,0} convert(%q)
+  ROOT %m = f32[4,8]{1,0} multiply(%c2, %c2)
+}
+
+ENTRY %main (a: bf16[4,8], b: bf16[2,3]) -> f32[4,8] {
+  %a = bf16[4,8]{1,0} parameter(0)
+  %b = bf16[2,3]{1,0} parameter(1)
+  %w = f32[4,8]{1,0} fusion(%a), kind=kLoop, calls=%wrapped_convert_computation
+  %s = f32[4,8]{1,0} fusion(%a), kind=kLoop, calls=%fused_scale
+  %cb = f32[6]{0} convert(%b)
+  %cb2 = f32[2,3]{1,0} convert(%b)
+  ROOT %r = f32[4,8]{1,0} add(%w, %s)
+}
+"""
+
+
+def test_widened_bytes_counts_whole_argument_copies_to_f32():
+    # the convert-only fusion of the bf16 argument a (4 x 8 f32) and the plain convert of b (2 x 3 f32); not the
+    # fusion that also computes, nor a convert to another shape, nor the converts inside fusions
+    assert widened_bytes(_WIDENING_HLO) == 4 * (4 * 8 + 2 * 3)
+    # on the CPU backend a bf16 scan of matmuls widens its [4, 64, 64] weights once, outside the loop; in f32 none
+    w, x = jax.ShapeDtypeStruct((4, 64, 64), jnp.bfloat16), jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
+    bf16 = widened_bytes(jax.jit(_scan_matmuls).lower(w, x).compile().as_text())
+    if jax.default_backend() == "cpu":
+        assert 4 * 4 * 64 * 64 <= bf16 <= 4 * (4 * 64 * 64 + 2 * 8 * 64)
+    w, x = (jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (w, x))
+    assert widened_bytes(jax.jit(_scan_matmuls).lower(w, x).compile().as_text()) == 0
 
 
 def test_published_architectures_have_their_parameter_counts():
