@@ -5,9 +5,10 @@ T-DPO on LoRA adapters.
         --config.model.checkpoint=/models/Qwen3-VL-30B-A3B-Instruct --workdir runs/aitz3vl30b
 
 [choice] Full-weight T-DPO (the paper's, ``--config.ipl.lora_rank=0``) keeps float32 master weights and two Adam
-moments, 12 bytes a parameter: 31B parameters need 46 GB per device on 8 devices before any activation, which
-does not fit 80 GB GPUs with the step's temporaries (``ipl-jax plan``; docs/datasets.md); LoRA rank 128, as in
-warm-up SFT, trains the adapters over a frozen bfloat16 base on both variants.
+moments, 12 bytes a parameter: 31B parameters need 46 GB per device on 8 devices before any activation, too much
+for 80 GB GPUs once the step's temporaries come (``ipl-jax plan``; docs/datasets.md), enough room on a v5p-16
+slice's 95 GB chips. LoRA rank 128, as in warm-up SFT, trains adapters over a frozen bfloat16 base on both
+variants (they are the same settings); on v5p-16 the paper's full-weight T-DPO is one override away.
 """
 
 from ipl_jax.configs import paper_base as _base

@@ -168,6 +168,20 @@ def test_widened_bytes_counts_whole_argument_copies_to_f32():
     assert widened_bytes(jax.jit(_scan_matmuls).lower(w, x).compile().as_text()) == 0
 
 
+def test_plan_table_judges_the_budget_with_and_without_the_cpu_f32_copies():
+    def plan(name, temps, widened):
+        return plan_lib.ProgramPlan(
+            name, "", 30 * GB, 20 * GB, 20 * GB, temps * GB, 1e12, 1e12, 0, 1.0, {}, widened * GB
+        )
+
+    GB = plan_shapes.GB
+    plans = [plan("sft", 10, 0), plan("decode", 55, 50), plan("tdpo", 55, 1)]  # totals 40, 85, 85 GB
+    lines = plan_lib.format_table(plans, "header", budget_gb=80).splitlines()
+    verdict = {line.split()[0]: line.split()[-1] for line in lines[2:5]}
+    assert verdict == {"sft": "yes", "decode": "yes*", "tdpo": "NO"}
+    assert lines[-1].endswith("decode 50.00 (total without: 35.00), tdpo 1.00 (total without: 84.00) GB")
+
+
 def test_published_architectures_have_their_parameter_counts():
     counts = {
         name: count_params(param_shapes(Qwen2VLConfig.from_hf_dict(d))) for name, d in plan_shapes.ARCHITECTURES.items()
