@@ -28,7 +28,13 @@ from ipl_jax.planning import shapes as shapes_lib
 
 PROG = "ipl-jax plan"
 _CHILD = "IPL_JAX_PLAN_CHILD"
-_TPU_ENV = {"JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
+# compile-only: no TPU to query or lock (another process holding libtpu, a job or a test run, does not stop a plan)
+_TPU_ENV = {
+    "JAX_PLATFORMS": "cpu",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 # chips -> libtpu topology: 3-D tori (v4, v5p) and 2-D slices (v5e, v6e)
 _TORUS = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8"}
 _SLICE = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}

@@ -258,3 +258,36 @@ def hlo_flops(hlo_text: str) -> HloCost:
 
     flops = cost(entry)
     return HloCost(flops=flops, unknown_loops=unknown[0], uncounted=tuple(sorted(uncounted)))
+
+
+_TYPED = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([a-z][\w\-]*)\((.*)$")
+
+
+def widened_bytes(hlo_text: str) -> int:
+    """Bytes of the f32 copies a compiler made of whole bf16 arguments (per device): instructions outside fusions
+    that convert (or are a fusion that only converts) a value to f32 of an entry bf16 parameter's shape. XLA:CPU
+    has no bf16 dot or scatter, so it widens a bf16 KV cache or weights before its loops; a backend with bf16
+    arithmetic (GPU, TPU) makes no such copies, so a CPU plan's temporaries overstate theirs by about this."""
+    comps, entry = parse_computations(hlo_text)
+    fused = {c for instrs in comps.values() for i in instrs for k, c in _CALLEES.findall(i.rest) if k == "calls"}
+    converts_only = {
+        name for name in fused if [i.op for i in comps.get(name, []) if i.op != "parameter"] == ["convert"]
+    }
+    lines = [
+        (head.group(2), None) if head else (None, _TYPED.match(line))
+        for line in hlo_text.splitlines()
+        for head in [_HEADER.match(line)]
+    ]
+    bf16_args, wide, current = set(), [], None
+    for name, m in lines:
+        current = name or current
+        if m is None or current in fused:
+            continue
+        if current == entry and m.group(1) == "bf16" and m.group(3) == "parameter":
+            bf16_args.add(m.group(2))
+        callee = re.search(r"calls=%?([\w.\-]+)", m.group(4))
+        if m.group(1) == "f32" and (
+            m.group(3) == "convert" or (m.group(3) == "fusion" and callee and callee.group(1) in converts_only)
+        ):
+            wide.append(m.group(2))
+    return sum(4 * math.prod(int(d) for d in dims.split(",") if d) for dims in wide if dims in bf16_args)
