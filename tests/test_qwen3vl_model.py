@@ -341,7 +341,8 @@ def test_make_tiny_then_check_parity(tmp_path, capsys, arch):
     assert saved["model_type"] == arch and saved["vision_config"]["patch_size"] == 16
     assert saved["vision_config"]["deepstack_visual_indexes"] == [0]
     assert saved["text_config"]["rope_parameters"]["mrope_interleaved"] is True
-    assert saved["text_config"].get("num_experts", 0) == (4 if arch == "qwen3_vl_moe" else 0)
+    experts = saved["text_config"].get("num_local_experts", 0)  # transformers' name of num_experts
+    assert experts == (4 if arch == "qwen3_vl_moe" else 0)
     assert json.loads((out / "preprocessor_config.json").read_text())["image_mean"] == [0.5, 0.5, 0.5]
     capsys.readouterr()
     rc = cli_main(["check-parity", "--model", str(out)])

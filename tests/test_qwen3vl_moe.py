@@ -208,6 +208,7 @@ def test_experts_in_position_chunks_equal_all_at_once(models):
     assert np.abs(whole).mean() > 0.1
 
 
+@pytest.mark.e2e
 def test_greedy_tree_sampler_equals_greedy_decoding(models):
     """The CoaT-tree sampler on "top2" (KV caches of shared prefixes, two branches at the first two turns) at
     temperature 0: every node is ``greedy_generate``'s turn-by-turn decoding (itself equal to transformers'
@@ -229,7 +230,7 @@ def test_greedy_tree_sampler_equals_greedy_decoding(models):
         suppress_ids=(IMAGE, VIDEO),
         prefix_buckets=(32,),
         prompt_buckets=(8,),
-        patch_buckets=(32,),
+        patch_buckets=(64,),
     )
     rng = np.random.default_rng(0)
     steps = [random_step(rng, cfg, uid=i, n_text=n, prompt_lens=(5, 3, 4), grid=g) for i, (n, g) in
