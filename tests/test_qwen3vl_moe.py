@@ -233,8 +233,10 @@ def test_greedy_tree_sampler_equals_greedy_decoding(models):
         patch_buckets=(64,),
     )
     rng = np.random.default_rng(0)
-    steps = [random_step(rng, cfg, uid=i, n_text=n, prompt_lens=(5, 3, 4), grid=g) for i, (n, g) in
-             enumerate(((6, (1, 4, 4)), (11, (1, 4, 6))))]
+    steps = [
+        random_step(rng, cfg, uid=i, n_text=n, prompt_lens=(5, 3, 4), grid=g)
+        for i, (n, g) in enumerate(((6, (1, 4, 4)), (11, (1, 4, 6))))
+    ]
     tree = jax.device_get(sample_tree(params, cfg, pack_tree_prompts(cfg, steps, config, 0), config))
     total = assert_greedy_tree_is_greedy_decoding(params, cfg, steps, config, tree, 64, patch_bucket=32)
     assert total > sum(len(s.prefix_ids) for s in steps) + 8

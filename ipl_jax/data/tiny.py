@@ -1,5 +1,5 @@
-"""Random tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) checkpoints written with transformers (needs torch), with a tiny BPE
-tokenizer (``data.tiny_tokenizer``) and small pixel limits.
+"""Random tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) checkpoints written with transformers (needs
+torch), with a tiny BPE tokenizer (``data.tiny_tokenizer``) and small pixel limits.
 """
 
 from __future__ import annotations

@@ -52,10 +52,11 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", MOE)
 # Qwen3-VL's decoder (q/k norms, no biases, interleaved M-RoPE) and tower (patch 16, GELU-tanh, a learned 8 x 8
 # position grid, DeepStack from up to three blocks before the last); Qwen3-VL-MoE's the same with every MLP 4
 # experts of a quarter of the dense width, two per token (as many weights as the dense MLP, half of them per token).
+_QUARTER = FRESH_TEXT.intermediate_size // 4  # an MoE expert's width
 _QWEN3_TEXT = dict(qk_norm=True, qkv_bias=False, o_bias=False, mrope_interleaved=True)
 FAMILY_TEXT = {
     "qwen3_vl": _QWEN3_TEXT,
-    MOE: dict(_QWEN3_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=FRESH_TEXT.intermediate_size // 4),
+    MOE: dict(_QWEN3_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=_QUARTER),
 }
 FAMILY_VISION = {
     "qwen2_5_vl": lambda depth: dict(
