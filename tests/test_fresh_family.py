@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -30,6 +31,11 @@ def test_one_setting_chooses_a_fresh_models_family():
     image = q3.image_processor()
     assert (image.patch_size, image.image_mean, image.max_pixels) == (16, (0.5,) * 3, q3.max_pixels)
     assert q2.fresh_config().model_type == "qwen2_vl" and q2.image_processor().patch_size == 14
+    moe = load_settings("synthetic:quick", ["--config.model.family=qwen3_vl_moe"]).model.fresh_config()
+    assert (moe.model_type, moe.hf_model_type, moe.vision) == ("qwen3_vl", "qwen3_vl_moe", v)
+    m = moe.text
+    assert (m.qk_norm, m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (1, 4, 2, 96)
+    assert dataclasses.replace(m, num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0) == t
     q25 = load_settings("synthetic:quick", ["--config.model.family=qwen2_5_vl"]).model.fresh_config()
     assert (q25.model_type, q25.vision.window_tokens, q25.vision.fullatt_block_indexes) == ("qwen2_5_vl", 4, (1,))
     set_here = ["--config.model.family=qwen3_vl", "--config.model.vision.patch_size=8", "--config.model.vision.depth=4"]

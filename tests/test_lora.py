@@ -131,3 +131,40 @@ def test_lora_shardings_follow_base_kernels():
     ad = init_lora(params, LoraConfig(rank=2, targets=("up_proj/kernel$",)), jax.random.PRNGKey(0))
     sh = lora.lora_shardings(ad, base_sh).adapters["model"]["layers"]["mlp"]["up_proj"]["kernel"]
     assert sh["a"].spec == P(None, "fsdp", None) and sh["b"].spec == P(None, None, "tensor")
+
+
+@pytest.mark.e2e
+def test_lora_on_a_moe_model_trains_the_attention_and_opt_in_experts():
+    """Qwen3-VL-MoE: the default targets are the attention projections (no router, no experts); with
+    ``EXPERT_TARGETS`` each expert of each layer gets its adapter, merged as W[l, e] + scale·A[l, e] @ B[l, e]; two
+    SFT steps move every adapter, keep the base bit-identical and the loss finite."""
+    cfg = small_models.tiny_moe_cfg()
+    params = small_models.numpy_params(cfg)
+    attention = sorted(f"model/layers/self_attn/{n}_proj/kernel" for n in "qkvo")
+    default = flatten_with_paths(init_lora(params, LoraConfig(rank=4), jax.random.PRNGKey(0)).adapters)
+    assert sorted(p.rsplit("/", 1)[0] for p in default if p.endswith("/a")) == attention
+    lcfg = LoraConfig(rank=4, alpha=8.0, targets=lora.LANGUAGE_TARGETS + lora.EXPERT_TARGETS)
+    ad = init_lora(params, lcfg, jax.random.PRNGKey(0))
+    flat = flatten_with_paths(ad.adapters)
+    gate_up = "model/layers/mlp/experts/gate_up_proj"
+    assert flat[gate_up + "/a"].shape == (2, 4, 32, 4) and flat[gate_up + "/b"].shape == (2, 4, 4, 24)
+    rng = np.random.default_rng(0)
+    noisy = LoraParams(adapters=jax.tree.map(lambda x: rng.standard_normal(x.shape), ad.adapters), scale=ad.scale)
+    merged, nf = flatten_with_paths(merge_lora(params, noisy))[gate_up], flatten_with_paths(noisy.adapters)
+    want = np.asarray(params["model"]["layers"]["mlp"]["experts"]["gate_up_proj"])[1, 3] + 2.0 * (
+        nf[gate_up + "/a"][1, 3] @ nf[gate_up + "/b"][1, 3]
+    )
+    np.testing.assert_allclose(np.asarray(merged[1, 3]), want, rtol=1e-5, atol=1e-5)
+
+    base_before = jax.tree.map(np.array, params)
+    config = toy_lm.opt_config(learning_rate=3e-2, warmup_steps=0, schedule="constant", weight_decay=0.0)
+    state = tstate.create_train_state(params, optim.make_optimizer(config), jax.random.PRNGKey(0), lora=lcfg)
+    a_before = jax.tree.map(np.array, state.params.adapters)
+    batch = sft.sft_model_batch(cfg, small_models.tiny_training_batch(cfg, 0))
+    step_config = sft.SFTStepConfig(model=cfg, optimizer=config, logp_chunk=8)
+    for _ in range(2):
+        state, metrics = sft.sft_step(state, batch, step_config)
+        assert np.isfinite(float(metrics["loss"]))
+    jax.tree.map(np.testing.assert_array_equal, state.frozen, base_before)
+    moved = jax.tree.map(lambda n, o: not np.array_equal(n, o), state.params.adapters, a_before)
+    assert all(jax.tree.leaves(moved))

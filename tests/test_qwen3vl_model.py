@@ -331,19 +331,22 @@ def test_published_2b_layout_matches_transformers():
     assert Qwen2VLConfig.from_hf_dict(transformers.Qwen3VLConfig(**cfg.to_hf_dict()).to_dict()) == cfg
 
 
-def test_make_tiny_then_check_parity(tmp_path, capsys):
+@pytest.mark.parametrize("arch", ["qwen3_vl", "qwen3_vl_moe"])
+def test_make_tiny_then_check_parity(tmp_path, capsys, arch):
     from ipl_jax.cli import main as cli_main
 
     out = tmp_path / "tiny3"
-    assert cli_main(["make-tiny", "--arch", "qwen3_vl", "--scale", "8", "--out", str(out)]) == 0
+    assert cli_main(["make-tiny", "--arch", arch, "--scale", "8", "--out", str(out)]) == 0
     saved = json.loads((out / "config.json").read_text())
-    assert saved["model_type"] == "qwen3_vl" and saved["vision_config"]["patch_size"] == 16
+    assert saved["model_type"] == arch and saved["vision_config"]["patch_size"] == 16
     assert saved["vision_config"]["deepstack_visual_indexes"] == [0]
     assert saved["text_config"]["rope_parameters"]["mrope_interleaved"] is True
+    experts = saved["text_config"].get("num_local_experts", 0)  # transformers' name of num_experts
+    assert experts == (4 if arch == "qwen3_vl_moe" else 0)
     assert json.loads((out / "preprocessor_config.json").read_text())["image_mean"] == [0.5, 0.5, 0.5]
     capsys.readouterr()
     rc = cli_main(["check-parity", "--model", str(out)])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    print(f"check-parity on make-tiny --arch qwen3_vl: {res}")
+    print(f"check-parity on make-tiny --arch {arch}: {res}")
     assert rc == 0 and res["ok"] is True
     assert res["logit_std"] >= 0.5 and res["max_abs_logit_diff"] <= TOL

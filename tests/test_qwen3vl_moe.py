@@ -206,3 +206,37 @@ def test_experts_in_position_chunks_equal_all_at_once(models):
     whole = np.asarray(sparse_mlp(mp, cfg.text, h, chunk=64))
     np.testing.assert_allclose(np.asarray(sparse_mlp(mp, cfg.text, h, chunk=16)), whole, rtol=1e-5, atol=1e-5)
     assert np.abs(whole).mean() > 0.1
+
+
+@pytest.mark.e2e
+def test_greedy_tree_sampler_equals_greedy_decoding(models):
+    """The CoaT-tree sampler on "top2" (KV caches of shared prefixes, two branches at the first two turns) at
+    temperature 0: every node is ``greedy_generate``'s turn-by-turn decoding (itself equal to transformers'
+    ``generate`` above)."""
+    import jax
+    from support import EOS, IMAGE, VIDEO
+    from support.sampler_models import assert_greedy_tree_is_greedy_decoding, random_step
+
+    from ipl_jax.sampling.config import SamplerConfig
+    from ipl_jax.sampling.prompts import pack_tree_prompts
+    from ipl_jax.sampling.tree_sampler import sample_tree
+
+    params, cfg = load_params(models["top2"][0])
+    config = SamplerConfig(
+        branching=(2, 2, 1, 1),
+        max_turn_tokens=(4, 3, 3, 3),
+        temperature=0.0,
+        eos_ids=(EOS,),
+        suppress_ids=(IMAGE, VIDEO),
+        prefix_buckets=(32,),
+        prompt_buckets=(8,),
+        patch_buckets=(64,),
+    )
+    rng = np.random.default_rng(0)
+    steps = [
+        random_step(rng, cfg, uid=i, n_text=n, prompt_lens=(5, 3, 4), grid=g)
+        for i, (n, g) in enumerate(((6, (1, 4, 4)), (11, (1, 4, 6))))
+    ]
+    tree = jax.device_get(sample_tree(params, cfg, pack_tree_prompts(cfg, steps, config, 0), config))
+    total = assert_greedy_tree_is_greedy_decoding(params, cfg, steps, config, tree, 64, patch_bucket=32)
+    assert total > sum(len(s.prefix_ids) for s in steps) + 8

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support import EOS, IMAGE, VIDEO
 from support.compiles import count_traces
-from support.sampler_models import random_step
+from support.sampler_models import assert_greedy_tree_is_greedy_decoding, random_step
 from support.trees import assert_trees_close, assert_trees_equal
 
 from ipl_jax import model as M
@@ -193,25 +193,9 @@ def test_greedy_tree_equals_turn_by_turn_greedy_decoding(model, steps, batches):
     with count_traces() as traces:
         tr = _np(sample_tree(params, cfg, pack_tree_prompts(cfg, [steps[i] for i in idx], greedy, SEED), greedy))
     assert traces[SAMPLER] == 0
-    ctx = [list(steps[i].prefix_ids) for i in idx]
-    budget = max(CONFIG.max_turn_tokens)
-    for t in range(1, NUM_TURNS + 1):
-        if t > 1:
-            ctx = [c + list(steps[i].turn_prompt_ids[t - 2]) for c, i in zip(ctx, idx)]
-        pv = np.concatenate([steps[i].pixel_values for i in idx])
-        grids = np.concatenate([steps[i].image_grid_thw for i in idx])
-        inputs = M.prepare_inputs(cfg, ctx, None, pv, grids, text_buckets=(REF_BUCKET,), patch_buckets=(64,))
-        out, n = M.greedy_generate(params, cfg, inputs, max_new_tokens=budget, eos_ids=(EOS,), pad_id=0)
-        T = CONFIG.max_turn_tokens[t - 1]
-        for row in range(2):
-            ref = list(np.asarray(out[row, : min(int(n[row]), T)]))
-            toks = tr.tokens[t - 1][row].reshape(-1, T)
-            lens = tr.lengths[t - 1][row].reshape(-1)
-            for node in range(toks.shape[0]):
-                assert list(toks[node, : lens[node]]) == ref, (t, row, node)
-            assert np.all(tr.finished[t - 1][row] == (ref[-1] == EOS))
-            ctx[row] = ctx[row] + ref
-    assert sum(len(c) for c in ctx) > 2 * len(steps[0].prefix_ids)
+    used = [steps[i] for i in idx]
+    total = assert_greedy_tree_is_greedy_decoding(params, cfg, used, CONFIG, tr, REF_BUCKET, patch_bucket=32)
+    assert total > 2 * len(steps[0].prefix_ids)
 
 
 @pytest.mark.e2e

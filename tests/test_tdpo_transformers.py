@@ -1,6 +1,7 @@
-"""The T-DPO step is DPO as transformers' Qwen2-VL and Qwen3-VL score it: per-continuation log-probs from
-``Qwen2VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` (images included, DeepStack too) for a
-policy and a different reference, the sigmoid DPO loss and implicit rewards written out in numpy, against our
+"""The T-DPO step is DPO as transformers' Qwen2-VL, Qwen3-VL and Qwen3-VL-MoE score it: per-continuation log-probs
+from ``Qwen2VLForConditionalGeneration`` / ``Qwen3VLForConditionalGeneration`` /
+``Qwen3VLMoeForConditionalGeneration`` (images included, DeepStack and the routed experts too) for a policy and a
+different reference, the sigmoid DPO loss and implicit rewards written out in numpy, against our
 packed and unpacked steps (pair log-probs, per-pair loss and rewards, the step's loss, reward metrics and gradient
 norm)."""
 
@@ -89,18 +90,22 @@ QWEN3 = dict(
     tie=False,
     bias=False,
 )
+# Qwen3-VL-MoE: the same with every MLP 4 experts of width 32, two per token (the router's gradient flows through the
+# renormalised top-2 weights)
+QWEN3_MOE = dict(QWEN3, experts=dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
+SHAPES = {"qwen3_vl": QWEN3, "qwen3_vl_moe": QWEN3_MOE}
 
 
 def save_model(out_dir, family: str, seed: int):
     """(dir, transformers model) of a random tiny checkpoint of ``family``, saved by transformers."""
     if family == "qwen2_vl":
         return save_tiny(out_dir, seed=seed)
-    model = tiny_qwen3_model(seed=seed, vocab=VOCAB, **QWEN3)
+    model = tiny_qwen3_model(seed=seed, vocab=VOCAB, **SHAPES[family])
     model.save_pretrained(str(out_dir))
     return str(out_dir), model
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl", "qwen3_vl_moe"])
 def setup(tmp_path_factory, request):
     """Policy and reference (two random tiny checkpoints of one family) in both frameworks, the groups, and
     transformers' chosen / rejected log-probs of every pair under each model (float64 numpy)."""
@@ -173,4 +178,6 @@ def test_tdpo_step_is_dpo_on_transformers_log_probs(setup, layout):
     assert metrics["reward_accuracy"] == pytest.approx(np.mean(chosen_np > rejected_np))
     assert metrics["chosen_logratio"] == pytest.approx((chosen_np / BETA).mean(), abs=1e-3)
     assert metrics["rejected_logratio"] == pytest.approx((rejected_np / BETA).mean(), abs=1e-3)
+    ours, theirs = metrics["grad_norm"], setup["grad_norm"]
+    print(f"{cfg.hf_model_type} {layout}: |grad| {ours:.6g}, torch {theirs:.6g}, rel {abs(ours / theirs - 1):.2g}")
     assert metrics["grad_norm"] == pytest.approx(setup["grad_norm"], rel=1e-4)

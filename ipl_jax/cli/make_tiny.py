@@ -1,5 +1,5 @@
-"""``ipl-jax make-tiny --out DIR``: a random tiny Qwen2-VL (Qwen2.5-VL, Qwen3-VL) checkpoint with a small BPE tokenizer,
-written with transformers (needs torch), for tests and smoke runs."""
+"""``ipl-jax make-tiny --out DIR``: a random tiny Qwen2-VL (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) checkpoint with a
+small BPE tokenizer, written with transformers (needs torch), for tests and smoke runs."""
 
 from __future__ import annotations
 
@@ -47,7 +47,10 @@ def parser() -> CommandParser:
     p.add_argument("--vision-heads", type=positive_int, default=None)
     p.add_argument("--tie-embeddings", action="store_true")
     p.add_argument(
-        "--arch", choices=ARCHS, default="qwen2_vl", help="Qwen2-VL, Qwen2.5-VL (windowed ViT) or Qwen3-VL (DeepStack)"
+        "--arch",
+        choices=ARCHS,
+        default="qwen2_vl",
+        help="Qwen2-VL, Qwen2.5-VL (windowed ViT), Qwen3-VL (DeepStack) or Qwen3-VL-MoE (4 experts, top 2)",
     )
     return p
 

@@ -1,5 +1,5 @@
-"""Random tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints written with transformers (needs torch), with a tiny BPE
-tokenizer (``data.tiny_tokenizer``) and small pixel limits.
+"""Random tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) checkpoints written with transformers (needs
+torch), with a tiny BPE tokenizer (``data.tiny_tokenizer``) and small pixel limits.
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ TINY_VISION3_CONFIG = {
     "deepstack_visual_indexes": [0],
     "initializer_range": 0.02,
 }
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-_CLASS_PREFIX = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}
+# Qwen3-VL-MoE (``arch="qwen3_vl_moe"``): Qwen3-VL with every MLP 4 experts of width 32, two per token.
+TINY_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+_CLASS_PREFIX = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe"}
 _HALF = (0.5, 0.5, 0.5)  # Qwen3-VL's image mean and std
 ROOT_KEYS = ("tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
@@ -121,8 +123,8 @@ def build_config_dict(
     text = copy.deepcopy(TINY_TEXT_CONFIG)
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r} (expected one of {ARCHS})")
-    qwen25 = arch in ("qwen2_5_vl", "qwen3_vl")  # the ViT width named hidden_size, the merger's out_hidden_size
-    qwen3 = arch == "qwen3_vl"
+    qwen3 = arch in ("qwen3_vl", "qwen3_vl_moe")
+    qwen25 = arch == "qwen2_5_vl" or qwen3  # the ViT width named hidden_size, the merger's out_hidden_size
     vision = copy.deepcopy(TINY_VISION3_CONFIG if qwen3 else TINY_VISION25_CONFIG if qwen25 else TINY_VISION_CONFIG)
     root: dict[str, Any] = {"tie_word_embeddings": False}
     text_over = dict(over.pop("text_config", None) or {})
@@ -144,6 +146,8 @@ def build_config_dict(
     if rope.get("type") == "mrope" or rope.get("rope_type") == "mrope":
         rope.pop("type", None)
         rope["rope_type"] = "default"
+    if arch == "qwen3_vl_moe":
+        text.update(TINY_EXPERTS)
     text.update(text_over)
     if text["hidden_size"] % text["num_attention_heads"]:
         raise ValueError(
@@ -246,6 +250,6 @@ def make_tiny_checkpoint(
         patch_size=cfg_kwargs["vision_config"]["patch_size"],
         merge_size=cfg_kwargs["vision_config"]["spatial_merge_size"],
         temporal_patch_size=cfg_kwargs["vision_config"]["temporal_patch_size"],
-        **(dict(image_mean=_HALF, image_std=_HALF) if arch == "qwen3_vl" else {}),
+        **(dict(image_mean=_HALF, image_std=_HALF) if arch.startswith("qwen3_vl") else {}),
     ).save(out)
     return out

@@ -18,6 +18,7 @@ from ipl_jax.model.config import (  # the model's config loads no JAX
     backend_dtypes,
     checkpoint_dtype,
 )
+from ipl_jax.model.hf_config import MOE
 from ipl_jax.model.sizes import SpecialIds, top_ids
 from ipl_jax.sections import Section, SettingsError, one_of, setting_error
 
@@ -44,12 +45,19 @@ FRESH_TEXT = TextConfig(
     pad_token_id=None,
 )
 FRESH_VISION = VisionConfig(depth=2, embed_dim=64, hidden_size=0, mlp_ratio=2, num_heads=4)
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # a fresh model's architecture (model.family; hf_config.FAMILIES)
+# A fresh model's architecture (model.family): a checkpoint's model_type (hf_config.FAMILIES and MOE)
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", MOE)
 # What a fresh model of another family takes in place of the Qwen2-VL values above, in each field the config leaves
 # at that value: Qwen2.5-VL's SwiGLU tower with 112-pixel windows (its last block attending over the whole image);
 # Qwen3-VL's decoder (q/k norms, no biases, interleaved M-RoPE) and tower (patch 16, GELU-tanh, a learned 8 x 8
-# position grid, DeepStack from up to three blocks before the last).
-FAMILY_TEXT = {"qwen3_vl": dict(qk_norm=True, qkv_bias=False, o_bias=False, mrope_interleaved=True)}
+# position grid, DeepStack from up to three blocks before the last); Qwen3-VL-MoE's the same with every MLP 4
+# experts of a quarter of the dense width, two per token (as many weights as the dense MLP, half of them per token).
+_QUARTER = FRESH_TEXT.intermediate_size // 4  # an MoE expert's width
+_QWEN3_TEXT = dict(qk_norm=True, qkv_bias=False, o_bias=False, mrope_interleaved=True)
+FAMILY_TEXT = {
+    "qwen3_vl": _QWEN3_TEXT,
+    MOE: dict(_QWEN3_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=_QUARTER),
+}
 FAMILY_VISION = {
     "qwen2_5_vl": lambda depth: dict(
         hidden_act="silu", window_size=112, fullatt_block_indexes=(depth - 1,), tokens_per_second=2
@@ -61,6 +69,7 @@ FAMILY_VISION = {
         deepstack_visual_indexes=tuple(range(min(3, depth - 1))) or (0,),
     ),
 }
+FAMILY_VISION[MOE] = FAMILY_VISION["qwen3_vl"]
 _TOKENIZER_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # a fresh model's are its tokenizer's
 
 
@@ -78,8 +87,9 @@ class ModelSettings(Section):
     tie_word_embeddings: bool = True
     """A fresh model's output projection shares the input embedding (Qwen2VLConfig.tie_word_embeddings)."""
     family: str = "qwen2_vl"
-    """A fresh model's architecture: qwen2_vl | qwen2_5_vl | qwen3_vl (the family's own values, FAMILY_TEXT /
-    FAMILY_VISION, fill the text / vision fields left at their defaults); a checkpoint's is its config.json's."""
+    """A fresh model's architecture: qwen2_vl | qwen2_5_vl | qwen3_vl | qwen3_vl_moe (the family's own values,
+    FAMILY_TEXT / FAMILY_VISION, fill the text / vision fields left at their defaults; qwen3_vl_moe is qwen3_vl with
+    experts, text.num_experts ...); a checkpoint's is its config.json's model_type."""
     dtype: str = "auto"
     """Compute dtype; auto: the starting checkpoint's torch_dtype, float32 for a fresh model."""
     param_dtype: str = "auto"
@@ -147,7 +157,7 @@ class ModelSettings(Section):
             vision=vision,
             text=dataclasses.replace(text, bos_token_id=bos, eos_token_id=(ids.eos,)),
             tie_word_embeddings=self.tie_word_embeddings,
-            model_type=self.family,
+            model_type="qwen3_vl" if self.family == MOE else self.family,  # the experts are text fields
             **ids.config_fields(),
         )
 

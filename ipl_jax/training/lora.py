@@ -17,8 +17,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 # Default targets for the Qwen2-VL layout (ipl_jax/model): attention and MLP kernels of the text decoder.
 # Vision targets are opt-in (add VISION_TARGETS), matching the paper's warm-up SFT with a LoRA on the LLM.
+# On a Qwen3-VL-MoE these match the attention projections only: the experts' tensors (mlp/experts/gate_up_proj
+# [L, E, hidden, 2I], down_proj [L, E, I, hidden]) are opt-in (add EXPERT_TARGETS: an adapter per expert, E times
+# a dense MLP's adapters) and the router (mlp/gate/kernel [L, hidden, E]) is never adapted (E columns: a rank-r
+# update saves nothing over the router itself).
 LANGUAGE_TARGETS = (r"^model/layers/.*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)/kernel$",)
 VISION_TARGETS = (r"^visual/blocks/.*(qkv|proj|fc1|fc2)/kernel$",)
+EXPERT_TARGETS = (r"^model/layers/mlp/experts/(gate_up_proj|down_proj)$",)
 
 
 @dataclasses.dataclass(frozen=True)

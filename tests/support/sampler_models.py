@@ -45,3 +45,32 @@ def random_step(rng: np.random.Generator, cfg, uid: int, n_text: int, prompt_len
     return StepPrompts(
         prefix_ids=prefix, turn_prompt_ids=turns, pixel_values=pv, image_grid_thw=np.asarray([grid], np.int64), uid=uid
     )
+
+
+def assert_greedy_tree_is_greedy_decoding(params, cfg, steps, config, tree, ref_bucket: int, patch_bucket: int) -> int:
+    """Every node of a temperature-0 ``tree`` (``sample_tree`` of ``steps`` under ``config``, numpy) is the greedy
+    decoding of its step, computed with ``model.greedy_generate`` turn by turn on the concatenated dialogue (text
+    bucket ``ref_bucket``, patch bucket ``patch_bucket`` per image); returns the tokens of every row's dialogue."""
+    from ipl_jax import model as M
+    from ipl_jax.coat.tree import NUM_TURNS
+
+    ctx = [list(s.prefix_ids) for s in steps]
+    budget = max(config.max_turn_tokens)
+    pv = np.concatenate([s.pixel_values for s in steps])
+    grids = np.concatenate([s.image_grid_thw for s in steps])
+    for t in range(1, NUM_TURNS + 1):
+        if t > 1:
+            ctx = [c + list(s.turn_prompt_ids[t - 2]) for c, s in zip(ctx, steps)]
+        buckets = dict(text_buckets=(ref_bucket,), patch_buckets=(patch_bucket * len(steps),))
+        inputs = M.prepare_inputs(cfg, ctx, None, pv, grids, **buckets)
+        out, n = M.greedy_generate(params, cfg, inputs, max_new_tokens=budget, eos_ids=config.eos_ids, pad_id=0)
+        T = config.max_turn_tokens[t - 1]
+        for row in range(len(steps)):
+            ref = list(np.asarray(out[row, : min(int(n[row]), T)]))
+            toks = tree.tokens[t - 1][row].reshape(-1, T)
+            lens = tree.lengths[t - 1][row].reshape(-1)
+            for node in range(toks.shape[0]):
+                assert list(toks[node, : lens[node]]) == ref, (t, row, node)
+            assert np.all(tree.finished[t - 1][row] == (ref[-1] in config.eos_ids))
+            ctx[row] = ctx[row] + ref
+    return sum(len(c) for c in ctx)

@@ -107,3 +107,25 @@ def packed_round(cfg, groups, pairs):
     packing = PB.PackingConfig(rows=4, max_continuations=4, max_pairs=4, text_buckets=(64,), patch_buckets=(32,))
     (batch,) = PK.pack_round(cfg, groups, pairs, packing)
     return batch
+
+
+def tiny_moe_cfg():
+    """``tiny_cfg`` as a Qwen3-VL-MoE: Qwen3's decoder with every MLP 4 experts of width 12, two per token, and
+    Qwen3-VL's tower (GELU-tanh, a 4 x 4 position grid, DeepStack from block 0); the same ids and patches."""
+    import dataclasses
+
+    cfg = tiny_cfg()
+    text = dataclasses.replace(
+        cfg.text,
+        qk_norm=True,
+        qkv_bias=False,
+        o_bias=False,
+        mrope_interleaved=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=12,
+    )
+    vision = dataclasses.replace(
+        cfg.vision, hidden_act="gelu_pytorch_tanh", num_position_embeddings=16, deepstack_visual_indexes=(0,)
+    )
+    return cfg.replace(model_type="qwen3_vl", text=text, vision=vision)
