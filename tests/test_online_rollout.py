@@ -166,7 +166,9 @@ def test_scripted_policies_give_known_outcomes(tok, monkeypatch):
 def _timeless(summary):
     """A summary without its wall times (the rest is deterministic)."""
     out = {k: v for k, v in summary.items() if "wall" not in k}
-    out["episodes_detail"] = [{k: v for k, v in e.items() if k != "wall_seconds"} for e in out.get("episodes_detail", [])]
+    out["episodes_detail"] = [
+        {k: v for k, v in e.items() if k != "wall_seconds"} for e in out.get("episodes_detail", [])
+    ]
     return out
 
 
