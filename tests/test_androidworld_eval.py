@@ -90,7 +90,8 @@ def test_the_same_policy_scores_the_same_in_process_and_through_the_server(serve
     assert [_outcome(tr) for tr in runs[0]] == [_outcome(tr) for tr in runs[1]]
     assert any(tr.success for tr in runs[0]) and any(len(tr.steps) > 1 for tr in runs[0])
     assert any("press back" in s.texts[2] for tr in runs[0] for s in tr.steps)  # the policy's own turns happened
-    assert [s.requests.count("POST /task/initialize") for s in servers] == [2, 2]  # k-th task of a batch on slot k
+    inits = [s.requests.count("POST /task/initialize") for s in servers]  # each server starts one, then takes more
+    assert sum(inits) == 4 and min(inits) >= 1
 
 
 class DownEnv:
@@ -155,9 +156,9 @@ def test_a_dead_slot_is_dropped_and_its_tasks_go_to_the_live_ones(tmp_path, monk
     assert sorted(tr.task.name for tr in done) == [f"t{i}" for i in range(5)]  # each reported once, when final
     all_down = [DownEnv("a", down_at="reset"), DownEnv("b", down_at=0)]
     trajs = R.rollout(None, S.make_config(tok), tok, tasks[:3], all_down, jax.random.PRNGKey(0), config)
-    # t0 could not start on a, t1 died on b: nothing is live for t0 (handed back) and t2
+    # t0 could not start on a, t1 died on b: nothing is live for t0 (handed back) and t2; the reason is the last
     assert trajs[1].error.startswith("b/execute_action") and trajs[1].num_steps == 1
-    gone = f"{R.NO_LIVE_SERVER} (a/reset: connection refused (after 1 of 1 tries))"
+    gone = f"{R.NO_LIVE_SERVER} (b/execute_action: connection refused (after 1 of 1 tries))"
     assert [trajs[0].error, trajs[2].error] == [gone, gone] and trajs[0].num_steps == 0
 
 

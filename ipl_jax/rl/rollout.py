@@ -1,6 +1,8 @@
-"""Whole episodes of a policy in a batch of environments (``envs.protocol``: the synthetic world, AndroidWorld),
-for online PPO / GiGPPO and ``eval.online``: one jitted sampler call per step over the episodes still running, keys
-from ``step_uid(name, t)``; each episode ends at STOP or its task's step limit, then is scored by its world.
+"""Whole episodes of a policy in several environments (``envs.protocol``: the synthetic world, AndroidWorld), for
+online PPO / GiGPPO and ``eval.online``: one jitted sampler call for the episodes whose observation is ready, keys
+from ``step_uid(name, t)`` (so a row's sample does not depend on which rows share its call); each episode ends at
+STOP or its task's step limit, then is scored by its world. The slots are played by ``rl.episodes``: in-process
+worlds in lockstep batches, networked ones each on its own thread, so one slow or dead server stalls no other.
 
 Step rewards (leaf or UI-R1) are against the observation's expert action where the world has one, else 0; the
 terminal reward is ``success_reward · score``. An ``EnvError`` of one environment ends only its own episode, recorded
@@ -11,22 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ipl_jax import distributed
-from ipl_jax.coat.actions import Action, format_action
+from ipl_jax.coat.actions import Action
 from ipl_jax.coat.rewards import RewardConfig, encode_actions, encode_golden, leaf_rewards
 from ipl_jax.data.dialogue import DEFAULT_PROMPTS, CoaTPrompts
 from ipl_jax.data.image_processing import ImageProcessorConfig
 from ipl_jax.data.records import Step
-from ipl_jax.envs.protocol import Env, EnvError, EnvTask, Observation, each, is_concurrent
+from ipl_jax.envs.protocol import Env, EnvTask, Observation
 from ipl_jax.model.config import Qwen2VLConfig
 from ipl_jax.rl import common
 from ipl_jax.rl import rewards as rewards_lib
 from ipl_jax.rl.advantages import screen_thumbnail
+from ipl_jax.rl.episodes import NO_LIVE_SERVER as NO_LIVE_SERVER
+from ipl_jax.rl.episodes import Slots, StepRecord, Trajectory
 from ipl_jax.rl.sampling import Completion, tree_completions
 from ipl_jax.rl.sections import PPOSettings
 from ipl_jax.sampling.config import SamplerConfig
@@ -37,8 +40,10 @@ from ipl_jax.sampling.tree_sampler import sample_tree
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """How episodes are played: sampler (branching forced to (1, 1, 1, 1)), image_config, batch_size (episodes per
-    sampler call, padded to it; at most one per environment), settings (the ``rl.ppo`` section: its step_reward and
-    success_reward), thumb_size, keep_prompts."""
+    sampler call, padded to it; in-process worlds: also the most played at once), settings (the ``rl.ppo``
+    section: its step_reward and success_reward), thumb_size, keep_prompts, gather_seconds (networked slots: once one
+    observation is ready, how long to wait for the others expected within it, so sampler calls stay full; a slot
+    whose previous env calls took longer joins a later call)."""
 
     sampler: SamplerConfig
     image_config: ImageProcessorConfig
@@ -48,61 +53,14 @@ class RolloutConfig:
     settings: PPOSettings = PPOSettings()
     thumb_size: tuple[int, int] = (16, 32)
     keep_prompts: bool = True
+    gather_seconds: float = 1.0
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"RolloutConfig.batch_size must be >= 1, got {self.batch_size}")
+        if self.gather_seconds < 0:
+            raise ValueError(f"RolloutConfig.gather_seconds must be >= 0, got {self.gather_seconds}")
         object.__setattr__(self, "sampler", self.sampler.replace(branching=(1, 1, 1, 1)))
-
-
-@dataclasses.dataclass
-class StepRecord:
-    """One environment step: prompt (if kept), completion, turn texts, parsed and expert (None: the world has none)
-    actions, reward, thumbnail, and the screen's app / page where the world says."""
-
-    t: int
-    prompt: StepPrompts | None
-    completion: Completion
-    texts: list
-    action: Action
-    golden: Action | None
-    reward: float
-    thumb: np.ndarray
-    app: str
-    page: str
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """One episode: task, goal, steps, and outcome: ``stopped``, ``score`` (the world's, in [0, 1]), ``success``
-    (score 1: for the synthetic world, stopped at the goal), ``truncated`` (step limit), ``cut`` (budget ran out,
-    outcome unknown), ``error`` (an ``EnvError`` ended it: failed, outcome unknown), ``wall_seconds`` (seconds from its
-    batch's start to its end)."""
-
-    task: EnvTask
-    goal: str = ""
-    steps: list = dataclasses.field(default_factory=list)
-    stopped: bool = False
-    success: bool = False
-    truncated: bool = False
-    terminal_reward: float = 0.0
-    cut: bool = False
-    score: float = 0.0
-    error: str | None = None
-    wall_seconds: float = 0.0
-
-    @property
-    def unknown(self) -> bool:
-        """Its return is unknown (cut by the budget, or ended by an environment's failure): nothing to learn from."""
-        return self.cut or self.error is not None
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.steps)
-
-    @property
-    def step_rewards(self) -> np.ndarray:
-        return np.asarray([s.reward for s in self.steps], np.float32)
 
 
 _NO_EXPERT = Action(type="wait")  # the golden turn a world without an expert gives the prompt builder (unscored)
@@ -154,9 +112,6 @@ def act(
     return [g[0] for g in tree_completions(tree, config.batch_size, 1)[: len(items)]]
 
 
-NO_LIVE_SERVER = "no live server"  # the error of the episodes left when every environment is down
-
-
 def rollout(
     params: dict,
     cfg: Qwen2VLConfig,
@@ -169,136 +124,37 @@ def rollout(
     max_env_steps: int | None = None,
     on_done: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
-    """Play every task to its end, ``min(config.batch_size, live slots)`` at a time, the k-th task of a batch on the
-    k-th live slot; one ``Trajectory`` per task, in order. ``max_env_steps`` cuts episodes still running; an
-    unparsable completion is a no-op with reward 0; an ``EnvError`` ends only its own episode (``error``).
+    """Play every task to its end on the slots ``envs``; one ``Trajectory`` per task, in order. Each sampler call
+    takes the episodes whose observation is ready (at most ``config.batch_size``, earliest task first).
 
-    A slot whose error is ``down`` (its server gone) is dropped for the rest of the call: its running episode is
-    recorded failed, a task it could not even start goes back to the front of the queue for the live slots, and
-    once no slot is live the tasks left are recorded failed (``NO_LIVE_SERVER``). In-process worlds never go down,
-    so their batches are exactly the fixed ones. ``on_done(trajectory)`` is called as each episode's record is
-    final (a resumable caller appends it to its log)."""
+    In-process worlds (``concurrent`` False) play in lockstep batches: ``min(batch_size, live slots)`` tasks at a
+    time, the k-th on the k-th slot, every episode of the batch in each call. Networked slots play on their own: each
+    runs its env calls in its own thread and, when its episode ends, starts the next task not yet started, so a slow
+    server's episodes join later calls and hold no other server up (``RolloutConfig.gather_seconds``).
+
+    ``max_env_steps`` cuts the episodes still running once that many actions were taken (the earliest tasks ready
+    take what is left); an unparsable completion is a no-op with reward 0; an ``EnvError`` ends only its own episode
+    (``error``). A slot whose error is ``down`` (its server gone) is dropped for the rest of the call: its running
+    episode is recorded failed, a task it could not even start goes back to the front of the queue, and once no slot
+    is live the tasks left are recorded failed (``NO_LIVE_SERVER``). ``on_done(trajectory)`` is called, in this
+    thread, as each episode's record is final (a resumable caller appends it to its log)."""
     if not envs:
         raise ValueError("rollout: no environments to play")
     seed = common.key_seed(rng)
-    live = list(range(len(envs)))
-    queue = list(range(len(tasks)))  # task indexes not yet played, in order
-    out: dict[int, Trajectory] = {}
-    last_down = ""
-    while queue:
-        if not live:
-            for j in queue:
-                out[j] = Trajectory(
-                    task=tasks[j], error=f"{NO_LIVE_SERVER} ({last_down})" if last_down else NO_LIVE_SERVER
-                )
-                if on_done is not None:
-                    on_done(out[j])
-            break
-        width = min(config.batch_size, len(live))
-        batch, queue = queue[:width], queue[width:]
-        slots = live[: len(batch)]
-        left = None if max_env_steps is None else max_env_steps - sum(tr.num_steps for tr in out.values())
-        play = _Play([tasks[j] for j in batch], [envs[s] for s in slots], config, on_done)
-        _rollout_batch(play, params, cfg, tokenizer, seed, mesh, left)
-        for k, j in enumerate(batch):
-            if k not in play.unstarted:
-                out[j] = play.trajs[k]
-        queue = [batch[k] for k in sorted(play.unstarted)] + queue
-        if play.down:
-            last_down = play.trajs[min(play.down)].error or ""
-            live = [s for s in live if s not in {slots[k] for k in play.down}]
-    return [out[j] for j in range(len(tasks))]
+    settings = (config.batch_size, config.gather_seconds, config.settings.success_reward)
+    with Slots(tasks, envs, *settings, on_done) as slots:
+        while slots.deal():
+            ready = slots.cut(slots.wait(), max_env_steps)[: config.batch_size]
+            if ready:
+                slots.advance(ready, _decide(ready, params, cfg, tokenizer, seed, config, mesh))
+    return slots.trajectories()
 
 
-class _Play:
-    """One batch of episodes in play: slot i plays ``tasks[i]`` on ``envs[i]``; a slot's ``EnvError`` ends its
-    episode (recorded, its env closed) and no other; a ``down`` one marks the slot dead (``down``), and where it
-    came at the reset the task is handed back unplayed (``unstarted``)."""
-
-    def __init__(self, tasks: list[EnvTask], envs: list[Env], config: RolloutConfig, on_done=None):
-        self.tasks, self.envs, self.config, self.on_done = tasks, envs, config, on_done
-        self.concurrent = is_concurrent(envs)
-        self.trajs = [Trajectory(task=task) for task in tasks]
-        self.histories: list[list[str]] = [[] for _ in tasks]
-        self.obs: list[Observation | None] = [None] * len(tasks)
-        self.closed: set[int] = set()
-        self.down: set[int] = set()
-        self.unstarted: set[int] = set()
-        self.t0 = time.perf_counter()
-
-    def each(self, fn, slots: list[int], starting: bool = False) -> dict:
-        """{slot: fn(slot)} for the slots whose call succeeded; the others failed (``fail``)."""
-        out = {}
-        for i, r in zip(slots, each(fn, slots, self.concurrent)):
-            if isinstance(r, EnvError):
-                self.fail(i, r, starting)
-            else:
-                out[i] = r
-        return out
-
-    def fail(self, i: int, err: EnvError, starting: bool = False) -> None:
-        self.trajs[i].error = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if getattr(err, "down", False):  # nothing to tear down on a server that is gone
-            self.down.add(i)
-            self.closed.add(i)
-            if starting:
-                self.unstarted.add(i)
-            else:
-                self._end(i, time.perf_counter())
-            return
-        self.close([i])
-
-    def finish(self, slots: list[int]) -> None:
-        """Score the ended episodes (terminal reward ``success_reward · score``; success: score 1), then close."""
-        for i, score in self.each(lambda i: self.envs[i].score(), slots).items():
-            tr = self.trajs[i]
-            tr.score = float(score)
-            tr.success = tr.score >= 1.0
-            tr.terminal_reward = self.config.settings.success_reward * tr.score
-        self.close(slots)
-
-    def close(self, slots: list[int]) -> None:
-        slots = [i for i in slots if i not in self.closed]
-        self.closed.update(slots)
-        each(lambda i: self.envs[i].close(), slots, self.concurrent)  # a failing close loses nothing recorded
-        now = time.perf_counter()
-        for i in slots:
-            self._end(i, now)
-
-    def _end(self, i: int, now: float) -> None:
-        self.trajs[i].wall_seconds = now - self.t0
-        if self.on_done is not None:
-            self.on_done(self.trajs[i])
-
-
-def _rollout_batch(play: _Play, params, cfg, tokenizer, seed, mesh, budget=None) -> None:
-    tasks, envs = play.tasks, play.envs
-    for i, o in play.each(lambda i: envs[i].reset(tasks[i]), list(range(len(tasks))), starting=True).items():
-        play.obs[i], play.trajs[i].goal = o, o.goal
-    active = sorted(i for i, o in enumerate(play.obs) if o is not None)
-    t = 0
-    while active:
-        if budget is not None:  # the first episodes still running take what is left; the rest are cut unfinished
-            left = max(0, budget - sum(tr.num_steps for tr in play.trajs))
-            for i in active[left:]:
-                play.trajs[i].cut = True
-            play.close(active[left:])
-            active = active[:left]
-        need = [i for i in active if play.obs[i] is None]
-        for i, o in play.each(lambda i: envs[i].observe(), need).items():
-            play.obs[i] = o
-        active = [i for i in active if play.trajs[i].error is None]
-        if not active:
-            break
-        active = _decide(play, params, cfg, tokenizer, active, t, seed, mesh)
-        t += 1
-
-
-def _decide(play: _Play, params, cfg, tokenizer, active: list[int], t: int, seed, mesh) -> list[int]:
-    """One action for every active episode (one sampler call), applied; returns the episodes still running."""
-    config = play.config
-    obs = [play.obs[i] for i in active]
-    steps = [_step_of(o, play.tasks[i], t, play.histories[i]) for i, o in zip(active, obs)]
+def _decide(ready: list, params, cfg, tokenizer, seed, config: RolloutConfig, mesh) -> list[Action]:
+    """One action for every ready episode (one sampler call), recorded in its trajectory."""
+    eps = [s.ep for s in ready]
+    obs = [e.obs for e in eps]
+    steps = [_step_of(e.obs, e.traj.task, e.traj.num_steps, e.history) for e in eps]
     items = [
         step_prompts(s, tokenizer, config.image_config, cfg, config.prompts, image=o.image) for s, o in zip(steps, obs)
     ]
@@ -311,10 +167,10 @@ def _decide(play: _Play, params, cfg, tokenizer, active: list[int], t: int, seed
         if any(scored)
         else np.zeros(len(actions), np.float32)
     )
-    for k, (i, o, action) in enumerate(zip(active, obs, actions)):
-        play.trajs[i].steps.append(
+    for k, (e, o, action) in enumerate(zip(eps, obs, actions)):
+        e.traj.steps.append(
             StepRecord(
-                t=t,
+                t=steps[k].step_id,
                 prompt=items[k] if config.keep_prompts else None,
                 completion=comps[k],
                 texts=common.completion_texts(tokenizer, comps[k]),
@@ -326,27 +182,7 @@ def _decide(play: _Play, params, cfg, tokenizer, active: list[int], t: int, seed
                 page=str(o.meta.get("page", "")),
             )
         )
-    chosen = dict(zip(active, actions))
-    moved = [i for i in active if chosen[i].parsed]  # an unparsable completion is a no-op: the world is not touched
-    done = play.each(lambda i: play.envs[i].act(chosen[i]), moved)
-    for i in done:
-        play.histories[i].append(format_action(chosen[i]))
-        play.obs[i] = None
-    ended, still = [], []
-    for i in active:
-        tr = play.trajs[i]
-        if tr.error is not None:
-            continue
-        if done.get(i):
-            tr.stopped = True
-            ended.append(i)
-        elif t + 1 >= play.tasks[i].step_limit:
-            tr.truncated = True
-            ended.append(i)
-        else:
-            still.append(i)
-    play.finish(ended)
-    return still
+    return actions
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
