@@ -128,11 +128,12 @@ class DownEnv:
         pass
 
 
-def test_a_dead_slot_is_dropped_and_its_tasks_go_to_the_live_ones(tmp_path, monkeypatch):
-    tok = S.make_tokenizer(tmp_path / "tok")
-    config = R.RolloutConfig(sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=4)
+def back_then_stop(tok, calls=None):
+    """A stand-in for ``rl.rollout.act``: press back at step 0, stop at step 1; ``calls`` gets each call's rows."""
 
     def act(params, cfg, items, steps, seed, config, mesh=None):
+        if calls is not None:
+            calls.append([(s.episode_id, s.step_id) for s in steps])
         texts = [("a", "b", "stop" if s.step_id == 1 else "press back", "") for s in steps]
         return [
             Completion(
@@ -143,7 +144,13 @@ def test_a_dead_slot_is_dropped_and_its_tasks_go_to_the_live_ones(tmp_path, monk
             for tt in texts
         ]
 
-    monkeypatch.setattr(R, "act", act)
+    return act
+
+
+def test_a_dead_slot_is_dropped_and_its_tasks_go_to_the_live_ones(tmp_path, monkeypatch):
+    tok = S.make_tokenizer(tmp_path / "tok")
+    config = R.RolloutConfig(sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=4)
+    monkeypatch.setattr(R, "act", back_then_stop(tok))
     tasks = [EnvTask(name=f"t{i}", step_limit=4) for i in range(5)]
     envs = [DownEnv("a", down_at=1), DownEnv("b"), DownEnv("c", down_at="reset")]
     done = []
@@ -160,6 +167,32 @@ def test_a_dead_slot_is_dropped_and_its_tasks_go_to_the_live_ones(tmp_path, monk
     assert trajs[1].error.startswith("b/execute_action") and trajs[1].num_steps == 1
     gone = f"{R.NO_LIVE_SERVER} (b/execute_action: connection refused (after 1 of 1 tries))"
     assert [trajs[0].error, trajs[2].error] == [gone, gone] and trajs[0].num_steps == 0
+
+
+def test_a_slow_server_holds_up_only_its_own_episodes(servers, tmp_path, monkeypatch):
+    """Two servers, the second answering each screenshot after 1 s: the first plays its task and then the two
+    left while the second's first episode is still running (lockstep would end t0, t1 and then t2, t3), and every
+    episode is played to its end and scored, each step sampled once."""
+    tok = S.make_tokenizer(tmp_path / "tok")
+    config = R.RolloutConfig(
+        sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=2, gather_seconds=0.1
+    )
+    calls = []
+    monkeypatch.setattr(R, "act", back_then_stop(tok, calls))
+    fast, slow = servers
+    slow.hang["/screenshot"] = 1.0
+    tasks = suite_tasks(
+        [s.url for s in servers], names=["toggle", "open_app", "install", "send_message"], seed=SEED, step_limit=4
+    )
+    names = [t.name for t in tasks]
+    envs = [AndroidWorldEnv(s.url, 10, 0) for s in servers]
+    done = []
+    trajs = R.rollout(None, S.make_config(tok), tok, tasks, envs, jax.random.PRNGKey(0), config, on_done=done.append)
+    assert [tr.task.name for tr in done] == [names[0], names[2], names[3], names[1]]
+    assert [_inits(fast), _inits(slow)] == [3, 1] and [s.requests.count("GET /task/score") for s in servers] == [3, 1]
+    assert all(tr.error is None and tr.stopped and tr.num_steps == 2 for tr in trajs)
+    assert [tr.task.name for tr in trajs] == names
+    assert sorted(row for call in calls for row in call) == sorted((n, t) for n in names for t in (0, 1))
 
 
 # ---------------------------------------------------------------------------------------------- ipl-jax eval

@@ -124,23 +124,39 @@ def test_a_failing_environment_fails_only_its_own_episode(tmp_path, monkeypatch)
     assert summary["success_ci95"] == [round(x, 4) for x in R.wilson_interval(1, 4)]
 
 
-def test_rollout_spreads_batches_over_the_slots(tmp_path, monkeypatch):
-    """Five tasks on two slots: batches of two, the k-th task of a batch on slot k, names and keys kept."""
+class LocalFakeEnv(FakeEnv):
+    concurrent = False  # in process: lockstep batches
+
+
+@pytest.mark.parametrize(
+    "env_class, want",
+    [  # t1 takes two steps, the others one
+        (LocalFakeEnv, [["t0", "t1"], ["t1"], ["t2", "t3"], ["t4"]]),  # batches of two; the next after both end
+        (FakeEnv, [["t0", "t1"], ["t1", "t2"], ["t3", "t4"]]),  # a slot takes the next task as its episode ends
+    ],
+)
+def test_rollout_spreads_the_tasks_over_the_slots(env_class, want, tmp_path, monkeypatch):
+    """Five tasks on two slots: in process, batches of two with the k-th task of a batch on slot k; networked, each
+    slot starts the next task as soon as its episode ends. Every task is played once, names and keys kept."""
     tok = S.make_tokenizer(tmp_path / "tok")
     config = R.RolloutConfig(sampler=S.sampler_config(tok), image_config=S.image_config(), batch_size=4)
-    seen = []
+    calls = []
+    scripted = _scripted(tok, lambda step: "stop" if step.step_id == 1 or step.episode_id != "t1#0" else "press back")
 
-    def texts_of(step):
-        seen.append((step.episode_id, step.step_id))
-        return "stop"
+    def act(params, cfg, items, steps, *args, **kw):
+        calls.append([s.episode_id.split("#")[0] for s in steps])
+        return scripted(params, cfg, items, steps, *args, **kw)
 
-    monkeypatch.setattr(R, "act", _scripted(tok, texts_of))
-    envs = [FakeEnv("a"), FakeEnv("b")]
+    monkeypatch.setattr(R, "act", act)
+    envs = [env_class("a"), env_class("b")]
     tasks = replicate([EnvTask(name=f"t{i}", step_limit=3) for i in range(5)], 1)
     trajs = R.rollout(None, S.make_config(tok), tok, tasks, envs, jax.random.PRNGKey(0), config)
     assert [tr.task.name for tr in trajs] == [f"t{i}#0" for i in range(5)] and all(tr.success for tr in trajs)
-    assert seen == [(f"t{i}#0", 0) for i in range(5)]
-    assert envs[0].closed == 3 and envs[1].closed == 2
+    assert [tr.num_steps for tr in trajs] == [1, 2, 1, 1, 1] and calls == want
+    if env_class is LocalFakeEnv:
+        assert envs[0].closed == 3 and envs[1].closed == 2
+    else:
+        assert envs[0].closed + envs[1].closed == 5 and min(envs[0].closed, envs[1].closed) >= 1
 
 
 def test_wilson_interval_by_hand():

@@ -74,7 +74,7 @@ class Env(Protocol):
     """One environment slot (one synthetic world; one AndroidWorld server = one emulator)."""
 
     name: str  # where it plays, for messages and results ("synthetic", "http://host:5000")
-    concurrent: bool  # its calls wait on a server: slots are played in threads (``each``); absent: True
+    concurrent: bool  # its calls wait on a server: each slot plays on its own thread (``rl.episodes``); absent: True
 
     def reset(self, task: EnvTask) -> Observation: ...
 

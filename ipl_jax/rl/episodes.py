@@ -268,8 +268,9 @@ class Slots:
 
     def wait(self) -> list[_Slot]:
         """The slots whose observation is ready, earliest task first. Networked: waits for at least one, then up to
-        ``gather_seconds`` for the others in flight whose previous job took no longer than that (a full sampler call
-        rather than two half ones; a slow slot joins a later call)."""
+        ``gather_seconds`` for the others in flight expected within it: running no longer than that yet, and by the
+        length of their previous job (a full sampler call rather than two half ones; a slow slot joins a later
+        call)."""
         pending = [s for s in self.slots if s.future is not None]
         if pending and not self._ready():
             while not any(s.future.done() for s in pending):
@@ -277,9 +278,10 @@ class Slots:
         self._collect_done(pending)
         pending = [s for s in pending if s.future is not None]
         if pending and self.gather_seconds > 0 and len(self._ready()) < self.batch_size:
-            end = time.perf_counter() + self.gather_seconds
-            soon = [s.future for s in pending if s.last is None or s.since + s.last <= end]
-            futures.wait(soon, timeout=self.gather_seconds)
+            now, window = time.perf_counter(), self.gather_seconds
+            # not yet running longer than the window, and by its previous job done within it
+            soon = [s.future for s in pending if now - s.since <= window and s.since + (s.last or 0) <= now + window]
+            futures.wait(soon, timeout=window)
             self._collect_done(pending)
         return sorted(self._ready(), key=lambda s: s.ep.j)
 
