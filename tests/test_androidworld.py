@@ -13,7 +13,7 @@ from ipl_jax.envs.androidworld import client as aw_client
 from ipl_jax.envs.androidworld.actions import from_json_action, to_fraction, to_json_action, to_pixel
 from ipl_jax.envs.androidworld.env import AndroidWorldEnv, check, open, suite_tasks
 from ipl_jax.envs.androidworld.screens import decode_pixels
-from ipl_jax.envs.protocol import EnvError, each
+from ipl_jax.envs.protocol import EnvError
 from ipl_jax.envs.synthetic.expert import expert_decision
 from ipl_jax.envs.synthetic.world import World
 from tests.support.aw_server import TASK_TYPES, SyntheticAndroidWorld, synthetic_task
@@ -227,11 +227,13 @@ def test_a_killed_server_fails_only_its_own_episode(fast_retries):
     try:
         envs = open([a.url, b.url], timeout=5, retries=1)
         task = suite_tasks([a.url, b.url], names=["open_app"])[0]
-        each(lambda e: e.reset(task), envs, concurrent=True)
+        for env in envs:
+            env.reset(task)
         a.kill()
-        out = each(lambda e: e.act(Action(type="press", button="home")), envs, concurrent=True)
-        assert isinstance(out[0], EnvError) and out[1] is False
-        assert str(out[0]) == f"{a.url}/execute_action: connection refused (after 2 of 2 tries)"
+        with pytest.raises(EnvError) as dead:
+            envs[0].act(Action(type="press", button="home"))
+        assert str(dead.value) == f"{a.url}/execute_action: connection refused (after 2 of 2 tries)"
+        assert envs[1].act(Action(type="press", button="home")) is False
         _, synth, _ = synthetic_task(30, *task.spec)
         assert envs[1].act(Action(type="open_app", text=synth.app)) is False
         assert envs[1].act(Action(type="stop")) is True and envs[1].score() == 1.0

@@ -205,10 +205,10 @@ def tiny_ckpt(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("aw_eval") / "ckpt", seed=0, scale=4.0)
 
 
-def _eval(tiny_ckpt, urls, out, tasks="toggle,open_app,install"):
+def _eval(tiny_ckpt, urls, out, tasks="toggle,open_app,install", flag="--model"):
     from ipl_jax.cli import main
 
-    args = ["eval", "--env", "androidworld", "--tasks", tasks, "--model", str(tiny_ckpt), "--max-steps", "2"]
+    args = ["eval", "--env", "androidworld", "--tasks", tasks, flag, str(tiny_ckpt), "--max-steps", "2"]
     for u in urls:
         args += ["--env-url", u]
     return main([*args, "--json", str(out / "results.json"), "--predictions", str(out / "episodes.jsonl")])
@@ -235,7 +235,7 @@ def test_eval_scores_every_task_and_resumes_without_replaying(servers, tiny_ckpt
     # interrupted after the first episode, its second half-written: a rerun plays only the other two
     (tmp_path / "episodes.jsonl").write_text(log[0] + "\n" + log[1][:20])
     capsys.readouterr()
-    assert _eval(tiny_ckpt, [server.url], tmp_path) == 0
+    assert _eval(tiny_ckpt, [server.url], tmp_path, flag="--checkpoint") == 0  # the flag's other name
     assert _inits(server) == 3 + 2 and "resuming: 1 of 3 episodes" in capsys.readouterr().out
     again = json.loads((tmp_path / "results.json").read_text())
     assert [t["name"] for t in again["tasks"]] == names and again["resumed"] == 1

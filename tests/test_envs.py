@@ -15,7 +15,7 @@ from support import rl_setup as S
 
 from ipl_jax.coat.actions import Action
 from ipl_jax.envs import check_envs, open_envs
-from ipl_jax.envs.protocol import EnvError, EnvTask, Observation, each, replicate
+from ipl_jax.envs.protocol import EnvError, EnvTask, Observation, replicate
 from ipl_jax.envs.sections import EnvSettings
 from ipl_jax.envs.synthetic.dataset import generate_split
 from ipl_jax.envs.synthetic.env import SyntheticEnv, split_world_tasks
@@ -164,17 +164,6 @@ def test_wilson_interval_by_hand():
     assert lo == pytest.approx(0.49016, abs=1e-4) and hi == pytest.approx(0.94332, abs=1e-4)
     assert R.wilson_interval(0, 5)[0] == 0.0 and R.wilson_interval(5, 5)[1] == 1.0
     assert R.wilson_interval(0, 0) is None
-
-
-def test_each_returns_errors_in_place_in_order():
-    def fn(x):
-        if x == 2:
-            raise EnvError("two")
-        return x * 10
-
-    for concurrent in (False, True):
-        out = each(fn, [1, 2, 3], concurrent)
-        assert out[0] == 10 and isinstance(out[1], EnvError) and str(out[1]) == "two" and out[2] == 30
 
 
 def test_env_settings_open_and_check_their_slots():

@@ -41,7 +41,13 @@ PROG = "ipl-jax eval"
 
 def parser() -> CommandParser:
     p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="Hugging Face Qwen2-VL model directory (weights + tokenizer)")
+    p.add_argument(
+        "--model",
+        "--checkpoint",
+        dest="model",
+        required=True,
+        help="Hugging Face model directory (weights + tokenizer): an export, a job's round policy, a published one",
+    )
     p.add_argument("--data", default=None, help="dataset root directory")
     p.add_argument("--format", default=None, choices=FORMATS, dest="fmt", help="dataset format")
     p.add_argument(

@@ -15,9 +15,8 @@ the others.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ipl_jax.coat.actions import Action
 
@@ -95,25 +94,3 @@ def replicate(tasks: Sequence[EnvTask], k: int) -> list[EnvTask]:
 def is_concurrent(envs: Sequence[Env]) -> bool:
     """Whether ``envs`` are played in threads: any slot whose ``concurrent`` is True or unset (behind a network)."""
     return any(getattr(e, "concurrent", True) for e in envs)
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def each(fn: Callable[[T], R], items: Sequence[T], concurrent: bool) -> list[R | EnvError]:
-    """``fn`` on every item, in order; an ``EnvError`` is returned in its item's place rather than raised, so one
-    failing environment costs only its own episode. ``concurrent``: one thread per item (environments behind a
-    network, where each call waits on its own server); in order in this thread otherwise (in-process worlds:
-    results then do not depend on thread timing)."""
-
-    def call(item):
-        try:
-            return fn(item)
-        except EnvError as e:
-            return e
-
-    if not concurrent or len(items) <= 1:
-        return [call(x) for x in items]
-    with ThreadPoolExecutor(max_workers=len(items)) as pool:
-        return list(pool.map(call, items))
