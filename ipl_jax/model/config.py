@@ -19,6 +19,7 @@ from ipl_jax.model import hf_config
 DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a model computes and stores in (the job's model.dtype)
 BACKEND_DTYPES = {"tpu": ("float32", "bfloat16")}  # the dtypes a backend runs (the other backends: DTYPES)
 _ATTENTION = ("auto", "reference", "xla", "cudnn")  # = layers.ATTENTION_IMPLS (config imports nothing of the model)
+_MOE_DISPATCH = ("auto", "dense", "grouped", "ragged")  # = experts.DISPATCHES
 _SIZES = {  # the sizes of each part that must be >= 1
     "text": "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads",
     "vision": "depth embed_dim mlp_ratio num_heads in_channels patch_size spatial_merge_size temporal_patch_size",
@@ -152,6 +153,9 @@ class Qwen2VLConfig:
     # (the masked softmax of model/layers.py; parity tests, CPUs), "xla" or "cudnn" (jax.nn.dot_product_attention)
     # for the forward passes without a cache (training, scoring, prefill, the vision tower).
     attention: str = "auto"
+    # Runtime knob: how a sparse MLP (num_experts) reaches its experts (model/experts.py): "auto" (per backend:
+    # "ragged" on TPU, else "grouped"), "grouped", "ragged" or "dense" (every expert on every token).
+    moe_dispatch: str = "auto"
 
     def __post_init__(self):
         for part, names in _SIZES.items():
@@ -166,6 +170,8 @@ class Qwen2VLConfig:
                 raise ValueError(f"Qwen2VLConfig.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         if self.attention not in _ATTENTION:
             raise ValueError(f"attention {self.attention!r} is unknown (valid: {', '.join(_ATTENTION)})")
+        if self.moe_dispatch not in _MOE_DISPATCH:
+            raise ValueError(f"moe_dispatch {self.moe_dispatch!r} is unknown (valid: {', '.join(_MOE_DISPATCH)})")
         if self.attention_query_chunk < 0:
             raise ValueError(f"attention_query_chunk must be >= 0, got {self.attention_query_chunk}")
         t, v = self.text, self.vision

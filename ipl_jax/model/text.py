@@ -143,7 +143,7 @@ def decoder_layer(
     mp = lp["mlp"]
     with jax.named_scope("mlp"):
         if t_cfg.num_experts:  # Qwen3-VL-MoE: router and top-k experts
-            h = sparse_mlp(mp, t_cfg, h)
+            h = sparse_mlp(mp, t_cfg, h, cfg.moe_dispatch)
         else:
             inner = shard_rows(jax.nn.silu(dense(mp["gate_proj"], h, dtype)) * dense(mp["up_proj"], h, dtype))
             h = dense(mp["down_proj"], inner, dtype)
