@@ -73,18 +73,24 @@ def ours(params, cfg, ids, mask, pv, grids):
     return np.asarray(forward_inputs(params, cfg, inputs))[:, : ids.shape[1]]
 
 
+@pytest.mark.parametrize("dispatch", ["dense", "grouped"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_match_transformers(models, name):
+def test_logits_match_transformers(models, name, dispatch):
     model_dir, hf_model = models[name]
     kw = CONFIGS[name]
     ids, mask, pv, grids = batch(kw["seed"])
     params, cfg = load_params(model_dir)
+    cfg = cfg.replace(moe_dispatch=dispatch)
     assert cfg.model_type == "qwen3_vl" and cfg.hf_model_type == "qwen3_vl_moe"
     assert cfg.tie_word_embeddings == kw["tie"]
     e = kw["experts"]
     assert (cfg.text.num_experts, cfg.text.num_experts_per_tok, cfg.text.moe_intermediate_size) == tuple(e.values())
     ref = hf_models.hf_forward(hf_model, ids, mask, pv, grids)
-    hf_models.assert_logits_close(f"qwen3-vl-moe {name}", ours(params, cfg, ids, mask, pv, grids), ref, mask, TOL)
+    logits = ours(params, cfg, ids, mask, pv, grids)
+    hf_models.assert_logits_close(f"qwen3-vl-moe {name} {dispatch}", logits, ref, mask, TOL)
+    if dispatch != "dense":  # the same sums as the dense dispatch, in another order
+        dense = ours(params, cfg.replace(moe_dispatch="dense"), ids, mask, pv, grids)
+        np.testing.assert_allclose(logits[mask.astype(bool)], dense[mask.astype(bool)], rtol=0, atol=1e-5)
     # the routing matters: every expert at once (or one fewer / more) moves the logits far beyond the tolerance
     k = e["num_experts_per_tok"]
     other = cfg.replace(text=dataclasses.replace(cfg.text, num_experts_per_tok=k + 1))
@@ -164,14 +170,16 @@ jax.config.update("jax_default_matmul_precision", "highest")
 params, cfg = load_params(model_dir)
 inputs = prepare_inputs(cfg, data["ids"], data["mask"], data["pv"], data["grids"], text_buckets=(128,),
                         patch_buckets=(192,))
-single = np.asarray(forward_inputs(params, cfg, inputs))
+single = np.asarray(forward_inputs(params, cfg.replace(moe_dispatch="dense"), inputs))
 mesh = make_mesh((1, 4, 2))
 sharded, _ = load_params(model_dir, shardings=param_shardings(param_shapes(cfg), mesh))
 gate_up = sharded["model"]["layers"]["mlp"]["experts"]["gate_up_proj"]
 placed = jax.device_put(inputs, inputs_shardings(inputs, mesh))
-logits = forward_inputs(sharded, cfg, placed)
+logits = forward_inputs(sharded, cfg.replace(moe_dispatch="dense"), placed)
+grouped = forward_inputs(sharded, cfg.replace(moe_dispatch="grouped"), placed)
 print(json.dumps({
     "max_diff": float(np.max(np.abs(np.asarray(logits) - single))),
+    "grouped_diff": float(np.max(np.abs(np.asarray(grouped) - single))),
     "spec": str(gate_up.sharding.spec), "shard": list(gate_up.addressable_shards[0].data.shape),
     "devices": len(logits.sharding.device_set),
 }))
@@ -179,7 +187,8 @@ print(json.dumps({
 
 
 def test_experts_split_over_the_mesh_equal_one_device(models, tmp_path):
-    """The 4 experts of "top1" over fsdp=4 (one per device), their widths over tensor=2: same logits."""
+    """The 4 experts of "top1" over fsdp=4 (one per device), their widths over tensor=2: same logits, by the dense
+    and the grouped dispatch."""
     model_dir, _ = models["top1"]
     ids, mask, pv, grids = batch(0)
     ids, mask = np.concatenate([ids, ids[:1]]), np.concatenate([mask, mask[:1]])  # 4 rows: the batch splits too
@@ -189,7 +198,7 @@ def test_experts_split_over_the_mesh_equal_one_device(models, tmp_path):
     stdout = fake_devices.run(SHARDED, model_dir, str(tmp_path / "batch.npz"), timeout=600)
     out = json.loads(stdout.strip().splitlines()[-1])
     print(out)
-    assert out["max_diff"] <= 1e-5, out
+    assert out["max_diff"] <= 1e-5 and out["grouped_diff"] <= 1e-5, out
     assert out["spec"] == "P(None, 'fsdp', None, 'tensor')" and out["shard"] == [2, 1, 64, 24], out
     assert out["devices"] == 8
 
@@ -206,6 +215,65 @@ def test_experts_in_position_chunks_equal_all_at_once(models):
     whole = np.asarray(sparse_mlp(mp, cfg.text, h, chunk=64))
     np.testing.assert_allclose(np.asarray(sparse_mlp(mp, cfg.text, h, chunk=16)), whole, rtol=1e-5, atol=1e-5)
     assert np.abs(whole).mean() > 0.1
+
+
+def test_grouped_gradient_equals_dense(models):
+    """The gradient of a scalar loss of the logits (every parameter) by the grouped dispatch equals the dense
+    one's within 1e-5 relative."""
+    import jax
+    import jax.numpy as jnp
+
+    params, cfg = load_params(models["top2"][0])
+    ids, mask, pv, grids = batch(2)
+    inputs = prepare_inputs(cfg, ids, mask, pv, grids, text_buckets=(128,), patch_buckets=(PATCH_BUCKET,))
+    weight = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB,)), jnp.float32)
+
+    def grads(dispatch):
+        def loss(p):
+            logits = forward_inputs(p, cfg.replace(moe_dispatch=dispatch), inputs)
+            return jnp.sum(jax.nn.log_softmax(logits) * weight * inputs.attention_mask[..., None])
+
+        return jax.tree.leaves(jax.jit(jax.grad(loss))(params))
+
+    for a, b in zip(grads("grouped"), grads("dense")):
+        assert float(np.max(np.abs(np.asarray(a) - b))) <= 1e-5 * max(float(np.max(np.abs(b))), 1e-6)
+    experts = params["model"]["layers"]["mlp"]["experts"]
+    assert np.abs(np.asarray(jax.tree.leaves(experts)[0])).max() > 0
+
+
+def test_grouped_blocks_pad_each_expert():
+    """``block_rows``: a power of two near the mean group; the grouped and ragged dispatches with every token on
+    the same two experts (the largest padding) equal the dense one, values and gradients."""
+    import jax
+
+    from ipl_jax.model.config import TextConfig
+    from ipl_jax.model.experts import block_rows, sparse_mlp
+
+    assert [block_rows(n, 4) for n in (8, 64, 100, 4096)] == [8, 16, 16, 256]
+    t = TextConfig(hidden_size=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
+    k = jax.random.split(jax.random.key(1), 3)
+    router = np.zeros((16, 4), np.float32)
+    router[:, 2], router[:, 0] = 50.0, 10.0  # every token's top-2: experts 2 and 0
+    mp = {
+        "gate": {"kernel": jax.numpy.asarray(router)},
+        "experts": {
+            "gate_up_proj": jax.random.normal(k[0], (4, 16, 16)),
+            "down_proj": jax.random.normal(k[1], (4, 8, 16)),
+        },
+    }
+    h = jax.numpy.abs(jax.random.normal(k[2], (2, 37, 16)))
+    dense = np.asarray(sparse_mlp(mp, t, h, "dense"))
+    np.testing.assert_allclose(np.asarray(sparse_mlp(mp, t, h, "grouped")), dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sparse_mlp(mp, t, h, "grouped", chunk=8)), dense, rtol=1e-5, atol=1e-5)
+
+    def grads(dispatch):
+        return jax.grad(lambda mp, h: jax.numpy.sum(jax.numpy.sin(sparse_mlp(mp, t, h, dispatch))), (0, 1))(mp, h)
+
+    want = jax.tree.leaves(grads("dense"))
+    for dispatch in ("grouped", "ragged"):
+        np.testing.assert_allclose(np.asarray(sparse_mlp(mp, t, h, dispatch)), dense, rtol=1e-5, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(grads(dispatch)), want):
+            assert float(np.max(np.abs(a - b))) <= 1e-5 * max(float(np.max(np.abs(b))), 1e-6), dispatch
 
 
 @pytest.mark.e2e

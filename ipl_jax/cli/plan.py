@@ -72,6 +72,11 @@ def parser() -> CommandParser:
     p.add_argument(
         "--attention", default=None, help="auto, reference, xla or cudnn (default: config.model.attention, else auto)"
     )
+    p.add_argument(
+        "--moe-dispatch",
+        default=None,
+        help="auto, grouped, ragged or dense: a sparse MLP's expert dispatch (default: config.model.moe_dispatch)",
+    )
     p.add_argument("--programs", default="sft,tdpo,prefill,decode", help="comma-separated subset to plan")
     p.add_argument("--budget-gb", type=float, default=None, help="mark programs whose total exceeds this")
     p.add_argument("--json", default=None, help="also write the plan here as JSON")
@@ -172,6 +177,7 @@ def main(argv: list[str]) -> int:
             frozen_dtype=args.frozen_dtype,
             attention=args.attention,
             programs=tuple(x.strip() for x in args.programs.split(",") if x.strip()),
+            moe_dispatch=args.moe_dispatch,
         )
         early = _check_early(args, settings, flags, mesh_arg, default_dtype)
         status = _prepare_backend(args, argv)
@@ -216,6 +222,7 @@ def main(argv: list[str]) -> int:
                 "compute_dtype": dtype,
                 "remat": remat,
                 "attention": attention,
+                "moe_dispatch": options.moe_dispatch,
                 "frozen_dtype": frozen,
             },
             "programs": {pl.name: pl.as_dict() for pl in plans},

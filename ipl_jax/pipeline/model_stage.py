@@ -44,8 +44,8 @@ class Policy:
 
 
 def job_model_config(cfg: Qwen2VLConfig, model: ModelSettings) -> Qwen2VLConfig:
-    """A policy's model config with the job's compute dtype and attention implementation."""
-    cfg = cfg.replace(dtype=model.precision().compute, attention=model.attention)
+    """A policy's model config with the job's compute dtype, attention implementation and MoE dispatch."""
+    cfg = cfg.replace(dtype=model.precision().compute, attention=model.attention, moe_dispatch=model.moe_dispatch)
     try:  # a 'cudnn' the model cannot run (dtype, head dims, backend) stops here, before anything compiles
         resolve_attention(cfg.attention, cfg.dtype, (cfg.text.head_dim, cfg.vision.head_dim))
     except ValueError as e:

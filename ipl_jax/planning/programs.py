@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ipl_jax.model.config import Qwen2VLConfig, backend_dtypes
 from ipl_jax.model.decode import KVCache
+from ipl_jax.model.experts import resolve_dispatch
 from ipl_jax.model.inputs import ModelInputs
 from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES, check_remat
 from ipl_jax.model.params import count_params, param_shapes
@@ -49,18 +50,19 @@ from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shard
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
     """The plan's options (``ipl-jax plan``'s flags): compute_dtype, remat policy, attention, frozen_dtype (None:
-    compute dtype), programs (of ``PROGRAMS``). Trainable weights and optimizer moments are fp32."""
+    compute dtype), programs (of ``PROGRAMS``), moe_dispatch (None: auto). Trainable weights and optimizer moments are fp32."""
 
     compute_dtype: str = "bfloat16"
     remat: str = "full"
     frozen_dtype: str | None = None
     attention: str = "auto"
     programs: tuple = PROGRAMS
+    moe_dispatch: str | None = None
 
     @staticmethod
     def of(model: ModelSettings, programs: tuple = PROGRAMS) -> PlanSettings:
         """The options the job runs with: ``model`` settings resolved (``ModelSettings.resolved``: no 'auto')."""
-        return PlanSettings(model.dtype, model.remat, model.param_dtype, model.attention, programs)
+        return PlanSettings(model.dtype, model.remat, model.param_dtype, model.attention, programs, model.moe_dispatch)
 
 
 @dataclasses.dataclass
@@ -346,6 +348,7 @@ def job_settings(
         "model.param_dtype": flags.frozen_dtype,
         "model.remat": flags.remat,
         "model.attention": flags.attention,
+        "model.moe_dispatch": flags.moe_dispatch,
         **{f"mesh.{a}": n for a, n in (mesh_arg or {}).items()},
     }
     job = settings.replace({k: v for k, v in given.items() if v is not None}).resolved(n_devices, default_dtype)
@@ -362,7 +365,9 @@ def plan_job(
 ) -> list[ProgramPlan]:
     """Plans of ``options.programs`` on ``mesh`` (``validate`` first); ``on_program(plan)`` is called after each
     compile."""
-    shapes = validate(settings, options, [mesh.shape[a] for a in AXES], mesh.devices.flat[0].platform)
+    platform = mesh.devices.flat[0].platform
+    shapes = validate(settings, options, [mesh.shape[a] for a in AXES], platform)
+    cfg = cfg.replace(moe_dispatch=resolve_dispatch(options.moe_dispatch or "auto", platform))
     out = []
     for name in options.programs:
         out.append(_PLANNERS[name](settings, cfg, shapes, mesh, options))

@@ -97,6 +97,9 @@ class ModelSettings(Section):
     `dtype`. Trained weights and optimizer moments are always float32."""
     attention: str = "auto"
     """auto (per backend) | reference | xla | cudnn (jax.nn.dot_product_attention)."""
+    moe_dispatch: str = "auto"
+    """How a sparse (MoE) MLP reaches its experts: auto (ragged on TPU, else grouped) | grouped (sorted by expert,
+    blocked matmuls) | ragged (jax.lax.ragged_dot) | dense (every expert on every token); all exact."""
     remat: str = "none"
     """Training: none | full | dots_saveable | dots_no_batch | offload."""
     min_pixels: int = 112 * 224
@@ -106,6 +109,7 @@ class ModelSettings(Section):
     """Screenshot pixels, at most."""
 
     def __post_init__(self):
+        from ipl_jax.model.experts import DISPATCHES as MOE_DISPATCHES
         from ipl_jax.model.layers import ATTENTION_IMPLS, REMAT_POLICIES
 
         for name in ("dtype", "param_dtype"):
@@ -116,6 +120,7 @@ class ModelSettings(Section):
             self.attention != "cudnn" or self.dtype in ("auto", "bfloat16", "float16"),
             f"cuDNN attention needs model.dtype bfloat16 or float16, not {self.dtype} (or use auto)",
         )
+        self.need("moe_dispatch", self.moe_dispatch in MOE_DISPATCHES, one_of(MOE_DISPATCHES))
         self.need("remat", self.remat in REMAT_POLICIES, one_of(REMAT_POLICIES))
         self.need("family", self.family in FAMILIES, one_of(FAMILIES))
         self.at_least("min_pixels", 1)
