@@ -217,6 +217,7 @@ def test_experts_in_position_chunks_equal_all_at_once(models):
     assert np.abs(whole).mean() > 0.1
 
 
+@pytest.mark.e2e
 def test_grouped_gradient_equals_dense(models):
     """The gradient of a scalar loss of the logits (every parameter) by the grouped dispatch equals the dense
     one's within 1e-5 relative."""

@@ -15,6 +15,9 @@ Three dispatches, all exact (no capacity, no dropped tokens) and of fixed shapes
 - ``ragged``: the same sorted rows through ``jax.lax.ragged_dot`` (group sizes = tokens per expert), no padding.
   Native on TPU; XLA:GPU and XLA:CPU rewrite it into a masked dense matmul over all experts (E times the rows),
   so ``auto`` picks it on TPU only, ``grouped`` elsewhere.
+
+Rows too short for the groups to fill blocks (under ``MIN_MEAN_GROUP`` assignments per expert: the decode steps)
+run the dense dispatch whatever the setting.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ DISPATCHES = ("auto", "dense", "grouped", "ragged")
 # positions of each row whose experts run at once: bounds the dense [B, chunk, E, 2I] intermediate, and the
 # grouped dispatch's gathered block weights [B, blocks, hidden, 2I]
 TOKEN_CHUNK = {"dense": 512, "grouped": 4096, "ragged": 4096}
+# rows whose mean group (assignments per expert) is under this run the dense dispatch: a one-token decode step
+# would pad every expert's group to a block, more work than every expert on that token
+MIN_MEAN_GROUP = 8
 MAX_BLOCK = 256  # rows of a grouped block, at most (smaller when the mean group is smaller: less padding)
 
 
@@ -67,6 +73,8 @@ def sparse_mlp(
     [E, I, hidden]}}."""
     dispatch = resolve_dispatch(dispatch)
     chunk = TOKEN_CHUNK[dispatch] if chunk is None else chunk
+    if min(chunk, h.shape[1]) * t.num_experts_per_tok < MIN_MEAN_GROUP * t.num_experts:
+        dispatch, chunk = "dense", min(chunk, TOKEN_CHUNK["dense"])  # short rows (decoding): groups too small
     run = _dense if dispatch == "dense" else (lambda mp, t, x: _grouped(mp, t, x, dispatch == "ragged"))
     b, t_len, hid = h.shape
     if t_len <= chunk:

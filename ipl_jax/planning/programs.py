@@ -50,7 +50,8 @@ from ipl_jax.training.state import VISION_REGEX, create_train_state, state_shard
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
     """The plan's options (``ipl-jax plan``'s flags): compute_dtype, remat policy, attention, frozen_dtype (None:
-    compute dtype), programs (of ``PROGRAMS``), moe_dispatch (None: auto). Trainable weights and optimizer moments are fp32."""
+    compute dtype), programs (of ``PROGRAMS``), moe_dispatch (None: auto). Trainable weights and optimizer moments
+    are fp32."""
 
     compute_dtype: str = "bfloat16"
     remat: str = "full"
