@@ -404,7 +404,7 @@ CASES = [
         "eval without --model",
         lambda f: ["eval", "--data", str(f.aitz), "--format", "aitz"],
         2,
-        r"^ipl-jax eval: the following arguments are required: --model \(see ipl-jax eval --help\)$",
+        r"^ipl-jax eval: the following arguments are required: --model/--checkpoint \(see ipl-jax eval --help\)$",
     ),
     # ------------------------------------------------------------------ synth
     Case(

@@ -79,6 +79,9 @@ def test_results_schema(quick_run):
             assert 0.0 <= on["success_rate"] <= 1.0 and 1.0 <= on["mean_steps"] <= config.eval.online_max_steps
             assert on["env_steps"] == round(on["mean_steps"] * on["episodes"])
             assert on["success_rate"] + on["wrong_stop_rate"] + on["truncated_rate"] == pytest.approx(1.0)
+            tasks = on["tasks"]  # one entry per episode, adding up to the summary
+            assert len(tasks) == on["episodes"] and sum(t["steps"] for t in tasks) == on["env_steps"]
+            assert sum(t["success"] for t in tasks) == round(on["success_rate"] * on["episodes"])
     assert rounds[1]["samples"] == rounds[1]["budget"] == config.ipl.steps_per_round * 8  # tree leaves
     # round 1 explains itself (ipl.diagnostics): its own and held-out pairs before / after, its steps' figures
     d = rounds[1]["diagnostics"]
@@ -156,7 +159,12 @@ def test_an_exported_round_without_test_scores_is_evaluated_at_export(quick_run,
     results = json.loads((workdir / "results.json").read_text())
     r1, old = results["rounds"][1], before["rounds"][1]
     assert r1["evaluated_at_export"] is True and "evaluated_at_export" not in results["rounds"][0]
-    untimed = lambda d: {k: untimed(v) for k, v in d.items() if "seconds" not in k} if isinstance(d, dict) else d
+
+    def untimed(d):
+        if isinstance(d, list):
+            return [untimed(v) for v in d]
+        return {k: untimed(v) for k, v in d.items() if "seconds" not in k} if isinstance(d, dict) else d
+
     for key in EVAL_KEYS:  # the live world's summaries hold their wall time
         assert untimed(r1[key]) == untimed(old[key]), key
     assert (workdir / "eval" / "round_1" / "test.predictions.jsonl").is_file()
@@ -650,6 +658,8 @@ def test_eval_online_replays_the_jobs_online_evaluation(quick_run, tmp_path):
     assert got["seed"] == quick_run["config"].seed and got["split"] == want["split"]
     for k in ("episodes", "success_rate", "mean_steps", "env_steps", "truncated_rate", "by_family"):
         assert got[k] == want[k], k
+    untimed = lambda tasks: [{k: v for k, v in t.items() if k != "wall_seconds"} for t in tasks]
+    assert untimed(got["tasks"]) == untimed(want["tasks"])  # the same episodes, task by task
     assert f"success rate {100 * want['success_rate']:.1f}%" in proc.stdout
 
 

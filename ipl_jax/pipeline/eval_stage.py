@@ -17,7 +17,7 @@ from ipl_jax.data.records import Episode
 from ipl_jax.envs import open_envs, suite_tasks
 from ipl_jax.envs.protocol import EnvTask
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import any_screen_buckets, online_config, online_eval
+from ipl_jax.eval.online import TASK_FIELDS, any_screen_buckets, online_config, online_eval
 from ipl_jax.eval.reading import SCORES as READING_SCORES
 from ipl_jax.eval.reading import reading_scores
 from ipl_jax.pipeline.model_stage import Policy
@@ -161,7 +161,8 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
         with storage.as_path(out_dir / f"online.{split}.episodes.jsonl").open("w", encoding="utf-8") as f:
             for r in detail:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    out = {"split": split, **out, "seconds": round(time.perf_counter() - t0, 2)}
+    tasks = [{k: r.get(k) for k in TASK_FIELDS} for r in detail]  # per episode: success, steps, wall time, error
+    out = {"split": split, **out, "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2)}
     echo(
         f"  online ({out['split']}, {out['episodes']} episodes): success {100 * out['success_rate']:.1f}%, "
         f"wrong stops {100 * out['wrong_stop_rate']:.1f}%, step limit {100 * out['truncated_rate']:.1f}%, "
