@@ -14,7 +14,8 @@ from support.published_fixtures import write_aitz
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-import ipl_jax.data.tfds  # noqa: E402,F401  (registers the builders)
+import ipl_jax.data.tfds  # noqa: E402  (registers ipl_aitz)
+import ipl_jax.envs.synthetic.tfds_builder  # noqa: E402,F401  (registers ipl_synthetic)
 from ipl_jax.data.aitz import load_aitz  # noqa: E402
 from ipl_jax.data.datasets import load_dataset, scoring_format  # noqa: E402
 from ipl_jax.data.packed.writer import pack_dataset  # noqa: E402

@@ -1,6 +1,7 @@
-"""TensorFlow Datasets for ipl-jax: builders (``ipl_synthetic``, ``ipl_aitz``; importing this package registers
-them) and the ``tfds:NAME`` data format (``source``). Needs the ``tfds`` extra: ``pip install 'ipl-jax[tfds]'``."""
+"""TensorFlow Datasets for ipl-jax: the ``ipl_aitz`` builder (importing this package registers it; the synthetic
+world's ``ipl_synthetic`` is ``ipl_jax.envs.synthetic.tfds_builder``) and the ``tfds:NAME`` data format
+(``source``), which reads any prepared copy. Needs the ``tfds`` extra: ``pip install 'ipl-jax[tfds]'``."""
 
-from ipl_jax.data.tfds.builders import IplAitz, IplSynthetic
+from ipl_jax.data.tfds.builders import IplAitz
 
-__all__ = ["IplAitz", "IplSynthetic"]
+__all__ = ["IplAitz"]

@@ -1,10 +1,11 @@
-"""TensorFlow Datasets builders ``ipl_synthetic`` and ``ipl_aitz`` (the release as ``manual_dir``), one example
-per step in reader order, in TFDS's ``array_record`` format (no TensorFlow needed; ``tfds.load`` needs it).
+"""The TensorFlow Datasets builder ``ipl_aitz`` (the release as ``manual_dir``) and what every ipl-jax builder
+shares (``dataset_info``, ``aitz_examples``; the synthetic world's ``ipl_synthetic`` is
+``envs/synthetic/tfds_builder.py``): one example per step in reader order, in TFDS's ``array_record`` format (no
+TensorFlow needed; ``tfds.load`` needs it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from pathlib import Path
 
@@ -15,8 +16,6 @@ from PIL import Image
 from ipl_jax.data.aitz import load_aitz
 from ipl_jax.data.packed.encoding import RECORD_VERSION, canonical_json, image_bytes, step_header
 from ipl_jax.data.packed.writer import portable, source_splits
-from ipl_jax.envs.synthetic import generate_split
-from ipl_jax.envs.synthetic.aitz_writer import write_aitz_split
 
 SCORING_FORMAT = "aitz"
 
@@ -47,7 +46,7 @@ def features() -> tfds.features.FeaturesDict:
     )
 
 
-def _info(builder, description: str) -> tfds.core.DatasetInfo:
+def dataset_info(builder, description: str) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=builder,
         description=description,
@@ -79,53 +78,6 @@ def aitz_examples(root: Path, split: str):
             key += 1
 
 
-@dataclasses.dataclass
-class SyntheticConfig(tfds.core.BuilderConfig):
-    """How many episodes of each split the world generates, and from which seed."""
-
-    episodes: tuple = (("train", 1000), ("dev", 100), ("test", 200))
-    seed: int = 0
-    png_level: int = 1
-
-
-class IplSynthetic(tfds.core.GeneratorBasedBuilder):
-    """The synthetic GUI world's episodes, one example per step."""
-
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}
-    BUILDER_CONFIGS = [
-        SyntheticConfig(name="default", description="the job's default sizes (train 1000, dev 100, test 200)"),
-        SyntheticConfig(
-            name="tiny", description="a few episodes, for tests and demos", episodes=(("train", 6), ("test", 3))
-        ),
-    ]
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return _info(
-            self,
-            "Synthetic Android-like GUI episodes with CoaT annotations (ipl-jax's world), read "
-            "through the AITZ layout.",
-        )
-
-    def _split_generators(self, dl_manager):
-
-        cfg = self.builder_config
-        root = Path(dl_manager.download_dir) / f"ipl_synthetic_{cfg.name}_seed{cfg.seed}"
-        for split, n in cfg.episodes:
-            if not (root / split).is_dir():
-                write_aitz_split(
-                    generate_split(split, int(n), seed=int(cfg.seed)),
-                    root,
-                    split,
-                    compress_level=int(cfg.png_level),
-                    with_meta=True,
-                )
-        return {split: self._generate_examples(root, split) for split, _ in cfg.episodes}
-
-    def _generate_examples(self, root, split):
-        yield from aitz_examples(Path(root), split)
-
-
 class IplAitz(tfds.core.GeneratorBasedBuilder):
     """AITZ (Android-in-the-Zoo) from a local copy of the release, one example per step."""
 
@@ -137,7 +89,7 @@ class IplAitz(tfds.core.GeneratorBasedBuilder):
     )
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return _info(
+        return dataset_info(
             self,
             "AITZ (Android-in-the-Zoo): Android GUI episodes with Chain-of-Action-Thought "
             "annotations, read with ipl-jax's AITZ reader.",

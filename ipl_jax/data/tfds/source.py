@@ -24,7 +24,7 @@ def _tfds():
         raise ValueError(
             "data format tfds:NAME needs the tensorflow-datasets package: pip install 'ipl-jax[tfds]'"
         ) from None
-    import ipl_jax.data.tfds.builders  # noqa: F401  (registers ipl_synthetic and ipl_aitz)
+    import ipl_jax.data.tfds.builders  # noqa: F401  (registers ipl_aitz; a prepared copy of any other reads as is)
 
     return tfds
 
@@ -37,8 +37,8 @@ def _builder(name: str, data_dir: str | None):
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         raise ValueError(
-            f"{where}: no TFDS dataset {name!r} is registered or prepared there (ipl-jax registers "
-            f"ipl_synthetic and ipl_aitz)"
+            f"{where}: no TFDS dataset {name!r} is registered or prepared there (ipl-jax's builders: "
+            f"ipl_aitz, and ipl_synthetic from ipl_jax.envs.synthetic.tfds_builder)"
         ) from None
     except (ValueError, KeyError) as e:  # e.g. an unknown config or version
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
