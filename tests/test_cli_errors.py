@@ -318,6 +318,12 @@ CASES = [
         r"^ipl-jax eval: --env-url: .*(client not available|127\.0\.0\.1:9)",
     ),
     Case(
+        "eval --tasks naming no task",
+        lambda f: ["eval", "--env", "androidworld", "--env-url", "http://127.0.0.1:9", "--tasks", ",,", "--model", "x"],
+        2,
+        r"^ipl-jax eval: --tasks ',,': names no task \(NAME,NAME,\.\.\.; leave it out for the whole suite\)$",
+    ),
+    Case(
         "eval without --data",
         lambda f: ["eval", "--model", str(f.corrupt_model), "--format", "aitz"],
         2,

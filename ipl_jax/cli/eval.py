@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     for flag, path in (("--json", args.json), ("--predictions", args.predictions)):
         if path:
             output_file(path, flag)
-    if args.online or args.env or args.env_url or args.tasks:
+    if args.online or args.env or args.env_url or args.tasks is not None:
         return online(args, env_job(args, job))
     require(p, args, "data", "--data")
     require(p, args, "fmt", "--format")
@@ -158,8 +158,10 @@ def env_job(args, job):
         values["env.kind"] = args.env
     if args.env_url:
         values["env.urls"] = tuple(args.env_url)
-    if args.tasks:
+    if args.tasks is not None:
         values["env.tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+        if not values["env.tasks"]:
+            raise UsageError(f"--tasks {args.tasks!r}: names no task (NAME,NAME,...; leave it out for the whole suite)")
     try:
         return job.replace(values) if values else job
     except SettingsError as e:

@@ -10,7 +10,7 @@ __all__, __getattr__ = lazy_names(
     __name__,
     {  # module of this package -> the names it defines
         "actions": ("from_json_action", "to_json_action"),
-        "env": ("AndroidWorldEnv", "check", "open", "parse_task_names", "suite_tasks"),
+        "env": ("AndroidWorldEnv", "check", "open", "suite_tasks"),
         "screens": ("decode_pixels",),
     },
 )

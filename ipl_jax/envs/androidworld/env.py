@@ -186,9 +186,3 @@ def suite_tasks(
     finally:
         for c in clients:
             c.close()
-
-
-def parse_task_names(text: str) -> list[str] | None:
-    """``--tasks NAME,...`` as a list (None for all)."""
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    return names or None
