@@ -28,9 +28,9 @@ from ipl_jax.envs.protocol import EnvError
 from ipl_jax.envs.sections import ENV_KINDS
 from ipl_jax.envs.synthetic.config import SPLITS
 from ipl_jax.eval.evaluate import EvalConfig, evaluate_policy
-from ipl_jax.eval.online import EpisodeLog, any_screen_buckets, online_config, online_eval, summarize_records
+from ipl_jax.eval.online import EpisodeLog, online_eval, summarize_records
 from ipl_jax.eval.policy import load_policy
-from ipl_jax.pipeline.eval_stage import failed_note, job_env_tasks
+from ipl_jax.pipeline.eval_stage import failed_note, job_env_tasks, job_online_config
 from ipl_jax.pipeline.paths import UsageError, input_dir, model_dir, output_file
 from ipl_jax.pipeline.sources import check_env
 from ipl_jax.sampling.config import WIDE_BUCKETS, SamplerConfig
@@ -214,11 +214,7 @@ def play_online(args, job, tasks, log) -> list[dict]:
     ``log`` as it ends)."""
     params, cfg, tokenizer, image_config, mesh = load_model("--model", args.model, args.mesh)
     bs = args.batch_size or job.eval.batch_size
-    greedy = job.sampler.build(tokenizer.ids, job.buckets, job.eval.batch_size, greedy=True)
-    greedy = greedy.with_patch_buckets(job.buckets.patch_buckets(bs))
-    if job.env.kind != "synthetic":  # screens the job's buckets were not fitted to
-        greedy = any_screen_buckets(greedy, image_config, bs)
-    oc = online_config(greedy, image_config, job.reward.build(job.data.rules()), bs)
+    oc = job_online_config(job, tokenizer, image_config, bs)
     try:
         envs = open_envs(job.env, bs)
     except EnvError as e:

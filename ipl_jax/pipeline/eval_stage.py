@@ -142,16 +142,7 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
     t0 = time.perf_counter()
     e = settings.eval
     tasks = job_env_tasks(settings, split, e.online_episodes, max_steps=e.online_max_steps)
-    greedy = settings.sampler.build(policy.tokenizer.ids, settings.buckets, e.batch_size, greedy=True)
-    greedy = greedy.with_patch_buckets(settings.buckets.patch_buckets(e.batch_size))
-    if settings.env.kind != "synthetic":  # screens the job's buckets were not fitted to
-        greedy = any_screen_buckets(greedy, policy.image_config, e.batch_size)
-    oc = online_config(
-        greedy,
-        policy.image_config,
-        settings.reward.build(settings.data.rules()),
-        e.batch_size,
-    )
+    oc = job_online_config(settings, policy.tokenizer, policy.image_config, e.batch_size)
     rng = jax.random.PRNGKey(settings.seed)
     envs = open_envs(settings.env, e.batch_size)
     out = online_eval(policy.params, policy.cfg, policy.tokenizer, tasks, envs, rng, oc, policy.mesh)
@@ -169,6 +160,17 @@ def evaluate_online(policy: Policy, settings: Settings, split: str, out_dir: Pat
         f"mean steps {out['mean_steps']:.2f}{failed_note(out)} ({out['seconds']:.1f} s)"
     )
     return out
+
+
+def job_online_config(settings: Settings, tokenizer, image_config, batch_size: int):
+    """The job's greedy online evaluation of ``batch_size`` screens per sampler call: its sampler with patch buckets
+    for them (up to the processor's ``max_pixels`` on a world other than the synthetic one, whose screens the job's
+    buckets were not fitted to) and its leaf reward as step reward."""
+    greedy = settings.sampler.build(tokenizer.ids, settings.buckets, settings.eval.batch_size, greedy=True)
+    greedy = greedy.with_patch_buckets(settings.buckets.patch_buckets(batch_size))
+    if settings.env.kind != "synthetic":
+        greedy = any_screen_buckets(greedy, image_config, batch_size)
+    return online_config(greedy, image_config, settings.reward.build(settings.data.rules()), batch_size)
 
 
 def failed_note(summary: dict) -> str:
